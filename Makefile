@@ -1,0 +1,31 @@
+# The two commands a new user needs: `make demo` (set up + run an example pack
+# end to end) and `make test`. Everything installs into ./.venv from this repo.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/crucible --version
+
+test: install
+	$(BIN)/pytest
+
+bench: install
+	$(BIN)/nox -s bench
+
+lint: install
+	$(BIN)/nox -s lint
+
+clean:
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-state

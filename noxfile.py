@@ -1,0 +1,41 @@
+"""Sessions: tests, lint (ruff + mypy), bench (ratios against same-run baselines)."""
+
+from __future__ import annotations
+
+import glob
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("-e", ".[dev]", "--config-settings", "editable_mode=strict")
+    session.run("ruff", "check", "tools", "tests", "benchmarks", "noxfile.py")
+    session.run("mypy", "-p", "crucible")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Each benchmarks/bench_*.py prints its ratios and exits 1 if over its budget."""
+    session.install(".[test]")
+    scripts = sorted(glob.glob("benchmarks/bench_*.py"))
+    wanted = set(session.posargs)
+    failed = []
+    for script in scripts:
+        if wanted and not any(w in script for w in wanted):
+            continue
+        try:
+            session.run("python", script)
+        except nox.command.CommandFailed:
+            failed.append(script)
+    if failed:
+        session.error(f"over budget: {', '.join(failed)}")

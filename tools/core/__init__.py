@@ -1,0 +1,4 @@
+"""Shared primitives: canonical JSON, digests, NDJSON, atomic writes, errors.
+
+``crucible.core`` imports nothing from the tools; every tool imports it.
+"""

@@ -1,0 +1,75 @@
+"""Atomic file writes: temp file in the same directory, fsync, rename, fsync dir.
+
+A reader sees the old file or the new one, never a half-written one; a failure
+removes the temp file and leaves the old file untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from crucible.core import canon
+from crucible.core.errors import OperationalError
+
+__all__ = ["atomic_file", "fsync_dir", "write_bytes", "write_json"]
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so a rename or create inside it is durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[IO[bytes]]:
+    """Yield a binary file; on clean exit it replaces ``path`` atomically."""
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise OperationalError(f"cannot write {target}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+        fsync_dir(directory)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+        raise
+
+
+def write_bytes(
+    path: str | os.PathLike[str], data: bytes, *, if_changed: bool = False, mode: int = 0o644
+) -> bool:
+    """Write ``data`` atomically. With ``if_changed``, an identical file is left
+    untouched (its mtime too, so Makefiles do not rebuild). Returns True if written."""
+    if if_changed:
+        try:
+            with open(path, "rb") as f:
+                if f.read(len(data) + 1) == data:
+                    return False
+        except OSError:
+            pass
+    with atomic_file(path, mode) as f:
+        f.write(data)
+    return True
+
+
+def write_json(path: str | os.PathLike[str], value: Any, *, if_changed: bool = False) -> bool:
+    """Write the canonical JSON bytes of ``value`` atomically."""
+    return write_bytes(path, canon.dumps(value), if_changed=if_changed)

@@ -1,0 +1,235 @@
+"""Canonical JSON: RFC 8785 (JCS) bytes, and a strict parser.
+
+Domain (our choice, docs/spec/canonical-json.md): null, booleans, strings
+without lone surrogates, integers within ±(2^53−1), finite doubles (serialized
+as ECMAScript ``Number.prototype.toString``), arrays (lists or tuples) and
+objects with string keys. Anything else is refused with :class:`CanonError`,
+never silently changed.
+
+orjson is the fast path: its bytes equal JCS when the value holds no float and
+no object key with a code point at or above U+E000 (orjson sorts keys by code
+point, JCS by UTF-16 code unit; the two orders differ only there). One Python
+walk decides which path to take; the slow path is exact for the whole domain.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from crucible.core.errors import ParseError
+
+__all__ = ["MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads", "size_of"]
+
+MAX_SAFE_INTEGER = 2**53 - 1
+
+_encode_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+class CanonError(ParseError):
+    """A value outside the canonical domain, or JSON text the strict parser refuses."""
+
+    code = "canonical-json"
+
+
+def _has_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _fast_ok(value: Any, path: str) -> bool:
+    """Check the domain; True when orjson's output equals JCS for this value."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    fast = True
+    while stack:
+        v, p = stack.pop()
+        t = type(v)
+        if t is str:
+            continue  # lone surrogates: orjson refuses them; the slow path checks
+        if t is int:
+            if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
+                raise CanonError(f"integer {v} is outside ±(2^53−1)", where=p)
+            continue
+        if t is dict:
+            for k, item in v.items():
+                if type(k) is not str:
+                    raise CanonError(f"object key {k!r} is not a string", where=p)
+                if fast and k and max(k) >= "\ue000":
+                    fast = False
+                stack.append((item, p))
+            continue
+        if t is list or t is tuple:
+            stack.extend((item, p) for item in v)
+            continue
+        if v is None or t is bool:
+            continue
+        if t is float:
+            if not math.isfinite(v):
+                raise CanonError(f"number {v!r} is not finite", where=p)
+            fast = False
+            continue
+        raise CanonError(f"value of type {t.__name__} has no JSON form", where=p)
+    return fast
+
+
+def dumps(value: Any) -> bytes:
+    """The RFC 8785 canonical bytes of ``value`` (UTF-8, no trailing newline)."""
+    if _fast_ok(value, "$"):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+        except TypeError as exc:  # lone surrogate in a string
+            raise CanonError(f"not canonical JSON: {exc}") from None
+    return _dumps_slow(value, "$").encode("utf-8")
+
+
+def dumps_str(value: Any) -> str:
+    return dumps(value).decode("utf-8")
+
+
+def _utf16_key(k: str) -> bytes:
+    return k.encode("utf-16-be", "surrogatepass")
+
+
+def _string(s: str, path: str) -> str:
+    if _has_surrogate(s):
+        raise CanonError("string holds a lone surrogate", where=path)
+    return _encode_string(s)
+
+
+def _dumps_slow(v: Any, path: str) -> str:
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    t = type(v)
+    if t is str:
+        return _string(v, path)
+    if t is int:
+        if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
+            raise CanonError(f"integer {v} is outside ±(2^53−1)", where=path)
+        return str(v)
+    if t is float:
+        return _float(v, path)
+    if t is list or t is tuple:
+        return "[" + ",".join(_dumps_slow(x, path) for x in v) + "]"
+    if t is dict:
+        for k in v:
+            if type(k) is not str:
+                raise CanonError(f"object key {k!r} is not a string", where=path)
+            if _has_surrogate(k):
+                raise CanonError("object key holds a lone surrogate", where=path)
+        keys = sorted(v, key=_utf16_key)
+        return "{" + ",".join(_encode_string(k) + ":" + _dumps_slow(v[k], path) for k in keys) + "}"
+    raise CanonError(f"value of type {t.__name__} has no JSON form", where=path)
+
+
+def _float(x: float, path: str) -> str:
+    text = es6_number(x)
+    # An integral double in [2^53, 1e21) prints as a bare integer literal that
+    # loads() must refuse; keep the domain closed under dumps -> loads.
+    if abs(x) > MAX_SAFE_INTEGER and "e" not in text and "." not in text:
+        raise CanonError(f"number {text} prints as an integer outside ±(2^53−1)", where=path)
+    return text
+
+
+def es6_number(x: float) -> str:
+    """ECMAScript ``Number.prototype.toString`` of a finite double (RFC 8785 §3.2.2.3)."""
+    if not math.isfinite(x):
+        raise CanonError(f"number {x!r} is not finite")
+    if x == 0:
+        return "0"
+    r = repr(x)  # shortest round-trip digits, as ECMAScript requires
+    sign = ""
+    if r[0] == "-":
+        sign, r = "-", r[1:]
+    mantissa, _, exp_text = r.partition("e")
+    exponent = int(exp_text) if exp_text else 0
+    int_part, _, frac_part = mantissa.partition(".")
+    all_digits = (int_part + frac_part).lstrip("0")
+    digits = all_digits.rstrip("0")
+    k = len(digits)
+    # value = digits * 10^(n - k)
+    n = exponent - len(frac_part) + (len(all_digits) - k) + k
+    if k <= n <= 21:
+        out = digits + "0" * (n - k)
+    elif 0 < n <= 21:
+        out = digits[:n] + "." + digits[n:]
+    elif -6 < n <= 0:
+        out = "0." + "0" * (-n) + digits
+    else:
+        e = n - 1
+        e_text = ("+" if e >= 0 else "-") + str(abs(e))
+        out = (digits if k == 1 else digits[0] + "." + digits[1:]) + "e" + e_text
+    return sign + out
+
+
+def _refuse_constant(name: str) -> Any:
+    raise CanonError(f"{name} is not a JSON number")
+
+
+def _parse_int(text: str) -> int:
+    value = int(text)
+    if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+        raise CanonError(f"integer {text} is outside ±(2^53−1)")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise CanonError(f"number {text} overflows a double")
+    return value
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise CanonError(f"duplicate object key {k!r}")
+            seen.add(k)
+    return obj
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse JSON strictly.
+
+    Refused (:class:`CanonError`, exit 2): syntax errors, invalid UTF-8, duplicate
+    keys, NaN/Infinity, lone surrogates, integer literals outside ±(2^53−1), and
+    numbers that overflow a double. Messages give line and column where known.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    # orjson refuses bad UTF-8, lone surrogate escapes, NaN and overflow fast;
+    # the stdlib pass then catches what orjson accepts silently (duplicate keys,
+    # out-of-range integers).
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise CanonError(f"invalid JSON: {exc}") from None
+    try:
+        return json.loads(
+            data,
+            object_pairs_hook=_pairs,
+            parse_constant=_refuse_constant,
+            parse_int=_parse_int,
+            parse_float=_parse_float,
+        )
+    except json.JSONDecodeError as exc:
+        raise CanonError(f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise CanonError("invalid JSON: nesting too deep") from None
+
+
+def size_of(value: Any) -> int:
+    """Length in bytes of ``dumps(value)``."""
+    return len(dumps(value))
