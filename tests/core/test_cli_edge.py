@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import click
+import pytest
+
+from crucible.core import cli
+from crucible.core.errors import (
+    CrucibleError,
+    InputRefused,
+    Interrupted,
+    OperationalError,
+    ParseError,
+    UsageError,
+)
+
+
+def _command(exc: BaseException | None = None, ret: int | None = None) -> click.Command:
+    @click.command()
+    @click.option("--n", type=int, default=0)
+    def cmd(n: int) -> int | None:
+        if exc is not None:
+            raise exc
+        return ret
+
+    return cmd
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (InputRefused("bad", where="a.toml:3:1"), 1),
+        (ParseError("cannot parse"), 2),
+        (UsageError("no"), 2),
+        (OperationalError("disk"), 3),
+        (Interrupted("stop", signum=15), 143),
+        (RuntimeError("oops"), 70),
+    ],
+)
+def test_exceptions_map_to_exit_codes(
+    exc: BaseException, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.run(_command(exc), "crucible-x", [])
+    assert info.value.code == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("crucible-x: ")
+    if isinstance(exc, CrucibleError) and exc.where:
+        assert "a.toml:3:1: bad" in err
+    if code == 70:
+        assert "--debug" in err and "Traceback" not in err
+
+
+def test_click_usage_error_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.run(_command(), "crucible-x", ["--n", "notanint"])
+    assert info.value.code == 2
+
+
+def test_return_value_is_exit_code() -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.run(_command(ret=1), "crucible-x", [])
+    assert info.value.code == 1
+
+
+def test_debug_reraises() -> None:
+    with pytest.raises(RuntimeError):
+        cli.run(_command(RuntimeError("x")), "crucible-x", ["--debug"])
+
+
+def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
+    script = tmp_path / "spew.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import click, sys
+            from crucible.core import cli
+
+            @click.command()
+            def spew() -> None:
+                for i in range(200000):
+                    sys.stdout.write(f"line {i}\\n")
+
+            cli.run(spew, "spew")
+            """
+        )
+    )
+    proc = subprocess.run(
+        f"{sys.executable} {script} | head -n 1", shell=True, capture_output=True, text=True
+    )
+    assert proc.stdout == "line 0\n"
+    assert proc.stderr == ""
+
+
+def test_umbrella_help_and_unknown_tool() -> None:
+    exe = Path(sys.executable).parent / "crucible"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "compile" in out.stdout
+    bad = subprocess.run([exe, "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown tool 'nope'" in bad.stderr
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True)
+    assert version.stdout.startswith("crucible ")
