@@ -6,10 +6,11 @@ import struct
 from pathlib import Path
 
 import pytest
-from crucible.core import canon, digest
-from crucible.core.canon import CanonError
 from hypothesis import given
 from hypothesis import strategies as st
+
+from crucible.core import canon, digest
+from crucible.core.canon import CanonError
 
 
 def _vector_names(shared: Path) -> list[str]:

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from crucible.core import atomic, ndjson
 from crucible.core.errors import OperationalError
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+
 from crucible.core.errors import ParseError
 
 __all__ = ["MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads", "size_of"]
