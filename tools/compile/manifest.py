@@ -19,7 +19,7 @@ from crucible.compile.diagnostics import Diagnostic, ValidationFailed
 from crucible.compile.editions import DEFAULT_EDITION, check_edition
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
-from crucible.compile.rules import check_graph
+from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_workflow, type_name
 from crucible.core.errors import OperationalError, ParseError, UsageError
 
@@ -138,14 +138,13 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             return Analysis(None, chk.diagnostics)
         raw, resolved_from, chk = star
 
-    workflow, tasks = check_workflow(
+    workflow, tasks, paths = check_workflow(
         chk, ("workflow",), raw, edition, allowed=("name", "description", "params", "task")
     )
+    check_names(chk, tasks, paths)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
-    check_graph(
-        chk, tasks, [("workflow", "task", i) for i in range(len(tasks))], fill_input_types=True
-    )
+    check_graph(chk, tasks, paths, fill_input_types=True)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     if resolved_from is not None:
@@ -213,17 +212,16 @@ def analyze_star(path: Path, edition: int) -> Analysis:
         return Analysis(None, result.diagnostics)
     names = [str(t.get("name", "")) for t in result.workflow.get("task", [])]
     chk = Checker(StarLocator(name, text, names))
-    workflow, tasks = check_workflow(
+    workflow, tasks, paths = check_workflow(
         chk,
         ("workflow",),
         result.workflow,
         edition,
         allowed=("name", "description", "params", "task"),
     )
+    check_names(chk, tasks, paths)
     if not chk.failed:
-        check_graph(
-            chk, tasks, [("workflow", "task", i) for i in range(len(tasks))], fill_input_types=True
-        )
+        check_graph(chk, tasks, paths, fill_input_types=True)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     workflow["resolved_from"] = PurePosixPath(path.name).as_posix()

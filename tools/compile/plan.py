@@ -15,7 +15,7 @@ from crucible.compile.editions import (
     ir_version_for,
 )
 from crucible.compile.locate import FileLocator
-from crucible.compile.rules import check_graph
+from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_params, check_task, type_name
 from crucible.core import canon, digest
 from crucible.core.errors import OperationalError, UsageError
@@ -139,7 +139,9 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
             _check_plan_task(chk, ("tasks", i), task, edition, version)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
-    check_graph(chk, tasks, [("tasks", i) for i in range(len(tasks))], fill_input_types=False)
+    paths: list[tuple[str | int, ...]] = [("tasks", i) for i in range(len(tasks))]
+    check_names(chk, tasks, paths)
+    check_graph(chk, tasks, paths, fill_input_types=False)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)
