@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from crucible.compile.diagnostics import Diagnostic, ValidationFailed
+from crucible.compile.diagnostics import Diagnostic, Location, ValidationFailed
 from crucible.compile.editions import DEFAULT_EDITION, check_edition
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
@@ -152,7 +152,13 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
     warnings = [w for w in (edition_warning(edition),) if w]
     compiled = finish(build_plan(edition, workflow, tasks), warnings)
     diagnostics = chk.diagnostics + [
-        Diagnostic("edition-1", w, locator.locate(("edition",)), "warning") for w in warnings
+        Diagnostic(
+            "edition-1",
+            w,
+            locator.locate(("edition",)) if "edition" in doc else Location(name),
+            "warning",
+        )
+        for w in warnings
     ]
     return Analysis(compiled, diagnostics)
 
