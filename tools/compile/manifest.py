@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from crucible.compile.diagnostics import Diagnostic, Location, ValidationFailed
-from crucible.compile.editions import DEFAULT_EDITION, check_edition
+from crucible.compile.editions import DEFAULT_EDITION, SUPPORTED_EDITIONS, check_edition
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
 from crucible.compile.rules import check_graph, check_names
@@ -112,10 +112,10 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
         raise ParseError(f"TOML: {message}", where=where) from None
     locator = TomlLocator(name, text)
     chk = Checker(locator)
-    edition = check_edition(
-        doc.get("edition", DEFAULT_EDITION),
-        where=locator.locate(("edition",)).where() if "edition" in doc else name,
-    )
+    edition = doc.get("edition", DEFAULT_EDITION)
+    if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
+        # locating costs a scan of the text: only on the error path
+        check_edition(edition, where=locator.locate(("edition",)).where())
     for key in doc:
         if key not in _TOP_KEYS:
             chk.error(
