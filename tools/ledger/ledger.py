@@ -113,7 +113,7 @@ class Ledger:
         self.directory = Path(directory)
         self.path = self.directory / LEDGER_NAME
         self.readonly = readonly
-        self._warn = warn or stderr_warn
+        self._warn = warn if warn is not None else stderr_warn
         self._memo: dict[tuple[str, str], Reply] = {}
         self._read_fd: int | None = None
         self._appender = Appender(self.directory)
@@ -153,12 +153,13 @@ class Ledger:
         if reason is not None:
             report.quarantined = self._quarantine(reason, seen)
         elif result.bad_lines or result.torn_tail:
-            where = f"lines {', '.join(map(str, result.bad_line_numbers[:5]))}"
-            self._warn(
-                f"{self.path}: skipped {result.bad_lines} bad line(s)"
-                + (f" ({where})" if result.bad_lines else "")
-                + (" and a torn tail" if result.torn_tail else "")
-            )
+            found = []
+            if result.bad_lines:
+                numbers = ", ".join(map(str, result.bad_line_numbers[:5]))
+                found.append(f"{result.bad_lines} bad line(s) (line {numbers}...)")
+            if result.torn_tail:
+                found.append("a torn tail")
+            self._warn(f"{self.path}: skipped {' and '.join(found)}")
         return report
 
     def _quarantine(self, reason: str, seen: os.stat_result | None) -> Path | None:
