@@ -22,5 +22,3 @@ def ledger_dir(tmp_path: Path) -> Path:
     d = tmp_path / "ledger"
     d.mkdir()
     return d
-
-

@@ -3,6 +3,7 @@ appenders, compaction racing appenders."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -80,9 +81,9 @@ with Ledger(directory) as ledger:
 """
 
 
-def _start_appenders(directory: Path, names: list[str], count: int, go: Path) -> list[
-    subprocess.Popen[str]
-]:
+def _start_appenders(
+    directory: Path, names: list[str], count: int, go: Path
+) -> list[subprocess.Popen[str]]:
     return [
         subprocess.Popen(
             [sys.executable, "-c", APPENDER, str(directory), who, str(count), str(go)],
@@ -116,7 +117,7 @@ def test_four_processes_times_1000_appends_lose_and_interleave_nothing(
             assert hit is not None and hit.value["pad"] == step[0] * 300
     # the appends really interleaved between processes (the lock orders whole lines)
     order = [line[line.index(b'"step":"') + 8] for line in data.split(b"\n")[:-1]]
-    switches = sum(1 for x, y in zip(order, order[1:], strict=False) if x != y)
+    switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
     assert switches > 3
 
 

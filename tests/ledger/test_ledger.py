@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from crucible.ledger import Ledger, Outcome, Reply
 from crucible.ledger._record import encode_line, make_record
 
@@ -127,9 +126,7 @@ def test_missing_directory_is_created_by_the_library(tmp_path: Path) -> None:
     assert (tmp_path / "a" / "b" / "steps.jsonl").is_file()
 
 
-def test_damaged_record_at_lookup_degrades_to_execute(
-    ledger_dir: Path, warnings: Warnings
-) -> None:
+def test_damaged_record_at_lookup_degrades_to_execute(ledger_dir: Path, warnings: Warnings) -> None:
     with Ledger(ledger_dir) as ledger:
         ledger.step("s", "x", Body(1))
     with Ledger(ledger_dir, warn=warnings) as ledger:

@@ -153,13 +153,13 @@ class Ledger:
         if reason is not None:
             report.quarantined = self._quarantine(reason, seen)
         elif result.bad_lines or result.torn_tail:
-            found = []
+            parts: list[str] = []
             if result.bad_lines:
                 numbers = ", ".join(map(str, result.bad_line_numbers[:5]))
-                found.append(f"{result.bad_lines} bad line(s) (line {numbers}...)")
+                parts.append(f"{result.bad_lines} bad line(s) (line {numbers}...)")
             if result.torn_tail:
-                found.append("a torn tail")
-            self._warn(f"{self.path}: skipped {' and '.join(found)}")
+                parts.append("a torn tail")
+            self._warn(f"{self.path}: skipped {' and '.join(parts)}")
         return report
 
     def _quarantine(self, reason: str, seen: os.stat_result | None) -> Path | None:
