@@ -114,54 +114,84 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
 class Appender:
     """Appends whole lines to ``steps.jsonl``: one ``write`` under the lock, then
     fsync. A torn tail (the file not ending in ``\\n``) gets a ``\\n`` first, so the
-    new record starts on a fresh line."""
+    new record starts on a fresh line.
+
+    The lock file and the ledger stay open between appends (an append is on the
+    fsync-bound hot path); both are re-opened in a forked child, because a flock
+    shared through an inherited descriptor would not exclude the parent."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.path = directory / LEDGER_NAME
         self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._pid = os.getpid()
+        #: (inode, size) right after our last append: the tail is known to be "\\n"
+        self._clean_end: tuple[int, int] | None = None
         self._thread_lock = threading.Lock()  # flock does not order our own threads
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._lock_fd = None
 
-    def _current_fd(self) -> int:
-        """Our descriptor for the file now at ``steps.jsonl`` (called under the lock)."""
+    def _lock(self) -> int:
+        if self._pid != os.getpid():  # forked: never share the parent's descriptors
+            self._fd = self._lock_fd = None
+            self._pid = os.getpid()
+        if self._lock_fd is None:
+            path = self.directory / LOCK_NAME
+            try:
+                self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except PermissionError:
+                self._lock_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        return self._lock_fd
+
+    def _current_fd(self) -> tuple[int, int, int]:
+        """Our descriptor for the file now at ``steps.jsonl`` and its size (called
+        under the lock, so the path cannot change meanwhile)."""
         if self._fd is not None:
             try:
                 at_path = os.stat(self.path)
                 mine = os.fstat(self._fd)
-                if (at_path.st_dev, at_path.st_ino) == (mine.st_dev, mine.st_ino):
-                    return self._fd
+                if at_path.st_ino == mine.st_ino and at_path.st_dev == mine.st_dev:
+                    return self._fd, mine.st_ino, mine.st_size
             except FileNotFoundError:
                 pass
-            self.close()  # replaced by a compaction or quarantine: follow the path
+            os.close(self._fd)  # replaced by a compaction or quarantine: follow the path
+            self._fd = None
         created = not os.path.lexists(self.path)
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise OSError(f"{self.path} is not a regular file")
         if created:
             fsync_dir(self.directory)
         self._fd = fd
-        return fd
+        return fd, info.st_ino, info.st_size
 
     def append(self, line: bytes) -> None:
         """Append ``line`` (``\\n``-terminated) durably; raises OSError on failure,
         after truncating away any partial write."""
-        with self._thread_lock, exclusive_lock(self.directory):
-            fd = self._current_fd()
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                line = b"\n" + line
+        with self._thread_lock:
+            lock_fd = self._lock()
             try:
-                view = memoryview(line)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fsync(fd)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, size)  # leave no partial line behind
-                raise
+                fd, inode, size = self._current_fd()
+                if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                try:
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                    self._clean_end = (inode, size + len(line))
+                except OSError:
+                    self._clean_end = None
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)  # leave no partial line behind
+                    raise
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)

@@ -11,8 +11,8 @@ bad line (or a torn tail, when it is the unterminated end of the file).
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
+import time
 from typing import Any
 
 import orjson
@@ -43,8 +43,16 @@ MIN_LINE = PAYLOAD_START + 2 + len(SUFFIX)  # the smallest payload is "{}"
 _checksum = xxhash.xxh3_64_hexdigest
 
 
+_last_stamp: tuple[int, str] = (0, "")
+
+
 def _utc_now() -> str:
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 UTC to the second (cached per second: appends are a hot path)."""
+    global _last_stamp
+    now = int(time.time())
+    if _last_stamp[0] != now:
+        _last_stamp = (now, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)))
+    return _last_stamp[1]
 
 
 def make_record(

@@ -244,9 +244,10 @@ class Ledger:
     def record(self, scope: str, step: str, outcome: Outcome, *, key: Any = None) -> bool:
         """Append the fact durably. False (reported through ``warn``) if it could
         not be recorded; the memo holds it either way."""
-        reply = Reply(scope, step, outcome.status, outcome.value)
         record = make_record(scope, step, outcome.status, outcome.value, key)
-        self._memo[(scope, step)] = replace(reply, at=record["at"])
+        self._memo[(scope, step)] = Reply(
+            scope, step, outcome.status, outcome.value, at=record["at"]
+        )
         if self.readonly:
             self._warn(f"{self.path}: opened read-only; {step} not recorded")
             return False
