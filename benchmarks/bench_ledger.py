@@ -1,0 +1,202 @@
+"""Benchmark crucible.ledger against baselines measured in the same run.
+
+1. Opening and indexing a 1,000,000-record ledger vs orjson-parsing the same
+   lines in a plain loop (budget 3x).
+2. Lookups after opening: time per lookup at 10,000 vs 1,000,000 records
+   (constant time: budget 3x between the two sizes).
+3. An fsync'd append (Ledger.record) vs a raw os.write + os.fsync loop of the
+   same bytes (budget 1.3x).
+
+Run: python benchmarks/bench_ledger.py [--records N]. Exits 1 if over a budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import xxhash
+from crucible.ledger import Ledger, Outcome
+from crucible.ledger._record import encode_line, make_record
+
+OPEN_BUDGET = 3.0
+LOOKUP_BUDGET = 3.0
+APPEND_BUDGET = 1.3
+
+
+def best_of(runs: int, func: Callable[[], object]) -> float:
+    times = []
+    for _ in range(runs):
+        gc.collect()
+        start = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _step(i: int) -> str:
+    return "run:sha256:" + hashlib.sha256(i.to_bytes(8, "big")).hexdigest()
+
+
+def write_ledger(path: Path, count: int) -> None:
+    """A ledger of ``count`` command records (~300 bytes each), framed exactly as
+    the library frames them (orjson with sorted keys equals canonical JSON here)."""
+    checksum = xxhash.xxh3_64_hexdigest
+    with open(path, "wb") as f:
+        batch: list[bytes] = []
+        for i in range(count):
+            record = make_record(
+                "make",
+                _step(i),
+                "ok",
+                {"exit": 0, "stdout": f"built target {i}\n", "stderr": ""},
+                at="2026-11-30T08:00:00Z",
+            )
+            payload = orjson.dumps(record, option=orjson.OPT_SORT_KEYS)
+            batch.append(b'{"c":"' + checksum(payload).encode() + b'","r":' + payload + b"}\n")
+            if len(batch) == 10000:
+                f.write(b"".join(batch))
+                batch.clear()
+        f.write(b"".join(batch))
+    # sanity: the fast writer produced exactly the library's bytes
+    sample = make_record(
+        "make",
+        _step(0),
+        "ok",
+        {"exit": 0, "stdout": "built target 0\n", "stderr": ""},
+        at="2026-11-30T08:00:00Z",
+    )
+    with open(path, "rb") as f:
+        assert f.readline() == encode_line(sample)
+
+
+def orjson_baseline(path: Path) -> None:
+    with open(path, "rb") as f:
+        data = f.read()
+    loads = orjson.loads
+    for line in data.split(b"\n"):
+        if line:
+            loads(line)
+
+
+def open_ledger(directory: Path) -> Ledger:
+    return Ledger(directory, readonly=True)
+
+
+def lookup_time(directory: Path, count: int, probes: int) -> float:
+    """Seconds per lookup of a random existing identity (each a ledger read)."""
+    rng = random.Random(7)
+    steps = [_step(rng.randrange(count)) for _ in range(probes)]
+    with open_ledger(directory) as ledger:
+
+        def probe() -> None:
+            ledger._memo.clear()  # measure the ledger tier, not the memo
+            for step in steps:
+                if ledger.lookup("make", step) is None:
+                    raise SystemExit(f"lookup miss for {step}")
+
+        return best_of(3, probe) / probes
+
+
+def append_times(directory: Path, count: int, blocks: int = 40) -> tuple[float, float]:
+    """Median seconds per append, ours vs raw, measured in alternating blocks so
+    that noise from other work on the machine hits both alike."""
+    per_block = max(1, count // blocks)
+    ledger = Ledger(directory / "ours", warn=lambda m: sys.exit(f"append failed: {m}"))
+    fd = os.open(directory / "raw.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    ours: list[float] = []
+    raw: list[float] = []
+    try:
+        for block in range(blocks):
+            values = [
+                {"exit": 0, "stdout": f"out {block}-{i}\n", "stderr": ""} for i in range(per_block)
+            ]
+            steps = [f"step-{block}-{i}" for i in range(per_block)]
+            start = time.perf_counter()
+            for step, value in zip(steps, values, strict=True):
+                ledger.record("make", step, Outcome.ok(value))
+            ours.append((time.perf_counter() - start) / per_block)
+            # the same bytes, as the ledger wrote them
+            with open(directory / "ours" / "steps.jsonl", "rb") as f:
+                lines = f.read().splitlines(keepends=True)[-per_block:]
+            start = time.perf_counter()
+            for line in lines:
+                os.write(fd, line)
+                os.fsync(fd)
+            raw.append((time.perf_counter() - start) / per_block)
+    finally:
+        os.close(fd)
+        ledger.close()
+    return statistics.median(ours), statistics.median(raw)
+
+
+def report(name: str, value: float, baseline: float, budget: float, unit: str = "s") -> bool:
+    ratio = value / baseline
+    ok = ratio <= budget
+    print(
+        f"{name}: {value:.4g} {unit} vs baseline {baseline:.4g} {unit}: "
+        f"ratio {ratio:.2f} (budget {budget}) {'ok' if ok else 'OVER BUDGET'}"
+    )
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--appends", type=int, default=2000)
+    args = parser.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-ledger-") as tmp:
+        root = Path(tmp)
+        big, small = root / "big", root / "small"
+        big.mkdir()
+        small.mkdir()
+        start = time.perf_counter()
+        write_ledger(big / "steps.jsonl", args.records)
+        write_ledger(small / "steps.jsonl", 10_000)
+        size = (big / "steps.jsonl").stat().st_size
+        print(
+            f"# ledger of {args.records:,} records ({size / 1e6:.0f} MB) written in "
+            f"{time.perf_counter() - start:.1f} s"
+        )
+        with open_ledger(big) as ledger:  # warm the page cache; check the index
+            assert len(ledger) == args.records, len(ledger)
+        baseline = best_of(3, lambda: orjson_baseline(big / "steps.jsonl"))
+        ours = best_of(3, lambda: open_ledger(big).close())
+        ok &= report(f"open+index {args.records:,} records", ours, baseline, OPEN_BUDGET)
+
+        small_lookup = lookup_time(small, 10_000, 10_000)
+        big_lookup = lookup_time(big, args.records, 10_000)
+        ok &= report(
+            f"lookup at {args.records:,} vs 10,000 records",
+            big_lookup * 1e6,
+            small_lookup * 1e6,
+            LOOKUP_BUDGET,
+            "us",
+        )
+
+        appends = root / "appends"
+        appends.mkdir()
+        per_ours, per_raw = append_times(appends, args.appends)
+        ok &= report(
+            "fsync'd append (Ledger.record) vs raw os.write+os.fsync",
+            per_ours * 1e6,
+            per_raw * 1e6,
+            APPEND_BUDGET,
+            "us",
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

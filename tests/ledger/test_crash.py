@@ -1,0 +1,161 @@
+"""Crash and concurrency with real processes: SIGKILLed writers, concurrent
+appenders, compaction racing appenders."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from crucible.ledger import Ledger, Outcome, compact, verify
+
+
+def _writer_child(directory: Path, trial: int, ack_fd: int) -> None:  # pragma: no cover
+    """Append forever, writing each acknowledged step to ``ack_fd``."""
+    try:
+        with Ledger(directory, warn=lambda _m: None) as ledger:
+            i = 0
+            while True:
+                step = f"t{trial}-{i}"
+                if ledger.record("crash", step, Outcome.ok({"trial": trial, "i": i})):
+                    os.write(ack_fd, f"{step}\n".encode())
+                i += 1
+    finally:
+        os._exit(0)
+
+
+def test_sigkilled_writer_loses_no_acknowledged_record(ledger_dir: Path) -> None:
+    rng = random.Random(20261130)
+    acknowledged: list[str] = []
+    kills_with_no_ack = 0
+    for trial in range(200):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover
+            os.close(read_fd)
+            _writer_child(ledger_dir, trial, write_fd)
+        os.close(write_fd)
+        time.sleep(rng.uniform(0.0, 0.012))
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        with os.fdopen(read_fd, "rb") as pipe:
+            # a step is acknowledged only once its whole line reached the pipe
+            acked = [line.decode() for line in pipe.read().split(b"\n")[:-1]]
+        kills_with_no_ack += not acked
+        acknowledged.extend(acked)
+        with Ledger(ledger_dir) as ledger:  # reopen after every kill
+            for step in acked:
+                hit = ledger.lookup("crash", step)
+                assert hit is not None, (trial, step)
+                assert hit.value["trial"] == trial
+            assert ledger.report.quarantined is None
+    with Ledger(ledger_dir) as ledger:  # everything acknowledged, ever, is there
+        missing = [s for s in acknowledged if ledger.lookup("crash", s) is None]
+        assert not missing
+        # and the ledger stays usable
+        assert ledger.record("crash", "after", Outcome.ok(1))
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup("crash", "after") is not None
+    assert len(acknowledged) > 200  # the trials really appended
+    assert kills_with_no_ack < 200  # and kills landed at varied moments
+
+
+APPENDER = r"""
+import sys, time
+from pathlib import Path
+from crucible.ledger import Ledger, Outcome
+directory, who, count, go = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
+with Ledger(directory) as ledger:
+    while not go.exists():
+        time.sleep(0.001)
+    for i in range(count):
+        # the value is large enough that interleaved bytes would break lines
+        if ledger.record("race", f"{who}-{i}", Outcome.ok({"who": who, "i": i, "pad": who * 300})):
+            print(f"{who}-{i}", flush=True)
+"""
+
+
+def _start_appenders(
+    directory: Path, names: list[str], count: int, go: Path
+) -> list[subprocess.Popen[str]]:
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", APPENDER, str(directory), who, str(count), str(go)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for who in names
+    ]
+
+
+def test_four_processes_times_1000_appends_lose_and_interleave_nothing(
+    ledger_dir: Path,
+) -> None:
+    go = ledger_dir.parent / "go"
+    procs = _start_appenders(ledger_dir, ["a", "b", "c", "d"], 1000, go)
+    go.touch()
+    acked: set[str] = set()
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        acked |= set(out.split())
+    assert len(acked) == 4000
+    report = verify(ledger_dir)
+    assert report["records"] == 4000 and report["identities"] == 4000
+    assert not report["damaged"] and report["bad_lines"] == 0
+    data = (ledger_dir / "steps.jsonl").read_bytes()
+    assert data.count(b"\n") == 4000  # exactly one line per record, no blank or merged lines
+    with Ledger(ledger_dir) as ledger:
+        for step in acked:
+            hit = ledger.lookup("race", step)
+            assert hit is not None and hit.value["pad"] == step[0] * 300
+    # the appends really interleaved between processes (the lock orders whole lines)
+    order = [line[line.index(b'"step":"') + 8] for line in data.split(b"\n")[:-1]]
+    switches = sum(1 for x, y in itertools.pairwise(order) if x != y)
+    assert switches > 3
+
+
+def test_compaction_racing_appenders_loses_nothing(ledger_dir: Path) -> None:
+    with Ledger(ledger_dir) as ledger:  # duplicates for compaction to drop
+        for i in range(50):
+            ledger.record("race", "dup", Outcome.ok(i))
+    go = ledger_dir.parent / "go"
+    procs = _start_appenders(ledger_dir, ["x", "y"], 400, go)
+    go.touch()
+    compactions = 0
+    while any(p.poll() is None for p in procs):
+        compact(ledger_dir)
+        compactions += 1
+    compact(ledger_dir)
+    acked: set[str] = set()
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        acked |= set(out.split())
+    assert len(acked) == 800 and compactions >= 2
+    report = verify(ledger_dir)
+    assert not report["damaged"] and report["duplicates"] == 0
+    assert report["records"] == 801  # 800 appended + the one surviving "dup"
+    with Ledger(ledger_dir) as ledger:
+        assert all(ledger.lookup("race", s) is not None for s in acked)
+        dup = ledger.lookup("race", "dup")
+        assert dup is not None and dup.value == 49  # the latest record was kept
+    assert not list(ledger_dir.glob(".steps.jsonl.*.tmp"))
+
+
+def test_appender_follows_the_file_after_compaction(ledger_dir: Path) -> None:
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "a", Outcome.ok(1))
+        before = os.stat(ledger_dir / "steps.jsonl").st_ino
+        compact(ledger_dir)
+        assert os.stat(ledger_dir / "steps.jsonl").st_ino != before
+        # the same open ledger appends to the new file, not the unlinked old one
+        ledger.record("s", "b", Outcome.ok(2))
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup("s", "a") is not None and ledger.lookup("s", "b") is not None

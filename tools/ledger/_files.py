@@ -1,0 +1,197 @@
+"""File mechanics: the lock, locked appends, quarantine, atomic rewrites.
+
+Every change to ``steps.jsonl`` — an append, a quarantine rename, a compaction
+rename — happens while holding an exclusive ``flock`` on ``steps.lock`` (a
+separate file, so that renaming the ledger never changes the lock's inode). An
+appender checks, under the lock, that its descriptor still names the file at
+``steps.jsonl`` and re-opens it if a compaction or quarantine replaced it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = [
+    "LEDGER_NAME",
+    "LOCK_NAME",
+    "Appender",
+    "exclusive_lock",
+    "quarantine",
+    "read_regular_file",
+]
+
+LEDGER_NAME = "steps.jsonl"
+LOCK_NAME = "steps.lock"
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def exclusive_lock(directory: Path) -> Iterator[None]:
+    """Hold ``flock(LOCK_EX)`` on ``<directory>/steps.lock`` (created if missing)."""
+    path = directory / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except PermissionError:
+        # an existing lock file in a read-only place can still be locked
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+def read_regular_file(path: Path) -> tuple[int, bytes] | None:
+    """``(fd, bytes)`` of the regular file at ``path`` (the fd stays open for
+    later ``pread``), None if it does not exist. Raises OSError if it cannot be
+    read, ValueError if it is not a regular file."""
+    try:
+        # O_NONBLOCK: a FIFO put in its place must not hang us
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        chunks: list[bytes] = []
+        remaining = info.st_size
+        while True:
+            block = os.read(fd, max(remaining, 1 << 16))
+            if not block:
+                break
+            chunks.append(block)
+            remaining -= len(block)
+        return fd, b"".join(chunks)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def quarantine_name(path: Path) -> Path:
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    candidate = path.with_name(f"{path.name}.quarantine-{stamp}")
+    n = 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = path.with_name(f"{path.name}.quarantine-{stamp}-{n}")
+    return candidate
+
+
+def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
+    """Rename ``path`` aside (under the lock). ``expected`` is the stat of the file
+    judged unreadable; if ``path`` changed since, it is left alone (None)."""
+    with exclusive_lock(path.parent):
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            return None
+        if expected is not None and (current.st_dev, current.st_ino) != (
+            expected.st_dev,
+            expected.st_ino,
+        ):
+            return None
+        target = quarantine_name(path)
+        os.rename(path, target)
+        fsync_dir(path.parent)
+        return target
+
+
+class Appender:
+    """Appends whole lines to ``steps.jsonl``: one ``write`` under the lock, then
+    fsync. A torn tail (the file not ending in ``\\n``) gets a ``\\n`` first, so the
+    new record starts on a fresh line.
+
+    The lock file and the ledger stay open between appends (an append is on the
+    fsync-bound hot path); both are re-opened in a forked child, because a flock
+    shared through an inherited descriptor would not exclude the parent."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / LEDGER_NAME
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._pid = os.getpid()
+        #: (inode, size) right after our last append: the tail is known to be "\\n"
+        self._clean_end: tuple[int, int] | None = None
+        self._thread_lock = threading.Lock()  # flock does not order our own threads
+
+    def close(self) -> None:
+        for fd in (self._fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._lock_fd = None
+
+    def _lock(self) -> int:
+        if self._pid != os.getpid():  # forked: never share the parent's descriptors
+            self._fd = self._lock_fd = None
+            self._pid = os.getpid()
+        if self._lock_fd is None:
+            path = self.directory / LOCK_NAME
+            try:
+                self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except PermissionError:
+                self._lock_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        return self._lock_fd
+
+    def _current_fd(self) -> tuple[int, int, int]:
+        """Our descriptor for the file now at ``steps.jsonl`` and its size (called
+        under the lock, so the path cannot change meanwhile)."""
+        if self._fd is not None:
+            try:
+                at_path = os.stat(self.path)
+                mine = os.fstat(self._fd)
+                if at_path.st_ino == mine.st_ino and at_path.st_dev == mine.st_dev:
+                    return self._fd, mine.st_ino, mine.st_size
+            except FileNotFoundError:
+                pass
+            os.close(self._fd)  # replaced by a compaction or quarantine: follow the path
+            self._fd = None
+        created = not os.path.lexists(self.path)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            os.close(fd)
+            raise OSError(f"{self.path} is not a regular file")
+        if created:
+            fsync_dir(self.directory)
+        self._fd = fd
+        return fd, info.st_ino, info.st_size
+
+    def append(self, line: bytes) -> None:
+        """Append ``line`` (``\\n``-terminated) durably; raises OSError on failure,
+        after truncating away any partial write."""
+        with self._thread_lock:
+            lock_fd = self._lock()
+            try:
+                fd, inode, size = self._current_fd()
+                if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                try:
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                    self._clean_end = (inode, size + len(line))
+                except OSError:
+                    self._clean_end = None
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, size)  # leave no partial line behind
+                    raise
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)

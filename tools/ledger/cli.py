@@ -1,0 +1,155 @@
+"""``crucible-ledger``: a thin click layer over :mod:`crucible.ledger.commands`."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+import click
+from crucible import __version__
+
+PROG = "crucible-ledger"
+_RUN_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
+
+dir_option = click.option(
+    "--dir", "directory", required=True, metavar="DIR", help="Ledger directory (must exist)."
+)
+scope_option = click.option("--scope", required=True, help="Scope of the step identity.")
+key_option = click.option(
+    "--key", "keys", multiple=True, metavar="NAME=VALUE", help="A key part (repeatable)."
+)
+key_file_option = click.option(
+    "--key-file",
+    "key_files",
+    multiple=True,
+    metavar="PATH",
+    help="A file whose content (sha256) is part of the key (repeatable).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name=PROG)
+def cli() -> None:
+    """Durable, content-keyed steps recorded in DIR/steps.jsonl (fsync'd NDJSON).
+
+    Exit codes: 0 done; 1 miss (get) or damage (verify); 2 usage (bad --dir, bad
+    --key, a command that cannot start); 3 I/O failure. `run` exits with the
+    command's own status (or 128+signal).
+    """
+
+
+@cli.command(context_settings=_RUN_CONTEXT)
+@dir_option
+@scope_option
+@key_option
+@key_file_option
+@click.option(
+    "--record-exit",
+    "record_exits",
+    multiple=True,
+    type=int,
+    metavar="N",
+    help="A nonzero exit code that is a deterministic fact, recorded like success.",
+)
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="-- CMD [ARGS]...")
+def run(
+    directory: str,
+    scope: str,
+    keys: tuple[str, ...],
+    key_files: tuple[str, ...],
+    record_exits: tuple[int, ...],
+    argv: tuple[str, ...],
+) -> int:
+    """Replay CMD's recorded result, or run it (output live) and record it.
+
+    The step key covers the argv, every --key and the sha256 of every --key-file.
+    Recorded on exit 0 or a listed --record-exit code; never when killed.
+    """
+    from crucible.ledger.commands import RunOptions, do_run
+
+    options = RunOptions(directory, scope, keys, key_files, record_exits, argv)
+    return do_run(options, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+
+
+def _step_options(func: Any) -> Any:
+    func = click.option("--step", default=None, help="The step, verbatim.")(func)
+    func = key_file_option(func)
+    func = key_option(func)
+    func = scope_option(func)
+    func = dir_option(func)
+    return click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")(
+        func
+    )
+
+
+@cli.command(context_settings=_RUN_CONTEXT)
+@_step_options
+def get(
+    directory: str,
+    scope: str,
+    keys: tuple[str, ...],
+    key_files: tuple[str, ...],
+    step: str | None,
+    argv: tuple[str, ...],
+) -> int:
+    """Print a recorded reply as JSON (with "cached": true); exit 1 on a miss.
+
+    Name the step with --step, or with the same --key/--key-file/-- CMD as `run`.
+    """
+    from crucible.ledger.commands import KeySpec, do_get
+
+    spec = KeySpec(step, keys, key_files, argv)
+    return do_get(directory, scope, spec, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+
+
+@cli.command(context_settings=_RUN_CONTEXT)
+@_step_options
+@click.option("--failed", is_flag=True, help="Record a deterministic failure, not a success.")
+def put(
+    directory: str,
+    scope: str,
+    keys: tuple[str, ...],
+    key_files: tuple[str, ...],
+    step: str | None,
+    argv: tuple[str, ...],
+    failed: bool,
+) -> int:
+    """Record the JSON value on stdin as the step's settled result."""
+    from crucible.ledger.commands import KeySpec, do_put
+
+    spec = KeySpec(step, keys, key_files, argv)
+    return do_put(directory, scope, spec, failed, stdin=sys.stdin.buffer, stdout=sys.stdout.buffer)
+
+
+@cli.command()
+@dir_option
+@click.option("--scope", default=None, help="Only records of this scope.")
+def ls(directory: str, scope: str | None) -> int:
+    """The latest record of each identity, as NDJSON, in file order."""
+    from crucible.ledger.commands import do_ls
+
+    return do_ls(directory, scope, stdout=sys.stdout.buffer)
+
+
+@cli.command()
+@dir_option
+def verify(directory: str) -> int:
+    """Report records, duplicates, bad lines, torn tail (JSON); exit 1 on damage."""
+    from crucible.ledger.commands import do_verify
+
+    return do_verify(directory, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+
+
+@cli.command()
+@dir_option
+def compact(directory: str) -> int:
+    """Atomically rewrite keeping the latest record per identity."""
+    from crucible.ledger.commands import do_compact
+
+    return do_compact(directory, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    from crucible.core.cli import run as run_edge
+
+    run_edge(cli, PROG, argv)

@@ -1,0 +1,222 @@
+"""The library side of each ``crucible-ledger`` subcommand. No click here: the
+CLI builds one options dataclass and calls one function, which returns the exit
+code and writes data to the streams it is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from crucible.core import canon
+from crucible.core.errors import OperationalError, UsageError
+from crucible.ledger.identity import command_key, content_step, parse_key_specs, read_key_files
+from crucible.ledger.ledger import Ledger, Outcome, Warn, stderr_warn
+from crucible.ledger.maintenance import compact, verify
+from crucible.ledger.runner import (
+    CannotStart,
+    command_outcome,
+    decode_streams,
+    run_command,
+)
+
+__all__ = [
+    "KeySpec",
+    "RunOptions",
+    "do_compact",
+    "do_get",
+    "do_ls",
+    "do_put",
+    "do_run",
+    "do_verify",
+    "existing_dir",
+    "resolve_step",
+]
+
+PROG = "crucible-ledger"
+
+
+def existing_dir(directory: str) -> Path:
+    """``--dir`` must name an existing directory (our choice: a typo must not start
+    a fresh, empty ledger somewhere else). Exit 2 otherwise."""
+    path = Path(directory)
+    if not path.exists():
+        raise UsageError(f"--dir {directory}: no such directory (create it first: mkdir -p)")
+    if not path.is_dir():
+        raise UsageError(f"--dir {directory}: not a directory")
+    return path
+
+
+def _scope(scope: str) -> str:
+    if not scope:
+        raise UsageError("--scope must not be empty")
+    try:
+        scope.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("--scope is not valid UTF-8") from None
+    return scope
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """How a step is named on the command line: ``--step`` verbatim, or derived
+    from ``--key``, ``--key-file`` and the command after ``--``."""
+
+    step: str | None = None
+    keys: tuple[str, ...] = ()
+    key_files: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+
+
+def resolve_step(spec: KeySpec) -> tuple[str, dict[str, Any] | None]:
+    """(step, content key or None)."""
+    if spec.step is not None:
+        if spec.keys or spec.key_files or spec.argv:
+            raise UsageError("give either --step or --key/--key-file/-- CMD, not both")
+        if not spec.step:
+            raise UsageError("--step must not be empty")
+        return spec.step, None
+    key = command_key(spec.argv, parse_key_specs(spec.keys), read_key_files(spec.key_files))
+    return content_step("run", key), key
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    directory: str
+    scope: str
+    keys: tuple[str, ...]
+    key_files: tuple[str, ...]
+    record_exits: tuple[int, ...]
+    argv: tuple[str, ...]
+
+
+def do_run(
+    options: RunOptions, *, stdout: IO[bytes], stderr: IO[bytes], warn: Warn = stderr_warn
+) -> int:
+    """Replay a recorded command, or run it (live output) and record it if settled.
+    Returns the command's status (or the replayed one)."""
+    directory = existing_dir(options.directory)
+    scope = _scope(options.scope)
+    for code in options.record_exits:
+        if not 1 <= code <= 255:
+            raise UsageError(f"--record-exit {code}: must be an exit code from 1 to 255")
+    if not options.argv:
+        raise UsageError("no command given: crucible-ledger run ... -- CMD ARGS")
+    step, key = resolve_step(KeySpec(None, options.keys, options.key_files, options.argv))
+    with Ledger(directory, warn=warn) as ledger:
+        hit = ledger.lookup(scope, step)
+        if hit is not None:
+            replay = decode_streams(hit.value)
+            if replay is not None:
+                code, out, err = replay
+                _write(stdout, out)
+                _write(stderr, err)
+                stderr.write(
+                    f"{PROG}: cached: replayed {options.argv[0]} (exit {code}, "
+                    f"recorded {hit.at}; step {step})\n".encode()
+                )
+                stderr.flush()
+                return code
+            warn(f"the record of {step} is not a command result; running the command")
+        try:
+            result = run_command(options.argv, stdout=stdout, stderr=stderr)
+        except CannotStart as exc:
+            if exc.usage:
+                raise UsageError(str(exc)) from None
+            raise OperationalError(str(exc)) from None
+        outcome = command_outcome(result, set(options.record_exits))
+        if outcome.settled:
+            ledger.record(scope, step, outcome, key=key)
+        elif result.overflow:
+            warn(f"output larger than the capture limit; {step} not recorded")
+        elif result.interrupted_by is not None:
+            warn(f"interrupted by signal {result.interrupted_by}; not recorded")
+        elif result.signal is not None:
+            warn(f"{options.argv[0]} was killed by signal {result.signal}; not recorded")
+        return result.shell_status
+
+
+def _write(stream: IO[bytes], data: bytes) -> None:
+    if data:
+        stream.write(data)
+    stream.flush()
+
+
+def do_get(
+    directory: str, scope: str, spec: KeySpec, *, stdout: IO[bytes], stderr: IO[bytes]
+) -> int:
+    """Print the recorded reply (with ``"cached": true``); exit 1 on a miss."""
+    path = existing_dir(directory)
+    scope = _scope(scope)
+    step, _ = resolve_step(spec)
+    with Ledger(path, readonly=True) as ledger:
+        hit = ledger.lookup(scope, step)
+    if hit is None:
+        stderr.write(f"{PROG}: no record of step {step} in scope {scope}\n".encode())
+        return 1
+    stdout.write(canon.dumps(hit.to_json()) + b"\n")
+    return 0
+
+
+def do_put(
+    directory: str, scope: str, spec: KeySpec, failed: bool, *, stdin: IO[bytes], stdout: IO[bytes]
+) -> int:
+    """Record the JSON value read from stdin as a settled fact."""
+    path = existing_dir(directory)
+    scope = _scope(scope)
+    step, key = resolve_step(spec)
+    raw = stdin.read()
+    try:
+        value = canon.loads(raw)
+    except canon.CanonError as exc:
+        raise canon.CanonError(exc.message, where="<stdin>") from None
+    problems: list[str] = []
+    with Ledger(path, warn=problems.append) as ledger:
+        outcome = Outcome.failed(value) if failed else Outcome.ok(value)
+        recorded = ledger.record(scope, step, outcome, key=key)
+    for problem in problems[:-1] if not recorded else problems:
+        stderr_warn(problem)
+    if not recorded:
+        raise OperationalError(problems[-1] if problems else "not recorded")
+    stdout.write(canon.dumps({"scope": scope, "step": step}) + b"\n")
+    return 0
+
+
+def do_ls(directory: str, scope: str | None, *, stdout: IO[bytes]) -> int:
+    """The latest record of each identity as NDJSON, in file order."""
+    path = existing_dir(directory)
+    with Ledger(path, readonly=True) as ledger:
+        for payload in ledger.records(scope):
+            stdout.write(payload + b"\n")
+    return 0
+
+
+def do_verify(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
+    report = verify(existing_dir(directory))
+    stdout.write(canon.dumps(report) + b"\n")
+    summary = (
+        f"{report['path']}: {report['records']} records, {report['identities']} identities, "
+        f"{report['duplicates']} duplicates, {report['bad_lines']} bad lines"
+        + (", torn tail" if report["torn_tail"] else "")
+    )
+    for bad in report["bad"][:10]:
+        stderr.write(f"{PROG}: {report['path']}:{bad['line']}: {bad['reason']}\n".encode())
+    stderr.write(f"{PROG}: {summary}: {'DAMAGED' if report['damaged'] else 'ok'}\n".encode())
+    return 1 if report["damaged"] else 0
+
+
+def do_compact(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
+    report = compact(existing_dir(directory))
+    stdout.write(canon.dumps(report.to_json()) + b"\n")
+    message = (
+        f"{PROG}: compacted {report.path}: kept {report.kept} of {report.records_before} "
+        f"records, dropped {report.dropped_duplicates} duplicates"
+    )
+    if report.rejected is not None:
+        message += (
+            f"; {report.dropped_bad} bad line(s)"
+            + (" and a torn tail" if report.torn_tail else "")
+            + f" moved to {report.rejected.name}"
+        )
+    stderr.write((message + "\n").encode())
+    return 0

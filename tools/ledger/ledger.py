@@ -1,0 +1,284 @@
+"""Durable steps: memo, then ledger, then do the work.
+
+* At-least-once executed: a crash between the work and its record re-executes it;
+  racing callers may both run it. Bodies must be safe to repeat.
+* Exactly-once recorded: one fsync'd line lands before the caller gets the value;
+  a later call with the same identity replays it without running the body.
+* Only settled facts: :meth:`Outcome.ok` and :meth:`Outcome.failed` (a failure the
+  caller declares deterministic) are recorded; :meth:`Outcome.transient` and any
+  exception raised by the body never are.
+* Never fails the caller: every ledger problem is reported through ``warn`` and
+  ends in "execute the work".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon
+from crucible.ledger._files import LEDGER_NAME, Appender, quarantine, read_regular_file
+from crucible.ledger._record import decode_line, encode_line, make_record, read_line_at
+from crucible.ledger._scan import Scan, scan
+
+__all__ = ["Ledger", "OpenReport", "Outcome", "Reply", "stderr_warn"]
+
+Warn = Callable[[str], None]
+
+
+def stderr_warn(message: str) -> None:
+    """The default reporter: one line on the stderr of the moment."""
+    sys.stderr.write(f"crucible-ledger: warning: {message}\n")
+    sys.stderr.flush()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a step body produced. ``settled`` facts are recorded; others are only
+    returned. Use the constructors."""
+
+    value: Any
+    status: str = "ok"
+    settled: bool = True
+
+    @classmethod
+    def ok(cls, value: Any) -> Outcome:
+        return cls(value, "ok", True)
+
+    @classmethod
+    def failed(cls, value: Any) -> Outcome:
+        """A deterministic failure: a fact of the identity, recorded and replayed."""
+        return cls(value, "failed", True)
+
+    @classmethod
+    def transient(cls, value: Any, status: str = "failed") -> Outcome:
+        """A possibly-flaky result (timeout, transport error, kill): never recorded."""
+        return cls(value, status, False)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A step's answer. ``cached`` is True only for a replay."""
+
+    scope: str
+    step: str
+    status: str
+    value: Any
+    cached: bool = False
+    at: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The reply object; ``cached`` appears only when true, so an ordinary
+        (executed) reply is unchanged by the ledger."""
+        out: dict[str, Any] = {
+            "scope": self.scope,
+            "step": self.step,
+            "status": self.status,
+            "value": self.value,
+        }
+        if self.cached:
+            out["cached"] = True
+        return out
+
+
+@dataclass
+class OpenReport:
+    """What opening found: the scan figures and whether the file was quarantined."""
+
+    path: Path
+    scan: Scan
+    quarantined: Path | None = None
+    unreadable: str | None = None
+
+
+class Ledger:
+    """A ledger directory holding ``steps.jsonl``.
+
+    ``Ledger(dir)`` reads the file once and indexes identity -> latest record.
+    With ``readonly=False`` (the default) an unreadable file is quarantined and a
+    missing directory created; with ``readonly=True`` nothing on disk changes.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        readonly: bool = False,
+        warn: Warn | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LEDGER_NAME
+        self.readonly = readonly
+        self._warn = warn if warn is not None else stderr_warn
+        self._memo: dict[tuple[str, str], Reply] = {}
+        self._read_fd: int | None = None
+        self._appender = Appender(self.directory)
+        self.report = self._open()
+
+    # -- opening --------------------------------------------------------------
+    def _open(self) -> OpenReport:
+        if not self.readonly:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                self._warn(f"cannot create ledger directory {self.directory}: {exc.strerror}")
+        reason: str | None = None
+        seen: os.stat_result | None = None
+        try:
+            with_stat = os.stat(self.path) if os.path.lexists(self.path) else None
+            seen = with_stat
+            found = read_regular_file(self.path)
+        except ValueError as exc:
+            reason, found = str(exc), None
+        except OSError as exc:
+            reason, found = exc.strerror or str(exc), None
+        result = Scan()
+        if found is not None:
+            fd, data = found
+            result = scan(data)
+            if result.garbage:
+                os.close(fd)
+                reason = (
+                    f"no line is a ledger record ({result.bad_lines} bad lines, first at line "
+                    f"{result.bad_line_numbers[0]})"
+                )
+                result = Scan()
+            else:
+                self._read_fd = fd
+        report = OpenReport(self.path, result, unreadable=reason)
+        if reason is not None:
+            report.quarantined = self._quarantine(reason, seen)
+        elif result.bad_lines or result.torn_tail:
+            parts: list[str] = []
+            if result.bad_lines:
+                numbers = ", ".join(map(str, result.bad_line_numbers[:5]))
+                parts.append(f"{result.bad_lines} bad line(s) (line {numbers}...)")
+            if result.torn_tail:
+                parts.append("a torn tail")
+            self._warn(f"{self.path}: skipped {' and '.join(parts)}")
+        return report
+
+    def _quarantine(self, reason: str, seen: os.stat_result | None) -> Path | None:
+        if self.readonly:
+            self._warn(f"{self.path} is unreadable ({reason}); reading it as empty")
+            return None
+        try:
+            target = quarantine(self.path, seen)
+        except OSError as exc:
+            self._warn(
+                f"{self.path} is unreadable ({reason}) and could not be quarantined "
+                f"({exc.strerror or exc}); continuing without it"
+            )
+            return None
+        if target is not None:
+            self._warn(
+                f"{self.path} is unreadable ({reason}); quarantined as {target.name}, "
+                "starting a fresh ledger"
+            )
+        return target
+
+    def close(self) -> None:
+        if self._read_fd is not None:
+            os.close(self._read_fd)
+            self._read_fd = None
+        self._appender.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading --------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.report.scan.index)
+
+    def _read_record(self, identity: tuple[str, str]) -> dict[str, Any] | None:
+        pos = self.report.scan.index.get(identity)
+        if pos is None or self._read_fd is None:
+            return None
+        try:
+            line = read_line_at(self._read_fd, pos)
+        except OSError as exc:
+            self._warn(f"{self.path}: cannot read the record at byte {pos}: {exc.strerror}")
+            return None
+        record, problem = decode_line(line)
+        if record is None or (record["scope"], record["step"]) != identity:
+            self._warn(f"{self.path}: the record at byte {pos} is damaged ({problem}); ignoring it")
+            return None
+        return record
+
+    def lookup(self, scope: str, step: str) -> Reply | None:
+        """A replay (``cached=True``) from the memo or the ledger, or None. A ledger
+        hit rehydrates the memo."""
+        identity = (scope, step)
+        known = self._memo.get(identity)
+        if known is None:
+            record = self._read_record(identity)
+            if record is None:
+                return None
+            known = Reply(scope, step, record["status"], record["value"], at=record["at"])
+            self._memo[identity] = known
+        return replace(known, cached=True)
+
+    def records(self, scope: str | None = None) -> list[bytes]:
+        """The canonical payload bytes of the latest record of each identity, in
+        file order (optionally one scope only)."""
+        out: list[bytes] = []
+        if self._read_fd is None:
+            return out
+        for (record_scope, _), pos in sorted(self.report.scan.index.items(), key=lambda i: i[1]):
+            if scope is not None and record_scope != scope:
+                continue
+            line = read_line_at(self._read_fd, pos)
+            record, _problem = decode_line(line)
+            if record is not None:
+                out.append(line[28:-1])
+        return out
+
+    # -- writing --------------------------------------------------------------
+    def record(self, scope: str, step: str, outcome: Outcome, *, key: Any = None) -> bool:
+        """Append the fact durably. False (reported through ``warn``) if it could
+        not be recorded; the memo holds it either way."""
+        record = make_record(scope, step, outcome.status, outcome.value, key)
+        self._memo[(scope, step)] = Reply(
+            scope, step, outcome.status, outcome.value, at=record["at"]
+        )
+        if self.readonly:
+            self._warn(f"{self.path}: opened read-only; {step} not recorded")
+            return False
+        try:
+            line = encode_line(record)
+        except canon.CanonError as exc:
+            self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
+            return False
+        try:
+            self._appender.append(line)
+        except OSError as exc:
+            self._warn(f"cannot append to {self.path} ({exc.strerror or exc}); {step} not recorded")
+            return False
+        return True
+
+    def step(
+        self,
+        scope: str,
+        step: str,
+        body: Callable[[], Any],
+        *,
+        key: Any = None,
+    ) -> Reply:
+        """Memo, then ledger, then ``body()``. A body returning a plain value is an
+        ok outcome; an :class:`Outcome` says what it is; an exception propagates
+        and records nothing."""
+        hit = self.lookup(scope, step)
+        if hit is not None:
+            return hit
+        produced = body()
+        outcome = produced if isinstance(produced, Outcome) else Outcome.ok(produced)
+        if outcome.settled:
+            self.record(scope, step, outcome, key=key)
+        return Reply(scope, step, outcome.status, outcome.value)

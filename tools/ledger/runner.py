@@ -1,0 +1,192 @@
+"""Run a command with its output passed through live and captured (a tee), and
+turn what happened into an :class:`~crucible.ledger.ledger.Outcome`.
+
+Settled (recorded): exit 0, or an exit code the caller declared deterministic.
+Never recorded: other exit codes, death by a signal, our own interruption, or
+output too large to record.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Any
+
+from crucible.ledger.ledger import Outcome
+
+__all__ = [
+    "CAPTURE_LIMIT",
+    "CannotStart",
+    "CommandResult",
+    "command_outcome",
+    "decode_streams",
+    "run_command",
+]
+
+#: captured stdout + stderr above this is passed through but not recorded
+CAPTURE_LIMIT = 64 * 1024 * 1024
+_FORWARDED: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class CannotStart(Exception):
+    """The command could not be started; ``usage`` is True when the argv names
+    nothing runnable (not found, not executable), False for other OS errors."""
+
+    def __init__(self, message: str, *, usage: bool) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    #: the exit code, or None when killed by a signal
+    exit_code: int | None
+    #: the signal that ended the command, if any
+    signal: int | None
+    stdout: bytes
+    stderr: bytes
+    #: output exceeded the capture limit (the captured bytes are incomplete)
+    overflow: bool
+    #: the signal we received (and forwarded) while the command ran, if any
+    interrupted_by: int | None
+
+    @property
+    def shell_status(self) -> int:
+        """The status a shell would report: the code, or 128 + signal."""
+        if self.interrupted_by is not None and self.exit_code in (None, 0):
+            return 128 + self.interrupted_by
+        if self.exit_code is None:
+            return 128 + (self.signal or 0)
+        return self.exit_code
+
+
+def _pass_through(out: IO[bytes] | None, chunk: bytes) -> IO[bytes] | None:
+    """Write ``chunk`` live; a closed reader stops the pass-through, not the capture."""
+    if out is None:
+        return None
+    try:
+        out.write(chunk)
+        out.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        return None
+    return out
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    stdout: IO[bytes],
+    stderr: IO[bytes],
+    limit: int = CAPTURE_LIMIT,
+) -> CommandResult:
+    """Run ``argv`` (stdin inherited), copying its stdout and stderr live to
+    ``stdout``/``stderr`` while capturing them. SIGINT, SIGTERM and SIGHUP received
+    meanwhile are forwarded to the command."""
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as exc:
+        raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror}", usage=True) from None
+    except OSError as exc:
+        usage = exc.errno == 8  # ENOEXEC: not an executable format
+        raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror or exc}", usage=usage) from None
+    received: list[int] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous: dict[int, Any] = {}
+    with contextlib.suppress(ValueError):  # not the main thread: cannot install handlers
+        for sig in _FORWARDED:
+            previous[sig] = signal.signal(sig, forward)
+    captured = {1: bytearray(), 2: bytearray()}
+    sinks: dict[int, IO[bytes] | None] = {1: stdout, 2: stderr}
+    total = 0
+    overflow = False
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        with selectors.DefaultSelector() as selector:
+            selector.register(proc.stdout, selectors.EVENT_READ, 1)
+            selector.register(proc.stderr, selectors.EVENT_READ, 2)
+            while selector.get_map():
+                for key, _ in selector.select():
+                    chunk = os.read(key.fd, 1 << 16)
+                    if not chunk:
+                        selector.unregister(key.fileobj)
+                        continue
+                    stream: int = key.data
+                    sinks[stream] = _pass_through(sinks[stream], chunk)
+                    if not overflow:
+                        total += len(chunk)
+                        if total > limit:
+                            overflow = True
+                            captured[1].clear()
+                            captured[2].clear()
+                        else:
+                            captured[stream] += chunk
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    return CommandResult(
+        exit_code=code if code >= 0 else None,
+        signal=-code if code < 0 else None,
+        stdout=bytes(captured[1]),
+        stderr=bytes(captured[2]),
+        overflow=overflow,
+        interrupted_by=received[0] if received else None,
+    )
+
+
+def _encode_stream(name: str, data: bytes, value: dict[str, Any]) -> None:
+    try:
+        value[name] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        value[f"{name}_base64"] = base64.b64encode(data).decode("ascii")
+
+
+def command_outcome(result: CommandResult, record_exits: Collection[int]) -> Outcome:
+    """The value ``{"exit": N, "stdout": ..., "stderr": ...}`` (a stream that is not
+    UTF-8 is stored as ``<stream>_base64``), settled only when it is a fact."""
+    value: dict[str, Any] = {"exit": result.shell_status}
+    _encode_stream("stdout", result.stdout, value)
+    _encode_stream("stderr", result.stderr, value)
+    status = "ok" if result.exit_code == 0 else "failed"
+    settled = (
+        result.interrupted_by is None
+        and not result.overflow
+        and result.exit_code is not None
+        and (result.exit_code == 0 or result.exit_code in record_exits)
+    )
+    return Outcome(value, status, settled)
+
+
+def decode_streams(value: Any) -> tuple[int, bytes, bytes] | None:
+    """(exit, stdout, stderr) of a recorded command value, or None if malformed."""
+    if not isinstance(value, dict) or type(value.get("exit")) is not int:
+        return None
+    streams: list[bytes] = []
+    for name in ("stdout", "stderr"):
+        text = value.get(name)
+        if isinstance(text, str):
+            streams.append(text.encode("utf-8"))
+            continue
+        raw = value.get(f"{name}_base64")
+        if not isinstance(raw, str):
+            return None
+        try:
+            streams.append(base64.b64decode(raw, validate=True))
+        except ValueError:
+            return None
+    return value["exit"], streams[0], streams[1]
