@@ -16,7 +16,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/crucible --version
+	$(BIN)/crucible-validate examples/starlark/pack.toml
+	$(BIN)/crucible-compile examples/starlark/pack.toml -o demo-plan.json
+	$(BIN)/crucible-compile examples/starlark/pack.toml --digest
+	$(BIN)/crucible-compile examples/starlark/pack.toml --graph mermaid
 
 test: install
 	$(BIN)/pytest
