@@ -23,7 +23,7 @@ from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
-from crucible.stage._records import check_key, load_result
+from crucible.stage._records import check_key, load_record_fast, load_result
 
 __all__ = [
     "INDEX_FORMAT",
@@ -251,7 +251,7 @@ def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str) -> Any:
 # -- writing -----------------------------------------------------------------
 
 
-def _write_readonly(path: Path, data: bytes) -> None:
+def _write_readonly(path: Path | str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
     try:
         view_ = memoryview(data)
@@ -302,7 +302,7 @@ class _Staging:
             else:
                 self.files_staged.add(anc)
 
-    def value_entry(self, rel: str, value: Any, path: Path) -> dict[str, Any]:
+    def value_entry(self, rel: str, value: Any, path: Path | str) -> dict[str, Any]:
         data = canon.dumps(value)
         _write_readonly(path, data)
         return {
@@ -358,9 +358,12 @@ class _Staging:
         fold_dir.mkdir()
         entries = []
         total = 0
+        # The hot loop of a wide fold: plain string paths, one fast parse per record.
+        instances = str(StateLayout(self.state).results_root / producer)
+        fold_dir_s = str(fold_dir)
         for k in rec.get("keys", []):
             esc = escape_key(k)
-            irec = load_result(self.state, producer, k)
+            irec = load_record_fast(f"{instances}/{esc}.json", producer, k)
             istatus = irec["status"] if irec else "absent"
             e: dict[str, Any] = {
                 "key": k,
@@ -371,7 +374,7 @@ class _Staging:
             }
             output = irec.get("output") if irec else None
             if isinstance(output, dict) and fld in output:
-                e.update(self.value_entry(f"{rel}/{esc}", output[fld], fold_dir / esc))
+                e.update(self.value_entry(f"{rel}/{esc}", output[fld], f"{fold_dir_s}/{esc}"))
                 total += e["size"]
             elif istatus == "passed":
                 raise InputRefused(
