@@ -89,7 +89,7 @@ def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
         ident = (st.st_ino, st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         ident = None
-    cache_key = (str(state.absolute()), task)
+    cache_key = (str(state.absolute()), f"{task}\x00{producer}\x00{fld}")
     hit = _items_cache.get(cache_key)
     if ident is not None and hit is not None and hit[0] == ident:
         return hit[1]
@@ -225,8 +225,10 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
 
 
 def _check_join(t: TaskView, producer: str, rec: dict[str, Any] | None) -> str:
+    """An epilogue reports on the run whatever happened, so it is staged as a
+    settled join whatever its ``join`` says (our choice)."""
     status = rec["status"] if rec else "absent"
-    if t.join == "all" and status != "passed":
+    if t.join == "all" and not t.epilogue and status != "passed":
         raise InputRefused(
             f"task {t.name!r} joins all, but producer {producer!r} is {status} "
             f"(plan/state mismatch: it should not run)"
