@@ -188,3 +188,12 @@ def test_analyze_star_alone(tmp_path: Path) -> None:
     analysis = analyze_star(star, 3)
     assert analysis.compiled is not None and not analysis.errors
     assert analysis.compiled.plan["workflow"]["resolved_from"] == "pack.star"
+
+
+def test_runaway_evaluation_is_stopped() -> None:
+    from crucible.compile.star import evaluate_source
+
+    src = "def f():\n    for i in range(2000000000):\n        for j in range(2000000000):\n            pass\nf()\n"
+    result = evaluate_source(src, "loop.star", 3, timeout=0.2)
+    (d,) = result.diagnostics
+    assert d.code == "starlark-timeout" and d.location.file == "loop.star"
