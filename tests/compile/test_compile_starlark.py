@@ -197,3 +197,12 @@ def test_runaway_evaluation_is_stopped() -> None:
     result = evaluate_source(src, "loop.star", 3, timeout=0.2)
     (d,) = result.diagnostics
     assert d.code == "starlark-timeout" and d.location.file == "loop.star"
+
+
+def test_source_symlink_outside_the_pack_is_refused(write_pack: WritePack, tmp_path: Path) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.star"
+    outside.write_text('workflow(name = "w", tasks = [task(name = "a", run = "x")])\n')
+    (tmp_path / "pack.star").symlink_to(outside)
+    with pytest.raises(ValidationFailed) as info:
+        compile_path(write_pack(manifest(3)))
+    assert info.value.diagnostics[0].code == "bad-path"

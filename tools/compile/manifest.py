@@ -188,6 +188,9 @@ def _load_source(
     if chk.failed:
         return None
     path = base_dir / pure
+    if path.exists() and not path.resolve().is_relative_to(base_dir.resolve()):
+        chk.error("bad-path", where, f"source {source!r} resolves outside the pack (a symlink?)")
+        return None
     try:
         text = path.read_bytes()
     except FileNotFoundError:
