@@ -132,6 +132,31 @@ def test_workflow_takes_no_edition(write_pack: WritePack) -> None:
         ('x = 1\ny = x + "s"\n', "starlark-error", 2),
         ("x = undefined_name\n", "starlark-error", 1),
         ('load("other.star", "x")\n', "starlark-error", 1),
+        (
+            'workflow(name = "w", tasks = [task(name = "a", run = "x", timeout = 1e400)])\n',
+            "wrong-type",
+            1,
+        ),
+        (
+            'workflow(name = "w", tasks = [task(name = "a", run = "x", description = None)])\n',
+            "wrong-type",
+            1,
+        ),
+        (
+            'workflow(name = "w", tasks = [task(name = "a", run = "x", emits = {1: "string"})])\n',
+            "bad-name",
+            1,
+        ),
+        (
+            'def f():\n    pass\nworkflow(name = "w", tasks = [task(name = f, run = "x")])\n',
+            "starlark-error",
+            3,
+        ),
+        (
+            'workflow(name = "w", params = {"p": {"type": "integer", "default": 9007199254740992}}, tasks = [task(name = "a", run = "x")])\n',
+            "bad-default",
+            1,
+        ),
     ],
 )
 def test_starlark_errors_carry_spans(

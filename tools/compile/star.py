@@ -79,7 +79,7 @@ def evaluate_source(
     def task(*args: Any, **kwargs: Any) -> Any:
         if args:
             _refuse(state, "positional", "task() takes keyword arguments only")
-        kwargs = {k: _plain(v) for k, v in kwargs.items() if v is not None}
+        kwargs = {k: _plain(v) for k, v in kwargs.items()}
         chk = Checker(quiet.locator)
         check_task(chk, (), kwargs, edition, label="task()")
         _remember(state, chk)
@@ -97,7 +97,6 @@ def evaluate_source(
                 "workflow() does not take edition: set edition at the top of the manifest "
                 "(the compiler needs it before evaluating the source)",
             )
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
         chk = Checker(quiet.locator)
         for key in kwargs:
             if key not in _WORKFLOW_KWARGS:
