@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from crucible.compile.diagnostics import Diagnostic, Location, ValidationFailed
+from crucible.compile.diagnostics import Diagnostic, Location, Locator, ValidationFailed
 from crucible.compile.editions import DEFAULT_EDITION, SUPPORTED_EDITIONS, check_edition
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
@@ -25,6 +25,7 @@ from crucible.core.errors import OperationalError, ParseError, UsageError
 
 __all__ = [
     "Analysis",
+    "analyze_document",
     "analyze_manifest",
     "analyze_star",
     "compile_bytes",
@@ -110,7 +111,11 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             where = f"{name}:{m.group(1)}:{m.group(2)}"
             message = message[: m.start()]
         raise ParseError(f"TOML: {message}", where=where) from None
-    locator = TomlLocator(name, text)
+    return analyze_document(doc, TomlLocator(name, text), name, base_dir)
+
+
+def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir: Path) -> Analysis:
+    """The steps after parsing, on the TOML document as a dict."""
     chk = Checker(locator)
     edition = doc.get("edition", DEFAULT_EDITION)
     if edition not in SUPPORTED_EDITIONS or type(edition) is not int:

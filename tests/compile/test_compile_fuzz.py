@@ -1,0 +1,110 @@
+"""Arbitrary manifest documents never crash the compiler: each is compiled or refused
+with diagnostics (or an UnsupportedVersion for a bad edition)."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Any
+
+from crucible.compile.locate import FileLocator
+from crucible.compile.manifest import analyze_document
+from crucible.core import canon
+from crucible.core.errors import UnsupportedVersion
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+KEYS = [
+    "name",
+    "kind",
+    "run",
+    "needs",
+    "join",
+    "emits",
+    "emits_files",
+    "map",
+    "retries",
+    "timeout",
+    "prompt",
+    "description",
+    "epilogue",
+    "env",
+    "inputs",
+    "colour",
+]
+WORDS = [
+    "a",
+    "b",
+    "a.x",
+    "b.y",
+    "x",
+    "command",
+    "agent",
+    "evaluate",
+    "all",
+    "settled",
+    "string",
+    "array",
+    "object",
+    "integer",
+    "params.k",
+    "",
+    "..",
+    "@v",
+    "item",
+]
+
+scalars = st.one_of(
+    st.sampled_from(WORDS),
+    st.integers(min_value=-(2**64), max_value=2**64),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.just(datetime.date(1979, 5, 27)),
+    st.text(max_size=5),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(st.sampled_from([*WORDS, "v", "k"]), inner, max_size=4),
+    ),
+    max_leaves=12,
+)
+tasks = st.dictionaries(st.sampled_from(KEYS), values, max_size=8)
+docs = st.fixed_dictionaries(
+    {
+        "workflow": st.fixed_dictionaries(
+            {"name": st.one_of(st.just("w"), values), "task": st.lists(tasks, max_size=4)},
+            optional={
+                "params": st.dictionaries(
+                    st.sampled_from(["k", "p", "a b"]),
+                    st.one_of(
+                        values,
+                        st.fixed_dictionaries(
+                            {"type": st.sampled_from(["string", "integer", "any", "x"])},
+                            optional={"default": values},
+                        ),
+                    ),
+                ),
+                "description": values,
+            },
+        )
+    },
+    optional={"edition": st.one_of(st.sampled_from([1, 2, 3]), values)},
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(docs)
+def test_any_document_is_compiled_or_refused(doc: dict[str, Any]) -> None:
+    try:
+        analysis = analyze_document(doc, FileLocator("f.toml"), "f.toml", Path("."))
+    except UnsupportedVersion:
+        return
+    if analysis.compiled is None:
+        assert analysis.errors
+        for d in analysis.errors:
+            assert d.code and d.message and "\n" not in d.code
+    else:
+        assert not analysis.errors
+        assert canon.loads(analysis.compiled.data) == analysis.compiled.plan
