@@ -108,3 +108,64 @@ def test_any_document_is_compiled_or_refused(doc: dict[str, Any]) -> None:
     else:
         assert not analysis.errors
         assert canon.loads(analysis.compiled.data) == analysis.compiled.plan
+
+
+REPO = Path(__file__).resolve().parents[2]
+PLAN = canon.loads((REPO / "tests/compile/packs/v2-inputs/golden.plan.json").read_bytes())
+json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**53) + 1, 2**53 - 1),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.sampled_from(WORDS),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(WORDS), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+def _containers(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _containers(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _containers(v, (*path, i))
+    return out
+
+
+PATHS = [p for p in _containers(PLAN) if p]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(PATHS), st.one_of(st.none(), json_values)), min_size=1, max_size=3
+    )
+)
+def test_any_mutated_plan_is_loaded_or_refused(edits: list[tuple[tuple[Any, ...], Any]]) -> None:
+    from crucible.compile import load_plan_bytes
+    from crucible.core.errors import CrucibleError
+
+    plan = canon.loads(canon.dumps(PLAN))
+    for path, value in edits:
+        parent: Any = plan
+        try:
+            for part in path[:-1]:
+                parent = parent[part]
+            if value is None and isinstance(parent, dict):
+                parent.pop(path[-1], None)
+            else:
+                parent[path[-1]] = value
+        except (KeyError, IndexError, TypeError):
+            continue
+    try:
+        loaded = load_plan_bytes(canon.dumps(plan), "plan.json")
+    except CrucibleError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert loaded.plan == plan
