@@ -108,6 +108,8 @@ def test_any_document_is_compiled_or_refused(doc: dict[str, Any]) -> None:
     else:
         assert not analysis.errors
         assert canon.loads(analysis.compiled.data) == analysis.compiled.plan
+        # the fast canonical path equals the exact one
+        assert analysis.compiled.data == canon.dumps(analysis.compiled.plan)
 
 
 REPO = Path(__file__).resolve().parents[2]
