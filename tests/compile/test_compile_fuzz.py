@@ -171,3 +171,4 @@ def test_any_mutated_plan_is_loaded_or_refused(edits: list[tuple[tuple[Any, ...]
         assert str(exc) and "\n" not in str(exc)
         return
     assert loaded.plan == plan
+    assert loaded.data == canon.dumps(plan)
