@@ -143,8 +143,14 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
             return Analysis(None, chk.diagnostics)
         raw, resolved_from, chk = star
 
+    labels = {"label": "workflow()", "task_label": "task()"} if resolved_from else {}
     workflow, tasks, paths = check_workflow(
-        chk, ("workflow",), raw, edition, allowed=("name", "description", "params", "task")
+        chk,
+        ("workflow",),
+        raw,
+        edition,
+        allowed=("name", "description", "params", "task"),
+        **labels,
     )
     check_names(chk, tasks, paths)
     if chk.failed:
@@ -232,6 +238,8 @@ def analyze_star(path: Path, edition: int) -> Analysis:
         result.workflow,
         edition,
         allowed=("name", "description", "params", "task"),
+        label="workflow()",
+        task_label="task()",
     )
     check_names(chk, tasks, paths)
     if not chk.failed:
