@@ -159,3 +159,26 @@ def test_appender_follows_the_file_after_compaction(ledger_dir: Path) -> None:
         ledger.record("s", "b", Outcome.ok(2))
     with Ledger(ledger_dir) as ledger:
         assert ledger.lookup("s", "a") is not None and ledger.lookup("s", "b") is not None
+
+
+def test_appender_recreates_a_deleted_ledger(ledger_dir: Path) -> None:
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "a", Outcome.ok(1))
+        (ledger_dir / "steps.jsonl").unlink()
+        ledger.record("s", "b", Outcome.ok(2))
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup("s", "a") is None and ledger.lookup("s", "b") is not None
+
+
+def test_forked_child_does_not_share_the_parents_lock(ledger_dir: Path) -> None:
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "parent", Outcome.ok(1))  # opens the lock fd
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover
+            code = 0 if ledger.record("s", "child", Outcome.ok(2)) else 1
+            code |= 0 if ledger._appender._lock_fd not in (None,) else 2
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup("s", "child") is not None
