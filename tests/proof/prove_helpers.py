@@ -201,3 +201,39 @@ def orgs(*names: str) -> dict[str, Any]:
 
 def people(*names: str) -> dict[str, Any]:
     return {"people": [{"name": n} for n in names]}
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    """Every regular file below ``root`` as relative path -> bytes."""
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def proof_epochs(bundle: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    proof = canon.loads((bundle / "admission-proof.json").read_bytes())
+    return proof, [e for block in proof["epochBlocks"] for e in block]
+
+
+def rebuild_prefix(proof: dict[str, Any], epochs: list[dict[str, Any]]) -> bytes:
+    """P(k) for the given complete epochs, packed by the full-block rule."""
+    blocks = [epochs[i : i + 4096] for i in range(0, len(epochs), 4096)]
+    return canon.dumps({**proof, "epochBlocks": blocks})
+
+
+def check_chain(bundle: Path) -> None:
+    """Independent check of the chain: canonical bytes, links, numbering, sidecar."""
+    from crucible.core import digest
+
+    raw = (bundle / "admission-proof.json").read_bytes()
+    proof, epochs = proof_epochs(bundle)
+    assert canon.dumps(proof) == raw
+    assert (bundle / "admission-proof.digest").read_bytes() == digest.of_bytes(raw).encode() + b"\n"
+    execution = canon.loads((bundle / "execution.json").read_bytes())
+    assert execution["admissionProofDigest"] == digest.of_bytes(raw)
+    for k, epoch in enumerate(epochs, start=1):
+        assert epoch["number"] == k
+        expected = digest.of_bytes(rebuild_prefix(proof, epochs[: k - 1]))
+        assert epoch["previousProofDigest"] == expected, k

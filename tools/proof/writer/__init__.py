@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,8 @@ class ProveOptions:
     check_candidates: bool = False
     #: proof byte ceiling; only the benchmark lowers or raises it
     proof_ceiling: int = layout.MAX_PROOF_BYTES
+    #: called with every materialized candidate (path -> bytes) in cross-check mode
+    candidate_hook: Callable[[dict[str, bytes]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
             check=options.check_candidates,
             proof_ceiling=options.proof_ceiling,
             ops_name=ops_name,
+            candidate_hook=options.candidate_hook,
         )
         unrecordable: Unrecordable | None = None
         last_line = 0

@@ -112,6 +112,7 @@ class Engine:
         check: bool = False,
         proof_ceiling: int = layout.MAX_PROOF_BYTES,
         ops_name: str = "operations",
+        candidate_hook: Callable[[dict[str, bytes]], None] | None = None,
     ) -> None:
         self.wf = wf
         self.artifacts = artifacts
@@ -120,6 +121,7 @@ class Engine:
         self.check = check
         self.proof_ceiling = proof_ceiling
         self.ops_name = ops_name
+        self.candidate_hook = candidate_hook
         self.state: State | None = None
         self.proof: ProofChain | None = None
         self.open: _OpenEpoch | None = None
@@ -190,6 +192,8 @@ class Engine:
         files.update(self.st.control_files(proof, digest.of_bytes(proof)))
         full = (sum(len(b) for b in files.values()), len(files))
         assert full == size, (full, size)
+        if self.candidate_hook is not None:
+            self.candidate_hook(files)
 
     def _record(self, decision: Decision) -> None:
         self.decisions.append(decision)
