@@ -35,7 +35,8 @@ def reading(bundle: Path) -> dict[str, Any]:
     open_epoch = last["kind"] == "group" and len(last["results"]) < len(last["starts"])
     open_epoch = open_epoch or (last["kind"] == "retry" and not last["results"])
     partial = (
-        open_epoch
+        (bundle / "partial.json").exists()
+        or open_epoch
         or any(st["set"] == "blocked" for st in ex["stages"])
         or any(stages[p]["selection"] is None for p in producers)
         or any(i["state"] not in ("completed", "completed-zero") for i in ex["instances"])

@@ -146,9 +146,11 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
                 "operationLine": unrecordable.line if unrecordable else None,
             }
         )
+    # the partial label is never charged (admission-proof.md §9)
+    charged = {k: v for k, v in extra.items() if k != layout.PARTIAL}
     total_bytes, total_files = st.measure(proof_size)
-    total_bytes += sum(len(b) for b in extra.values())
-    total_files += len(extra)
+    total_bytes += sum(len(b) for b in charged.values())
+    total_files += len(charged)
     if (
         engine.finished is not None
         and unrecordable is None
