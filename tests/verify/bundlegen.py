@@ -297,3 +297,31 @@ def org_people(people_audit: bool = True) -> Gen:
 
 
 _ = os
+
+
+def rich() -> Gen:
+    """Three stages; projection-invalid and admission-refused slots; defer, cancel,
+    a signature sidecar, an acquisition failure and its retry, a zero-record output."""
+    g = Gen([stage("org", pointer="/orgs"),
+             stage("people", "org", ["name"], pointer="/person", cardinality="one", admit=40),
+             stage("notes", "org", None, pointer="/notes")], root="org-root")
+    g.group(1, ["org-root"])
+    g.observe("org-root", audit={"orgs": [{"name": "Acme"}, {"name": "Globex"}, {"title": "NoName"},
+                                          {"name": "L" * 60}]})
+    r = g.select("org", [("org-root", 0), ("org-root", 1), ("org-root", 2), ("org-root", 3)],
+                 ["p-acme", "p-globex", "p-noname", "p-long", "n-acme", "n-globex", "n-noname", "n-long"])
+    g.group(r, ["p-acme", "p-globex", "n-acme"], cancelled=["n-noname"])
+    files = {"runDigest": canon.dumps({"exportVersion": 3, "finishedAt": AT, "i": "p-acme"}),
+             "preparationDigest": canon.dumps({"prep": "p-acme"}),
+             "auditDigest": canon.dumps({"person": {"name": "Wile"}}),
+             "auditSignaturesDigest": b"sig-of-p-acme-attempt-1\n"}
+    g.observe("p-acme", files=files)
+    g.observe("p-globex", state="failed", failure="acquisition-failed")
+    g.observe("n-acme", audit={"notes": []})
+    g.retry("p-globex")
+    files = {"runDigest": canon.dumps({"exportVersion": 3, "finishedAt": AT, "i": "p-globex"}),
+             "preparationDigest": canon.dumps({"prep": "p-globex"}),
+             "auditDigest": canon.dumps({"person": {"name": "Hank"}}),
+             "auditSignaturesDigest": b"sig-of-p-globex-attempt-2\n"}
+    g.observe("p-globex", files=files)
+    return g
