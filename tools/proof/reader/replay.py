@@ -379,6 +379,12 @@ class Replay:
                 self.selection[u] = None
             self.retain(sel_path, len(refusal_bytes), k)
         else:
+            if refused_file:
+                raise _inv(
+                    "the complete acceptance candidate fits, yet the selection is retained as refused",
+                    k,
+                    path=sel_path,
+                )
             for ch, case in children:
                 cpath = layout.case_path(ch.id)
                 if case is None:
@@ -387,8 +393,6 @@ class Replay:
                     continue
                 if cpath not in self.tree.sizes or self._read(cpath) != case:
                     raise Problem("case-mismatch", 4, "the retained case differs from the projected case", path=cpath, epoch=k)
-            if refused_file:
-                raise _inv("the reservation fits but the selection is retained as refused", k, path=sel_path)
             self.retain(sel_path, len(core_bytes), k)
             for ch, case in children:
                 if case is not None:
