@@ -94,7 +94,7 @@ def siblings(max_bytes: int, plan: list[tuple[str, str]], max_records: int = 100
 
 def test_cutoff_and_suppressed(tmp_path: Path) -> None:
     # b's acceptance candidate: the epoch stopped right after b is accepted
-    s_b = size(siblings(FIVE, [("a", "accept"), ("b", "accept")]))
+    s_b = boundary(lambda m: siblings(m, [("a", "accept"), ("b", "accept")]))
     final = siblings(s_b - 1, [("a", "accept"), ("b", "refuse"), ("c", "suppress")])
     assert size(final) <= s_b - 1
     assert problem(read(tmp_path, final)) is None
@@ -147,7 +147,7 @@ def test_earlier_sibling_retry_after_later_refusal(tmp_path: Path) -> None:
             g.observe("a", audit=records(1, 10))
         return g
 
-    s_b = size(build(FIVE, False, False))  # b's acceptance candidate, at b's own prefix
+    s_b = boundary(lambda m: build(m, False, False))  # b's acceptance candidate, at b's own prefix
     final = build(s_b - 1, True, True)
     assert size(final) <= s_b - 1, "the retry must fit the same bound"
     assert problem(read(tmp_path, final)) is None  # b stays refused: its prefix is unchanged
@@ -194,9 +194,14 @@ def test_local_case_bound_refusal(tmp_path: Path) -> None:
 def test_long_and_short_prospective_ids(tmp_path: Path) -> None:
     short = ["p1", "p2", "n1", "n2"]
     long = [c * 100 + str(i) for i, c in enumerate("pqrs")]
-    s_short = size(selection(ids=short))
-    s_long = size(selection(ids=long))
+    s_short = boundary(lambda m: selection(max_bytes=m, ids=short))
+    s_long = boundary(lambda m: selection(max_bytes=m, ids=long))
     assert s_long > s_short
+    assert size(selection(max_bytes=s_short, ids=short)) == s_short  # exactly at the bound
+    # one byte less and the short reservation is refused too
+    assert problem(read(tmp_path, selection(max_bytes=s_short - 1, ids=short, refused=True))) is None
+    assert problem(read(tmp_path, selection(max_bytes=s_short - 1, ids=short)))[:2] == (  # type: ignore[index]
+        "input-over-bound", 1)
     assert problem(read(tmp_path, selection(max_bytes=s_short, ids=short))) is None
     assert problem(read(tmp_path, selection(max_bytes=s_short, ids=long, refused=True))) is None
     # the same long ids at a bound they fit: a refusal there is false
@@ -206,7 +211,7 @@ def test_long_and_short_prospective_ids(tmp_path: Path) -> None:
 
 def test_refused_revision_then_revision_two(tmp_path: Path) -> None:
     long = [c * 100 + str(i) for i, c in enumerate("pqrs")]
-    s_short = size(selection(ids=["p1", "p2", "n1", "n2"]))
+    s_short = boundary(lambda m: selection(max_bytes=m, ids=["p1", "p2", "n1", "n2"]))
 
     def revise(ids: list[str]) -> Callable[[Gen, int], None]:
         def then(g: Gen, _: int) -> None:

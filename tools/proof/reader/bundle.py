@@ -10,6 +10,7 @@ byte is read, and at most ``ceiling + 1`` bytes are ever read.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ class BundleTree:
 
 def _vanished(rel: str, exc: OSError) -> Exception:
     # ELOOP/ENOTDIR: a component became a symlink after the walk; never follow it.
-    if exc.errno in (getattr(os, "ELOOP", -1), getattr(os, "ENOTDIR", -1)):
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
         return Problem("input-malformed", 1, "a path component is not a directory", path=rel)
     return Inability(f"{rel}: cannot open: {exc.strerror}")
 
