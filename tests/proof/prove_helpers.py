@@ -191,7 +191,14 @@ class Scenario:
 
         wf, ops, artifacts = self.write()
         return prove(
-            ProveOptions(wf, ops, artifacts, out or self.root / "bundle", check_candidates=check)
+            ProveOptions(
+                wf,
+                ops,
+                artifacts,
+                out or self.root / "bundle",
+                check_candidates=check,
+                durable=False,
+            )
         )
 
 

@@ -51,6 +51,8 @@ class ProveOptions:
     proof_ceiling: int = layout.MAX_PROOF_BYTES
     #: called with every materialized candidate (path -> bytes) in cross-check mode
     candidate_hook: Callable[[dict[str, bytes]], None] | None = None
+    #: fsync every file before the swap (tests of logic may turn it off for speed)
+    durable: bool = True
 
 
 @dataclass(frozen=True)
@@ -182,7 +184,8 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
                 }
             )
         custody_path = write_custody(options.out, items, sources)
-    sync_tree(staging)
+    if options.durable:
+        sync_tree(staging)
     swap_into(staging, options.out)
     return ProveResult(
         out=options.out,
