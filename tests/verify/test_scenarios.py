@@ -66,7 +66,7 @@ def test_false_refusal_when_the_candidate_fits(tmp_path: Path) -> None:
     # the boundary: the accepted export fits exactly (equality fits) ...
     assert problem(read(tmp_path, one_stage(s_acc, True))) is None
     # ... so a refusal there is false, whatever the writer labels it
-    assert problem(read(tmp_path, one_stage(s_acc, False))) == ("inventory-mismatch", 4, 2, 1)
+    assert problem(read(tmp_path, one_stage(s_acc, False))) == ("output-mismatch", 4, 2, 1)
     # one byte less: the acceptance candidate is over, the refusal genuine
     assert problem(read(tmp_path, one_stage(s_acc - 1, False))) is None
     # ... and an export claiming acceptance is itself over the bound
@@ -103,7 +103,7 @@ def test_cutoff_and_suppressed(tmp_path: Path) -> None:
     assert problem(read(tmp_path, g)) == ("inventory-mismatch", 4, 4, 3)
     # after a cutoff, a later valid proposal is refused without measurement
     g = siblings(FIVE, [("a", "accept"), ("b", "refuse"), ("c", "refuse")])
-    assert problem(read(tmp_path, g)) == ("inventory-mismatch", 4, 4, 2)  # b's refusal is false
+    assert problem(read(tmp_path, g)) == ("output-mismatch", 4, 4, 2)  # b's refusal is false
 
 
 @pytest.mark.parametrize("first", ["a", "b"])
@@ -130,7 +130,7 @@ def test_opposite_completion_order_record_limit(tmp_path: Path, first: str) -> N
     g2.observe(first, audit=records(6), accept=False)
     g2.observe(second, audit=records(6))
     del bad
-    assert problem(read(tmp_path, g2)) == ("inventory-mismatch", 4, 4, 1)
+    assert problem(read(tmp_path, g2)) == ("output-mismatch", 4, 4, 1)
 
 
 def test_earlier_sibling_retry_after_later_refusal(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_earlier_sibling_retry_after_later_refusal(tmp_path: Path) -> None:
     assert problem(read(tmp_path, final)) is None  # b stays refused: its prefix is unchanged
     # a fitting b candidate: a's later bytes cannot justify a fabricated old refusal
     roomy = build(size(build(FIVE, False, True)), True, True)
-    assert problem(read(tmp_path, roomy)) == ("inventory-mismatch", 4, 4, 2)
+    assert problem(read(tmp_path, roomy)) == ("output-mismatch", 4, 4, 2)
 
 
 # ---------------------------------------------------------------- selection refusals
@@ -188,7 +188,7 @@ def test_count_refusal_needs_null_ids(tmp_path: Path) -> None:
 
 def test_local_case_bound_refusal(tmp_path: Path) -> None:
     assert problem(read(tmp_path, selection(max_case=40, refused=True))) is None
-    assert problem(read(tmp_path, selection(max_case=40, refused=False))) == ("inventory-mismatch", 4, 3, None)
+    assert problem(read(tmp_path, selection(max_case=40, refused=False))) == ("selection-mismatch", 4, 3, None)
 
 
 def test_long_and_short_prospective_ids(tmp_path: Path) -> None:
@@ -206,7 +206,7 @@ def test_long_and_short_prospective_ids(tmp_path: Path) -> None:
     assert problem(read(tmp_path, selection(max_bytes=s_short, ids=long, refused=True))) is None
     # the same long ids at a bound they fit: a refusal there is false
     assert problem(read(tmp_path, selection(max_bytes=s_long, ids=long, refused=True))) == (
-        "inventory-mismatch", 4, 3, None)
+        "selection-mismatch", 4, 3, None)
 
 
 def test_refused_revision_then_revision_two(tmp_path: Path) -> None:

@@ -81,7 +81,10 @@ class Replay:
         self.by_stage: dict[str, list[str]] = {s.name: [] for s in ctx.stages}
         self.set_state: dict[str, str] = {s.name: "blocked" for s in ctx.stages}
         self.selection: dict[str, dict[str, Any] | None] = {s.name: None for s in ctx.stages}
-        self.records: dict[str, list[dict[str, Any]]] = {s.name: [] for s in ctx.stages}
+        #: emitted records of each active instance; a set is their concatenation in
+        #: execution instance order (workflow.md §6), whatever order they were accepted in
+        self.inst_records: dict[str, list[dict[str, Any]]] = {}
+        self.record_count: dict[str, int] = {s.name: 0 for s in ctx.stages}
         self.record_size: dict[str, int] = {s.name: 0 for s in ctx.stages}
         self.max_rev: dict[str, int] = {s.name: 0 for s in ctx.stages}
         self.used_ids: set[str] = set()
@@ -94,6 +97,9 @@ class Replay:
         self.sig_owner: dict[str, tuple[str, int]] = {}
         self.hasher = PrefixHasher(ctx.proof)
         self.open_epoch = False
+        #: every decision as measured: epoch, observation, kind, outcome, and the
+        #: [bytes, files] of its acceptance and refusal candidates (None: not built)
+        self.trace: list[dict[str, Any]] = []
         self._set_base = {
             s.name: len(canon.dumps(set_json(s.name, []))) for s in ctx.stages
         }
@@ -151,7 +157,7 @@ class Replay:
         total = 0
         for s in self.ctx.stages:
             size = self.record_size[s.name]
-            n = len(self.records[s.name])
+            n = self.record_count[s.name]
             if extra and s.name in extra:
                 size += extra[s.name][0]
                 n += extra[s.name][1]
@@ -186,6 +192,26 @@ class Replay:
         ok = size <= self.limits["maxBytes"] and files <= self.limits["maxFiles"]
         return ok, size, files
 
+    def _trace(
+        self,
+        epoch: int,
+        obs: int | None,
+        kind: str,
+        outcome: str,
+        acceptance: tuple[int, int] | None,
+        refusal: tuple[int, int] | None,
+    ) -> None:
+        self.trace.append(
+            {
+                "epoch": epoch,
+                "observation": obs,
+                "kind": kind,
+                "outcome": outcome,
+                "acceptance": None if acceptance is None else list(acceptance),
+                "refusal": None if refusal is None else list(refusal),
+            }
+        )
+
     def retain(self, path: str, size: int, epoch: int, obs: int | None = None) -> None:
         if path in self.retained:
             raise _inv("a second value at an immutable path", epoch, obs, path)
@@ -196,6 +222,10 @@ class Replay:
         old = inst.size if inst.id in self.inst else 0
         self.inst[inst.id] = inst
         self.inst_total += inst.measure() - old
+
+    def offered(self, stage: str) -> list[dict[str, Any]]:
+        """The stage's offered set: its active instances' records in execution order."""
+        return [r for i in self.by_stage[stage] for r in self.inst_records.get(i, ())]
 
     def _read(self, path: str) -> bytes:
         return self.tree.read(path, self.ctx.file_ceiling)
@@ -248,6 +278,7 @@ class Replay:
         ok, size, files = self.fits(proof_size=self.hasher.open_size(len(epoch_bytes)), new_bytes=0, new_files=0)
         if not ok:
             raise _inv(f"the root candidate ({size} bytes, {files} files) does not fit: unrecordable", k)
+        self._trace(k, None, "root", "admitted", (size, files), None)
         self.hasher.close(epoch_bytes)
 
     def _descendants(self, stage: str) -> list[str]:
@@ -281,7 +312,7 @@ class Replay:
         sel, refused_file = self.ctx.selections[(u, rev)]
         if sel["stage"] != u or sel["revision"] != rev:
             raise bad("the selection names another stage or revision")
-        offered = self.records[u]
+        offered = self.offered(u)
         if sel["offeredDigest"] != digest.of_bytes(canon.dumps(offered)):
             raise bad("offeredDigest is not the digest of the stage's offered set at this epoch")
         index = {(r["instance"], r["output"]): r for r in offered}
@@ -300,8 +331,9 @@ class Replay:
             for d in self._descendants(u):
                 for i in self.by_stage[d]:
                     self.inst_total -= self.inst.pop(i).size
+                    self.inst_records.pop(i, None)
                 self.by_stage[d] = []
-                self.records[d] = []
+                self.record_count[d] = 0
                 self.record_size[d] = 0
                 self.set_state[d] = "blocked"
                 self.selection[d] = None
@@ -314,6 +346,7 @@ class Replay:
         child_ids = e["childIds"]
         proof_size = self.hasher.open_size(len(canon.dumps(e)))
         outcome: str
+        acceptance: tuple[int, int] | None = None
         children: list[tuple[Instance, bytes | None]] = []
         if self.reserved + len(slots) > self.limits["maxInstances"]:
             outcome = "refused"
@@ -347,7 +380,7 @@ class Replay:
                 new_bytes = len(core_bytes) + sum(len(cb) for _, cb in children if cb is not None)
                 new_files = 1 + sum(1 for _, cb in children if cb is not None)
                 sizes = sum(ch.measure() for ch, _ in children)
-                ok, _, _ = self.fits(
+                ok, asize, afiles = self.fits(
                     proof_size=proof_size,
                     new_bytes=new_bytes,
                     new_files=new_files,
@@ -355,6 +388,7 @@ class Replay:
                     inst_total=self.inst_total + sizes,
                     n_inst=len(self.inst) + len(children),
                 )
+                acceptance = (asize, afiles)
                 outcome = "admitted" if ok else "refused"
         if child_ids:
             self.used_ids.update(child_ids)
@@ -374,16 +408,25 @@ class Replay:
                     path=sel_path,
                 )
             if not refused_file:
-                raise _inv("the derived outcome is a refusal but the selection is retained as admitted", k, path=sel_path)
+                raise Problem(
+                    "selection-mismatch",
+                    4,
+                    "the derived outcome is a refusal but the selection is retained as admitted",
+                    path=sel_path,
+                    epoch=k,
+                )
             if kind == "fork":
                 self.selection[u] = None
             self.retain(sel_path, len(refusal_bytes), k)
+            self._trace(k, None, kind, "refused", acceptance, (size, files))
         else:
             if refused_file:
-                raise _inv(
+                raise Problem(
+                    "selection-mismatch",
+                    4,
                     "the complete acceptance candidate fits, yet the selection is retained as refused",
-                    k,
                     path=sel_path,
+                    epoch=k,
                 )
             for ch, case in children:
                 cpath = layout.case_path(ch.id)
@@ -404,6 +447,7 @@ class Replay:
             self.selection[u] = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
             self.reserved += len(children)
             self.reservations[k] = [ch.id for ch, _ in children]
+            self._trace(k, None, kind, "admitted", acceptance, None)
         self.hasher.close(canon.dumps(e))
 
     def _project(
@@ -445,6 +489,7 @@ class Replay:
         ok, total, files = self.fits(proof_size=size, new_bytes=0, new_files=0)
         if not ok:
             raise _inv(f"the begin candidate P({k},0) ({total} bytes, {files} files) does not fit: unrecordable", k)
+        self._trace(k, None, e["kind"], "begun", (total, files), None)
         return head, results, tail
 
     def group(self, e: dict[str, Any]) -> None:
@@ -579,6 +624,8 @@ class Replay:
         pins = {p: o[p] for p in PINS}
         odir = f"outputs/{stage.name}/{inst.id}/{n}/"
         accepted: list[tuple[str, bytes]] = []
+        acceptance: tuple[int, int] | None = None
+        outcome = "recorded"
         final: tuple[str, str | None]
         if state == "evaluated":
             proposal = self._proposal(inst.id, n, stage, k, j)
@@ -586,6 +633,7 @@ class Replay:
                 final = ("failed", "output-invalid")
             elif stage.name in cutoff:
                 final = ("failed", "limit-exceeded")
+                outcome = "cut-off"
             else:
                 files: list[tuple[str, bytes]] = []
                 records: list[dict[str, Any]] = []
@@ -616,22 +664,26 @@ class Replay:
                     att.state, att.failure, att.pins = final[0], None, pins
                     new_size = len(canon.dumps(inst.to_json()))
                     rec_bytes = sum(len(canon.dumps(r)) for r in records)
-                    ok, _, _ = self.fits(
+                    ok, asize, afiles = self.fits(
                         proof_size=proof_size,
                         new_bytes=new_bytes + sum(len(b) for _, b in files),
                         new_files=len(received) + len(files),
                         inst_total=self.inst_total - inst.size + new_size,
                         set_extra={stage.name: (rec_bytes, len(records))},
                     )
+                    acceptance = (asize, afiles)
                 if ok:
                     accepted = files
+                    outcome = "accepted"
                     if records:
-                        self.records[stage.name].extend(records)
-                        self.record_size[stage.name] += sum(len(canon.dumps(r)) for r in records)
+                        self.inst_records[inst.id] = records
+                        self.record_count[stage.name] += len(records)
+                        self.record_size[stage.name] += rec_bytes
                         self.records_total += len(records)
                 else:
                     final = ("failed", "limit-exceeded")
                     cutoff.add(stage.name)
+                    outcome = "refused"
         elif state == "suppressed":
             final = ("failed", "limit-exceeded")
         else:
@@ -639,7 +691,7 @@ class Replay:
         att.state, att.failure, att.pins = final[0], final[1], pins
         old_size = inst.size
         self._set_instance(inst)
-        if not accepted:
+        if outcome != "accepted":
             # the one candidate for this outcome (a refusal carrier included) must fit
             ok, size, nfiles = self.fits(
                 proof_size=proof_size, new_bytes=new_bytes, new_files=len(received)
@@ -651,22 +703,41 @@ class Replay:
                     k,
                     j,
                 )
+            self._trace(k, j, "observation", outcome, acceptance, (size, nfiles))
+        else:
+            self._trace(k, j, "observation", outcome, acceptance, None)
         del old_size
         for path, size in received:
             self.retain(path, size, k, j)
         # the writer's evidence must agree with the derived outcome
         have = self.output_dirs.get(odir, 0)
         if accepted and have == 0:
-            raise _inv(
+            raise Problem(
+                "output-mismatch",
+                4,
                 "the complete acceptance candidate fits, yet the bundle holds none of its outputs "
                 "(a refusal the retained inputs do not justify)",
-                k,
-                j,
-                accepted[0][0],
+                path=accepted[0][0],
+                epoch=k,
+                observation=j,
             )
         if not accepted and have:
-            raise _inv(
-                f"outputs are retained for a proposal derived {final[0]}/{final[1]}", k, j, odir
+            raise Problem(
+                "output-mismatch",
+                4,
+                f"outputs are retained for a proposal derived {final[0]}/{final[1]}",
+                path=odir,
+                epoch=k,
+                observation=j,
+            )
+        if accepted and have != len(accepted):
+            raise Problem(
+                "output-mismatch",
+                4,
+                f"{have} output files where the derived proposal has {len(accepted)}",
+                path=odir,
+                epoch=k,
+                observation=j,
             )
         for path, data in accepted:
             if path not in self.tree.sizes or self._read(path) != data:

@@ -184,16 +184,12 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
     if layout.WORKFLOW not in parsed or layout.ADMISSION_PROOF not in parsed:
         col.settle()
     wf, proof = parsed[layout.WORKFLOW][0], parsed[layout.ADMISSION_PROOF][0]
-    for check, value, p in (
-        (forms.check_workflow, wf, layout.WORKFLOW),
-        (forms.check_proof_root, proof, layout.ADMISSION_PROOF),
-    ):
-        try:
-            check(value, p)
-        except Problem as exc:
-            col.note(exc)
-    if any(c in col.first for c in ("input-over-bound", "input-malformed", "version-unread")):
-        col.settle()
+    try:
+        forms.check_workflow(wf, layout.WORKFLOW)
+    except Problem as exc:
+        col.note(exc)
+        col.settle()  # without the workflow's limits nothing further can be bounded
+    # The supplied total is a bound (input-over-bound), senior to every malformed file.
     limits = wf["limits"]
     if tree.total_bytes > limits["maxBytes"] or len(tree.sizes) > limits["maxFiles"]:
         col.note(
@@ -204,6 +200,12 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                 f"(maxBytes {limits['maxBytes']}, maxFiles {limits['maxFiles']})",
             )
         )
+        col.settle()
+    try:
+        forms.check_proof_root(proof, layout.ADMISSION_PROOF)
+    except Problem as exc:
+        col.note(exc)
+    if any(c in col.first for c in ("input-over-bound", "input-malformed", "version-unread")):
         col.settle()
 
     epochs: list[dict[str, Any]] = [e for block in proof["epochBlocks"] for e in block]
@@ -251,7 +253,16 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                 digests[path] = digest.of_bytes(data)
                 if not data:
                     col.note(Problem("input-malformed", 1, "an empty signature sidecar", path=path))
-            elif kind != "unknown":
+            elif kind == "unknown":
+                col.note(
+                    Problem(
+                        "inventory-mismatch",
+                        1,
+                        "the path matches no row of the closed path table (workflow.md §10)",
+                        path=path,
+                    )
+                )
+            else:
                 value, data = load(path, canonical=kind in ("canonical", "selection", "partial", "audit"))
                 if kind in ("strict-object", "audit", "run") and type(value) is not dict:
                     col.note(Problem("input-malformed", 1, "not a JSON object", path=path))
@@ -323,7 +334,7 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
 
 
 def _classify(path: str, stages: set[str]) -> str:
-    """How a bundle path is read in phase 1 (workflow.md §10); "unknown" is left to phase 5."""
+    """How a bundle path is read in phase 1 (workflow.md §10); "unknown" is an inventory refusal."""
     parts = path.split("/")
     if path == layout.ROOT_CASE:
         return "canonical"
@@ -478,7 +489,7 @@ def _phase5(ld: _Loaded, rp: Replay) -> Reading:
         raise Problem("inventory-mismatch", 5, _first_difference(derived, ld.execution), path=layout.EXECUTION)
     for s in ld.stages:
         p = layout.set_path(s.name)
-        want = canon.dumps({"setVersion": 1, "stage": s.name, "records": rp.records[s.name]})
+        want = canon.dumps({"setVersion": 1, "stage": s.name, "records": rp.offered(s.name)})
         if ld.tree.read(p, layout.MAX_RECEIVED_FILE_BYTES) != want:
             raise Problem("inventory-mismatch", 5, "the set differs from the reconstructed offered set", path=p)
     controls = {layout.EXECUTION, layout.ADMISSION_PROOF, layout.ADMISSION_PROOF_DIGEST}
@@ -489,8 +500,7 @@ def _phase5(ld: _Loaded, rp: Replay) -> Reading:
     for p in ld.tree.sizes:
         if p in rp.retained or p in controls or layout.is_finalization_path(p):
             continue
-        code = "output-mismatch" if p.startswith("outputs/") else "inventory-mismatch"
-        raise Problem(code, 5, "a file the proof does not explain", path=p)
+        raise Problem("inventory-mismatch", 5, "a file no transition derived", path=p)
     if rp.open_epoch and ld.partial is None:
         raise Problem("inventory-mismatch", 5, "the export ends at an open epoch but does not say it is partial", path=layout.PARTIAL)
     if ld.partial is not None and ld.partial["reason"] == "open-epoch" and not rp.open_epoch:
@@ -507,7 +517,7 @@ def _phase5(ld: _Loaded, rp: Replay) -> Reading:
     counts = Counts(
         stages=sum(1 for st in rp.set_state.values() if st == "closed"),
         instances=len(rp.inst),
-        outputs=sum(len(r) for r in rp.records.values()),
+        outputs=sum(rp.record_count.values()),
         selections=sum(1 for v in rp.selection.values() if v is not None),
     )
     return Reading(
