@@ -63,7 +63,9 @@ class Bundle:
             for j, o in enumerate(e.get("results", []), 1):
                 yield e, j, o
 
-    def first_obs(self, state: str = "evaluated", **where: Any) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
+    def first_obs(
+        self, state: str = "evaluated", **where: Any
+    ) -> tuple[dict[str, Any], int, dict[str, Any]] | None:
         for e, j, o in self.observations():
             if o["state"] == state and all(o.get(k) == v for k, v in where.items()):
                 return e, j, o

@@ -44,7 +44,12 @@ def test_reading_json(bundle: Path) -> None:
     assert r.stdout_bytes == canon.dumps(report) + b"\n"
     _schema_check(report)
     assert report["verdict"] == "reading"
-    assert report["reading"]["counts"] == {"stages": 2, "instances": 3, "outputs": 4, "selections": 1}
+    assert report["reading"]["counts"] == {
+        "stages": 2,
+        "instances": 3,
+        "outputs": 4,
+        "selections": 1,
+    }
 
 
 def test_human_reading(bundle: Path) -> None:
@@ -72,7 +77,9 @@ def test_refusal_exit_1(bundle: Path) -> None:
 
 
 def test_operational_exit_3_writes_no_report(tmp_path: Path) -> None:
-    proc = subprocess.run([str(EXE), str(tmp_path / "nope"), "--json"], capture_output=True, check=False)
+    proc = subprocess.run(
+        [str(EXE), str(tmp_path / "nope"), "--json"], capture_output=True, check=False
+    )
     assert proc.returncode == 3
     assert proc.stdout == b""
     assert proc.stderr.startswith(b"crucible-verify: error: ") and b"Traceback" not in proc.stderr
@@ -83,7 +90,9 @@ def test_usage_exit_2(tmp_path: Path, bundle: Path) -> None:
     assert proc.returncode == 2
     bad = tmp_path / "expect.json"
     bad.write_text('{"nonsense": 1}')
-    proc = subprocess.run([str(EXE), str(bundle), "--expect", str(bad)], capture_output=True, check=False)
+    proc = subprocess.run(
+        [str(EXE), str(bundle), "--expect", str(bad)], capture_output=True, check=False
+    )
     assert proc.returncode == 2 and proc.stdout == b""
 
 
@@ -91,10 +100,17 @@ def test_expect_agreement_and_disagreement(tmp_path: Path, bundle: Path) -> None
     pd = digest.of_bytes((bundle / "admission-proof.json").read_bytes())
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"admissionProofDigest": pd, "epochs": 4}))
-    assert subprocess.run([str(EXE), str(bundle), "--expect", str(good)], capture_output=True, check=False).returncode == 0
+    assert (
+        subprocess.run(
+            [str(EXE), str(bundle), "--expect", str(good)], capture_output=True, check=False
+        ).returncode
+        == 0
+    )
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"epochs": 5}))
-    proc = subprocess.run([str(EXE), str(bundle), "--expect", str(bad), "--json"], capture_output=True, check=False)
+    proc = subprocess.run(
+        [str(EXE), str(bundle), "--expect", str(bad), "--json"], capture_output=True, check=False
+    )
     assert proc.returncode == 1
     assert canon.loads(proc.stdout)["problem"]["code"] == "digest-mismatch"
 

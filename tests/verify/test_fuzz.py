@@ -40,7 +40,9 @@ def _apply(files: dict[str, bytes], edits: list[tuple[int, int, int, bytes]]) ->
     return out
 
 
-edit = st.tuples(st.integers(0, 10_000), st.integers(0, 4), st.integers(0, 100_000), st.binary(max_size=8))
+edit = st.tuples(
+    st.integers(0, 10_000), st.integers(0, 4), st.integers(0, 100_000), st.binary(max_size=8)
+)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,7 +63,9 @@ def test_byte_damage_never_crashes(base: int, edits: list[tuple[int, int, int, b
 
 json_value = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
     max_leaves=12,
 )
 
@@ -69,11 +73,15 @@ json_value = st.recursive(
 @settings(max_examples=120, deadline=None)
 @given(
     base=st.sampled_from(range(len(BASES))),
-    target=st.sampled_from(["admission-proof.json", "execution.json", "workflow.json", "sets/org.json"]),
+    target=st.sampled_from(
+        ["admission-proof.json", "execution.json", "workflow.json", "sets/org.json"]
+    ),
     pointer=st.lists(st.integers(0, 50), max_size=5),
     value=json_value,
 )
-def test_structural_damage_never_crashes(base: int, target: str, pointer: list[int], value: object) -> None:
+def test_structural_damage_never_crashes(
+    base: int, target: str, pointer: list[int], value: object
+) -> None:
     files = dict(BASES[base])
     doc = canon.loads(files[target])
     node = doc

@@ -85,7 +85,9 @@ def non_canonical_bytes(b: Bundle) -> Result:
 
 @mutation
 def integer_out_of_domain(b: Bundle) -> Result:
-    b.files[EXEC] = b.files[EXEC].replace(b'"executionVersion":2', b'"executionVersion":9007199254740993')
+    b.files[EXEC] = b.files[EXEC].replace(
+        b'"executionVersion":2', b'"executionVersion":9007199254740993'
+    )
     return b.files, "input-malformed", 1
 
 
@@ -175,7 +177,9 @@ def finalization_overflow(b: Bundle) -> Result:
 @mutation
 def bad_finished_at(b: Bundle) -> Result:
     for _, _, o in b.observations():
-        if o["failure"] == "preparation-failed" or (o["failure"] == "admission-refused" and o["preparationDigest"] is None):
+        if o["failure"] == "preparation-failed" or (
+            o["failure"] == "admission-refused" and o["preparationDigest"] is None
+        ):
             path = f"instances/{o['instance']}/attempts/{o['number']}/run.json"
             run = canon.loads(b.files[path])
             run["finishedAt"] = "2026-10-17T09:00:00.5Z"
@@ -217,7 +221,10 @@ def frozen_stage_repinned(b: Bundle) -> Result:
     path = f"frozen/{s['name']}.json"
     forged = {**s, "output": {**s["output"], "pointer": "/forged"}}
     b.put(path, forged)
-    frozen = [{"stage": x["name"], "digest": digest.of_bytes(b.files[f"frozen/{x['name']}.json"])} for x in wf["stages"]]
+    frozen = [
+        {"stage": x["name"], "digest": digest.of_bytes(b.files[f"frozen/{x['name']}.json"])}
+        for x in wf["stages"]
+    ]
     b.proof["frozenDigest"] = digest.of_json(frozen)
     b.execution["frozen"] = frozen
     return b.finish(), "stage-binding-mismatch", 2
@@ -255,7 +262,11 @@ def offered_digest_forged(b: Bundle) -> Result:
     core = {k: v for k, v in sel.items() if k != "refusal"}
     e["selectionCoreDigest"] = digest.of_json(core)
     for st in b.execution["stages"]:
-        if st["stage"] == e["stage"] and st["selection"] and st["selection"]["revision"] == e["revision"]:
+        if (
+            st["stage"] == e["stage"]
+            and st["selection"]
+            and st["selection"]["revision"] == e["revision"]
+        ):
             st["selection"]["digest"] = digest.of_bytes(b.files[path])
     return b.finish(), "selection-mismatch", 4
 
@@ -279,7 +290,11 @@ def case_edited(b: Bundle) -> Result:
 def start_admission_refused_slot(b: Bundle) -> Result:
     for inst in b.execution["instances"]:
         if inst["failure"] == "admission-refused" and not inst["attempts"]:
-            group = next(e for e in b.epochs if e["kind"] == "group" and e["results"] == [] or e["kind"] == "group")
+            group = next(
+                e
+                for e in b.epochs
+                if (e["kind"] == "group" and e["results"] == []) or e["kind"] == "group"
+            )
             groups = [e for e in b.epochs if e["kind"] == "group"]
             group = groups[-1]
             group["deferred"] = sorted(group["deferred"] + [inst["id"]])
@@ -351,7 +366,11 @@ def reordered_epochs_later_reference(b: Bundle) -> Result:
     """Swap a selection and the group over its reservation: a reference to a later epoch."""
     for i in range(1, len(b.epochs) - 1):
         e, nxt = b.epochs[i], b.epochs[i + 1]
-        if e["kind"] in ("selection", "fork") and nxt["kind"] == "group" and nxt["reservation"] == e["number"]:
+        if (
+            e["kind"] in ("selection", "fork")
+            and nxt["kind"] == "group"
+            and nxt["reservation"] == e["number"]
+        ):
             b.epochs[i], b.epochs[i + 1] = nxt, e
             return b.finish(), "input-malformed", 1
     return None
@@ -364,9 +383,16 @@ def attempt_assigned_twice(b: Bundle) -> Result:
     if not groups or len(last.get("results", [])) < len(last.get("starts", [last.get("begin")])):
         return None  # after an open epoch nothing may follow at all (a form refusal)
     g = groups[0]
-    again = {"kind": "group", "reservation": g["reservation"], "starts": [g["starts"][0]], "deferred": [],
-             "cancelled": [], "results": [g["results"][0]] if g["results"] else [], "number": 0,
-             "previousProofDigest": ""}
+    again = {
+        "kind": "group",
+        "reservation": g["reservation"],
+        "starts": [g["starts"][0]],
+        "deferred": [],
+        "cancelled": [],
+        "results": [g["results"][0]] if g["results"] else [],
+        "number": 0,
+        "previousProofDigest": "",
+    }
     b.epochs.append(again)
     return b.finish(), "inventory-mismatch", 4
 
@@ -409,7 +435,7 @@ def equal_audit_with_other_signature(b: Bundle) -> Result:
 @mutation
 def false_refusal(b: Bundle) -> Result:
     """Mark the last accepted proposal refused: drop its outputs, claim limit-exceeded."""
-    for e, _, o in reversed(list(b.observations())):
+    for _e, _, o in reversed(list(b.observations())):
         if o["state"] != "evaluated":
             continue
         prefix = None
@@ -426,7 +452,11 @@ def false_refusal(b: Bundle) -> Result:
             del b.files[p]
         stage = prefix.split("/")[1]
         s = b.json(f"sets/{stage}.json")
-        s["records"] = [r for r in s["records"] if not (r["instance"] == o["instance"] and r["attempt"] == o["number"])]
+        s["records"] = [
+            r
+            for r in s["records"]
+            if not (r["instance"] == o["instance"] and r["attempt"] == o["number"])
+        ]
         b.put(f"sets/{stage}.json", s)
         return b.finish(), "output-mismatch", 4
     return None
@@ -530,4 +560,7 @@ def test_expect_pins(tmp_path: Path, name: str) -> None:
     b = Bundle(files)
     b.epochs.pop()  # a consistent, repinned, shorter history: only the held pin disagrees
     bad = _run(tmp_path / "b", b.finish(), VerifyOptions(expect={"admissionProofDigest": pd}))
-    assert bad.problem is not None and (bad.problem.code, bad.problem.phase) == ("digest-mismatch", 2)
+    assert bad.problem is not None and (bad.problem.code, bad.problem.phase) == (
+        "digest-mismatch",
+        2,
+    )

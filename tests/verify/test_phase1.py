@@ -110,7 +110,9 @@ def test_4097_epochs_and_33_blocks(valid: Path) -> None:
 def test_full_block_rule(valid: Path) -> None:
     b = Bundle(org_people().exported())
     root = canon.loads(b.files[PROOF])
-    (valid / PROOF).write_bytes(canon.dumps({**root, "epochBlocks": [[b.epochs[0]], [b.epochs[1]]]}))
+    (valid / PROOF).write_bytes(
+        canon.dumps({**root, "epochBlocks": [[b.epochs[0]], [b.epochs[1]]]})
+    )
     assert code(valid) == ("input-malformed", 1)
 
 

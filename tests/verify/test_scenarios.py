@@ -73,11 +73,18 @@ def test_false_refusal_when_the_candidate_fits(tmp_path: Path) -> None:
     assert problem(read(tmp_path, one_stage(s_acc - 1, True)))[:2] == ("input-over-bound", 1)  # type: ignore[index]
 
 
-def siblings(max_bytes: int, plan: list[tuple[str, str]], max_records: int = 100_000,
-             order: tuple[str, ...] = ("a", "b", "c"), close: bool = True) -> Gen:
+def siblings(
+    max_bytes: int,
+    plan: list[tuple[str, str]],
+    max_records: int = 100_000,
+    order: tuple[str, ...] = ("a", "b", "c"),
+    close: bool = True,
+) -> Gen:
     """org root offers three records; people children a, b, c; each child proposes records."""
-    g = Gen([stage("org"), stage("people", "org", ["name"], pointer="/items")],
-            limits={"maxBytes": max_bytes, "maxRecords": max_records})
+    g = Gen(
+        [stage("org"), stage("people", "org", ["name"], pointer="/items")],
+        limits={"maxBytes": max_bytes, "maxRecords": max_records},
+    )
     g.group(1, ["root"])
     g.observe("root", audit={"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})
     r = g.select("org", [("root", 0), ("root", 1), ("root", 2)], ["a", "b", "c"])
@@ -111,21 +118,33 @@ def test_opposite_completion_order_record_limit(tmp_path: Path, first: str) -> N
     """Each sibling offers six records with ten remaining: canonical order admits the first."""
     second = "b" if first == "a" else "a"
     starts = (first, second)
-    g = Gen([stage("org"), stage("people", "org", ["name"], pointer="/items")], limits={"maxRecords": 13})
+    g = Gen(
+        [stage("org"), stage("people", "org", ["name"], pointer="/items")],
+        limits={"maxRecords": 13},
+    )
     g.group(1, ["root"])
     g.observe("root", audit={"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})
-    r = g.select("org", [("root", 0), ("root", 1)] if first == "a" else [("root", 1), ("root", 0)],
-                 list(starts))
+    r = g.select(
+        "org",
+        [("root", 0), ("root", 1)] if first == "a" else [("root", 1), ("root", 0)],
+        list(starts),
+    )
     g.group(r, list(starts))
     g.observe(first, audit=records(6))
     g.observe(second, audit=records(6), accept=False)
     assert problem(read(tmp_path, g)) is None
     bad = Gen.__new__(Gen)  # the opposite claim: second accepted, first refused
-    g2 = Gen([stage("org"), stage("people", "org", ["name"], pointer="/items")], limits={"maxRecords": 13})
+    g2 = Gen(
+        [stage("org"), stage("people", "org", ["name"], pointer="/items")],
+        limits={"maxRecords": 13},
+    )
     g2.group(1, ["root"])
     g2.observe("root", audit={"items": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})
-    r = g2.select("org", [("root", 0), ("root", 1)] if first == "a" else [("root", 1), ("root", 0)],
-                  list(starts))
+    r = g2.select(
+        "org",
+        [("root", 0), ("root", 1)] if first == "a" else [("root", 1), ("root", 0)],
+        list(starts),
+    )
     g2.group(r, list(starts))
     g2.observe(first, audit=records(6), accept=False)
     g2.observe(second, audit=records(6))
@@ -135,7 +154,10 @@ def test_opposite_completion_order_record_limit(tmp_path: Path, first: str) -> N
 
 def test_earlier_sibling_retry_after_later_refusal(tmp_path: Path) -> None:
     def build(max_bytes: int, b_refused: bool, retry: bool) -> Gen:
-        g = Gen([stage("org"), stage("people", "org", ["name"], pointer="/items")], limits={"maxBytes": max_bytes})
+        g = Gen(
+            [stage("org"), stage("people", "org", ["name"], pointer="/items")],
+            limits={"maxBytes": max_bytes},
+        )
         g.group(1, ["root"])
         g.observe("root", audit={"items": [{"name": "a"}, {"name": "b"}]})
         r = g.select("org", [("root", 0), ("root", 1)], ["a", "b"])
@@ -159,11 +181,22 @@ def test_earlier_sibling_retry_after_later_refusal(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- selection refusals
 
 
-def selection(max_bytes: int = FIVE, max_instances: int = 10_000, max_case: int = 4096,
-              ids: list[str] | None = None, refused: bool = False, then: Callable[[Gen, int], None] | None = None) -> Gen:
-    g = Gen([stage("org"), stage("people", "org", ["name"], pointer="/items"),
-             stage("notes", "org", None, pointer="/items")],
-            limits={"maxBytes": max_bytes, "maxInstances": max_instances, "maxCaseBytes": max_case})
+def selection(
+    max_bytes: int = FIVE,
+    max_instances: int = 10_000,
+    max_case: int = 4096,
+    ids: list[str] | None = None,
+    refused: bool = False,
+    then: Callable[[Gen, int], None] | None = None,
+) -> Gen:
+    g = Gen(
+        [
+            stage("org"),
+            stage("people", "org", ["name"], pointer="/items"),
+            stage("notes", "org", None, pointer="/items"),
+        ],
+        limits={"maxBytes": max_bytes, "maxInstances": max_instances, "maxCaseBytes": max_case},
+    )
     g.group(1, ["root"])
     g.observe("root", audit={"items": [{"name": "acme"}, {"name": "globex"}]})
     ids = ids if ids is not None else ["p1", "p2", "n1", "n2"]
@@ -188,7 +221,12 @@ def test_count_refusal_needs_null_ids(tmp_path: Path) -> None:
 
 def test_local_case_bound_refusal(tmp_path: Path) -> None:
     assert problem(read(tmp_path, selection(max_case=40, refused=True))) is None
-    assert problem(read(tmp_path, selection(max_case=40, refused=False))) == ("selection-mismatch", 4, 3, None)
+    assert problem(read(tmp_path, selection(max_case=40, refused=False))) == (
+        "selection-mismatch",
+        4,
+        3,
+        None,
+    )
 
 
 def test_long_and_short_prospective_ids(tmp_path: Path) -> None:
@@ -199,14 +237,22 @@ def test_long_and_short_prospective_ids(tmp_path: Path) -> None:
     assert s_long > s_short
     assert size(selection(max_bytes=s_short, ids=short)) == s_short  # exactly at the bound
     # one byte less and the short reservation is refused too
-    assert problem(read(tmp_path, selection(max_bytes=s_short - 1, ids=short, refused=True))) is None
+    assert (
+        problem(read(tmp_path, selection(max_bytes=s_short - 1, ids=short, refused=True))) is None
+    )
     assert problem(read(tmp_path, selection(max_bytes=s_short - 1, ids=short)))[:2] == (  # type: ignore[index]
-        "input-over-bound", 1)
+        "input-over-bound",
+        1,
+    )
     assert problem(read(tmp_path, selection(max_bytes=s_short, ids=short))) is None
     assert problem(read(tmp_path, selection(max_bytes=s_short, ids=long, refused=True))) is None
     # the same long ids at a bound they fit: a refusal there is false
     assert problem(read(tmp_path, selection(max_bytes=s_long, ids=long, refused=True))) == (
-        "selection-mismatch", 4, 3, None)
+        "selection-mismatch",
+        4,
+        3,
+        None,
+    )
 
 
 def test_refused_revision_then_revision_two(tmp_path: Path) -> None:
@@ -216,6 +262,7 @@ def test_refused_revision_then_revision_two(tmp_path: Path) -> None:
     def revise(ids: list[str]) -> Callable[[Gen, int], None]:
         def then(g: Gen, _: int) -> None:
             g.select("org", [("root", 1)], ids)
+
         return then
 
     margin = s_short + 600
@@ -235,6 +282,7 @@ def test_fork_retires_descendants_and_frees_nothing(tmp_path: Path) -> None:
     r = read(tmp_path, g)
     assert problem(r) is None
     assert r.reading.counts.instances == 3
+
     # a fork reusing a retired id
     def reuse(g: Gen, r: int) -> None:
         g.select("org", [("root", 1)], ["p1", "n3"], fork=True)
@@ -242,16 +290,31 @@ def test_fork_retires_descendants_and_frees_nothing(tmp_path: Path) -> None:
     forged = selection(then=reuse)
     original = selection().exported()["instances/p1/case.json"]
     assert problem(read(tmp_path, forged, {"instances/p1/case.json": original})) == (
-        "inventory-mismatch", 4, 4, None)
+        "inventory-mismatch",
+        4,
+        4,
+        None,
+    )
+
     # a group over the retired reservation
     def retired(g: Gen, r: int) -> None:
         g.select("org", [("root", 1)], ["p3", "n3"], fork=True)
-        g.epochs.append({"number": len(g.epochs) + 1, "previousProofDigest": "", "kind": "group",
-                         "reservation": r, "starts": [{"instance": "p2", "number": 1, "retry": None}],
-                         "deferred": [], "cancelled": [], "results": []})
+        g.epochs.append(
+            {
+                "number": len(g.epochs) + 1,
+                "previousProofDigest": "",
+                "kind": "group",
+                "reservation": r,
+                "starts": [{"instance": "p2", "number": 1, "retry": None}],
+                "deferred": [],
+                "cancelled": [],
+                "results": [],
+            }
+        )
 
     g = selection(then=retired)
     from mutate import Bundle
+
     files = Bundle(g.exported()).finish()
     root = tmp_path / "retired"
     write_files(root, files)
@@ -259,8 +322,13 @@ def test_fork_retires_descendants_and_frees_nothing(tmp_path: Path) -> None:
 
 
 def test_first_begin_after_consumption_needs_a_fork(tmp_path: Path) -> None:
-    g = Gen([stage("org"), stage("people", "org", ["name"], pointer="/items"),
-             stage("tasks", "people", None, pointer="/items")])
+    g = Gen(
+        [
+            stage("org"),
+            stage("people", "org", ["name"], pointer="/items"),
+            stage("tasks", "people", None, pointer="/items"),
+        ]
+    )
     g.group(1, ["root"])
     g.observe("root", audit={"items": [{"name": "a"}, {"name": "b"}]})
     r = g.select("org", [("root", 0), ("root", 1)], ["a", "b"])
@@ -284,22 +352,36 @@ def test_defer_only_group_is_invalid(tmp_path: Path) -> None:
 def test_open_epoch_must_say_partial(tmp_path: Path) -> None:
     g = siblings(FIVE, [("a", "accept")])
     assert problem(read(tmp_path, g))[:2] == ("inventory-mismatch", 5)  # type: ignore[index]
-    partial = {"partial.json": canon.dumps({"partialVersion": 1, "reason": "open-epoch", "operationLine": None})}
+    partial = {
+        "partial.json": canon.dumps(
+            {"partialVersion": 1, "reason": "open-epoch", "operationLine": None}
+        )
+    }
     r = read(tmp_path, g, partial)
     assert problem(r) is None and r.reading.completion == "partial"
 
 
 def test_interrupted_and_cancelled_observations(tmp_path: Path) -> None:
     g = siblings(FIVE, [("a", "accept")])
-    g.observe("b", state="interrupted", files={"runDigest": canon.dumps({"exportVersion": 3, "finishedAt": None})})
+    g.observe(
+        "b",
+        state="interrupted",
+        files={"runDigest": canon.dumps({"exportVersion": 3, "finishedAt": None})},
+    )
     g.observe("c", state="cancelled", files={})
     r = read(tmp_path, g)
     assert problem(r) is None and r.reading.completion == "partial"
     # an interrupted observation cannot conceal a complete evaluation
     g = siblings(FIVE, [("a", "accept")])
-    g.observe("b", state="interrupted", files={"runDigest": canon.dumps({"exportVersion": 3, "finishedAt": None}),
-                                                "preparationDigest": canon.dumps({"p": 1}),
-                                                "auditDigest": canon.dumps(records(1))})
+    g.observe(
+        "b",
+        state="interrupted",
+        files={
+            "runDigest": canon.dumps({"exportVersion": 3, "finishedAt": None}),
+            "preparationDigest": canon.dumps({"p": 1}),
+            "auditDigest": canon.dumps(records(1)),
+        },
+    )
     g.observe("c", state="cancelled", files={})
     assert problem(read(tmp_path, g)) == ("inventory-mismatch", 4, 4, 2)
 
@@ -313,13 +395,19 @@ def test_preparation_failed_needs_the_failing_instant(tmp_path: Path) -> None:
 
 def test_equal_contents_at_separate_paths_count_separately(tmp_path: Path) -> None:
     def build(max_bytes: int) -> Gen:
-        g = Gen([stage("org"), stage("people", "org", None, pointer="/items")], limits={"maxBytes": max_bytes})
+        g = Gen(
+            [stage("org"), stage("people", "org", None, pointer="/items")],
+            limits={"maxBytes": max_bytes},
+        )
         g.group(1, ["root"])
         g.observe("root", audit={"items": [{"n": 1}, {"n": 1}]})  # equal payloads, two paths
         r = g.select("org", [("root", 0), ("root", 1)], ["a", "b"])
         g.group(r, ["a", "b"])
-        same = {"runDigest": canon.dumps({"exportVersion": 3, "finishedAt": AT}),
-                "preparationDigest": canon.dumps({"p": 0}), "auditDigest": canon.dumps(records(1))}
+        same = {
+            "runDigest": canon.dumps({"exportVersion": 3, "finishedAt": AT}),
+            "preparationDigest": canon.dumps({"p": 0}),
+            "auditDigest": canon.dumps(records(1)),
+        }
         g.observe("a", files=same)
         g.observe("b", files=same)
         return g

@@ -15,7 +15,11 @@ from crucible.proof.reader.replay import Replay
 from crucible.proof.reader.verify import verify_bundle
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "proof"
-CASES = sorted(p.name for p in VECTORS.iterdir() if (p / "expected.json").is_file()) if VECTORS.is_dir() else []
+CASES = (
+    sorted(p.name for p in VECTORS.iterdir() if (p / "expected.json").is_file())
+    if VECTORS.is_dir()
+    else []
+)
 
 
 #: cases where this reader, applying docs/spec, disagrees with the recorded expectation.
@@ -49,9 +53,16 @@ def test_vector_report(case: str) -> None:
         assert report.reading is not None
         assert report.reading.completion == want["completion"]
         c = report.reading.counts
-        got = {"stages": c.stages, "instances": c.instances, "outputs": c.outputs, "selections": c.selections}
+        got = {
+            "stages": c.stages,
+            "instances": c.instances,
+            "outputs": c.outputs,
+            "selections": c.selections,
+        }
         assert got == want["counts"]
-        assert report.reading.proof_digest == expected(case)["writer"]["proofDigest"] or "base" in expected(case)
+        assert report.reading.proof_digest == expected(case)["writer"][
+            "proofDigest"
+        ] or "base" in expected(case)
     else:
         p = report.problem
         assert p is not None, "the bundle reads, a rejection is expected"
@@ -68,7 +79,8 @@ _OUTCOME = {"admitted", "refused", "begun", "accepted", "cut-off", "recorded"}
 
 
 @pytest.mark.parametrize(
-    "case", [c for c in CASES if expected(c)["reader"]["outcome"] == "reading" and c not in DISAGREEMENTS]
+    "case",
+    [c for c in CASES if expected(c)["reader"]["outcome"] == "reading" and c not in DISAGREEMENTS],
 )
 def test_vector_measurements(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The reader's own candidate measurements equal the writer's, decision by decision."""

@@ -65,5 +65,7 @@ def split_results(epoch: dict[str, Any]) -> tuple[bytes, list[bytes], bytes]:
         canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in sorted(epoch) if k < "results"
     )
     head = before + (b"," if len(before) > 1 else b"") + b'"results":['
-    after = b"".join(b"," + canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in sorted(epoch) if k > "results")
+    after = b"".join(
+        b"," + canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in sorted(epoch) if k > "results"
+    )
     return head, [canon.dumps(r) for r in epoch["results"]], b"]" + after + b"}"

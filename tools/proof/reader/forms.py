@@ -59,7 +59,14 @@ def _bad(msg: str, path: str, epoch: int | None = None, obs: int | None = None) 
     return Problem("input-malformed", 1, msg, path=path, epoch=epoch, observation=obs)
 
 
-def _exact(v: Any, keys: tuple[str, ...], what: str, path: str, epoch: int | None = None, obs: int | None = None) -> dict[str, Any]:
+def _exact(
+    v: Any,
+    keys: tuple[str, ...],
+    what: str,
+    path: str,
+    epoch: int | None = None,
+    obs: int | None = None,
+) -> dict[str, Any]:
     if type(v) is not dict:
         raise _bad(f"{what} is not an object", path, epoch, obs)
     if set(v) != set(keys) or len(v) != len(keys):
@@ -100,8 +107,10 @@ def _is_posint(v: Any) -> bool:
 
 
 def _text(v: Any, limit: int) -> bool:
-    return type(v) is str and 1 <= len(v) <= limit and not any(
-        ord(c) < 0x20 or ord(c) == 0x7F for c in v
+    return (
+        type(v) is str
+        and 1 <= len(v) <= limit
+        and not any(ord(c) < 0x20 or ord(c) == 0x7F for c in v)
     )
 
 
@@ -109,7 +118,12 @@ def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
     if type(wf) is not dict:
         raise _bad("the workflow is not an object", path)
     if wf.get("workflowVersion") != 2 or type(wf.get("workflowVersion")) is not int:
-        raise Problem("version-unread", 1, f"workflowVersion {wf.get('workflowVersion')!r} is not 2", path=path)
+        raise Problem(
+            "version-unread",
+            1,
+            f"workflowVersion {wf.get('workflowVersion')!r} is not 2",
+            path=path,
+        )
     _exact(wf, ("workflowVersion", "name", "limits", "stages"), "workflow", path)
     if not _text(wf["name"], 128):
         raise _bad("name: 1-128 characters without controls", path)
@@ -126,7 +140,9 @@ def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
         name = st["name"]
         if not is_stage(name) or name in seen:
             raise _bad(f"stages[{i}].name is not a valid unique stage name", path)
-        inp = _exact(st["input"], ("fromStage", "fields", "admitMaxBytes"), f"stages[{i}].input", path)
+        inp = _exact(
+            st["input"], ("fromStage", "fields", "admitMaxBytes"), f"stages[{i}].input", path
+        )
         out = _exact(st["output"], ("pointer", "cardinality"), f"stages[{i}].output", path)
         frm = inp["fromStage"]
         if i == 0:
@@ -182,7 +198,12 @@ def check_proof_root(proof: Any, path: str = layout.ADMISSION_PROOF) -> None:
     if type(blocks) is not list or any(type(b) is not list for b in blocks):
         raise _bad("epochBlocks is not an array of arrays", path)
     if len(blocks) > layout.MAX_BLOCKS:
-        raise Problem("input-over-bound", 1, f"{len(blocks)} epoch blocks (at most {layout.MAX_BLOCKS})", path=path)
+        raise Problem(
+            "input-over-bound",
+            1,
+            f"{len(blocks)} epoch blocks (at most {layout.MAX_BLOCKS})",
+            path=path,
+        )
     for b in blocks:
         if len(b) > layout.MAX_EPOCHS_PER_BLOCK:
             raise Problem("input-over-bound", 1, f"a block of {len(b)} epochs", path=path)
@@ -230,7 +251,13 @@ def check_epoch(e: Any, number: int, path: str = layout.ADMISSION_PROOF) -> None
         raise _bad("epoch kind is not a string", path, number)
     if kind not in EPOCH_KINDS:
         raise Problem("kind-unread", 1, f"epoch kind {kind!r} is not read", path=path, epoch=number)
-    _exact(e, ("number", "previousProofDigest", "kind", *EPOCH_KINDS[kind]), f"{kind} epoch", path, number)
+    _exact(
+        e,
+        ("number", "previousProofDigest", "kind", *EPOCH_KINDS[kind]),
+        f"{kind} epoch",
+        path,
+        number,
+    )
     if type(e["number"]) is not int or e["number"] != number:
         raise _bad(f"epoch number {e['number']!r} where {number} is due", path, number)
     if not is_digest(e["previousProofDigest"]):
@@ -241,7 +268,13 @@ def check_epoch(e: Any, number: int, path: str = layout.ADMISSION_PROOF) -> None
         if not is_stage(e["stage"]) or not _is_posint(e["revision"]):
             raise _bad("bad stage or revision", path, number)
         if e["revision"] > layout.MAX_REVISIONS:
-            raise Problem("input-over-bound", 1, f"revision {e['revision']} > {layout.MAX_REVISIONS}", path=path, epoch=number)
+            raise Problem(
+                "input-over-bound",
+                1,
+                f"revision {e['revision']} > {layout.MAX_REVISIONS}",
+                path=path,
+                epoch=number,
+            )
         if not is_digest(e["selectionCoreDigest"]):
             raise _bad("selectionCoreDigest is not a digest", path, number)
         ids = e["childIds"]
@@ -291,14 +324,26 @@ def check_execution(ex: Any, path: str = layout.EXECUTION) -> None:
         raise Problem("version-unread", 1, f"executionVersion {v!r} is not 2", path=path)
     _exact(
         ex,
-        ("executionVersion", "execution", "workflowDigest", "admissionProofDigest", "frozen", "stages", "instances"),
+        (
+            "executionVersion",
+            "execution",
+            "workflowDigest",
+            "admissionProofDigest",
+            "frozen",
+            "stages",
+            "instances",
+        ),
         "execution",
         path,
     )
     for k in ("workflowDigest", "admissionProofDigest"):
         if not is_digest(ex[k]):
             raise _bad(f"{k} is not a digest", path)
-    if type(ex["frozen"]) is not list or type(ex["stages"]) is not list or type(ex["instances"]) is not list:
+    if (
+        type(ex["frozen"]) is not list
+        or type(ex["stages"]) is not list
+        or type(ex["instances"]) is not list
+    ):
         raise _bad("frozen, stages and instances are arrays", path)
 
 
@@ -317,7 +362,11 @@ def check_selection(sel: Any, path: str) -> bool:
     review = _exact(sel["review"], ("actor", "at"), "review", path)
     if not _is_actor(review["actor"]) or not is_timestamp(review["at"]):
         raise _bad("review: bad actor or timestamp", path)
-    if not is_stage(sel["stage"]) or not _is_posint(sel["revision"]) or not is_digest(sel["offeredDigest"]):
+    if (
+        not is_stage(sel["stage"])
+        or not _is_posint(sel["revision"])
+        or not is_digest(sel["offeredDigest"])
+    ):
         raise _bad("bad stage, revision or offeredDigest", path)
     if type(sel["selected"]) is not list:
         raise _bad("selected is not an array", path)

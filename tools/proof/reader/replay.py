@@ -49,7 +49,9 @@ class Context:
         self.by_name = {s.name: s for s in self.stages}
 
 
-def _inv(msg: str, epoch: int | None = None, obs: int | None = None, path: str | None = None) -> Problem:
+def _inv(
+    msg: str, epoch: int | None = None, obs: int | None = None, path: str | None = None
+) -> Problem:
     return Problem("inventory-mismatch", 4, msg, path=path, epoch=epoch, observation=obs)
 
 
@@ -100,9 +102,7 @@ class Replay:
         #: every decision as measured: epoch, observation, kind, outcome, and the
         #: [bytes, files] of its acceptance and refusal candidates (None: not built)
         self.trace: list[dict[str, Any]] = []
-        self._set_base = {
-            s.name: len(canon.dumps(set_json(s.name, []))) for s in ctx.stages
-        }
+        self._set_base = {s.name: len(canon.dumps(set_json(s.name, []))) for s in ctx.stages}
         # output files present in the bundle, by attempt directory
         self.output_dirs: dict[str, int] = {}
         for p in self.tree.sizes:
@@ -251,7 +251,11 @@ class Replay:
     def _stage_obj(self, s: StageDef) -> dict[str, Any]:
         return {
             "name": s.name,
-            "input": {"fromStage": s.from_stage, "fields": s.fields, "admitMaxBytes": s.admit_max_bytes},
+            "input": {
+                "fromStage": s.from_stage,
+                "fields": s.fields,
+                "admitMaxBytes": s.admit_max_bytes,
+            },
             "output": {"pointer": s.pointer, "cardinality": s.cardinality},
         }
 
@@ -275,9 +279,13 @@ class Replay:
         self.reserved = 1
         self.reservations[k] = [rid]
         epoch_bytes = canon.dumps(e)
-        ok, size, files = self.fits(proof_size=self.hasher.open_size(len(epoch_bytes)), new_bytes=0, new_files=0)
+        ok, size, files = self.fits(
+            proof_size=self.hasher.open_size(len(epoch_bytes)), new_bytes=0, new_files=0
+        )
         if not ok:
-            raise _inv(f"the root candidate ({size} bytes, {files} files) does not fit: unrecordable", k)
+            raise _inv(
+                f"the root candidate ({size} bytes, {files} files) does not fit: unrecordable", k
+            )
         self._trace(k, None, "root", "admitted", (size, files), None)
         self.hasher.close(epoch_bytes)
 
@@ -374,9 +382,7 @@ class Replay:
                 outcome = "refused"
             else:
                 sel_digest = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
-                stages = self.stages_json(
-                    {u: sel_digest}, {c: "closed" for c in consumers}
-                )
+                stages = self.stages_json({u: sel_digest}, {c: "closed" for c in consumers})
                 new_bytes = len(core_bytes) + sum(len(cb) for _, cb in children if cb is not None)
                 new_files = 1 + sum(1 for _, cb in children if cb is not None)
                 sizes = sum(ch.measure() for ch, _ in children)
@@ -394,7 +400,7 @@ class Replay:
             self.used_ids.update(child_ids)
 
         if outcome == "refused":
-            carrier_sel = {u: None} if kind == "fork" else {}
+            carrier_sel: dict[str, dict[str, Any] | None] = {u: None} if kind == "fork" else {}
             ok, size, files = self.fits(
                 proof_size=proof_size,
                 new_bytes=len(refusal_bytes),
@@ -432,10 +438,22 @@ class Replay:
                 cpath = layout.case_path(ch.id)
                 if case is None:
                     if cpath in self.tree.sizes:
-                        raise Problem("case-mismatch", 4, "a projection-invalid child has a case file", path=cpath, epoch=k)
+                        raise Problem(
+                            "case-mismatch",
+                            4,
+                            "a projection-invalid child has a case file",
+                            path=cpath,
+                            epoch=k,
+                        )
                     continue
                 if cpath not in self.tree.sizes or self._read(cpath) != case:
-                    raise Problem("case-mismatch", 4, "the retained case differs from the projected case", path=cpath, epoch=k)
+                    raise Problem(
+                        "case-mismatch",
+                        4,
+                        "the retained case differs from the projected case",
+                        path=cpath,
+                        epoch=k,
+                    )
             self.retain(sel_path, len(core_bytes), k)
             for ch, case in children:
                 if case is not None:
@@ -476,7 +494,13 @@ class Replay:
             inst.base_state, inst.base_failure = "failed", "projection-invalid"
             return inst, None
         case = canon.dumps(
-            {"caseVersion": 1, "stage": consumer, "instance": cid, "parent": parent, "input": projected}
+            {
+                "caseVersion": 1,
+                "stage": consumer,
+                "instance": cid,
+                "parent": parent,
+                "input": projected,
+            }
         )
         inst = Instance(cid, consumer, parent, selection, digest.of_bytes(case), reservation=k)
         if cdef.admit_max_bytes is not None and len(canon.dumps(projected)) > cdef.admit_max_bytes:
@@ -488,7 +512,10 @@ class Replay:
         size = self.hasher.open_size(len(head) + len(tail))
         ok, total, files = self.fits(proof_size=size, new_bytes=0, new_files=0)
         if not ok:
-            raise _inv(f"the begin candidate P({k},0) ({total} bytes, {files} files) does not fit: unrecordable", k)
+            raise _inv(
+                f"the begin candidate P({k},0) ({total} bytes, {files} files) does not fit: unrecordable",
+                k,
+            )
         self._trace(k, None, e["kind"], "begun", (total, files), None)
         return head, results, tail
 
@@ -514,11 +541,15 @@ class Replay:
                 )
         if len(set(named)) != len(named):
             raise _inv("starts, deferred and cancelled repeat an instance", k)
-        eligible = {i for i in active if self.inst[i].state == "interrupted" and not self.inst[i].attempts}
+        eligible = {
+            i for i in active if self.inst[i].state == "interrupted" and not self.inst[i].attempts
+        }
         if set(named) != eligible:
             extra = sorted(set(named) - eligible)
             missing = sorted(eligible - set(named))
-            raise _inv(f"not a partition of the eligible slots: not eligible {extra}, omitted {missing}", k)
+            raise _inv(
+                f"not a partition of the eligible slots: not eligible {extra}, omitted {missing}", k
+            )
         for what, ids in (("starts", starts), ("deferred", deferred), ("cancelled", cancelled)):
             idx = [order[i] for i in ids]
             if idx != sorted(idx):
@@ -527,7 +558,9 @@ class Replay:
             raise _inv("a defer-only group is invalid", k)
         for i in starts + cancelled:
             if self.selection[self.inst[i].stage] is not None:
-                raise _inv(f"instance {i!r}: its stage's offered set is consumed (a fork is required)", k)
+                raise _inv(
+                    f"instance {i!r}: its stage's offered set is consumed (a fork is required)", k
+                )
         for b in e["starts"]:
             if b["number"] != 1:
                 raise _inv(f"instance {b['instance']!r}: a first begin has number 1", k)
@@ -551,12 +584,18 @@ class Replay:
         if inst.state not in ("failed", "interrupted") or not inst.attempts:
             raise _inv(f"retry of {i!r}: only a begun failed or interrupted instance is retried", k)
         if self.selection[inst.stage] is not None:
-            raise _inv(f"retry of {i!r}: its stage's offered set is consumed (a fork is required)", k)
+            raise _inv(
+                f"retry of {i!r}: its stage's offered set is consumed (a fork is required)", k
+            )
         if b["number"] != len(inst.attempts) + 1:
-            raise _inv(f"retry of {i!r}: attempt {b['number']} where {len(inst.attempts) + 1} is next", k)
+            raise _inv(
+                f"retry of {i!r}: attempt {b['number']} where {len(inst.attempts) + 1} is next", k
+            )
         if b["number"] > self.limits["maxAttempts"]:
             raise _inv(f"retry of {i!r}: attempt {b['number']} exceeds maxAttempts", k)
-        inst.attempts.append(Attempt(b["number"], "interrupted", None, b["retry"], dict.fromkeys(PINS)))
+        inst.attempts.append(
+            Attempt(b["number"], "interrupted", None, b["retry"], dict.fromkeys(PINS))
+        )
         self._set_instance(inst)
         head, results, tail = self._begin_candidate(k, e)
         self._observe_all(k, e, [b], head, results, tail)
@@ -653,7 +692,13 @@ class Replay:
                     files.append((layout.payload_path(stage.name, inst.id, n, idx), payload))
                     files.append((layout.envelope_path(stage.name, inst.id, n, idx), env))
                     records.append(
-                        {"instance": inst.id, "attempt": n, "output": idx, "payloadDigest": pd, "envelopeDigest": digest.of_bytes(env)}
+                        {
+                            "instance": inst.id,
+                            "attempt": n,
+                            "output": idx,
+                            "payloadDigest": pd,
+                            "envelopeDigest": digest.of_bytes(env),
+                        }
                     )
                 final = ("completed", None) if proposal else ("completed-zero", None)
                 local_ok = self.records_total + len(proposal) <= self.limits["maxRecords"] and all(
@@ -741,7 +786,14 @@ class Replay:
             )
         for path, data in accepted:
             if path not in self.tree.sizes or self._read(path) != data:
-                raise Problem("output-mismatch", 4, "the retained output differs from the derived one", path=path, epoch=k, observation=j)
+                raise Problem(
+                    "output-mismatch",
+                    4,
+                    "the retained output differs from the derived one",
+                    path=path,
+                    epoch=k,
+                    observation=j,
+                )
             self.retain(path, len(data), k, j)
 
     def _check_pins(
@@ -781,13 +833,23 @@ class Replay:
         if state == "evaluated" and not audit:
             raise _inv("evaluated requires an audit", k, j)
         if audit and not audit_ok:
-            raise _inv(f"{state}/{failure} cannot carry an audit (a complete evaluation is not concealed)", k, j)
+            raise _inv(
+                f"{state}/{failure} cannot carry an audit (a complete evaluation is not concealed)",
+                k,
+                j,
+            )
         if err != err_ok:
-            raise _inv(f"{state}/{failure}: evaluation-error pin {'required' if err_ok else 'not allowed'}", k, j)
+            raise _inv(
+                f"{state}/{failure}: evaluation-error pin {'required' if err_ok else 'not allowed'}",
+                k,
+                j,
+            )
         if state == "suppressed" and stage not in cutoff:
             raise _inv("suppressed requires an earlier cutoff of the stage in this epoch", k, j)
 
-    def _proposal(self, inst_id: str, n: int, stage: StageDef, k: int, j: int) -> list[bytes] | None:
+    def _proposal(
+        self, inst_id: str, n: int, stage: StageDef, k: int, j: int
+    ) -> list[bytes] | None:
         """The ordered payload bytes of a valid output proposal, or None for a bad shape."""
         path = layout.attempt_file(inst_id, n, "auditDigest")
         audit = orjson.loads(self._read(path))

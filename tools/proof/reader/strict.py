@@ -58,9 +58,7 @@ def parse_json(data: bytes, path: str, bounds: JsonBounds, *, canonical: bool) -
     except canon.CanonError as exc:
         raise Problem("input-malformed", 1, exc.message, path=path) from None
     if canonical:
-        raise Problem(
-            "input-malformed", 1, "not canonical JSON (RFC 8785) bytes", path=path
-        )
+        raise Problem("input-malformed", 1, "not canonical JSON (RFC 8785) bytes", path=path)
     return value
 
 
@@ -90,15 +88,17 @@ def _measure(value: Any, path: str, bounds: JsonBounds) -> None:
             else:
                 stack.extend((item, depth + 1) for item in v)
         elif t is str:
-            if len(v) > bounds.string_bytes // 4 and len(v.encode("utf-8", "surrogatepass")) > bounds.string_bytes:
+            if (
+                len(v) > bounds.string_bytes // 4
+                and len(v.encode("utf-8", "surrogatepass")) > bounds.string_bytes
+            ):
                 raise Problem(
                     "input-over-bound",
                     1,
                     f"a string exceeds {bounds.string_bytes} bytes",
                     path=path,
                 )
-        elif t is int:
-            if not -_MAX_SAFE <= v <= _MAX_SAFE and malformed is None:
-                malformed = f"integer {v} is outside ±(2^53−1)"
+        elif t is int and not -_MAX_SAFE <= v <= _MAX_SAFE and malformed is None:
+            malformed = f"integer {v} is outside ±(2^53−1)"
     if malformed is not None:
         raise Problem("input-malformed", 1, malformed, path=path)

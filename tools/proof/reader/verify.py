@@ -9,7 +9,6 @@ the supplied control files and inventory. See docs/spec/verify.md.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,13 @@ EXPECTATION_KEYS = (
     "epochs",
 )
 #: phase-1 precedence among refusal codes (RFC 0024 §8)
-_PRECEDENCE = ("input-over-bound", "input-malformed", "version-unread", "inventory-mismatch", "kind-unread")
+_PRECEDENCE = (
+    "input-over-bound",
+    "input-malformed",
+    "version-unread",
+    "inventory-mismatch",
+    "kind-unread",
+)
 _BOUNDS = JsonBounds(depth=64, members=layout.MAX_PROOF_ARRAY, string_bytes=65536)
 #: a walk never visits more entries than this (our choice; far above any maxFiles we accept)
 MAX_ENTRIES = 1 << 20
@@ -155,13 +160,34 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
     for path, size in tree.sizes.items():
         ceiling = _ceiling(path, options)
         if size > ceiling:
-            col.note(Problem("input-over-bound", 1, f"{size} bytes exceed the ceiling of {ceiling}", path=path))
-    col.settle() if "input-over-bound" in col.first else None
+            col.note(
+                Problem(
+                    "input-over-bound",
+                    1,
+                    f"{size} bytes exceed the ceiling of {ceiling}",
+                    path=path,
+                )
+            )
+    if "input-over-bound" in col.first:
+        col.settle()  # refused from sizes alone, before any byte is read
     if tree.irregular is not None:
-        col.note(Problem("input-malformed", 1, "not a regular file or directory (links are never followed)", path=tree.irregular))
+        col.note(
+            Problem(
+                "input-malformed",
+                1,
+                "not a regular file or directory (links are never followed)",
+                path=tree.irregular,
+            )
+        )
     if tree.bad_name is not None:
         col.note(Problem("input-malformed", 1, "not a portable file name", path=tree.bad_name))
-    for p in (layout.WORKFLOW, layout.ADMISSION_PROOF, layout.ADMISSION_PROOF_DIGEST, layout.EXECUTION, layout.ROOT_CASE):
+    for p in (
+        layout.WORKFLOW,
+        layout.ADMISSION_PROOF,
+        layout.ADMISSION_PROOF_DIGEST,
+        layout.EXECUTION,
+        layout.ROOT_CASE,
+    ):
         if p not in tree.sizes:
             col.note(Problem("inventory-mismatch", 1, "a required file is missing", path=p))
     if layout.WORKFLOW not in tree.sizes or layout.ADMISSION_PROOF not in tree.sizes:
@@ -220,14 +246,33 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
         if number < len(epochs) and e["kind"] in ("group", "retry"):
             begins = len(e["starts"]) if e["kind"] == "group" else 1
             if len(e["results"]) < begins:
-                col.note(Problem("input-malformed", 1, "an open epoch admits no later epoch", path=layout.ADMISSION_PROOF, epoch=number))
+                col.note(
+                    Problem(
+                        "input-malformed",
+                        1,
+                        "an open epoch admits no later epoch",
+                        path=layout.ADMISSION_PROOF,
+                        epoch=number,
+                    )
+                )
                 break
 
     if layout.ADMISSION_PROOF_DIGEST in tree.sizes:
         side = tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
         digests[layout.ADMISSION_PROOF_DIGEST] = digest.of_bytes(side)
-        if len(side) != 72 or not digest.is_digest(side[:-1].decode("ascii", "replace")) or side[-1:] != b"\n":
-            col.note(Problem("input-malformed", 1, "not sha256:<64 hex> and a newline", path=layout.ADMISSION_PROOF_DIGEST))
+        if (
+            len(side) != 72
+            or not digest.is_digest(side[:-1].decode("ascii", "replace"))
+            or side[-1:] != b"\n"
+        ):
+            col.note(
+                Problem(
+                    "input-malformed",
+                    1,
+                    "not sha256:<64 hex> and a newline",
+                    path=layout.ADMISSION_PROOF_DIGEST,
+                )
+            )
     execution: dict[str, Any] = {}
     if layout.EXECUTION in parsed:
         execution = parsed[layout.EXECUTION][0]
@@ -263,7 +308,9 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                     )
                 )
             else:
-                value, data = load(path, canonical=kind in ("canonical", "selection", "partial", "audit"))
+                value, data = load(
+                    path, canonical=kind in ("canonical", "selection", "partial", "audit")
+                )
                 if kind in ("strict-object", "audit", "run") and type(value) is not dict:
                     col.note(Problem("input-malformed", 1, "not a JSON object", path=path))
                 elif kind == "selection":
@@ -277,9 +324,11 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                     partial = value
         except Problem as exc:
             col.note(exc)
-    if layout.ROOT_CASE in tree.sizes and layout.ROOT_CASE not in digests:
-        pass  # classified above
-    if "input-over-bound" in col.first or "input-malformed" in col.first or "version-unread" in col.first:
+    if (
+        "input-over-bound" in col.first
+        or "input-malformed" in col.first
+        or "version-unread" in col.first
+    ):
         col.settle()
 
     # Missing non-null pinned artifacts, and the finishedAt rule (RFC 0024 §5).
@@ -292,7 +341,15 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
         if e.get("kind") in ("selection", "fork"):
             p = layout.selection_path(e["stage"], e["revision"])
             if p not in tree.sizes:
-                col.note(Problem("inventory-mismatch", 1, "the epoch's selection file is missing", path=p, epoch=k))
+                col.note(
+                    Problem(
+                        "inventory-mismatch",
+                        1,
+                        "the epoch's selection file is missing",
+                        path=p,
+                        epoch=k,
+                    )
+                )
         if e.get("kind") not in ("group", "retry"):
             continue
         for j, o in enumerate(e["results"], 1):
@@ -301,7 +358,16 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                     continue
                 p = layout.attempt_file(o["instance"], o["number"], pin)
                 if p not in tree.sizes:
-                    col.note(Problem("inventory-mismatch", 1, f"{pin} is pinned but its file is missing", path=p, epoch=k, observation=j))
+                    col.note(
+                        Problem(
+                            "inventory-mismatch",
+                            1,
+                            f"{pin} is pinned but its file is missing",
+                            path=p,
+                            epoch=k,
+                            observation=j,
+                        )
+                    )
             run_path = layout.attempt_file(o["instance"], o["number"], "runDigest")
             needs_time = o["failure"] == "preparation-failed" or (
                 o["failure"] == "admission-refused" and o["preparationDigest"] is None
@@ -361,7 +427,11 @@ def _classify(path: str, stages: set[str]) -> str:
             "evaluation-error.json": "strict-object",
             "audit.sig": "sig",
         }.get(parts[4], "unknown")
-    if len(parts) == 5 and parts[0] == "outputs" and parts[4].endswith((".payload.json", ".envelope.json")):
+    if (
+        len(parts) == 5
+        and parts[0] == "outputs"
+        and parts[4].endswith((".payload.json", ".envelope.json"))
+    ):
         return "canonical"
     return "unknown"
 
@@ -369,7 +439,9 @@ def _classify(path: str, stages: set[str]) -> str:
 # ---------------------------------------------------------------- phase 2
 
 
-def _mismatch(msg: str, path: str | None = None, epoch: int | None = None, obs: int | None = None) -> Problem:
+def _mismatch(
+    msg: str, path: str | None = None, epoch: int | None = None, obs: int | None = None
+) -> Problem:
     return Problem("digest-mismatch", 2, msg, path=path, epoch=epoch, observation=obs)
 
 
@@ -387,10 +459,14 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
     }
     for key, value in expect.items():
         if held[key] != value:
-            raise _mismatch(f"{key} is {held[key]!r}, the independently held expectation is {value!r}")
+            raise _mismatch(
+                f"{key} is {held[key]!r}, the independently held expectation is {value!r}"
+            )
     sidecar = ld.tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
     if sidecar != (proof_digest + "\n").encode():
-        raise _mismatch("the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST)
+        raise _mismatch(
+            "the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST
+        )
     if ex["admissionProofDigest"] != proof_digest:
         raise _mismatch("admissionProofDigest is not the proof's digest", layout.EXECUTION)
     if proof["workflowDigest"] != d[layout.WORKFLOW]:
@@ -407,9 +483,13 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
             raise _mismatch("the root case is not the pinned rootCaseDigest", p)
     frozen = [{"stage": s.name, "digest": d[layout.frozen_path(s.name)]} for s in ld.stages]
     if digest.of_json(frozen) != proof["frozenDigest"]:
-        raise _mismatch("frozenDigest is not the digest of the frozen stage pins", layout.ADMISSION_PROOF)
+        raise _mismatch(
+            "frozenDigest is not the digest of the frozen stage pins", layout.ADMISSION_PROOF
+        )
     if ex["frozen"] != frozen:
-        raise _mismatch("the execution's frozen pins differ from the frozen files", layout.EXECUTION)
+        raise _mismatch(
+            "the execution's frozen pins differ from the frozen files", layout.EXECUTION
+        )
     # the chain: each epoch names the digest of the preceding closed prefix
     hasher = PrefixHasher(proof)
     for e in ld.epochs:
@@ -428,7 +508,13 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
             p = layout.selection_path(e["stage"], e["revision"])
             sel = ld.selections.get((e["stage"], e["revision"]))
             if sel is None:
-                raise Problem("inventory-mismatch", 1, "the epoch's selection file is missing", path=p, epoch=k)
+                raise Problem(
+                    "inventory-mismatch",
+                    1,
+                    "the epoch's selection file is missing",
+                    path=p,
+                    epoch=k,
+                )
             core = {m: v for m, v in sel[0].items() if m != "refusal"}
             if digest.of_json(core) != e["selectionCoreDigest"]:
                 raise _mismatch("the selection core is not the pinned selectionCoreDigest", p, k)
@@ -444,7 +530,10 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
         p = layout.frozen_path(s["name"])
         if ld.tree.read(p, layout.MAX_RECEIVED_FILE_BYTES) != canon.dumps(s):
             raise Problem(
-                "stage-binding-mismatch", 2, f"frozen stage {i} differs from the workflow's definition", path=p
+                "stage-binding-mismatch",
+                2,
+                f"frozen stage {i} differs from the workflow's definition",
+                path=p,
             )
 
 
@@ -486,12 +575,19 @@ def _phase5(ld: _Loaded, rp: Replay) -> Reading:
     proof_digest = ld.digests[layout.ADMISSION_PROOF]
     derived = rp.execution_json(proof_digest)
     if canon.dumps(derived) != ld.execution_bytes:
-        raise Problem("inventory-mismatch", 5, _first_difference(derived, ld.execution), path=layout.EXECUTION)
+        raise Problem(
+            "inventory-mismatch", 5, _first_difference(derived, ld.execution), path=layout.EXECUTION
+        )
     for s in ld.stages:
         p = layout.set_path(s.name)
         want = canon.dumps({"setVersion": 1, "stage": s.name, "records": rp.offered(s.name)})
         if ld.tree.read(p, layout.MAX_RECEIVED_FILE_BYTES) != want:
-            raise Problem("inventory-mismatch", 5, "the set differs from the reconstructed offered set", path=p)
+            raise Problem(
+                "inventory-mismatch",
+                5,
+                "the set differs from the reconstructed offered set",
+                path=p,
+            )
     controls = {layout.EXECUTION, layout.ADMISSION_PROOF, layout.ADMISSION_PROOF_DIGEST}
     controls.update(layout.set_path(s.name) for s in ld.stages)
     for p in rp.retained:
@@ -502,16 +598,24 @@ def _phase5(ld: _Loaded, rp: Replay) -> Reading:
             continue
         raise Problem("inventory-mismatch", 5, "a file no transition derived", path=p)
     if rp.open_epoch and ld.partial is None:
-        raise Problem("inventory-mismatch", 5, "the export ends at an open epoch but does not say it is partial", path=layout.PARTIAL)
+        raise Problem(
+            "inventory-mismatch",
+            5,
+            "the export ends at an open epoch but does not say it is partial",
+            path=layout.PARTIAL,
+        )
     if ld.partial is not None and ld.partial["reason"] == "open-epoch" and not rp.open_epoch:
-        raise Problem("inventory-mismatch", 5, "partial.json claims an open epoch; the last epoch is closed", path=layout.PARTIAL)
+        raise Problem(
+            "inventory-mismatch",
+            5,
+            "partial.json claims an open epoch; the last epoch is closed",
+            path=layout.PARTIAL,
+        )
     complete = (
         not rp.open_epoch
         and ld.partial is None
         and all(st == "closed" for st in rp.set_state.values())
-        and all(
-            rp.selection[s.name] is not None for s in ld.stages if s.consumers
-        )
+        and all(rp.selection[s.name] is not None for s in ld.stages if s.consumers)
         and all(i.state in ("completed", "completed-zero") for i in rp.inst.values())
     )
     counts = Counts(
@@ -546,6 +650,3 @@ def _first_difference(derived: dict[str, Any], supplied: dict[str, Any]) -> str:
             return "the active instances differ from the reconstruction (extra or reordered)"
         return f"member {key!r} differs from the reconstruction"
     return "the bytes differ from the reconstruction"
-
-
-_ = hashlib  # kept for symmetry with chain hashing; no direct use
