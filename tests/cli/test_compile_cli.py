@@ -272,3 +272,18 @@ def test_umbrella_runs_compile(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     proc = run(str(BIN / "crucible"), "compile", "--digest", str(path))
     assert proc.returncode == 0 and proc.stdout.decode().strip() == compile_path(path).digest
+
+
+def test_starlark_errors_through_the_command(tmp_path: Path) -> None:
+    write(tmp_path, 'edition = 1\n[workflow]\nsource = "pack.star"\n')
+    star = tmp_path / "pack.star"
+    star.write_text('workflow(name = "w", tasks = [task(name = "a", run = "x", inputs = {})])\n')
+    proc = run(COMPILE, str(tmp_path / "pack.toml"))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.decode().splitlines()
+    assert f"{star}:1:31:" in line and "'inputs'" in line and "[unknown-key]" in line
+    star.write_text("workflow(\n")
+    proc = run(COMPILE, str(tmp_path / "pack.toml"))
+    assert proc.returncode == 2
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.startswith(f"crucible-compile: error: {star}:") and "Starlark syntax" in line

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from crucible.compile import compile_path, load_plan_path
+from crucible.core import canon
 
 REPO = Path(__file__).resolve().parents[2]
 PACKS = sorted([*REPO.glob("examples/*/pack.toml"), *REPO.glob("tests/compile/packs/*/pack.toml")])
@@ -32,5 +33,6 @@ def test_golden_plan(manifest: Path) -> None:
         f"{manifest} no longer compiles to {golden}; if the change is intended, "
         "rerun with CRUCIBLE_UPDATE_GOLDEN=1 and review the diff"
     )
+    assert compiled.data == canon.dumps(compiled.plan)  # fast path == exact RFC 8785
     # the golden plan itself passes the strict plan reader, with the same digest
     assert load_plan_path(golden).digest == compiled.digest

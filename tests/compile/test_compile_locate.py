@@ -54,8 +54,10 @@ def test_multiline_strings_and_arrays_are_skipped() -> None:
     assert pos(("workflow", "task", 0)) == (14, 3)
     assert pos(("workflow", "task", 0, "name")) == (15, 1)
     assert pos(("workflow", "task", 0, "needs")) == (16, 1)
-    # elements of a multi-line array fall back to the key
-    assert pos(("workflow", "task", 0, "needs", 1)) == (16, 1)
+    # elements of a multi-line array of strings are found on their lines
+    assert pos(("workflow", "task", 0, "needs", 0)) == (17, 3)
+    assert pos(("workflow", "task", 0, "needs", 1)) == (18, 3)
+    assert pos(("workflow", "task", 0, "needs", 2)) == (16, 1)  # no such element: the key
     assert pos(("workflow", "task", 0, "emits")) == (20, 1)
 
 
@@ -78,3 +80,14 @@ def test_unknown_paths_fall_back_to_the_nearest_parent() -> None:
     assert pos(("workflow", "task", 1, "nope", 3)) == (22, 3)
     assert pos(("nothing",)) == (None, None)
     assert TomlLocator("f.toml", TEXT).locate(("nothing",)).where() == "f.toml:$.nothing"
+
+
+def test_multiline_arrays_with_comments_and_nesting() -> None:
+    text = 'a = ["x", # "not an element"\n  "y", "z",  # c\n]\nb = [\n  ["n"],\n  "m",\n]\nc = 1\n'
+    loc = TomlLocator("f.toml", text)
+    assert (loc.locate(("a", 0)).line, loc.locate(("a", 0)).col) == (1, 6)
+    assert (loc.locate(("a", 1)).line, loc.locate(("a", 1)).col) == (2, 3)
+    assert (loc.locate(("a", 2)).line, loc.locate(("a", 2)).col) == (2, 8)
+    # nested arrays: elements are not guessed, the key is used
+    assert (loc.locate(("b", 1)).line, loc.locate(("b", 1)).col) == (4, 1)
+    assert (loc.locate(("c",)).line, loc.locate(("c",)).col) == (8, 1)

@@ -132,6 +132,31 @@ def test_workflow_takes_no_edition(write_pack: WritePack) -> None:
         ('x = 1\ny = x + "s"\n', "starlark-error", 2),
         ("x = undefined_name\n", "starlark-error", 1),
         ('load("other.star", "x")\n', "starlark-error", 1),
+        (
+            'workflow(name = "w", tasks = [task(name = "a", run = "x", timeout = 1e400)])\n',
+            "wrong-type",
+            1,
+        ),
+        (
+            'workflow(name = "w", tasks = [task(name = "a", run = "x", description = None)])\n',
+            "wrong-type",
+            1,
+        ),
+        (
+            'workflow(name = "w", tasks = [task(name = "a", run = "x", emits = {1: "string"})])\n',
+            "bad-name",
+            1,
+        ),
+        (
+            'def f():\n    pass\nworkflow(name = "w", tasks = [task(name = f, run = "x")])\n',
+            "starlark-error",
+            3,
+        ),
+        (
+            'workflow(name = "w", params = {"p": {"type": "integer", "default": 9007199254740992}}, tasks = [task(name = "a", run = "x")])\n',
+            "bad-default",
+            1,
+        ),
     ],
 )
 def test_starlark_errors_carry_spans(
@@ -188,3 +213,21 @@ def test_analyze_star_alone(tmp_path: Path) -> None:
     analysis = analyze_star(star, 3)
     assert analysis.compiled is not None and not analysis.errors
     assert analysis.compiled.plan["workflow"]["resolved_from"] == "pack.star"
+
+
+def test_runaway_evaluation_is_stopped() -> None:
+    from crucible.compile.star import evaluate_source
+
+    src = "def f():\n    for i in range(2000000000):\n        for j in range(2000000000):\n            pass\nf()\n"
+    result = evaluate_source(src, "loop.star", 3, timeout=0.2)
+    (d,) = result.diagnostics
+    assert d.code == "starlark-timeout" and d.location.file == "loop.star"
+
+
+def test_source_symlink_outside_the_pack_is_refused(write_pack: WritePack, tmp_path: Path) -> None:
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.star"
+    outside.write_text('workflow(name = "w", tasks = [task(name = "a", run = "x")])\n')
+    (tmp_path / "pack.star").symlink_to(outside)
+    with pytest.raises(ValidationFailed) as info:
+        compile_path(write_pack(manifest(3)))
+    assert info.value.diagnostics[0].code == "bad-path"

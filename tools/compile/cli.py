@@ -12,7 +12,6 @@ from typing import NoReturn
 
 import click
 from crucible import __version__
-from crucible.compile.commands import CompileOptions, ValidateOptions, run_compile, run_validate
 
 __all__ = ["compile_command", "compile_main", "validate_command", "validate_main"]
 
@@ -43,6 +42,8 @@ __all__ = ["compile_command", "compile_main", "validate_command", "validate_main
 )
 @click.version_option(__version__, prog_name="crucible-compile")
 def compile_command(path: Path, output: str, digest_only: bool, graph: str | None) -> None:
+    from crucible.compile.commands import CompileOptions, run_compile
+
     if digest_only and graph:
         raise click.UsageError("--digest and --graph are exclusive")
     code = run_compile(
@@ -72,6 +73,8 @@ def compile_command(path: Path, output: str, digest_only: bool, graph: str | Non
 )
 @click.version_option(__version__, prog_name="crucible-validate")
 def validate_command(paths: tuple[Path, ...], as_json: bool, edition: int | None) -> None:
+    from crucible.compile.commands import ValidateOptions, run_validate
+
     code = run_validate(ValidateOptions(paths, as_json, edition), sys.stdout.buffer, sys.stderr)
     click.get_current_context().exit(code)
 

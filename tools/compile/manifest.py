@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from crucible.compile.diagnostics import Diagnostic, Location, ValidationFailed
+from crucible.compile.diagnostics import Diagnostic, Location, Locator, ValidationFailed
 from crucible.compile.editions import DEFAULT_EDITION, SUPPORTED_EDITIONS, check_edition
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
@@ -25,6 +25,7 @@ from crucible.core.errors import OperationalError, ParseError, UsageError
 
 __all__ = [
     "Analysis",
+    "analyze_document",
     "analyze_manifest",
     "analyze_star",
     "compile_bytes",
@@ -110,7 +111,11 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             where = f"{name}:{m.group(1)}:{m.group(2)}"
             message = message[: m.start()]
         raise ParseError(f"TOML: {message}", where=where) from None
-    locator = TomlLocator(name, text)
+    return analyze_document(doc, TomlLocator(name, text), name, base_dir)
+
+
+def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir: Path) -> Analysis:
+    """The steps after parsing, on the TOML document as a dict."""
     chk = Checker(locator)
     edition = doc.get("edition", DEFAULT_EDITION)
     if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
@@ -138,8 +143,14 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             return Analysis(None, chk.diagnostics)
         raw, resolved_from, chk = star
 
+    labels = {"label": "workflow()", "task_label": "task()"} if resolved_from else {}
     workflow, tasks, paths = check_workflow(
-        chk, ("workflow",), raw, edition, allowed=("name", "description", "params", "task")
+        chk,
+        ("workflow",),
+        raw,
+        edition,
+        allowed=("name", "description", "params", "task"),
+        **labels,
     )
     check_names(chk, tasks, paths)
     if chk.failed:
@@ -188,6 +199,9 @@ def _load_source(
     if chk.failed:
         return None
     path = base_dir / pure
+    if path.exists() and not path.resolve().is_relative_to(base_dir.resolve()):
+        chk.error("bad-path", where, f"source {source!r} resolves outside the pack (a symlink?)")
+        return None
     try:
         text = path.read_bytes()
     except FileNotFoundError:
@@ -224,6 +238,8 @@ def analyze_star(path: Path, edition: int) -> Analysis:
         result.workflow,
         edition,
         allowed=("name", "description", "params", "task"),
+        label="workflow()",
+        task_label="task()",
     )
     check_names(chk, tasks, paths)
     if not chk.failed:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import orjson
 import xxhash
 from crucible.ledger._record import (
+    MIDDLE,
     PAYLOAD_START,
     PREFIX,
-    SUM_END,
-    SUM_START,
+    SUFFIX,
     decode_line,
 )
 
@@ -110,11 +110,15 @@ def _scan_fast(lines: list[bytes], index: dict[Identity, int], bad: list[tuple[i
     checksum = xxhash.xxh3_64_hexdigest
     loads = orjson.loads
     decode_error = orjson.JSONDecodeError
-    prefix = PREFIX
+    prefix, middle, suffix = PREFIX, MIDDLE, SUFFIX
     pos = 0
     for line in lines:
         payload = line[PAYLOAD_START:-1]
-        if checksum(payload).encode() == line[SUM_START:SUM_END] and line.startswith(prefix):
+        # one comparison checks the frame head and the checksum together
+        if (
+            line[:PAYLOAD_START] == prefix + checksum(payload).encode() + middle
+            and line[-1:] == suffix
+        ):
             try:
                 record = loads(payload)
                 scope = record["scope"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -71,6 +72,18 @@ def run(
     return do_run(options, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
 
 
+def _reader_went_away() -> int:
+    """A closed stdout (``ls | head``) ends quietly with exit 0. Handled here
+    because click's ``main`` turns EPIPE into exit 1 before crucible.core.cli
+    sees it."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def _step_options(func: Any) -> Any:
     func = click.option("--step", default=None, help="The step, verbatim.")(func)
     func = key_file_option(func)
@@ -128,7 +141,10 @@ def ls(directory: str, scope: str | None) -> int:
     """The latest record of each identity, as NDJSON, in file order."""
     from crucible.ledger.commands import do_ls
 
-    return do_ls(directory, scope, stdout=sys.stdout.buffer)
+    try:
+        return do_ls(directory, scope, stdout=sys.stdout.buffer)
+    except BrokenPipeError:
+        return _reader_went_away()
 
 
 @cli.command()

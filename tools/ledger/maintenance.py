@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import OperationalError
-from crucible.ledger._files import LEDGER_NAME, exclusive_lock, fsync_dir, read_regular_file
+from crucible.ledger._files import (
+    LEDGER_NAME,
+    bump_generation,
+    exclusive_lock,
+    fsync_dir,
+    read_regular_file,
+)
 from crucible.ledger._record import FORMAT_VERSION
 from crucible.ledger._scan import Scan, scan
 
@@ -108,7 +114,7 @@ def compact(directory: str | os.PathLike[str]) -> CompactReport:
     directory = Path(directory)
     path = directory / LEDGER_NAME
     try:
-        with exclusive_lock(directory):
+        with exclusive_lock(directory) as lock_fd:
             data, info = _read(path)
             if info is None:
                 return CompactReport(path, 0, 0, 0, 0, False, None)
@@ -123,6 +129,7 @@ def compact(directory: str | os.PathLike[str]) -> CompactReport:
             if rejected:
                 rejected_path = _free_name(path, "rejected")
                 _write_atomic(rejected_path, [rejected], 0o644)
+            bump_generation(lock_fd)
             _write_atomic(path, kept, info.st_mode & 0o7777)
             fsync_dir(directory)
     except OSError as exc:
