@@ -31,4 +31,4 @@ lint: install
 	$(BIN)/nox -s lint
 
 clean:
-	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-state
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-state demo-plan.json

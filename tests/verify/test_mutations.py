@@ -32,7 +32,7 @@ def mutation(fn: Callable[[Bundle], Result]) -> Callable[[Bundle], Result]:
 def _valid_bundles() -> dict[str, dict[str, bytes]]:
     out = {"gen-org-people": org_people().exported(), "gen-rich": rich().exported()}
     if VECTORS.is_dir():
-        from test_vectors import DISAGREEMENTS
+        from test_verify_vectors import DISAGREEMENTS
 
         for case in sorted(VECTORS.iterdir()):
             expected = case / "expected.json"
