@@ -94,7 +94,7 @@ docs = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(docs)
 def test_any_document_is_compiled_or_refused(doc: dict[str, Any]) -> None:
     try:
