@@ -198,10 +198,10 @@ def test_a_retry_replaces_the_earlier_attempts_files(state: Path) -> None:
 
 def test_instance_files_go_under_the_escaped_key(state: Path) -> None:
     p = plan(
-        task("src", emits={"xs": "array"}),
+        task("src", emits={"xs": "object"}),
         task("m", needs=["src"], map="src.xs", emits_files=["o"]),
     )
-    settle(p, state, "src", {"xs": ["a/../../x"]})
+    settle(p, state, "src", {"xs": {"a/../../x": 1}})
     rec = settle(p, state, "m", None, key="a/../../x", files={"o": b"o"})
     assert rec["key"] == "a/../../x"
     assert (state / "files" / "m" / "a%2F%2E%2E%2F%2E%2E%2Fx" / "o").read_bytes() == b"o"
@@ -233,3 +233,11 @@ def test_a_root_glob_does_not_capture_staged_inputs(state: Path) -> None:
     assert "inputs/x/staged" not in paths and {"mine/a", "b"} <= paths
     p2 = plan(task("p", emits_files=["inputs/x/staged"]))
     assert settle(p2, state, "p", None)["files"] == [{"path": "inputs/x/staged", "size": 1}]
+
+
+def test_capture_refuses_a_key_the_map_does_not_have(state: Path, ws: Path) -> None:
+    p = plan(task("src", emits={"xs": "array"}), task("m", needs=["src"], map="src.xs"))
+    settle(p, state, "src", {"xs": ["a"]})
+    with pytest.raises(InputRefused, match="no instance '1'"):
+        capture(p, state, "m", ws, output_file=ws / "n", exit_code=0, key="1")
+    assert not (state / "results" / "m").exists()

@@ -132,7 +132,7 @@ def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
     return list(_items_entry(plan, state, task)[1])
 
 
-def _item(plan: Any, state: Path, task: str, key: str) -> Any:
+def instance_item(plan: Any, state: Path, task: str, key: str) -> Any:
     _, items, positions = _items_entry(plan, state, task)
     if key not in positions:
         raise InputRefused(f"task {task!r} has no instance {key!r} (plan/state mismatch)")
@@ -222,7 +222,7 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     if t.kind in ("command", "evaluate"):  # agents never receive params
         out["params"] = load_params(plan, state)
     if key is not None:
-        out["item"] = _item(plan, state, task, key)
+        out["item"] = instance_item(plan, state, task, key)
     for name in RESERVED_STATE_NAMES:
         path = layout.reserved_path(name)
         if path.exists():
