@@ -326,3 +326,15 @@ def test_usage_errors_are_exit_2(tmp_path: Path) -> None:
     r = _run("capture", "--state", str(tmp_path), "--task", "c", "--exit-code", "zero")
     assert r.returncode == 2
     assert _run("nonsense").returncode == 2
+
+
+def test_capture_reads_the_result_from_stdin(tmp_path: Path) -> None:
+    _, state = _v2(tmp_path)
+    base = ["capture", "--state", str(state), "--task", "a", "--exit-code", "0", "--output", "-"]
+    r = subprocess.run(
+        [str(SCRIPT), *base], input='{"x": 7}', capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["output"] == {"x": 7}
+    r = subprocess.run([str(SCRIPT), *base], input="", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no result file" in r.stderr
