@@ -241,3 +241,38 @@ def test_capture_refuses_a_key_the_map_does_not_have(state: Path, ws: Path) -> N
     with pytest.raises(InputRefused, match="no instance '1'"):
         capture(p, state, "m", ws, output_file=ws / "n", exit_code=0, key="1")
     assert not (state / "results" / "m").exists()
+
+
+def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.stage import _files
+
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET")
+    ws = state / "work" / "p"
+    ws.mkdir(parents=True)
+    (ws / "out").write_text("fine")
+    real_copy_file = _files._Copier._copy_file
+
+    def swap_then_copy(self: _files._Copier, rel: str, real: str, target: Path) -> int:
+        os.unlink(real)  # the race: after the realpath check, before the open
+        os.symlink(secret, real)
+        return real_copy_file(self, rel, real, target)
+
+    monkeypatch.setattr(_files._Copier, "_copy_file", swap_then_copy)
+    rec = capture(
+        plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+    )
+    assert rec["status"] == "failed" and rec["retryable"] is False and "'out'" in rec["note"]
+    assert not (state / "files" / "p").exists()
+
+
+def test_an_opened_file_outside_the_workspace_is_refused(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.stage import _files
+
+    monkeypatch.setattr(_files, "_opened_path", lambda fd: "/etc/passwd")
+    rec = settle(plan(task("p", emits_files=["f"])), state, "p", None, files={"f": b"x"})
+    assert rec["status"] == "failed" and "changed while it was captured" in rec["note"]
