@@ -225,3 +225,33 @@ def test_unsafe_task_names_are_refused_in_a_plan(a: str, bad: str, b: str) -> No
         build_view(plan(task(name)))
     with pytest.raises(InputRefused):
         StateLayout(Path("/nonexistent")).result_path(name)
+
+
+@given(st.one_of(st.text(min_size=1, max_size=40), st.text(min_size=240, max_size=260)), keys)
+@settings_fs
+def test_names_compile_accepts_stay_inside_or_are_refused_cleanly(name: str, key: str) -> None:
+    """Against the compiler's own rule: every name validation accepts either
+    stages inside its directory, or (longer than 250 bytes, where
+    ``<name>.json`` would not fit NAME_MAX) is refused by stage, never escapes."""
+    import pytest
+    from crucible.compile.names import task_name_problems
+    from crucible.core.errors import InputRefused
+
+    if task_name_problems(name):
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp)
+        layout = StateLayout(state)
+        if len(name.encode("utf-8", "surrogatepass")) > 250:
+            with pytest.raises(InputRefused, match="250"):
+                layout.result_path(name)
+            return
+        assert task_name_problem(name) is None
+        for path in (
+            layout.result_path(name, key),
+            layout.files_dir(name, key),
+            layout.result_path(name),
+        ):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x")
+            assert _inside(path, state)

@@ -67,14 +67,16 @@ class StagedInputs:
 
 # -- map items ---------------------------------------------------------------
 
-# (state, task) -> (record file identity, items). Dispatch stages every instance
-# of a 10,000-wide fan-out; re-reading the source record for each would be O(n²).
-_items_cache: dict[tuple[str, str], tuple[tuple[int, int, int], list[tuple[str, Any]]]] = {}
+# (state, task, map) -> (record file identity, items, key -> position). Dispatch
+# stages every instance of a 10,000-wide fan-out; re-reading the source record
+# (or scanning the items) for each would be O(n²).
+_Items = tuple[tuple[int, int, int], list[tuple[str, Any]], dict[str, int]]
+_items_cache: dict[tuple[str, str], _Items] = {}
 
 
-def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
-    """(raw key, item) of a mapped task, in item order: an array gives "0", "1", …;
-    an object gives its keys in canonical JSON order (UTF-16 code units)."""
+def _items_entry(
+    plan: Any, state: Path, task: str
+) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
     pv = view(plan)
     t = pv.task(task)
     if t.map is None:
@@ -86,13 +88,13 @@ def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
     path = StateLayout(state).result_path(producer)
     try:
         st = path.stat()
-        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+        ident: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         ident = None
     cache_key = (str(state.absolute()), f"{task}\x00{producer}\x00{fld}")
     hit = _items_cache.get(cache_key)
     if ident is not None and hit is not None and hit[0] == ident:
-        return hit[1]
+        return hit
     rec = load_result(state, producer)
     if rec is None:
         raise InputRefused(
@@ -116,16 +118,25 @@ def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
             f"task {task!r} maps over {producer}.{fld}, which is not an array or object",
             where=str(path),
         )
-    if ident is not None:
-        _items_cache[cache_key] = (ident, items)
-    return items
+    positions = {k: i for i, (k, _) in enumerate(items)}
+    if ident is None:
+        return None, items, positions
+    entry = (ident, items, positions)
+    _items_cache[cache_key] = entry
+    return entry
 
 
-def _item(plan: Any, state: Path, task: str, key: str) -> Any:
-    for k, v in map_items(plan, state, task):
-        if k == key:
-            return v
-    raise InputRefused(f"task {task!r} has no instance {key!r} (plan/state mismatch)")
+def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
+    """(raw key, item) of a mapped task, in item order: an array gives "0", "1", …;
+    an object gives its keys in canonical JSON order (UTF-16 code units)."""
+    return list(_items_entry(plan, state, task)[1])
+
+
+def instance_item(plan: Any, state: Path, task: str, key: str) -> Any:
+    _, items, positions = _items_entry(plan, state, task)
+    if key not in positions:
+        raise InputRefused(f"task {task!r} has no instance {key!r} (plan/state mismatch)")
+    return items[positions[key]][1]
 
 
 # -- reserved inputs -----------------------------------------------------------
@@ -211,7 +222,7 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     if t.kind in ("command", "evaluate"):  # agents never receive params
         out["params"] = load_params(plan, state)
     if key is not None:
-        out["item"] = _item(plan, state, task, key)
+        out["item"] = instance_item(plan, state, task, key)
     for name in RESERVED_STATE_NAMES:
         path = layout.reserved_path(name)
         if path.exists():

@@ -17,6 +17,7 @@ from crucible.stage._plan import view
 __all__ = [
     "RESULT_FORMAT",
     "STATUSES",
+    "amend_result",
     "load_record_fast",
     "load_result",
     "record_settled",
@@ -84,6 +85,32 @@ def record_settled(
     ex = _extra(extra)
     if ex is not None:
         record["extra"] = ex
+    return write_record(Path(state), record)
+
+
+def amend_result(
+    plan: Any,
+    state: Path,
+    task: str,
+    *,
+    key: str | None = None,
+    status: str,
+    note: str,
+    retryable: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Change a settled record's verdict (e.g. dispatch failing an evaluate task
+    on its verdict) and rewrite it atomically; everything else is kept. ``extra``
+    members are merged into the record's ``extra``."""
+    check_key(plan, task, key)
+    record = load_result(Path(state), task, key)
+    if record is None:
+        raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
+    base_record(task, key, status, note)  # checks status and note
+    record.update(status=status, note=note, retryable=bool(retryable))
+    ex = _extra(extra)
+    if ex is not None:
+        record["extra"] = {**record.get("extra", {}), **ex}
     return write_record(Path(state), record)
 
 
