@@ -1,0 +1,588 @@
+"""The run loop: a ready set over the task graph, up to N task processes at once.
+
+One thread, one ``select``: it waits on every running task's pidfd, the signal
+wake-up fd, and the next deadline (a timeout, a SIGKILL escalation or a retry
+backoff). Staging and capture happen in-process (``crucible.stage``), so a task
+costs one process of its own and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import selectors
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crucible.core.errors import CrucibleError
+from crucible.run import verdict as verdict_rules
+from crucible.run.admit import Admission
+from crucible.run.environ import task_environment
+from crucible.run.graph import TaskGraph, build_graph
+from crucible.run.options import RunOptions
+from crucible.run.procs import TaskProcess, kill_group, spawn
+from crucible.run.session import SessionLog
+
+__all__ = ["Counts", "Dispatcher", "RunOutcome"]
+
+PASSED, FAILED, SKIPPED, INTERRUPTED = "passed", "failed", "skipped", "interrupted"
+BACKOFF_MAX = 30.0
+
+
+@dataclass
+class Counts:
+    """What the progress display and ``run_finished`` show, in units (a task, or
+    one instance of a mapped task)."""
+
+    total: int = 0
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    running: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def settled(self) -> int:
+        return self.passed + self.failed + self.skipped
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    status: str
+    exit_code: int
+    counts: dict[str, int]
+    digest: str
+    duration: float
+
+
+class Unit:
+    """One runnable thing: a task, or one instance of a mapped task, and its attempt."""
+
+    __slots__ = ("attempt", "key", "name", "proc", "staged_env", "workspace")
+
+    def __init__(self, name: str, key: str | None) -> None:
+        self.name = name
+        self.key = key
+        self.attempt = 1
+        self.staged_env: dict[str, str] | None = None
+        self.workspace: Path | None = None
+        self.proc: TaskProcess | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        admission: Admission,
+        options: RunOptions,
+        log: SessionLog,
+        *,
+        environ: Mapping[str, str],
+        on_progress: Callable[[Counts], None] | None = None,
+    ) -> None:
+        from crucible import stage
+
+        self.stage = stage
+        self.admission = admission
+        self.plan = admission.plan
+        self.options = options
+        self.state = options.state
+        self.layout = stage.StateLayout(options.state)
+        self.log = log
+        self.environ = environ
+        self.on_progress = on_progress
+        self.graph: TaskGraph = build_graph(self.plan)
+        self.jobs = max(1, options.jobs or os.cpu_count() or 1)
+        self.status: dict[str, str] = {}
+        self.remaining: dict[str, int] = {}
+        self.ready: deque[Unit] = deque()
+        self.running: dict[int, Unit] = {}
+        self.timers: list[tuple[float, int, Unit]] = []
+        self._timer_seq = 0
+        #: mapped task -> (its instance keys in item order, how many are unsettled)
+        self.instances: dict[str, list[str]] = {}
+        self.instances_left: dict[str, int] = {}
+        self.host_env: dict[str, dict[str, str]] = {}
+        self.counts = Counts(total=len(self.graph.tasks))
+        self.stop_signal: int | None = None
+        self._escalate = False
+        self.selector = selectors.DefaultSelector()
+        self._made_dirs: set[Path] = set()
+
+    # ----------------------------------------------------------------- helpers
+
+    def _rel(self, path: Path) -> str:
+        return str(path.relative_to(self.state))
+
+    def _unit_path(self, top: str, name: str, key: str | None, suffix: str) -> Path:
+        if key is None:
+            path = self.state / top / f"{name}{suffix}"
+        else:
+            path = self.state / top / name / f"{self.stage.escape_key(key)}{suffix}"
+        parent = path.parent
+        if parent not in self._made_dirs:
+            parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(parent)
+        return path
+
+    def _ids(self, unit: Unit) -> dict[str, Any]:
+        return {"task": unit.name, "key": unit.key}
+
+    # ------------------------------------------------------------ entry point
+
+    def run(self) -> RunOutcome:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.selector.register(wake_r, selectors.EVENT_READ, None)
+        previous = self._install_signals(wake_w)
+        started = time.monotonic()
+        try:
+            self._resume_settled()
+            for name in self.graph.order:
+                if name not in self.status and self.remaining[name] == 0:
+                    self._on_ready(name)
+            self._loop(wake_r)
+        except BaseException:
+            self._kill_all(signal.SIGKILL)
+            raise
+        finally:
+            self._restore_signals(previous)
+            self.selector.close()
+            os.close(wake_r)
+            os.close(wake_w)
+        duration = time.monotonic() - started
+        counts = {
+            "tasks": len(self.graph.tasks),
+            "units": self.counts.total,
+            PASSED: self.counts.passed,
+            FAILED: self.counts.failed,
+            SKIPPED: self.counts.skipped,
+        }
+        if self.stop_signal is not None:
+            status = INTERRUPTED
+            code = 128 + self.stop_signal
+        elif all(s == PASSED for s in self.status.values()) and len(self.status) == len(
+            self.graph.tasks
+        ):
+            status, code = PASSED, 0
+        else:
+            status, code = FAILED, 1
+        self.log.emit("run_finished", status=status, counts=counts, duration=round(duration, 6))
+        return RunOutcome(status, code, counts, self.admission.digest, duration)
+
+    def _install_signals(self, wake_w: int) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+
+        def handler(signum: int, _frame: object) -> None:
+            if self.stop_signal is None:
+                self.stop_signal = signum
+            else:  # a second signal: stop waiting for the grace period
+                self._escalate = True
+
+        try:
+            previous[-1] = signal.set_wakeup_fd(wake_w)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread: the caller handles signals
+            previous.clear()
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        for signum, old in previous.items():
+            if signum == -1:
+                signal.set_wakeup_fd(old)
+            else:
+                signal.signal(signum, old)
+
+    # ------------------------------------------------------------------- loop
+
+    def _loop(self, wake_r: int) -> None:
+        stopping = False
+        while True:
+            if self.stop_signal is not None and not stopping:
+                stopping = True
+                self._begin_stop()
+            if not stopping:
+                self._fill()
+            self.log.commit()
+            if self.on_progress is not None:
+                self.counts.running = len(self.running)
+                self.on_progress(self.counts)
+            if not self.running and (stopping or (not self.ready and not self.timers)):
+                return
+            timeout = self._next_wake()
+            for key, _ in self.selector.select(timeout):
+                if key.data is None:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(wake_r, 512):
+                            pass
+                    if stopping and self._escalate:
+                        self._kill_all(signal.SIGKILL)
+                else:
+                    self._finish(key.data)
+            self._check_deadlines()
+            if not stopping:
+                self._release_timers()
+
+    def _next_wake(self) -> float | None:
+        now = time.monotonic()
+        wake: float | None = None
+        for unit in self.running.values():
+            proc = unit.proc
+            assert proc is not None
+            for t in (proc.kill_at, None if proc.stop_reason else proc.deadline):
+                if t is not None and (wake is None or t < wake):
+                    wake = t
+        if self.timers and self.stop_signal is None:
+            t = self.timers[0][0]
+            if wake is None or t < wake:
+                wake = t
+        if wake is None:
+            return None
+        return max(0.0, wake - now)
+
+    def _fill(self) -> None:
+        while self.ready and len(self.running) < self.jobs and self.stop_signal is None:
+            self._start(self.ready.popleft())
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for unit in list(self.running.values()):
+            proc = unit.proc
+            assert proc is not None
+            if proc.stop_reason is None and proc.deadline is not None and now >= proc.deadline:
+                proc.stop_reason = "timeout"
+                kill_group(proc.pid, signal.SIGTERM)
+                proc.kill_at = now + self.options.kill_grace
+            elif proc.kill_at is not None and now >= proc.kill_at:
+                kill_group(proc.pid, signal.SIGKILL)
+                proc.kill_at = None
+
+    def _release_timers(self) -> None:
+        now = time.monotonic()
+        while self.timers and self.timers[0][0] <= now:
+            _, _, unit = heapq.heappop(self.timers)
+            self.ready.append(unit)
+
+    def _begin_stop(self) -> None:
+        """SIGINT/SIGTERM: start nothing new, terminate every running group."""
+        self.ready.clear()
+        self.timers.clear()
+        now = time.monotonic()
+        for unit in self.running.values():
+            proc = unit.proc
+            assert proc is not None
+            proc.stop_reason = "interrupt"
+            kill_group(proc.pid, signal.SIGTERM)
+            proc.kill_at = now + self.options.kill_grace
+
+    def _kill_all(self, sig: int) -> None:
+        for unit in list(self.running.values()):
+            if unit.proc is not None:
+                kill_group(unit.proc.pid, sig)
+                if sig == signal.SIGKILL:
+                    with contextlib.suppress(ChildProcessError):
+                        unit.proc.reap()
+
+    # ---------------------------------------------------------------- resume
+
+    def _resume_settled(self) -> None:
+        """Mark tasks settled by an earlier session; count what is left to wait for."""
+        for name in self.graph.order:
+            record = self.stage.load_result(self.state, name)
+            if record is not None:
+                status = record.get("status", FAILED)
+                self.status[name] = status
+                self._count_settled(status)
+        for name, deps in self.graph.waits_for.items():
+            self.remaining[name] = sum(1 for d in deps if d not in self.status)
+
+    def _count_settled(self, status: str) -> None:
+        if status == PASSED:
+            self.counts.passed += 1
+        elif status == SKIPPED:
+            self.counts.skipped += 1
+        else:
+            self.counts.failed += 1
+
+    # ------------------------------------------------------------- readiness
+
+    def _on_ready(self, name: str) -> None:
+        """Every task ``name`` waits for has settled: skip it, expand it, or queue it."""
+        task = self.graph.tasks[name]
+        if task.get("join", "all") == "all":
+            for dep in task.get("needs", ()):
+                dep_status = self.status.get(dep)
+                if dep_status != PASSED:
+                    note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
+                    self.stage.record_settled(
+                        self.plan, self.state, name, status=SKIPPED, note=note
+                    )
+                    self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
+                    self._count_settled(SKIPPED)
+                    self._settle(name, SKIPPED)
+                    return
+        if "map" in task:
+            self._expand(name)
+            return
+        self.ready.append(Unit(name, None))
+
+    def _expand(self, name: str) -> None:
+        try:
+            items = self.stage.map_items(self.plan, self.state, name)
+        except CrucibleError as exc:
+            note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
+            self.stage.record_settled(self.plan, self.state, name, status=FAILED, note=note)
+            self.log.emit("task_finished", task=name, status=FAILED, note=note)
+            self._count_settled(FAILED)
+            self._settle(name, FAILED)
+            return
+        keys = [key for key, _ in items]
+        del items
+        if not keys:
+            self._fold(name, keys)
+            return
+        self.counts.total += len(keys) - 1
+        self.instances[name] = keys
+        left = 0
+        for key in keys:
+            record = self.stage.load_result(self.state, name, key)
+            if record is not None:  # settled in an earlier session
+                self._count_settled(record.get("status", FAILED))
+                continue
+            left += 1
+            self.ready.append(Unit(name, key))
+        self.instances_left[name] = left
+        if left == 0:
+            self._fold(name, keys)
+
+    def _fold(self, name: str, keys: list[str]) -> None:
+        record = self.stage.settle_fold(self.plan, self.state, name, keys)
+        status = record.get("status", FAILED)
+        note = record.get("note")
+        self.log.emit("task_finished", task=name, status=status, note=note, instances=len(keys))
+        if not keys:
+            self._count_settled(status)
+        self._settle(name, status)
+
+    def _settle(self, name: str, status: str) -> None:
+        """``name`` settled (counting is the caller's): wake its consumers."""
+        self.status[name] = status
+        for consumer in self.graph.consumers[name]:
+            self.remaining[consumer] -= 1
+            if self.remaining[consumer] == 0 and consumer not in self.status:
+                self._on_ready(consumer)
+
+    # -------------------------------------------------------------- a unit
+
+    def _start(self, unit: Unit) -> None:
+        name, key = unit.name, unit.key
+        task = self.graph.tasks[name]
+        stage = self.stage
+        try:
+            if unit.workspace is None:
+                workspace = self.layout.work_dir(name, key)
+                workspace.mkdir(parents=True, exist_ok=True)
+                unit.workspace = workspace
+                staged = stage.stage_inputs(self.plan, self.state, name, workspace, key=key)
+                unit.staged_env = dict(staged.env)
+            workspace = unit.workspace
+            env = self._environment(unit, task)
+            output = self._unit_path(f"output/{unit.attempt}", name, key, ".json")
+            with contextlib.suppress(FileNotFoundError):
+                output.unlink()
+            env["CRUCIBLE_OUTPUT"] = str(output)
+            if task.get("kind") == "agent":
+                argv = ["sh", "-c", self.options.agent_cmd or "false"]
+                prompt = stage.render_prompt(self.plan, self.state, name, workspace, key=key)
+                prompt_file = self._unit_path("prompts", name, key, ".txt")
+                prompt_file.write_text(prompt, encoding="utf-8")
+                env["CRUCIBLE_PROMPT_FILE"] = str(prompt_file)
+                if len(prompt.encode("utf-8")) <= stage.PROMPT_ENV_MAX:
+                    env["CRUCIBLE_PROMPT"] = prompt
+            else:
+                run = task["run"]
+                argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
+        except CrucibleError as exc:
+            self._fail_unit(unit, f"cannot stage inputs: {exc}")
+            return
+        log_path = self._unit_path("logs", name, key, ".log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(log_fd, f"== crucible: attempt {unit.attempt}\n".encode())
+            now = time.monotonic()
+            timeout = task.get("timeout")
+            try:
+                unit.proc = spawn(
+                    argv,
+                    env=env,
+                    cwd=workspace,
+                    log_fd=log_fd,
+                    started=now,
+                    deadline=None if timeout is None else now + float(timeout),
+                )
+            except OSError as exc:
+                self._fail_unit(unit, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
+                return
+        finally:
+            os.close(log_fd)
+        self.running[unit.proc.pidfd] = unit
+        self.selector.register(unit.proc.pidfd, selectors.EVENT_READ, unit)
+        self.log.emit(
+            "task_started",
+            **self._ids(unit),
+            attempt=unit.attempt,
+            pid=unit.proc.pid,
+            workspace=self._rel(workspace),
+        )
+
+    def _environment(self, unit: Unit, task: dict[str, Any]) -> dict[str, str]:
+        base = self.host_env.get(unit.name)
+        if base is None:
+            base = task_environment(self.plan, task, self.environ)
+            self.host_env[unit.name] = base
+        env = dict(base)
+        env.update(unit.staged_env or {})
+        env["CRUCIBLE_TASK"] = unit.name
+        if unit.key is not None:
+            env["CRUCIBLE_KEY"] = unit.key
+        env["CRUCIBLE_ATTEMPT"] = str(unit.attempt)
+        env["CRUCIBLE_WORKSPACE"] = str(unit.workspace)
+        return env
+
+    def _finish(self, unit: Unit) -> None:
+        proc = unit.proc
+        assert proc is not None
+        self.selector.unregister(proc.pidfd)
+        del self.running[proc.pidfd]
+        code = proc.reap()
+        duration = time.monotonic() - proc.started
+        unit.proc = None
+        task = self.graph.tasks[unit.name]
+        output = self._unit_path(f"output/{unit.attempt}", unit.name, unit.key, ".json")
+        sizes = self._sizes(unit, output)
+        if proc.stop_reason == "interrupt":
+            # Nothing is recorded in results/: the unit stays unsettled and a
+            # resume runs it again.
+            signame = signal.Signals(self.stop_signal or signal.SIGTERM).name
+            self.log.emit(
+                "task_finished",
+                **self._ids(unit),
+                attempt=unit.attempt,
+                status=INTERRUPTED,
+                note=f"terminated: the dispatcher received {signame}",
+                exit_code=code,
+                duration=round(duration, 6),
+                **sizes,
+            )
+            return
+        attempts = int(task.get("retries", 0)) + 1
+        record: dict[str, Any] | None = None
+        note: str | None
+        if proc.stop_reason == "timeout":
+            status, note, retryable = FAILED, f"timed out after {task.get('timeout')} s", True
+        else:
+            record = self.stage.capture(
+                self.plan,
+                self.state,
+                unit.name,
+                unit.workspace,
+                output_file=output,
+                exit_code=code,
+                key=unit.key,
+                attempt=unit.attempt,
+                emit_cap=self.admission.emit_cap,
+            )
+            status = record.get("status", FAILED)
+            note = record.get("note")
+            retryable = bool(record.get("retryable", status != PASSED))
+            if status == PASSED and task.get("kind") == "evaluate":
+                problem = verdict_rules.check(output)
+                if problem is not None:
+                    status, note, retryable = FAILED, problem, False
+                    record = None
+        if status != PASSED and retryable and unit.attempt < attempts and self.stop_signal is None:
+            # Remove this attempt's record so an interruption during the backoff
+            # leaves the unit unsettled (a resume runs it again).
+            with contextlib.suppress(FileNotFoundError):
+                self.layout.result_path(unit.name, unit.key).unlink()
+            self.log.emit(
+                "task_finished",
+                **self._ids(unit),
+                attempt=unit.attempt,
+                status=status,
+                note=note,
+                exit_code=code,
+                duration=round(duration, 6),
+                retry=True,
+                **sizes,
+            )
+            delay = min(BACKOFF_MAX, self.options.backoff * 2 ** (unit.attempt - 1))
+            unit.attempt += 1
+            self._timer_seq += 1
+            heapq.heappush(self.timers, (time.monotonic() + delay, self._timer_seq, unit))
+            return
+        if record is None:
+            self.stage.record_settled(
+                self.plan, self.state, unit.name, status=status, note=note, key=unit.key
+            )
+        self._settle_unit(unit, status, note, exit_code=code, duration=duration, sizes=sizes)
+
+    def _fail_unit(self, unit: Unit, note: str) -> None:
+        """A unit that could not start: a measured failure, never retried."""
+        self.stage.record_settled(
+            self.plan, self.state, unit.name, status=FAILED, note=note, key=unit.key
+        )
+        self._settle_unit(unit, FAILED, note, exit_code=None)
+
+    def _sizes(self, unit: Unit, output: Path) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        with contextlib.suppress(OSError):
+            sizes["output_bytes"] = output.stat().st_size
+        if self.graph.tasks[unit.name].get("emits_files"):
+            total = 0
+            files = self.layout.files_dir(unit.name, unit.key)
+            for root, _dirs, names in os.walk(files):
+                for n in names:
+                    with contextlib.suppress(OSError):
+                        total += os.lstat(os.path.join(root, n)).st_size
+            sizes["files_bytes"] = total
+        return sizes
+
+    def _settle_unit(
+        self,
+        unit: Unit,
+        status: str,
+        note: str | None,
+        *,
+        exit_code: int | None,
+        duration: float | None = None,
+        sizes: dict[str, int] | None = None,
+    ) -> None:
+        self.log.emit(
+            "task_finished",
+            **self._ids(unit),
+            attempt=unit.attempt,
+            status=status,
+            note=note,
+            exit_code=exit_code,
+            duration=None if duration is None else round(duration, 6),
+            **(sizes or {}),
+        )
+        self._count_settled(status)
+        if unit.key is None:
+            self._settle(unit.name, status)
+            return
+        self.instances_left[unit.name] -= 1
+        if self.instances_left[unit.name] == 0:
+            self._fold(unit.name, self.instances[unit.name])
+
+
+def _did(status: str | None) -> str:
+    return {FAILED: "failed", SKIPPED: "was skipped", None: "did not run"}.get(
+        status, f"settled as {status}"
+    )
