@@ -1,0 +1,101 @@
+"""Diagnostics: one problem each, with a stable code and a location.
+
+Validation collects every problem it finds; compile raises
+:class:`ValidationFailed` carrying all of them. A diagnostic renders as one text
+line (``file:line:col: error: message [code]``) or one NDJSON object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from crucible.core.errors import InputRefused, format_where
+
+__all__ = [
+    "Diagnostic",
+    "Location",
+    "Locator",
+    "ValidationFailed",
+    "json_path",
+]
+
+Path = tuple[str | int, ...]
+
+
+def json_path(path: Path) -> str:
+    """``("workflow", "task", 3, "needs")`` → ``$.workflow.task[3].needs``."""
+    out = "$"
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.replace("_", "a").replace("-", "a").isalnum() and part[:1].isalpha():
+            out += f".{part}"
+        else:
+            out += "[" + repr(part) + "]"
+    return out
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str | None = None
+    line: int | None = None
+    col: int | None = None
+    #: JSON path of the offending value (``$.workflow.task[3].needs``)
+    path: str | None = None
+
+    def where(self) -> str:
+        if self.line is not None:
+            return format_where(self.file, self.line, self.col)
+        return format_where(self.file, path=self.path)
+
+
+class Locator(Protocol):
+    """Maps a logical path inside the source to a :class:`Location`."""
+
+    def locate(self, path: Path) -> Location: ...
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    message: str
+    location: Location
+    severity: str = "error"
+
+    def text(self) -> str:
+        where = self.location.where()
+        head = f"{where}: " if where else ""
+        return f"{head}{self.severity}: {self.message} [{self.code}]"
+
+    def record(self) -> dict[str, Any]:
+        """The NDJSON object of this diagnostic (absent fields omitted)."""
+        rec: dict[str, Any] = {
+            "code": self.code,
+            "severity": self.severity,
+            "message": self.message,
+        }
+        loc = self.location
+        for key, value in (("file", loc.file), ("line", loc.line), ("col", loc.col)):
+            if value is not None:
+                rec[key] = value
+        if loc.path is not None:
+            rec["path"] = loc.path
+        return rec
+
+
+class ValidationFailed(InputRefused):
+    """One or more validation errors (exit 1); ``diagnostics`` holds them all."""
+
+    code = "invalid"
+
+    def __init__(self, diagnostics: Sequence[Diagnostic]) -> None:
+        errors = [d for d in diagnostics if d.severity == "error"]
+        first = errors[0] if errors else diagnostics[0]
+        more = len(errors) - 1
+        suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more > 0 else ""
+        super().__init__(
+            f"{first.message} [{first.code}]{suffix}", where=first.location.where() or None
+        )
+        self.diagnostics: list[Diagnostic] = list(diagnostics)

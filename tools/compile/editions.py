@@ -1,0 +1,98 @@
+"""Editions, IR versions and the keys each edition knows.
+
+This module is the one place that decides which IR version an edition compiles
+to (:func:`ir_version_for`) and which keys a manifest task table, a Starlark
+``task()`` call or a plan task may carry at a given edition / IR version.
+"""
+
+from __future__ import annotations
+
+from crucible.core.errors import UnsupportedVersion
+
+__all__ = [
+    "DEFAULT_EDITION",
+    "LATEST_EDITION",
+    "PLAN_TASK_KEYS",
+    "RESERVED_INPUTS",
+    "SUPPORTED_EDITIONS",
+    "SUPPORTED_VERSIONS",
+    "TYPES",
+    "check_edition",
+    "check_version",
+    "ir_version_for",
+    "known_task_keys",
+    "task_key_since",
+]
+
+SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3)
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
+DEFAULT_EDITION = 1
+LATEST_EDITION = 3
+
+#: value types of emits fields and params
+TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")
+
+#: reserved keys of the v1 whole input object; at edition 3 they arrive as
+#: reserved inputs under their own names, undeclared.
+RESERVED_INPUTS: tuple[str, ...] = ("params", "item", "history", "revision", "kept", "outcome")
+
+# Task keys by the edition that introduced them (editions are cumulative).
+_TASK_KEYS_SINCE: dict[str, int] = {
+    "name": 1,
+    "kind": 1,
+    "run": 1,
+    "needs": 1,
+    "join": 1,
+    "emits": 1,
+    "emits_files": 1,
+    "map": 1,
+    "retries": 1,
+    "timeout": 1,
+    "prompt": 1,
+    "description": 1,
+    "epilogue": 1,
+    "env": 2,
+    "inputs": 3,
+}
+
+#: keys of a plan task per IR version (the v2 additions are omitted when empty)
+PLAN_TASK_KEYS: dict[int, frozenset[str]] = {
+    1: frozenset(_TASK_KEYS_SINCE) - {"inputs"},
+    2: frozenset(_TASK_KEYS_SINCE),
+}
+
+
+def ir_version_for(edition: int) -> int:
+    """The IR version an edition compiles to: editions 1–2 → v1, edition 3 → v2."""
+    check_edition(edition)
+    return 2 if edition >= 3 else 1
+
+
+def check_edition(edition: object, *, where: str | None = None) -> int:
+    if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
+        supported = ", ".join(map(str, SUPPORTED_EDITIONS))
+        raise UnsupportedVersion(
+            f"unsupported edition {edition!r}; this engine supports editions {supported}",
+            where=where,
+        )
+    return edition
+
+
+def check_version(version: object, *, where: str | None = None) -> int:
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
+        supported = ", ".join(map(str, SUPPORTED_VERSIONS))
+        raise UnsupportedVersion(
+            f"unsupported plan version {version!r}; this engine supports versions {supported}",
+            where=where,
+        )
+    return version
+
+
+def task_key_since(key: str) -> int | None:
+    """The edition that introduced a task key, or None for a key no edition knows."""
+    return _TASK_KEYS_SINCE.get(key)
+
+
+def known_task_keys(edition: int) -> frozenset[str]:
+    """The task keys a manifest (or ``task()`` call) of ``edition`` may use."""
+    return frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= edition)

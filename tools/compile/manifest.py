@@ -1,0 +1,230 @@
+"""Compile a pack manifest (TOML, optionally with a Starlark source) to a plan.
+
+A short pipeline of steps: read → parse TOML → edition gate → structure
+(``shape``) → Starlark, when ``[workflow] source`` names one → graph rules
+(``rules``) → plan (``plan.build_plan``). Every step records diagnostics;
+:func:`analyze_manifest` returns them all, :func:`compile_bytes` raises
+:class:`ValidationFailed` when any is an error.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from crucible.compile.diagnostics import Diagnostic, ValidationFailed
+from crucible.compile.editions import DEFAULT_EDITION, check_edition
+from crucible.compile.locate import StarLocator, TomlLocator
+from crucible.compile.plan import CompiledPlan, build_plan, finish
+from crucible.compile.rules import check_graph
+from crucible.compile.shape import Checker, check_workflow, type_name
+from crucible.core.errors import OperationalError, ParseError, UsageError
+
+__all__ = [
+    "Analysis",
+    "analyze_manifest",
+    "analyze_star",
+    "compile_bytes",
+    "compile_path",
+    "edition_warning",
+    "read_input",
+]
+
+_TOP_KEYS = ("edition", "workflow")
+_TOML_POS_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+
+
+@dataclass
+class Analysis:
+    """Everything known about one input: the plan when sound, and every diagnostic."""
+
+    compiled: CompiledPlan | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+
+def edition_warning(edition: int) -> str | None:
+    if edition == 1:
+        return (
+            "edition 1 is the legacy edition; add `edition = 3` at the top of the manifest "
+            "for declared inputs and host env"
+        )
+    return None
+
+
+def read_input(path: Path) -> tuple[bytes, str, Path]:
+    """(bytes, display name, base directory) of a path, ``-`` for stdin."""
+    if str(path) == "-":
+        import sys
+
+        return sys.stdin.buffer.read(), "<stdin>", Path.cwd()
+    name = str(path)
+    try:
+        return path.read_bytes(), name, path.parent
+    except FileNotFoundError:
+        raise UsageError("no such file", where=name) from None
+    except IsADirectoryError:
+        raise UsageError("is a directory, not a file", where=name) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read: {exc.strerror}", where=name) from None
+
+
+def _decode(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(f"not UTF-8 (byte {exc.start})", where=name) from None
+
+
+def compile_path(path: Path) -> CompiledPlan:
+    """Manifest file → checked plan; raises on bad input (see :func:`compile_bytes`)."""
+    data, name, base = read_input(path)
+    return compile_bytes(data, name, base)
+
+
+def compile_bytes(data: bytes, name: str, base_dir: Path) -> CompiledPlan:
+    analysis = analyze_manifest(data, name, base_dir)
+    if analysis.errors:
+        raise ValidationFailed(analysis.diagnostics)
+    assert analysis.compiled is not None
+    return analysis.compiled
+
+
+def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
+    """Check a manifest and compile it. Raises only for input that cannot be read or
+    parsed (exit 2) and for an unsupported edition (exit 1); everything else is a
+    diagnostic."""
+    text = _decode(data, name)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        where = name
+        if m := _TOML_POS_RE.search(message):
+            where = f"{name}:{m.group(1)}:{m.group(2)}"
+            message = message[: m.start()]
+        raise ParseError(f"TOML: {message}", where=where) from None
+    locator = TomlLocator(name, text)
+    chk = Checker(locator)
+    edition = check_edition(
+        doc.get("edition", DEFAULT_EDITION),
+        where=locator.locate(("edition",)).where() if "edition" in doc else name,
+    )
+    for key in doc:
+        if key not in _TOP_KEYS:
+            chk.error(
+                "unknown-key",
+                (key,),
+                f"unknown top-level key {key!r} (known: {', '.join(_TOP_KEYS)})",
+            )
+    raw = doc.get("workflow")
+    if raw is None:
+        chk.error("missing-key", (), "the manifest has no [workflow] table")
+        return Analysis(None, chk.diagnostics)
+    if not isinstance(raw, dict):
+        chk.error("wrong-type", ("workflow",), f"workflow must be a table, not {type_name(raw)}")
+        return Analysis(None, chk.diagnostics)
+
+    resolved_from: str | None = None
+    if "source" in raw:
+        star = _load_source(chk, raw, name, base_dir, edition)
+        if star is None:
+            return Analysis(None, chk.diagnostics)
+        raw, resolved_from, chk = star
+
+    workflow, tasks = check_workflow(
+        chk, ("workflow",), raw, edition, allowed=("name", "description", "params", "task")
+    )
+    if chk.failed:
+        return Analysis(None, chk.diagnostics)
+    check_graph(
+        chk, tasks, [("workflow", "task", i) for i in range(len(tasks))], fill_input_types=True
+    )
+    if chk.failed:
+        return Analysis(None, chk.diagnostics)
+    if resolved_from is not None:
+        workflow["resolved_from"] = resolved_from
+    warnings = [w for w in (edition_warning(edition),) if w]
+    compiled = finish(build_plan(edition, workflow, tasks), warnings)
+    diagnostics = chk.diagnostics + [
+        Diagnostic("edition-1", w, locator.locate(("edition",)), "warning") for w in warnings
+    ]
+    return Analysis(compiled, diagnostics)
+
+
+def _load_source(
+    chk: Checker, raw: dict[str, Any], name: str, base_dir: Path, edition: int
+) -> tuple[dict[str, Any], str, Checker] | None:
+    """Evaluate ``[workflow] source``; its workflow replaces the manifest's table."""
+    from crucible.compile.star import evaluate_source
+
+    source = raw["source"]
+    where = ("workflow", "source")
+    for key in raw:
+        if key != "source":
+            chk.error(
+                "source-exclusive",
+                ("workflow", key),
+                f"[workflow] has a source, so {key!r} belongs in the source's workflow() call",
+            )
+    if not isinstance(source, str) or not source:
+        chk.error("wrong-type", where, f"source must be a relative path, not {type_name(source)}")
+        return None
+    pure = PurePosixPath(source)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in source:
+        chk.error("bad-path", where, f"source {source!r} must be a relative path inside the pack")
+        return None
+    if chk.failed:
+        return None
+    path = base_dir / pure
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(
+            f"source {source!r} does not exist", where=chk.locator.locate(where).where()
+        ) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read source {source!r}: {exc.strerror}") from None
+    display = str(path) if name != "<stdin>" else source
+    result = evaluate_source(_decode(text, display), display, edition)
+    if result.workflow is None:
+        chk.diagnostics.extend(result.diagnostics)
+        return None
+    names = [str(t.get("name", "")) for t in result.workflow.get("task", [])]
+    star_chk = Checker(StarLocator(display, _decode(text, display), names))
+    star_chk.diagnostics.extend(chk.diagnostics)
+    return result.workflow, source, star_chk
+
+
+def analyze_star(path: Path, edition: int) -> Analysis:
+    """Check a Starlark source alone (``crucible-validate pack.star``)."""
+    from crucible.compile.star import evaluate_source
+
+    data, name, _ = read_input(path)
+    text = _decode(data, name)
+    result = evaluate_source(text, name, edition)
+    if result.workflow is None:
+        return Analysis(None, result.diagnostics)
+    names = [str(t.get("name", "")) for t in result.workflow.get("task", [])]
+    chk = Checker(StarLocator(name, text, names))
+    workflow, tasks = check_workflow(
+        chk,
+        ("workflow",),
+        result.workflow,
+        edition,
+        allowed=("name", "description", "params", "task"),
+    )
+    if not chk.failed:
+        check_graph(
+            chk, tasks, [("workflow", "task", i) for i in range(len(tasks))], fill_input_types=True
+        )
+    if chk.failed:
+        return Analysis(None, chk.diagnostics)
+    workflow["resolved_from"] = PurePosixPath(path.name).as_posix()
+    return Analysis(finish(build_plan(edition, workflow, tasks)), chk.diagnostics)

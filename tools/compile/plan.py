@@ -1,0 +1,233 @@
+"""The plan IR: build it, serialize it canonically, and read plan files strictly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crucible.compile.diagnostics import ValidationFailed
+from crucible.compile.editions import (
+    PLAN_TASK_KEYS,
+    TYPES,
+    check_edition,
+    check_version,
+    ir_version_for,
+)
+from crucible.compile.locate import FileLocator
+from crucible.compile.rules import check_graph
+from crucible.compile.shape import Checker, check_params, check_task, type_name
+from crucible.core import canon, digest
+from crucible.core.errors import OperationalError, UsageError
+
+__all__ = ["CompiledPlan", "build_plan", "finish", "load_plan_bytes", "load_plan_path"]
+
+_PLAN_KEYS = ("version", "edition", "workflow", "tasks")
+_WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
+_INPUT_KEYS = ("from", "producer", "field", "type")
+_REQUIRED_TASK_KEYS = (
+    "name",
+    "kind",
+    "needs",
+    "join",
+    "emits",
+    "emits_files",
+    "retries",
+    "epilogue",
+)
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """A checked plan: the JSON-shaped ``plan``, its canonical bytes and digest."""
+
+    plan: dict[str, Any]
+    data: bytes
+    digest: str
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def version(self) -> int:
+        return int(self.plan["version"])
+
+    @property
+    def edition(self) -> int:
+        return int(self.plan["edition"])
+
+
+def build_plan(
+    edition: int, workflow: dict[str, Any], tasks: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The plan object; the IR version comes from :func:`ir_version_for` only."""
+    return {
+        "version": ir_version_for(edition),
+        "edition": edition,
+        "workflow": workflow,
+        "tasks": tasks,
+    }
+
+
+def finish(plan: dict[str, Any], warnings: list[str] | None = None) -> CompiledPlan:
+    data = canon.dumps(plan)
+    return CompiledPlan(plan, data, digest.of_bytes(data), list(warnings or []))
+
+
+def load_plan_path(path: Path) -> CompiledPlan:
+    """Read a plan file (``-`` for stdin) and check it strictly."""
+    name = str(path)
+    if name == "-":
+        import sys
+
+        return load_plan_bytes(sys.stdin.buffer.read(), "<stdin>")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError("no such file", where=name) from None
+    except IsADirectoryError:
+        raise UsageError("is a directory, not a plan file", where=name) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read: {exc.strerror}", where=name) from None
+    return load_plan_bytes(data, name)
+
+
+def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
+    """Parse and check a plan: version gate first, then every key and rule."""
+    try:
+        plan = canon.loads(data)
+    except canon.CanonError as exc:
+        raise canon.CanonError(exc.message, where=name) from None
+    chk = Checker(FileLocator(name))
+    if not isinstance(plan, dict):
+        chk.error("wrong-type", (), f"a plan must be a JSON object, not {type_name(plan)}")
+        raise ValidationFailed(chk.diagnostics)
+    # The version is the gate: an unknown version is refused before its keys are read.
+    if "version" not in plan:
+        chk.error("missing-key", (), "plan has no version")
+        raise ValidationFailed(chk.diagnostics)
+    version = check_version(plan["version"], where=f"{name}:$.version")
+    edition = check_edition(plan.get("edition"), where=f"{name}:$.edition")
+    if ir_version_for(edition) != version:
+        chk.error(
+            "version-mismatch",
+            ("version",),
+            f"edition {edition} compiles to version {ir_version_for(edition)}, "
+            f"but the plan says version {version}",
+        )
+    for key in plan:
+        if key not in _PLAN_KEYS:
+            chk.error(
+                "unknown-key",
+                (key,),
+                f"unknown key {key!r} in plan (known: {', '.join(_PLAN_KEYS)})",
+            )
+    for key in _PLAN_KEYS:
+        if key not in plan:
+            chk.error("missing-key", (), f"plan has no {key}")
+    if chk.failed:
+        raise ValidationFailed(chk.diagnostics)
+
+    workflow = plan["workflow"]
+    if not isinstance(workflow, dict):
+        chk.error("wrong-type", ("workflow",), "workflow must be an object")
+    else:
+        _check_plan_workflow(chk, workflow)
+    tasks = plan["tasks"]
+    if not isinstance(tasks, list) or not tasks:
+        chk.error("wrong-type", ("tasks",), "tasks must be a non-empty array")
+    else:
+        for i, task in enumerate(tasks):
+            _check_plan_task(chk, ("tasks", i), task, edition, version)
+    if chk.failed:
+        raise ValidationFailed(chk.diagnostics)
+    check_graph(chk, tasks, [("tasks", i) for i in range(len(tasks))], fill_input_types=False)
+    if chk.failed:
+        raise ValidationFailed(chk.diagnostics)
+    return finish(plan)
+
+
+def _check_plan_workflow(chk: Checker, workflow: dict[str, Any]) -> None:
+    path = ("workflow",)
+    for key in workflow:
+        if key not in _WORKFLOW_KEYS:
+            chk.error("unknown-key", (*path, key), f"unknown key {key!r} in workflow")
+    for key in ("name", "params"):
+        if key not in workflow:
+            chk.error("missing-key", path, f"workflow has no {key}")
+    for key in ("name", "description", "resolved_from"):
+        if key in workflow and not isinstance(workflow[key], str):
+            chk.error("wrong-type", (*path, key), f"workflow {key} must be a string")
+    if isinstance(workflow.get("name"), str) and not workflow["name"].strip():
+        chk.error("bad-value", (*path, "name"), "workflow name must not be empty")
+    if "params" in workflow:
+        normalized = check_params(chk, (*path, "params"), workflow["params"])
+        if not chk.failed and normalized != workflow["params"]:
+            chk.error("bad-value", (*path, "params"), "params are not in normal form")
+
+
+def _check_plan_task(
+    chk: Checker, path: tuple[str | int, ...], task: Any, edition: int, version: int
+) -> None:
+    if not isinstance(task, dict):
+        chk.error("wrong-type", path, f"a task must be an object, not {type_name(task)}")
+        return
+    allowed = PLAN_TASK_KEYS[version]
+    for key in task:
+        if key not in allowed:
+            chk.error(
+                "unknown-key", (*path, key), f"unknown key {key!r} in a version {version} plan task"
+            )
+    before = len(chk.diagnostics)
+    for key in _REQUIRED_TASK_KEYS:
+        if key not in task:
+            chk.error("missing-key", path, f"plan task has no {key}")
+    if task.get("kind") != "agent" and "run" not in task:
+        chk.error("missing-key", path, "plan task has no run")
+    if len(chk.diagnostics) > before:
+        return
+    # Reuse the manifest checks on the same keys, then compare: a plan task must be
+    # exactly what compiling its own fields would produce (normal form).
+    raw = {k: v for k, v in task.items() if k in allowed and k != "inputs"}
+    inputs = task.get("inputs")
+    if inputs is not None:
+        if not isinstance(inputs, dict):
+            chk.error("wrong-type", (*path, "inputs"), "inputs must be an object")
+            return
+        raw["inputs"] = {}
+        for name, spec in inputs.items():
+            ipath = (*path, "inputs", name)
+            if not isinstance(spec, dict):
+                chk.error("wrong-type", ipath, f"input {name!r} must be an object")
+                continue
+            for key in spec:
+                if key not in _INPUT_KEYS:
+                    chk.error(
+                        "unknown-key", (*ipath, key), f"unknown key {key!r} in input {name!r}"
+                    )
+            if any(k not in spec for k in _INPUT_KEYS):
+                chk.error(
+                    "missing-key", ipath, f"input {name!r} needs from, producer, field and type"
+                )
+                continue
+            if spec["type"] not in TYPES:
+                chk.error(
+                    "bad-type-name",
+                    (*ipath, "type"),
+                    f"input {name!r} has an unknown type {spec['type']!r}",
+                )
+            raw["inputs"][name] = spec["from"]
+    before = len(chk.diagnostics)
+    normalized = check_task(chk, path, raw, edition, label="plan task")
+    if len(chk.diagnostics) > before:
+        return
+    for name, spec in normalized.get("inputs", {}).items():
+        spec["type"] = task["inputs"][name]["type"]
+    if normalized != task:
+        different = sorted(
+            k for k in set(normalized) | set(task) if normalized.get(k) != task.get(k)
+        )
+        chk.error(
+            "not-normal-form",
+            (*path, different[0]) if different else path,
+            f"plan task is not in normal form ({', '.join(different)}); "
+            "empty optional fields are omitted, defaults written out",
+        )

@@ -1,0 +1,167 @@
+"""Starlark pack sources (starlark-pyo3).
+
+The source calls ``workflow(name=…, description=…, params=…, tasks=[…])`` once;
+``task(…)`` returns a handle to put in ``tasks`` or another task's ``needs``.
+Both constructors check their keyword arguments against the allowlist of the
+pack's edition, which the compiler reads from the manifest before evaluating:
+an unknown keyword argument (``inputs=`` below edition 3, ``edition=`` ever)
+fails at the call, with the call's source span.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from crucible.compile.diagnostics import Diagnostic, Location
+from crucible.compile.locate import FileLocator
+from crucible.compile.shape import Checker, check_params, check_task, type_name
+from crucible.core.errors import ParseError
+
+__all__ = ["StarResult", "evaluate_source"]
+
+_WORKFLOW_KWARGS = ("name", "description", "params", "tasks")
+_SPAN_RE = re.compile(r"^\s*-->\s*(.*):(\d+):(\d+)\s*$", re.MULTILINE)
+_ERROR_RE = re.compile(r"^error:\s*(.*)$", re.MULTILINE)
+
+
+@dataclass
+class TaskHandle:
+    """What ``task()`` returns to Starlark: the checked keyword arguments."""
+
+    kwargs: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.kwargs.get("name", ""))
+
+
+class _CallRefused(Exception):
+    """Raised inside a constructor; Starlark adds the call's span."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class StarResult:
+    """The raw workflow table a source built (manifest-shaped: ``task`` is the list)."""
+
+    workflow: dict[str, Any] | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+
+def _plain(value: Any) -> Any:
+    """Task handles inside ``needs`` become names; tuples stay (checks accept them)."""
+    if isinstance(value, TaskHandle):
+        return value.name
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def evaluate_source(text: str, display: str, edition: int) -> StarResult:
+    """Evaluate a Starlark source; its one ``workflow()`` call is the result."""
+    import starlark as sl
+
+    state: dict[str, Any] = {"workflow": None, "refused": None}
+    quiet = Checker(FileLocator(display))
+
+    def task(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            _refuse(state, "positional", "task() takes keyword arguments only")
+        kwargs = {k: _plain(v) for k, v in kwargs.items() if v is not None}
+        chk = Checker(quiet.locator)
+        check_task(chk, (), kwargs, edition, label="task()")
+        _remember(state, chk)
+        return sl.OpaquePythonObject(TaskHandle(kwargs))
+
+    def workflow(*args: Any, **kwargs: Any) -> None:
+        if args:
+            _refuse(state, "positional", "workflow() takes keyword arguments only")
+        if state["workflow"] is not None:
+            _refuse(state, "duplicate-workflow", "workflow() is called more than once")
+        if "edition" in kwargs:
+            _refuse(
+                state,
+                "unknown-key",
+                "workflow() does not take edition: set edition at the top of the manifest "
+                "(the compiler needs it before evaluating the source)",
+            )
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        chk = Checker(quiet.locator)
+        for key in kwargs:
+            if key not in _WORKFLOW_KWARGS:
+                chk.error(
+                    "unknown-key",
+                    (key,),
+                    f"unknown keyword argument {key!r} in workflow() "
+                    f"(known: {', '.join(_WORKFLOW_KWARGS)})",
+                )
+        if "params" in kwargs:
+            check_params(chk, ("params",), kwargs["params"])
+        tasks = kwargs.get("tasks", [])
+        if not isinstance(tasks, list | tuple):
+            chk.error(
+                "wrong-type", ("tasks",), f"tasks must be a list of task(), not {type_name(tasks)}"
+            )
+            tasks = []
+        for i, item in enumerate(tasks):
+            if not isinstance(item, TaskHandle):
+                chk.error(
+                    "wrong-type", ("tasks", i), f"tasks[{i}] is a {type_name(item)}, not a task()"
+                )
+        _remember(state, chk)
+        table = {k: v for k, v in kwargs.items() if k != "tasks"}
+        table["task"] = [t.kwargs for t in tasks]
+        state["workflow"] = table
+
+    module = sl.Module()
+    module.add_callable("task", task)
+    module.add_callable("workflow", workflow)
+    try:
+        ast = sl.parse(display, text)
+    except sl.StarlarkError as exc:
+        message, location = _split_error(str(exc), display)
+        raise ParseError(f"Starlark syntax: {message}", where=location.where()) from None
+    try:
+        sl.eval(module, ast, sl.Globals.standard())
+    except sl.StarlarkError as exc:
+        message, location = _split_error(str(exc), display)
+        refused: _CallRefused | None = state["refused"]
+        if refused is not None:
+            return StarResult(None, [Diagnostic(refused.code, refused.message, location)])
+        return StarResult(None, [Diagnostic("starlark-error", message, location)])
+    if state["workflow"] is None:
+        return StarResult(
+            None,
+            [Diagnostic("no-workflow", "the source never calls workflow()", Location(display))],
+        )
+    return StarResult(state["workflow"])
+
+
+def _refuse(state: dict[str, Any], code: str, message: str) -> None:
+    state["refused"] = _CallRefused(code, message)
+    raise state["refused"]
+
+
+def _remember(state: dict[str, Any], chk: Checker) -> None:
+    if chk.diagnostics:
+        d = chk.diagnostics[0]
+        _refuse(state, d.code, d.message)
+
+
+def _split_error(text: str, display: str) -> tuple[str, Location]:
+    """Starlark's report → (the ``error:`` line, the innermost ``--> file:line:col``)."""
+    spans = _SPAN_RE.findall(text)
+    errors = _ERROR_RE.findall(text)
+    message = errors[-1].strip() if errors else text.strip().splitlines()[0]
+    # A Python exception raised inside a constructor reads "error: _CallRefused: …".
+    message = re.sub(r"^\w+: ", "", message) if message.startswith("_CallRefused") else message
+    if spans:
+        file, line, col = spans[-1]
+        return message, Location(file or display, int(line), int(col))
+    return message, Location(display)
