@@ -1,0 +1,94 @@
+"""Hand-built plan dicts in the shape of docs/spec/plan-ir.md, and a way to settle
+tasks through the real capture path (the compiler is built in parallel)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon
+from crucible.stage import capture
+
+
+def task(
+    name: str,
+    kind: str = "command",
+    *,
+    needs: tuple[str, ...] | list[str] = (),
+    emits: dict[str, str] | None = None,
+    emits_files: tuple[str, ...] | list[str] = (),
+    join: str = "all",
+    map: str | None = None,
+    inputs: dict[str, str] | None = None,
+    epilogue: bool = False,
+    prompt: str | None = None,
+) -> dict[str, Any]:
+    t: dict[str, Any] = {
+        "name": name,
+        "kind": kind,
+        "needs": list(needs),
+        "join": join,
+        "emits": dict(emits or {}),
+        "emits_files": list(emits_files),
+        "retries": 0,
+        "epilogue": epilogue,
+    }
+    if kind != "agent":
+        t["run"] = ["true"]
+    if map is not None:
+        t["map"] = map
+    if prompt is not None:
+        t["prompt"] = prompt
+    if inputs:
+        t["inputs"] = {}
+        for input_name, ref in inputs.items():
+            producer, _, fld = ref.rpartition(".")
+            t["inputs"][input_name] = {
+                "from": ref,
+                "producer": producer,
+                "field": fld,
+                "type": "any",
+            }
+    return t
+
+
+def plan(
+    *tasks: dict[str, Any], version: int = 1, params: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    p = {
+        "version": version,
+        "edition": 3 if version == 2 else 1,
+        "workflow": {"name": "t", "params": params or {}},
+        "tasks": list(tasks),
+    }
+    # Declared input types come from the producer's emits, as compile does.
+    by_name = {t["name"]: t for t in tasks}
+    for t in tasks:
+        for spec in t.get("inputs", {}).values():
+            spec["type"] = by_name[spec["producer"]]["emits"].get(spec["field"], "any")
+    return canon.loads(canon.dumps(p))  # a plain JSON-shaped dict, as tools receive
+
+
+def settle(
+    p: dict[str, Any],
+    state: Path,
+    name: str,
+    output: Any,
+    *,
+    key: str | None = None,
+    exit_code: int = 0,
+    files: dict[str, bytes] | None = None,
+    emit_cap: int = 65536,
+) -> dict[str, Any]:
+    """Run nothing, but leave what a task would: its result file and files, then capture."""
+    ws = state / "work" / name / ("k-" + str(abs(hash(key))) if key is not None else "")
+    ws.mkdir(parents=True, exist_ok=True)
+    for rel, data in (files or {}).items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_bytes(data)
+    out = ws / "@output.json"
+    if output is not None:
+        out.write_bytes(canon.dumps(output) if not isinstance(output, bytes) else output)
+    return capture(
+        p, state, name, ws, output_file=out, exit_code=exit_code, key=key, emit_cap=emit_cap
+    )

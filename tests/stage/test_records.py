@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from crucible.core.errors import InputRefused, ParseError
+from crucible.stage import load_result, map_items, record_settled, settle_fold
+from stageplans import plan, settle, task
+
+
+def _fan() -> dict:  # type: ignore[type-arg]
+    return plan(
+        task("src", emits={"xs": "any"}),
+        task("m", needs=["src"], map="src.xs", emits={"v": "integer"}),
+    )
+
+
+def test_record_settled_writes_a_record_without_capture(state: Path) -> None:
+    p = plan(task("a"))
+    rec = record_settled(
+        p, state, "a", status="skipped", note="dependency failed", extra={"why": 1}
+    )
+    assert rec == load_result(state, "a")
+    assert rec["status"] == "skipped" and rec["retryable"] is False and rec["extra"] == {"why": 1}
+    with pytest.raises(InputRefused, match="status"):
+        record_settled(p, state, "a", status="done", note="")
+
+
+def test_load_result_absent_and_bad(state: Path) -> None:
+    assert load_result(state, "a") is None
+    (state / "results").mkdir()
+    (state / "results" / "a.json").write_text("[1]")
+    with pytest.raises(ParseError, match=r"a\.json"):
+        load_result(state, "a")
+    (state / "results" / "a.json").write_text(
+        '{"format": "crucible.result/1", "task": "b", "status": "passed"}'
+    )
+    with pytest.raises(InputRefused, match="mismatch"):
+        load_result(state, "a")
+    (state / "results" / "a.json").write_text("{")
+    with pytest.raises(ParseError):
+        load_result(state, "a")
+
+
+def test_map_items_array_order_and_object_order(state: Path) -> None:
+    p = _fan()
+    settle(p, state, "src", {"xs": ["c", "a", "b"]})
+    assert map_items(p, state, "m") == [("0", "c"), ("1", "a"), ("2", "b")]
+    # object keys in canonical order: UTF-16 code units (U+FB01 sorts before U+1F600)
+    settle(p, state, "src", {"xs": {"b": 1, "a": 2, "\U0001f600": 3, "\ufb01": 4, "": 5}})
+    assert [k for k, _ in map_items(p, state, "m")] == ["", "a", "b", "\U0001f600", "\ufb01"]
+
+
+def test_map_items_refusals(state: Path) -> None:
+    p = _fan()
+    with pytest.raises(InputRefused, match="not settled"):
+        map_items(p, state, "m")
+    settle(p, state, "src", {"xs": 3})
+    with pytest.raises(InputRefused, match="not an array or object"):
+        map_items(p, state, "m")
+    settle(p, state, "src", {"xs": [1]}, exit_code=1)
+    with pytest.raises(InputRefused, match="failed"):
+        map_items(p, state, "m")
+    with pytest.raises(InputRefused, match="not mapped"):
+        map_items(p, state, "src")
+
+
+def test_settle_fold(state: Path) -> None:
+    p = _fan()
+    settle(p, state, "src", {"xs": ["x", "y", "z"]})
+    for k, v in map_items(p, state, "m"):
+        settle(p, state, "m", {"v": 1} if v != "y" else {"v": "no"}, key=k)
+    agg = settle_fold(p, state, "m", ["0", "1", "2"])
+    assert agg["status"] == "failed" and agg["keys"] == ["0", "1", "2"]
+    assert agg["counts"] == {"passed": 2, "failed": 1, "skipped": 0}
+    assert "1 of 3" in agg["note"] and "'1'" in agg["note"]
+    assert load_result(state, "m") == agg
+    settle(p, state, "m", {"v": 2}, key="1")
+    assert settle_fold(p, state, "m", ["0", "1", "2"])["status"] == "passed"
+    assert settle_fold(p, state, "m", [])["status"] == "passed"
+    with pytest.raises(InputRefused, match="no settled record"):
+        settle_fold(p, state, "m", ["9"])
+    with pytest.raises(InputRefused, match="unique"):
+        settle_fold(p, state, "m", ["0", "0"])
+    with pytest.raises(InputRefused, match="not mapped"):
+        settle_fold(p, state, "src", [])

@@ -1,0 +1,274 @@
+"""emits_files: capture from a workspace into STATE/files, stage into inputs/<producer>.
+
+Capture never lets a task's output reach outside its own directories: declared
+patterns that are absolute or climb (``..``) are refused as plan errors; a matched
+symlink is followed only when its target resolves inside the workspace (the file
+is copied as a regular file); special files are refused. Staging copies the
+captured trees of ancestors read-only, bounded in total by :data:`FILES_RUN_MAX`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from crucible.core.errors import InputRefused, OperationalError
+
+__all__ = [
+    "FILES_RUN_MAX",
+    "CaptureRefused",
+    "FileCapture",
+    "capture_files",
+    "check_pattern",
+    "copy_tree_readonly",
+]
+
+#: Bound on emits_files bytes: what one producer may capture, and what one task
+#: may be handed from all its ancestors together (for the last task of a run,
+#: the run's total). 4 GiB (our choice).
+FILES_RUN_MAX = 4 * 1024**3
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+class CaptureRefused(Exception):
+    """What the task produced cannot be captured; the attempt fails with ``note``.
+
+    ``retryable`` is False when a retry would produce the same refusal (a path
+    outside the workspace, a bound exceeded)."""
+
+    def __init__(self, note: str, *, retryable: bool) -> None:
+        super().__init__(note)
+        self.note = note
+        self.retryable = retryable
+
+
+@dataclass
+class FileCapture:
+    files: list[dict[str, object]] = field(default_factory=list)
+    total: int = 0
+
+
+def check_pattern(pattern: str, where: str) -> tuple[str, ...]:
+    """The normalized parts of a declared emits_files entry; plan errors refused."""
+    if not isinstance(pattern, str) or pattern.strip() == "":
+        raise InputRefused("an emits_files entry must be a non-empty path", where=where)
+    if "\x00" in pattern or "\\" in pattern:
+        raise InputRefused(f"emits_files entry {pattern!r} holds NUL or '\\'", where=where)
+    p = PurePosixPath(pattern)
+    if p.is_absolute():
+        raise InputRefused(f"emits_files entry {pattern!r} is absolute", where=where)
+    parts = tuple(x for x in p.parts if x != ".")
+    if ".." in parts:
+        raise InputRefused(
+            f"emits_files entry {pattern!r} climbs out of the workspace", where=where
+        )
+    if not parts:
+        raise InputRefused(f"emits_files entry {pattern!r} names the workspace itself", where=where)
+    return parts
+
+
+def _segment_regex(segment: str) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        c = segment[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[":
+            j = segment.find("]", i + 2 if segment[i + 1 : i + 2] in ("!", "]") else i + 1)
+            if j == -1:
+                out.append(re.escape(c))
+            else:
+                body = segment[i + 1 : j]
+                if body.startswith("!"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = j
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def _pattern_regex(parts: tuple[str, ...]) -> re.Pattern[str]:
+    """``**`` is any number of whole segments; ``*``/``?``/``[...]`` stay in one."""
+    pieces: list[str] = []
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if part == "**":
+            pieces.append(".*" if last else "(?:[^/]+/)*")
+        else:
+            pieces.append(_segment_regex(part) + ("" if last else "/"))
+    return re.compile("".join(pieces) + r"\Z", re.DOTALL)
+
+
+def _inside(real: str, root_real: str) -> bool:
+    return real == root_real or real.startswith(root_real.rstrip("/") + "/")
+
+
+class _Copier:
+    def __init__(self, workspace: Path, dest: Path, budget: int) -> None:
+        self.workspace = workspace
+        self.root_real = os.path.realpath(workspace)
+        self.dest = dest
+        self.budget = budget
+        self.result = FileCapture()
+        self.done: set[str] = set()
+
+    def _refuse_outside(self, rel: str, real: str) -> CaptureRefused:
+        return CaptureRefused(
+            f"emits_files: {rel!r} resolves to {real!r}, outside the workspace; refused",
+            retryable=False,
+        )
+
+    def capture(self, rel: str) -> None:
+        """Capture workspace-relative ``rel`` (a file or a directory tree)."""
+        src = os.path.join(self.workspace, rel)
+        real = os.path.realpath(src)
+        if not _inside(real, self.root_real):
+            raise self._refuse_outside(rel, real)
+        self._copy(rel, real, set())
+
+    def _copy(self, rel: str, real: str, visiting: set[str]) -> None:
+        try:
+            st = os.stat(real)
+        except OSError as exc:
+            raise CaptureRefused(
+                f"emits_files: cannot read {rel!r}: {exc.strerror}", retryable=True
+            ) from None
+        if stat.S_ISDIR(st.st_mode):
+            if real in visiting:
+                raise CaptureRefused(f"emits_files: {rel!r} is a symlink loop", retryable=False)
+            visiting = visiting | {real}
+            (self.dest / rel).mkdir(parents=True, exist_ok=True)
+            with os.scandir(real) as it:
+                entries = sorted(e.name for e in it)
+            for name in entries:
+                child_rel = f"{rel}/{name}"
+                child = os.path.join(real, name)
+                child_real = os.path.realpath(child) if os.path.islink(child) else child
+                if not _inside(child_real, self.root_real):
+                    raise self._refuse_outside(child_rel, child_real)
+                self._copy(child_rel, child_real, visiting)
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise CaptureRefused(f"emits_files: {rel!r} is not a regular file", retryable=False)
+        if rel in self.done:
+            return
+        self.done.add(rel)
+        self.result.total += st.st_size
+        if self.result.total > self.budget:
+            raise CaptureRefused(
+                f"emits_files: more than {self.budget} bytes captured (at {rel!r}); "
+                f"the bound on a task's files is {self.budget} bytes",
+                retryable=False,
+            )
+        target = self.dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(real, target)
+        self.result.files.append({"path": rel, "size": st.st_size})
+
+
+def _walk_rel(workspace: Path, base: str) -> list[str]:
+    """Workspace-relative paths under ``base`` (files and dirs), not following links."""
+    top = os.path.join(workspace, base) if base else str(workspace)
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        rel_dir = os.path.relpath(dirpath, workspace)
+        rel_dir = "" if rel_dir == "." else rel_dir
+        for name in dirnames + filenames:
+            out.append(f"{rel_dir}/{name}" if rel_dir else name)
+    return out
+
+
+def capture_files(
+    workspace: Path,
+    patterns: tuple[str, ...],
+    dest: Path,
+    *,
+    budget: int,
+    require_literals: bool,
+) -> FileCapture:
+    """Copy what ``patterns`` match in ``workspace`` to ``dest`` (same relative paths).
+
+    A literal entry that does not exist fails the attempt when
+    ``require_literals`` (a passing attempt); a glob may match nothing.
+    """
+    copier = _Copier(workspace, dest, budget)
+    for i, pattern in enumerate(patterns):
+        parts = check_pattern(pattern, f"emits_files[{i}]")
+        glob_at = next((j for j, p in enumerate(parts) if _GLOB_CHARS & set(p)), None)
+        if glob_at is None:
+            rel = "/".join(parts)
+            if not os.path.lexists(os.path.join(workspace, rel)):
+                if require_literals:
+                    raise CaptureRefused(f"emits_files: {rel!r} was not written", retryable=True)
+                continue
+            copier.capture(rel)
+            continue
+        base = "/".join(parts[:glob_at])
+        base_path = os.path.join(workspace, base) if base else str(workspace)
+        if base and not _inside(os.path.realpath(base_path), copier.root_real):
+            raise copier._refuse_outside(base, os.path.realpath(base_path))
+        if not os.path.isdir(base_path):
+            continue
+        regex = _pattern_regex(parts)
+        matched = sorted(r for r in _walk_rel(workspace, base) if regex.match(r))
+        # A matched directory brings its whole tree; skip matches inside one.
+        taken: list[str] = []
+        for rel in matched:
+            if any(rel.startswith(t + "/") for t in taken):
+                continue
+            real = os.path.realpath(os.path.join(workspace, rel))
+            if os.path.isdir(real):
+                taken.append(rel)
+            copier.capture(rel)
+    copier.result.files.sort(key=lambda f: str(f["path"]))
+    return copier.result
+
+
+def copy_tree_readonly(src: Path, dst: Path, used: int, bound: int, *, skip_top_at: bool) -> int:
+    """Copy a captured tree; files become read-only (0444). Returns ``used`` plus
+    the bytes copied.
+
+    Raises :class:`InputRefused` when the running total would pass ``bound``.
+    ``skip_top_at`` ignores top-level ``@…`` entries (a crashed capture's temp).
+    """
+    total = used
+    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
+        rel = os.path.relpath(dirpath, src)
+        if rel == "." and skip_top_at:
+            dirnames[:] = [d for d in dirnames if not d.startswith("@")]
+            filenames = [f for f in filenames if not f.startswith("@")]
+        out_dir = dst if rel == "." else dst / rel
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for d in dirnames:
+            if os.path.islink(os.path.join(dirpath, d)):
+                raise InputRefused(
+                    f"unexpected symlink in captured files: {os.path.join(dirpath, d)}"
+                )
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise InputRefused(f"unexpected non-regular file in captured files: {path}")
+            total += st.st_size
+            if total > bound:
+                raise InputRefused(
+                    f"staging emits_files would pass the bound of {bound} bytes "
+                    f"one task may be handed (at {path})"
+                )
+            target = out_dir / name
+            try:
+                shutil.copyfile(path, target)
+                os.chmod(target, 0o444)
+            except OSError as exc:
+                raise OperationalError(f"cannot stage {path}: {exc.strerror or exc}") from None
+    return total

@@ -1,0 +1,485 @@
+"""Consumer side: a task's inputs/ tree, its index, its environment.
+
+IR v2 (edition 3): one read-only file per declared input under
+``inputs/@values/`` (a directory per fold), reserved inputs under their own
+names, and ``index.json``. IR v1 (editions 1–2): one JSON object with every
+direct dependency's whole output, in ``inputs/@inputs.json``. Every edition:
+each ancestor's captured emits_files under ``inputs/<producer>/``.
+Normative text: docs/spec/inputs.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon, digest
+from crucible.core.errors import InputRefused, OperationalError, ParseError
+from crucible.stage._files import FILES_RUN_MAX, copy_tree_readonly
+from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
+from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
+from crucible.stage._names import escape_key
+from crucible.stage._plan import PlanView, TaskView, view
+from crucible.stage._records import check_key, load_result
+
+__all__ = [
+    "INDEX_FORMAT",
+    "INDEX_NAME",
+    "INPUTS_ENV_MAX",
+    "RESERVED_INPUTS",
+    "V1_FILE",
+    "VALUES_DIR",
+    "StagedInputs",
+    "map_items",
+    "stage_inputs",
+    "utf16_order",
+]
+
+INPUTS_ENV_MAX = 65536
+VALUES_DIR = "@values"
+INDEX_NAME = "index.json"
+V1_FILE = "@inputs.json"
+INDEX_FORMAT = "crucible.inputs-index/1"
+RESERVED_INPUTS = ("params", "item", "history", "revision", "kept", "outcome")
+
+
+def utf16_order(keys: Any) -> list[str]:
+    """Keys in canonical JSON (RFC 8785) order: by UTF-16 code units."""
+    return sorted(keys, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
+
+
+@dataclass(frozen=True)
+class StagedInputs:
+    """What :func:`stage_inputs` laid down. ``env`` is what the task must get."""
+
+    env: dict[str, str]
+    inputs_dir: Path
+    values_dir: Path | None
+    index: dict[str, Any] | None
+    inputs_file: Path | None
+    value: dict[str, Any] | None
+    files_bytes: int
+    files_staged: tuple[str, ...]
+
+
+# -- map items ---------------------------------------------------------------
+
+# (state, task) -> (record file identity, items). Dispatch stages every instance
+# of a 10,000-wide fan-out; re-reading the source record for each would be O(n²).
+_items_cache: dict[tuple[str, str], tuple[tuple[int, int, int], list[tuple[str, Any]]]] = {}
+
+
+def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
+    """(raw key, item) of a mapped task, in item order: an array gives "0", "1", …;
+    an object gives its keys in canonical JSON order (UTF-16 code units)."""
+    pv = view(plan)
+    t = pv.task(task)
+    if t.map is None:
+        raise InputRefused(f"task {task!r} is not mapped")
+    producer, fld = t.map
+    if pv.task(producer).map is not None:
+        raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
+    state = Path(state)
+    path = StateLayout(state).result_path(producer)
+    try:
+        st = path.stat()
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        ident = None
+    cache_key = (str(state.absolute()), task)
+    hit = _items_cache.get(cache_key)
+    if ident is not None and hit is not None and hit[0] == ident:
+        return hit[1]
+    rec = load_result(state, producer)
+    if rec is None:
+        raise InputRefused(
+            f"map source {producer!r} of task {task!r} has not settled", where=str(path)
+        )
+    if rec["status"] != "passed":
+        raise InputRefused(
+            f"map source {producer!r} of task {task!r} is {rec['status']}, not passed",
+            where=str(path),
+        )
+    output = rec.get("output")
+    if not isinstance(output, dict) or fld not in output:
+        raise InputRefused(f"map source {producer!r} carries no field {fld!r}", where=str(path))
+    value = output[fld]
+    if isinstance(value, list):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    elif isinstance(value, dict):
+        items = [(k, value[k]) for k in utf16_order(value)]
+    else:
+        raise InputRefused(
+            f"task {task!r} maps over {producer}.{fld}, which is not an array or object",
+            where=str(path),
+        )
+    if ident is not None:
+        _items_cache[cache_key] = (ident, items)
+    return items
+
+
+def _item(plan: Any, state: Path, task: str, key: str) -> Any:
+    for k, v in map_items(plan, state, task):
+        if k == key:
+            return v
+    raise InputRefused(f"task {task!r} has no instance {key!r} (plan/state mismatch)")
+
+
+# -- reserved inputs -----------------------------------------------------------
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    try:
+        return canon.loads(data)
+    except canon.CanonError as exc:
+        raise ParseError(exc.message, where=str(path)) from None
+
+
+def load_params(plan: Any, state: Path) -> dict[str, Any]:
+    """``STATE/params.json``; without it, the plan's defaults (every param needs one)."""
+    path = StateLayout(state).params_path
+    if path.exists():
+        params = _read_json(path)
+        if not isinstance(params, dict):
+            raise InputRefused("params must be a JSON object", where=str(path))
+        return params
+    declared = plan.get("workflow", {}).get("params", {}) if isinstance(plan, dict) else {}
+    params = {}
+    for name, spec in declared.items():
+        if not isinstance(spec, dict) or "default" not in spec:
+            raise InputRefused(
+                f"param {name!r} has no default and {path} does not exist", where=str(path)
+            )
+        params[name] = spec["default"]
+    return params
+
+
+def _fields(rec: dict[str, Any] | None, t: TaskView, version: int) -> dict[str, Any]:
+    output = rec.get("output") if rec else None
+    if not isinstance(output, dict):
+        return {}
+    if version == 1:
+        return output
+    return {k: v for k, v in output.items() if k not in t.emits}
+
+
+def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
+    """The epilogue's ``outcome``: every other task's status and note, and its
+    fields (v2: the undeclared ones; v1: all), uncapped."""
+    pv = view(plan)
+    tasks: dict[str, Any] = {}
+    for name in pv.order:
+        if name == task:
+            continue
+        t = pv.tasks[name]
+        rec = load_result(state, name)
+        entry: dict[str, Any] = {
+            "status": rec["status"] if rec else "absent",
+            "note": rec["note"] if rec else "",
+        }
+        if t.map is None:
+            entry["fields"] = _fields(rec, t, pv.version)
+        else:
+            instances = []
+            for k in rec.get("keys", []) if rec else []:
+                irec = load_result(state, name, k)
+                instances.append(
+                    {
+                        "key": k,
+                        "status": irec["status"] if irec else "absent",
+                        "note": irec["note"] if irec else "",
+                        "fields": _fields(irec, t, pv.version),
+                    }
+                )
+            entry["instances"] = instances
+        tasks[name] = entry
+    return {"tasks": tasks}
+
+
+def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[str, Any]:
+    """The reserved inputs that apply to this task, by name, in RESERVED_INPUTS order."""
+    t = view(plan).task(task)
+    layout = StateLayout(state)
+    out: dict[str, Any] = {}
+    if t.kind in ("command", "evaluate"):  # agents never receive params
+        out["params"] = load_params(plan, state)
+    if key is not None:
+        out["item"] = _item(plan, state, task, key)
+    for name in RESERVED_STATE_NAMES:
+        path = layout.reserved_path(name)
+        if path.exists():
+            out[name] = _read_json(path)
+    if t.epilogue:
+        out["outcome"] = build_outcome(plan, state, task)
+    return out
+
+
+# -- producers -----------------------------------------------------------------
+
+
+def _check_join(t: TaskView, producer: str, rec: dict[str, Any] | None) -> str:
+    status = rec["status"] if rec else "absent"
+    if t.join == "all" and status != "passed":
+        raise InputRefused(
+            f"task {t.name!r} joins all, but producer {producer!r} is {status} "
+            f"(plan/state mismatch: it should not run)"
+        )
+    return status
+
+
+def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str) -> Any:
+    rec = load_result(state, dep)
+    _check_join(t, dep, rec)
+    if rec is None:
+        return None
+    if pv.task(dep).map is None:
+        return rec.get("output")
+    values = []
+    for k in rec.get("keys", []):
+        irec = load_result(state, dep, k)
+        values.append(irec.get("output") if irec else None)
+    return values
+
+
+# -- writing -----------------------------------------------------------------
+
+
+def _write_readonly(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+    try:
+        view_ = memoryview(data)
+        while view_:
+            view_ = view_[os.write(fd, view_) :]
+    finally:
+        os.close(fd)
+
+
+def _input_name_problem(name: str) -> str | None:
+    if not isinstance(name, str) or name in ("", ".", ".."):
+        return f"input name {name!r} cannot be a file name"
+    if "/" in name or "\\" in name or "\x00" in name or name.startswith("@"):
+        return f"input name {name!r} holds a path separator, NUL or a leading '@'"
+    if name in RESERVED_INPUTS or name == INDEX_NAME:
+        return f"input name {name!r} is reserved"
+    if len(name.encode("utf-8", "surrogatepass")) > 255:
+        return f"input name {name[:40]!r}… is too long for a file name"
+    return None
+
+
+class _Staging:
+    def __init__(self, pv: PlanView, state: Path, t: TaskView, tmp: Path) -> None:
+        self.pv = pv
+        self.state = state
+        self.t = t
+        self.tmp = tmp
+        self.files_bytes = 0
+        self.files_staged: set[str] = set()  # "producer" or "producer/<escaped key>"
+
+    def stage_files(self, bound: int) -> None:
+        layout = StateLayout(self.state)
+        for anc in self.pv.ancestors(self.t.name):
+            at = self.pv.tasks[anc]
+            if not at.emits_files:
+                continue
+            src = layout.files_dir(anc)
+            if not src.is_dir():
+                continue
+            mapped = at.map is not None
+            self.files_bytes = copy_tree_readonly(
+                src, self.tmp / anc, self.files_bytes, bound, skip_top_at=mapped
+            )
+            if mapped:
+                for entry in os.listdir(src):
+                    if not entry.startswith("@"):
+                        self.files_staged.add(f"{anc}/{entry}")
+            else:
+                self.files_staged.add(anc)
+
+    def value_entry(self, rel: str, value: Any, path: Path) -> dict[str, Any]:
+        data = canon.dumps(value)
+        _write_readonly(path, data)
+        return {
+            "value_staged": True,
+            "size": len(data),
+            "digest": digest.of_bytes(data),
+            "path": rel,
+        }
+
+    def declared(self, name: str, spec: dict[str, Any], values_dir: Path) -> dict[str, Any]:
+        producer, fld = spec["from"].rpartition(".")[::2]
+        producer = spec.get("producer", producer)
+        fld = spec.get("field", fld)
+        if producer not in self.t.needs:
+            raise InputRefused(
+                f"input {name!r} of task {self.t.name!r} reads {producer!r}, not a direct dependency"
+            )
+        pt = self.pv.task(producer)
+        rec = load_result(self.state, producer)
+        status = _check_join(self.t, producer, rec)
+        rel = f"inputs/{VALUES_DIR}/{name}"
+        entry: dict[str, Any] = {
+            "name": name,
+            "kind": "declared",
+            "producer": producer,
+            "field": fld,
+            "type": spec.get("type", pt.emits.get(fld, "any")),
+            "status": status,
+            "note": rec["note"] if rec else "",
+            "fold": pt.map is not None,
+        }
+        empty = {"value_staged": False, "size": None, "digest": None, "path": None}
+        if pt.map is None:
+            entry["files_staged"] = producer in self.files_staged
+            output = rec.get("output") if rec else None
+            if isinstance(output, dict) and fld in output:
+                entry.update(self.value_entry(rel, output[fld], values_dir / name))
+            elif status == "passed":
+                raise InputRefused(
+                    f"producer {producer!r} passed without its declared field {fld!r} "
+                    f"(plan/state mismatch)",
+                    where=str(StateLayout(self.state).result_path(producer)),
+                )
+            else:
+                entry.update(empty)
+            return entry
+        entry["files_staged"] = any(f.startswith(producer + "/") for f in self.files_staged)
+        if rec is None:
+            entry.update(empty)
+            entry["entries"] = []
+            return entry
+        fold_dir = values_dir / name
+        fold_dir.mkdir()
+        entries = []
+        total = 0
+        for k in rec.get("keys", []):
+            esc = escape_key(k)
+            irec = load_result(self.state, producer, k)
+            istatus = irec["status"] if irec else "absent"
+            e: dict[str, Any] = {
+                "key": k,
+                "name": esc,
+                "status": istatus,
+                "note": irec["note"] if irec else "",
+                "files_staged": f"{producer}/{esc}" in self.files_staged,
+            }
+            output = irec.get("output") if irec else None
+            if isinstance(output, dict) and fld in output:
+                e.update(self.value_entry(f"{rel}/{esc}", output[fld], fold_dir / esc))
+                total += e["size"]
+            elif istatus == "passed":
+                raise InputRefused(
+                    f"instance {k!r} of {producer!r} passed without its declared field {fld!r}"
+                )
+            else:
+                e.update(empty)
+            entries.append(e)
+        entry.update({"value_staged": True, "size": total, "digest": None, "path": rel})
+        entry["entries"] = entries
+        return entry
+
+
+def stage_inputs(
+    plan: Any,
+    state: Path,
+    task: str,
+    workspace: Path,
+    *,
+    key: str | None = None,
+    files_max: int = FILES_RUN_MAX,
+) -> StagedInputs:
+    """Lay down ``workspace/inputs/`` for ``task`` (or one instance of it).
+
+    Built in a temp directory inside the workspace and renamed into place, so a
+    failure leaves the previous ``inputs/`` (or none), never a half-written one.
+    """
+    pv = view(plan)
+    t = pv.task(task)
+    check_key(plan, task, key)
+    state = Path(state)
+    workspace = Path(workspace).absolute()
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}inputs-", dir=workspace))
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot create workspace: {exc.strerror}", where=str(workspace)
+        ) from None
+    inputs_dir = workspace / "inputs"
+    try:
+        staging = _Staging(pv, state, t, tmp)
+        staging.stage_files(files_max)
+        reserved = reserved_values(plan, state, task, key)
+        env: dict[str, str] = {}
+        if pv.version == 2:
+            values_dir = tmp / VALUES_DIR
+            values_dir.mkdir()
+            entries = []
+            for name in utf16_order(t.inputs):
+                problem = _input_name_problem(name)
+                if problem is not None:
+                    raise InputRefused(problem, where=f"plan:task {task}")
+                entries.append(staging.declared(name, t.inputs[name], values_dir))
+            for name, value in reserved.items():
+                entry: dict[str, Any] = {
+                    "name": name,
+                    "kind": "reserved",
+                    "producer": None,
+                    "field": None,
+                    "type": "object" if name in ("params", "outcome") else "any",
+                    "status": "passed",
+                    "note": "",
+                    "fold": False,
+                    "files_staged": False,
+                }
+                rel = f"inputs/{VALUES_DIR}/{name}"
+                entry.update(staging.value_entry(rel, value, values_dir / name))
+                entries.append(entry)
+            index = {
+                "format": INDEX_FORMAT,
+                "task": task,
+                "key": key,
+                "inputs": entries,
+            }
+            _write_readonly(values_dir / INDEX_NAME, canon.dumps(index))
+            env["CRUCIBLE_INPUTS_DIR"] = str(inputs_dir / VALUES_DIR)
+            result_value: dict[str, Any] | None = None
+            inputs_file: Path | None = None
+        else:
+            obj: dict[str, Any] = {}
+            for dep in t.needs:
+                if dep in RESERVED_INPUTS:
+                    raise InputRefused(
+                        f"task {task!r} needs a task named {dep!r}, which collides with the "
+                        f"reserved input of that name in v1 delivery"
+                    )
+                obj[dep] = _v1_dep_value(pv, state, t, dep)
+            obj.update(reserved)
+            data = canon.dumps(obj)
+            _write_readonly(tmp / V1_FILE, data)
+            inputs_file = inputs_dir / V1_FILE
+            env["CRUCIBLE_INPUTS_FILE"] = str(inputs_file)
+            if len(data) <= INPUTS_ENV_MAX:
+                env["CRUCIBLE_INPUTS"] = data.decode("utf-8")
+            index = None
+            result_value = obj
+        swap_in_dir(tmp, inputs_dir)
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    return StagedInputs(
+        env=env,
+        inputs_dir=inputs_dir,
+        values_dir=inputs_dir / VALUES_DIR if pv.version == 2 else None,
+        index=index,
+        inputs_file=inputs_file,
+        value=result_value,
+        files_bytes=staging.files_bytes,
+        files_staged=tuple(sorted(staging.files_staged)),
+    )

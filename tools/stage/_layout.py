@@ -1,0 +1,64 @@
+"""Where things live in a run's state directory (docs/spec/inputs.md, "State directory")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from crucible.stage._names import check_task_name, escape_key
+
+__all__ = ["RESERVED_STATE_NAMES", "StateLayout"]
+
+#: Reserved inputs an outer loop may leave in ``STATE/reserved/<name>.json``.
+RESERVED_STATE_NAMES = ("history", "revision", "kept")
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """Paths inside ``STATE``. Task names are checked and keys escaped, so every
+    path returned stays inside ``STATE``."""
+
+    state: Path
+
+    @property
+    def plan_path(self) -> Path:
+        return self.state / "plan.json"
+
+    @property
+    def params_path(self) -> Path:
+        return self.state / "params.json"
+
+    @property
+    def results_root(self) -> Path:
+        return self.state / "results"
+
+    @property
+    def files_root(self) -> Path:
+        return self.state / "files"
+
+    @property
+    def work_root(self) -> Path:
+        return self.state / "work"
+
+    def _under(self, root: Path, task: str, key: str | None, suffix: str = "") -> Path:
+        name = check_task_name(task)
+        if key is None:
+            return root / (name + suffix)
+        return root / name / (escape_key(key) + suffix)
+
+    def result_path(self, task: str, key: str | None = None) -> Path:
+        """``results/<task>.json``, or ``results/<task>/<escaped key>.json``."""
+        return self._under(self.results_root, task, key, ".json")
+
+    def files_dir(self, task: str, key: str | None = None) -> Path:
+        """``files/<task>``, or ``files/<task>/<escaped key>``."""
+        return self._under(self.files_root, task, key)
+
+    def work_dir(self, task: str, key: str | None = None) -> Path:
+        """``work/<task>``, or ``work/<task>/<escaped key>``."""
+        return self._under(self.work_root, task, key)
+
+    def reserved_path(self, name: str) -> Path:
+        if name not in RESERVED_STATE_NAMES:
+            raise ValueError(f"{name!r} is not a reserved state input")
+        return self.state / "reserved" / f"{name}.json"

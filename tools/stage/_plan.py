@@ -1,0 +1,171 @@
+"""A light, read-only view of a plan dict: what stage needs and checks.
+
+Plans arrive as plain JSON-shaped dicts (CONTRACT.md). Stage does not import
+the compiler; it checks the few things it relies on and refuses the rest with a
+clear message (a plan/state mismatch, an unknown task, an unsafe name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from crucible.core.errors import InputRefused, UnsupportedVersion
+from crucible.stage._names import task_name_problem
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "TYPES",
+    "PlanView",
+    "TaskView",
+    "view",
+]
+
+SUPPORTED_VERSIONS = (1, 2)
+TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
+
+
+@dataclass(frozen=True)
+class TaskView:
+    name: str
+    kind: str
+    needs: tuple[str, ...]
+    join: str
+    emits: dict[str, str]
+    emits_files: tuple[str, ...]
+    epilogue: bool
+    map: tuple[str, str] | None
+    inputs: dict[str, dict[str, Any]]
+    prompt: str | None
+    raw: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PlanView:
+    version: int
+    edition: int
+    tasks: dict[str, TaskView]
+    order: tuple[str, ...]
+
+    def task(self, name: str) -> TaskView:
+        try:
+            return self.tasks[name]
+        except KeyError:
+            raise InputRefused(f"task {name!r} is not in the plan", where="plan") from None
+
+    def ancestors(self, name: str) -> list[str]:
+        """Every transitive dependency of ``name``, in plan declaration order."""
+        seen: set[str] = set()
+        stack = list(self.task(name).needs)
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.extend(self.task(n).needs)
+        return [n for n in self.order if n in seen]
+
+
+def _split_ref(ref: object, where: str) -> tuple[str, str]:
+    if not isinstance(ref, str) or "." not in ref:
+        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=where)
+    producer, _, fld = ref.rpartition(".")
+    if not producer or not fld:
+        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=where)
+    return producer, fld
+
+
+def _task(raw: Any, i: int) -> TaskView:
+    where = f"plan:$.tasks[{i}]"
+    if not isinstance(raw, dict):
+        raise InputRefused("a task must be an object", where=where)
+    problem = task_name_problem(raw.get("name"))
+    if problem is not None:
+        raise InputRefused(problem, where=f"{where}.name")
+    name: str = raw["name"]
+    kind = raw.get("kind")
+    if kind not in ("command", "evaluate", "agent"):
+        raise InputRefused(f"unknown kind {kind!r}", where=f"{where}.kind")
+    needs = raw.get("needs", [])
+    if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+        raise InputRefused("needs must be a list of task names", where=f"{where}.needs")
+    emits = raw.get("emits", {})
+    if not isinstance(emits, dict) or not all(t in TYPES for t in emits.values()):
+        raise InputRefused("emits must map fields to known types", where=f"{where}.emits")
+    files = raw.get("emits_files", [])
+    if not isinstance(files, list) or not all(isinstance(p, str) for p in files):
+        raise InputRefused("emits_files must be a list of paths", where=f"{where}.emits_files")
+    mapped = _split_ref(raw["map"], f"{where}.map") if "map" in raw else None
+    inputs = raw.get("inputs", {})
+    if not isinstance(inputs, dict):
+        raise InputRefused("inputs must be an object", where=f"{where}.inputs")
+    for input_name, spec in inputs.items():
+        iw = f"{where}.inputs.{input_name}"
+        if not isinstance(spec, dict):
+            raise InputRefused("an input must be an object", where=iw)
+        producer, fld = _split_ref(spec.get("from"), f"{iw}.from")
+        if spec.get("producer", producer) != producer or spec.get("field", fld) != fld:
+            raise InputRefused("producer/field disagree with 'from'", where=iw)
+    join = raw.get("join", "all")
+    if join not in ("all", "settled"):
+        raise InputRefused(f"unknown join {join!r}", where=f"{where}.join")
+    prompt = raw.get("prompt")
+    return TaskView(
+        name=name,
+        kind=kind,
+        needs=tuple(needs),
+        join=join,
+        emits=dict(emits),
+        emits_files=tuple(files),
+        epilogue=bool(raw.get("epilogue", False)),
+        map=mapped,
+        inputs=dict(inputs),
+        prompt=prompt if isinstance(prompt, str) else None,
+        raw=raw,
+    )
+
+
+def build_view(plan: Any) -> PlanView:
+    if not isinstance(plan, dict):
+        raise InputRefused("a plan must be a JSON object", where="plan")
+    version = plan.get("version")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersion(
+            f"plan version {version!r} is not supported (supported: 1, 2)", where="plan:$.version"
+        )
+    edition = plan.get("edition", 1)
+    if type(edition) is not int or edition not in (1, 2, 3):
+        raise UnsupportedVersion(f"edition {edition!r} is not supported", where="plan:$.edition")
+    raw_tasks = plan.get("tasks")
+    if not isinstance(raw_tasks, list):
+        raise InputRefused("tasks must be a list", where="plan:$.tasks")
+    tasks: dict[str, TaskView] = {}
+    for i, raw in enumerate(raw_tasks):
+        t = _task(raw, i)
+        if t.name in tasks:
+            raise InputRefused(f"task {t.name!r} is declared twice", where=f"plan:$.tasks[{i}]")
+        tasks[t.name] = t
+    for t in tasks.values():
+        for n in t.needs:
+            if n not in tasks:
+                raise InputRefused(f"task {t.name!r} needs unknown task {n!r}", where="plan")
+        if t.map is not None and t.map[0] not in tasks:
+            raise InputRefused(f"task {t.name!r} maps over unknown task {t.map[0]!r}", where="plan")
+        if version == 1 and t.inputs:
+            raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where="plan")
+    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks))
+
+
+# One-entry identity cache: dispatch hands the same plan dict for every task of
+# a run, and a 10,000-task plan should not be re-checked 10,000 times. The
+# strong reference keeps id() from being reused while cached.
+_cache: tuple[Any, PlanView] | None = None
+
+
+def view(plan: Any) -> PlanView:
+    global _cache
+    if _cache is not None and _cache[0] is plan:
+        return _cache[1]
+    v = build_view(plan)
+    _cache = (plan, v)
+    return v
