@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from crucible.core import canon
 from crucible.core.errors import InputRefused, UsageError
 from crucible.run import environ, params, procs, verdict
@@ -114,7 +113,13 @@ def test_read_events_ignores_a_torn_last_line(tmp_path: Path) -> None:
 
 
 def _task(name: str, **kw: object) -> dict[str, object]:
-    base: dict[str, object] = {"name": name, "kind": "command", "run": "true", "needs": [], "join": "all"}
+    base: dict[str, object] = {
+        "name": name,
+        "kind": "command",
+        "run": "true",
+        "needs": [],
+        "join": "all",
+    }
     base.update(kw)
     return base
 
@@ -133,7 +138,14 @@ def test_graph_epilogue_waits_for_everything_and_cycles_are_refused() -> None:
 
 
 def test_environment_policy_by_edition() -> None:
-    host = {"PATH": "/bin", "HOME": "/root", "SECRET": "s", "TOKEN": "t", "CRUCIBLE_INPUTS": "leak", "LANG": "C"}
+    host = {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "SECRET": "s",
+        "TOKEN": "t",
+        "CRUCIBLE_INPUTS": "leak",
+        "LANG": "C",
+    }
     task = {"name": "a", "env": ["TOKEN", "CRUCIBLE_INPUTS", "ABSENT"]}
     ed1 = environ.task_environment({"edition": 1}, task, host)
     assert ed1 == {"PATH": "/bin", "HOME": "/root", "SECRET": "s", "TOKEN": "t", "LANG": "C"}
@@ -178,7 +190,7 @@ def test_params_resolution() -> None:
 def test_verdict_rules(tmp_path: Path, body: bytes, expected: str | None) -> None:
     out = tmp_path / "o.json"
     out.write_bytes(body)
-    problem = verdict.check(out)
+    _, problem = verdict.check(out)
     if expected is None:
         assert problem is None
     else:

@@ -36,54 +36,99 @@ def now_text(t: float | None = None) -> str:
 
 
 class SessionLog:
-    """Append-only, fsync'd event log of one dispatcher session."""
+    """Append-only, fsync'd event log of one dispatcher session.
+
+    :meth:`emit` queues an event; :meth:`commit` hands the queued batch to a
+    writer thread, which writes it with one ``write`` and one ``fsync`` (group
+    commit) and then copies it to the mirror. Batches are written in order, so
+    the file is always a prefix of the events emitted. :meth:`close` waits until
+    every event is durable: ``run_finished`` and ``shutdown`` are on disk before
+    the dispatcher exits.
+    """
 
     def __init__(self, path: Path, session: int, mirror: IO[bytes] | None = None) -> None:
+        import queue
+        import threading
+
         self.path = path
         self.session = session
         self.mirror = mirror
         self._pending: list[bytes] = []
+        self._error: OperationalError | None = None
         try:
-            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise OperationalError(
                 f"cannot open session log: {exc.strerror}", where=str(path)
             ) from None
+        self._batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_batches, name="session-log", daemon=True)
+        self._writer.start()
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Queue one event; it is durable after the next :meth:`commit`."""
+        """Queue one event; it is written at the next :meth:`commit`."""
         event: dict[str, Any] = {"event": kind, "session": self.session, "time": now_text()}
         event.update({k: v for k, v in fields.items() if v is not None})
         self._pending.append(ndjson.dumps_line(event))
         return event
 
     def commit(self) -> None:
-        """Write and fsync every queued event, then copy them to the mirror."""
-        if not self._pending:
+        """Hand every queued event to the writer (it fsyncs them as one batch)."""
+        if self._error is not None:
+            raise self._error
+        if self._pending:
+            self._batches.put(b"".join(self._pending))
+            self._pending.clear()
+
+    def _write_batches(self) -> None:
+        while True:
+            data = self._batches.get()
+            if data is None:
+                return
+            # Coalesce whatever else is already waiting into the same fsync.
+            more: list[bytes] = [data]
+            stop = False
+            while not self._batches.empty():
+                nxt = self._batches.get()
+                if nxt is None:
+                    stop = True
+                    break
+                more.append(nxt)
+            data = b"".join(more)
+            if self._error is None:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(self._fd, view) :]
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    self._error = OperationalError(
+                        f"cannot write session log: {exc.strerror}", where=str(self.path)
+                    )
+                else:
+                    self._mirror(data)
+            if stop:
+                return
+
+    def _mirror(self, data: bytes) -> None:
+        if self.mirror is None:
             return
-        data = b"".join(self._pending)
-        self._pending.clear()
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
-            os.fsync(self._fd)
-        except OSError as exc:
-            raise OperationalError(
-                f"cannot write session log: {exc.strerror}", where=str(self.path)
-            ) from None
-        if self.mirror is not None:
-            try:
-                self.mirror.write(data)
-                self.mirror.flush()
-            except BrokenPipeError:
-                # A closed --events reader must not stop the run; the log on disk
-                # stays complete.
-                self.mirror = None
+            self.mirror.write(data)
+            self.mirror.flush()
+        except (BrokenPipeError, ValueError):
+            # A closed --events reader must not stop the run; the log on disk
+            # stays complete.
+            self.mirror = None
 
     def close(self) -> None:
+        """Write everything queued, wait until it is durable, close the file."""
         self.commit()
+        self._batches.put(None)
+        self._writer.join()
         os.close(self._fd)
+        if self._error is not None:
+            raise self._error
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

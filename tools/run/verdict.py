@@ -10,26 +10,31 @@ value settles the task as failed; it is a measured outcome, never retried.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 __all__ = ["VERDICTS", "check"]
 
 VERDICTS = ("pass", "fail")
 
 
-def check(output_file: Path) -> str | None:
-    """None when the verdict is ``"pass"``; otherwise the failure note."""
+def check(output_file: Path) -> tuple[Any, str | None]:
+    """``(verdict value, None)`` when the verdict is ``"pass"``; otherwise
+    ``(verdict value or None, the failure note)``."""
     import orjson
 
     try:
         result = orjson.loads(output_file.read_bytes())
     except (OSError, orjson.JSONDecodeError):
-        return "evaluate: no readable result object, so no verdict"
+        return None, "evaluate: no readable result object, so no verdict"
     if not isinstance(result, dict) or "verdict" not in result:
-        return 'evaluate: the result has no "verdict" field (expected "pass" or "fail")'
+        return None, 'evaluate: the result has no "verdict" field (expected "pass" or "fail")'
     verdict = result["verdict"]
     if verdict == "pass":
-        return None
+        return verdict, None
     if verdict == "fail":
         reason = result.get("reason")
-        return "verdict: fail" + (f": {reason}" if isinstance(reason, str) and reason else "")
-    return f'evaluate: verdict must be "pass" or "fail", got {orjson.dumps(verdict).decode()[:60]}'
+        return verdict, "verdict: fail" + (
+            f": {reason}" if isinstance(reason, str) and reason else ""
+        )
+    shown = orjson.dumps(verdict).decode()[:60]
+    return verdict, f'evaluate: verdict must be "pass" or "fail", got {shown}'
