@@ -225,3 +225,21 @@ def test_not_utf8_is_a_parse_error(tmp_path: Path) -> None:
     path.write_bytes(b'[workflow]\nname = "\xff"\n')
     with pytest.raises(ParseError):
         compile_path(path)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "timeout = 1.5",
+        "timeout = 3",
+        '[workflow.params.f]\ntype = "number"\ndefault = 0.1',
+        '[workflow.params.o]\ntype = "object"\ndefault = { "\ue000" = 1, "\U0001f600" = 2, "z" = 3 }',
+        '[workflow.params.o]\ntype = "any"\ndefault = [{ a = [1e300] }]',
+    ],
+)
+def test_fast_canonical_path_equals_rfc8785(write_pack: WritePack, extra: str) -> None:
+    text = manifest(3) + ("\n" + extra + "\n" if extra.startswith("timeout") else "")
+    if extra.startswith("["):
+        text = text.replace("[[workflow.task]]", extra + "\n\n[[workflow.task]]", 1)
+    compiled = compile_path(write_pack(text))
+    assert compiled.data == canon.dumps(compiled.plan)

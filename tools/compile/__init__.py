@@ -1,28 +1,31 @@
 """Pack manifests (TOML + optional Starlark) → plan IR; validation.
 
-Public API (docs/spec/plan-ir.md, /CONTRACT):
+Public API (docs/spec/plan-ir.md, CONTRACT.md):
 
 - :func:`compile_path` — a manifest (``.toml``) → :class:`CompiledPlan`
 - :func:`load_plan_path` — a plan JSON file, strictly checked
 - :func:`load_any` — ``.toml`` → compile, otherwise a plan file
 - :class:`CompiledPlan` — ``plan`` (dict), ``data`` (canonical bytes), ``digest``, ``warnings``
+- :mod:`crucible.compile.params` — ``check(plan, supplied)`` resolves a run's params
 
 Errors are :mod:`crucible.core.errors` subclasses with ``where`` set;
 :class:`ValidationFailed` carries every diagnostic.
+
+Names are loaded on first use, so ``crucible-compile --help`` (which imports this
+package) pays for none of it.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from crucible.compile.diagnostics import Diagnostic, ValidationFailed
-from crucible.compile.editions import (
-    SUPPORTED_EDITIONS,
-    SUPPORTED_VERSIONS,
-    ir_version_for,
-)
-from crucible.compile.manifest import compile_bytes, compile_path
-from crucible.compile.plan import CompiledPlan, load_plan_bytes, load_plan_path
+if TYPE_CHECKING:
+    from crucible.compile.diagnostics import Diagnostic, ValidationFailed
+    from crucible.compile.editions import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, ir_version_for
+    from crucible.compile.manifest import compile_bytes, compile_path
+    from crucible.compile.plan import CompiledPlan, load_plan_bytes, load_plan_path
 
 __all__ = [
     "SUPPORTED_EDITIONS",
@@ -38,9 +41,34 @@ __all__ = [
     "load_plan_path",
 ]
 
+_LAZY = {
+    "Diagnostic": "diagnostics",
+    "ValidationFailed": "diagnostics",
+    "SUPPORTED_EDITIONS": "editions",
+    "SUPPORTED_VERSIONS": "editions",
+    "ir_version_for": "editions",
+    "compile_bytes": "manifest",
+    "compile_path": "manifest",
+    "CompiledPlan": "plan",
+    "load_plan_bytes": "plan",
+    "load_plan_path": "plan",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 def load_any(path: Path) -> CompiledPlan:
     """A ``.toml`` manifest is compiled; anything else is read as a plan file."""
+    from crucible.compile.manifest import compile_path
+    from crucible.compile.plan import load_plan_path
+
     if Path(path).suffix == ".toml":
         return compile_path(Path(path))
     return load_plan_path(Path(path))

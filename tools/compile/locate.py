@@ -37,6 +37,18 @@ def _split_dotted(text: str) -> list[str]:
     return parts
 
 
+def _strip_comment(line: str) -> str:
+    """The line up to its first ``#`` outside a string (columns unchanged)."""
+    pos = 0
+    for m in _STRING.finditer(line):
+        found = line.find("#", pos, m.start())
+        if found >= 0:
+            return line[:found]
+        pos = m.end()
+    found = line.find("#", pos)
+    return line if found < 0 else line[:found]
+
+
 def _bracket_delta(text: str) -> int:
     """Net open brackets of a line, ignoring those inside strings and comments."""
     text = _STRING.sub('""', text)
@@ -80,12 +92,23 @@ class TomlLocator:
         current: Path = ()
         multiline: str | None = None
         depth = 0
+        array: tuple[Path, int] | None = None  # a multi-line array of strings being read
         for lineno, line in enumerate(self.text.splitlines(), start=1):
             if multiline is not None:
                 if multiline in line:
                     multiline = None
                 continue
             if depth > 0:
+                code = _STRING.sub('""', line).split("#", 1)[0]
+                if array is not None and depth == 1 and not any(c in code for c in "[{"):
+                    # one more line of a multi-line array of strings: index its elements
+                    array_path, count = array
+                    for element in _STRING.finditer(_strip_comment(line)):
+                        index.setdefault((*array_path, count), (lineno, element.start() + 1))
+                        count += 1
+                    array = (array_path, count)
+                else:
+                    array = None
                 depth = max(0, depth + _bracket_delta(line))
                 continue
             stripped = line.lstrip()
@@ -117,6 +140,10 @@ class TomlLocator:
                     if stripped_rest.startswith(quote) and stripped_rest.count(quote) == 1:
                         multiline = quote
                 depth = max(0, _bracket_delta(rest))
+                body = _STRING.sub('""', rest).split("#", 1)[0].strip()
+                array = None
+                if depth == 1 and body.startswith("[") and not any(c in body[1:] for c in "[{"):
+                    array = (key_path, len(_STRING.findall(_strip_comment(rest))))
         self._index = index
         return index
 
@@ -135,8 +162,9 @@ class TomlLocator:
         index: dict[Path, tuple[int, int]], key_path: Path, rest: str, lineno: int, col0: int
     ) -> None:
         """Positions inside a one-line array (elements) or inline table (keys)."""
-        body = rest.lstrip()
-        offset = col0 + (len(rest) - len(body))
+        code = _strip_comment(rest)
+        body = code.lstrip()
+        offset = col0 + (len(code) - len(body))
         if body.startswith("["):
             for i, m in enumerate(_STRING.finditer(body)):
                 index.setdefault((*key_path, i), (lineno, offset + m.start()))

@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from crucible.compile.diagnostics import Diagnostic, ValidationFailed
-from crucible.compile.editions import DEFAULT_EDITION, check_edition
+from crucible.compile.diagnostics import Diagnostic, Location, Locator, ValidationFailed
+from crucible.compile.editions import DEFAULT_EDITION, SUPPORTED_EDITIONS, check_edition
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
-from crucible.compile.rules import check_graph
+from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_workflow, type_name
 from crucible.core.errors import OperationalError, ParseError, UsageError
 
 __all__ = [
     "Analysis",
+    "analyze_document",
     "analyze_manifest",
     "analyze_star",
     "compile_bytes",
@@ -110,12 +111,16 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             where = f"{name}:{m.group(1)}:{m.group(2)}"
             message = message[: m.start()]
         raise ParseError(f"TOML: {message}", where=where) from None
-    locator = TomlLocator(name, text)
+    return analyze_document(doc, TomlLocator(name, text), name, base_dir)
+
+
+def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir: Path) -> Analysis:
+    """The steps after parsing, on the TOML document as a dict."""
     chk = Checker(locator)
-    edition = check_edition(
-        doc.get("edition", DEFAULT_EDITION),
-        where=locator.locate(("edition",)).where() if "edition" in doc else name,
-    )
+    edition = doc.get("edition", DEFAULT_EDITION)
+    if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
+        # locating costs a scan of the text: only on the error path
+        check_edition(edition, where=locator.locate(("edition",)).where())
     for key in doc:
         if key not in _TOP_KEYS:
             chk.error(
@@ -138,14 +143,19 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             return Analysis(None, chk.diagnostics)
         raw, resolved_from, chk = star
 
-    workflow, tasks = check_workflow(
-        chk, ("workflow",), raw, edition, allowed=("name", "description", "params", "task")
+    labels = {"label": "workflow()", "task_label": "task()"} if resolved_from else {}
+    workflow, tasks, paths = check_workflow(
+        chk,
+        ("workflow",),
+        raw,
+        edition,
+        allowed=("name", "description", "params", "task"),
+        **labels,
     )
+    check_names(chk, tasks, paths)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
-    check_graph(
-        chk, tasks, [("workflow", "task", i) for i in range(len(tasks))], fill_input_types=True
-    )
+    check_graph(chk, tasks, paths, fill_input_types=True)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     if resolved_from is not None:
@@ -153,7 +163,13 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
     warnings = [w for w in (edition_warning(edition),) if w]
     compiled = finish(build_plan(edition, workflow, tasks), warnings)
     diagnostics = chk.diagnostics + [
-        Diagnostic("edition-1", w, locator.locate(("edition",)), "warning") for w in warnings
+        Diagnostic(
+            "edition-1",
+            w,
+            locator.locate(("edition",)) if "edition" in doc else Location(name),
+            "warning",
+        )
+        for w in warnings
     ]
     return Analysis(compiled, diagnostics)
 
@@ -183,6 +199,9 @@ def _load_source(
     if chk.failed:
         return None
     path = base_dir / pure
+    if path.exists() and not path.resolve().is_relative_to(base_dir.resolve()):
+        chk.error("bad-path", where, f"source {source!r} resolves outside the pack (a symlink?)")
+        return None
     try:
         text = path.read_bytes()
     except FileNotFoundError:
@@ -213,17 +232,18 @@ def analyze_star(path: Path, edition: int) -> Analysis:
         return Analysis(None, result.diagnostics)
     names = [str(t.get("name", "")) for t in result.workflow.get("task", [])]
     chk = Checker(StarLocator(name, text, names))
-    workflow, tasks = check_workflow(
+    workflow, tasks, paths = check_workflow(
         chk,
         ("workflow",),
         result.workflow,
         edition,
         allowed=("name", "description", "params", "task"),
+        label="workflow()",
+        task_label="task()",
     )
+    check_names(chk, tasks, paths)
     if not chk.failed:
-        check_graph(
-            chk, tasks, [("workflow", "task", i) for i in range(len(tasks))], fill_input_types=True
-        )
+        check_graph(chk, tasks, paths, fill_input_types=True)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     workflow["resolved_from"] = PurePosixPath(path.name).as_posix()

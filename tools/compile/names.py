@@ -69,9 +69,9 @@ def task_name_problems(name: str) -> list[tuple[str, str]]:
     return problems
 
 
-def ident_problem(kind: str, name: str) -> str | None:
+def ident_problem(kind: str, name: object) -> str | None:
     """A message when ``name`` is not a valid field / input / param name."""
-    if not IDENT_RE.match(name):
+    if not isinstance(name, str) or not IDENT_RE.match(name):
         return (
             f"{kind} name {name!r} is not an identifier "
             "(a letter or _, then letters, digits, _ or -)"

@@ -15,12 +15,19 @@ from crucible.compile.editions import (
     ir_version_for,
 )
 from crucible.compile.locate import FileLocator
-from crucible.compile.rules import check_graph
+from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_params, check_task, type_name
 from crucible.core import canon, digest
 from crucible.core.errors import OperationalError, UsageError
 
-__all__ = ["CompiledPlan", "build_plan", "finish", "load_plan_bytes", "load_plan_path"]
+__all__ = [
+    "CompiledPlan",
+    "build_plan",
+    "canonical_bytes",
+    "finish",
+    "load_plan_bytes",
+    "load_plan_path",
+]
 
 _PLAN_KEYS = ("version", "edition", "workflow", "tasks")
 _WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
@@ -68,8 +75,43 @@ def build_plan(
 
 
 def finish(plan: dict[str, Any], warnings: list[str] | None = None) -> CompiledPlan:
-    data = canon.dumps(plan)
+    data = canonical_bytes(plan)
     return CompiledPlan(plan, data, digest.of_bytes(data), list(warnings or []))
+
+
+def canonical_bytes(plan: dict[str, Any]) -> bytes:
+    """``canon.dumps(plan)``, skipping its whole-value walk when the plan is known safe.
+
+    A compiled plan is already inside the canonical domain (every value was checked),
+    and orjson's sorted output equals RFC 8785 unless the value holds a float or an
+    object key at or above U+E000 (canon.py). Outside the params' defaults, the only
+    float a plan can hold is a task ``timeout`` and every key is ASCII (member names
+    and identifiers), so only those need looking at; anything else takes the exact
+    path. Tests compare the two on every pack and on fuzzed plans.
+    """
+    import orjson
+
+    if any(type(t.get("timeout")) is float for t in plan["tasks"]) or not _plain_json(
+        plan["workflow"]["params"]
+    ):
+        return canon.dumps(plan)
+    return orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)
+
+
+def _plain_json(value: Any) -> bool:
+    """No float and no key at or above U+E000 anywhere inside ``value``."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is float:
+            return False
+        if type(v) is dict:
+            if any(k and max(k) >= "\ue000" for k in v):
+                return False
+            stack.extend(v.values())
+        elif type(v) is list:
+            stack.extend(v)
+    return True
 
 
 def load_plan_path(path: Path) -> CompiledPlan:
@@ -139,7 +181,9 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
             _check_plan_task(chk, ("tasks", i), task, edition, version)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
-    check_graph(chk, tasks, [("tasks", i) for i in range(len(tasks))], fill_input_types=False)
+    paths: list[tuple[str | int, ...]] = [("tasks", i) for i in range(len(tasks))]
+    check_names(chk, tasks, paths)
+    check_graph(chk, tasks, paths, fill_input_types=False)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)

@@ -14,9 +14,23 @@ from crucible.compile.editions import RESERVED_INPUTS
 from crucible.compile.names import task_name_problems
 from crucible.compile.shape import Checker, split_ref
 
-__all__ = ["check_graph", "find_cycle"]
+__all__ = ["check_graph", "check_names", "find_cycle"]
 
 _COLLECTION_TYPES = ("array", "object", "any")
+
+
+def check_names(chk: Checker, tasks: Sequence[dict[str, Any]], paths: Sequence[Path]) -> None:
+    """Task name rules and duplicates; safe to run even when other fields are broken."""
+    seen: set[str] = set()
+    for task, path in zip(tasks, paths, strict=True):
+        name = task["name"]
+        if name is None:  # missing or not a string: already reported
+            continue
+        for code, message in task_name_problems(name):
+            chk.error(code, (*path, "name"), message)
+        if name in seen:
+            chk.error("duplicate-task", (*path, "name"), f"task name {name!r} is used twice")
+        seen.add(name)
 
 
 def check_graph(
@@ -28,16 +42,7 @@ def check_graph(
 ) -> None:
     """Check every graph rule; with ``fill_input_types`` set each input's type from
     its producer's declaration, otherwise (a plan file) check that it matches."""
-    by_name: dict[str, dict[str, Any]] = {}
-    for task, path in zip(tasks, paths, strict=True):
-        name = task["name"]
-        for code, message in task_name_problems(name):
-            chk.error(code, (*path, "name"), message)
-        if name in by_name:
-            chk.error("duplicate-task", (*path, "name"), f"task name {name!r} is used twice")
-        else:
-            by_name[name] = task
-
+    by_name = {t["name"]: t for t in reversed(tasks)}  # the first of duplicates wins
     epilogues = {t["name"] for t in tasks if t["epilogue"]}
     for task, path in zip(tasks, paths, strict=True):
         name = task["name"]

@@ -286,7 +286,7 @@ def check_task(
             chk.error("unknown-key", (*path, key), f"unknown {noun} {key!r} in {label}{hint}")
 
     task: dict[str, Any] = {
-        "name": "",
+        "name": None,
         "kind": "command",
         "needs": [],
         "join": "all",
@@ -495,8 +495,8 @@ def check_workflow(
     task_label: str = "[[workflow.task]]",
     allowed: tuple[str, ...] = WORKFLOW_KEYS,
     label: str = "[workflow]",
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A workflow table (without ``source``) → (plan workflow, plan tasks)."""
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[Path]]:
+    """A workflow table (without ``source``) → (plan workflow, plan tasks, their paths)."""
     _check_keys(chk, path, raw, allowed, label)
     workflow: dict[str, Any] = {"name": "", "params": {}}
     if "name" not in raw:
@@ -510,6 +510,7 @@ def check_workflow(
     if "params" in raw:
         workflow["params"] = check_params(chk, (*path, "params"), raw["params"])
     tasks: list[dict[str, Any]] = []
+    paths: list[Path] = []
     raw_tasks = raw.get(tasks_key, [])
     if not isinstance(raw_tasks, list | tuple):
         chk.error("wrong-type", (*path, tasks_key), f"{task_label} must be an array of tables")
@@ -526,4 +527,5 @@ def check_workflow(
             )
             continue
         tasks.append(check_task(chk, tpath, raw_task, edition, label=task_label))
-    return workflow, tasks
+        paths.append(tpath)
+    return workflow, tasks, paths

@@ -11,6 +11,7 @@ fails at the call, with the call's source span.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +20,11 @@ from crucible.compile.locate import FileLocator
 from crucible.compile.shape import Checker, check_params, check_task, type_name
 from crucible.core.errors import ParseError
 
-__all__ = ["StarResult", "evaluate_source"]
+__all__ = ["EVAL_TIMEOUT_S", "StarResult", "evaluate_source"]
 
+#: a source that loops this long is refused (our choice; Starlark has no while
+#: and no recursion, but a large range() can still run for hours)
+EVAL_TIMEOUT_S = 60.0
 _WORKFLOW_KWARGS = ("name", "description", "params", "tasks")
 _SPAN_RE = re.compile(r"^\s*-->\s*(.*):(\d+):(\d+)\s*$", re.MULTILINE)
 _ERROR_RE = re.compile(r"^error:\s*(.*)$", re.MULTILINE)
@@ -63,7 +67,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def evaluate_source(text: str, display: str, edition: int) -> StarResult:
+def evaluate_source(
+    text: str, display: str, edition: int, *, timeout: float = EVAL_TIMEOUT_S
+) -> StarResult:
     """Evaluate a Starlark source; its one ``workflow()`` call is the result."""
     import starlark as sl
 
@@ -73,7 +79,7 @@ def evaluate_source(text: str, display: str, edition: int) -> StarResult:
     def task(*args: Any, **kwargs: Any) -> Any:
         if args:
             _refuse(state, "positional", "task() takes keyword arguments only")
-        kwargs = {k: _plain(v) for k, v in kwargs.items() if v is not None}
+        kwargs = {k: _plain(v) for k, v in kwargs.items()}
         chk = Checker(quiet.locator)
         check_task(chk, (), kwargs, edition, label="task()")
         _remember(state, chk)
@@ -91,7 +97,6 @@ def evaluate_source(text: str, display: str, edition: int) -> StarResult:
                 "workflow() does not take edition: set edition at the top of the manifest "
                 "(the compiler needs it before evaluating the source)",
             )
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
         chk = Checker(quiet.locator)
         for key in kwargs:
             if key not in _WORKFLOW_KWARGS:
@@ -127,10 +132,23 @@ def evaluate_source(text: str, display: str, edition: int) -> StarResult:
     except sl.StarlarkError as exc:
         message, location = _split_error(str(exc), display)
         raise ParseError(f"Starlark syntax: {message}", where=location.where()) from None
+    deadline = time.monotonic() + timeout
+    options = sl.EvalOptions(check_cancelled=lambda: time.monotonic() > deadline)
     try:
-        sl.eval(module, ast, sl.Globals.standard())
+        sl.eval_with(options, module, ast, sl.Globals.standard())
     except sl.StarlarkError as exc:
         message, location = _split_error(str(exc), display)
+        if time.monotonic() > deadline and "cancelled" in message:
+            return StarResult(
+                None,
+                [
+                    Diagnostic(
+                        "starlark-timeout",
+                        f"evaluation took longer than {timeout:g} s and was stopped",
+                        location,
+                    )
+                ],
+            )
         refused: _CallRefused | None = state["refused"]
         if refused is not None:
             return StarResult(None, [Diagnostic(refused.code, refused.message, location)])

@@ -1,0 +1,91 @@
+"""``crucible-compile`` and ``crucible-validate``: thin click layers.
+
+Heavy modules (starlark, networkx) are imported only by the library functions
+that need them, so ``--help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+from crucible import __version__
+
+__all__ = ["compile_command", "compile_main", "validate_command", "validate_main"]
+
+
+@click.command(
+    name="crucible-compile",
+    help="Compile a pack manifest (TOML, optionally with a Starlark source) to a plan: "
+    "canonical JSON on stdout, or in FILE with -o. PATH defaults to - (stdin).",
+)
+@click.argument(
+    "path", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True), default="-"
+)
+@click.option(
+    "-o",
+    "--output",
+    default="-",
+    metavar="FILE",
+    help="Write the plan to FILE atomically; an identical FILE is left untouched.",
+)
+@click.option(
+    "--digest", "digest_only", is_flag=True, help="Print only the plan digest (sha256:…)."
+)
+@click.option(
+    "--graph",
+    type=click.Choice(["dot", "mermaid"]),
+    default=None,
+    help="Print the task DAG (Graphviz DOT or Mermaid) instead of the plan.",
+)
+@click.version_option(__version__, prog_name="crucible-compile")
+def compile_command(path: Path, output: str, digest_only: bool, graph: str | None) -> None:
+    from crucible.compile.commands import CompileOptions, run_compile
+
+    if digest_only and graph:
+        raise click.UsageError("--digest and --graph are exclusive")
+    code = run_compile(
+        CompileOptions(path, output, digest_only, graph), sys.stdout.buffer, sys.stderr
+    )
+    click.get_current_context().exit(code)
+
+
+@click.command(
+    name="crucible-validate",
+    help="Check manifests (.toml), Starlark sources (.star) or plan files (anything else). "
+    "Prints every problem (text on stderr; NDJSON on stdout with --json); exit 1 if any "
+    "error, 2 if a file cannot be read or parsed.",
+)
+@click.argument(
+    "paths",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+)
+@click.option("--json", "as_json", is_flag=True, help="One NDJSON object per problem on stdout.")
+@click.option(
+    "--edition",
+    type=click.IntRange(1, 3),
+    default=None,
+    help="Edition for a .star source with no manifest beside it that names it.",
+)
+@click.version_option(__version__, prog_name="crucible-validate")
+def validate_command(paths: tuple[Path, ...], as_json: bool, edition: int | None) -> None:
+    from crucible.compile.commands import ValidateOptions, run_validate
+
+    code = run_validate(ValidateOptions(paths, as_json, edition), sys.stdout.buffer, sys.stderr)
+    click.get_current_context().exit(code)
+
+
+def compile_main() -> NoReturn:
+    from crucible.core.cli import run
+
+    run(compile_command, "crucible-compile")
+
+
+def validate_main() -> NoReturn:
+    from crucible.core.cli import run
+
+    run(validate_command, "crucible-validate")

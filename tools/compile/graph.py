@@ -1,0 +1,129 @@
+"""The task DAG as Graphviz DOT or Mermaid text.
+
+Edges point from a dependency to the task that needs it. A fan-out (``map``)
+task is drawn as a stacked node labelled ``name[*]`` with a bold ``map field``
+edge from its producer; edges into a task that joins ``settled`` are dashed and
+labelled ``settled``; agents are rounded, epilogues octagons (they run after
+every other task has settled).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["FORMATS", "render"]
+
+FORMATS = ("dot", "mermaid")
+
+
+def _label(task: dict[str, Any]) -> str:
+    label = str(task["name"])
+    if "map" in task:
+        label += f"[*]\nmap {task['map']}"
+    if task["kind"] != "command":
+        label += f"\n({task['kind']})"
+    if task["epilogue"]:
+        label += "\n(epilogue)"
+    return label
+
+
+def _edges(plan: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(producer, consumer, style) with style in plain | map | settled | map+settled."""
+    out = []
+    for task in plan["tasks"]:
+        mapped = task["map"].rpartition(".")[0] if "map" in task else None
+        for need in task["needs"]:
+            style = "map" if need == mapped else "plain"
+            if task["join"] == "settled":
+                style = "map+settled" if style == "map" else "settled"
+            out.append((need, task["name"], style))
+    return out
+
+
+def _dot_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _dot(plan: dict[str, Any]) -> str:
+    lines = [
+        f"digraph {_dot_quote(plan['workflow']['name'])} {{",
+        "  rankdir=LR;",
+        "  node [shape=box];",
+    ]
+    for task in plan["tasks"]:
+        attrs = [f"label={_dot_quote(_label(task))}"]
+        if "map" in task:
+            attrs.append("shape=box3d")
+        elif task["epilogue"]:
+            attrs.append("shape=octagon")
+        elif task["kind"] == "agent":
+            attrs.append('style="rounded"')
+        if task["epilogue"] and "map" not in task:
+            attrs.append("peripheries=2")
+        lines.append(f"  {_dot_quote(task['name'])} [{', '.join(attrs)}];")
+    by_name = {t["name"]: t for t in plan["tasks"]}
+    for src, dst, style in _edges(plan):
+        attrs = []
+        if style.startswith("map"):
+            field = by_name[dst]["map"].rpartition(".")[2]
+            attrs += [
+                "style=bold",
+                f"label={_dot_quote('map ' + field + (' (settled)' if 'settled' in style else ''))}",
+            ]
+            if "settled" in style:
+                attrs[0] = 'style="bold,dashed"'
+        elif style == "settled":
+            attrs += ["style=dashed", 'label="settled"']
+        suffix = f" [{', '.join(attrs)}]" if attrs else ""
+        lines.append(f"  {_dot_quote(src)} -> {_dot_quote(dst)}{suffix};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _mermaid_text(text: str) -> str:
+    return (
+        '"'
+        + text.replace("&", "#amp;")
+        .replace('"', "#quot;")
+        .replace("<", "#lt;")
+        .replace(">", "#gt;")
+        .replace("\n", "<br/>")
+        + '"'
+    )
+
+
+def _mermaid(plan: dict[str, Any]) -> str:
+    ids = {t["name"]: f"t{i}" for i, t in enumerate(plan["tasks"])}
+    lines = ["flowchart LR"]
+    for task in plan["tasks"]:
+        label = _mermaid_text(_label(task))
+        node = ids[task["name"]]
+        if "map" in task:
+            lines.append(f"  {node}[[{label}]]")
+        elif task["epilogue"]:
+            lines.append(f"  {node}{{{{{label}}}}}")
+        elif task["kind"] == "agent":
+            lines.append(f"  {node}({label})")
+        else:
+            lines.append(f"  {node}[{label}]")
+    by_name = {t["name"]: t for t in plan["tasks"]}
+    for src, dst, style in _edges(plan):
+        a, b = ids[src], ids[dst]
+        if style.startswith("map"):
+            field = by_name[dst]["map"].rpartition(".")[2]
+            arrow = "-.->" if "settled" in style else "==>"
+            text = f"map {field}" + (" (settled)" if "settled" in style else "")
+            lines.append(f"  {a} {arrow}|{_mermaid_text(text)}| {b}")
+        elif style == "settled":
+            lines.append(f"  {a} -.->|settled| {b}")
+        else:
+            lines.append(f"  {a} --> {b}")
+    return "\n".join(lines) + "\n"
+
+
+def render(plan: dict[str, Any], fmt: str) -> str:
+    if fmt == "dot":
+        return _dot(plan)
+    if fmt == "mermaid":
+        return _mermaid(plan)
+    raise ValueError(f"unknown graph format {fmt!r}")
