@@ -224,3 +224,12 @@ def test_extra_is_kept_and_must_be_an_object(state: Path, ws: Path) -> None:
     assert rec["extra"] == {"ms": 5}
     with pytest.raises(InputRefused):
         capture(p, state, "p", ws, output_file=ws / "n", exit_code=0, extra=[1])  # type: ignore[arg-type]
+
+
+def test_a_root_glob_does_not_capture_staged_inputs(state: Path) -> None:
+    p = plan(task("p", emits_files=["**"]))
+    rec = settle(p, state, "p", None, files={"inputs/x/staged": b"s", "mine/a": b"a", "b": b"b"})
+    paths = {f["path"] for f in rec["files"]}
+    assert "inputs/x/staged" not in paths and {"mine/a", "b"} <= paths
+    p2 = plan(task("p", emits_files=["inputs/x/staged"]))
+    assert settle(p2, state, "p", None)["files"] == [{"path": "inputs/x/staged", "size": 1}]

@@ -321,3 +321,34 @@ def test_bad_params_and_reserved_files(state: Path, ws: Path) -> None:
     with pytest.raises(ParseError, match=r"kept\.json"):
         stage_inputs(p, state, "c", ws)
     assert os.listdir(ws) == []
+
+
+def test_epilogue_is_staged_like_a_settled_join(state: Path, ws: Path) -> None:
+    p = plan(
+        task("a", emits={"x": "integer"}),
+        task("e", needs=["a"], inputs={"x": "a.x"}, epilogue=True),
+        version=2,
+    )
+    settle(p, state, "a", None, exit_code=9)
+    staged = stage_inputs(p, state, "e", ws)
+    assert staged.index is not None
+    x = staged.index["inputs"][0]
+    assert x["status"] == "failed" and x["value_staged"] is False
+    outcome = json.loads((ws / "inputs" / "@values" / "outcome").read_bytes())
+    assert outcome == {
+        "tasks": {"a": {"status": "failed", "note": "exited with status 9", "fields": {}}}
+    }
+
+
+def test_map_items_follows_the_plans_field(state: Path) -> None:
+    from crucible.stage import map_items
+
+    p1 = plan(
+        task("src", emits={"a": "array", "b": "array"}), task("m", needs=["src"], map="src.a")
+    )
+    p2 = plan(
+        task("src", emits={"a": "array", "b": "array"}), task("m", needs=["src"], map="src.b")
+    )
+    settle(p1, state, "src", {"a": [1], "b": [2, 3]})
+    assert map_items(p1, state, "m") == [("0", 1)]
+    assert map_items(p2, state, "m") == [("0", 2), ("1", 3)]

@@ -22,11 +22,21 @@ from crucible.stage._inputs import (
 )
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import KEY_COMPONENT_MAX, escape_key, unescape_key
+from crucible.stage._prompt import (
+    HISTORY_BEGIN,
+    HISTORY_END,
+    INLINE_TOTAL_MAX,
+    INLINE_VALUE_MAX,
+    PROMPT_ENV_MAX,
+    render_prompt,
+)
 from crucible.stage._records import RESULT_FORMAT, load_result, record_settled, settle_fold
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
     "FILES_RUN_MAX",
+    "HISTORY_BEGIN",
+    "HISTORY_END",
     "INDEX_FORMAT",
     "INLINE_TOTAL_MAX",
     "INLINE_VALUE_MAX",
@@ -42,14 +52,8 @@ __all__ = [
     "load_result",
     "map_items",
     "record_settled",
+    "render_prompt",
     "settle_fold",
     "stage_inputs",
     "unescape_key",
 ]
-
-#: An agent stand-in gets CRUCIBLE_PROMPT too while the prompt is at most this.
-PROMPT_ENV_MAX = 65536
-#: A value is inlined into an agent prompt only when at most this many bytes...
-INLINE_VALUE_MAX = 2048
-#: ...and the inlined total stays at most this many bytes.
-INLINE_TOTAL_MAX = 32768

@@ -177,12 +177,17 @@ class _Copier:
 
 
 def _walk_rel(workspace: Path, base: str) -> list[str]:
-    """Workspace-relative paths under ``base`` (files and dirs), not following links."""
+    """Workspace-relative paths under ``base`` (files and dirs), not following links.
+
+    A glob from the workspace root does not enter ``inputs/`` (what stage handed
+    the task is not its output) nor stage's ``@tmp-`` temporaries."""
     top = os.path.join(workspace, base) if base else str(workspace)
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
         rel_dir = os.path.relpath(dirpath, workspace)
         rel_dir = "" if rel_dir == "." else rel_dir
+        if rel_dir == "":
+            dirnames[:] = [d for d in dirnames if d != "inputs" and not d.startswith("@tmp-")]
         for name in dirnames + filenames:
             out.append(f"{rel_dir}/{name}" if rel_dir else name)
     return out

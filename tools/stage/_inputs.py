@@ -23,7 +23,7 @@ from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
-from crucible.stage._records import check_key, load_result
+from crucible.stage._records import check_key, load_record_fast, load_result
 
 __all__ = [
     "INDEX_FORMAT",
@@ -89,7 +89,7 @@ def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
         ident = (st.st_ino, st.st_size, st.st_mtime_ns)
     except FileNotFoundError:
         ident = None
-    cache_key = (str(state.absolute()), task)
+    cache_key = (str(state.absolute()), f"{task}\x00{producer}\x00{fld}")
     hit = _items_cache.get(cache_key)
     if ident is not None and hit is not None and hit[0] == ident:
         return hit[1]
@@ -225,8 +225,10 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
 
 
 def _check_join(t: TaskView, producer: str, rec: dict[str, Any] | None) -> str:
+    """An epilogue reports on the run whatever happened, so it is staged as a
+    settled join whatever its ``join`` says (our choice)."""
     status = rec["status"] if rec else "absent"
-    if t.join == "all" and status != "passed":
+    if t.join == "all" and not t.epilogue and status != "passed":
         raise InputRefused(
             f"task {t.name!r} joins all, but producer {producer!r} is {status} "
             f"(plan/state mismatch: it should not run)"
@@ -251,7 +253,7 @@ def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str) -> Any:
 # -- writing -----------------------------------------------------------------
 
 
-def _write_readonly(path: Path, data: bytes) -> None:
+def _write_readonly(path: Path | str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
     try:
         view_ = memoryview(data)
@@ -302,7 +304,7 @@ class _Staging:
             else:
                 self.files_staged.add(anc)
 
-    def value_entry(self, rel: str, value: Any, path: Path) -> dict[str, Any]:
+    def value_entry(self, rel: str, value: Any, path: Path | str) -> dict[str, Any]:
         data = canon.dumps(value)
         _write_readonly(path, data)
         return {
@@ -358,9 +360,12 @@ class _Staging:
         fold_dir.mkdir()
         entries = []
         total = 0
+        # The hot loop of a wide fold: plain string paths, one fast parse per record.
+        instances = str(StateLayout(self.state).results_root / producer)
+        fold_dir_s = str(fold_dir)
         for k in rec.get("keys", []):
             esc = escape_key(k)
-            irec = load_result(self.state, producer, k)
+            irec = load_record_fast(f"{instances}/{esc}.json", producer, k)
             istatus = irec["status"] if irec else "absent"
             e: dict[str, Any] = {
                 "key": k,
@@ -371,7 +376,7 @@ class _Staging:
             }
             output = irec.get("output") if irec else None
             if isinstance(output, dict) and fld in output:
-                e.update(self.value_entry(f"{rel}/{esc}", output[fld], fold_dir / esc))
+                e.update(self.value_entry(f"{rel}/{esc}", output[fld], f"{fold_dir_s}/{esc}"))
                 total += e["size"]
             elif istatus == "passed":
                 raise InputRefused(

@@ -1,0 +1,204 @@
+"""Benchmark crucible.stage against plain-Python baselines measured in the same run.
+
+1. Staging a fold of 10,000 instances of a 1 KiB field, with its index, versus
+   a plain loop writing the same 10,001 files (budget 2x).
+2. Capturing a 100 MiB emits_files tree versus shutil.copytree of it (budget 2x).
+
+Each figure is the best of several runs (the machine is shared). Exit 1 when a
+budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from crucible.core import canon
+from crucible.stage import capture, stage_inputs
+from crucible.stage._fsio import remove_tree
+from crucible.stage._records import RESULT_FORMAT
+
+FOLD_WIDTH = 10_000
+FIELD_BYTES = 1024
+TREE_BYTES = 100 * 1024 * 1024
+TREE_FILES = 100
+RUNS = 5
+
+
+def _plan_fold() -> dict:  # type: ignore[type-arg]
+    def t(name: str, **kw: object) -> dict:  # type: ignore[type-arg]
+        base = {
+            "name": name,
+            "kind": "command",
+            "run": ["true"],
+            "needs": [],
+            "join": "all",
+            "emits": {},
+            "emits_files": [],
+            "retries": 0,
+            "epilogue": False,
+        }
+        base.update(kw)
+        return base
+
+    return {
+        "version": 2,
+        "edition": 3,
+        "workflow": {"name": "bench", "params": {}},
+        "tasks": [
+            t("src", emits={"xs": "array"}),
+            t("m", needs=["src"], map="src.xs", emits={"v": "string"}),
+            t(
+                "c",
+                needs=["m"],
+                inputs={"vs": {"from": "m.v", "producer": "m", "field": "v", "type": "string"}},
+            ),
+        ],
+    }
+
+
+def _best_pair(
+    value_fn: Callable[[Path], None], base_fn: Callable[[Path], None], scratch: Path
+) -> tuple[float, float]:
+    """Interleave the two (alternating which goes first), each run writing to a
+    fresh directory from a synced page cache, its output removed (untimed)
+    afterwards so neither pays for the other's dirty pages; keep each best time."""
+    value_times: list[float] = []
+    base_times: list[float] = []
+    pair = [(base_fn, base_times), (value_fn, value_times)]
+    for i in range(RUNS):
+        for fn, times in pair if i % 2 == 0 else pair[::-1]:
+            out = scratch / f"run{i}-{len(times)}-{fn.__name__}"
+            os.sync()
+            start = time.perf_counter()
+            fn(out)
+            times.append(time.perf_counter() - start)
+            remove_tree(out)
+    return min(value_times), min(base_times)
+
+
+def _line(label: str, value: float, baseline: float, budget: float) -> bool:
+    ratio = value / baseline
+    ok = ratio <= budget
+    print(
+        f"{label}: {value * 1000:.0f} ms vs baseline {baseline * 1000:.0f} ms "
+        f"= {ratio:.2f}x (budget {budget:.1f}x) {'ok' if ok else 'OVER BUDGET'}"
+    )
+    return ok
+
+
+def bench_fold(root: Path) -> bool:
+    plan = _plan_fold()
+    state = root / "state"
+    (state / "results" / "m").mkdir(parents=True)
+    keys = [str(i) for i in range(FOLD_WIDTH)]
+    src = {
+        "format": RESULT_FORMAT,
+        "task": "src",
+        "status": "passed",
+        "note": "",
+        "retryable": False,
+        "output": {"xs": list(range(FOLD_WIDTH))},
+    }
+    (state / "results" / "src.json").write_bytes(canon.dumps(src))
+    values = []
+    for k in keys:
+        v = (k + ":").ljust(FIELD_BYTES - 2, "x")  # 1 KiB of canonical JSON with the quotes
+        values.append(canon.dumps(v))
+        rec = {
+            "format": RESULT_FORMAT,
+            "task": "m",
+            "key": k,
+            "status": "passed",
+            "note": "",
+            "retryable": False,
+            "output": {"v": v},
+        }
+        (state / "results" / "m" / f"{k}.json").write_bytes(canon.dumps(rec))
+    agg = {
+        "format": RESULT_FORMAT,
+        "task": "m",
+        "status": "passed",
+        "note": "",
+        "retryable": False,
+        "keys": keys,
+        "counts": {"passed": FOLD_WIDTH, "failed": 0, "skipped": 0},
+    }
+    (state / "results" / "m.json").write_bytes(canon.dumps(agg))
+    # The baseline writes the very bytes staging writes: a first run provides them.
+    stage_inputs(plan, state, "c", root / "warm")
+    index_bytes = (root / "warm" / "inputs" / "@values" / "index.json").read_bytes()
+    remove_tree(root / "warm")
+
+    def staged(out: Path) -> None:
+        stage_inputs(plan, state, "c", out)
+
+    def baseline(out: Path) -> None:
+        d = out / "inputs" / "@values"
+        (d / "vs").mkdir(parents=True)
+        for k, data in zip(keys, values, strict=True):
+            with open(d / "vs" / k, "wb") as f:
+                f.write(data)
+        with open(d / "index.json", "wb") as f:
+            f.write(index_bytes)
+
+    value, base = _best_pair(staged, baseline, root)
+    print(f"  (fold: {FOLD_WIDTH} files of {FIELD_BYTES} B; index {len(index_bytes)} B)")
+    return _line("stage fold of 10,000 x 1 KiB + index", value, base, 2.0)
+
+
+def bench_capture(root: Path) -> bool:
+    ws = root / "ws"
+    tree = ws / "tree"
+    chunk = os.urandom(TREE_BYTES // TREE_FILES)
+    for i in range(TREE_FILES):
+        d = tree / f"d{i % 10}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i}.bin").write_bytes(chunk)
+    plan = {
+        "version": 2,
+        "edition": 3,
+        "workflow": {"name": "bench", "params": {}},
+        "tasks": [
+            {
+                "name": "p",
+                "kind": "command",
+                "run": ["true"],
+                "needs": [],
+                "join": "all",
+                "emits": {},
+                "emits_files": ["tree"],
+                "retries": 0,
+                "epilogue": False,
+            }
+        ],
+    }
+
+    def captured(out: Path) -> None:
+        rec = capture(plan, out, "p", ws, output_file=ws / "none.json", exit_code=0)
+        assert rec["status"] == "passed", rec["note"]
+        assert sum(f["size"] for f in rec["files"]) == TREE_BYTES
+
+    def baseline(out: Path) -> None:
+        shutil.copytree(tree, out / "files" / "p" / "tree")
+
+    value, base = _best_pair(captured, baseline, root)
+    return _line("capture 100 MiB emits_files tree", value, base, 2.0)
+
+
+def main() -> int:
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+        ok &= bench_fold(Path(tmp) / "fold")
+    with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+        ok &= bench_capture(Path(tmp) / "capture")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""``crucible-stage``: a thin click layer over :mod:`crucible.stage`.
+
+inputs   stage a task's inputs/ and print its environment (--env, default; --json)
+capture  settle a task's attempt from its result file; print the record
+prompt   print an agent task's prompt
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from crucible import __version__
+from crucible.core import canon
+from crucible.core.cli import run
+from crucible.core.errors import (
+    CrucibleError,
+    InputRefused,
+    OperationalError,
+    ParseError,
+    PlanChanged,
+    UsageError,
+)
+
+PROG = "crucible-stage"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What every subcommand is about: one task (or instance) of one run."""
+
+    plan: dict[str, Any]
+    state: Path
+    task: str
+    key: str | None
+    workspace: Path
+
+
+def _read_plan_bytes(plan_arg: str | None, state: Path) -> tuple[bytes, str]:
+    if plan_arg == "-":
+        return sys.stdin.buffer.read(), "<stdin>"
+    path = Path(plan_arg) if plan_arg else state / "plan.json"
+    try:
+        return path.read_bytes(), str(path)
+    except FileNotFoundError:
+        raise InputRefused("plan file does not exist", where=str(path)) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read plan: {exc.strerror}", where=str(path)) from None
+
+
+def _admitted(path: Path) -> bytes:
+    try:
+        return canon.dumps(canon.loads(path.read_bytes()))
+    except canon.CanonError as exc:
+        raise ParseError(exc.message, where=str(path)) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
+
+
+def load_plan(plan_arg: str | None, state: Path) -> dict[str, Any]:
+    """Read a plan strictly, check what stage relies on, and check it is the plan
+    the run in ``state`` admitted (``STATE/plan.json``) when there is one."""
+    from crucible.stage._plan import build_view
+
+    data, name = _read_plan_bytes(plan_arg, state)
+    try:
+        plan = canon.loads(data)
+    except canon.CanonError as exc:
+        raise ParseError(exc.message, where=name) from None
+    try:
+        build_view(plan)
+    except CrucibleError as exc:
+        if exc.where and exc.where.startswith("plan"):
+            exc.where = name + exc.where[4:]
+        else:
+            exc.where = name
+        raise
+    admitted = state / "plan.json"
+    if plan_arg is not None and admitted.exists() and _admitted(admitted) != canon.dumps(plan):
+        raise PlanChanged(f"plan differs from the one the run admitted ({admitted})", where=name)
+    assert isinstance(plan, dict)
+    return plan
+
+
+def _target(
+    plan: str | None, state: str, task: str, key: str | None, workspace: str | None
+) -> Target:
+    from crucible.stage import StateLayout
+
+    state_path = Path(state)
+    if not state_path.is_dir():
+        raise InputRefused("state directory does not exist", where=state)
+    loaded = load_plan(plan, state_path)
+    ws = Path(workspace) if workspace else StateLayout(state_path).work_dir(task, key)
+    return Target(loaded, state_path, task, key, ws)
+
+
+def _common(f: Any) -> Any:
+    f = click.option(
+        "--workspace",
+        "workspace",
+        metavar="DIR",
+        help="the task's workspace [default: STATE/work/TASK[/KEY]]",
+    )(f)
+    f = click.option(
+        "--key", metavar="K", help="the fan-out instance key of a mapped task (raw, unescaped)"
+    )(f)
+    f = click.option("--task", required=True, metavar="T", help="the task name")(f)
+    f = click.option("--state", required=True, metavar="STATE", help="the run's state directory")(f)
+    f = click.option(
+        "--plan", metavar="PLAN", help="plan JSON file, - for stdin [default: STATE/plan.json]"
+    )(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name=PROG)
+def cli() -> None:
+    """Stage a task's inputs, capture its outputs, render agent prompts.
+
+    Exit codes: 0 done; 1 refused (bad plan/state, a failed capture, unsupported
+    plan version, plan changed); 2 usage or unparseable input; 3 I/O failure.
+    """
+
+
+@cli.command("inputs")
+@_common
+@click.option(
+    "--env",
+    "fmt",
+    flag_value="env",
+    default=True,
+    help="print shell-quoted `export NAME=value` lines (default)",
+)
+@click.option("--json", "fmt", flag_value="json", help="print the environment as one JSON object")
+def inputs_cmd(
+    plan: str | None, state: str, task: str, key: str | None, workspace: str | None, fmt: str
+) -> None:
+    """Stage TASK's inputs/ in its workspace and print the environment it gets.
+
+    \b
+    eval "$(crucible-stage inputs --state st --task report)"
+    """
+    from crucible.stage import stage_inputs
+
+    t = _target(plan, state, task, key, workspace)
+    staged = stage_inputs(t.plan, t.state, t.task, t.workspace, key=t.key)
+    out = sys.stdout
+    if fmt == "json":
+        out.write(canon.dumps_str(staged.env) + "\n")
+    else:
+        for name in sorted(staged.env):
+            out.write(f"export {name}={shlex.quote(staged.env[name])}\n")
+
+
+def _emit_cap(value: str | None) -> int:
+    from crucible.stage import EMIT_CAP_DEFAULT
+
+    text = value if value is not None else os.environ.get("CRUCIBLE_EMIT_CAP")
+    if text is None or text == "":
+        return EMIT_CAP_DEFAULT
+    try:
+        cap = int(text)
+    except ValueError:
+        cap = -1
+    if cap < 0:
+        source = "--emit-cap" if value is not None else "CRUCIBLE_EMIT_CAP"
+        raise UsageError(f"{source} must be a non-negative integer of bytes, not {text!r}")
+    return cap
+
+
+@cli.command("capture")
+@_common
+@click.option("--exit-code", "exit_code", required=True, type=int, help="the task's exit status")
+@click.option(
+    "--output", "output", metavar="FILE", help="the task's result file [default: $CRUCIBLE_OUTPUT]"
+)
+@click.option(
+    "--emit-cap",
+    "emit_cap",
+    metavar="BYTES",
+    help="cap on each declared field [default: $CRUCIBLE_EMIT_CAP or 65536]",
+)
+@click.option(
+    "--attempt", default=1, show_default=True, type=click.IntRange(min=1), help="attempt number"
+)
+def capture_cmd(
+    plan: str | None,
+    state: str,
+    task: str,
+    key: str | None,
+    workspace: str | None,
+    exit_code: int,
+    output: str | None,
+    emit_cap: str | None,
+    attempt: int,
+) -> None:
+    """Settle one attempt of TASK: check and cap its result, capture its
+    emits_files, write its record and print it. Exit 1 when the attempt failed."""
+    from crucible.stage import capture
+
+    cap = _emit_cap(emit_cap)
+    output_file = output or os.environ.get("CRUCIBLE_OUTPUT")
+    if not output_file:
+        raise UsageError("give --output FILE or set CRUCIBLE_OUTPUT")
+    t = _target(plan, state, task, key, workspace)
+    record = capture(
+        t.plan,
+        t.state,
+        t.task,
+        t.workspace,
+        output_file=Path(output_file),
+        exit_code=exit_code,
+        key=t.key,
+        attempt=attempt,
+        emit_cap=cap,
+    )
+    sys.stdout.write(canon.dumps_str(record) + "\n")
+    if record["status"] != "passed":
+        label = task if key is None else f"{task}[{key}]"
+        raise InputRefused(f"{label} failed: {record['note']}", where=output_file)
+
+
+@cli.command("prompt")
+@_common
+def prompt_cmd(
+    plan: str | None, state: str, task: str, key: str | None, workspace: str | None
+) -> None:
+    """Print agent TASK's prompt (staging its inputs first when needed)."""
+    from crucible.stage import render_prompt
+
+    t = _target(plan, state, task, key, workspace)
+    sys.stdout.write(render_prompt(t.plan, t.state, t.task, t.workspace, key=t.key))
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    run(cli, PROG, argv)
