@@ -301,3 +301,38 @@ run = '''printf '{{"n": %s}}' "$(ls "$CRUCIBLE_INPUTS_DIR/../each" 2>/dev/null |
     ]
     assert finished["event"] == "run_finished" and finished["counts"]["passed"] == n + 2
     assert finished["max_rss_kib"] < 300 * 1024
+
+
+def test_progress_display_on_a_tty(tmp_path: Path) -> None:
+    import pty
+
+    master, slave = pty.openpty()
+    state = tmp_path / "s"
+    manifest = pack(
+        tmp_path / "p",
+        "".join(f'[[workflow.task]]\nname = "t{i}"\nrun = "sleep 0.3"\n\n' for i in range(4)),
+    )
+    proc = subprocess.Popen(
+        [DISPATCH, str(manifest), "--state", str(state), "-j", "2"],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "120"},
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    shown = b"".join(chunks).decode("utf-8", "replace")
+    assert proc.returncode == 0
+    assert "remaining" in shown and "ETA" in shown and "done 4" in shown
+    assert proc.stdout is not None
+    with proc.stdout:
+        assert proc.stdout.read() == b""  # progress never goes to stdout

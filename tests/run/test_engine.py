@@ -404,3 +404,118 @@ def test_bad_input_is_refused_before_anything_runs(pack: Pack, tmp_path: Path) -
         run(agent, tmp_path / "s4")
     for s in ("s1", "s2", "s3", "s4"):
         assert not (tmp_path / s / "plan.json").exists()
+
+
+def _check_schema(schema: dict[str, object], value: object, where: str) -> None:
+    """The subset of JSON Schema the session-event schema uses."""
+    assert isinstance(schema, dict)
+    kind = schema.get("type")
+    types = {
+        "object": dict,
+        "array": list,
+        "string": str,
+        "boolean": bool,
+        "integer": int,
+        "number": (int, float),
+    }
+    if isinstance(kind, str):
+        assert isinstance(value, types[kind]), f"{where}: {value!r} is not {kind}"  # type: ignore[arg-type]
+    if "enum" in schema:
+        assert value in schema["enum"], f"{where}: {value!r} not in {schema['enum']}"  # type: ignore[operator]
+    if "const" in schema:
+        assert value == schema["const"], where
+    if isinstance(value, dict):
+        for name in schema.get("required", []):  # type: ignore[attr-defined]
+            assert name in value, f"{where}: missing {name}"
+        props = schema.get("properties", {})
+        assert isinstance(props, dict)
+        for name, item in value.items():
+            if name in props:
+                _check_schema(props[name], item, f"{where}.{name}")
+            elif schema.get("additionalProperties") is False:
+                raise AssertionError(f"{where}: unexpected {name}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                _check_schema(schema["additionalProperties"], item, f"{where}.{name}")  # type: ignore[arg-type]
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            _check_schema(schema["items"], item, f"{where}[{i}]")  # type: ignore[arg-type]
+    for branch in schema.get("allOf", []):  # type: ignore[attr-defined]
+        cond = branch["if"]["properties"]["event"]["const"]
+        if isinstance(value, dict) and value.get("event") == cond:
+            _check_schema(branch["then"], value, where)
+
+
+def test_every_event_matches_the_session_event_schema(pack: Pack, tmp_path: Path) -> None:
+    import json
+
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs/schemas/session-event.json").read_text()
+    )
+    plan = pack(
+        """
+[[workflow.task]]
+name = "src"
+emits = { xs = "array" }
+run = '''echo '{"xs": [1, 2]}' > "$CRUCIBLE_OUTPUT"'''
+
+[[workflow.task]]
+name = "each"
+needs = ["src"]
+map = "src.xs"
+emits_files = ["f.txt"]
+run = 'echo hi > f.txt; test "$CRUCIBLE_KEY" = 0'
+
+[[workflow.task]]
+name = "after"
+needs = ["each"]
+run = "true"
+
+[[workflow.task]]
+name = "retry"
+retries = 1
+run = "exit 1"
+"""
+    )
+    state = tmp_path / "s"
+    run(plan, state, jobs=2)
+    evs = events(state)
+    kinds = {e["event"] for e in evs}
+    assert kinds == {"plan_admitted", "task_started", "task_finished", "run_finished", "shutdown"}
+    for i, event in enumerate(evs):
+        _check_schema(schema, event, f"event {i}")
+    assert any(e.get("retry") for e in evs)
+    assert any(e.get("files_bytes") == 3 for e in evs)
+    admitted = evs[0]
+    assert [t["name"] for t in admitted["tasks"]] == ["src", "each", "after", "retry"]
+    assert admitted["plan_version"] == 2 and admitted["digest"].startswith("sha256:")
+
+
+def test_interrupt_during_retry_backoff_leaves_the_unit_unsettled(
+    pack: Pack, tmp_path: Path
+) -> None:
+    import signal
+    import threading
+
+    plan = pack('[[workflow.task]]\nname = "flaky"\nretries = 2\nrun = "exit 1"\n')
+    state = tmp_path / "s"
+    options = RunOptions(plan=plan, state=state, backoff=5.0, kill_grace=1.0)
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            log = state / "session.jsonl"
+            if log.exists() and b'"retry":true' in log.read_bytes():
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+            time.sleep(0.02)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    from crucible.core.errors import Interrupted
+
+    with pytest.raises(Interrupted) as err:
+        run_plan(options, environ={"PATH": os.environ["PATH"]})
+    assert err.value.exit_code == 130
+    assert result(state, "flaky") is None  # unsettled: a resume runs it again
+    evs = events(state)
+    assert evs[-1]["event"] == "shutdown" and evs[-1]["signal"] == "SIGINT"
+    assert evs[-2]["event"] == "run_finished" and evs[-2]["status"] == "interrupted"

@@ -152,13 +152,10 @@ def _seconds(s: float | None) -> str:
 
 
 def _note(r: Row) -> str:
-    parts = []
-    if r.instances is not None:
-        detail = ", ".join(f"{v} {k}" for k, v in sorted(r.counts.items()))
-        parts.append(f"{r.instances} instances" + (f" ({detail})" if detail else ""))
-    if r.note:
-        parts.append(r.note)
-    return "; ".join(parts)
+    if r.note or r.instances is None:
+        return r.note or ""
+    detail = ", ".join(f"{v} {k}" for k, v in sorted(r.counts.items()))
+    return f"{r.instances} instances" + (f": {detail}" if detail else "")
 
 
 def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
@@ -173,7 +170,7 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
             (
                 name,
                 r.status,
-                str(r.attempts),
+                "-" if r.instances is not None else str(r.attempts),
                 _seconds(r.duration),
                 _size(r.output_bytes),
                 _size(r.files_bytes),
