@@ -1,0 +1,205 @@
+"""Dispatcher benchmark (issue 4), ratios against baselines run side by side.
+
+1. 1,000 independent command tasks at -j 2, each writing an empty result object
+   through sh, vs `make -j2` running 1,000 recipes that write the same files
+   through sh (budget: 3x make). doit (if importable) on the same workload is
+   reported, not budgeted.
+2. Peak RSS of the dispatcher running a 10,000-instance fan-out (budget 300 MiB),
+   as reported by the dispatcher itself (run_finished.max_rss_kib = getrusage
+   ru_maxrss of its own process).
+
+Run: python benchmarks/bench_dispatch.py [--tasks N] [--fanout N] [--repeat R]
+Exits 1 if a budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+DISPATCH = str(BIN / "crucible-dispatch")
+WALL_BUDGET = 3.0
+RSS_BUDGET_MIB = 300.0
+
+
+def _task_toml(i: int) -> str:
+    return f'[[workflow.task]]\nname = "t{i}"\nrun = \'printf "{{}}" > "$CRUCIBLE_OUTPUT"\'\n'
+
+
+def write_pack(root: Path, n: int) -> Path:
+    pack = root / "pack.toml"
+    head = 'edition = 3\n\n[workflow]\nname = "bench"\n\n'
+    pack.write_text(head + "\n".join(_task_toml(i) for i in range(n)))
+    plan = root / "plan.json"
+    out = subprocess.run(
+        [str(BIN / "crucible-compile"), str(pack)], capture_output=True, check=False
+    )
+    if out.returncode == 0 and out.stdout:
+        plan.write_bytes(out.stdout)
+    else:  # compile's CLI not there: compile through the library
+        from crucible.compile import compile_path
+
+        plan.write_bytes(compile_path(pack).data)
+    return plan
+
+
+def write_makefile(root: Path, n: int) -> Path:
+    mk = root / "Makefile"
+    targets = " ".join(f"out/t{i}.json" for i in range(n))
+    rules = "".join(f'out/t{i}.json:\n\t@sh -c \'printf "{{}}" > "$$0"\' $@\n' for i in range(n))
+    mk.write_text(f"all: {targets}\n{rules}")
+    return mk
+
+
+def write_dodo(root: Path, n: int) -> Path:
+    dodo = root / "dodo.py"
+    dodo.write_text(
+        "def task_t():\n"
+        f"    for i in range({n}):\n"
+        "        yield {'name': str(i), 'actions': [\"sh -c 'printf \\\"{}\\\" > out/t%d.json'\" % i],"
+        " 'targets': ['out/t%d.json' % i], 'verbosity': 0}\n"
+    )
+    return dodo
+
+
+def time_dispatch(plan: Path, root: Path) -> float:
+    state = root / "state"
+    shutil.rmtree(state, ignore_errors=True)
+    t = time.perf_counter()
+    subprocess.run(
+        [DISPATCH, str(plan), "--state", str(state), "-j", "2"],
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t
+
+
+def time_make(root: Path) -> float:
+    out = root / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    t = time.perf_counter()
+    subprocess.run(["make", "-s", "-j2", "-C", str(root)], check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def time_doit(root: Path) -> float | None:
+    try:
+        import doit  # noqa: F401
+    except ImportError:
+        return None
+    out = root / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for stale in root.glob(".doit.db*"):
+        stale.unlink()
+    t = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "doit", "-n", "2", "-P", "process", "-f", str(root / "dodo.py")],
+        cwd=root,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t
+
+
+def fanout_rss(root: Path, n: int) -> tuple[float, float]:
+    pack = root / "fan.toml"
+    pack.write_text(
+        'edition = 3\n[workflow]\nname = "fan"\n'
+        '[[workflow.task]]\nname = "items"\nemits = { items = "array" }\n'
+        f"run = '''printf '{{\"items\": [' > \"$CRUCIBLE_OUTPUT\"; seq -s, 1 {n} >> \"$CRUCIBLE_OUTPUT\"; printf ']}}' >> \"$CRUCIBLE_OUTPUT\"'''\n"
+        '[[workflow.task]]\nname = "each"\nneeds = ["items"]\nmap = "items.items"\n'
+        'run = \'printf "{}" > "$CRUCIBLE_OUTPUT"\'\n'
+    )
+    state = root / "fan-state"
+    shutil.rmtree(state, ignore_errors=True)
+    t = time.perf_counter()
+    subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), "-j", "2"],
+        check=True,
+        stderr=subprocess.DEVNULL,
+    )
+    wall = time.perf_counter() - t
+    rss_kib = 0
+    with open(state / "session.jsonl", "rb") as f:
+        for line in f:
+            event = json.loads(line)
+            if event["event"] == "run_finished":
+                rss_kib = event["max_rss_kib"]
+                assert event["counts"]["passed"] == n + 1, event
+    return rss_kib / 1024, wall
+
+
+def line(name: str, value: float, baseline: float | None, unit: str, budget: float | None) -> bool:
+    if baseline is None:
+        verdict = "" if budget is None else ("ok" if value <= budget else "OVER BUDGET")
+        tail = "" if budget is None else f"budget {budget:g} {unit}  {verdict}"
+        print(f"{name:<46} {value:9.3f} {unit:<4} {tail}")
+        return budget is None or value <= budget
+    ratio = value / baseline
+    ok = budget is None or ratio <= budget
+    tail = "" if budget is None else f"budget {budget:g}x  {'ok' if ok else 'OVER BUDGET'}"
+    print(
+        f"{name:<46} {value:9.3f} {unit:<4} baseline {baseline:8.3f} {unit}  ratio {ratio:5.2f}x  {tail}"
+    )
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--fanout", type=int, default=10000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    if shutil.which("make") is None:
+        print("make not found: cannot measure the baseline", file=sys.stderr)
+        return 3
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as tmp:
+        root = Path(tmp)
+        plan = write_pack(root, args.tasks)
+        write_makefile(root, args.tasks)
+        write_dodo(root, args.tasks)
+        ours, make, doit_times = [], [], []
+        for _ in range(args.repeat):  # interleaved, so load changes hit both alike
+            make.append(time_make(root))
+            ours.append(time_dispatch(plan, root))
+            d = time_doit(root)
+            if d is not None:
+                doit_times.append(d)
+        m, o = statistics.median(make), statistics.median(ours)
+        print(
+            f"# {args.tasks} independent sh tasks at -j 2, median of {args.repeat} (os.cpu_count={os.cpu_count()})"
+        )
+        ok &= line(f"crucible-dispatch {args.tasks} tasks -j2 (wall)", o, m, "s", WALL_BUDGET)
+        if doit_times:
+            line(
+                f"doit {args.tasks} tasks -n 2 (wall, no budget)",
+                statistics.median(doit_times),
+                m,
+                "s",
+                None,
+            )
+        else:
+            print("doit: not installed (pip install doit), not measured")
+        rss, wall = fanout_rss(root, args.fanout)
+        print(f"# {args.fanout}-instance fan-out at -j 2 took {wall:.1f} s")
+        ok &= line(
+            f"dispatcher peak RSS, {args.fanout}-instance fan-out", rss, None, "MiB", RSS_BUDGET_MIB
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

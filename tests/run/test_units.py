@@ -1,0 +1,204 @@
+"""Library tests of the dispatcher's parts that need no plan: process groups,
+the session log, the graph, the environment policy, params, verdicts, progress."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from crucible.core import canon
+from crucible.core.errors import InputRefused, UsageError
+from crucible.run import environ, params, procs, verdict
+from crucible.run.engine import Counts
+from crucible.run.graph import build_graph
+from crucible.run.progress import describe
+from crucible.run.session import SessionLog, read_events
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); look at its state
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_group_kill_reaches_grandchildren(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
+    proc = procs.spawn(
+        ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
+        env={"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        log_fd=log,
+        started=time.monotonic(),
+        deadline=None,
+    )
+    os.close(log)
+    for _ in range(200):
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        time.sleep(0.01)
+    grandchild = int(pidfile.read_text())
+    assert os.getpgid(grandchild) == proc.pid  # same group as the leader
+    assert procs.kill_group(proc.pid, signal.SIGTERM)
+    code = proc.reap()
+    assert code == -signal.SIGTERM
+    for _ in range(200):
+        if not _alive(grandchild):
+            break
+        time.sleep(0.01)
+    assert not _alive(grandchild)
+
+
+def test_reap_kills_leftovers_of_a_finished_leader(tmp_path: Path) -> None:
+    pidfile = tmp_path / "bg.pid"
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
+    proc = procs.spawn(
+        ["sh", "-c", f"sleep 60 >/dev/null 2>&1 & echo $! > {pidfile}"],
+        env={"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        log_fd=log,
+        started=time.monotonic(),
+        deadline=None,
+    )
+    os.close(log)
+    import select
+
+    select.select([proc.pidfd], [], [], 10)
+    assert proc.reap() == 0
+    background = int(pidfile.read_text())
+    for _ in range(200):
+        if not _alive(background):
+            break
+        time.sleep(0.01)
+    assert not _alive(background)
+
+
+def test_session_log_lines_are_canonical_and_mirrored(tmp_path: Path) -> None:
+    import io
+
+    mirror = io.BytesIO()
+    log = SessionLog(tmp_path / "s.jsonl", 2, mirror)
+    log.emit("task_started", task="a", key=None, attempt=1)
+    assert (tmp_path / "s.jsonl").read_bytes() == b""  # not before commit
+    log.commit()
+    log.emit("shutdown", reason="completed")
+    log.close()
+    data = (tmp_path / "s.jsonl").read_bytes()
+    assert data == mirror.getvalue()
+    lines = data.splitlines()
+    assert len(lines) == 2
+    first = canon.loads(lines[0])
+    assert canon.dumps(first) == lines[0]
+    assert first["event"] == "task_started" and first["session"] == 2 and "key" not in first
+    assert [e["event"] for e in read_events(tmp_path / "s.jsonl")] == ["task_started", "shutdown"]
+
+
+def test_read_events_ignores_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"event":"plan_admitted"}\n{"event":"task_sta')
+    assert read_events(path) == [{"event": "plan_admitted"}]
+    path.write_bytes(b'{"event":"plan_admitted"}\nnot json\n')
+    with pytest.raises(Exception, match=r"s.jsonl:2"):
+        read_events(path)
+
+
+def _task(name: str, **kw: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "name": name,
+        "kind": "command",
+        "run": "true",
+        "needs": [],
+        "join": "all",
+    }
+    base.update(kw)
+    return base
+
+
+def test_graph_epilogue_waits_for_everything_and_cycles_are_refused() -> None:
+    plan = {"tasks": [_task("a"), _task("b", needs=["a"]), _task("end", epilogue=True), _task("c")]}
+    graph = build_graph(plan)
+    assert set(graph.waits_for["end"]) == {"a", "b", "c"}
+    assert graph.order.index("end") == 3
+    assert graph.order[:3] == ("a", "b", "c") or graph.order[:3] == ("a", "c", "b")
+    cyclic = {"tasks": [_task("a", needs=["b"]), _task("b", needs=["a"])]}
+    with pytest.raises(InputRefused, match="cycle"):
+        build_graph(cyclic)
+    with pytest.raises(InputRefused, match="unknown task"):
+        build_graph({"tasks": [_task("a", needs=["zz"])]})
+
+
+def test_environment_policy_by_edition() -> None:
+    host = {
+        "PATH": "/bin",
+        "HOME": "/root",
+        "SECRET": "s",
+        "TOKEN": "t",
+        "CRUCIBLE_INPUTS": "leak",
+        "LANG": "C",
+    }
+    task = {"name": "a", "env": ["TOKEN", "CRUCIBLE_INPUTS", "ABSENT"]}
+    ed1 = environ.task_environment({"edition": 1}, task, host)
+    assert ed1 == {"PATH": "/bin", "HOME": "/root", "SECRET": "s", "TOKEN": "t", "LANG": "C"}
+    for edition in (2, 3):
+        env = environ.task_environment({"edition": edition}, task, host)
+        assert env == {"PATH": "/bin", "LANG": "C", "TOKEN": "t"}
+
+
+def test_params_resolution() -> None:
+    schema = {
+        "who": {"type": "string", "default": "world"},
+        "n": {"type": "integer"},
+        "opts": {"type": "object", "default": {}},
+    }
+    got = params.resolve_params(schema, {"n": 2}, [("who", "3"), ("n", "5")])
+    assert got == {"who": "3", "n": 5, "opts": {}}
+    with pytest.raises(InputRefused, match="required"):
+        params.resolve_params(schema, {}, [])
+    with pytest.raises(InputRefused, match="unknown param 'nope'"):
+        params.resolve_params(schema, {}, [("nope", "1"), ("n", "1")])
+    with pytest.raises(InputRefused, match="must be integer"):
+        params.resolve_params(schema, {"n": "x"}, [])
+    with pytest.raises(InputRefused, match="not a JSON integer"):
+        params.resolve_params(schema, {}, [("n", "abc")])
+    with pytest.raises(InputRefused, match="must be integer"):
+        params.resolve_params(schema, {}, [("n", "true")])
+    with pytest.raises(UsageError):
+        params.parse_pairs(("novalue",))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"verdict":"pass"}', None),
+        (b'{"verdict":"fail","reason":"too slow"}', "verdict: fail: too slow"),
+        (b'{"verdict":true}', 'verdict must be "pass" or "fail"'),
+        (b"{}", 'no "verdict"'),
+        (b"[1]", 'no "verdict"'),
+        (b"not json", "no readable result"),
+    ],
+)
+def test_verdict_rules(tmp_path: Path, body: bytes, expected: str | None) -> None:
+    out = tmp_path / "o.json"
+    out.write_bytes(body)
+    _, problem = verdict.check(out)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None and expected in problem
+
+
+def test_progress_line() -> None:
+    counts = Counts(total=10, passed=4, failed=1, skipped=0, running=2, started_at=100.0)
+    line = describe(counts, now=110.0)
+    assert "done 4" in line and "running 2" in line and "failed 1" in line and "remaining 5" in line
+    assert "elapsed 0:00:10" in line and "ETA 0:00:10" in line

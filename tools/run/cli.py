@@ -1,0 +1,171 @@
+"""``crucible-dispatch``: run a plan, or report on a state dir.
+
+``crucible-dispatch PLAN --state DIR ...`` and ``crucible-dispatch run PLAN ...``
+are the same command: a first argument that is not a subcommand name is taken
+as the PLAN of ``run``. (A plan file literally named ``report`` or ``run``:
+write ``./report``.)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from crucible import __version__
+from crucible.core.cli import run as run_command
+from crucible.run.options import RunOptions
+
+__all__ = ["main"]
+
+
+class _DefaultRunGroup(click.Group):
+    """A group whose unknown first argument means ``run <it>``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["run", *args]
+        elif args and args[0].startswith("-") and args[0] not in ("--help", "-h", "--version"):
+            # Options before PLAN (``crucible-dispatch --state s plan.json``) belong to run.
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="crucible-dispatch")
+def cli() -> None:
+    """Run a crucible plan (or manifest) end to end, or report on a run.
+
+    \b
+    crucible-dispatch PLAN --state DIR [options]     run (same as `run PLAN`)
+    crucible-dispatch report STATE [TASK] [--html FILE]
+
+    Exit codes: 0 every task passed; 1 a task failed or was skipped, or the input
+    was refused (bad params, PlanChanged, a state dir of another plan); 2 usage or
+    unparseable input; 3 I/O failure; 130/143 interrupted (resume with --resume).
+    """
+
+
+@cli.command("run")
+@click.argument("plan", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--state",
+    "state",
+    required=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Run state directory.",
+)
+@click.option(
+    "--params", "params_file", metavar="FILE", help="Params as a JSON object (- for stdin)."
+)
+@click.option(
+    "-p",
+    "params",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="One param (repeatable; overrides --params).",
+)
+@click.option(
+    "-j", "--jobs", type=click.IntRange(min=1), help="Tasks run at once (default: CPU count)."
+)
+@click.option("--agent-cmd", metavar="CMD", help="Agent stand-in command line, run with sh -c.")
+@click.option(
+    "--emit-cap",
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Cap per declared emits field (default $CRUCIBLE_EMIT_CAP or 65536).",
+)
+@click.option(
+    "--resume", is_flag=True, help="Continue the run in --state; refuses if the plan changed."
+)
+@click.option(
+    "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
+)
+def run_cmd(
+    plan: Path,
+    state: Path,
+    params_file: str | None,
+    params: tuple[str, ...],
+    jobs: int | None,
+    agent_cmd: str | None,
+    emit_cap: int | None,
+    resume: bool,
+    events: str | None,
+) -> int:
+    """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
+    from crucible.run.runner import run_plan
+
+    options = RunOptions(
+        plan=plan,
+        state=state,
+        params_file=params_file,
+        params=params,
+        jobs=jobs,
+        agent_cmd=agent_cmd,
+        emit_cap=emit_cap,
+        resume=resume,
+        events=events,
+        progress=sys.stderr.isatty(),
+    )
+    live: Any = None
+    if options.progress:
+        from crucible.run.progress import LiveProgress
+
+        live = LiveProgress(sys.stderr)
+    try:
+        outcome = run_plan(
+            options,
+            on_progress=live,
+            on_warning=lambda w: click.echo(f"crucible-dispatch: warning: {w}", err=True),
+        )
+    finally:
+        if live is not None:
+            live.close()
+    c = outcome.counts
+    click.echo(
+        f"crucible-dispatch: run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "
+        f"{c['skipped']} skipped in {outcome.duration:.2f}s (report: crucible-dispatch report {state})",
+        err=True,
+    )
+    return outcome.exit_code
+
+
+@cli.command("report")
+@click.argument("state", type=click.Path(path_type=Path, file_okay=False))
+@click.argument("task", required=False)
+@click.option(
+    "--html",
+    "html_file",
+    metavar="FILE",
+    help="Write a self-contained HTML timeline to FILE (- = stdout).",
+)
+@click.option("--json", "as_json", is_flag=True, help="NDJSON rows on stdout instead of a table.")
+def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> None:
+    """Summarise the run in STATE: one row per task (per instance with TASK)."""
+    from crucible.core import atomic, ndjson
+    from crucible.core.errors import InputRefused
+    from crucible.run import report
+
+    if not state.is_dir():
+        raise InputRefused("no such state dir", where=str(state))
+    rows = report.collect(state, task)
+    if html_file is not None:
+        page = report.render_html(rows, title=f"crucible run {state}")
+        if html_file == "-":
+            sys.stdout.write(page)
+        else:
+            atomic.write_bytes(html_file, page.encode("utf-8"))
+            click.echo(f"crucible-dispatch: wrote {html_file}", err=True)
+        return
+    if as_json:
+        instances = task is not None
+        for r in rows:
+            if r.key is None or instances:
+                sys.stdout.buffer.write(ndjson.dumps_line(report.row_json(r)))
+        return
+    report.render_table(rows, sys.stdout, instances=task is not None)
+
+
+def main() -> None:
+    run_command(cli, "crucible-dispatch")

@@ -1,0 +1,35 @@
+"""What environment a task process receives (docs/spec/run.md, "Environment").
+
+Edition 1 keeps the dispatcher's whole environment. Editions 2 and 3 pass only
+the host variables the task declares in ``env``, plus a small fixed base set
+(``BASE_VARS``) that programs need to start at all. Host ``CRUCIBLE_*``
+variables are never passed through in any edition: the ones a task sees are
+the ones this run sets, so a nested run cannot leak its own inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["BASE_VARS", "task_environment"]
+
+#: Passed through from the host in editions 2 and 3 when set (our choice):
+#: PATH so argv[0] and the programs a script calls resolve as they do for the
+#: user; locale and time zone so text and times are read as the user expects;
+#: TMPDIR so temporary files land where the host wants them. HOME, USER and
+#: everything else must be declared.
+BASE_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+
+def task_environment(
+    plan: dict[str, Any], task: dict[str, Any], host: Mapping[str, str]
+) -> dict[str, str]:
+    """The host part of a task's environment (crucible variables are added later)."""
+    if int(plan.get("edition", 1)) <= 1:
+        return {k: v for k, v in host.items() if not k.startswith("CRUCIBLE_")}
+    env = {k: host[k] for k in BASE_VARS if k in host}
+    for name in task.get("env", ()):
+        if name in host and not name.startswith("CRUCIBLE_"):
+            env[name] = host[name]
+    return env

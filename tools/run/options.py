@@ -1,0 +1,32 @@
+"""The options of one dispatcher run, built once at the command edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["RunOptions"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    plan: Path
+    state: Path
+    params_file: str | None = None
+    #: raw ``NAME=VALUE`` texts of ``-p``, in command-line order
+    params: tuple[str, ...] = ()
+    #: tasks run at once; None = CPU count
+    jobs: int | None = None
+    #: shell command line of the agent stand-in (run with ``sh -c``)
+    agent_cmd: str | None = None
+    #: per-field cap on declared emits; None = $CRUCIBLE_EMIT_CAP or 65,536
+    emit_cap: int | None = None
+    resume: bool = False
+    #: mirror the session log to this file, or ``-`` for stdout
+    events: str | None = None
+    #: show the live progress display (the CLI sets this when stderr is a TTY)
+    progress: bool = False
+    #: first retry waits this many seconds, doubling per attempt (capped at 30 s)
+    backoff: float = 0.5
+    #: after SIGTERM to a task's group, wait this long before SIGKILL
+    kill_grace: float = 3.0

@@ -1,0 +1,150 @@
+"""The session log ``STATE/session.jsonl``: one canonical JSON event per line.
+
+Events are buffered within one turn of the dispatcher's loop and written with a
+single ``write`` + ``fsync`` before the loop blocks or starts another process
+(group commit): every event is on disk before anything that follows from it
+happens, at one fsync per turn instead of one per line. A mirror stream
+(``--events FILE|-``) receives the same bytes right after they are durable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from crucible.core import ndjson
+from crucible.core.errors import OperationalError
+
+__all__ = ["EVENT_KINDS", "SessionLog", "now_text", "read_events"]
+
+EVENT_KINDS = (
+    "plan_admitted",
+    "task_started",
+    "task_finished",
+    "run_finished",
+    "shutdown",
+)
+
+
+def now_text(t: float | None = None) -> str:
+    """RFC 3339 UTC time with milliseconds, e.g. ``2026-11-30T07:55:24.123Z``."""
+    moment = datetime.fromtimestamp(time.time() if t is None else t, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class SessionLog:
+    """Append-only, fsync'd event log of one dispatcher session.
+
+    :meth:`emit` queues an event; :meth:`commit` hands the queued batch to a
+    writer thread, which writes it with one ``write`` and one ``fsync`` (group
+    commit) and then copies it to the mirror. Batches are written in order, so
+    the file is always a prefix of the events emitted. :meth:`close` waits until
+    every event is durable: ``run_finished`` and ``shutdown`` are on disk before
+    the dispatcher exits.
+    """
+
+    def __init__(self, path: Path, session: int, mirror: IO[bytes] | None = None) -> None:
+        import queue
+        import threading
+
+        self.path = path
+        self.session = session
+        self.mirror = mirror
+        self._pending: list[bytes] = []
+        self._error: OperationalError | None = None
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot open session log: {exc.strerror}", where=str(path)
+            ) from None
+        self._batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_batches, name="session-log", daemon=True)
+        self._writer.start()
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """Queue one event; it is written at the next :meth:`commit`."""
+        event: dict[str, Any] = {"event": kind, "session": self.session, "time": now_text()}
+        event.update({k: v for k, v in fields.items() if v is not None})
+        self._pending.append(ndjson.dumps_line(event))
+        return event
+
+    def commit(self) -> None:
+        """Hand every queued event to the writer (it fsyncs them as one batch)."""
+        if self._error is not None:
+            raise self._error
+        if self._pending:
+            self._batches.put(b"".join(self._pending))
+            self._pending.clear()
+
+    def _write_batches(self) -> None:
+        while True:
+            data = self._batches.get()
+            if data is None:
+                return
+            # Coalesce whatever else is already waiting into the same fsync.
+            more: list[bytes] = [data]
+            stop = False
+            while not self._batches.empty():
+                nxt = self._batches.get()
+                if nxt is None:
+                    stop = True
+                    break
+                more.append(nxt)
+            data = b"".join(more)
+            if self._error is None:
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(self._fd, view) :]
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    self._error = OperationalError(
+                        f"cannot write session log: {exc.strerror}", where=str(self.path)
+                    )
+                else:
+                    self._mirror(data)
+            if stop:
+                return
+
+    def _mirror(self, data: bytes) -> None:
+        if self.mirror is None:
+            return
+        try:
+            self.mirror.write(data)
+            self.mirror.flush()
+        except (BrokenPipeError, ValueError):
+            # A closed --events reader must not stop the run; the log on disk
+            # stays complete.
+            self.mirror = None
+
+    def close(self) -> None:
+        """Write everything queued, wait until it is durable, close the file."""
+        self.commit()
+        self._batches.put(None)
+        self._writer.join()
+        os.close(self._fd)
+        if self._error is not None:
+            raise self._error
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Every event of a session log. A torn last line (a crash mid-write, before
+    its fsync) is ignored; any other bad line is reported as ``file:line``."""
+    import io
+
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot read session log: {exc.strerror}", where=str(path)
+        ) from None
+    complete = data[: data.rfind(b"\n") + 1]
+    return [
+        value for _, value in ndjson.iter_lines(io.BytesIO(complete), name=str(path), strict=False)
+    ]
