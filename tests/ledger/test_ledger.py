@@ -285,3 +285,12 @@ def test_on_replay_runs_once_per_ledger_hit_to_restore_caller_state(ledger_dir: 
         ledger.step("broker", "build", build, on_replay=lambda r: (seen.append(r), restore(r)))
         ledger.step("broker", "build", build, on_replay=lambda r: (seen.append(r), restore(r)))
     assert provenance == {"sha256:aa"} and len(seen) == 1  # the memo hit did not re-run it
+
+
+@pytest.mark.parametrize(("scope", "step"), [("", "x"), ("s", ""), (None, "x"), ("s", 1)])
+def test_empty_or_non_string_identity_is_a_programming_error(
+    ledger_dir: Path, scope: object, step: object
+) -> None:
+    with Ledger(ledger_dir) as ledger, pytest.raises(ValueError, match="non-empty strings"):
+        ledger.step(scope, step, Body(1))  # type: ignore[arg-type]
+    assert not (ledger_dir / "steps.jsonl").exists()

@@ -95,6 +95,12 @@ class OpenReport:
     unreadable: str | None = None
 
 
+def _check_identity(scope: object, step: object) -> None:
+    """A programming error, not a ledger problem: raised, never swallowed."""
+    if not isinstance(scope, str) or not scope or not isinstance(step, str) or not step:
+        raise ValueError("scope and step must be non-empty strings")
+
+
 class Ledger:
     """A ledger directory holding ``steps.jsonl``.
 
@@ -219,6 +225,7 @@ class Ledger:
 
     def _lookup(self, scope: str, step: str) -> tuple[Reply | None, bool]:
         """(replay or None, whether it came from the ledger rather than the memo)."""
+        _check_identity(scope, step)
         identity = (scope, step)
         known = self._memo.get(identity)
         from_ledger = known is None
@@ -249,6 +256,7 @@ class Ledger:
     def record(self, scope: str, step: str, outcome: Outcome, *, key: Any = None) -> bool:
         """Append the fact durably. False (reported through ``warn``) if it could
         not be recorded; the memo holds it either way."""
+        _check_identity(scope, step)
         record = make_record(scope, step, outcome.status, outcome.value, key)
         self._memo[(scope, step)] = Reply(
             scope, step, outcome.status, outcome.value, at=record["at"]
