@@ -75,6 +75,10 @@ def resolve_step(spec: KeySpec) -> tuple[str, dict[str, Any] | None]:
             raise UsageError("give either --step or --key/--key-file/-- CMD, not both")
         if not spec.step:
             raise UsageError("--step must not be empty")
+        try:
+            spec.step.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError("--step is not valid UTF-8") from None
         return spec.step, None
     key = command_key(spec.argv, parse_key_specs(spec.keys), read_key_files(spec.key_files))
     return content_step("run", key), key

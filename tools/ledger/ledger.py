@@ -135,8 +135,8 @@ class Ledger:
         reason: str | None = None
         seen: os.stat_result | None = None
         try:
-            with_stat = os.stat(self.path) if os.path.lexists(self.path) else None
-            seen = with_stat
+            # what we judge, so a quarantine renames this file and no later one
+            seen = os.stat(self.path) if os.path.lexists(self.path) else None
             found = read_regular_file(self.path)
         except ValueError as exc:
             reason, found = str(exc), None
