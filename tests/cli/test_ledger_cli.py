@@ -110,6 +110,26 @@ def test_killed_command_is_never_recorded(d: Path) -> None:
     assert records(d) == []
 
 
+def test_sigterm_to_the_ledger_is_forwarded_and_nothing_recorded(d: Path) -> None:
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [LEDGER, "run", "--dir", str(d), "--scope", "t", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert b"interrupted by signal 15; not recorded" in err
+    assert records(d) == []
+
+
+def test_stdin_is_passed_to_the_command(d: Path) -> None:
+    done = ledger("run", "--dir", str(d), "--scope", "t", "--", "cat", stdin=b"piped\n")
+    assert done.returncode == 0 and done.stdout == b"piped\n"
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

@@ -198,3 +198,37 @@ def test_forked_child_does_not_share_the_parents_lock(ledger_dir: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     with Ledger(ledger_dir) as ledger:
         assert ledger.lookup("s", "child") is not None
+
+
+def test_a_short_write_is_truncated_away_and_the_value_still_returned(ledger_dir: Path) -> None:
+    """A real partial write: RLIMIT_FSIZE lets the first write(2) land only part of
+    the line, the next one fails with EFBIG; the append must remove the partial
+    line, report, and the step must still return its value."""
+    import resource
+
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "before", Outcome.ok(1))
+    before = (ledger_dir / "steps.jsonl").read_bytes()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read_fd)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) + 40, hard))
+            warned: list[str] = []
+            with Ledger(ledger_dir, warn=warned.append) as ledger:
+                reply = ledger.step("s", "big", lambda: "v" * 500)
+            os.write(write_fd, f"{reply.value == 'v' * 500}|{warned}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as pipe:
+        said = pipe.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert said.startswith("True|") and "File too large" in said and "not recorded" in said
+    assert (ledger_dir / "steps.jsonl").read_bytes() == before  # no partial line left
