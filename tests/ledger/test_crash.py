@@ -232,3 +232,16 @@ def test_a_short_write_is_truncated_away_and_the_value_still_returned(ledger_dir
     assert os.waitstatus_to_exitcode(status) == 0
     assert said.startswith("True|") and "File too large" in said and "not recorded" in said
     assert (ledger_dir / "steps.jsonl").read_bytes() == before  # no partial line left
+
+
+def test_appender_follows_the_path_after_another_process_quarantines(ledger_dir: Path) -> None:
+    from crucible.ledger._files import quarantine
+
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "a", Outcome.ok(1))  # the appender holds the file open
+        aside = quarantine(ledger_dir / "steps.jsonl", None)  # as another process would
+        assert aside is not None
+        ledger.record("s", "b", Outcome.ok(2))
+    assert b'"step":"b"' not in aside.read_bytes()  # not appended to the file set aside
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup("s", "b") is not None and ledger.lookup("s", "a") is None
