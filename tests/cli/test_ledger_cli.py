@@ -100,6 +100,10 @@ def test_deterministic_failure_recorded_only_when_listed(d: Path, tmp_path: Path
     assert replay.returncode == 4 and b"cached" in replay.stderr
     assert marker.read_text() == "xxx"
     assert [r["status"] for r in records(d)] == ["failed"]
+    # without --record-exit 4 the recorded failure is no longer a fact: run again
+    again = ledger(*base, *cmd)
+    assert again.returncode == 4 and b"not a --record-exit code here" in again.stderr
+    assert marker.read_text() == "xxxx"
 
 
 def test_killed_command_is_never_recorded(d: Path) -> None:
