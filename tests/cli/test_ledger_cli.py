@@ -410,3 +410,13 @@ def test_help_and_version() -> None:
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
         == "[]"
     )
+
+
+def test_a_non_command_record_under_a_run_step_is_ignored_and_the_command_runs(d: Path) -> None:
+    put = ledger("put", "--dir", str(d), "--scope", "s", "--", "echo", "hi", stdin=b'"odd"')
+    assert put.returncode == 0
+    done = ledger("run", "--dir", str(d), "--scope", "s", "--", "echo", "hi")
+    assert done.returncode == 0 and done.stdout == b"hi\n"
+    assert b"is not a command result; running the command" in done.stderr
+    replay = ledger("run", "--dir", str(d), "--scope", "s", "--", "echo", "hi")
+    assert b"cached" in replay.stderr  # the real result, recorded after, now wins
