@@ -100,6 +100,10 @@ def test_deterministic_failure_recorded_only_when_listed(d: Path, tmp_path: Path
     assert replay.returncode == 4 and b"cached" in replay.stderr
     assert marker.read_text() == "xxx"
     assert [r["status"] for r in records(d)] == ["failed"]
+    # without --record-exit 4 the recorded failure is no longer a fact: run again
+    again = ledger(*base, *cmd)
+    assert again.returncode == 4 and b"not a --record-exit code here" in again.stderr
+    assert marker.read_text() == "xxxx"
 
 
 def test_killed_command_is_never_recorded(d: Path) -> None:
@@ -108,6 +112,26 @@ def test_killed_command_is_never_recorded(d: Path) -> None:
     assert done.returncode == 137
     assert b"killed by signal 9; not recorded" in done.stderr
     assert records(d) == []
+
+
+def test_sigterm_to_the_ledger_is_forwarded_and_nothing_recorded(d: Path) -> None:
+    code = "import time; print('up', flush=True); time.sleep(60)"
+    proc = subprocess.Popen(
+        [LEDGER, "run", "--dir", str(d), "--scope", "t", "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+    proc.terminate()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert b"interrupted by signal 15; not recorded" in err
+    assert records(d) == []
+
+
+def test_stdin_is_passed_to_the_command(d: Path) -> None:
+    done = ledger("run", "--dir", str(d), "--scope", "t", "--", "cat", stdin=b"piped\n")
+    assert done.returncode == 0 and done.stdout == b"piped\n"
 
 
 @pytest.mark.parametrize(
@@ -223,11 +247,12 @@ def test_ls_filters_by_scope_and_is_quiet_when_the_reader_closes(d: Path) -> Non
     assert [json.loads(x)["value"] for x in listed.stdout.splitlines()] == [{"i": 0}, {"i": 2}]
     assert len(ledger("ls", "--dir", str(d)).stdout.splitlines()) == 3
     # many records through `| head -1`: exit 0, nothing on stderr
-    from crucible.ledger import Ledger, Outcome
+    from crucible.ledger._record import encode_line, make_record
 
-    with Ledger(d) as led:
-        for i in range(3000):
-            led.record("bulk", f"s{i}", Outcome.ok("x" * 200))
+    with open(d / "steps.jsonl", "ab") as f:
+        f.writelines(
+            encode_line(make_record("bulk", f"s{i}", "ok", "x" * 200)) for i in range(3000)
+        )
     done = subprocess.run(
         f"'{LEDGER}' ls --dir '{d}' | head -1; exit ${{PIPESTATUS[0]}}",
         shell=True,
@@ -385,3 +410,13 @@ def test_help_and_version() -> None:
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
         == "[]"
     )
+
+
+def test_a_non_command_record_under_a_run_step_is_ignored_and_the_command_runs(d: Path) -> None:
+    put = ledger("put", "--dir", str(d), "--scope", "s", "--", "echo", "hi", stdin=b'"odd"')
+    assert put.returncode == 0
+    done = ledger("run", "--dir", str(d), "--scope", "s", "--", "echo", "hi")
+    assert done.returncode == 0 and done.stdout == b"hi\n"
+    assert b"is not a command result; running the command" in done.stderr
+    replay = ledger("run", "--dir", str(d), "--scope", "s", "--", "echo", "hi")
+    assert b"cached" in replay.stderr  # the real result, recorded after, now wins

@@ -106,12 +106,22 @@ def test_four_processes_times_1000_appends_lose_and_interleave_nothing(
     go = ledger_dir.parent / "go"
     procs = _start_appenders(ledger_dir, ["a", "b", "c", "d"], 1000, go)
     go.touch()
+    # meanwhile, a reader: it may see a torn tail (an append in flight) but never a
+    # bad complete line, and never takes a partial line for a record
+    reads = 0
+    while any(p.poll() is None for p in procs):
+        with Ledger(ledger_dir, readonly=True, warn=lambda _m: None) as reader:
+            assert reader.report.scan.bad_lines == 0
+            for (scope, step), _pos in list(reader.report.scan.index.items())[-50:]:
+                hit = reader.lookup(scope, step)
+                assert hit is not None and hit.value["pad"] == step[0] * 300
+        reads += 1
     acked: set[str] = set()
     for proc in procs:
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0
         acked |= set(out.split())
-    assert len(acked) == 4000
+    assert len(acked) == 4000 and reads > 0
     report = verify(ledger_dir)
     assert report["records"] == 4000 and report["identities"] == 4000
     assert not report["damaged"] and report["bad_lines"] == 0
@@ -188,3 +198,50 @@ def test_forked_child_does_not_share_the_parents_lock(ledger_dir: Path) -> None:
         assert os.waitstatus_to_exitcode(status) == 0
     with Ledger(ledger_dir) as ledger:
         assert ledger.lookup("s", "child") is not None
+
+
+def test_a_short_write_is_truncated_away_and_the_value_still_returned(ledger_dir: Path) -> None:
+    """A real partial write: RLIMIT_FSIZE lets the first write(2) land only part of
+    the line, the next one fails with EFBIG; the append must remove the partial
+    line, report, and the step must still return its value."""
+    import resource
+
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "before", Outcome.ok(1))
+    before = (ledger_dir / "steps.jsonl").read_bytes()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            os.close(read_fd)
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (len(before) + 40, hard))
+            warned: list[str] = []
+            with Ledger(ledger_dir, warn=warned.append) as ledger:
+                reply = ledger.step("s", "big", lambda: "v" * 500)
+            os.write(write_fd, f"{reply.value == 'v' * 500}|{warned}".encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_fd, "rb") as pipe:
+        said = pipe.read().decode()
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert said.startswith("True|") and "File too large" in said and "not recorded" in said
+    assert (ledger_dir / "steps.jsonl").read_bytes() == before  # no partial line left
+
+
+def test_appender_follows_the_path_after_another_process_quarantines(ledger_dir: Path) -> None:
+    from crucible.ledger._files import quarantine
+
+    with Ledger(ledger_dir) as ledger:
+        ledger.record("s", "a", Outcome.ok(1))  # the appender holds the file open
+        aside = quarantine(ledger_dir / "steps.jsonl", None)  # as another process would
+        assert aside is not None
+        ledger.record("s", "b", Outcome.ok(2))
+    assert b'"step":"b"' not in aside.read_bytes()  # not appended to the file set aside
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup("s", "b") is not None and ledger.lookup("s", "a") is None

@@ -265,3 +265,32 @@ def test_unreadable_file_is_quarantined_and_fresh_ledger_begun(shared_tmp: Path)
     with Ledger(d) as ledger:
         hit = ledger.lookup("s", "x")
         assert hit is not None and hit.value == {"real": "x"}
+
+
+def test_on_replay_runs_once_per_ledger_hit_to_restore_caller_state(ledger_dir: Path) -> None:
+    provenance: set[str] = set()
+
+    def build() -> dict[str, str]:
+        provenance.add("sha256:aa")  # what a real build registers
+        return {"digest": "sha256:aa"}
+
+    def restore(reply: Reply) -> None:
+        provenance.add(reply.value["digest"])
+
+    with Ledger(ledger_dir) as ledger:
+        ledger.step("broker", "build", build, on_replay=restore)
+    provenance.clear()  # a restart: in-memory state is gone
+    seen: list[Reply] = []
+    with Ledger(ledger_dir) as ledger:
+        ledger.step("broker", "build", build, on_replay=lambda r: (seen.append(r), restore(r)))
+        ledger.step("broker", "build", build, on_replay=lambda r: (seen.append(r), restore(r)))
+    assert provenance == {"sha256:aa"} and len(seen) == 1  # the memo hit did not re-run it
+
+
+@pytest.mark.parametrize(("scope", "step"), [("", "x"), ("s", ""), (None, "x"), ("s", 1)])
+def test_empty_or_non_string_identity_is_a_programming_error(
+    ledger_dir: Path, scope: object, step: object
+) -> None:
+    with Ledger(ledger_dir) as ledger, pytest.raises(ValueError, match="non-empty strings"):
+        ledger.step(scope, step, Body(1))  # type: ignore[arg-type]
+    assert not (ledger_dir / "steps.jsonl").exists()

@@ -148,3 +148,4 @@ def test_decode_streams_refuses_malformed_values() -> None:
     assert decode_streams({"exit": 0, "stdout": ""}) is None
     assert decode_streams({"exit": 0, "stdout": "", "stderr_base64": "!!"}) is None
     assert decode_streams([1]) is None
+    assert decode_streams({"exit": 256, "stdout": "", "stderr": ""}) is None

@@ -11,7 +11,7 @@ from typing import IO, Any
 from crucible.core import canon
 from crucible.core.errors import OperationalError, UsageError
 from crucible.ledger.identity import command_key, content_step, parse_key_specs, read_key_files
-from crucible.ledger.ledger import Ledger, Outcome, Warn, stderr_warn
+from crucible.ledger.ledger import Ledger, Outcome, Reply, Warn, stderr_warn
 from crucible.ledger.maintenance import compact, verify
 from crucible.ledger.runner import (
     CannotStart,
@@ -75,6 +75,10 @@ def resolve_step(spec: KeySpec) -> tuple[str, dict[str, Any] | None]:
             raise UsageError("give either --step or --key/--key-file/-- CMD, not both")
         if not spec.step:
             raise UsageError("--step must not be empty")
+        try:
+            spec.step.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError("--step is not valid UTF-8") from None
         return spec.step, None
     key = command_key(spec.argv, parse_key_specs(spec.keys), read_key_files(spec.key_files))
     return content_step("run", key), key
@@ -105,19 +109,17 @@ def do_run(
     step, key = resolve_step(KeySpec(None, options.keys, options.key_files, options.argv))
     with Ledger(directory, warn=warn) as ledger:
         hit = ledger.lookup(scope, step)
-        if hit is not None:
-            replay = decode_streams(hit.value)
-            if replay is not None:
-                code, out, err = replay
-                _write(stdout, out)
-                _write(stderr, err)
-                stderr.write(
-                    f"{PROG}: cached: replayed {options.argv[0]} (exit {code}, "
-                    f"recorded {hit.at}; step {step})\n".encode()
-                )
-                stderr.flush()
-                return code
-            warn(f"the record of {step} is not a command result; running the command")
+        replay = _replayable(hit, options.record_exits, stderr=stderr, warn=warn)
+        if hit is not None and replay is not None:
+            code, out, err = replay
+            _write(stdout, out)
+            _write(stderr, err)
+            stderr.write(
+                f"{PROG}: cached: replayed {options.argv[0]} (exit {code}, "
+                f"recorded {hit.at}; step {hit.step})\n".encode()
+            )
+            stderr.flush()
+            return code
         try:
             result = run_command(options.argv, stdout=stdout, stderr=stderr)
         except CannotStart as exc:
@@ -134,6 +136,26 @@ def do_run(
         elif result.signal is not None:
             warn(f"{options.argv[0]} was killed by signal {result.signal}; not recorded")
         return result.shell_status
+
+
+def _replayable(
+    hit: Reply | None, record_exits: tuple[int, ...], *, stderr: IO[bytes], warn: Warn
+) -> tuple[int, bytes, bytes] | None:
+    """(exit, stdout, stderr) to replay, or None to run the command."""
+    if hit is None:
+        return None
+    replay = decode_streams(hit.value)
+    if replay is None:
+        warn(f"the record of {hit.step} is not a command result; running the command")
+        return None
+    if replay[0] != 0 and replay[0] not in record_exits:
+        # a recorded failure replays only while the caller still calls it deterministic
+        stderr.write(
+            f"{PROG}: recorded exit {replay[0]} is not a --record-exit code here; "
+            "running again\n".encode()
+        )
+        return None
+    return replay
 
 
 def _write(stream: IO[bytes], data: bytes) -> None:

@@ -95,6 +95,12 @@ class OpenReport:
     unreadable: str | None = None
 
 
+def _check_identity(scope: object, step: object) -> None:
+    """A programming error, not a ledger problem: raised, never swallowed."""
+    if not isinstance(scope, str) or not scope or not isinstance(step, str) or not step:
+        raise ValueError("scope and step must be non-empty strings")
+
+
 class Ledger:
     """A ledger directory holding ``steps.jsonl``.
 
@@ -129,8 +135,8 @@ class Ledger:
         reason: str | None = None
         seen: os.stat_result | None = None
         try:
-            with_stat = os.stat(self.path) if os.path.lexists(self.path) else None
-            seen = with_stat
+            # what we judge, so a quarantine renames this file and no later one
+            seen = os.stat(self.path) if os.path.lexists(self.path) else None
             found = read_regular_file(self.path)
         except ValueError as exc:
             reason, found = str(exc), None
@@ -215,15 +221,21 @@ class Ledger:
     def lookup(self, scope: str, step: str) -> Reply | None:
         """A replay (``cached=True``) from the memo or the ledger, or None. A ledger
         hit rehydrates the memo."""
+        return self._lookup(scope, step)[0]
+
+    def _lookup(self, scope: str, step: str) -> tuple[Reply | None, bool]:
+        """(replay or None, whether it came from the ledger rather than the memo)."""
+        _check_identity(scope, step)
         identity = (scope, step)
         known = self._memo.get(identity)
+        from_ledger = known is None
         if known is None:
             record = self._read_record(identity)
             if record is None:
-                return None
+                return None, False
             known = Reply(scope, step, record["status"], record["value"], at=record["at"])
             self._memo[identity] = known
-        return replace(known, cached=True)
+        return replace(known, cached=True), from_ledger
 
     def records(self, scope: str | None = None) -> list[bytes]:
         """The canonical payload bytes of the latest record of each identity, in
@@ -244,6 +256,7 @@ class Ledger:
     def record(self, scope: str, step: str, outcome: Outcome, *, key: Any = None) -> bool:
         """Append the fact durably. False (reported through ``warn``) if it could
         not be recorded; the memo holds it either way."""
+        _check_identity(scope, step)
         record = make_record(scope, step, outcome.status, outcome.value, key)
         self._memo[(scope, step)] = Reply(
             scope, step, outcome.status, outcome.value, at=record["at"]
@@ -270,12 +283,17 @@ class Ledger:
         body: Callable[[], Any],
         *,
         key: Any = None,
+        on_replay: Callable[[Reply], None] | None = None,
     ) -> Reply:
         """Memo, then ledger, then ``body()``. A body returning a plain value is an
         ok outcome; an :class:`Outcome` says what it is; an exception propagates
-        and records nothing."""
-        hit = self.lookup(scope, step)
+        and records nothing. ``on_replay`` runs once per ledger hit (not for memo
+        hits), to restore caller state a real execution would have set — e.g. the
+        seed's build provenance, so that a replayed build unblocks its measures."""
+        hit, from_ledger = self._lookup(scope, step)
         if hit is not None:
+            if from_ledger and on_replay is not None:
+                on_replay(hit)
             return hit
         produced = body()
         outcome = produced if isinstance(produced, Outcome) else Outcome.ok(produced)

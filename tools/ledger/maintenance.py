@@ -79,6 +79,7 @@ class CompactReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "v": FORMAT_VERSION,
             "path": str(self.path),
             "records_before": self.records_before,
             "kept": self.kept,

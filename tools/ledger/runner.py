@@ -176,6 +176,8 @@ def decode_streams(value: Any) -> tuple[int, bytes, bytes] | None:
     """(exit, stdout, stderr) of a recorded command value, or None if malformed."""
     if not isinstance(value, dict) or type(value.get("exit")) is not int:
         return None
+    if not 0 <= value["exit"] <= 255:
+        return None
     streams: list[bytes] = []
     for name in ("stdout", "stderr"):
         text = value.get(name)
