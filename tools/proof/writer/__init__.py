@@ -53,6 +53,8 @@ class ProveOptions:
     candidate_hook: Callable[[dict[str, bytes]], None] | None = None
     #: fsync every file before the swap (tests of logic may turn it off for speed)
     durable: bool = True
+    #: keep every measured Decision in the result (reports, probe, tests)
+    keep_decisions: bool = True
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
             proof_ceiling=options.proof_ceiling,
             ops_name=ops_name,
             candidate_hook=options.candidate_hook,
+            keep_decisions=options.keep_decisions,
         )
         unrecordable: Unrecordable | None = None
         last_line = 0

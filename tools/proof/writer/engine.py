@@ -25,9 +25,12 @@ from crucible.proof.writer.received import (
     output_records,
     read_artifact,
 )
-from crucible.proof.writer.state import PINS, Attempt, Instance, State
+from crucible.proof.writer.state import PINS, Attempt, Instance, State, control_dumps
 
 __all__ = ["Decision", "Engine", "Forbidden", "Unrecordable"]
+
+
+_NO_PINS: tuple[str | None, ...] = (None,) * len(PINS)
 
 
 class Forbidden(InputRefused):
@@ -113,6 +116,7 @@ class Engine:
         proof_ceiling: int = layout.MAX_PROOF_BYTES,
         ops_name: str = "operations",
         candidate_hook: Callable[[dict[str, bytes]], None] | None = None,
+        keep_decisions: bool = True,
     ) -> None:
         self.wf = wf
         self.artifacts = artifacts
@@ -122,11 +126,11 @@ class Engine:
         self.proof_ceiling = proof_ceiling
         self.ops_name = ops_name
         self.candidate_hook = candidate_hook
+        self.keep_decisions = keep_decisions
+        self._retries: dict[tuple[str, str], dict[str, str]] = {}
         self.state: State | None = None
         self.proof: ProofChain | None = None
         self.open: _OpenEpoch | None = None
-        #: epoch number -> (kind, admitted)
-        self.epochs: dict[int, tuple[str, bool]] = {}
         self.decisions: list[Decision] = []
         self.custody: list[CustodyItem] = []
         self.finished: O.Finish | None = None
@@ -196,7 +200,8 @@ class Engine:
             self.candidate_hook(files)
 
     def _record(self, decision: Decision) -> None:
-        self.decisions.append(decision)
+        if self.keep_decisions:
+            self.decisions.append(decision)
 
     def _commit(self) -> None:
         self.sink.write(self.st.commit())
@@ -255,7 +260,7 @@ class Engine:
             self.spool,
         )
         epoch = {"number": 1, "previousProofDigest": self.pc.p0_digest, "kind": "root"}
-        eb = canon.dumps(epoch)
+        eb = control_dumps(epoch)
         psize = self.pc.size_with_closed(eb)
         self._proof_size_ok(psize, op.line, 1)
         st.begin()
@@ -289,7 +294,6 @@ class Engine:
         self._commit()
         self.pc.append_closed(eb)
         self._epoch_dicts.append(epoch)
-        self.epochs[1] = ("root", True)
         self._record(Decision(op.line, 1, None, "root", "admitted", size, None))
 
     # -- selection and fork ----------------------------------------------------------
@@ -382,7 +386,7 @@ class Engine:
             "selectionCoreDigest": core_digest,
             "childIds": child_ids,
         }
-        eb = canon.dumps(epoch)
+        eb = control_dumps(epoch)
         psize = self.pc.size_with_closed(eb)
         self._proof_size_ok(psize, op.line, number)
         view = lambda: [*self._epoch_dicts, epoch]  # noqa: E731
@@ -505,7 +509,6 @@ class Engine:
         self.pc.append_closed(eb)
         if self.check:
             self._epoch_dicts.append(epoch)
-        self.epochs[number] = (kind, admitted)
 
     # -- group and retry -------------------------------------------------------------
     def _group(self, op: O.Group) -> None:
@@ -616,7 +619,8 @@ class Engine:
                 op.line,
                 f"§4: attempt {n} of {op.instance!r} exceeds maxAttempts {self.wf.limits.max_attempts}",
             )
-        retry = {"actor": op.actor, "at": op.at}
+        # one shared dict per distinct assertion keeps long retry histories compact
+        retry = self._retries.setdefault((op.actor, op.at), {"actor": op.actor, "at": op.at})
         number = self.pc.closed_epochs + 1
         epoch = {
             "number": number,
@@ -634,7 +638,7 @@ class Engine:
 
     @staticmethod
     def _stub(number: int, retry: dict[str, str] | None) -> Attempt:
-        return Attempt(number, "interrupted", None, retry, dict.fromkeys(PINS)).sized()
+        return Attempt(number, "interrupted", None, retry, _NO_PINS).sized()
 
     def _begin_epoch(
         self,
@@ -650,7 +654,7 @@ class Engine:
             head, tail = split_at_results(epoch)
             psize = self.pc.size_with_open(head, tail)
         else:
-            eb = canon.dumps(epoch)
+            eb = control_dumps(epoch)
             psize = self.pc.size_with_closed(eb)
         self._proof_size_ok(psize, line, number)
         st.begin()
@@ -673,7 +677,6 @@ class Engine:
             self.pc.append_closed(eb)
             if self.check:
                 self._epoch_dicts.append(epoch)
-        self.epochs[number] = (kind, True)
         self._record(Decision(line, number, None, kind, "begun", size, None))
 
     # -- observations ----------------------------------------------------------------
@@ -773,7 +776,7 @@ class Engine:
             "failure": op.failure,
             **pins,
         }
-        rb = canon.dumps(observation)
+        rb = control_dumps(observation)
         psize = self.pc.size_with_result(rb)
         self._proof_size_ok(psize, op.line, o.number)
         j = o.next + 1
@@ -783,7 +786,7 @@ class Engine:
         def base(state: str, failure: str | None) -> None:
             for pin, data in received.items():
                 st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
-            attempt = Attempt(op.attempt, state, failure, old.retry, pins).sized()
+            attempt = Attempt(op.attempt, state, failure, old.retry, tuple(pins.values())).sized()
             st.replace_last_attempt(inst, attempt)
             st.set_status(inst, state, failure)
 
@@ -807,7 +810,7 @@ class Engine:
                 set_records = []
                 for k, p in enumerate(payloads):
                     pd = digest.of_bytes(p)
-                    env = canon.dumps(
+                    env = control_dumps(
                         {
                             "envelopeVersion": 1,
                             "stage": inst.stage,
