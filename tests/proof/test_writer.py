@@ -681,3 +681,55 @@ def test_late_observation_of_unknown_attempt_is_refused(tmp_path: Path) -> None:
     s.observe("a", 5, "interrupted")
     with pytest.raises(Forbidden, match="matches no begun slot"):
         s.prove()
+
+
+def test_late_observation_with_missing_files_is_kept_without_failing(tmp_path: Path) -> None:
+    s = Scenario(tmp_path)
+    two_children(s)
+    s.evaluated("a", 1, people("Ann"))
+    s.evaluated("b", 1, people("Bob"))
+    s.observe("a", 1, "interrupted", None, {"run": "never/arrived.json"})
+    s.finish()
+    result = s.prove()
+    assert result.custody is not None
+    items = canon.loads((result.custody / "custody.json").read_bytes())["items"]
+    assert items == [{"line": 8, "instance": "a", "attempt": 1, "reason": "late", "files": {}}]
+
+
+def test_fork_frees_no_instance_budget_and_a_refused_fork_unconsumes(tmp_path: Path) -> None:
+    s = Scenario(tmp_path, limits={"maxInstances": 4})
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    s.select("org", [("r", 0), ("r", 1)], ["a", "b"])  # reserved: 3
+    s.select("org", [("r", 0), ("r", 1)], ["a2", "b2"], fork=True)  # 3 + 2 > 4: refused
+    s.select("org", [("r", 0)], ["a3"])  # org unconsumed again: a selection (3 + 1 = 4 fits)
+    s.finish()
+    result = s.prove()
+    outcomes = [(d.kind, d.outcome) for d in result.decisions if d.kind in ("selection", "fork")]
+    assert outcomes == [("selection", "admitted"), ("fork", "refused"), ("selection", "admitted")]
+    b = tmp_path / "bundle"
+    assert [i["id"] for i in execution(b)["instances"]] == ["r", "a3"]
+    _, epochs = proof_epochs(b)
+    assert epochs[3]["childIds"] is None  # the fork's count refusal allocates no ids
+    files = read_tree(b)
+    assert "refusal" in canon.loads(files["selections/org/2.json"])
+    assert "instances/a/case.json" in files  # retired history stays
+
+
+def test_operations_after_finish_or_stop_without_open_epoch_are_forbidden(tmp_path: Path) -> None:
+    s = Scenario(tmp_path / "after")
+    s.root_op()
+    s.finish()
+    s.op(op="recover")
+    with pytest.raises(Forbidden, match="follow finish"):
+        s.prove()
+    s = Scenario(tmp_path / "stop")
+    s.root_op()
+    s.op(op="cancel")
+    with pytest.raises(Forbidden, match="needs an open epoch"):
+        s.prove()
+    s = Scenario(tmp_path / "first")
+    s.group(1, ["r"])
+    with pytest.raises(Forbidden, match="first operation must be root"):
+        s.prove()

@@ -176,9 +176,12 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
         for item in engine.custody:
             files = {}
             for role, rel in sorted(item.files.items()):
+                source = _custody_source(options.artifacts, rel)
+                if source is None:
+                    continue  # never received (or outside the artifacts): nothing to keep
                 name = f"{item.line}/{role}-{Path(rel).name}"
                 files[role] = name
-                sources[name] = options.artifacts / rel
+                sources[name] = source
             items.append(
                 {
                     "line": item.line,
@@ -205,3 +208,11 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
         custody=custody_path,
         decisions=engine.decisions,
     )
+
+
+def _custody_source(artifacts: Path, rel: str) -> Path | None:
+    base = artifacts.resolve()
+    target = (artifacts / rel).resolve()
+    if base not in target.parents or not target.is_file():
+        return None
+    return target
