@@ -733,3 +733,34 @@ def test_operations_after_finish_or_stop_without_open_epoch_are_forbidden(tmp_pa
     s.group(1, ["r"])
     with pytest.raises(Forbidden, match="first operation must be root"):
         s.prove()
+
+
+def test_structural_ceilings_are_recording_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.proof import layout
+
+    monkeypatch.setattr(layout, "MAX_PROOF_ARRAY", 1)
+    s = Scenario(tmp_path / "array")
+    two_children(s)
+    result = s.prove()
+    assert result.unrecordable is not None and "array ceiling" in result.unrecordable
+    monkeypatch.undo()
+    monkeypatch.setattr(layout, "MAX_BLOCKS", 1)
+    monkeypatch.setattr(layout, "MAX_EPOCHS_PER_BLOCK", 3)
+    s = Scenario(tmp_path / "epochs")
+    two_children(s)
+    result = s.prove()
+    assert result.unrecordable is not None and "structural ceiling" in result.unrecordable
+    assert result.epochs == 3
+
+
+def test_symlinked_artifact_escaping_the_directory_is_refused(tmp_path: Path) -> None:
+    s = Scenario(tmp_path)
+    two_children(s)
+    outside = tmp_path / "secret.json"
+    outside.write_bytes(b'{"exportVersion":3,"finishedAt":null}')
+    (s.artifacts / "link.json").symlink_to(outside)
+    s.observe("a", 1, "interrupted", None, {"run": "link.json"})
+    with pytest.raises(InputRefused, match="escapes the artifacts directory"):
+        s.prove()
