@@ -764,3 +764,18 @@ def test_symlinked_artifact_escaping_the_directory_is_refused(tmp_path: Path) ->
     s.observe("a", 1, "interrupted", None, {"run": "link.json"})
     with pytest.raises(InputRefused, match="escapes the artifacts directory"):
         s.prove()
+
+
+def test_root_case_must_be_canonical_and_shallow(tmp_path: Path) -> None:
+    s = Scenario(tmp_path / "deep")
+    deep: dict[str, Any] = {}
+    for _ in range(70):
+        deep = {"d": deep}
+    s.root_op(deep)
+    with pytest.raises(InputRefused, match="deeper than 64"):
+        s.prove()
+    s = Scenario(tmp_path / "spaces")
+    s.root_op()
+    s.file("root-case.json", b'{"topic": "x"}')
+    with pytest.raises(InputRefused, match="canonical JSON object"):
+        s.prove()

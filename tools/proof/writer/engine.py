@@ -22,6 +22,7 @@ from crucible.proof.writer.proofchain import ProofChain, split_at_results
 from crucible.proof.writer.received import (
     TooLarge,
     check_pins,
+    depth_ok,
     output_records,
     read_artifact,
 )
@@ -244,6 +245,8 @@ class Engine:
             ) from None
         if not isinstance(value, dict) or canon.dumps(value) != case:
             raise InputRefused("the root case must be a canonical JSON object", where=where)
+        if not depth_ok(value):
+            raise InputRefused("the root case nests deeper than 64 levels", where=where)
         st = State(self.wf, op.execution, op.root_instance)
         self.state = st
         case_digest = digest.of_bytes(case)
