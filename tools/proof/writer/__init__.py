@@ -89,7 +89,7 @@ def prove(options: ProveOptions) -> ProveResult:
 
 
 def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResult:
-    ops_name = str(options.operations)
+    ops_name = "<stdin>" if str(options.operations) == "-" else str(options.operations)
     with open(staging / layout.ADMISSION_PROOF, "w+b") as spool:
         engine = Engine(
             wf,
