@@ -136,7 +136,7 @@ def test_cutoff_suppresses_later_valid_proposals_in_the_same_epoch(tmp_path: Pat
     s.finish()
     result = s.prove()
     outcomes = [d.outcome for d in result.decisions if d.kind == "observation"][-3:]
-    assert outcomes == ["refused", "cut-off", "cut-off"]
+    assert outcomes == ["refused", "cut-off", "recorded"]
     b = tmp_path / "bundle"
     for iid in "abc":
         assert (instance(b, iid)["state"], instance(b, iid)["failure"]) == (

@@ -851,7 +851,8 @@ class Engine:
         elif op.state == "evaluated":
             outcome, state, failure = "recorded", "failed", "output-invalid"
         elif op.state == "suppressed":
-            outcome, state, failure = "cut-off", "failed", "limit-exceeded"
+            # no proposal was received: not an output decision (the cutoff is checked above)
+            outcome, state, failure = "recorded", "failed", "limit-exceeded"
         else:
             outcome, state, failure = "recorded", op.state, op.failure
         st.begin()
