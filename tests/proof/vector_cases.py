@@ -67,6 +67,15 @@ def fixed_point(make: Callable[[Path, int], Scenario], pick: Callable[[Any], int
     raise AssertionError("no fixed point")
 
 
+def measure_once(make: Callable[[Path, int], Scenario], limit: int) -> Any:
+    """Prove a scratch copy once (to measure) and remove it."""
+    work = _scratch("once")
+    try:
+        return make(work / "x", limit).prove(check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def obs(result: Any, n: int = -1) -> Any:
     return [d for d in result.decisions if d.kind == "observation"][n]
 
@@ -270,7 +279,7 @@ def file_limit(d: Path) -> Scenario:
         s.finish()
         return s
 
-    probe = make(_scratch("files") / "x", 100_000).prove(check=False)
+    probe = measure_once(make, 100_000)
     acceptance = obs(probe).acceptance
     return make(d, acceptance[1] - 6)
 
@@ -290,7 +299,7 @@ def carrier_unrecordable(d: Path) -> Scenario:
         s.finish()
         return s
 
-    probe = make(_scratch("carrier") / "x", 1_000_000).prove(check=False)
+    probe = measure_once(make, 1_000_000)
     return make(d, obs(probe, -2).acceptance[0] + 2000)
 
 
