@@ -17,7 +17,8 @@ from crucible.core import canon, digest
 from crucible.core.errors import InputRefused
 from crucible.proof import layout
 from crucible.proof.writer import ops as O
-from crucible.proof.writer.model import Workflow
+from crucible.proof.writer.derive import emitted_outputs, project
+from crucible.proof.writer.model import Stage, Workflow
 from crucible.proof.writer.proofchain import ProofChain, split_at_results
 from crucible.proof.writer.received import (
     TooLarge,
@@ -457,7 +458,7 @@ class Engine:
 
     def _project(
         self,
-        consumer: Any,
+        consumer: Stage,
         record: dict[str, Any],
         cid: str,
         upstream: str,
@@ -472,39 +473,18 @@ class Engine:
             )
         )
         parent = {"instance": record["instance"], "output": record["output"]}
+        slot = project(consumer, payload, cid, parent)
         inst = Instance(
             id=cid,
             stage=consumer.name,
             parent=parent,
             selection={"stage": upstream, "revision": revision},
-            case_digest=None,
-            state="interrupted",
-            failure=None,
+            case_digest=None if slot.case is None else digest.of_bytes(slot.case),
+            state=slot.state,
+            failure=slot.failure,
             reservation=reservation,
         )
-        if consumer.fields is None:
-            projected = payload
-        else:
-            if not all(f in payload for f in consumer.fields):
-                inst.state, inst.failure = "failed", "projection-invalid"
-                return inst, None
-            projected = {f: payload[f] for f in consumer.fields}
-        case = canon.dumps(
-            {
-                "caseVersion": 1,
-                "stage": consumer.name,
-                "instance": cid,
-                "parent": parent,
-                "input": projected,
-            }
-        )
-        inst.case_digest = digest.of_bytes(case)
-        if (
-            consumer.admit_max_bytes is not None
-            and len(canon.dumps(projected)) > consumer.admit_max_bytes
-        ):
-            inst.state, inst.failure = "failed", "admission-refused"
-        return inst, case
+        return inst, slot.case
 
     def _close_atomic(
         self, eb: bytes, epoch: dict[str, Any], number: int, kind: str, admitted: bool
@@ -810,31 +790,11 @@ class Engine:
             if local_ok:
                 st.begin()
                 base("completed" if records else "completed-zero", None)
-                set_records = []
-                for k, p in enumerate(payloads):
-                    pd = digest.of_bytes(p)
-                    env = control_dumps(
-                        {
-                            "envelopeVersion": 1,
-                            "stage": inst.stage,
-                            "instance": inst.id,
-                            "attempt": op.attempt,
-                            "output": k,
-                            "payloadDigest": pd,
-                            "parent": inst.parent,
-                        }
-                    )
-                    st.add_file(layout.payload_path(inst.stage, inst.id, op.attempt, k), p)
-                    st.add_file(layout.envelope_path(inst.stage, inst.id, op.attempt, k), env)
-                    set_records.append(
-                        {
-                            "instance": inst.id,
-                            "attempt": op.attempt,
-                            "output": k,
-                            "payloadDigest": pd,
-                            "envelopeDigest": digest.of_bytes(env),
-                        }
-                    )
+                files, set_records = emitted_outputs(
+                    inst.stage, inst.id, op.attempt, inst.parent, payloads
+                )
+                for path, data in files:
+                    st.add_file(path, data)
                 st.add_records(inst, set_records)
                 acceptance = self._measure(psize, view)
                 if self._fits(acceptance):
