@@ -17,7 +17,7 @@ __all__ = ["Attempt", "Instance", "StageDef", "set_json"]
 PINS = tuple(layout.ATTEMPT_FILES)
 
 
-@dataclass
+@dataclass(slots=True)
 class StageDef:
     name: str
     from_stage: str | None
@@ -28,7 +28,7 @@ class StageDef:
     consumers: list[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     number: int
     state: str
@@ -47,7 +47,7 @@ class Attempt:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class Instance:
     id: str
     stage: str

@@ -43,7 +43,12 @@ _PRECEDENCE = (
     "inventory-mismatch",
     "kind-unread",
 )
-_BOUNDS = JsonBounds(depth=64, members=layout.MAX_PROOF_ARRAY, string_bytes=65536)
+#: the proof's structural ceilings (admission-proof.md §1) and those of every other JSON
+#: file (our choice: nesting 64 as workflow.md §1; containers bounded by maxBytes)
+_PROOF_BOUNDS = JsonBounds(depth=64, members=layout.MAX_PROOF_ARRAY, string_bytes=65536)
+_FILE_BOUNDS = JsonBounds(depth=64, members=1 << 22, string_bytes=layout.MAX_RECEIVED_FILE_BYTES)
+#: control files are bounded by maxBytes (checked from the walk) and this hard cap
+_CONTROL_CAP = 1 << 30
 #: a walk never visits more entries than this (our choice; far above any maxFiles we accept)
 MAX_ENTRIES = 1 << 20
 
@@ -90,9 +95,8 @@ class _Loaded:
     tree: BundleTree
     workflow: dict[str, Any]
     proof: dict[str, Any]
-    proof_bytes: bytes
+    #: the supplied execution's members except its instances (compared in phase 5)
     execution: dict[str, Any]
-    execution_bytes: bytes
     epochs: list[dict[str, Any]]
     digests: dict[str, str]
     selections: dict[tuple[str, int], tuple[dict[str, Any], bool]]
@@ -146,11 +150,17 @@ def _stage_defs(wf: dict[str, Any]) -> list[StageDef]:
     return defs
 
 
+def _is_control(path: str) -> bool:
+    return path == layout.EXECUTION or (path.startswith("sets/") and path.count("/") == 1)
+
+
 def _ceiling(path: str, options: VerifyOptions) -> int:
     if path == layout.ADMISSION_PROOF:
         return options.proof_ceiling
     if path.endswith("/audit.sig"):
         return layout.MAX_SIGNATURE_BYTES
+    if _is_control(path):
+        return _CONTROL_CAP
     return layout.MAX_RECEIVED_FILE_BYTES
 
 
@@ -195,29 +205,24 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
 
     digests: dict[str, str] = {}
 
-    def load(path: str, *, canonical: bool) -> tuple[Any, bytes]:
+    def load(path: str, *, canonical: bool) -> Any:
         data = tree.read(path, _ceiling(path, options))
         digests[path] = digest.of_bytes(data)
-        return parse_json(data, path, _BOUNDS, canonical=canonical), data
+        bounds = _PROOF_BOUNDS if path == layout.ADMISSION_PROOF else _FILE_BOUNDS
+        return parse_json(data, path, bounds, canonical=canonical)
 
-    parsed: dict[str, tuple[Any, bytes]] = {}
-    for p in (layout.WORKFLOW, layout.ADMISSION_PROOF, layout.EXECUTION):
-        if p in tree.sizes:
-            try:
-                parsed[p] = load(p, canonical=True)
-            except Problem as exc:
-                col.note(exc)
-    if layout.WORKFLOW not in parsed or layout.ADMISSION_PROOF not in parsed:
-        col.settle()
-    wf, proof = parsed[layout.WORKFLOW][0], parsed[layout.ADMISSION_PROOF][0]
+    parsed: dict[str, Any] = {}
+    limits: dict[str, int] | None = None
     try:
-        forms.check_workflow(wf, layout.WORKFLOW)
+        parsed[layout.WORKFLOW] = load(layout.WORKFLOW, canonical=True)
+        forms.check_workflow(parsed[layout.WORKFLOW], layout.WORKFLOW)
+        limits = parsed[layout.WORKFLOW]["limits"]
     except Problem as exc:
         col.note(exc)
-        col.settle()  # without the workflow's limits nothing further can be bounded
     # The supplied total is a bound (input-over-bound), senior to every malformed file.
-    limits = wf["limits"]
-    if tree.total_bytes > limits["maxBytes"] or len(tree.sizes) > limits["maxFiles"]:
+    if limits is not None and (
+        tree.total_bytes > limits["maxBytes"] or len(tree.sizes) > limits["maxFiles"]
+    ):
         col.note(
             Problem(
                 "input-over-bound",
@@ -227,6 +232,15 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
             )
         )
         col.settle()
+    for p in (layout.ADMISSION_PROOF, layout.EXECUTION):
+        if p in tree.sizes:
+            try:
+                parsed[p] = load(p, canonical=True)
+            except Problem as exc:
+                col.note(exc)
+    if layout.ADMISSION_PROOF not in parsed or limits is None:
+        col.settle()  # without the workflow's limits nothing further can be bounded
+    wf, proof = parsed[layout.WORKFLOW], parsed[layout.ADMISSION_PROOF]
     try:
         forms.check_proof_root(proof, layout.ADMISSION_PROOF)
     except Problem as exc:
@@ -275,7 +289,7 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
             )
     execution: dict[str, Any] = {}
     if layout.EXECUTION in parsed:
-        execution = parsed[layout.EXECUTION][0]
+        execution = parsed[layout.EXECUTION]
         try:
             forms.check_execution(execution)
         except Problem as exc:
@@ -308,9 +322,7 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                     )
                 )
             else:
-                value, data = load(
-                    path, canonical=kind in ("canonical", "selection", "partial", "audit")
-                )
+                value = load(path, canonical=kind in ("canonical", "selection", "partial", "audit"))
                 if kind in ("strict-object", "audit", "run") and type(value) is not dict:
                     col.note(Problem("input-malformed", 1, "not a JSON object", path=path))
                 elif kind == "selection":
@@ -388,9 +400,7 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
         tree=tree,
         workflow=wf,
         proof=proof,
-        proof_bytes=parsed[layout.ADMISSION_PROOF][1],
-        execution=execution,
-        execution_bytes=parsed[layout.EXECUTION][1],
+        execution={k: v for k, v in execution.items() if k != "instances"},
         epochs=epochs,
         digests=digests,
         selections=selections,
@@ -574,9 +584,10 @@ def _phase3(ld: _Loaded) -> None:
 def _phase5(ld: _Loaded, rp: Replay) -> Reading:
     proof_digest = ld.digests[layout.ADMISSION_PROOF]
     derived = rp.execution_json(proof_digest)
-    if canon.dumps(derived) != ld.execution_bytes:
+    if digest.of_bytes(canon.dumps(derived)) != ld.digests[layout.EXECUTION]:
+        supplied = canon.loads(ld.tree.read(layout.EXECUTION, _CONTROL_CAP))
         raise Problem(
-            "inventory-mismatch", 5, _first_difference(derived, ld.execution), path=layout.EXECUTION
+            "inventory-mismatch", 5, _first_difference(derived, supplied), path=layout.EXECUTION
         )
     for s in ld.stages:
         p = layout.set_path(s.name)
