@@ -1,0 +1,54 @@
+"""Every installed command has --help and --version, starts fast, and imports
+nothing heavy for --help (DESIGN.md: start-up time matters in Makefiles)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCRIPTS = sorted(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"])
+HEAVY = ("networkx", "starlark", "rich", "hypothesis", "filelock")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_and_version(script: str) -> None:
+    helped = subprocess.run([BIN / script, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0, helped.stderr
+    assert "usage" in helped.stdout.lower()
+    assert helped.stderr == ""
+    version = subprocess.run([BIN / script, "--version"], capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0, version.stderr
+    assert "0.1.0" in version.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_imports_nothing_heavy(script: str) -> None:
+    module, func = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"][script].split(":")
+    probe = (
+        "import sys\n"
+        f"sys.argv = [{script!r}, '--help']\n"
+        f"import {module} as m\n"
+        "try:\n"
+        f"    m.{func}()\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        f"heavy = [name for name in {HEAVY!r} if name in sys.modules]\n"
+        "sys.stderr.write(','.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stderr == "", f"{script} --help imported: {done.stderr}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_usage_error_is_exit_2(script: str) -> None:
+    done = subprocess.run(
+        [BIN / script, "--no-such-option-anywhere"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
