@@ -5,6 +5,7 @@ Formats: docs/spec/inputs.md ("Result records"), docs/schemas/result-record.json
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -134,13 +135,22 @@ def _checked(record: Any, path: str, task: str, key: str | None) -> dict[str, An
 
 
 def _read(path: str) -> bytes | None:
+    # Plain fds, no buffered file object: a fold reads 10,000 of these.
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise OperationalError(f"cannot read result record: {exc.strerror}", where=path) from None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise OperationalError(f"cannot read result record: {exc.strerror}", where=path) from None
+    finally:
+        os.close(fd)
 
 
 def load_result(state: Path, task: str, key: str | None = None) -> dict[str, Any] | None:
