@@ -1,4 +1,4 @@
-"""File mechanics: the lock, locked appends, quarantine, atomic rewrites.
+"""File mechanics: the lock, locked appends, the generation token, quarantine.
 
 Every change to ``steps.jsonl`` — an append, a quarantine rename, a compaction
 rename — happens while holding an exclusive ``flock`` on ``steps.lock`` (a
