@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from crucible.core import canon
 from crucible.ledger import command_key, content_step, verify
 from crucible.ledger._record import encode_line, make_record
@@ -27,18 +26,28 @@ def check(name: str, data: bytes) -> None:
 def _lines() -> bytes:
     key = command_key(
         ["cc", "-c", "main.c", "-o", "main.o"],
-        {"CC": "gcc 13", "FLAGS": "-O2 -DX=\"1\""},
+        {"CC": "gcc 13", "FLAGS": '-O2 -DX="1"'},
         {"main.c": "sha256:" + "ab" * 32},
     )
     records = [
-        make_record("make", content_step("run", key), "ok",
-                    {"exit": 0, "stdout": "", "stderr": "warn: é\n"}, key,
-                    at="2026-11-30T08:00:00Z"),
-        make_record("broker", "build:sha256:" + "cd" * 32, "failed",
-                    {"error": "compile error", "line": 3, "ratio": 0.5},
-                    at="2026-11-30T08:00:01Z"),
-        make_record("broker", "measure:x", "ok", [1, None, True, "\u2028\t"],
-                    at="2026-11-30T08:00:02Z"),
+        make_record(
+            "make",
+            content_step("run", key),
+            "ok",
+            {"exit": 0, "stdout": "", "stderr": "warn: é\n"},
+            key,
+            at="2026-11-30T08:00:00Z",
+        ),
+        make_record(
+            "broker",
+            "build:sha256:" + "cd" * 32,
+            "failed",
+            {"error": "compile error", "line": 3, "ratio": 0.5},
+            at="2026-11-30T08:00:01Z",
+        ),
+        make_record(
+            "broker", "measure:x", "ok", [1, None, True, "\u2028\t"], at="2026-11-30T08:00:02Z"
+        ),
     ]
     return b"".join(encode_line(r) for r in records)
 
