@@ -187,15 +187,29 @@ def test_appender_recreates_a_deleted_ledger(ledger_dir: Path) -> None:
 
 
 def test_forked_child_does_not_share_the_parents_lock(ledger_dir: Path) -> None:
+    """A flock taken through an inherited descriptor would not exclude the parent:
+    the child must re-open, and so must wait while the parent holds the lock."""
+    import fcntl
+    import select
+
     with Ledger(ledger_dir) as ledger:
-        ledger.record("s", "parent", Outcome.ok(1))  # opens the lock fd
+        ledger.record("s", "parent", Outcome.ok(1))  # opens the lock descriptor
+        lock_fd = ledger._appender._lock_fd
+        assert lock_fd is not None
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # the parent holds the lock
+        read_fd, write_fd = os.pipe()
         pid = os.fork()
-        if pid == 0:  # pragma: no cover
-            code = 0 if ledger.record("s", "child", Outcome.ok(2)) else 1
-            code |= 0 if ledger._appender._lock_fd not in (None,) else 2
-            os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
+        if pid == 0:  # pragma: no cover - the child
+            ok = ledger.record("s", "child", Outcome.ok(2))
+            os.write(write_fd, b"1" if ok else b"0")
+            os._exit(0)
+        os.close(write_fd)
+        ready, _, _ = select.select([read_fd], [], [], 0.5)
+        assert not ready, "the child appended while the parent held the lock"
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        assert os.read(read_fd, 1) == b"1"
+        os.close(read_fd)
+        os.waitpid(pid, 0)
     with Ledger(ledger_dir) as ledger:
         assert ledger.lookup("s", "child") is not None
 
