@@ -420,3 +420,19 @@ def test_a_non_command_record_under_a_run_step_is_ignored_and_the_command_runs(d
     assert b"is not a command result; running the command" in done.stderr
     replay = ledger("run", "--dir", str(d), "--scope", "s", "--", "echo", "hi")
     assert b"cached" in replay.stderr  # the real result, recorded after, now wins
+
+
+def test_parallel_runs_as_under_make_j_record_everything(d: Path) -> None:
+    procs = [
+        subprocess.Popen(
+            [LEDGER, "run", "--dir", str(d), "--scope", "j", "--", "echo", f"job {i}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(8)
+    ]
+    for i, proc in enumerate(procs):
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and out == f"job {i}\n".encode()
+    report = json.loads(ledger("verify", "--dir", str(d)).stdout)
+    assert (report["records"], report["identities"], report["damaged"]) == (8, 8, False)

@@ -1,4 +1,4 @@
-"""File mechanics: the lock, locked appends, quarantine, atomic rewrites.
+"""File mechanics: the lock, locked appends, the generation token, quarantine.
 
 Every change to ``steps.jsonl`` — an append, a quarantine rename, a compaction
 rename — happens while holding an exclusive ``flock`` on ``steps.lock`` (a
@@ -17,6 +17,7 @@ import fcntl
 import os
 import stat
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -124,6 +125,19 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
         return target
 
 
+_LIVE: weakref.WeakSet[Appender] = weakref.WeakSet()
+
+
+def _mark_forked() -> None:
+    # a fork hook rather than a getpid() per append: one system call fewer on the
+    # fsync-bound hot path
+    for appender in list(_LIVE):
+        appender._forked = True
+
+
+os.register_at_fork(after_in_child=_mark_forked)
+
+
 class Appender:
     """Appends whole lines to ``steps.jsonl``: one ``write`` under the lock, then
     fsync. A torn tail (the file not ending in ``\\n``) gets a ``\\n`` first, so the
@@ -138,7 +152,8 @@ class Appender:
         self.path = directory / LEDGER_NAME
         self._fd: int | None = None
         self._lock_fd: int | None = None
-        self._pid = os.getpid()
+        self._forked = False
+        _LIVE.add(self)
         self._generation = b""
         #: (inode, size) right after our last append: the tail is known to be "\\n"
         self._clean_end: tuple[int, int] | None = None
@@ -151,9 +166,9 @@ class Appender:
         self._fd = self._lock_fd = None
 
     def _lock(self) -> int:
-        if self._pid != os.getpid():  # forked: never share the parent's descriptors
-            self._fd = self._lock_fd = None
-            self._pid = os.getpid()
+        if self._forked:  # in a forked child: never share the parent's descriptors
+            self.close()
+            self._forked = False
         if self._lock_fd is None:
             path = self.directory / LOCK_NAME
             try:
