@@ -90,10 +90,13 @@ def test_broken_pipe_is_quiet(tmp_path: Path) -> None:
         )
     )
     proc = subprocess.run(
-        f"{sys.executable} {script} | head -n 1", shell=True, capture_output=True, text=True
+        ["bash", "-c", f"set -o pipefail; {sys.executable} {script} | head -n 1"],
+        capture_output=True,
+        text=True,
     )
     assert proc.stdout == "line 0\n"
     assert proc.stderr == ""
+    assert proc.returncode == 0
 
 
 def test_umbrella_help_and_unknown_tool() -> None:

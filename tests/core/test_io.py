@@ -65,3 +65,10 @@ def test_atomic_write_into_missing_dir_is_operational(tmp_path: Path) -> None:
     with pytest.raises(OperationalError) as info:
         atomic.write_bytes(tmp_path / "nope" / "x", b"1")
     assert info.value.exit_code == 3
+
+
+def test_atomic_write_with_a_255_byte_name(tmp_path: Path) -> None:
+    p = tmp_path / ("k" * 255)
+    assert atomic.write_bytes(p, b"long") is True
+    assert p.read_bytes() == b"long"
+    assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]

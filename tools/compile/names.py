@@ -22,8 +22,10 @@ __all__ = [
 
 #: the reserved directory inputs/@values/ starts with this character
 RESERVED_PREFIX = "@"
-#: a path component longer than this fails at run time on common filesystems (our choice)
-NAME_MAX_BYTES = 255
+#: a task name becomes a path component and, with ".json", a result-record file name;
+#: 250 keeps "<name>.json" within the common 255-byte limit (our choice; same bound
+#: as stage's escaped keys)
+NAME_MAX_BYTES = 250
 
 #: fields, inputs, params, env names (our choice: identifier-like, no dots)
 IDENT_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_-]*\Z")

@@ -34,7 +34,9 @@ def atomic_file(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[IO[
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+        # A short fixed prefix: a name derived from the target would overflow the
+        # 255-byte file-name limit for long (escaped) target names.
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     except OSError as exc:
         raise OperationalError(f"cannot write {target}: {exc.strerror}") from None
     try:

@@ -62,7 +62,11 @@ def run(command: Any, prog: str, argv: list[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         raise SystemExit(EXIT_SIGINT) from None
-    except SystemExit:
+    except SystemExit as exc:
+        # click turns EPIPE on stdout into exit 1 after swapping in its
+        # PacifyFlushWrapper; a closed stdout must end quietly instead.
+        if exc.code == 1 and "PacifyFlushWrapper" in type(sys.stdout).__name__:
+            _quiet_broken_pipe()
         raise
     except Exception as exc:
         if debug:
