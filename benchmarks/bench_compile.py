@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
+
 from crucible.compile import compile_bytes
 
 TASKS = 10_000

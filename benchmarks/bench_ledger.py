@@ -28,6 +28,7 @@ from pathlib import Path
 
 import orjson
 import xxhash
+
 from crucible.ledger import Ledger, Outcome
 from crucible.ledger._record import encode_line, make_record
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from crucible.compile import compile_path
 from crucible.compile.cli import compile_command, validate_command
 from crucible.core import digest

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from crucible.ledger.cli import cli, main
 
 BIN = Path(sys.executable).parent

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from crucible.core import canon
 from crucible.stage.cli import cli
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from crucible.compile import (
     SUPPORTED_EDITIONS,
     CompiledPlan,

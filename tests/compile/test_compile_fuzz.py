@@ -7,12 +7,13 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crucible.compile.locate import FileLocator
 from crucible.compile.manifest import analyze_document
 from crucible.core import canon
 from crucible.core.errors import UnsupportedVersion
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 KEYS = [
     "name",

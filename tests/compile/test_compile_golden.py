@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from crucible.compile import compile_path, load_plan_path
 from crucible.core import canon
 

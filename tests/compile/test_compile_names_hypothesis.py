@@ -8,11 +8,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crucible.compile import ValidationFailed, compile_path, load_plan_bytes
 from crucible.compile.editions import RESERVED_INPUTS
 from crucible.compile.names import task_name_problems
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 names = st.one_of(
     st.text(max_size=40),

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from crucible.compile import params
 from crucible.core.errors import InputRefused, UsageError
 

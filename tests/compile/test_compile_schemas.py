@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from crucible.compile import compile_path
 from crucible.compile.editions import PLAN_TASK_KEYS, TYPES, known_task_keys
 

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from crucible.compile import ValidationFailed, compile_path
 from crucible.compile.manifest import analyze_star
 from crucible.core.errors import ParseError, UsageError

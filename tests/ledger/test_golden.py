@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from crucible.core import canon
 from crucible.ledger import command_key, content_step, verify
 from crucible.ledger._record import encode_line, make_record

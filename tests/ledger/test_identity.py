@@ -6,6 +6,9 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from crucible.core.errors import UsageError
 from crucible.ledger.identity import (
     command_key,
@@ -14,8 +17,6 @@ from crucible.ledger.identity import (
     parse_key_specs,
     read_key_files,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
 names = st.from_regex(r"\A[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,8}\Z")

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from crucible.ledger import Ledger, Outcome, Reply
 from crucible.ledger._record import encode_line, make_record
 

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from crucible.core.errors import OperationalError
 from crucible.ledger import Ledger, Outcome, compact, verify
 from crucible.ledger._record import encode_line, make_record

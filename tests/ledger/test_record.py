@@ -7,6 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 import xxhash
+
 from crucible.ledger import Ledger, Outcome
 from crucible.ledger._record import decode_line, encode_line, make_record
 from crucible.ledger._scan import scan

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from crucible.ledger import Ledger, Outcome
 from crucible.ledger.commands import RunOptions, do_run
 

@@ -6,10 +6,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from crucible.core import canon
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prove_helpers import Scenario, orgs, people, read_tree
+
+from crucible.core import canon
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

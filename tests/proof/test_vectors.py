@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crucible.core import canon
 from prove_helpers import check_chain, read_tree
 from vector_cases import CASES, MUTATIONS
+
+from crucible.core import canon
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "tests" / "vectors" / "proof"

@@ -6,9 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crucible.core import canon, digest
-from crucible.core.errors import InputRefused, OperationalError, ParseError
-from crucible.proof.writer import Forbidden
 from prove_helpers import (
     Scenario,
     check_chain,
@@ -17,6 +14,10 @@ from prove_helpers import (
     proof_epochs,
     read_tree,
 )
+
+from crucible.core import canon, digest
+from crucible.core.errors import InputRefused, OperationalError, ParseError
+from crucible.proof.writer import Forbidden
 
 
 def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:

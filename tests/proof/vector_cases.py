@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crucible.core import canon, digest
 from prove_helpers import AT, Scenario, orgs, people, stage
+
+from crucible.core import canon, digest
 
 Build = Callable[[Path], Scenario]
 

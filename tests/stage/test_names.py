@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from crucible.core.errors import InputRefused
 from crucible.stage import KEY_COMPONENT_MAX, StateLayout, escape_key, unescape_key
 from crucible.stage._names import check_task_name, is_shortened, task_name_problem

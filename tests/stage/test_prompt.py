@@ -4,6 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
+from stageplans import plan, settle, task
+
 from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.stage import (
@@ -15,7 +17,6 @@ from crucible.stage import (
     settle_fold,
     stage_inputs,
 )
-from stageplans import plan, settle, task
 
 
 def _region(text: str) -> str:

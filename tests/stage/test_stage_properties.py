@@ -7,6 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from stageplans import plan, task
+
 from crucible.stage import (
     KEY_COMPONENT_MAX,
     StateLayout,
@@ -19,9 +23,6 @@ from crucible.stage import (
     unescape_key,
 )
 from crucible.stage._names import is_shortened, task_name_problem
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from stageplans import plan, task
 
 HOSTILE = [
     "",
@@ -219,6 +220,7 @@ def test_capture_and_stage_never_leave_their_directories(name: str, ks: list[str
 @settings(max_examples=200)
 def test_unsafe_task_names_are_refused_in_a_plan(a: str, bad: str, b: str) -> None:
     import pytest
+
     from crucible.core.errors import InputRefused
     from crucible.stage._plan import build_view
 
@@ -237,6 +239,7 @@ def test_names_compile_accepts_stay_inside_or_are_refused_cleanly(name: str, key
     stages inside its directory, or (longer than 250 bytes, where
     ``<name>.json`` would not fit NAME_MAX) is refused by stage, never escapes."""
     import pytest
+
     from crucible.compile.names import task_name_problems
     from crucible.core.errors import InputRefused
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crucible.stage import record_settled, settle_fold, stage_inputs
 from stageplans import plan, settle, task
+
+from crucible.stage import record_settled, settle_fold, stage_inputs
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import click
+
 from crucible import __version__
 
 __all__ = ["compile_command", "compile_main", "validate_command", "validate_main"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 import xxhash
+
 from crucible.core import canon
 
 __all__ = [

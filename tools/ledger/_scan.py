@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import orjson
 import xxhash
+
 from crucible.ledger._record import (
     MIDDLE,
     PAYLOAD_START,

@@ -7,6 +7,7 @@ import sys
 from typing import Any, NoReturn
 
 import click
+
 from crucible import __version__
 
 PROG = "crucible-ledger"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
 from crucible.core import canon, digest
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.errors import InputRefused, OperationalError, ParseError

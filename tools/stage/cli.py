@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+
 from crucible import __version__
 from crucible.core import canon
 from crucible.core.cli import run

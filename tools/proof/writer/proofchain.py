@@ -15,6 +15,7 @@ import hashlib
 from typing import IO, Any
 
 import orjson
+
 from crucible.core import canon, digest
 from crucible.proof import layout
 

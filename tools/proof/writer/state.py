@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
 from crucible.core import canon
 from crucible.proof import layout
 from crucible.proof.writer.model import Workflow
