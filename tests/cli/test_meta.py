@@ -22,14 +22,18 @@ def test_help_and_version(script: str) -> None:
     assert helped.returncode == 0, helped.stderr
     assert "usage" in helped.stdout.lower()
     assert helped.stderr == ""
-    version = subprocess.run([BIN / script, "--version"], capture_output=True, text=True, timeout=60)
+    version = subprocess.run(
+        [BIN / script, "--version"], capture_output=True, text=True, timeout=60
+    )
     assert version.returncode == 0, version.stderr
     assert "0.1.0" in version.stdout
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_help_imports_nothing_heavy(script: str) -> None:
-    module, func = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"][script].split(":")
+    module, func = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"][
+        script
+    ].split(":")
     probe = (
         "import sys\n"
         f"sys.argv = [{script!r}, '--help']\n"
