@@ -351,6 +351,9 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
         col.settle()
 
     # Missing non-null pinned artifacts, and the finishedAt rule (RFC 0024 §5).
+    root_case = layout.case_path(proof.root["rootInstance"])
+    if root_case not in tree.sizes:
+        col.note(Problem("inventory-mismatch", 1, "the root case is missing", path=root_case))
     for s in stages:
         for p in (layout.frozen_path(s.name), layout.set_path(s.name)):
             if p not in tree.sizes:
@@ -479,33 +482,19 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
             raise _mismatch(
                 f"{key} is {held[key]!r}, the independently held expectation is {value!r}"
             )
-    sidecar = ld.tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
-    if sidecar != (proof_digest + "\n").encode():
-        raise _mismatch(
-            "the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST
-        )
-    if ex["admissionProofDigest"] != proof_digest:
-        raise _mismatch("admissionProofDigest is not the proof's digest", layout.EXECUTION)
+    # in the order of admission-proof.md §10: workflow, proof pin, chain, frozen, root case
     if proof["workflowDigest"] != d[layout.WORKFLOW]:
         raise _mismatch("workflowDigest is not the workflow's digest", layout.ADMISSION_PROOF)
     if ex["workflowDigest"] != d[layout.WORKFLOW]:
         raise _mismatch("workflowDigest is not the workflow's digest", layout.EXECUTION)
     if ex["execution"] != proof["execution"]:
         raise _mismatch("the execution id differs from the proof's", layout.EXECUTION)
-    root_case = layout.case_path(proof["rootInstance"])
-    for p in (layout.ROOT_CASE, root_case):
-        if p not in d:
-            raise Problem("inventory-mismatch", 1, "the root case is missing", path=p)
-        if d[p] != proof["rootCaseDigest"]:
-            raise _mismatch("the root case is not the pinned rootCaseDigest", p)
-    frozen = [{"stage": s.name, "digest": d[layout.frozen_path(s.name)]} for s in ld.stages]
-    if digest.of_json(frozen) != proof["frozenDigest"]:
+    if ex["admissionProofDigest"] != proof_digest:
+        raise _mismatch("admissionProofDigest is not the proof's digest", layout.EXECUTION)
+    sidecar = ld.tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
+    if sidecar != (proof_digest + "\n").encode():
         raise _mismatch(
-            "frozenDigest is not the digest of the frozen stage pins", layout.ADMISSION_PROOF
-        )
-    if ex["frozen"] != frozen:
-        raise _mismatch(
-            "the execution's frozen pins differ from the frozen files", layout.EXECUTION
+            "the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST
         )
     # the chain: each epoch names the digest of the preceding closed prefix
     hasher = PrefixHasher(proof)
@@ -518,6 +507,18 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
                 k,
             )
         hasher.close(raw)
+    frozen = [{"stage": s.name, "digest": d[layout.frozen_path(s.name)]} for s in ld.stages]
+    if digest.of_json(frozen) != proof["frozenDigest"]:
+        raise _mismatch(
+            "frozenDigest is not the digest of the frozen stage pins", layout.ADMISSION_PROOF
+        )
+    if ex["frozen"] != frozen:
+        raise _mismatch(
+            "the execution's frozen pins differ from the frozen files", layout.EXECUTION
+        )
+    for p in (layout.ROOT_CASE, layout.case_path(proof["rootInstance"])):
+        if d[p] != proof["rootCaseDigest"]:
+            raise _mismatch("the root case is not the pinned rootCaseDigest", p)
     # every retained artifact pin, retired ones included
     for e in ld.epochs:
         k = e["number"]
