@@ -149,7 +149,7 @@ def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
             if frm is not None or inp["fields"] is not None or inp["admitMaxBytes"] is not None:
                 raise _bad("the root stage's input must be all null", path)
         else:
-            if frm not in seen:
+            if type(frm) is not str or frm not in seen:
                 raise _bad(f"stages[{i}].input.fromStage must name an earlier stage", path)
             fields = inp["fields"]
             if fields is not None and (

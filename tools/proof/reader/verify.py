@@ -656,7 +656,9 @@ def _first_difference(derived: dict[str, Any], supplied: dict[str, Any]) -> str:
         if derived[key] == supplied.get(key):
             continue
         if key == "instances" and type(supplied.get(key)) is list:
-            got = {i.get("id"): i for i in supplied[key] if type(i) is dict}
+            got = {
+                i["id"]: i for i in supplied[key] if type(i) is dict and type(i.get("id")) is str
+            }
             for inst in derived[key]:
                 if got.get(inst["id"]) != inst:
                     if inst["id"] not in got:
