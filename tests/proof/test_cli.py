@@ -117,3 +117,18 @@ def test_probe_properties(tmp_path: Path) -> None:
     # 63 extra characters per id, 2 ids, 3 places each (proof, execution, case)
     assert long[0] - two.acceptance[0] == 63 * 2 * 3
     assert two.refusal is not None and two.refusal[0] <= two.detail["maxBytes"]
+
+
+def test_operations_from_stdin(tmp_path: Path) -> None:
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    ops = Path(argv[3])
+    argv[3] = "-"
+    r = subprocess.run(
+        [str(SCRIPT), *argv], input=ops.read_bytes(), capture_output=True, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "b" / "admission-proof.json").is_file()
+    bad = ops.read_bytes() + b'{"op": "nope"}\n'
+    r = subprocess.run([str(SCRIPT), *argv], input=bad, capture_output=True, check=False)
+    assert r.returncode == 1 and b"<stdin>:9:" in r.stderr

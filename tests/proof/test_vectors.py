@@ -35,7 +35,8 @@ def reading(bundle: Path) -> dict[str, Any]:
     open_epoch = last["kind"] == "group" and len(last["results"]) < len(last["starts"])
     open_epoch = open_epoch or (last["kind"] == "retry" and not last["results"])
     partial = (
-        open_epoch
+        (bundle / "partial.json").exists()
+        or open_epoch
         or any(st["set"] == "blocked" for st in ex["stages"])
         or any(stages[p]["selection"] is None for p in producers)
         or any(i["state"] not in ("completed", "completed-zero") for i in ex["instances"])
@@ -154,7 +155,30 @@ def test_committed_inputs_reproduce_the_bundle_with_the_real_command(
     assert read_tree(tmp_path / "bundle") == read_tree(src / "bundle")
 
 
-def test_readme_lists_every_case() -> None:
-    text = (VECTORS / "README.md").read_text()
-    for name in ALL:
-        assert f"| `{name}` |" in text, name
+def table_rows() -> list[str]:
+    rows = []
+    for name in sorted(ALL):
+        e = canon.loads((VECTORS / name / "expected.json").read_bytes())
+        r, w = e["reader"], e["writer"]
+        if r["outcome"] == "reading":
+            reader = f"reading, {r['completion']}"
+        else:
+            where = "".join(f", {k} {r[k]}" for k in ("epoch", "observation") if k in r)
+            reader = f"{r['code']} (phase {r['phase']}{where})"
+        writer = f"exit {w['exit']}" + (f", partial: {w['partial']}" if w["partial"] else "")
+        rows.append(f"| `{name}` | {writer} | {reader} | {e['description']} |")
+    return rows
+
+
+def test_readme_lists_every_case_with_its_expectation() -> None:
+    path = VECTORS / "README.md"
+    text = path.read_text()
+    header = "| case | writer | reader must report | what it records |\n|---|---|---|---|\n"
+    start = text.index(header) + len(header)
+    end = text.index("\n\n", start)
+    rows = "\n".join(table_rows())
+    if UPDATE:
+        text = text[:start] + rows + text[end:]
+        path.write_text(text)
+        end = start + len(rows)
+    assert text[start:end] == rows

@@ -136,7 +136,7 @@ def test_cutoff_suppresses_later_valid_proposals_in_the_same_epoch(tmp_path: Pat
     s.finish()
     result = s.prove()
     outcomes = [d.outcome for d in result.decisions if d.kind == "observation"][-3:]
-    assert outcomes == ["refused", "cut-off", "cut-off"]
+    assert outcomes == ["refused", "cut-off", "recorded"]
     b = tmp_path / "bundle"
     for iid in "abc":
         assert (instance(b, iid)["state"], instance(b, iid)["failure"]) == (
@@ -680,4 +680,102 @@ def test_late_observation_of_unknown_attempt_is_refused(tmp_path: Path) -> None:
     two_children(s)
     s.observe("a", 5, "interrupted")
     with pytest.raises(Forbidden, match="matches no begun slot"):
+        s.prove()
+
+
+def test_late_observation_with_missing_files_is_kept_without_failing(tmp_path: Path) -> None:
+    s = Scenario(tmp_path)
+    two_children(s)
+    s.evaluated("a", 1, people("Ann"))
+    s.evaluated("b", 1, people("Bob"))
+    s.observe("a", 1, "interrupted", None, {"run": "never/arrived.json"})
+    s.finish()
+    result = s.prove()
+    assert result.custody is not None
+    items = canon.loads((result.custody / "custody.json").read_bytes())["items"]
+    assert items == [{"line": 8, "instance": "a", "attempt": 1, "reason": "late", "files": {}}]
+
+
+def test_fork_frees_no_instance_budget_and_a_refused_fork_unconsumes(tmp_path: Path) -> None:
+    s = Scenario(tmp_path, limits={"maxInstances": 4})
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    s.select("org", [("r", 0), ("r", 1)], ["a", "b"])  # reserved: 3
+    s.select("org", [("r", 0), ("r", 1)], ["a2", "b2"], fork=True)  # 3 + 2 > 4: refused
+    s.select("org", [("r", 0)], ["a3"])  # org unconsumed again: a selection (3 + 1 = 4 fits)
+    s.finish()
+    result = s.prove()
+    outcomes = [(d.kind, d.outcome) for d in result.decisions if d.kind in ("selection", "fork")]
+    assert outcomes == [("selection", "admitted"), ("fork", "refused"), ("selection", "admitted")]
+    b = tmp_path / "bundle"
+    assert [i["id"] for i in execution(b)["instances"]] == ["r", "a3"]
+    _, epochs = proof_epochs(b)
+    assert epochs[3]["childIds"] is None  # the fork's count refusal allocates no ids
+    files = read_tree(b)
+    assert "refusal" in canon.loads(files["selections/org/2.json"])
+    assert "instances/a/case.json" in files  # retired history stays
+
+
+def test_operations_after_finish_or_stop_without_open_epoch_are_forbidden(tmp_path: Path) -> None:
+    s = Scenario(tmp_path / "after")
+    s.root_op()
+    s.finish()
+    s.op(op="recover")
+    with pytest.raises(Forbidden, match="follow finish"):
+        s.prove()
+    s = Scenario(tmp_path / "stop")
+    s.root_op()
+    s.op(op="cancel")
+    with pytest.raises(Forbidden, match="needs an open epoch"):
+        s.prove()
+    s = Scenario(tmp_path / "first")
+    s.group(1, ["r"])
+    with pytest.raises(Forbidden, match="first operation must be root"):
+        s.prove()
+
+
+def test_structural_ceilings_are_recording_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.proof import layout
+
+    monkeypatch.setattr(layout, "MAX_PROOF_ARRAY", 1)
+    s = Scenario(tmp_path / "array")
+    two_children(s)
+    result = s.prove()
+    assert result.unrecordable is not None and "array ceiling" in result.unrecordable
+    monkeypatch.undo()
+    monkeypatch.setattr(layout, "MAX_BLOCKS", 1)
+    monkeypatch.setattr(layout, "MAX_EPOCHS_PER_BLOCK", 3)
+    s = Scenario(tmp_path / "epochs")
+    two_children(s)
+    result = s.prove()
+    assert result.unrecordable is not None and "structural ceiling" in result.unrecordable
+    assert result.epochs == 3
+
+
+def test_symlinked_artifact_escaping_the_directory_is_refused(tmp_path: Path) -> None:
+    s = Scenario(tmp_path)
+    two_children(s)
+    outside = tmp_path / "secret.json"
+    outside.write_bytes(b'{"exportVersion":3,"finishedAt":null}')
+    (s.artifacts / "link.json").symlink_to(outside)
+    s.observe("a", 1, "interrupted", None, {"run": "link.json"})
+    with pytest.raises(InputRefused, match="escapes the artifacts directory"):
+        s.prove()
+
+
+def test_root_case_must_be_canonical_and_shallow(tmp_path: Path) -> None:
+    s = Scenario(tmp_path / "deep")
+    deep: dict[str, Any] = {}
+    for _ in range(70):
+        deep = {"d": deep}
+    s.root_op(deep)
+    with pytest.raises(InputRefused, match="deeper than 64"):
+        s.prove()
+    s = Scenario(tmp_path / "spaces")
+    s.root_op()
+    s.file("root-case.json", b'{"topic": "x"}')
+    with pytest.raises(InputRefused, match="canonical JSON object"):
         s.prove()

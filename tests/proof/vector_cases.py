@@ -67,6 +67,15 @@ def fixed_point(make: Callable[[Path, int], Scenario], pick: Callable[[Any], int
     raise AssertionError("no fixed point")
 
 
+def measure_once(make: Callable[[Path, int], Scenario], limit: int) -> Any:
+    """Prove a scratch copy once (to measure) and remove it."""
+    work = _scratch("once")
+    try:
+        return make(work / "x", limit).prove(check=False)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def obs(result: Any, n: int = -1) -> Any:
     return [d for d in result.decisions if d.kind == "observation"][n]
 
@@ -270,7 +279,7 @@ def file_limit(d: Path) -> Scenario:
         s.finish()
         return s
 
-    probe = make(_scratch("files") / "x", 100_000).prove(check=False)
+    probe = measure_once(make, 100_000)
     acceptance = obs(probe).acceptance
     return make(d, acceptance[1] - 6)
 
@@ -290,7 +299,7 @@ def carrier_unrecordable(d: Path) -> Scenario:
         s.finish()
         return s
 
-    probe = make(_scratch("carrier") / "x", 1_000_000).prove(check=False)
+    probe = measure_once(make, 1_000_000)
     return make(d, obs(probe, -2).acceptance[0] + 2000)
 
 
@@ -464,6 +473,86 @@ def signatures(d: Path) -> Scenario:
     two_children(s)
     s.evaluated("a", 1, people("Pat"), signature=b"signature-of-a\n")
     s.evaluated("b", 1, people("Pat"), signature=b"signature-of-b\n")
+    s.finish()
+    return s
+
+
+@case(
+    "failure-states",
+    "Every derivable state in one run: projection-invalid and admission-refused slots "
+    "(no attempt), evaluation-error, preparation-failed (run finishedAt), admission-refused "
+    "with a preparation, output-invalid (bad shape), completed-zero and completed.",
+)
+def failure_states(d: Path) -> Scenario:
+    stages = [
+        stage("org", None, "/orgs", "many"),
+        stage("people", "org", "/people", "many", fields=["name"], admit=24),
+    ]
+    s = Scenario(d, stages=stages)
+    s.root_op()
+    s.group(1, ["r"])
+    names = [{"name": f"O{i}"} for i in range(6)] + [{"site": "x"}, {"name": "N" * 30}]
+    s.evaluated("r", 1, {"orgs": names})
+    s.select("org", [("r", i) for i in range(8)], [f"c{i}" for i in range(8)])
+    s.group(3, [f"c{i}" for i in range(6)])
+    run = s.file("fs/run.json", {"exportVersion": 2, "finishedAt": AT})
+    prep = s.file("fs/prep.json", {"prepared": True})
+    err = s.file("fs/error.json", {"error": "core evaluation error"})
+    s.observe(
+        "c0",
+        1,
+        "failed",
+        "evaluation-error",
+        {"run": run, "preparation": prep, "evaluationError": err},
+    )
+    s.observe("c1", 1, "failed", "preparation-failed", {"run": run})
+    s.observe("c2", 1, "failed", "admission-refused", {"run": run, "preparation": prep})
+    s.evaluated("c3", 1, {"people": {"not": "an array"}})
+    s.evaluated("c4", 1, people())
+    s.evaluated("c5", 1, people("Eve"))
+    s.finish()
+    return s
+
+
+@case(
+    "cutoff-suppressed",
+    "maxRecords leaves room for two records: a's three are refused (cutoff for people in "
+    "this epoch); b's valid one-record proposal is cut off although it would fit; c never "
+    "acquired and is recorded suppressed. A later retry of b starts a new epoch with no "
+    "cutoff and is accepted.",
+)
+def cutoff_suppressed(d: Path) -> Scenario:
+    s = Scenario(d, limits={"maxRecords": 3 + 2})
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs("Acme", "Globex", "Initech"))
+    s.select("org", [("r", 0), ("r", 1), ("r", 2)], ["a", "b", "c"])
+    s.group(3, ["a", "b", "c"])
+    s.evaluated("a", 1, people("A1", "A2", "A3"))
+    s.evaluated("b", 1, people("B1"))
+    s.observe("c", 1, "suppressed")
+    s.retry("b")
+    s.evaluated("b", 2, people("B1"), tag="-retry")
+    s.finish()
+    return s
+
+
+@case(
+    "fork-refused",
+    "A fork of org whose reservation exceeds maxInstances (retired identities still count): "
+    "childIds null, the consumers stay blocked, org becomes unconsumed, and a later "
+    "selection revision 3 reserves a single fresh child.",
+)
+def fork_refused(d: Path) -> Scenario:
+    s = Scenario(d, limits={"maxInstances": 4})
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
+    s.select("org", [("r", 0), ("r", 1)], ["a2", "b2"], fork=True)
+    s.select("org", [("r", 1)], ["b3"])
+    s.group(5, ["b3"])
+    s.evaluated("b3", 1, people("Bob"))
     s.finish()
     return s
 

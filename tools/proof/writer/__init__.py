@@ -53,6 +53,8 @@ class ProveOptions:
     candidate_hook: Callable[[dict[str, bytes]], None] | None = None
     #: fsync every file before the swap (tests of logic may turn it off for speed)
     durable: bool = True
+    #: keep every measured Decision in the result (reports, probe, tests)
+    keep_decisions: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def prove(options: ProveOptions) -> ProveResult:
 
 
 def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResult:
-    ops_name = str(options.operations)
+    ops_name = "<stdin>" if str(options.operations) == "-" else str(options.operations)
     with open(staging / layout.ADMISSION_PROOF, "w+b") as spool:
         engine = Engine(
             wf,
@@ -98,6 +100,7 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
             proof_ceiling=options.proof_ceiling,
             ops_name=ops_name,
             candidate_hook=options.candidate_hook,
+            keep_decisions=options.keep_decisions,
         )
         unrecordable: Unrecordable | None = None
         last_line = 0
@@ -146,9 +149,11 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
                 "operationLine": unrecordable.line if unrecordable else None,
             }
         )
+    # the partial label is never charged (admission-proof.md §9)
+    charged = {k: v for k, v in extra.items() if k != layout.PARTIAL}
     total_bytes, total_files = st.measure(proof_size)
-    total_bytes += sum(len(b) for b in extra.values())
-    total_files += len(extra)
+    total_bytes += sum(len(b) for b in charged.values())
+    total_files += len(charged)
     if (
         engine.finished is not None
         and unrecordable is None
@@ -171,9 +176,12 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
         for item in engine.custody:
             files = {}
             for role, rel in sorted(item.files.items()):
+                source = _custody_source(options.artifacts, rel)
+                if source is None:
+                    continue  # never received (or outside the artifacts): nothing to keep
                 name = f"{item.line}/{role}-{Path(rel).name}"
                 files[role] = name
-                sources[name] = options.artifacts / rel
+                sources[name] = source
             items.append(
                 {
                     "line": item.line,
@@ -200,3 +208,11 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
         custody=custody_path,
         decisions=engine.decisions,
     )
+
+
+def _custody_source(artifacts: Path, rel: str) -> Path | None:
+    base = artifacts.resolve()
+    target = (artifacts / rel).resolve()
+    if base not in target.parents or not target.is_file():
+        return None
+    return target

@@ -18,7 +18,7 @@ _PATH = click.Path(path_type=Path)
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crucible-prove")
 @click.option("--workflow", type=_PATH, help="Workflow document (workflowVersion 2).")
-@click.option("--operations", type=_PATH, help="Operation log (NDJSON).")
+@click.option("--operations", type=_PATH, help="Operation log (NDJSON); - reads stdin.")
 @click.option("--artifacts", type=_PATH, help="Directory holding received artifact files.")
 @click.option("--out", type=_PATH, help="Bundle directory to write (replaced atomically).")
 @click.option(
@@ -57,7 +57,7 @@ def command(
         raise UsageError(f"missing option {missing[0]} (see crucible-prove --help)")
     assert workflow and operations and artifacts and out
     for name, path in (("--workflow", workflow), ("--operations", operations)):
-        if not path.is_file():
+        if str(path) != "-" and not path.is_file():
             raise UsageError(f"{name} {path}: no such file")
     if not artifacts.is_dir():
         raise UsageError(f"--artifacts {artifacts}: no such directory")

@@ -17,17 +17,22 @@ from crucible.core import canon, digest
 from crucible.core.errors import InputRefused
 from crucible.proof import layout
 from crucible.proof.writer import ops as O
-from crucible.proof.writer.model import Workflow
+from crucible.proof.writer.derive import emitted_outputs, project
+from crucible.proof.writer.model import Stage, Workflow
 from crucible.proof.writer.proofchain import ProofChain, split_at_results
 from crucible.proof.writer.received import (
     TooLarge,
     check_pins,
+    depth_ok,
     output_records,
     read_artifact,
 )
-from crucible.proof.writer.state import PINS, Attempt, Instance, State
+from crucible.proof.writer.state import PINS, Attempt, Instance, State, control_dumps
 
 __all__ = ["Decision", "Engine", "Forbidden", "Unrecordable"]
+
+
+_NO_PINS: tuple[str | None, ...] = (None,) * len(PINS)
 
 
 class Forbidden(InputRefused):
@@ -113,6 +118,7 @@ class Engine:
         proof_ceiling: int = layout.MAX_PROOF_BYTES,
         ops_name: str = "operations",
         candidate_hook: Callable[[dict[str, bytes]], None] | None = None,
+        keep_decisions: bool = True,
     ) -> None:
         self.wf = wf
         self.artifacts = artifacts
@@ -122,11 +128,11 @@ class Engine:
         self.proof_ceiling = proof_ceiling
         self.ops_name = ops_name
         self.candidate_hook = candidate_hook
+        self.keep_decisions = keep_decisions
+        self._retries: dict[tuple[str, str], dict[str, str]] = {}
         self.state: State | None = None
         self.proof: ProofChain | None = None
         self.open: _OpenEpoch | None = None
-        #: epoch number -> (kind, admitted)
-        self.epochs: dict[int, tuple[str, bool]] = {}
         self.decisions: list[Decision] = []
         self.custody: list[CustodyItem] = []
         self.finished: O.Finish | None = None
@@ -196,7 +202,8 @@ class Engine:
             self.candidate_hook(files)
 
     def _record(self, decision: Decision) -> None:
-        self.decisions.append(decision)
+        if self.keep_decisions:
+            self.decisions.append(decision)
 
     def _commit(self) -> None:
         self.sink.write(self.st.commit())
@@ -239,6 +246,8 @@ class Engine:
             ) from None
         if not isinstance(value, dict) or canon.dumps(value) != case:
             raise InputRefused("the root case must be a canonical JSON object", where=where)
+        if not depth_ok(value):
+            raise InputRefused("the root case nests deeper than 64 levels", where=where)
         st = State(self.wf, op.execution, op.root_instance)
         self.state = st
         case_digest = digest.of_bytes(case)
@@ -255,7 +264,7 @@ class Engine:
             self.spool,
         )
         epoch = {"number": 1, "previousProofDigest": self.pc.p0_digest, "kind": "root"}
-        eb = canon.dumps(epoch)
+        eb = control_dumps(epoch)
         psize = self.pc.size_with_closed(eb)
         self._proof_size_ok(psize, op.line, 1)
         st.begin()
@@ -289,7 +298,6 @@ class Engine:
         self._commit()
         self.pc.append_closed(eb)
         self._epoch_dicts.append(epoch)
-        self.epochs[1] = ("root", True)
         self._record(Decision(op.line, 1, None, "root", "admitted", size, None))
 
     # -- selection and fork ----------------------------------------------------------
@@ -382,7 +390,7 @@ class Engine:
             "selectionCoreDigest": core_digest,
             "childIds": child_ids,
         }
-        eb = canon.dumps(epoch)
+        eb = control_dumps(epoch)
         psize = self.pc.size_with_closed(eb)
         self._proof_size_ok(psize, op.line, number)
         view = lambda: [*self._epoch_dicts, epoch]  # noqa: E731
@@ -450,7 +458,7 @@ class Engine:
 
     def _project(
         self,
-        consumer: Any,
+        consumer: Stage,
         record: dict[str, Any],
         cid: str,
         upstream: str,
@@ -465,39 +473,18 @@ class Engine:
             )
         )
         parent = {"instance": record["instance"], "output": record["output"]}
+        slot = project(consumer, payload, cid, parent)
         inst = Instance(
             id=cid,
             stage=consumer.name,
             parent=parent,
             selection={"stage": upstream, "revision": revision},
-            case_digest=None,
-            state="interrupted",
-            failure=None,
+            case_digest=None if slot.case is None else digest.of_bytes(slot.case),
+            state=slot.state,
+            failure=slot.failure,
             reservation=reservation,
         )
-        if consumer.fields is None:
-            projected = payload
-        else:
-            if not all(f in payload for f in consumer.fields):
-                inst.state, inst.failure = "failed", "projection-invalid"
-                return inst, None
-            projected = {f: payload[f] for f in consumer.fields}
-        case = canon.dumps(
-            {
-                "caseVersion": 1,
-                "stage": consumer.name,
-                "instance": cid,
-                "parent": parent,
-                "input": projected,
-            }
-        )
-        inst.case_digest = digest.of_bytes(case)
-        if (
-            consumer.admit_max_bytes is not None
-            and len(canon.dumps(projected)) > consumer.admit_max_bytes
-        ):
-            inst.state, inst.failure = "failed", "admission-refused"
-        return inst, case
+        return inst, slot.case
 
     def _close_atomic(
         self, eb: bytes, epoch: dict[str, Any], number: int, kind: str, admitted: bool
@@ -505,7 +492,6 @@ class Engine:
         self.pc.append_closed(eb)
         if self.check:
             self._epoch_dicts.append(epoch)
-        self.epochs[number] = (kind, admitted)
 
     # -- group and retry -------------------------------------------------------------
     def _group(self, op: O.Group) -> None:
@@ -616,7 +602,8 @@ class Engine:
                 op.line,
                 f"§4: attempt {n} of {op.instance!r} exceeds maxAttempts {self.wf.limits.max_attempts}",
             )
-        retry = {"actor": op.actor, "at": op.at}
+        # one shared dict per distinct assertion keeps long retry histories compact
+        retry = self._retries.setdefault((op.actor, op.at), {"actor": op.actor, "at": op.at})
         number = self.pc.closed_epochs + 1
         epoch = {
             "number": number,
@@ -634,7 +621,7 @@ class Engine:
 
     @staticmethod
     def _stub(number: int, retry: dict[str, str] | None) -> Attempt:
-        return Attempt(number, "interrupted", None, retry, dict.fromkeys(PINS)).sized()
+        return Attempt(number, "interrupted", None, retry, _NO_PINS).sized()
 
     def _begin_epoch(
         self,
@@ -650,7 +637,7 @@ class Engine:
             head, tail = split_at_results(epoch)
             psize = self.pc.size_with_open(head, tail)
         else:
-            eb = canon.dumps(epoch)
+            eb = control_dumps(epoch)
             psize = self.pc.size_with_closed(eb)
         self._proof_size_ok(psize, line, number)
         st.begin()
@@ -673,7 +660,6 @@ class Engine:
             self.pc.append_closed(eb)
             if self.check:
                 self._epoch_dicts.append(epoch)
-        self.epochs[number] = (kind, True)
         self._record(Decision(line, number, None, kind, "begun", size, None))
 
     # -- observations ----------------------------------------------------------------
@@ -773,7 +759,7 @@ class Engine:
             "failure": op.failure,
             **pins,
         }
-        rb = canon.dumps(observation)
+        rb = control_dumps(observation)
         psize = self.pc.size_with_result(rb)
         self._proof_size_ok(psize, op.line, o.number)
         j = o.next + 1
@@ -783,7 +769,7 @@ class Engine:
         def base(state: str, failure: str | None) -> None:
             for pin, data in received.items():
                 st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
-            attempt = Attempt(op.attempt, state, failure, old.retry, pins).sized()
+            attempt = Attempt(op.attempt, state, failure, old.retry, tuple(pins.values())).sized()
             st.replace_last_attempt(inst, attempt)
             st.set_status(inst, state, failure)
 
@@ -804,31 +790,11 @@ class Engine:
             if local_ok:
                 st.begin()
                 base("completed" if records else "completed-zero", None)
-                set_records = []
-                for k, p in enumerate(payloads):
-                    pd = digest.of_bytes(p)
-                    env = canon.dumps(
-                        {
-                            "envelopeVersion": 1,
-                            "stage": inst.stage,
-                            "instance": inst.id,
-                            "attempt": op.attempt,
-                            "output": k,
-                            "payloadDigest": pd,
-                            "parent": inst.parent,
-                        }
-                    )
-                    st.add_file(layout.payload_path(inst.stage, inst.id, op.attempt, k), p)
-                    st.add_file(layout.envelope_path(inst.stage, inst.id, op.attempt, k), env)
-                    set_records.append(
-                        {
-                            "instance": inst.id,
-                            "attempt": op.attempt,
-                            "output": k,
-                            "payloadDigest": pd,
-                            "envelopeDigest": digest.of_bytes(env),
-                        }
-                    )
+                files, set_records = emitted_outputs(
+                    inst.stage, inst.id, op.attempt, inst.parent, payloads
+                )
+                for path, data in files:
+                    st.add_file(path, data)
                 st.add_records(inst, set_records)
                 acceptance = self._measure(psize, view)
                 if self._fits(acceptance):
@@ -845,7 +811,8 @@ class Engine:
         elif op.state == "evaluated":
             outcome, state, failure = "recorded", "failed", "output-invalid"
         elif op.state == "suppressed":
-            outcome, state, failure = "cut-off", "failed", "limit-exceeded"
+            # no proposal was received: not an output decision (the cutoff is checked above)
+            outcome, state, failure = "recorded", "failed", "limit-exceeded"
         else:
             outcome, state, failure = "recorded", op.state, op.failure
         st.begin()

@@ -306,7 +306,14 @@ def parse_operation(obj: dict[str, Any], line: int, where: str) -> Op:
 
 
 def iter_operations(path: Path) -> Iterator[Op]:
-    """Typed operations of an NDJSON log, lazily, each error naming ``path:line``."""
+    """Typed operations of an NDJSON log, lazily, each error naming ``path:line``.
+    ``-`` reads standard input."""
+    if str(path) == "-":
+        import sys
+
+        for line, obj in ndjson.iter_lines(sys.stdin.buffer, name="<stdin>"):
+            yield parse_operation(obj, line, f"<stdin>:{line}")
+        return
     try:
         stream = path.open("rb")
     except OSError as exc:

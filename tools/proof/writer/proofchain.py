@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import IO, Any
 
+import orjson
 from crucible.core import canon, digest
 from crucible.proof import layout
 
@@ -23,12 +24,18 @@ _HEAD = b'{"admissionProofVersion":1,"epochBlocks":['
 _RESULTS_KEY = "results"
 
 
+def _dumps(value: Any) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
 def split_at_results(epoch: dict[str, Any]) -> tuple[bytes, bytes]:
     """Canonical bytes of ``epoch`` (whose ``results`` is ignored) split around the
     results array's elements: ``head + b",".join(results) + tail`` is canonical."""
     keys = sorted(epoch)  # every key is ASCII: code-point order is RFC 8785 order
-    before = [canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in keys if k < _RESULTS_KEY]
-    after = [canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in keys if k > _RESULTS_KEY]
+    # epochs are writer-built control values: orjson's sorted output is JCS here
+    # (see crucible.proof.writer.state.control_dumps)
+    before = [_dumps(k) + b":" + _dumps(epoch[k]) for k in keys if k < _RESULTS_KEY]
+    after = [_dumps(k) + b":" + _dumps(epoch[k]) for k in keys if k > _RESULTS_KEY]
     head = b"{" + b",".join(before) + (b"," if before else b"") + b'"results":['
     tail = b"]" + b"".join(b"," + a for a in after) + b"}"
     return head, tail

@@ -14,13 +14,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from crucible.core import canon
 from crucible.proof import layout
 from crucible.proof.writer.model import Workflow
 
-__all__ = ["PINS", "Attempt", "Instance", "State"]
+__all__ = ["PINS", "Attempt", "Instance", "State", "control_dumps"]
 
 PINS = tuple(layout.ATTEMPT_FILES)
+
+
+def control_dumps(value: Any) -> bytes:
+    """RFC 8785 bytes of a control value the writer built itself.
+
+    Such values hold only our fixed ASCII member names, strings that came through the
+    strict parser or our id patterns, safe integers and null/booleans — never a
+    float or a key at or above U+E000 — which is exactly the domain where orjson's
+    sorted output equals JCS (canonical-json.md; ``canon.dumps`` takes the same path
+    after a checking walk). Received and payload-derived values use ``canon.dumps``.
+    The cross-check mode rebuilds every file with ``canon.dumps`` and compares.
+    """
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
 _DIGEST_WIDTH = "sha256:" + "0" * 64
 
 
@@ -30,7 +46,8 @@ class Attempt:
     state: str
     failure: str | None
     retry: dict[str, str] | None
-    pins: dict[str, str | None]
+    #: the five pins in PINS order (a tuple: one per attempt, kept compact)
+    pins: tuple[str | None, ...]
     size: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -39,11 +56,11 @@ class Attempt:
             "state": self.state,
             "failure": self.failure,
             "retry": self.retry,
-            **self.pins,
+            **dict(zip(PINS, self.pins, strict=True)),
         }
 
     def sized(self) -> Attempt:
-        self.size = len(canon.dumps(self.to_json()))
+        self.size = len(control_dumps(self.to_json()))
         return self
 
 
@@ -76,7 +93,7 @@ class Instance:
         }
 
     def resize_base(self) -> None:
-        self.base_size = len(canon.dumps(self.to_json(attempts=False)))
+        self.base_size = len(control_dumps(self.to_json(attempts=False)))
 
     @property
     def entry_size(self) -> int:
@@ -220,7 +237,7 @@ class State:
         self._log(undo)
 
     def add_records(self, inst: Instance, records: list[dict[str, Any]]) -> None:
-        sizes = [len(canon.dumps(r)) for r in records]
+        sizes = [len(control_dumps(r)) for r in records]
         stage = inst.stage
         inst.records.extend(records)
         self._rec_sum[stage] += sum(sizes)
