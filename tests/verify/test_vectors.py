@@ -24,12 +24,7 @@ CASES = (
 
 #: cases where this reader, applying docs/spec, disagrees with the recorded expectation.
 #: Each is reported to the lead; the test pins the reader's own verdict instead.
-DISAGREEMENTS: dict[str, tuple[str, int]] = {
-    # workflow.md §10 / admission-proof.md §9: partial.json is a finalization file that
-    # counts toward the supplied maxBytes; this export is 7,589 bytes (= maxBytes) plus
-    # a 71-byte partial.json, so phase 1 refuses it (input-over-bound).
-    "proof-bytes-unrecordable": ("input-over-bound", 1),
-}
+DISAGREEMENTS: dict[str, tuple[str, int]] = {}
 
 
 def expected(case: str) -> dict[str, Any]:

@@ -222,14 +222,18 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
     except Problem as exc:
         col.note(exc)
     # The supplied total is a bound (input-over-bound), senior to every malformed file.
+    # partial.json is a label, never charged (admission-proof.md §9)
+    label = tree.sizes.get(layout.PARTIAL)
+    supplied_bytes = tree.total_bytes - (label or 0)
+    supplied_files = len(tree.sizes) - (label is not None)
     if limits is not None and (
-        tree.total_bytes > limits["maxBytes"] or len(tree.sizes) > limits["maxFiles"]
+        supplied_bytes > limits["maxBytes"] or supplied_files > limits["maxFiles"]
     ):
         col.note(
             Problem(
                 "input-over-bound",
                 1,
-                f"the export holds {tree.total_bytes} bytes in {len(tree.sizes)} files "
+                f"the export holds {supplied_bytes} bytes in {supplied_files} files "
                 f"(maxBytes {limits['maxBytes']}, maxFiles {limits['maxFiles']})",
             )
         )
