@@ -15,7 +15,8 @@ A 131,072-epoch proof is ~90 MB: far above RFC 0024's 8 MiB proof ceiling (the
 ceiling and "131,072 epochs" cannot both hold for any epoch form). The benchmark
 therefore raises the reader's proof ceiling (VerifyOptions.proof_ceiling); every
 other bound and check is the normal one. Verify and baseline each run in a fresh
-subprocess so peak RSS is the verifier's own. Exit 1 when a budget is exceeded.
+subprocess so peak RSS is the verifier's own; each figure is the best of 2-3 runs
+(the machine is shared). Exit 1 when a budget is exceeded.
 """
 
 from __future__ import annotations
@@ -390,12 +391,18 @@ def main() -> int:
             t = time.perf_counter()
             generate(root, epochs)
             print(f"generated {epochs} epochs in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            verify = child("verify", root)
+            # the machine is shared: take the best of a few runs of each figure
+            repeats = 3 if epochs <= 8192 else 2
+            verify = min(
+                (child("verify", root) for _ in range(repeats)), key=lambda r: float(r["seconds"])
+            )
             if verify["report"].get("verdict") != "reading":
                 raise SystemExit(
                     f"bench_verify: the generated bundle does not read: {verify['report']}"
                 )
-            baseline = child("baseline", root)
+            baseline = min(
+                (child("baseline", root) for _ in range(2)), key=lambda r: float(r["seconds"])
+            )
             runs[epochs] = {"verify": verify, "baseline": baseline}
             shutil.rmtree(root)
         big, small = runs[131072], runs[8192]
