@@ -15,8 +15,13 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.proof import layout
+from crucible.proof.reader.model import control_dumps
 
 __all__ = ["PrefixHasher", "split_results"]
+
+#: epochs passed phase 1: fixed ASCII member names, no floats, canonical as supplied,
+#: so orjson with sorted keys reproduces their RFC 8785 bytes
+_dumps = control_dumps
 
 _HEAD = b'{"admissionProofVersion":1,"epochBlocks":['
 
@@ -62,10 +67,10 @@ def split_results(epoch: dict[str, Any]) -> tuple[bytes, list[bytes], bytes]:
     ``head + b",".join(results[:j]) + tail`` is the epoch's form in P(k, j).
     """
     before = b"{" + b",".join(
-        canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in sorted(epoch) if k < "results"
+        _dumps(k) + b":" + _dumps(epoch[k]) for k in sorted(epoch) if k < "results"
     )
     head = before + (b"," if len(before) > 1 else b"") + b'"results":['
     after = b"".join(
-        b"," + canon.dumps(k) + b":" + canon.dumps(epoch[k]) for k in sorted(epoch) if k > "results"
+        b"," + _dumps(k) + b":" + _dumps(epoch[k]) for k in sorted(epoch) if k > "results"
     )
-    return head, [canon.dumps(r) for r in epoch["results"]], b"]" + after + b"}"
+    return head, [_dumps(r) for r in epoch["results"]], b"]" + after + b"}"

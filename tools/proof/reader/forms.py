@@ -149,7 +149,7 @@ def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
             if frm is not None or inp["fields"] is not None or inp["admitMaxBytes"] is not None:
                 raise _bad("the root stage's input must be all null", path)
         else:
-            if frm not in seen:
+            if type(frm) is not str or frm not in seen:
                 raise _bad(f"stages[{i}].input.fromStage must name an earlier stage", path)
             fields = inp["fields"]
             if fields is not None and (
@@ -169,7 +169,11 @@ def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
         seen.add(name)
 
 
-def check_proof_root(proof: Any, path: str = layout.ADMISSION_PROOF) -> None:
+def check_proof_root(
+    proof: Any, blocks: list[int] | None, path: str = layout.ADMISSION_PROOF
+) -> None:
+    """The root's members (``proof`` without ``epochBlocks``) and its block sizes
+    (None when ``epochBlocks`` is missing or not an array of arrays)."""
     if type(proof) is not dict:
         raise _bad("the proof is not an object", path)
     v = proof.get("admissionProofVersion")
@@ -184,7 +188,6 @@ def check_proof_root(proof: Any, path: str = layout.ADMISSION_PROOF) -> None:
             "rootCaseDigest",
             "frozenDigest",
             "rootInstance",
-            "epochBlocks",
         ),
         "proof root",
         path,
@@ -194,8 +197,7 @@ def check_proof_root(proof: Any, path: str = layout.ADMISSION_PROOF) -> None:
             raise _bad(f"{k} is not a digest", path)
     if not is_id(proof["execution"]) or not is_id(proof["rootInstance"]):
         raise _bad("execution/rootInstance is not a valid id", path)
-    blocks = proof["epochBlocks"]
-    if type(blocks) is not list or any(type(b) is not list for b in blocks):
+    if blocks is None:
         raise _bad("epochBlocks is not an array of arrays", path)
     if len(blocks) > layout.MAX_BLOCKS:
         raise Problem(
@@ -205,12 +207,12 @@ def check_proof_root(proof: Any, path: str = layout.ADMISSION_PROOF) -> None:
             path=path,
         )
     for b in blocks:
-        if len(b) > layout.MAX_EPOCHS_PER_BLOCK:
-            raise Problem("input-over-bound", 1, f"a block of {len(b)} epochs", path=path)
+        if b > layout.MAX_EPOCHS_PER_BLOCK:
+            raise Problem("input-over-bound", 1, f"a block of {b} epochs", path=path)
     if not blocks:
         raise _bad("epochBlocks is empty (P0 is never an export)", path)
     for i, b in enumerate(blocks):
-        if not b or (i < len(blocks) - 1 and len(b) != layout.MAX_EPOCHS_PER_BLOCK):
+        if not b or (i < len(blocks) - 1 and b != layout.MAX_EPOCHS_PER_BLOCK):
             raise _bad(f"epochBlocks[{i}] breaks the full-block rule", path)
 
 

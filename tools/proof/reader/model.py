@@ -2,6 +2,11 @@
 
 Built only from validated inputs and the reader's derivations; serialized here
 to the exact canonical forms so control files can be measured and compared.
+
+Control structures have fixed ASCII member names and no floats, so orjson with
+sorted keys yields their RFC 8785 bytes exactly (canonical-json.md; the one
+divergence, keys at or above U+E000, cannot occur here). Sizes are cached per
+attempt, so a changed instance costs O(1) serialization, not O(attempts).
 """
 
 from __future__ import annotations
@@ -9,12 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from crucible.core import canon
+import orjson
 from crucible.proof import layout
 
-__all__ = ["Attempt", "Instance", "StageDef", "set_json"]
+__all__ = ["PINS", "Attempt", "Instance", "StageDef", "control_dumps", "set_json"]
 
 PINS = tuple(layout.ATTEMPT_FILES)
+
+
+def control_dumps(value: Any) -> bytes:
+    """Canonical bytes of a control structure built by the reader (ASCII keys, no floats)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
 
 
 @dataclass(slots=True)
@@ -46,6 +56,9 @@ class Attempt:
         out.update(self.pins)
         return out
 
+    def size(self) -> int:
+        return len(control_dumps(self.to_json()))
+
 
 @dataclass(slots=True)
 class Instance:
@@ -60,6 +73,9 @@ class Instance:
     base_failure: str | None = None
     attempts: list[Attempt] = field(default_factory=list)
     size: int = 0
+    #: summed sizes of all attempts but the last (they never change again)
+    sealed: int = 0
+    sealed_count: int = 0
 
     @property
     def state(self) -> str:
@@ -76,7 +92,7 @@ class Instance:
             return self.base_failure
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def _head(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "stage": self.stage,
@@ -85,12 +101,25 @@ class Instance:
             "caseDigest": self.case_digest,
             "state": self.state,
             "failure": self.failure,
-            "attempts": [a.to_json() for a in self.attempts],
+            "attempts": [],
         }
 
+    def to_json(self) -> dict[str, Any]:
+        out = self._head()
+        out["attempts"] = [a.to_json() for a in self.attempts]
+        return out
+
     def measure(self) -> int:
-        self.size = len(canon.dumps(self.to_json()))
-        return self.size
+        """Canonical size of ``to_json()``, without re-serializing sealed attempts."""
+        n = len(self.attempts)
+        while self.sealed_count < n - 1:
+            self.sealed += self.attempts[self.sealed_count].size()
+            self.sealed_count += 1
+        total = len(control_dumps(self._head()))
+        if n:
+            total += self.sealed + self.attempts[-1].size() + (n - 1)
+        self.size = total
+        return total
 
 
 def set_json(stage: str, records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,8 @@ separators), so each decision costs O(what it changes), not O(history).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,14 @@ from crucible.proof import layout
 from crucible.proof.reader.bundle import BundleTree
 from crucible.proof.reader.chain import PrefixHasher, split_results
 from crucible.proof.reader.findings import Problem
-from crucible.proof.reader.model import PINS, Attempt, Instance, StageDef, set_json
+from crucible.proof.reader.model import (
+    PINS,
+    Attempt,
+    Instance,
+    StageDef,
+    control_dumps,
+    set_json,
+)
 
 __all__ = ["Context", "Replay"]
 
@@ -39,7 +48,8 @@ class Context:
     limits: dict[str, int]
     stages: list[StageDef]
     proof: dict[str, Any]
-    epochs: list[dict[str, Any]]
+    #: the epochs in proof order (iterable more than once)
+    epochs: Iterable[dict[str, Any]]
     #: (stage, revision) -> (parsed selection, refusal-bearing?)
     selections: dict[tuple[str, int], tuple[dict[str, Any], bool]]
     file_ceiling: int = layout.MAX_RECEIVED_FILE_BYTES
@@ -96,13 +106,15 @@ class Replay:
         self.retained_bytes = 0
         self.reservations: dict[int, list[str]] = {}
         self.inst_total = 0
+        #: each active instance's canonical size as counted in inst_total
+        self.sizes: dict[str, int] = {}
         self.sig_owner: dict[str, tuple[str, int]] = {}
         self.hasher = PrefixHasher(ctx.proof)
         self.open_epoch = False
         #: every decision as measured: epoch, observation, kind, outcome, and the
         #: [bytes, files] of its acceptance and refusal candidates (None: not built)
         self.trace: list[dict[str, Any]] = []
-        self._set_base = {s.name: len(canon.dumps(set_json(s.name, []))) for s in ctx.stages}
+        self._set_base = {s.name: len(control_dumps(set_json(s.name, []))) for s in ctx.stages}
         # output files present in the bundle, by attempt directory
         self.output_dirs: dict[str, int] = {}
         for p in self.tree.sizes:
@@ -128,8 +140,12 @@ class Replay:
             for s in self.ctx.stages
         ]
 
-    def execution_json(self, proof_digest: str) -> dict[str, Any]:
-        insts = [self.inst[i].to_json() for s in self.ctx.stages for i in self.by_stage[s.name]]
+    def execution_json(self, proof_digest: str, *, with_instances: bool = True) -> dict[str, Any]:
+        insts = (
+            [self.inst[i].to_json() for s in self.ctx.stages for i in self.by_stage[s.name]]
+            if with_instances
+            else []
+        )
         return {
             "executionVersion": 2,
             "execution": self.ctx.proof["execution"],
@@ -139,6 +155,20 @@ class Replay:
             "stages": self.stages_json(),
             "instances": insts,
         }
+
+    def execution_digest(self, proof_digest: str) -> str:
+        """Digest of the reconstructed execution, streamed instance by instance."""
+        full = self.execution_json(proof_digest, with_instances=False)
+        body = control_dumps(full)
+        cut = body.index(b'"instances":[]') + len(b'"instances":[')
+        h = hashlib.sha256(body[:cut])
+        sep = b""
+        for s in self.ctx.stages:
+            for i in self.by_stage[s.name]:
+                h.update(sep + control_dumps(self.inst[i].to_json()))
+                sep = b","
+        h.update(body[cut:])
+        return "sha256:" + h.hexdigest()
 
     def _exec_size(self, stages: list[dict[str, Any]], inst_total: int, n: int) -> int:
         base = {
@@ -150,7 +180,7 @@ class Replay:
             "stages": stages,
             "instances": [],
         }
-        return len(canon.dumps(base)) + inst_total + max(n - 1, 0)
+        return len(control_dumps(base)) + inst_total + max(n - 1, 0)
 
     def _sets_size(self, extra: dict[str, tuple[int, int]] | None = None) -> int:
         """Sum of set-file sizes; ``extra`` maps stage -> (added bytes, added records)."""
@@ -219,9 +249,10 @@ class Replay:
         self.retained_bytes += size
 
     def _set_instance(self, inst: Instance) -> None:
-        old = inst.size if inst.id in self.inst else 0
+        old = self.sizes.get(inst.id, 0)
         self.inst[inst.id] = inst
-        self.inst_total += inst.measure() - old
+        self.sizes[inst.id] = inst.measure()
+        self.inst_total += self.sizes[inst.id] - old
 
     def offered(self, stage: str) -> list[dict[str, Any]]:
         """The stage's offered set: its active instances' records in execution order."""
@@ -278,7 +309,7 @@ class Replay:
         self.used_ids.add(rid)
         self.reserved = 1
         self.reservations[k] = [rid]
-        epoch_bytes = canon.dumps(e)
+        epoch_bytes = control_dumps(e)
         ok, size, files = self.fits(
             proof_size=self.hasher.open_size(len(epoch_bytes)), new_bytes=0, new_files=0
         )
@@ -321,7 +352,7 @@ class Replay:
         if sel["stage"] != u or sel["revision"] != rev:
             raise bad("the selection names another stage or revision")
         offered = self.offered(u)
-        if sel["offeredDigest"] != digest.of_bytes(canon.dumps(offered)):
+        if sel["offeredDigest"] != digest.of_bytes(control_dumps(offered)):
             raise bad("offeredDigest is not the digest of the stage's offered set at this epoch")
         index = {(r["instance"], r["output"]): r for r in offered}
         seen: set[tuple[str, int]] = set()
@@ -338,7 +369,8 @@ class Replay:
         if kind == "fork":
             for d in self._descendants(u):
                 for i in self.by_stage[d]:
-                    self.inst_total -= self.inst.pop(i).size
+                    del self.inst[i]
+                    self.inst_total -= self.sizes.pop(i)
                     self.inst_records.pop(i, None)
                 self.by_stage[d] = []
                 self.record_count[d] = 0
@@ -352,7 +384,7 @@ class Replay:
         consumers = self.ctx.by_name[u].consumers
         slots = [(c, m) for c in consumers for m in sel["selected"]]
         child_ids = e["childIds"]
-        proof_size = self.hasher.open_size(len(canon.dumps(e)))
+        proof_size = self.hasher.open_size(len(control_dumps(e)))
         outcome: str
         acceptance: tuple[int, int] | None = None
         children: list[tuple[Instance, bytes | None]] = []
@@ -466,7 +498,7 @@ class Replay:
             self.reserved += len(children)
             self.reservations[k] = [ch.id for ch, _ in children]
             self._trace(k, None, kind, "admitted", acceptance, None)
-        self.hasher.close(canon.dumps(e))
+        self.hasher.close(control_dumps(e))
 
     def _project(
         self,
@@ -678,7 +710,7 @@ class Replay:
                 records: list[dict[str, Any]] = []
                 for idx, payload in enumerate(proposal):
                     pd = digest.of_bytes(payload)
-                    env = canon.dumps(
+                    env = control_dumps(
                         {
                             "envelopeVersion": 1,
                             "stage": stage.name,
@@ -707,13 +739,13 @@ class Replay:
                 ok = False
                 if local_ok:
                     att.state, att.failure, att.pins = final[0], None, pins
-                    new_size = len(canon.dumps(inst.to_json()))
-                    rec_bytes = sum(len(canon.dumps(r)) for r in records)
+                    new_size = inst.measure()
+                    rec_bytes = sum(len(control_dumps(r)) for r in records)
                     ok, asize, afiles = self.fits(
                         proof_size=proof_size,
                         new_bytes=new_bytes + sum(len(b) for _, b in files),
                         new_files=len(received) + len(files),
-                        inst_total=self.inst_total - inst.size + new_size,
+                        inst_total=self.inst_total - self.sizes[inst.id] + new_size,
                         set_extra={stage.name: (rec_bytes, len(records))},
                     )
                     acceptance = (asize, afiles)

@@ -12,6 +12,7 @@ recursion is involved); one iterative walk then measures the value.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ import orjson
 from crucible.core import canon
 from crucible.proof.reader.findings import Problem
 
-__all__ = ["JsonBounds", "parse_json"]
+__all__ = ["JsonBounds", "check_bounds", "parse_json"]
 
 _MAX_SAFE = 2**53 - 1
 
@@ -46,11 +47,10 @@ def parse_json(data: bytes, path: str, bounds: JsonBounds, *, canonical: bool) -
     _measure(value, path, bounds)
     if canonical:
         try:
-            again = canon.dumps(value)
+            if _canonical_equal(value, data):
+                return value
         except canon.CanonError as exc:
             raise Problem("input-malformed", 1, exc.message, path=path) from None
-        if again == data:
-            return value
     # Not canonical (or not required to be): duplicate keys are the one strict-JSON
     # violation orjson accepts silently; canon.loads names them.
     try:
@@ -62,8 +62,54 @@ def parse_json(data: bytes, path: str, bounds: JsonBounds, *, canonical: bool) -
     return value
 
 
-def _measure(value: Any, path: str, bounds: JsonBounds) -> None:
-    stack: list[tuple[Any, int]] = [(value, 1)]
+def _utf16(key: str) -> bytes:
+    return key.encode("utf-16-be", "surrogatepass")
+
+
+def _chunks(value: Any, depth: int) -> Iterator[bytes]:
+    """The RFC 8785 bytes of ``value`` in pieces: containers down to ``depth`` are
+    opened here, deeper values serialized whole by ``canon.dumps``."""
+    t = type(value)
+    if depth and t is dict and value:
+        sep = b"{"
+        for key in sorted(value, key=_utf16):
+            yield sep + canon.dumps(key) + b":"
+            yield from _chunks(value[key], depth - 1)
+            sep = b","
+        yield b"}"
+    elif depth and t is list and value:
+        sep = b"["
+        for item in value:
+            yield sep
+            yield from _chunks(item, depth - 1)
+            sep = b","
+        yield b"]"
+    else:
+        yield canon.dumps(value)
+
+
+def _canonical_equal(value: Any, data: bytes) -> bool:
+    """``canon.dumps(value) == data`` without building a second copy of a large file."""
+    if len(data) < (1 << 20):
+        return canon.dumps(value) == data
+    view = memoryview(data)
+    pos = 0
+    for chunk in _chunks(value, 3):
+        end = pos + len(chunk)
+        if end > len(data) or view[pos:end] != chunk:
+            return False
+        pos = end
+    return pos == len(data)
+
+
+def check_bounds(value: Any, path: str, bounds: JsonBounds, *, depth: int = 1) -> None:
+    """Nesting, container and string bounds (over-bound), then the integer domain
+    (malformed), of a parsed value sitting at nesting level ``depth``."""
+    _measure(value, path, bounds, depth)
+
+
+def _measure(value: Any, path: str, bounds: JsonBounds, start: int = 1) -> None:
+    stack: list[tuple[Any, int]] = [(value, start)]
     malformed: str | None = None
     while stack:
         v, depth = stack.pop()

@@ -19,7 +19,8 @@ from crucible.proof.reader import forms
 from crucible.proof.reader.bundle import BundleTree, walk_bundle
 from crucible.proof.reader.chain import PrefixHasher
 from crucible.proof.reader.findings import Problem
-from crucible.proof.reader.model import PINS, StageDef
+from crucible.proof.reader.model import PINS, StageDef, control_dumps
+from crucible.proof.reader.proofstream import Proof, load_proof
 from crucible.proof.reader.replay import Context, Replay
 from crucible.proof.reader.report import Counts, Reading, Report
 from crucible.proof.reader.strict import JsonBounds, parse_json
@@ -94,10 +95,11 @@ class _Collector:
 class _Loaded:
     tree: BundleTree
     workflow: dict[str, Any]
+    #: the proof's root members (without epochBlocks)
     proof: dict[str, Any]
     #: the supplied execution's members except its instances (compared in phase 5)
     execution: dict[str, Any]
-    epochs: list[dict[str, Any]]
+    epochs: Proof
     digests: dict[str, str]
     selections: dict[tuple[str, int], tuple[dict[str, Any], bool]]
     stages: list[StageDef]
@@ -220,35 +222,50 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
     except Problem as exc:
         col.note(exc)
     # The supplied total is a bound (input-over-bound), senior to every malformed file.
+    # partial.json is a label, never charged (admission-proof.md §9)
+    label = tree.sizes.get(layout.PARTIAL)
+    supplied_bytes = tree.total_bytes - (label or 0)
+    supplied_files = len(tree.sizes) - (label is not None)
     if limits is not None and (
-        tree.total_bytes > limits["maxBytes"] or len(tree.sizes) > limits["maxFiles"]
+        supplied_bytes > limits["maxBytes"] or supplied_files > limits["maxFiles"]
     ):
         col.note(
             Problem(
                 "input-over-bound",
                 1,
-                f"the export holds {tree.total_bytes} bytes in {len(tree.sizes)} files "
+                f"the export holds {supplied_bytes} bytes in {supplied_files} files "
                 f"(maxBytes {limits['maxBytes']}, maxFiles {limits['maxFiles']})",
             )
         )
         col.settle()
-    for p in (layout.ADMISSION_PROOF, layout.EXECUTION):
-        if p in tree.sizes:
-            try:
-                parsed[p] = load(p, canonical=True)
-            except Problem as exc:
-                col.note(exc)
+    # The execution first, reduced to its top-level members at once: its instances are
+    # rebuilt and compared in phase 5, so the parsed copy never coexists with the proof.
+    if layout.EXECUTION in tree.sizes:
+        try:
+            supplied = load(layout.EXECUTION, canonical=True)
+            forms.check_execution(supplied)
+            parsed[layout.EXECUTION] = {k: v for k, v in supplied.items() if k != "instances"}
+        except Problem as exc:
+            col.note(exc)
+        supplied = None
+    if layout.ADMISSION_PROOF in tree.sizes:
+        try:
+            data = tree.read(layout.ADMISSION_PROOF, options.proof_ceiling)
+            digests[layout.ADMISSION_PROOF] = digest.of_bytes(data)
+            parsed[layout.ADMISSION_PROOF] = load_proof(data, layout.ADMISSION_PROOF, _PROOF_BOUNDS)
+        except Problem as exc:
+            col.note(exc)
     if layout.ADMISSION_PROOF not in parsed or limits is None:
         col.settle()  # without the workflow's limits nothing further can be bounded
     wf, proof = parsed[layout.WORKFLOW], parsed[layout.ADMISSION_PROOF]
     try:
-        forms.check_proof_root(proof, layout.ADMISSION_PROOF)
+        forms.check_proof_root(proof.root, proof.blocks, layout.ADMISSION_PROOF)
     except Problem as exc:
         col.note(exc)
     if any(c in col.first for c in ("input-over-bound", "input-malformed", "version-unread")):
         col.settle()
 
-    epochs: list[dict[str, Any]] = [e for block in proof["epochBlocks"] for e in block]
+    epochs: Proof = proof
     for number, e in enumerate(epochs, 1):
         try:
             forms.check_epoch(e, number)
@@ -287,13 +304,7 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
                     path=layout.ADMISSION_PROOF_DIGEST,
                 )
             )
-    execution: dict[str, Any] = {}
-    if layout.EXECUTION in parsed:
-        execution = parsed[layout.EXECUTION]
-        try:
-            forms.check_execution(execution)
-        except Problem as exc:
-            col.note(exc)
+    execution: dict[str, Any] = parsed.get(layout.EXECUTION, {})
 
     stages = _stage_defs(wf) if "input-malformed" not in col.first else []
     stage_names = {s.name for s in stages}
@@ -344,6 +355,9 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
         col.settle()
 
     # Missing non-null pinned artifacts, and the finishedAt rule (RFC 0024 §5).
+    root_case = layout.case_path(proof.root["rootInstance"])
+    if root_case not in tree.sizes:
+        col.note(Problem("inventory-mismatch", 1, "the root case is missing", path=root_case))
     for s in stages:
         for p in (layout.frozen_path(s.name), layout.set_path(s.name)):
             if p not in tree.sizes:
@@ -399,8 +413,8 @@ def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
     return _Loaded(
         tree=tree,
         workflow=wf,
-        proof=proof,
-        execution={k: v for k, v in execution.items() if k != "instances"},
+        proof=proof.root,
+        execution=execution,
         epochs=epochs,
         digests=digests,
         selections=selections,
@@ -472,25 +486,31 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
             raise _mismatch(
                 f"{key} is {held[key]!r}, the independently held expectation is {value!r}"
             )
-    sidecar = ld.tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
-    if sidecar != (proof_digest + "\n").encode():
-        raise _mismatch(
-            "the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST
-        )
-    if ex["admissionProofDigest"] != proof_digest:
-        raise _mismatch("admissionProofDigest is not the proof's digest", layout.EXECUTION)
+    # in the order of admission-proof.md §10: workflow, proof pin, chain, frozen, root case
     if proof["workflowDigest"] != d[layout.WORKFLOW]:
         raise _mismatch("workflowDigest is not the workflow's digest", layout.ADMISSION_PROOF)
     if ex["workflowDigest"] != d[layout.WORKFLOW]:
         raise _mismatch("workflowDigest is not the workflow's digest", layout.EXECUTION)
     if ex["execution"] != proof["execution"]:
         raise _mismatch("the execution id differs from the proof's", layout.EXECUTION)
-    root_case = layout.case_path(proof["rootInstance"])
-    for p in (layout.ROOT_CASE, root_case):
-        if p not in d:
-            raise Problem("inventory-mismatch", 1, "the root case is missing", path=p)
-        if d[p] != proof["rootCaseDigest"]:
-            raise _mismatch("the root case is not the pinned rootCaseDigest", p)
+    if ex["admissionProofDigest"] != proof_digest:
+        raise _mismatch("admissionProofDigest is not the proof's digest", layout.EXECUTION)
+    sidecar = ld.tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
+    if sidecar != (proof_digest + "\n").encode():
+        raise _mismatch(
+            "the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST
+        )
+    # the chain: each epoch names the digest of the preceding closed prefix
+    hasher = PrefixHasher(proof)
+    for e, raw in zip(ld.epochs, ld.epochs.epoch_bytes(), strict=True):
+        k = e["number"]
+        if e["previousProofDigest"] != hasher.digest():
+            raise _mismatch(
+                f"previousProofDigest does not name P({k - 1}), the preceding closed prefix",
+                layout.ADMISSION_PROOF,
+                k,
+            )
+        hasher.close(raw)
     frozen = [{"stage": s.name, "digest": d[layout.frozen_path(s.name)]} for s in ld.stages]
     if digest.of_json(frozen) != proof["frozenDigest"]:
         raise _mismatch(
@@ -500,17 +520,9 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
         raise _mismatch(
             "the execution's frozen pins differ from the frozen files", layout.EXECUTION
         )
-    # the chain: each epoch names the digest of the preceding closed prefix
-    hasher = PrefixHasher(proof)
-    for e in ld.epochs:
-        k = e["number"]
-        if e["previousProofDigest"] != hasher.digest():
-            raise _mismatch(
-                f"previousProofDigest does not name P({k - 1}), the preceding closed prefix",
-                layout.ADMISSION_PROOF,
-                k,
-            )
-        hasher.close(canon.dumps(e))
+    for p in (layout.ROOT_CASE, layout.case_path(proof["rootInstance"])):
+        if d[p] != proof["rootCaseDigest"]:
+            raise _mismatch("the root case is not the pinned rootCaseDigest", p)
     # every retained artifact pin, retired ones included
     for e in ld.epochs:
         k = e["number"]
@@ -583,15 +595,15 @@ def _phase3(ld: _Loaded) -> None:
 
 def _phase5(ld: _Loaded, rp: Replay) -> Reading:
     proof_digest = ld.digests[layout.ADMISSION_PROOF]
-    derived = rp.execution_json(proof_digest)
-    if digest.of_bytes(canon.dumps(derived)) != ld.digests[layout.EXECUTION]:
+    if rp.execution_digest(proof_digest) != ld.digests[layout.EXECUTION]:
+        derived = rp.execution_json(proof_digest)
         supplied = canon.loads(ld.tree.read(layout.EXECUTION, _CONTROL_CAP))
         raise Problem(
             "inventory-mismatch", 5, _first_difference(derived, supplied), path=layout.EXECUTION
         )
     for s in ld.stages:
         p = layout.set_path(s.name)
-        want = canon.dumps({"setVersion": 1, "stage": s.name, "records": rp.offered(s.name)})
+        want = control_dumps({"setVersion": 1, "stage": s.name, "records": rp.offered(s.name)})
         if ld.tree.read(p, layout.MAX_RECEIVED_FILE_BYTES) != want:
             raise Problem(
                 "inventory-mismatch",
@@ -648,7 +660,9 @@ def _first_difference(derived: dict[str, Any], supplied: dict[str, Any]) -> str:
         if derived[key] == supplied.get(key):
             continue
         if key == "instances" and type(supplied.get(key)) is list:
-            got = {i.get("id"): i for i in supplied[key] if type(i) is dict}
+            got = {
+                i["id"]: i for i in supplied[key] if type(i) is dict and type(i.get("id")) is str
+            }
             for inst in derived[key]:
                 if got.get(inst["id"]) != inst:
                     if inst["id"] not in got:
