@@ -780,3 +780,18 @@ def test_root_case_must_be_canonical_and_shallow(tmp_path: Path) -> None:
     s.file("root-case.json", b'{"topic": "x"}')
     with pytest.raises(InputRefused, match="canonical JSON object"):
         s.prove()
+
+
+def test_one_signature_sidecar_belongs_to_one_attempt(tmp_path: Path) -> None:
+    # Equal audit bytes may legitimately repeat; another attempt's sidecar may not.
+    s = Scenario(tmp_path / "sig")
+    two_children(s)
+    s.evaluated("a", 1, people("Ann"), signature=b"sig-1")
+    s.evaluated("b", 1, people("Ann"), signature=b"sig-1")
+    with pytest.raises(Forbidden, match="signature sidecar belongs to one attempt"):
+        s.prove()
+    s = Scenario(tmp_path / "sig-ok")
+    two_children(s)
+    s.evaluated("a", 1, people("Ann"), signature=b"sig-1")
+    s.evaluated("b", 1, people("Ann"), signature=b"sig-2")
+    s.prove()

@@ -7,12 +7,13 @@ from pathlib import Path
 
 from bundlegen import org_people, rich, write_files
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from crucible.core import canon
 from crucible.proof.reader.cli import command
 from crucible.proof.reader.findings import Inability
 from crucible.proof.reader.verify import verify_bundle
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 BASES = [org_people().exported(), rich().exported()]
 

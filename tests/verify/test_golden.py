@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from bundlegen import org_people, rich, write_files
 from click.testing import CliRunner
-from crucible.core import canon
-from crucible.proof.reader.cli import command
 from mutate import Bundle
 from test_mutations import MUTATIONS
+
+from crucible.core import canon
+from crucible.proof.reader.cli import command
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

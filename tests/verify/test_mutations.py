@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from bundlegen import org_people, rich
+from mutate import EXEC, PROOF, Bundle, load_dir, write_dir
+
 from crucible.core import canon, digest
 from crucible.proof.reader.verify import VerifyOptions, verify_bundle
-from mutate import EXEC, PROOF, Bundle, load_dir, write_dir
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "proof"
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from crucible.core import canon, digest
 from crucible.proof.reader.verify import verify_bundle
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from bundlegen import AT, Gen, stage, write_files
+
 from crucible.core import canon
 from crucible.proof.reader.verify import verify_bundle
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from bundlegen import org_people, write_files
 from click.testing import CliRunner
+
 from crucible.core import canon, digest
 from crucible.proof.reader.cli import command
 

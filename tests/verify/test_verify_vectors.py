@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from crucible.core import canon
 from crucible.proof.reader.replay import Replay
 from crucible.proof.reader.verify import verify_bundle

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from crucible import __version__
 from crucible.core.cli import run
 from crucible.core.errors import OperationalError, UsageError

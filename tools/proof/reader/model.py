@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
 from crucible.proof import layout
 
 __all__ = ["PINS", "Attempt", "Instance", "StageDef", "control_dumps", "set_json"]

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+
 from crucible.core import canon
 from crucible.proof import layout
 from crucible.proof.reader.findings import Problem

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
 from crucible.core import canon, digest
 from crucible.proof import layout
 from crucible.proof.reader.bundle import BundleTree

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from crucible.core import canon
 from crucible.proof.reader.findings import Problem
 

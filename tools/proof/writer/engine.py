@@ -130,6 +130,8 @@ class Engine:
         self.candidate_hook = candidate_hook
         self.keep_decisions = keep_decisions
         self._retries: dict[tuple[str, str], dict[str, str]] = {}
+        #: every auditSignaturesDigest pinned so far (workflow.md §9: one sidecar, one attempt)
+        self._signature_pins: set[str] = set()
         self.state: State | None = None
         self.proof: ProofChain | None = None
         self.open: _OpenEpoch | None = None
@@ -752,6 +754,15 @@ class Engine:
                 f"§5: suppressed is allowed only after a cutoff of stage {inst.stage!r} in this epoch",
             )
         pins = {p: (digest.of_bytes(received[p]) if p in received else None) for p in PINS}
+        signature_pin = pins.get("auditSignaturesDigest")
+        if signature_pin is not None:
+            if signature_pin in self._signature_pins:
+                raise self._forbid(
+                    op.line,
+                    "§9: a signature sidecar belongs to one attempt; these audit.sig bytes "
+                    "are already pinned by another observation",
+                )
+            self._signature_pins.add(signature_pin)
         observation = {
             "instance": op.instance,
             "number": op.attempt,
