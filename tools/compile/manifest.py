@@ -111,6 +111,9 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             where = f"{name}:{m.group(1)}:{m.group(2)}"
             message = message[: m.start()]
         raise ParseError(f"TOML: {message}", where=where) from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively
+        raise ParseError("TOML: arrays or inline tables nested too deeply", where=name) from None
     return analyze_document(doc, TomlLocator(name, text), name, base_dir)
 
 
