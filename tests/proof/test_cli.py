@@ -133,3 +133,43 @@ def test_operations_from_stdin(tmp_path: Path) -> None:
     bad = ops.read_bytes() + b'{"op": "nope"}\n'
     r = subprocess.run([str(SCRIPT), *argv], input=bad, capture_output=True, check=False)
     assert r.returncode == 1 and b"<stdin>:9:" in r.stderr
+
+
+def test_workflow_from_stdin(tmp_path: Path) -> None:
+    # `--workflow -` passed the option check, then failed as "cannot read workflow:
+    # No such file or directory" (exit 3): `-` must mean stdin wherever a path is taken.
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    wf = Path(argv[1])
+    assert run(argv).returncode == 0
+    expected = read_tree(tmp_path / "b")
+    argv[1] = "-"
+    r = subprocess.run(
+        [str(SCRIPT), *argv], input=wf.read_bytes(), capture_output=True, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    assert read_tree(tmp_path / "b") == expected
+    r = subprocess.run([str(SCRIPT), *argv], input=b"{", capture_output=True, check=False)
+    assert r.returncode == 2 and r.stderr.startswith(b"crucible-prove: error: <stdin>:")
+    assert r.stderr.count(b"\n") == 1
+
+
+def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path) -> None:
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    both = list(argv)
+    both[1] = both[3] = "-"
+    r = run(both)
+    assert r.returncode == 2 and "cannot both read stdin" in r.stderr
+    as_dir = list(argv)
+    as_dir[1] = str(tmp_path)
+    r = run(as_dir)
+    assert (
+        r.returncode == 2
+        and r.stderr == f"crucible-prove: error: --workflow {tmp_path}: not a file\n"
+    )
+    not_dir = list(argv)
+    not_dir[5] = argv[1]
+    r = run(not_dir)
+    assert r.returncode == 2 and r.stderr.endswith(": not a directory\n")
+    assert not (tmp_path / "b").exists()

@@ -18,7 +18,9 @@ _PATH = click.Path(path_type=Path)
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crucible-prove")
-@click.option("--workflow", type=_PATH, help="Workflow document (workflowVersion 2).")
+@click.option(
+    "--workflow", type=_PATH, help="Workflow document (workflowVersion 2); - reads stdin."
+)
 @click.option("--operations", type=_PATH, help="Operation log (NDJSON); - reads stdin.")
 @click.option("--artifacts", type=_PATH, help="Directory holding received artifact files.")
 @click.option("--out", type=_PATH, help="Bundle directory to write (replaced atomically).")
@@ -57,11 +59,15 @@ def command(
     if missing:
         raise UsageError(f"missing option {missing[0]} (see crucible-prove --help)")
     assert workflow and operations and artifacts and out
+    if str(workflow) == str(operations) == "-":
+        raise UsageError("--workflow and --operations cannot both read stdin (-)")
     for name, path in (("--workflow", workflow), ("--operations", operations)):
         if str(path) != "-" and not path.is_file():
-            raise UsageError(f"{name} {path}: no such file")
+            problem = "not a file" if path.exists() else "no such file"
+            raise UsageError(f"{name} {path}: {problem}")
     if not artifacts.is_dir():
-        raise UsageError(f"--artifacts {artifacts}: no such directory")
+        problem = "not a directory" if artifacts.exists() else "no such directory"
+        raise UsageError(f"--artifacts {artifacts}: {problem}")
     from crucible.proof.writer import ProveOptions, prove
 
     result = prove(ProveOptions(workflow, operations, artifacts, out, check_candidates))
