@@ -339,3 +339,17 @@ def test_capture_reads_the_result_from_stdin(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["output"] == {"x": 7}
     r = subprocess.run([str(SCRIPT), *base], input="", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no result file" in r.stderr
+
+
+def test_plan_and_result_cannot_both_come_from_stdin(tmp_path: Path) -> None:
+    # the plan used to swallow stdin, and the attempt then failed for an "empty"
+    # result it never saw (a record written, exit 1) instead of a usage error
+    _, state = _v2(tmp_path)
+    r = _run(
+        *("capture", "--state", str(state), "--task", "c", "--exit-code", "0"),
+        *("--plan", "-", "--output", "-"),
+    )
+    assert r.returncode == 2
+    assert r.stderr == "crucible-stage: error: --plan and --output cannot both read stdin (-)\n"
+    assert r.stdout == ""
+    assert not (state / "results" / "c.json").exists()

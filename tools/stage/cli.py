@@ -237,6 +237,8 @@ def capture_cmd(
     output_file = output or os.environ.get("CRUCIBLE_OUTPUT")
     if not output_file:
         raise UsageError("give --output FILE or set CRUCIBLE_OUTPUT")
+    if output_file == "-" and plan == "-":
+        raise UsageError("--plan and --output cannot both read stdin (-)")
     t = _target(plan, state, task, key, workspace)
     if output_file == "-":
         record = _capture_stdin(t, exit_code=exit_code, attempt=attempt, emit_cap=cap)
