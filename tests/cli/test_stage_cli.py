@@ -339,6 +339,12 @@ def test_capture_reads_the_result_from_stdin(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["output"] == {"x": 7}
     r = subprocess.run([str(SCRIPT), *base], input="", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no result file" in r.stderr
+    # the note and the error name stdin, not the removed temporary spool file
+    assert json.loads(r.stdout)["note"].startswith("no result file at <stdin> ")
+    assert r.stderr.startswith("crucible-stage: error: <stdin>: a failed: ")
+    r = subprocess.run([str(SCRIPT), *base], input="[1]", capture_output=True, text=True)
+    assert json.loads(r.stdout)["note"] == "result in <stdin> is a JSON array, not an object"
+    assert "/tmp" not in r.stderr
 
 
 def test_plan_and_result_cannot_both_come_from_stdin(tmp_path: Path) -> None:

@@ -197,6 +197,7 @@ def _capture_stdin(t: Target, *, exit_code: int, attempt: int, emit_cap: int) ->
             key=t.key,
             attempt=attempt,
             emit_cap=emit_cap,
+            output_name="<stdin>",
         )
 
 
@@ -257,7 +258,8 @@ def capture_cmd(
     sys.stdout.write(canon.dumps_str(record) + "\n")
     if record["status"] != "passed":
         label = task if key is None else f"{task}[{key}]"
-        raise InputRefused(f"{label} failed: {record['note']}", where=output_file)
+        where = "<stdin>" if output_file == "-" else output_file
+        raise InputRefused(f"{label} failed: {record['note']}", where=where)
 
 
 @cli.command("prompt")
