@@ -232,3 +232,32 @@ def test_source_symlink_outside_the_pack_is_refused(write_pack: WritePack, tmp_p
     with pytest.raises(ValidationFailed) as info:
         compile_path(write_pack(manifest(3)))
     assert info.value.diagnostics[0].code == "bad-path"
+
+
+def test_ctrl_c_stops_a_long_evaluation() -> None:
+    # starlark-pyo3 swallows a KeyboardInterrupt raised inside its cancel callback,
+    # so Ctrl-C used to be ignored until the loop ended (then the plan printed, exit 0).
+    import os
+    import signal
+    import threading
+
+    from crucible.compile.star import evaluate_source
+
+    spin = "def spin():\n    for i in range(1000000000):\n        pass\nspin()\n"
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    done = threading.Event()
+
+    def press_ctrl_c() -> None:
+        while not done.wait(0.3):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=press_ctrl_c, daemon=True)
+    try:
+        sender.start()
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_source(spin, "spin.star", 3, timeout=8.0)
+    finally:
+        done.set()
+        sender.join()
+        signal.signal(signal.SIGINT, previous)
