@@ -22,8 +22,10 @@ __all__ = ["compile_command", "compile_main", "validate_command", "validate_main
     help="Compile a pack manifest (TOML, optionally with a Starlark source) to a plan: "
     "canonical JSON on stdout, or in FILE with -o. PATH defaults to - (stdin).",
 )
+# readable=False, and directories allowed: the library reports both in the one-line
+# `prog: error: FILE: ...` form with its documented exit code, not click's usage block
 @click.argument(
-    "path", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True), default="-"
+    "path", type=click.Path(path_type=Path, allow_dash=True, readable=False), default="-"
 )
 @click.option(
     "-o",
@@ -63,7 +65,7 @@ def compile_command(path: Path, output: str, digest_only: bool, graph: str | Non
     "paths",
     nargs=-1,
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+    type=click.Path(path_type=Path, allow_dash=True, readable=False),
 )
 @click.option("--json", "as_json", is_flag=True, help="One NDJSON object per problem on stdout.")
 @click.option(
