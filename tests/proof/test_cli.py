@@ -173,3 +173,46 @@ def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path)
     r = run(not_dir)
     assert r.returncode == 2 and r.stderr.endswith(": not a directory\n")
     assert not (tmp_path / "b").exists()
+
+
+def test_unreadable_workflow_is_one_error_line(tmp_path: Path) -> None:
+    # click's readable check used to answer first with its three-line usage block
+    import os
+    import shutil
+    import tempfile
+
+    from crucible.core.cli import run as run_edge
+
+    shared = Path(tempfile.mkdtemp(prefix="prove-test-"))
+    try:
+        shared.chmod(0o755)
+        argv = args(scenario(shared / "s"), shared / "b")
+        for p in (shared / "s", Path(argv[5])):
+            p.chmod(0o755)
+        Path(argv[1]).chmod(0)
+        with tempfile.TemporaryFile() as err:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                code = 70
+                try:
+                    os.dup2(err.fileno(), 2)
+                    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                    if os.geteuid() == 0:  # root reads anything: become nobody
+                        os.setgroups([])
+                        os.setgid(65534)
+                        os.setuid(65534)
+                    run_edge(command, "crucible-prove", argv)
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+                finally:
+                    sys.stderr.flush()
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            err.seek(0)
+            text = err.read().decode()
+        assert os.waitstatus_to_exitcode(status) == 3, text
+        assert (
+            text == f"crucible-prove: error: {argv[1]}: cannot read workflow: Permission denied\n"
+        )
+    finally:
+        shutil.rmtree(shared)

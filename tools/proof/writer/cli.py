@@ -13,7 +13,8 @@ from crucible.core.errors import EXIT_OPERATIONAL, UsageError
 
 __all__ = ["command", "main"]
 
-_PATH = click.Path(path_type=Path)
+# readable=False: the commands report an unreadable file in their own one-line form
+_PATH = click.Path(path_type=Path, readable=False)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
