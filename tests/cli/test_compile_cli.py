@@ -342,3 +342,13 @@ def test_directory_and_unreadable_file_are_one_line_errors(tmp_path: Path) -> No
             assert str(pack) in line and "Permission denied" in line
     finally:
         shutil.rmtree(shared)
+
+
+@pytest.mark.parametrize("cmd", [COMPILE, VALIDATE])
+def test_short_help_and_exit_codes_like_the_other_tools(cmd: str) -> None:
+    # -h was a usage error here while crucible-stage/-ledger/-prove accept it
+    proc = run(cmd, "-h")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.decode().split())
+    assert text.startswith(f"Usage: {Path(cmd).name} ")
+    assert "Exit codes" in text and "3 I/O failure" in text
