@@ -359,3 +359,23 @@ def test_plan_and_result_cannot_both_come_from_stdin(tmp_path: Path) -> None:
     assert r.stderr == "crucible-stage: error: --plan and --output cannot both read stdin (-)\n"
     assert r.stdout == ""
     assert not (state / "results" / "c.json").exists()
+
+
+def test_plan_problems_name_the_plan_file(tmp_path: Path) -> None:
+    # errors raised after loading said "plan: task 'x' is not in the plan"
+    _, state = _v2(tmp_path)
+    r = _run("prompt", "--state", str(state), "--task", "nope")
+    assert r.returncode == 1
+    assert (
+        r.stderr
+        == f"crucible-stage: error: {state / 'plan.json'}: task 'nope' is not in the plan\n"
+    )
+    r = subprocess.run(
+        [str(SCRIPT), "inputs", "--state", str(state), "--task", "nope", "--plan", "-"],
+        input=(state / "plan.json").read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stderr == "crucible-stage: error: <stdin>: task 'nope' is not in the plan\n"
