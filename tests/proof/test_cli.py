@@ -166,7 +166,8 @@ def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path)
     r = run(as_dir)
     assert (
         r.returncode == 2
-        and r.stderr == f"crucible-prove: error: --workflow {tmp_path}: not a file\n"
+        and r.stderr
+        == f"crucible-prove: error: --workflow {tmp_path}: is a directory, not a file\n"
     )
     not_dir = list(argv)
     not_dir[5] = argv[1]
@@ -216,3 +217,34 @@ def test_unreadable_workflow_is_one_error_line(tmp_path: Path) -> None:
         )
     finally:
         shutil.rmtree(shared)
+
+
+def test_inputs_through_pipes(tmp_path: Path) -> None:
+    # `--operations <(zcat ops.ndjson.gz)` was refused as "not a file"
+    import os
+
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    assert run(argv).returncode == 0
+    expected = read_tree(tmp_path / "b")
+    fifos = []
+    for i in (1, 3):
+        fifo = tmp_path / f"pipe{i}"
+        os.mkfifo(fifo)
+        fifos.append((fifo, Path(argv[i]).read_bytes()))
+        argv[i] = str(fifo)
+    import threading
+
+    def feed() -> None:
+        for fifo, data in fifos:
+            fifo.write_bytes(data)  # blocks until the reader opens the pipe
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    proc = subprocess.Popen([str(SCRIPT), *argv], stderr=subprocess.PIPE)
+    feeder.start()
+    _, err = proc.communicate(timeout=60)
+    for fifo, _data in fifos:  # release a feeder the command never read from
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    feeder.join(10)
+    assert proc.returncode == 0, err
+    assert read_tree(tmp_path / "b") == expected

@@ -63,8 +63,9 @@ def command(
     if str(workflow) == str(operations) == "-":
         raise UsageError("--workflow and --operations cannot both read stdin (-)")
     for name, path in (("--workflow", workflow), ("--operations", operations)):
-        if str(path) != "-" and not path.is_file():
-            problem = "not a file" if path.exists() else "no such file"
+        # not is_file(): a pipe such as <(gzip -dc ops.ndjson.gz) is a fine input
+        if str(path) != "-" and (not path.exists() or path.is_dir()):
+            problem = "is a directory, not a file" if path.is_dir() else "no such file"
             raise UsageError(f"{name} {path}: {problem}")
     if not artifacts.is_dir():
         problem = "not a directory" if artifacts.exists() else "no such directory"
