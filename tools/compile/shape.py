@@ -378,6 +378,10 @@ def check_task(
                     (*path, "run"),
                     f"run must be an argv array or a shell string, not {type_name(run)}",
                 )
+            if "run" in task and "\x00" in "".join(task["run"]):
+                # no command line can carry NUL: exec would fail on every attempt
+                del task["run"]
+                chk.error("bad-value", (*path, "run"), "run must not contain a NUL character")
 
     if "needs" in raw:
         needs = _check_str_list(chk, (*path, "needs"), raw["needs"], "needs")
