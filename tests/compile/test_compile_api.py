@@ -254,3 +254,16 @@ def test_plan_without_edition_is_missing_key_not_edition_none() -> None:
     (d,) = info.value.diagnostics
     assert (d.code, d.message) == ("missing-key", "plan has no edition")
     assert d.text().startswith("plan.json:$: error:")
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("true", "true"), ('"3"', '"3"'), ("1979-05-27", "1979-05-27"), ("3.5", "3.5")],
+)
+def test_refused_edition_is_shown_as_written(tmp_path: Path, value: str, shown: str) -> None:
+    # used Python's repr: "unsupported edition True", "'3'", "datetime.date(1979, 5, 27)"
+    path = tmp_path / "pack.toml"
+    path.write_text(f'edition = {value}\n[workflow]\nname = "x"\n')
+    with pytest.raises(UnsupportedVersion) as info:
+        compile_path(path)
+    assert info.value.message.startswith(f"unsupported edition {shown}; ")
