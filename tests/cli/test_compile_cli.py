@@ -352,3 +352,10 @@ def test_short_help_and_exit_codes_like_the_other_tools(cmd: str) -> None:
     text = " ".join(proc.stdout.decode().split())
     assert text.startswith(f"Usage: {Path(cmd).name} ")
     assert "Exit codes" in text and "3 I/O failure" in text
+
+
+def test_empty_output_name_is_a_usage_error(tmp_path: Path) -> None:
+    # -o "$(PLAN)" with PLAN unset tried to write "." (exit 3, "Device or resource busy")
+    proc = run(COMPILE, str(write(tmp_path, GOOD)), "-o", "")
+    assert proc.returncode == 2
+    assert proc.stderr == b"crucible-compile: error: -o needs a file name (or - for stdout)\n"

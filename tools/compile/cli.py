@@ -59,6 +59,11 @@ def compile_command(path: Path, output: str, digest_only: bool, graph: str | Non
 
     if digest_only and graph:
         raise click.UsageError("--digest and --graph are exclusive")
+    if not output:
+        # Path("") is ".": it failed as "cannot write .: Device or resource busy" (exit 3)
+        from crucible.core.errors import UsageError
+
+        raise UsageError("-o needs a file name (or - for stdout)")
     code = run_compile(
         CompileOptions(path, output, digest_only, graph), sys.stdout.buffer, sys.stderr
     )
