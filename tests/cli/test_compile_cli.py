@@ -288,3 +288,74 @@ def test_starlark_errors_through_the_command(tmp_path: Path) -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.decode().splitlines()
     assert line.startswith(f"crucible-compile: error: {star}:") and "Starlark syntax" in line
+
+
+def _as_nobody(argv: list[str], validate: bool) -> tuple[int, str]:
+    """Run a command in a forked child that obeys file permissions (root ignores
+    them; the child drops to nobody once the interpreter is loaded)."""
+    import tempfile
+
+    from crucible.core.cli import run as run_edge
+
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 70
+            try:
+                os.dup2(err.fileno(), 2)
+                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setgid(65534)
+                    os.setuid(65534)
+                command = validate_command if validate else compile_command
+                run_edge(command, "crucible-validate" if validate else "crucible-compile", argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        err.seek(0)
+        return os.waitstatus_to_exitcode(status), err.read().decode()
+
+
+def test_directory_and_unreadable_file_are_one_line_errors(tmp_path: Path) -> None:
+    # click's own path checks used to answer first, with its three-line usage block
+    for cmd in (COMPILE, VALIDATE):
+        proc = run(cmd, str(tmp_path))
+        assert proc.returncode == 2
+        (line,) = proc.stderr.decode().splitlines()
+        assert str(tmp_path) in line and "is a directory" in line
+    import shutil
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="compile-test-"))
+    try:
+        shared.chmod(0o755)
+        pack = write(shared, GOOD)
+        pack.chmod(0)
+        for validate in (False, True):
+            code, err = _as_nobody([str(pack)], validate)
+            assert code == 3, err
+            (line,) = err.splitlines()
+            assert str(pack) in line and "Permission denied" in line
+    finally:
+        shutil.rmtree(shared)
+
+
+@pytest.mark.parametrize("cmd", [COMPILE, VALIDATE])
+def test_short_help_and_exit_codes_like_the_other_tools(cmd: str) -> None:
+    # -h was a usage error here while crucible-stage/-ledger/-prove accept it
+    proc = run(cmd, "-h")
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.decode().split())
+    assert text.startswith(f"Usage: {Path(cmd).name} ")
+    assert "Exit codes" in text and "3 I/O failure" in text
+
+
+def test_empty_output_name_is_a_usage_error(tmp_path: Path) -> None:
+    # -o "$(PLAN)" with PLAN unset tried to write "." (exit 3, "Device or resource busy")
+    proc = run(COMPILE, str(write(tmp_path, GOOD)), "-o", "")
+    assert proc.returncode == 2
+    assert proc.stderr == b"crucible-compile: error: -o needs a file name (or - for stdout)\n"

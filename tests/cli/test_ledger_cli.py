@@ -160,6 +160,8 @@ def test_stdin_is_passed_to_the_command(d: Path) -> None:
         (["run", "--dir", "{d}", "--scope", "t"], 2, "no command given"),
         (["run", "--dir", "{file}", "--scope", "t", "--", "true"], 2, "not a directory"),
         (["ls", "--dir", "{missing}"], 2, "no such directory"),
+        # listed nothing with exit 0 while run/get/put refuse an empty scope
+        (["ls", "--dir", "{d}", "--scope", ""], 2, "--scope must not be empty"),
         (["get", "--dir", "{d}", "--scope", "t"], 2, "no command given"),
         (["get", "--dir", "{d}", "--scope", "t", "--step", "x", "--", "true"], 2, "not both"),
         (["put", "--dir", "{d}", "--scope", "t", "--step", "x"], 2, "<stdin>"),

@@ -339,3 +339,43 @@ def test_capture_reads_the_result_from_stdin(tmp_path: Path) -> None:
     assert json.loads(r.stdout)["output"] == {"x": 7}
     r = subprocess.run([str(SCRIPT), *base], input="", capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "no result file" in r.stderr
+    # the note and the error name stdin, not the removed temporary spool file
+    assert json.loads(r.stdout)["note"].startswith("no result file at <stdin> ")
+    assert r.stderr.startswith("crucible-stage: error: <stdin>: a failed: ")
+    r = subprocess.run([str(SCRIPT), *base], input="[1]", capture_output=True, text=True)
+    assert json.loads(r.stdout)["note"] == "result in <stdin> is a JSON array, not an object"
+    assert "/tmp" not in r.stderr
+
+
+def test_plan_and_result_cannot_both_come_from_stdin(tmp_path: Path) -> None:
+    # the plan used to swallow stdin, and the attempt then failed for an "empty"
+    # result it never saw (a record written, exit 1) instead of a usage error
+    _, state = _v2(tmp_path)
+    r = _run(
+        *("capture", "--state", str(state), "--task", "c", "--exit-code", "0"),
+        *("--plan", "-", "--output", "-"),
+    )
+    assert r.returncode == 2
+    assert r.stderr == "crucible-stage: error: --plan and --output cannot both read stdin (-)\n"
+    assert r.stdout == ""
+    assert not (state / "results" / "c.json").exists()
+
+
+def test_plan_problems_name_the_plan_file(tmp_path: Path) -> None:
+    # errors raised after loading said "plan: task 'x' is not in the plan"
+    _, state = _v2(tmp_path)
+    r = _run("prompt", "--state", str(state), "--task", "nope")
+    assert r.returncode == 1
+    assert (
+        r.stderr
+        == f"crucible-stage: error: {state / 'plan.json'}: task 'nope' is not in the plan\n"
+    )
+    r = subprocess.run(
+        [str(SCRIPT), "inputs", "--state", str(state), "--task", "nope", "--plan", "-"],
+        input=(state / "plan.json").read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 1
+    assert r.stderr == "crucible-stage: error: <stdin>: task 'nope' is not in the plan\n"

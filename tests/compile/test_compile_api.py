@@ -14,6 +14,7 @@ from crucible.compile import (
     compile_path,
     ir_version_for,
     load_any,
+    load_plan_bytes,
     load_plan_path,
 )
 from crucible.core import canon, digest
@@ -244,3 +245,25 @@ def test_fast_canonical_path_equals_rfc8785(write_pack: WritePack, extra: str) -
         text = text.replace("[[workflow.task]]", extra + "\n\n[[workflow.task]]", 1)
     compiled = compile_path(write_pack(text))
     assert compiled.data == canon.dumps(compiled.plan)
+
+
+def test_plan_without_edition_is_missing_key_not_edition_none() -> None:
+    # used to read "unsupported edition None; this engine supports editions 1, 2, 3"
+    with pytest.raises(ValidationFailed) as info:
+        load_plan_bytes(b'{"version": 2}', "plan.json")
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message) == ("missing-key", "plan has no edition")
+    assert d.text().startswith("plan.json:$: error:")
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("true", "true"), ('"3"', '"3"'), ("1979-05-27", "1979-05-27"), ("3.5", "3.5")],
+)
+def test_refused_edition_is_shown_as_written(tmp_path: Path, value: str, shown: str) -> None:
+    # used Python's repr: "unsupported edition True", "'3'", "datetime.date(1979, 5, 27)"
+    path = tmp_path / "pack.toml"
+    path.write_text(f'edition = {value}\n[workflow]\nname = "x"\n')
+    with pytest.raises(UnsupportedVersion) as info:
+        compile_path(path)
+    assert info.value.message.startswith(f"unsupported edition {shown}; ")

@@ -304,3 +304,12 @@ def test_params_with_defaults_compile(write_pack: WritePack) -> None:
         "tags": {"type": "array", "default": ["a", 1]},
         "req": {"type": "object"},
     }
+
+
+@pytest.mark.parametrize("run", ['["echo", "a\\u0000b"]', '"echo \\u0000"'])
+def test_run_with_nul_is_bad_value(write_pack: WritePack, run: str) -> None:
+    # compiled fine, then every attempt would fail at exec (embedded null byte)
+    text = HEAD3 + f'[[workflow.task]]\nname = "a"\nrun = {run}\n'
+    d = one(write_pack, text)
+    assert (d.code, d.message) == ("bad-value", "run must not contain a NUL character")
+    assert d.location.line == line_of(text, "run =")

@@ -9,7 +9,7 @@ import pytest
 
 from crucible.compile import ValidationFailed, compile_path
 from crucible.compile.manifest import analyze_star
-from crucible.core.errors import ParseError, UsageError
+from crucible.core.errors import OperationalError, ParseError, UsageError
 
 WritePack = Callable[..., Path]
 
@@ -232,3 +232,58 @@ def test_source_symlink_outside_the_pack_is_refused(write_pack: WritePack, tmp_p
     with pytest.raises(ValidationFailed) as info:
         compile_path(write_pack(manifest(3)))
     assert info.value.diagnostics[0].code == "bad-path"
+
+
+def test_ctrl_c_stops_a_long_evaluation() -> None:
+    # starlark-pyo3 swallows a KeyboardInterrupt raised inside its cancel callback,
+    # so Ctrl-C used to be ignored until the loop ended (then the plan printed, exit 0).
+    import os
+    import signal
+    import threading
+
+    from crucible.compile.star import evaluate_source
+
+    spin = "def spin():\n    for i in range(1000000000):\n        pass\nspin()\n"
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    done = threading.Event()
+
+    def press_ctrl_c() -> None:
+        while not done.wait(0.3):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=press_ctrl_c, daemon=True)
+    try:
+        sender.start()
+        with pytest.raises(KeyboardInterrupt):
+            evaluate_source(spin, "spin.star", 3, timeout=8.0)
+    finally:
+        done.set()
+        sender.join()
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize(
+    ("source", "code", "message"),
+    [
+        # NUL escaped as ValueError (exit 70)
+        ("x\\u0000.star", "bad-path", "source 'x\\x00.star' must be a relative path to a file"),
+        # said "source must be a relative path, not string"
+        ("", "wrong-type", "source must be a non-empty relative path"),
+    ],
+)
+def test_empty_or_nul_source(write_pack: WritePack, source: str, code: str, message: str) -> None:
+    path = write_pack(f'edition = 3\n[workflow]\nsource = "{source}"\n')
+    with pytest.raises(ValidationFailed) as info:
+        compile_path(path)
+    (d,) = info.value.diagnostics
+    assert (d.code, d.message) == (code, message)
+    assert (d.location.line, d.location.col) == (3, 1)
+
+
+def test_unreadable_source_names_the_manifest_line(write_pack: WritePack) -> None:
+    path = write_pack('edition = 3\n[workflow]\nsource = "dir.star"\n')
+    (path.parent / "dir.star").mkdir()
+    with pytest.raises(OperationalError, match="Is a directory") as info:
+        compile_path(path)
+    assert info.value.where == f"{path}:3:1"

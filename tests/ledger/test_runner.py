@@ -132,6 +132,34 @@ def test_closed_reader_stops_pass_through_not_capture() -> None:
     assert result.stdout == b"hi\n" and result.exit_code == 0
 
 
+def test_closed_reader_and_capture_over_the_limit_end_an_endless_command() -> None:
+    # `crucible-ledger run -- yes | head -c1` used to drain `yes` forever: once the
+    # reader is gone and the capture is abandoned, the command must get SIGPIPE.
+    class Closed(io.BytesIO):
+        def write(self, data: bytes) -> int:  # type: ignore[override]
+            raise BrokenPipeError
+
+    code = (
+        "import signal, sys\n"
+        "signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as `yes` has it\n"
+        "while True: sys.stdout.write('y\\n' * 4096)"
+    )
+    box: list[CommandResult] = []
+    worker = threading.Thread(
+        target=lambda: box.append(
+            run_command([PY, "-c", code], stdout=Closed(), stderr=io.BytesIO(), limit=100_000)
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(30)
+    assert box, "the command was drained forever"
+    (result,) = box
+    assert result.overflow and result.signal == signal.SIGPIPE
+    assert result.shell_status == 128 + signal.SIGPIPE
+    assert not command_outcome(result, set()).settled
+
+
 def test_commands_that_cannot_start(tmp_path: Path) -> None:
     with pytest.raises(CannotStart, match="No such file") as missing:
         run_command([str(tmp_path / "nope")], stdout=io.BytesIO(), stderr=io.BytesIO())

@@ -133,3 +133,118 @@ def test_operations_from_stdin(tmp_path: Path) -> None:
     bad = ops.read_bytes() + b'{"op": "nope"}\n'
     r = subprocess.run([str(SCRIPT), *argv], input=bad, capture_output=True, check=False)
     assert r.returncode == 1 and b"<stdin>:9:" in r.stderr
+
+
+def test_workflow_from_stdin(tmp_path: Path) -> None:
+    # `--workflow -` passed the option check, then failed as "cannot read workflow:
+    # No such file or directory" (exit 3): `-` must mean stdin wherever a path is taken.
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    wf = Path(argv[1])
+    assert run(argv).returncode == 0
+    expected = read_tree(tmp_path / "b")
+    argv[1] = "-"
+    r = subprocess.run(
+        [str(SCRIPT), *argv], input=wf.read_bytes(), capture_output=True, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    assert read_tree(tmp_path / "b") == expected
+    r = subprocess.run([str(SCRIPT), *argv], input=b"{", capture_output=True, check=False)
+    assert r.returncode == 2 and r.stderr.startswith(b"crucible-prove: error: <stdin>:")
+    assert r.stderr.count(b"\n") == 1
+
+
+def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path) -> None:
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    both = list(argv)
+    both[1] = both[3] = "-"
+    r = run(both)
+    assert r.returncode == 2 and "cannot both read stdin" in r.stderr
+    as_dir = list(argv)
+    as_dir[1] = str(tmp_path)
+    r = run(as_dir)
+    assert (
+        r.returncode == 2
+        and r.stderr
+        == f"crucible-prove: error: --workflow {tmp_path}: is a directory, not a file\n"
+    )
+    not_dir = list(argv)
+    not_dir[5] = argv[1]
+    r = run(not_dir)
+    assert r.returncode == 2 and r.stderr.endswith(": not a directory\n")
+    assert not (tmp_path / "b").exists()
+
+
+def test_unreadable_workflow_is_one_error_line(tmp_path: Path) -> None:
+    # click's readable check used to answer first with its three-line usage block
+    import os
+    import shutil
+    import tempfile
+
+    from crucible.core.cli import run as run_edge
+
+    shared = Path(tempfile.mkdtemp(prefix="prove-test-"))
+    try:
+        shared.chmod(0o755)
+        argv = args(scenario(shared / "s"), shared / "b")
+        for p in (shared / "s", Path(argv[5])):
+            p.chmod(0o755)
+        Path(argv[1]).chmod(0)
+        with tempfile.TemporaryFile() as err:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                code = 70
+                try:
+                    os.dup2(err.fileno(), 2)
+                    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+                    if os.geteuid() == 0:  # root reads anything: become nobody
+                        os.setgroups([])
+                        os.setgid(65534)
+                        os.setuid(65534)
+                    run_edge(command, "crucible-prove", argv)
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 1
+                finally:
+                    sys.stderr.flush()
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            err.seek(0)
+            text = err.read().decode()
+        assert os.waitstatus_to_exitcode(status) == 3, text
+        assert (
+            text == f"crucible-prove: error: {argv[1]}: cannot read workflow: Permission denied\n"
+        )
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_inputs_through_pipes(tmp_path: Path) -> None:
+    # `--operations <(zcat ops.ndjson.gz)` was refused as "not a file"
+    import os
+
+    s = scenario(tmp_path)
+    argv = args(s, tmp_path / "b")
+    assert run(argv).returncode == 0
+    expected = read_tree(tmp_path / "b")
+    fifos = []
+    for i in (1, 3):
+        fifo = tmp_path / f"pipe{i}"
+        os.mkfifo(fifo)
+        fifos.append((fifo, Path(argv[i]).read_bytes()))
+        argv[i] = str(fifo)
+    import threading
+
+    def feed() -> None:
+        for fifo, data in fifos:
+            fifo.write_bytes(data)  # blocks until the reader opens the pipe
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    proc = subprocess.Popen([str(SCRIPT), *argv], stderr=subprocess.PIPE)
+    feeder.start()
+    _, err = proc.communicate(timeout=60)
+    for fifo, _data in fifos:  # release a feeder the command never read from
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    feeder.join(10)
+    assert proc.returncode == 0, err
+    assert read_tree(tmp_path / "b") == expected

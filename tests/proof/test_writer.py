@@ -795,3 +795,42 @@ def test_one_signature_sidecar_belongs_to_one_attempt(tmp_path: Path) -> None:
     s.evaluated("a", 1, people("Ann"), signature=b"sig-1")
     s.evaluated("b", 1, people("Ann"), signature=b"sig-2")
     s.prove()
+
+
+@pytest.mark.parametrize(
+    ("targets", "needle"),
+    [
+        # each used to escape as OSError/FileExistsError (exit 70) or to write a
+        # bundle name the reader refuses as not portable
+        (["aux/" + "x" * 256], "component over 255 bytes"),
+        (["aux/" + "d/" * 600 + "f"], "over 1024 bytes"),
+        (["aux/a\nb"], "control character"),
+        (["aux/\x7f"], "control character"),
+        (["aux/x", "aux/x/y"], "also a directory"),
+    ],
+)
+def test_finalization_paths_that_cannot_be_bundle_names_are_refused(
+    tmp_path: Path, targets: list[str], needle: str
+) -> None:
+    s = Scenario(tmp_path)
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs("Acme"))
+    src = s.file("note.txt", b"note\n")
+    s.finish({t: src for t in targets})
+    with pytest.raises(InputRefused, match=needle) as info:
+        s.prove()
+    assert info.value.where is not None and info.value.where.endswith(f":{len(s.ops)}")
+    assert not (tmp_path / "bundle").exists()
+
+
+def test_finalization_path_at_the_name_bounds_is_written(tmp_path: Path) -> None:
+    s = Scenario(tmp_path)
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs("Acme"))
+    src = s.file("note.txt", b"note\n")
+    long_name = "aux/" + "é" * 127  # 254 bytes of UTF-8
+    s.finish({long_name: src, "aux/x/y": src})
+    s.prove()
+    assert (tmp_path / "bundle" / long_name).read_bytes() == b"note\n"

@@ -17,13 +17,25 @@ from crucible import __version__
 __all__ = ["compile_command", "compile_main", "validate_command", "validate_main"]
 
 
+_CONTEXT = {"help_option_names": ["-h", "--help"]}  # as crucible-stage/-ledger/-prove
+
+
 @click.command(
     name="crucible-compile",
+    context_settings=_CONTEXT,
     help="Compile a pack manifest (TOML, optionally with a Starlark source) to a plan: "
-    "canonical JSON on stdout, or in FILE with -o. PATH defaults to - (stdin).",
+    "canonical JSON on stdout, or in FILE with -o. PATH defaults to - (stdin).\n\n"
+    "\b\n"
+    "  crucible-compile pack.toml -o plan.json\n"
+    "  crucible-compile pack.toml --graph mermaid\n\n"
+    "Exit codes: 0 compiled; 1 the manifest is refused (diagnostics on stderr, "
+    "unsupported edition); 2 usage, or a file that cannot be read or parsed; "
+    "3 I/O failure.",
 )
+# readable=False, and directories allowed: the library reports both in the one-line
+# `prog: error: FILE: ...` form with its documented exit code, not click's usage block
 @click.argument(
-    "path", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True), default="-"
+    "path", type=click.Path(path_type=Path, allow_dash=True, readable=False), default="-"
 )
 @click.option(
     "-o",
@@ -47,6 +59,11 @@ def compile_command(path: Path, output: str, digest_only: bool, graph: str | Non
 
     if digest_only and graph:
         raise click.UsageError("--digest and --graph are exclusive")
+    if not output:
+        # Path("") is ".": it failed as "cannot write .: Device or resource busy" (exit 3)
+        from crucible.core.errors import UsageError
+
+        raise UsageError("-o needs a file name (or - for stdout)")
     code = run_compile(
         CompileOptions(path, output, digest_only, graph), sys.stdout.buffer, sys.stderr
     )
@@ -55,15 +72,20 @@ def compile_command(path: Path, output: str, digest_only: bool, graph: str | Non
 
 @click.command(
     name="crucible-validate",
+    context_settings=_CONTEXT,
     help="Check manifests (.toml), Starlark sources (.star) or plan files (anything else). "
-    "Prints every problem (text on stderr; NDJSON on stdout with --json); exit 1 if any "
-    "error, 2 if a file cannot be read or parsed.",
+    "Prints every problem (text on stderr; NDJSON on stdout with --json).\n\n"
+    "\b\n"
+    "  crucible-validate pack.toml plan.json\n"
+    "  crucible-validate --json pack.toml | jq -r .code\n\n"
+    "Exit codes (the highest over all PATHS): 0 no error; 1 any error; 2 usage, or a "
+    "file that cannot be read or parsed; 3 I/O failure.",
 )
 @click.argument(
     "paths",
     nargs=-1,
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+    type=click.Path(path_type=Path, allow_dash=True, readable=False),
 )
 @click.option("--json", "as_json", is_flag=True, help="One NDJSON object per problem on stdout.")
 @click.option(

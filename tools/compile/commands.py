@@ -73,7 +73,7 @@ def _star_edition(path: Path, fallback: int | None) -> int:
         for manifest in sorted(path.parent.glob("*.toml")):
             try:
                 doc = tomllib.loads(manifest.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
                 continue
             workflow = doc.get("workflow")
             source = workflow.get("source") if isinstance(workflow, dict) else None

@@ -68,11 +68,21 @@ def ir_version_for(edition: int) -> int:
     return 2 if edition >= 3 else 1
 
 
+def _shown(value: object) -> str:
+    """A refused value as the user wrote it (JSON/TOML spelling: true, "3"), not repr."""
+    import json
+
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return str(value)  # a TOML date or time: 1979-05-27
+
+
 def check_edition(edition: object, *, where: str | None = None) -> int:
     if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
         supported = ", ".join(map(str, SUPPORTED_EDITIONS))
         raise UnsupportedVersion(
-            f"unsupported edition {edition!r}; this engine supports editions {supported}",
+            f"unsupported edition {_shown(edition)}; this engine supports editions {supported}",
             where=where,
         )
     return edition
@@ -82,7 +92,7 @@ def check_version(version: object, *, where: str | None = None) -> int:
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         supported = ", ".join(map(str, SUPPORTED_VERSIONS))
         raise UnsupportedVersion(
-            f"unsupported plan version {version!r}; this engine supports versions {supported}",
+            f"unsupported plan version {_shown(version)}; this engine supports versions {supported}",
             where=where,
         )
     return version

@@ -83,7 +83,10 @@ def _dot(plan: dict[str, Any]) -> str:
 def _mermaid_text(text: str) -> str:
     return (
         '"'
-        + text.replace("&", "#amp;")
+        # '#' first: the entity codes below start with it, and a literal '#quot;' in
+        # a task name must not render as '"'
+        + text.replace("#", "#35;")
+        .replace("&", "#amp;")
         .replace('"', "#quot;")
         .replace("<", "#lt;")
         .replace(">", "#gt;")

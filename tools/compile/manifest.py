@@ -111,6 +111,9 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
             where = f"{name}:{m.group(1)}:{m.group(2)}"
             message = message[: m.start()]
         raise ParseError(f"TOML: {message}", where=where) from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively
+        raise ParseError("TOML: arrays or inline tables nested too deeply", where=name) from None
     return analyze_document(doc, TomlLocator(name, text), name, base_dir)
 
 
@@ -189,8 +192,14 @@ def _load_source(
                 ("workflow", key),
                 f"[workflow] has a source, so {key!r} belongs in the source's workflow() call",
             )
-    if not isinstance(source, str) or not source:
+    if not isinstance(source, str):
         chk.error("wrong-type", where, f"source must be a relative path, not {type_name(source)}")
+        return None
+    if not source:  # (the code this always had; the message said "not string")
+        chk.error("wrong-type", where, "source must be a non-empty relative path")
+        return None
+    if "\x00" in source:
+        chk.error("bad-path", where, f"source {source!r} must be a relative path to a file")
         return None
     pure = PurePosixPath(source)
     if pure.is_absolute() or ".." in pure.parts or "\\" in source:
@@ -209,7 +218,10 @@ def _load_source(
             f"source {source!r} does not exist", where=chk.locator.locate(where).where()
         ) from None
     except OSError as exc:
-        raise OperationalError(f"cannot read source {source!r}: {exc.strerror}") from None
+        raise OperationalError(
+            f"cannot read source {source!r}: {exc.strerror}",
+            where=chk.locator.locate(where).where(),
+        ) from None
     display = str(path) if name != "<stdin>" else source
     result = evaluate_source(_decode(text, display), display, edition)
     if result.workflow is None:

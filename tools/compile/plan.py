@@ -147,7 +147,10 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         chk.error("missing-key", (), "plan has no version")
         raise ValidationFailed(chk.diagnostics)
     version = check_version(plan["version"], where=f"{name}:$.version")
-    edition = check_edition(plan.get("edition"), where=f"{name}:$.edition")
+    if "edition" not in plan:
+        chk.error("missing-key", (), "plan has no edition")
+        raise ValidationFailed(chk.diagnostics)
+    edition = check_edition(plan["edition"], where=f"{name}:$.edition")
     if ir_version_for(edition) != version:
         chk.error(
             "version-mismatch",

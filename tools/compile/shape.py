@@ -26,6 +26,7 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 __all__ = [
     "JOINS",
     "KINDS",
+    "MAX_DEFAULT_DEPTH",
     "Checker",
     "check_params",
     "check_task",
@@ -96,6 +97,30 @@ def is_json_value(value: object) -> bool:
         else:
             return False
     return True
+
+
+#: deepest nesting of arrays/objects a param default may have (our choice): the plan
+#: wraps a default in four more levels and the canonical serializer's fast path
+#: (orjson) stops at 255, so a deeper default could not be written out.
+MAX_DEFAULT_DEPTH = 128
+
+
+def _json_depth(value: object) -> int:
+    """Nesting depth of arrays/objects in ``value`` (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, list | tuple):
+            items: Any = v
+        elif isinstance(v, dict):
+            items = v.values()
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((item, depth) for item in items)
+    return deepest
 
 
 def value_matches(type_: str, value: object) -> bool:
@@ -223,7 +248,13 @@ def check_params(chk: Checker, path: Path, raw: object) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type_}
         if "default" in spec:
             default = spec["default"]
-            if not is_json_value(default) or not value_matches(type_, default):
+            if _json_depth(default) > MAX_DEFAULT_DEPTH:
+                chk.error(
+                    "bad-default",
+                    (*ppath, "default"),
+                    f"default of param {name!r} is nested deeper than {MAX_DEFAULT_DEPTH} levels",
+                )
+            elif not is_json_value(default) or not value_matches(type_, default):
                 chk.error(
                     "bad-default",
                     (*ppath, "default"),
@@ -347,6 +378,10 @@ def check_task(
                     (*path, "run"),
                     f"run must be an argv array or a shell string, not {type_name(run)}",
                 )
+            if "run" in task and "\x00" in "".join(task["run"]):
+                # no command line can carry NUL: exec would fail on every attempt
+                del task["run"]
+                chk.error("bad-value", (*path, "run"), "run must not contain a NUL character")
 
     if "needs" in raw:
         needs = _check_str_list(chk, (*path, "needs"), raw["needs"], "needs")

@@ -10,8 +10,11 @@ fails at the call, with the call's source span.
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,10 +136,20 @@ def evaluate_source(
         message, location = _split_error(str(exc), display)
         raise ParseError(f"Starlark syntax: {message}", where=location.where()) from None
     deadline = time.monotonic() + timeout
-    options = sl.EvalOptions(check_cancelled=lambda: time.monotonic() > deadline)
+    # starlark-pyo3 swallows a KeyboardInterrupt raised inside its callbacks and
+    # evaluates on, so Ctrl-C is noted by our own handler and stops the evaluation.
+    interrupted: list[int] = []
+    options = sl.EvalOptions(
+        check_cancelled=lambda: bool(interrupted) or time.monotonic() > deadline
+    )
     try:
-        sl.eval_with(options, module, ast, sl.Globals.standard())
+        with _sigint_noted(interrupted):
+            sl.eval_with(options, module, ast, sl.Globals.standard())
+        if interrupted:
+            raise KeyboardInterrupt
     except sl.StarlarkError as exc:
+        if interrupted:
+            raise KeyboardInterrupt from None
         message, location = _split_error(str(exc), display)
         if time.monotonic() > deadline and "cancelled" in message:
             return StarResult(
@@ -159,6 +172,20 @@ def evaluate_source(
             [Diagnostic("no-workflow", "the source never calls workflow()", Location(display))],
         )
     return StarResult(state["workflow"])
+
+
+@contextlib.contextmanager
+def _sigint_noted(noted: list[int]) -> Iterator[None]:
+    """Within the block, SIGINT is appended to ``noted`` instead of raising."""
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, _frame: noted.append(signum))
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _refuse(state: dict[str, Any], code: str, message: str) -> None:

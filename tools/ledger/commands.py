@@ -207,6 +207,8 @@ def do_put(
 def do_ls(directory: str, scope: str | None, *, stdout: IO[bytes]) -> int:
     """The latest record of each identity as NDJSON, in file order."""
     path = existing_dir(directory)
+    if scope is not None:
+        scope = _scope(scope)  # as get/put/run: an empty scope is a usage error
     with Ledger(path, readonly=True) as ledger:
         for payload in ledger.records(scope):
             stdout.write(payload + b"\n")

@@ -132,6 +132,12 @@ def run_command(
                             captured[2].clear()
                         else:
                             captured[stream] += chunk
+                    if overflow and sinks[stream] is None:
+                        # Nobody reads this stream and nothing will be recorded: close
+                        # it, so the command gets SIGPIPE as it would writing to the
+                        # closed reader itself (`run -- yes | head` must end).
+                        selector.unregister(key.fileobj)
+                        key.fileobj.close()  # type: ignore[union-attr]
         code = proc.wait()
     finally:
         for sig, handler in previous.items():

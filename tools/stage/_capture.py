@@ -48,24 +48,27 @@ def type_ok(value: Any, declared: str) -> bool:
     return actual == declared
 
 
-def _read_output(path: Path, declares_emits: bool) -> tuple[dict[str, Any] | None, str | None]:
-    """(result object, None) or (None, why it is not one)."""
+def _read_output(
+    path: Path, declares_emits: bool, name: str | None = None
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(result object, None) or (None, why it is not one); ``name`` shows the file."""
+    shown = str(path) if name is None else name
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         if not declares_emits:
             return {}, None
-        return None, f"no result file at {path} (the task writes its result to CRUCIBLE_OUTPUT)"
+        return None, f"no result file at {shown} (the task writes its result to CRUCIBLE_OUTPUT)"
     except OSError as exc:
-        return None, f"cannot read result file {path}: {exc.strerror}"
+        return None, f"cannot read result file {shown}: {exc.strerror}"
     if not data.strip() and not declares_emits:
         return {}, None
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:
-        return None, f"result file {path} is not valid JSON: {exc.message}"
+        return None, f"result file {shown} is not valid JSON: {exc.message}"
     if not isinstance(value, dict):
-        return None, f"result in {path} is a JSON {json_type(value)}, not an object"
+        return None, f"result in {shown} is a JSON {json_type(value)}, not an object"
     return value, None
 
 
@@ -82,6 +85,7 @@ def capture(
     emit_cap: int = EMIT_CAP_DEFAULT,
     extra: dict[str, Any] | None = None,
     files_max: int = FILES_RUN_MAX,
+    output_name: str | None = None,
 ) -> dict[str, Any]:
     """Settle one attempt of ``task`` (or of its instance ``key``) and return its record.
 
@@ -89,7 +93,8 @@ def capture(
     declared emits field with its declared type, no declared field is over
     ``emit_cap`` (IR v2 only), and its emits_files could be captured. Plan and
     state problems raise (nothing written); a task's own faults settle as
-    ``failed`` with a note.
+    ``failed`` with a note. ``output_name`` names the result file in notes (e.g.
+    ``<stdin>`` for a spooled copy) instead of ``output_file``.
     """
     pv = view(plan)
     t = pv.task(task)
@@ -112,7 +117,7 @@ def capture(
     measured = False  # a failure a retry would only repeat
     if exit_code != 0:
         problems.append(f"exited with status {exit_code}")
-    output, why = _read_output(Path(output_file), bool(t.emits))
+    output, why = _read_output(Path(output_file), bool(t.emits), output_name)
     if why is not None and (exit_code == 0 or os.path.exists(output_file)):
         problems.append(why)
 

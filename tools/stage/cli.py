@@ -7,9 +7,11 @@ prompt   print an agent task's prompt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -40,6 +42,20 @@ class Target:
     task: str
     key: str | None
     workspace: Path
+    #: the plan file as the user named it (``<stdin>`` for ``-``), for error lines
+    plan_name: str = "plan"
+
+
+@contextlib.contextmanager
+def naming_plan(name: str) -> Iterator[None]:
+    """The library locates plan problems as ``plan[:…]``; say which file that is."""
+    try:
+        yield
+    except CrucibleError as exc:
+        where = exc.where or ""
+        if where == "plan" or where.startswith("plan:"):
+            exc.where = name + where[4:]
+        raise
 
 
 def _read_plan_bytes(plan_arg: str | None, state: Path) -> tuple[bytes, str]:
@@ -74,11 +90,10 @@ def load_plan(plan_arg: str | None, state: Path) -> dict[str, Any]:
     except canon.CanonError as exc:
         raise ParseError(exc.message, where=name) from None
     try:
-        build_view(plan)
+        with naming_plan(name):
+            build_view(plan)
     except CrucibleError as exc:
-        if exc.where and exc.where.startswith("plan"):
-            exc.where = name + exc.where[4:]
-        else:
+        if not (exc.where or "").startswith(name):
             exc.where = name
         raise
     admitted = state / "plan.json"
@@ -97,8 +112,9 @@ def _target(
     if not state_path.is_dir():
         raise InputRefused("state directory does not exist", where=state)
     loaded = load_plan(plan, state_path)
+    name = "<stdin>" if plan == "-" else str(Path(plan) if plan else state_path / "plan.json")
     ws = Path(workspace) if workspace else StateLayout(state_path).work_dir(task, key)
-    return Target(loaded, state_path, task, key, ws)
+    return Target(loaded, state_path, task, key, ws, name)
 
 
 def _common(f: Any) -> Any:
@@ -150,7 +166,8 @@ def inputs_cmd(
     from crucible.stage import stage_inputs
 
     t = _target(plan, state, task, key, workspace)
-    staged = stage_inputs(t.plan, t.state, t.task, t.workspace, key=t.key)
+    with naming_plan(t.plan_name):
+        staged = stage_inputs(t.plan, t.state, t.task, t.workspace, key=t.key)
     out = sys.stdout
     if fmt == "json":
         out.write(canon.dumps_str(staged.env) + "\n")
@@ -197,7 +214,28 @@ def _capture_stdin(t: Target, *, exit_code: int, attempt: int, emit_cap: int) ->
             key=t.key,
             attempt=attempt,
             emit_cap=emit_cap,
+            output_name="<stdin>",
         )
+
+
+def _capture(
+    t: Target, output_file: str, *, exit_code: int, attempt: int, emit_cap: int
+) -> dict[str, Any]:
+    from crucible.stage import capture
+
+    if output_file == "-":
+        return _capture_stdin(t, exit_code=exit_code, attempt=attempt, emit_cap=emit_cap)
+    return capture(
+        t.plan,
+        t.state,
+        t.task,
+        t.workspace,
+        output_file=Path(output_file),
+        exit_code=exit_code,
+        key=t.key,
+        attempt=attempt,
+        emit_cap=emit_cap,
+    )
 
 
 @cli.command("capture")
@@ -231,31 +269,21 @@ def capture_cmd(
 ) -> None:
     """Settle one attempt of TASK: check and cap its result, capture its
     emits_files, write its record and print it. Exit 1 when the attempt failed."""
-    from crucible.stage import capture
 
     cap = _emit_cap(emit_cap)
     output_file = output or os.environ.get("CRUCIBLE_OUTPUT")
     if not output_file:
         raise UsageError("give --output FILE or set CRUCIBLE_OUTPUT")
+    if output_file == "-" and plan == "-":
+        raise UsageError("--plan and --output cannot both read stdin (-)")
     t = _target(plan, state, task, key, workspace)
-    if output_file == "-":
-        record = _capture_stdin(t, exit_code=exit_code, attempt=attempt, emit_cap=cap)
-    else:
-        record = capture(
-            t.plan,
-            t.state,
-            t.task,
-            t.workspace,
-            output_file=Path(output_file),
-            exit_code=exit_code,
-            key=t.key,
-            attempt=attempt,
-            emit_cap=cap,
-        )
+    with naming_plan(t.plan_name):
+        record = _capture(t, output_file, exit_code=exit_code, attempt=attempt, emit_cap=cap)
     sys.stdout.write(canon.dumps_str(record) + "\n")
     if record["status"] != "passed":
         label = task if key is None else f"{task}[{key}]"
-        raise InputRefused(f"{label} failed: {record['note']}", where=output_file)
+        where = "<stdin>" if output_file == "-" else output_file
+        raise InputRefused(f"{label} failed: {record['note']}", where=where)
 
 
 @cli.command("prompt")
@@ -267,7 +295,9 @@ def prompt_cmd(
     from crucible.stage import render_prompt
 
     t = _target(plan, state, task, key, workspace)
-    sys.stdout.write(render_prompt(t.plan, t.state, t.task, t.workspace, key=t.key))
+    with naming_plan(t.plan_name):
+        prompt = render_prompt(t.plan, t.state, t.task, t.workspace, key=t.key)
+    sys.stdout.write(prompt)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

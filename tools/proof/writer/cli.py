@@ -13,12 +13,15 @@ from crucible.core.errors import EXIT_OPERATIONAL, UsageError
 
 __all__ = ["command", "main"]
 
-_PATH = click.Path(path_type=Path)
+# readable=False: the commands report an unreadable file in their own one-line form
+_PATH = click.Path(path_type=Path, readable=False)
 
 
 @click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="crucible-prove")
-@click.option("--workflow", type=_PATH, help="Workflow document (workflowVersion 2).")
+@click.option(
+    "--workflow", type=_PATH, help="Workflow document (workflowVersion 2); - reads stdin."
+)
 @click.option("--operations", type=_PATH, help="Operation log (NDJSON); - reads stdin.")
 @click.option("--artifacts", type=_PATH, help="Directory holding received artifact files.")
 @click.option("--out", type=_PATH, help="Bundle directory to write (replaced atomically).")
@@ -57,11 +60,16 @@ def command(
     if missing:
         raise UsageError(f"missing option {missing[0]} (see crucible-prove --help)")
     assert workflow and operations and artifacts and out
+    if str(workflow) == str(operations) == "-":
+        raise UsageError("--workflow and --operations cannot both read stdin (-)")
     for name, path in (("--workflow", workflow), ("--operations", operations)):
-        if str(path) != "-" and not path.is_file():
-            raise UsageError(f"{name} {path}: no such file")
+        # not is_file(): a pipe such as <(gzip -dc ops.ndjson.gz) is a fine input
+        if str(path) != "-" and (not path.exists() or path.is_dir()):
+            problem = "is a directory, not a file" if path.is_dir() else "no such file"
+            raise UsageError(f"{name} {path}: {problem}")
     if not artifacts.is_dir():
-        raise UsageError(f"--artifacts {artifacts}: no such directory")
+        problem = "not a directory" if artifacts.exists() else "no such directory"
+        raise UsageError(f"--artifacts {artifacts}: {problem}")
     from crucible.proof.writer import ProveOptions, prove
 
     result = prove(ProveOptions(workflow, operations, artifacts, out, check_candidates))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,11 +211,13 @@ def parse_workflow(data: bytes, name: str = "workflow") -> Workflow:
 
 
 def load_workflow(path: Path) -> Workflow:
+    """Read and check a workflow document; ``-`` reads standard input."""
+    name = "<stdin>" if str(path) == "-" else str(path)
     try:
-        data = path.read_bytes()
+        data = sys.stdin.buffer.read() if name == "<stdin>" else path.read_bytes()
     except OSError as exc:
-        raise OperationalError(f"cannot read workflow: {exc.strerror}", where=str(path)) from None
+        raise OperationalError(f"cannot read workflow: {exc.strerror}", where=name) from None
     try:
-        return parse_workflow(data, str(path))
+        return parse_workflow(data, name)
     except canon.CanonError as exc:
-        raise canon.CanonError(exc.message, where=str(path)) from None
+        raise canon.CanonError(exc.message, where=name) from None

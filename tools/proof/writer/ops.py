@@ -298,11 +298,32 @@ def parse_operation(obj: dict[str, Any], line: int, where: str) -> Op:
                     "expected-report.json or aux/<path>"
                 )
             f.relpath(target, "finalization path")
+            _check_bundle_path(f, target)
             files[target] = f.relpath(source, f"files[{target!r}]")
+        for target in files:
+            # a file and a directory cannot share a name in the bundle
+            if any(other.startswith(target + "/") for other in files):
+                raise f.fail(f"finalization path {target!r} is also a directory of another one")
         return Finish(line, files)
     raise f.fail(
         f"unknown op {kind!r} (root, select, fork, group, retry, observe, recover, cancel, finish)"
     )
+
+
+#: longest finalization path in bytes (our choice: far below PATH_MAX with the bundle's
+#: own location in front of it)
+MAX_BUNDLE_PATH_BYTES = 1024
+
+
+def _check_bundle_path(f: _Form, target: str) -> None:
+    """A finalization path must be writable and readable as bundle names: the reader
+    refuses a component over 255 UTF-8 bytes or holding a control character."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        raise f.fail(f"finalization path {target!r} holds a control character")
+    if any(len(part.encode("utf-8")) > 255 for part in target.split("/")):
+        raise f.fail(f"finalization path {target[:64]!r}... has a component over 255 bytes")
+    if len(target.encode("utf-8")) > MAX_BUNDLE_PATH_BYTES:
+        raise f.fail(f"finalization path {target[:64]!r}... is over {MAX_BUNDLE_PATH_BYTES} bytes")
 
 
 def iter_operations(path: Path) -> Iterator[Op]:
