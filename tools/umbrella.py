@@ -38,6 +38,11 @@ Each tool is also installed as crucible-<tool>; `crucible <tool> --help` for its
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    debug = [a for a in args[:1] if a == "--debug"]
+    if debug:  # `crucible --debug TOOL ...` means `crucible-TOOL --debug ...`
+        args = args[1:]
+    if len(args) >= 2 and args[0] == "help":  # `crucible help TOOL` = `crucible TOOL --help`
+        args = [args[1], "--help"]
     if not args or args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
         raise SystemExit(0 if args else 2)
@@ -49,5 +54,5 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"crucible: error: unknown tool {name!r}; known: {', '.join(TOOLS)}\n")
         raise SystemExit(2)
     module, func = TOOLS[name]
-    sys.argv = [f"crucible-{name}", *rest]
+    sys.argv = [f"crucible-{name}", *rest, *debug]
     getattr(importlib.import_module(module), func)()

@@ -159,3 +159,20 @@ def test_digest_forms(tmp_path: Path) -> None:
     assert digest.of_file(p) == digest.of_bytes(b"abc" * 1000)
     assert digest.is_digest(digest.of_bytes(b"x"))
     assert not digest.is_digest("sha256:XYZ")
+
+
+def test_depth_bound_is_the_same_both_ways() -> None:
+    deep: object = 1
+    for _ in range(canon.MAX_DEPTH):
+        deep = [deep]
+    data = canon.dumps(deep)
+    assert canon.loads(data) == deep
+    with pytest.raises(CanonError, match="nesting deeper"):
+        canon.dumps([deep])
+    with pytest.raises(CanonError, match="nesting deeper"):
+        canon.loads(b"[" + data + b"]")
+    with pytest.raises(CanonError, match="nesting deeper"):
+        canon.loads(b'{"a":' * 5000 + b"1" + b"}" * 5000)
+    # brackets inside strings do not count
+    assert canon.loads(b'["' + b"[" * 500 + b'"]') == ["[" * 500]
+    assert canon.loads(b'["\\\\", "\\"[[["]') == ["\\", '"[[[']

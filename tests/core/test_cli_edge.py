@@ -107,3 +107,44 @@ def test_umbrella_help_and_unknown_tool() -> None:
     assert bad.returncode == 2 and "unknown tool 'nope'" in bad.stderr
     version = subprocess.run([exe, "--version"], capture_output=True, text=True)
     assert version.stdout.startswith("crucible ")
+    tool_help = subprocess.run([exe, "help", "ledger"], capture_output=True, text=True)
+    assert tool_help.returncode == 0 and "crucible-ledger" in tool_help.stdout
+    debug = subprocess.run([exe, "--debug", "compile", "--version"], capture_output=True, text=True)
+    assert debug.returncode == 0, debug.stderr
+
+
+def _sh(command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60)
+
+
+BIN = Path(sys.executable).parent
+
+
+def test_closed_stdout_is_not_an_error(tmp_path: Path) -> None:
+    pack = tmp_path / "p.toml"
+    pack.write_text('edition = 3\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n')
+    done = _sh(f"{BIN}/crucible-compile {pack} >&-")
+    assert done.returncode == 0, done.stderr
+
+
+def test_full_disk_under_stdout_is_operational(tmp_path: Path) -> None:
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    pack = tmp_path / "p.toml"
+    pack.write_text('edition = 3\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n')
+    done = _sh(f"{BIN}/crucible-compile --graph dot {pack} > /dev/full")
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.count("\n") == 1 and "I/O error" in done.stderr
+
+
+def test_closed_stderr_pipe_keeps_the_refusal(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[workflow]\nname = 1\n" + "".join(f"x{i} = 1\n" for i in range(50)))
+    done = _sh(f"set -o pipefail; {BIN}/crucible-validate {bad} 2>&1 >/dev/null | head -c 1 >/dev/null")
+    assert done.returncode == 1
+
+
+def test_closed_stderr_still_runs_the_command(tmp_path: Path) -> None:
+    done = _sh(f"{BIN}/crucible-ledger run --dir {tmp_path} --scope s -- echo hi 2>&-")
+    assert done.returncode == 0
+    assert done.stdout == "hi\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +24,13 @@ import orjson
 
 from crucible.core.errors import ParseError
 
-__all__ = ["MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads", "size_of"]
+__all__ = ["MAX_DEPTH", "MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads", "size_of"]
 
 MAX_SAFE_INTEGER = 2**53 - 1
+#: deepest nesting of arrays/objects in the canonical domain (our choice: within
+#: orjson's 255 and far from Python's recursion limit, so whatever loads() accepts
+#: dumps() writes back)
+MAX_DEPTH = 128
 
 _encode_string: Callable[[str], str] = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
@@ -46,10 +51,10 @@ def _has_surrogate(s: str) -> bool:
 
 def _fast_ok(value: Any, path: str) -> bool:
     """Check the domain; True when orjson's output equals JCS for this value."""
-    stack: list[tuple[Any, str]] = [(value, path)]
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
     fast = True
     while stack:
-        v, p = stack.pop()
+        v, p, depth = stack.pop()
         t = type(v)
         if t is str:
             continue  # lone surrogates: orjson refuses them; the slow path checks
@@ -57,16 +62,18 @@ def _fast_ok(value: Any, path: str) -> bool:
             if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
                 raise CanonError(f"integer {v} is outside ±(2^53−1)", where=p)
             continue
-        if t is dict:
-            for k, item in v.items():
-                if type(k) is not str:
-                    raise CanonError(f"object key {k!r} is not a string", where=p)
-                if fast and k and max(k) >= "\ue000":
-                    fast = False
-                stack.append((item, p))
-            continue
-        if t is list or t is tuple:
-            stack.extend((item, p) for item in v)
+        if t is dict or t is list or t is tuple:
+            if depth >= MAX_DEPTH:
+                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels", where=p)
+            if t is dict:
+                for k, item in v.items():
+                    if type(k) is not str:
+                        raise CanonError(f"object key {k!r} is not a string", where=p)
+                    if fast and k and max(k) >= "\ue000":
+                        fast = False
+                    stack.append((item, p, depth + 1))
+            else:
+                stack.extend((item, p, depth + 1) for item in v)
             continue
         if v is None or t is bool:
             continue
@@ -210,6 +217,8 @@ def loads(data: bytes | str) -> Any:
     """
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
+        _check_depth_text(data)
     # orjson refuses bad UTF-8, lone surrogate escapes, NaN and overflow fast;
     # the stdlib pass then catches what orjson accepts silently (duplicate keys,
     # out-of-range integers).
@@ -228,7 +237,23 @@ def loads(data: bytes | str) -> Any:
     except json.JSONDecodeError as exc:
         raise CanonError(f"invalid JSON: {exc}") from None
     except RecursionError:
-        raise CanonError("invalid JSON: nesting too deep") from None
+        raise CanonError(f"nesting deeper than {MAX_DEPTH} levels") from None
+
+
+_DEPTH_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _check_depth_text(data: bytes) -> None:
+    """Refuse nesting deeper than MAX_DEPTH before parsing (strings skipped)."""
+    depth = 0
+    for match in _DEPTH_TOKENS.finditer(data):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels")
+        elif token in (b"]", b"}"):
+            depth -= 1
 
 
 def size_of(value: Any) -> int:
