@@ -395,7 +395,7 @@ def test_bad_input_is_refused_before_anything_runs(pack: Pack, tmp_path: Path) -
     )
     with pytest.raises(InputRefused, match="required"):
         run(plan, tmp_path / "s1")
-    with pytest.raises(InputRefused, match="must be integer"):
+    with pytest.raises(InputRefused, match="must be a integer"):
         run(plan, tmp_path / "s2", params=("n=true",))
     with pytest.raises(UsageError, match="no such plan"):
         run(tmp_path / "missing.toml", tmp_path / "s3")

@@ -79,6 +79,7 @@ def run_plan(
         log = SessionLog(log_path, session, mirror)
         stack.callback(log.close)
         dispatcher = Dispatcher(admission, options, log, environ=env, on_progress=on_progress)
+        stack.callback(dispatcher.close)
         log.emit("plan_admitted", **_plan_admitted_fields(admission, options, dispatcher.jobs))
         log.commit()
         try:
