@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.run import verdict as verdict_rules
 from crucible.run.admit import Admission
@@ -430,9 +429,7 @@ class Dispatcher:
                 dep_status = self.status.get(dep)
                 if dep_status != PASSED:
                     note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
-                    self.stage.record_settled(
-                        self.plan, self.state, name, status=SKIPPED, note=note
-                    )
+                    self._record_task(name, SKIPPED, note)
                     self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
                     self._count_settled(SKIPPED)
                     self._settle(name, SKIPPED)
@@ -442,12 +439,28 @@ class Dispatcher:
             return
         self.ready.append(Unit(name, None))
 
+    def _record_task(self, name: str, status: str, note: str) -> None:
+        """A task settled without running: skipped, or its map source unreadable."""
+        if "map" not in self.graph.tasks[name]:
+            self.stage.record_settled(self.plan, self.state, name, status=status, note=note)
+            return
+        # stage's record_settled wants an instance key for a mapped task, and
+        # settle_fold folds instances; a mapped task that never expanded gets the
+        # aggregate record settle_fold would write for zero instances, with this
+        # status and note.
+        from crucible.stage._records import STATUSES, base_record, write_record
+
+        record = base_record(name, None, status, note)
+        record["keys"] = []
+        record["counts"] = dict.fromkeys(STATUSES, 0)
+        write_record(self.state, record)
+
     def _expand(self, name: str) -> None:
         try:
             items = self.stage.map_items(self.plan, self.state, name)
         except CrucibleError as exc:
             note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
-            self.stage.record_settled(self.plan, self.state, name, status=FAILED, note=note)
+            self._record_task(name, FAILED, note)
             self.log.emit("task_finished", task=name, status=FAILED, note=note)
             self._count_settled(FAILED)
             self._settle(name, FAILED)
@@ -526,7 +539,7 @@ class Dispatcher:
             prompt = self._prompt(task, workspace, key)
             path = self._unit_path("prompts", name, key, ".txt")
             data = prompt.encode("utf-8")
-            atomic.write_bytes(path, data)
+            _write_atomic_short(path, data)
             prompt_file = str(path)
             if len(data) <= stage.PROMPT_ENV_MAX:
                 prompt_env = prompt
@@ -577,7 +590,9 @@ class Dispatcher:
         extra = dict(amended.get("extra") or {})
         extra["verdict"] = value
         amended["extra"] = extra
-        atomic.write_json(self.layout.result_path(name, key), amended)
+        from crucible.stage._records import write_record  # short temp names (NAME_MAX)
+
+        write_record(self.state, amended)
         return amended
 
     # ------------------------------------------------------ a unit (main side)
@@ -767,6 +782,22 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
+
+
+def _write_atomic_short(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically under a short temp name: ``path`` may be an escaped
+    key of 250 bytes, too long to carry a suffix within NAME_MAX."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix="@tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _did(status: str | None) -> str:
