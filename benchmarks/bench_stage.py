@@ -79,6 +79,9 @@ def _best_pair(
             fn(out)
             times.append(time.perf_counter() - start)
             remove_tree(out)
+    if os.environ.get("BENCH_VERBOSE"):
+        print("  value runs (ms):", [round(x * 1000) for x in value_times])
+        print("  baseline runs (ms):", [round(x * 1000) for x in base_times])
     return min(value_times), min(base_times)
 
 
@@ -192,10 +195,13 @@ def bench_capture(root: Path) -> bool:
 
 
 def main() -> int:
+    # BENCH_DIR picks the filesystem (default: the system temp dir); a tmpfs
+    # such as /dev/shm takes the disk out and measures stage's own overhead.
+    where = os.environ.get("BENCH_DIR") or None
     ok = True
-    with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-stage-", dir=where) as tmp:
         ok &= bench_fold(Path(tmp) / "fold")
-    with tempfile.TemporaryDirectory(prefix="bench-stage-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-stage-", dir=where) as tmp:
         ok &= bench_capture(Path(tmp) / "capture")
     return 0 if ok else 1
 

@@ -301,3 +301,40 @@ def test_corrupt_record_leaves_no_inputs_directory(tmp_path: Path) -> None:
     assert r.returncode == 2 and "a.json" in r.stderr and "must be a JSON object" in r.stderr
     assert r.stderr.count("\n") == 1
     assert os.listdir(ws) == []
+
+
+def test_io_failure_is_exit_3_and_umbrella_runs_stage(tmp_path: Path) -> None:
+    _, state = _v2(tmp_path)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    r = _run("inputs", "--state", str(state), "--task", "c", "--workspace", str(blocker / "ws"))
+    assert r.returncode == 3 and "cannot create workspace" in r.stderr and r.stderr.count("\n") == 1
+    umbrella = SCRIPT.parent / "crucible"
+    r2 = subprocess.run(
+        [str(umbrella), "stage", "inputs", "--state", str(state), "--task", "c", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r2.returncode == 0, r2.stderr
+    assert json.loads(r2.stdout)["CRUCIBLE_INPUTS_DIR"].endswith("/work/c/inputs/@values")
+
+
+def test_usage_errors_are_exit_2(tmp_path: Path) -> None:
+    r = _run("inputs", "--task", "c")
+    assert r.returncode == 2 and "--state" in r.stderr
+    r = _run("capture", "--state", str(tmp_path), "--task", "c", "--exit-code", "zero")
+    assert r.returncode == 2
+    assert _run("nonsense").returncode == 2
+
+
+def test_capture_reads_the_result_from_stdin(tmp_path: Path) -> None:
+    _, state = _v2(tmp_path)
+    base = ["capture", "--state", str(state), "--task", "a", "--exit-code", "0", "--output", "-"]
+    r = subprocess.run(
+        [str(SCRIPT), *base], input='{"x": 7}', capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["output"] == {"x": 7}
+    r = subprocess.run([str(SCRIPT), *base], input="", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no result file" in r.stderr

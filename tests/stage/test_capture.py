@@ -198,10 +198,10 @@ def test_a_retry_replaces_the_earlier_attempts_files(state: Path) -> None:
 
 def test_instance_files_go_under_the_escaped_key(state: Path) -> None:
     p = plan(
-        task("src", emits={"xs": "array"}),
+        task("src", emits={"xs": "object"}),
         task("m", needs=["src"], map="src.xs", emits_files=["o"]),
     )
-    settle(p, state, "src", {"xs": ["a/../../x"]})
+    settle(p, state, "src", {"xs": {"a/../../x": 1}})
     rec = settle(p, state, "m", None, key="a/../../x", files={"o": b"o"})
     assert rec["key"] == "a/../../x"
     assert (state / "files" / "m" / "a%2F%2E%2E%2F%2E%2E%2Fx" / "o").read_bytes() == b"o"
@@ -233,3 +233,46 @@ def test_a_root_glob_does_not_capture_staged_inputs(state: Path) -> None:
     assert "inputs/x/staged" not in paths and {"mine/a", "b"} <= paths
     p2 = plan(task("p", emits_files=["inputs/x/staged"]))
     assert settle(p2, state, "p", None)["files"] == [{"path": "inputs/x/staged", "size": 1}]
+
+
+def test_capture_refuses_a_key_the_map_does_not_have(state: Path, ws: Path) -> None:
+    p = plan(task("src", emits={"xs": "array"}), task("m", needs=["src"], map="src.xs"))
+    settle(p, state, "src", {"xs": ["a"]})
+    with pytest.raises(InputRefused, match="no instance '1'"):
+        capture(p, state, "m", ws, output_file=ws / "n", exit_code=0, key="1")
+    assert not (state / "results" / "m").exists()
+
+
+def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(
+    state: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.stage import _files
+
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET")
+    ws = state / "work" / "p"
+    ws.mkdir(parents=True)
+    (ws / "out").write_text("fine")
+    real_copy_file = _files._Copier._copy_file
+
+    def swap_then_copy(self: _files._Copier, rel: str, real: str, target: Path) -> int:
+        os.unlink(real)  # the race: after the realpath check, before the open
+        os.symlink(secret, real)
+        return real_copy_file(self, rel, real, target)
+
+    monkeypatch.setattr(_files._Copier, "_copy_file", swap_then_copy)
+    rec = capture(
+        plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+    )
+    assert rec["status"] == "failed" and rec["retryable"] is False and "'out'" in rec["note"]
+    assert not (state / "files" / "p").exists()
+
+
+def test_an_opened_file_outside_the_workspace_is_refused(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.stage import _files
+
+    monkeypatch.setattr(_files, "_opened_path", lambda fd: "/etc/passwd")
+    rec = settle(plan(task("p", emits_files=["f"])), state, "p", None, files={"f": b"x"})
+    assert rec["status"] == "failed" and "changed while it was captured" in rec["note"]

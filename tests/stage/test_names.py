@@ -21,6 +21,7 @@ from crucible.stage._names import check_task_name, is_shortened, task_name_probl
         ("é", "%C3%A9"),
         ("a b", "a%20b"),
         ("~", "%7E"),
+        ("\ud800", "%ED%A0%80"),  # a lone surrogate (never from JSON) still round-trips
     ],
 )
 def test_escape_examples(key: str, escaped: str) -> None:

@@ -202,9 +202,12 @@ def test_capture_and_stage_never_leave_their_directories(name: str, ks: list[str
         assert [e["key"] for e in entries] == sorted(
             ks, key=lambda k: k.encode("utf-16-be", "surrogatepass")
         )
+        index_bytes = (ws / "inputs" / "@values" / "index.json").read_bytes()
+        assert index_bytes == canon.dumps(canon.loads(index_bytes))  # canonical, fast path or not
         for e in entries:
             assert (ws / e["path"]).parent == ws / "inputs" / "@values" / "vs"
-            assert canon.loads((ws / e["path"]).read_bytes()) == e["key"]
+            data = (ws / e["path"]).read_bytes()
+            assert canon.loads(data) == e["key"] and data == canon.dumps(e["key"])
         for k in ks:
             data = ws / "inputs" / name / escape_key(k) / "out" / "data"
             assert data.read_bytes() == k.encode("utf-8", "surrogatepass")

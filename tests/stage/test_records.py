@@ -84,3 +84,30 @@ def test_settle_fold(state: Path) -> None:
         settle_fold(p, state, "m", ["0", "0"])
     with pytest.raises(InputRefused, match="not mapped"):
         settle_fold(p, state, "src", [])
+
+
+def test_amend_result_keeps_the_record_and_works_for_long_keys(state: Path) -> None:
+    from crucible.stage import amend_result
+
+    p = _fan()
+    long_key = "k" * 600
+    settle(p, state, "src", {"xs": {long_key: 1}})
+    rec = settle(p, state, "m", {"v": 1}, key=long_key)
+    amended = amend_result(
+        p,
+        state,
+        "m",
+        key=long_key,
+        status="failed",
+        note="verdict: fail",
+        extra={"verdict": "fail"},
+    )
+    assert amended == {
+        **rec,
+        "status": "failed",
+        "note": "verdict: fail",
+        "extra": {"verdict": "fail"},
+    }
+    assert load_result(state, "m", long_key) == amended
+    with pytest.raises(InputRefused, match="no record"):
+        amend_result(p, state, "m", key="other", status="failed", note="x")

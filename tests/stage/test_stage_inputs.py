@@ -352,3 +352,26 @@ def test_map_items_follows_the_plans_field(state: Path) -> None:
     settle(p1, state, "src", {"a": [1], "b": [2, 3]})
     assert map_items(p1, state, "m") == [("0", 1)]
     assert map_items(p2, state, "m") == [("0", 2), ("1", 3)]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "plain",
+        '\u2028\u007f\x1f"\\/é\U0001f600\ue000',
+        0,
+        -(2**53 - 1),
+        2**53 - 1,
+        True,
+        None,
+        1.5,
+        [1, {"\ue000": 1, "z": 2}],
+    ],
+)
+def test_value_files_are_canonical_bytes(state: Path, ws: Path, value: object) -> None:
+    p = plan(task("a", emits={"x": "any"}), task("c", needs=["a"], inputs={"x": "a.x"}), version=2)
+    settle(p, state, "a", {"x": value})
+    stage_inputs(p, state, "c", ws)
+    assert (ws / "inputs" / "@values" / "x").read_bytes() == canon.dumps(value)
+    index = (ws / "inputs" / "@values" / "index.json").read_bytes()
+    assert index == canon.dumps(json.loads(index))

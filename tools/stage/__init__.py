@@ -30,7 +30,13 @@ from crucible.stage._prompt import (
     PROMPT_ENV_MAX,
     render_prompt,
 )
-from crucible.stage._records import RESULT_FORMAT, load_result, record_settled, settle_fold
+from crucible.stage._records import (
+    RESULT_FORMAT,
+    amend_result,
+    load_result,
+    record_settled,
+    settle_fold,
+)
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -47,6 +53,7 @@ __all__ = [
     "RESULT_FORMAT",
     "StagedInputs",
     "StateLayout",
+    "amend_result",
     "capture",
     "escape_key",
     "load_result",

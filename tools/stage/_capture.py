@@ -13,7 +13,7 @@ from crucible.core import canon
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.stage._files import FILES_RUN_MAX, CaptureRefused, capture_files, check_pattern
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
-from crucible.stage._inputs import utf16_order
+from crucible.stage._inputs import instance_item, utf16_order
 from crucible.stage._layout import StateLayout
 from crucible.stage._plan import view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
@@ -102,6 +102,8 @@ def capture(
         check_pattern(pattern, f"plan:task {task}:emits_files[{i}]")
     ex = _extra(extra)
     state = Path(state)
+    if key is not None:
+        instance_item(plan, state, task, key)  # the key must be one of the map's items
     workspace = Path(workspace).absolute()
     if not workspace.is_dir():
         raise InputRefused("workspace does not exist", where=str(workspace))

@@ -9,6 +9,7 @@ captured trees of ancestors read-only, bounded in total by :data:`FILES_RUN_MAX`
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -163,17 +164,69 @@ class _Copier:
         if rel in self.done:
             return
         self.done.add(rel)
-        self.result.total += st.st_size
-        if self.result.total > self.budget:
-            raise CaptureRefused(
-                f"emits_files: more than {self.budget} bytes captured (at {rel!r}); "
-                f"the bound on a task's files is {self.budget} bytes",
-                retryable=False,
-            )
         target = self.dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(real, target)
-        self.result.files.append({"path": rel, "size": st.st_size})
+        size = self._copy_file(rel, real, target)
+        self.result.files.append({"path": rel, "size": size})
+
+    def _copy_file(self, rel: str, real: str, target: Path) -> int:
+        """Copy one checked file. The source is opened without following a final
+        symlink and, where /proc shows it, re-checked by what was opened: a file
+        swapped for a symlink after the check is refused, not followed."""
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CaptureRefused(
+                f"emits_files: cannot read {rel!r}: {exc.strerror}", retryable=False
+            ) from None
+        try:
+            st = os.fstat(fd)
+            opened = _opened_path(fd)
+            if not stat.S_ISREG(st.st_mode) or (
+                opened is not None and not _inside(opened, self.root_real)
+            ):
+                raise CaptureRefused(
+                    f"emits_files: {rel!r} changed while it was captured; refused", retryable=False
+                )
+            self.result.total += st.st_size
+            if self.result.total > self.budget:
+                raise CaptureRefused(
+                    f"emits_files: more than {self.budget} bytes captured (at {rel!r}); "
+                    f"the bound on a task's files is {self.budget} bytes",
+                    retryable=False,
+                )
+            _copy_fd(fd, target)
+            return st.st_size
+        finally:
+            os.close(fd)
+
+
+def _opened_path(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+def _copy_fd(src: int, target: Path) -> None:
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        offset = 0
+        try:
+            while n := os.sendfile(out, src, offset, 1 << 30):
+                offset += n
+        except OSError as exc:  # no sendfile to a regular file here: plain copy
+            if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK):
+                raise
+            os.lseek(src, 0, os.SEEK_SET)
+            while chunk := os.read(src, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+    except OSError as exc:
+        raise OperationalError(f"cannot capture into {target}: {exc.strerror or exc}") from None
+    finally:
+        os.close(out)
 
 
 def _walk_rel(workspace: Path, base: str) -> list[str]:

@@ -174,11 +174,39 @@ def _emit_cap(value: str | None) -> int:
     return cap
 
 
+def _capture_stdin(t: Target, *, exit_code: int, attempt: int, emit_cap: int) -> dict[str, Any]:
+    """``--output -``: the result object arrives on stdin; spool it to a private
+    temp file (not in the workspace, which emits_files globs may read)."""
+    import tempfile
+
+    from crucible.stage import capture
+
+    with tempfile.TemporaryDirectory(prefix="crucible-stage-") as tmp:
+        spool = Path(tmp) / "result.json"
+        data = sys.stdin.buffer.read()
+        if data:
+            spool.write_bytes(data)
+        return capture(
+            t.plan,
+            t.state,
+            t.task,
+            t.workspace,
+            output_file=spool,
+            exit_code=exit_code,
+            key=t.key,
+            attempt=attempt,
+            emit_cap=emit_cap,
+        )
+
+
 @cli.command("capture")
 @_common
 @click.option("--exit-code", "exit_code", required=True, type=int, help="the task's exit status")
 @click.option(
-    "--output", "output", metavar="FILE", help="the task's result file [default: $CRUCIBLE_OUTPUT]"
+    "--output",
+    "output",
+    metavar="FILE",
+    help="the task's result file, - for stdin [default: $CRUCIBLE_OUTPUT]",
 )
 @click.option(
     "--emit-cap",
@@ -209,17 +237,20 @@ def capture_cmd(
     if not output_file:
         raise UsageError("give --output FILE or set CRUCIBLE_OUTPUT")
     t = _target(plan, state, task, key, workspace)
-    record = capture(
-        t.plan,
-        t.state,
-        t.task,
-        t.workspace,
-        output_file=Path(output_file),
-        exit_code=exit_code,
-        key=t.key,
-        attempt=attempt,
-        emit_cap=cap,
-    )
+    if output_file == "-":
+        record = _capture_stdin(t, exit_code=exit_code, attempt=attempt, emit_cap=cap)
+    else:
+        record = capture(
+            t.plan,
+            t.state,
+            t.task,
+            t.workspace,
+            output_file=Path(output_file),
+            exit_code=exit_code,
+            key=t.key,
+            attempt=attempt,
+            emit_cap=cap,
+        )
     sys.stdout.write(canon.dumps_str(record) + "\n")
     if record["status"] != "passed":
         label = task if key is None else f"{task}[{key}]"
