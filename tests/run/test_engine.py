@@ -581,3 +581,14 @@ def test_relative_state_dir(pack: Pack, tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.chdir(tmp_path)
     assert run(plan, Path("rel/state")).exit_code == 0  # type: ignore[attr-defined]
     assert result(tmp_path / "rel/state", "a")["output"] == {"n": 1}  # type: ignore[index]
+
+
+def test_events_file_mirrors_the_log(pack: Pack, tmp_path: Path) -> None:
+    plan = pack('[[workflow.task]]\nname = "a"\nrun = "true"\n')
+    state = tmp_path / "s"
+    mirror = tmp_path / "events.ndjson"
+    assert run(plan, state, events=str(mirror)).exit_code == 0  # type: ignore[attr-defined]
+    assert mirror.read_bytes() == (state / "session.jsonl").read_bytes()
+    assert (
+        mirror.read_bytes().count(b"\n") == 5
+    )  # admitted, started, finished, run_finished, shutdown
