@@ -71,16 +71,21 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=_make_writable)
 
 
-def swap_in_dir(built: Path, target: Path) -> None:
+def swap_in_dir(built: Path, target: Path, *, durable: bool = True) -> None:
     """Make ``built`` (a sibling of ``target``) become ``target`` atomically from a
-    reader's view: the old tree (if any) is renamed aside, then removed."""
+    reader's view: the old tree (if any) is renamed aside, then removed.
+
+    ``durable`` fsyncs the parent directory. Staged inputs skip it: they are laid
+    down again for every attempt, and on ext4 a directory fsync would force out
+    every file just written."""
     old: Path | None = None
     try:
         if target.exists() or target.is_symlink():
             old = target.parent / f"{TMP_PREFIX}old-{os.getpid()}-{built.name[-8:]}"
             os.replace(target, old)
         os.replace(built, target)
-        fsync_dir(target.parent)
+        if durable:
+            fsync_dir(target.parent)
     except OSError as exc:
         raise OperationalError(f"cannot replace {target}: {exc.strerror or exc}") from None
     if old is not None:

@@ -516,7 +516,7 @@ def stage_inputs(
                 env["CRUCIBLE_INPUTS"] = data.decode("utf-8")
             index = None
             result_value = obj
-        swap_in_dir(tmp, inputs_dir)
+        swap_in_dir(tmp, inputs_dir, durable=False)
     except BaseException:
         remove_tree(tmp)
         raise
