@@ -395,7 +395,7 @@ def test_bad_input_is_refused_before_anything_runs(pack: Pack, tmp_path: Path) -
     )
     with pytest.raises(InputRefused, match="required"):
         run(plan, tmp_path / "s1")
-    with pytest.raises(InputRefused, match="must be integer"):
+    with pytest.raises(InputRefused, match="must be a integer"):
         run(plan, tmp_path / "s2", params=("n=true",))
     with pytest.raises(UsageError, match="no such plan"):
         run(tmp_path / "missing.toml", tmp_path / "s3")
@@ -519,3 +519,76 @@ def test_interrupt_during_retry_backoff_leaves_the_unit_unsettled(
     evs = events(state)
     assert evs[-1]["event"] == "shutdown" and evs[-1]["signal"] == "SIGINT"
     assert evs[-2]["event"] == "run_finished" and evs[-2]["status"] == "interrupted"
+
+
+def test_mapped_consumers_of_a_failed_producer_and_long_keys(pack: Pack, tmp_path: Path) -> None:
+    plan = pack(
+        """
+[[workflow.task]]
+name = "src"
+emits = { xs = "array", ys = "object" }
+run = '''python3 -c 'import json,os; json.dump({"xs": [1], "ys": {"k" * 300: 1, "../x": 2}}, open(os.environ["CRUCIBLE_OUTPUT"],"w"))'; exit 1'''
+
+[[workflow.task]]
+name = "all"
+needs = ["src"]
+map = "src.xs"
+run = "true"
+
+[[workflow.task]]
+name = "settled"
+needs = ["src"]
+join = "settled"
+map = "src.xs"
+run = "true"
+
+[[workflow.task]]
+name = "ok"
+emits = { ys = "object" }
+run = '''python3 -c 'import json,os; json.dump({"ys": {"k" * 300: 1, "../x": 2}}, open(os.environ["CRUCIBLE_OUTPUT"],"w"))' '''
+
+[[workflow.task]]
+name = "agent"
+kind = "agent"
+needs = ["ok"]
+map = "ok.ys"
+prompt = "hi"
+"""
+    )
+    stand_in = tmp_path / "a.sh"
+    stand_in.write_text(
+        '#!/bin/sh\ntest -s "$CRUCIBLE_PROMPT_FILE" && echo "{}" > "$CRUCIBLE_OUTPUT"\n'
+    )
+    stand_in.chmod(0o755)
+    state = tmp_path / "s"
+    assert run(plan, state, agent_cmd=str(stand_in)).exit_code == 1  # type: ignore[attr-defined]
+    skipped = result(state, "all")
+    assert skipped is not None and skipped["status"] == "skipped" and skipped["keys"] == []
+    assert skipped["note"] == "skipped: needs 'src', which failed"
+    failed = result(state, "settled")
+    assert failed is not None and failed["status"] == "failed" and "map source" in failed["note"]
+    agent = result(state, "agent")
+    assert agent is not None and agent["status"] == "passed", agent
+    assert sorted(agent["keys"]) == sorted(["k" * 300, "../x"])
+    assert not (state.parent / "x").exists()
+
+
+def test_relative_state_dir(pack: Pack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = pack(
+        '[[workflow.task]]\nname = "a"\nemits = { n = "integer" }\n'
+        'run = """echo \'{\\"n\\": 1}\' > \\"$CRUCIBLE_OUTPUT\\""""\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    assert run(plan, Path("rel/state")).exit_code == 0  # type: ignore[attr-defined]
+    assert result(tmp_path / "rel/state", "a")["output"] == {"n": 1}  # type: ignore[index]
+
+
+def test_events_file_mirrors_the_log(pack: Pack, tmp_path: Path) -> None:
+    plan = pack('[[workflow.task]]\nname = "a"\nrun = "true"\n')
+    state = tmp_path / "s"
+    mirror = tmp_path / "events.ndjson"
+    assert run(plan, state, events=str(mirror)).exit_code == 0  # type: ignore[attr-defined]
+    assert mirror.read_bytes() == (state / "session.jsonl").read_bytes()
+    assert (
+        mirror.read_bytes().count(b"\n") == 5
+    )  # admitted, started, finished, run_finished, shutdown

@@ -155,25 +155,29 @@ def test_environment_policy_by_edition() -> None:
 
 
 def test_params_resolution() -> None:
-    schema = {
-        "who": {"type": "string", "default": "world"},
-        "n": {"type": "integer"},
-        "opts": {"type": "object", "default": {}},
+    plan = {
+        "workflow": {
+            "params": {
+                "who": {"type": "string", "default": "world"},
+                "n": {"type": "integer"},
+                "opts": {"type": "object", "default": {}},
+            }
+        }
     }
-    got = params.resolve_params(schema, {"n": 2}, [("who", "3"), ("n", "5")])
+    got = params.resolve_params(plan, {"n": 2}, ("who=3", "n=5"))
     assert got == {"who": "3", "n": 5, "opts": {}}
     with pytest.raises(InputRefused, match="required"):
-        params.resolve_params(schema, {}, [])
+        params.resolve_params(plan, {}, ())
     with pytest.raises(InputRefused, match="unknown param 'nope'"):
-        params.resolve_params(schema, {}, [("nope", "1"), ("n", "1")])
-    with pytest.raises(InputRefused, match="must be integer"):
-        params.resolve_params(schema, {"n": "x"}, [])
-    with pytest.raises(InputRefused, match="not a JSON integer"):
-        params.resolve_params(schema, {}, [("n", "abc")])
-    with pytest.raises(InputRefused, match="must be integer"):
-        params.resolve_params(schema, {}, [("n", "true")])
+        params.resolve_params(plan, {}, ("nope=1", "n=1"))
+    with pytest.raises(InputRefused, match="must be a JSON integer"):
+        params.resolve_params(plan, {"n": "x"}, ())
+    with pytest.raises(InputRefused, match="not JSON"):
+        params.resolve_params(plan, {}, ("n=abc",))
+    with pytest.raises(InputRefused, match="must be a integer"):
+        params.resolve_params(plan, {}, ("n=true",))
     with pytest.raises(UsageError):
-        params.parse_pairs(("novalue",))
+        params.resolve_params(plan, {}, ("novalue",))
 
 
 @pytest.mark.parametrize(

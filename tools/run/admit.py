@@ -17,7 +17,7 @@ from typing import Any
 from crucible.core import atomic, canon, digest
 from crucible.core.errors import InputRefused, OperationalError, PlanChanged, UsageError
 from crucible.run.options import RunOptions
-from crucible.run.params import parse_pairs, read_params_file, resolve_params
+from crucible.run.params import read_params_file, resolve_params
 
 __all__ = ["Admission", "admit", "emit_cap_from"]
 
@@ -69,10 +69,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         names = ", ".join(t["name"] for t in plan["tasks"] if t.get("kind") == "agent")
         raise UsageError(f"the plan has agent tasks ({names}): pass --agent-cmd CMD")
     given = read_params_file(options.params_file) if options.params_file else {}
-    pairs = parse_pairs(options.params)
-    schema = plan["workflow"].get("params", {})
-    source = options.params_file or "params"
-    params = resolve_params(schema, given, pairs, source=source)
+    params = resolve_params(plan, given, options.params)
     plan_file = state / "plan.json"
     if options.resume:
         try:

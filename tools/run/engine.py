@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
-import queue
 import selectors
 import signal
 import time
@@ -21,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.run import verdict as verdict_rules
 from crucible.run.admit import Admission
@@ -30,6 +28,7 @@ from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
 from crucible.run.session import SessionLog
+from crucible.run.workers import Reply, WorkerPool
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
 
@@ -67,13 +66,12 @@ class Unit:
     """One runnable thing: a task, or one instance of a mapped task, and its attempt."""
 
     __slots__ = (
-        "argv",
         "attempt",
-        "env",
         "key",
-        "log_fd",
         "name",
         "proc",
+        "prompt_env",
+        "prompt_file",
         "staged_env",
         "workspace",
     )
@@ -84,10 +82,8 @@ class Unit:
         self.attempt = 1
         self.staged_env: dict[str, str] | None = None
         self.workspace: Path | None = None
-        self.argv: list[str] | None = None
-        self.env: dict[str, str] | None = None
-        #: the unit's log file, opened by staging, handed to the process at spawn
-        self.log_fd: int | None = None
+        self.prompt_file: str | None = None
+        self.prompt_env: str | None = None
         self.proc: TaskProcess | None = None
 
 
@@ -100,14 +96,18 @@ class _Finished:
     duration: float
     stop_reason: str | None
     output: Path
+    #: capture's verdict, as the worker summarised it (None: nothing captured)
     record: dict[str, Any] | None = None
+
+
+_WORKER = "worker"
 
 
 class Dispatcher:
     """Runs one session of a run. Staging (before a unit starts) and capture (after
-    it exits) run on a small thread pool, so their fsyncs overlap with each other
-    and with task processes; every decision and every event stays on the main
-    thread."""
+    it exits) run in a few forked worker processes (:mod:`crucible.run.workers`),
+    so their fsyncs overlap with each other and with task processes; every
+    decision and every event stays in this process's one thread."""
 
     def __init__(
         self,
@@ -151,12 +151,18 @@ class Dispatcher:
         self.counts = Counts(total=len(self.graph.tasks))
         self.stop_signal: int | None = None
         self._escalate = False
-        self.selector = selectors.DefaultSelector()
         self._made_dirs: set[Path] = set()
-        self._done: queue.SimpleQueue[tuple[str, Unit | _Finished, BaseException | None]] = (
-            queue.SimpleQueue()
-        )
-        self._wake_w = -1
+        self._tokens: dict[int, Unit | _Finished] = {}
+        self._next_token = 0
+        # Fork the workers now, before any thread exists in this process (the
+        # session log's writer starts at its first commit). Each fsync waits a
+        # few ms on a busy disk; two workers per slot keep slots fed.
+        self.workers = WorkerPool(min(16, 2 * self.jobs + 1), self._serve)
+        self.selector = selectors.DefaultSelector()
+
+    def close(self) -> None:
+        """Stop the workers (idempotent)."""
+        self.workers.close()
 
     # ----------------------------------------------------------------- helpers
 
@@ -174,8 +180,8 @@ class Dispatcher:
             self._made_dirs.add(parent)
         return path
 
-    def _output_path(self, unit: Unit) -> Path:
-        return self._unit_path(f"output/{unit.attempt}", unit.name, unit.key, ".json")
+    def _output_path(self, name: str, key: str | None, attempt: int) -> Path:
+        return self._unit_path(f"output/{attempt}", name, key, ".json")
 
     def _ids(self, unit: Unit) -> dict[str, Any]:
         return {"task": unit.name, "key": unit.key}
@@ -183,19 +189,12 @@ class Dispatcher:
     # ------------------------------------------------------------ entry point
 
     def run(self) -> RunOutcome:
-        from concurrent.futures import ThreadPoolExecutor
-
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._wake_w = wake_w
         self.selector.register(wake_r, selectors.EVENT_READ, None)
+        for fd in self.workers.reply_fds:
+            self.selector.register(fd, selectors.EVENT_READ, _WORKER)
         previous = self._install_signals(wake_w)
         started = time.monotonic()
-        # Staging and capture are mostly fsync latency, which threads overlap; more
-        # than a few threads only adds GIL hand-offs (measured: futex time grows
-        # with the pool while wall time does not shrink).
-        self.pool = ThreadPoolExecutor(
-            max_workers=min(8, self.jobs + 1), thread_name_prefix="stage"
-        )
         try:
             self._resume_settled()
             for name in self.graph.order:
@@ -206,11 +205,11 @@ class Dispatcher:
             self._kill_all(signal.SIGKILL)
             raise
         finally:
-            self.pool.shutdown(wait=True)
             self._restore_signals(previous)
             self.selector.close()
             os.close(wake_r)
             os.close(wake_w)
+            self.workers.close()
         duration = time.monotonic() - started
         counts = {
             "tasks": len(self.graph.tasks),
@@ -236,6 +235,7 @@ class Dispatcher:
             counts=counts,
             duration=round(duration, 6),
             max_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            worker_max_rss_kib=self.workers.peak_rss_kib,
         )
         return RunOutcome(status, code, counts, self.admission.digest, duration)
 
@@ -268,7 +268,6 @@ class Dispatcher:
     def _loop(self, wake_r: int) -> None:
         stopping = False
         while True:
-            self._drain_done()
             if self.stop_signal is not None and not stopping:
                 stopping = True
                 self._begin_stop()
@@ -281,8 +280,6 @@ class Dispatcher:
             busy = self.running or self.preparing or self.capturing
             if not busy and (stopping or not (self.ready or self.prepared or self.timers)):
                 return
-            if not self._done.empty():
-                continue
             for key, _ in self.selector.select(self._next_wake()):
                 if key.data is None:
                     with contextlib.suppress(BlockingIOError):
@@ -290,6 +287,9 @@ class Dispatcher:
                             pass
                     if stopping and self._escalate:
                         self._kill_all(signal.SIGKILL)
+                elif key.data is _WORKER:
+                    for reply in self.workers.read(key.fd):
+                        self._on_reply(reply)
                 else:
                     self._exited(key.data)
             self._check_deadlines()
@@ -321,46 +321,40 @@ class Dispatcher:
         while self.ready and self.preparing + len(self.prepared) < self.stage_ahead:
             unit = self.ready.popleft()
             self.preparing += 1
-            self.pool.submit(self._job, "prepared", self._prepare, unit)
+            self._submit(
+                unit, ("prepare", unit.name, unit.key, unit.attempt, unit.staged_env is None)
+            )
 
-    def _job(self, kind: str, work: Callable[[Any], None], item: Unit | _Finished) -> None:
-        """Run ``work(item)`` on a worker thread and hand the outcome to the main thread."""
-        error: BaseException | None = None
-        try:
-            work(item)
-        except BaseException as exc:
-            error = exc
-        self._done.put((kind, item, error))
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"\0")
+    def _submit(self, item: Unit | _Finished, request: tuple[Any, ...]) -> None:
+        self._next_token += 1
+        self._tokens[self._next_token] = item
+        self.workers.submit(self._next_token, request)
 
-    def _drain_done(self) -> None:
-        while True:
-            try:
-                kind, item, error = self._done.get_nowait()
-            except queue.Empty:
+    def _on_reply(self, reply: Reply) -> None:
+        item = self._tokens.pop(reply.token)
+        if reply.outcome == "bug":
+            raise RuntimeError(f"a staging worker failed:\n{reply.payload}")
+        if isinstance(item, Unit):
+            self.preparing -= 1
+            if reply.outcome == "error":
+                self._fail_unit(item, f"cannot stage inputs: {reply.payload}")
                 return
-            if error is not None and not isinstance(error, CrucibleError):
-                raise error
-            if kind == "prepared":
-                assert isinstance(item, Unit)
-                self.preparing -= 1
-                if error is not None:
-                    self._fail_unit(item, f"cannot stage inputs: {error}")
-                elif self.stop_signal is None:
-                    self.prepared.append(item)
-                elif item.log_fd is not None:
-                    # stopping: a staged unit is not started; it stays unsettled
-                    os.close(item.log_fd)
-                    item.log_fd = None
-            else:
-                assert isinstance(item, _Finished)
-                self.capturing -= 1
-                if error is not None:
-                    item.record = None
-                    self._fail_unit(item.unit, f"cannot capture the result: {error}")
-                else:
-                    self._settle_attempt(item)
+            payload = reply.payload
+            if payload["staged_env"] is not None:
+                item.staged_env = payload["staged_env"]
+            item.workspace = self.layout.work_dir(item.name, item.key)
+            item.prompt_file = payload["prompt_file"]
+            item.prompt_env = payload["prompt_env"]
+            if self.stop_signal is None:
+                self.prepared.append(item)
+            # when stopping, a staged unit is not started: it stays unsettled
+            return
+        self.capturing -= 1
+        if reply.outcome == "error":
+            self._fail_unit(item.unit, f"cannot capture the result: {reply.payload}")
+            return
+        item.record = reply.payload
+        self._settle_attempt(item)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -384,10 +378,6 @@ class Dispatcher:
     def _begin_stop(self) -> None:
         """SIGINT/SIGTERM: start nothing new, terminate every running group."""
         self.ready.clear()
-        for unit in self.prepared:
-            if unit.log_fd is not None:
-                os.close(unit.log_fd)
-                unit.log_fd = None
         self.prepared.clear()
         self.timers.clear()
         now = time.monotonic()
@@ -439,9 +429,7 @@ class Dispatcher:
                 dep_status = self.status.get(dep)
                 if dep_status != PASSED:
                     note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
-                    self.stage.record_settled(
-                        self.plan, self.state, name, status=SKIPPED, note=note
-                    )
+                    self._record_task(name, SKIPPED, note)
                     self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
                     self._count_settled(SKIPPED)
                     self._settle(name, SKIPPED)
@@ -451,12 +439,28 @@ class Dispatcher:
             return
         self.ready.append(Unit(name, None))
 
+    def _record_task(self, name: str, status: str, note: str) -> None:
+        """A task settled without running: skipped, or its map source unreadable."""
+        if "map" not in self.graph.tasks[name]:
+            self.stage.record_settled(self.plan, self.state, name, status=status, note=note)
+            return
+        # stage's record_settled wants an instance key for a mapped task, and
+        # settle_fold folds instances; a mapped task that never expanded gets the
+        # aggregate record settle_fold would write for zero instances, with this
+        # status and note.
+        from crucible.stage._records import STATUSES, base_record, write_record
+
+        record = base_record(name, None, status, note)
+        record["keys"] = []
+        record["counts"] = dict.fromkeys(STATUSES, 0)
+        write_record(self.state, record)
+
     def _expand(self, name: str) -> None:
         try:
             items = self.stage.map_items(self.plan, self.state, name)
         except CrucibleError as exc:
             note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
-            self.stage.record_settled(self.plan, self.state, name, status=FAILED, note=note)
+            self._record_task(name, FAILED, note)
             self.log.emit("task_finished", task=name, status=FAILED, note=note)
             self._count_settled(FAILED)
             self._settle(name, FAILED)
@@ -507,44 +511,39 @@ class Dispatcher:
 
     # ---------------------------------------------------- a unit (worker side)
 
-    def _prepare(self, unit: Unit) -> None:
-        """Worker thread: workspace, staged inputs, environment, argv, prompt."""
-        name, key = unit.name, unit.key
+    def _serve(self, request: tuple[Any, ...]) -> Any:
+        """In a worker process: one staging or capture request."""
+        if request[0] == "prepare":
+            return self._prepare(*request[1:])
+        if request[0] == "capture":
+            return self._capture(*request[1:])
+        raise ValueError(f"unknown request {request[0]!r}")
+
+    def _prepare(self, name: str, key: str | None, attempt: int, stage_now: bool) -> dict[str, Any]:
+        """Worker: workspace, staged inputs (first attempt), fresh output path, prompt."""
         task = self.graph.tasks[name]
         stage = self.stage
-        if unit.workspace is None:
-            workspace = self.layout.work_dir(name, key)
+        workspace = self.layout.work_dir(name, key)
+        staged_env: dict[str, str] | None = None
+        if stage_now:
             workspace.mkdir(parents=True, exist_ok=True)
-            staged = stage.stage_inputs(self.plan, self.state, name, workspace, key=key)
-            unit.staged_env = dict(staged.env)
-            unit.workspace = workspace
-        assert unit.workspace is not None
-        env = self._environment(unit, task)
-        output = self._output_path(unit)
+            staged_env = dict(
+                stage.stage_inputs(self.plan, self.state, name, workspace, key=key).env
+            )
+        output = self._output_path(name, key, attempt)
         with contextlib.suppress(FileNotFoundError):
             output.unlink()
-        env["CRUCIBLE_OUTPUT"] = str(output)
+        prompt_file: str | None = None
+        prompt_env: str | None = None
         if task.get("kind") == "agent":
-            argv = ["sh", "-c", self.options.agent_cmd or "false"]
-            prompt = self._prompt(task, unit.workspace, key)
-            prompt_file = self._unit_path("prompts", name, key, ".txt")
-            atomic.write_bytes(prompt_file, prompt.encode("utf-8"))
-            env["CRUCIBLE_PROMPT_FILE"] = str(prompt_file)
-            if len(prompt.encode("utf-8")) <= stage.PROMPT_ENV_MAX:
-                env["CRUCIBLE_PROMPT"] = prompt
-        else:
-            run = task["run"]
-            argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
-        log_path = self._unit_path("logs", name, key, ".log")
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(log_fd, b"== crucible: attempt %d\n" % unit.attempt)
-        except BaseException:
-            os.close(log_fd)
-            raise
-        unit.argv = argv
-        unit.env = env
-        unit.log_fd = log_fd
+            prompt = self._prompt(task, workspace, key)
+            path = self._unit_path("prompts", name, key, ".txt")
+            data = prompt.encode("utf-8")
+            _write_atomic_short(path, data)
+            prompt_file = str(path)
+            if len(data) <= stage.PROMPT_ENV_MAX:
+                prompt_env = prompt
+        return {"staged_env": staged_env, "prompt_file": prompt_file, "prompt_env": prompt_env}
 
     def _prompt(self, task: dict[str, Any], workspace: Path, key: str | None) -> str:
         render = getattr(self.stage, "render_prompt", None)
@@ -554,43 +553,32 @@ class Dispatcher:
         # the inputs are; nothing is inlined.
         return f"{task.get('prompt', '')}\n\nYour inputs are files under {workspace / 'inputs'}.\n"
 
-    def _environment(self, unit: Unit, task: dict[str, Any]) -> dict[str, str]:
-        base = self.host_env.get(unit.name)
-        if base is None:
-            base = task_environment(self.plan, task, self.environ)
-            self.host_env[unit.name] = base
-        env = dict(base)
-        env.update(unit.staged_env or {})
-        env["CRUCIBLE_TASK"] = unit.name
-        if unit.key is not None:
-            env["CRUCIBLE_KEY"] = unit.key
-        env["CRUCIBLE_ATTEMPT"] = str(unit.attempt)
-        env["CRUCIBLE_WORKSPACE"] = str(unit.workspace)
-        return env
-
-    def _capture(self, finished: _Finished) -> None:
-        """Worker thread: capture one attempt's result (a timeout or an interrupt
-        has nothing to capture)."""
-        if finished.stop_reason is not None:
-            return
-        unit = finished.unit
-        assert unit.workspace is not None
+    def _capture(
+        self, name: str, key: str | None, attempt: int, output: str, code: int
+    ) -> dict[str, Any]:
+        """Worker: capture one attempt's result; reply with what the scheduler needs
+        (never the output itself, which may be large)."""
         record = self.stage.capture(
             self.plan,
             self.state,
-            unit.name,
-            unit.workspace,
-            output_file=finished.output,
-            exit_code=finished.code,
-            key=unit.key,
-            attempt=unit.attempt,
+            name,
+            self.layout.work_dir(name, key),
+            output_file=Path(output),
+            exit_code=code,
+            key=key,
+            attempt=attempt,
             emit_cap=self.admission.emit_cap,
         )
-        if record.get("status") == PASSED and self.graph.tasks[unit.name].get("kind") == "evaluate":
-            record = self._apply_verdict(unit, record, finished.output)
-        finished.record = record
+        if record.get("status") == PASSED and self.graph.tasks[name].get("kind") == "evaluate":
+            record = self._apply_verdict(name, key, record, Path(output))
+        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if record.get("files_captured"):
+            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        return summary
 
-    def _apply_verdict(self, unit: Unit, record: dict[str, Any], output: Path) -> dict[str, Any]:
+    def _apply_verdict(
+        self, name: str, key: str | None, record: dict[str, Any], output: Path
+    ) -> dict[str, Any]:
         """An evaluate task that passed capture passes only with ``verdict: "pass"``.
         Otherwise its captured record (output kept, for settled consumers) is
         amended to a measured failure."""
@@ -602,34 +590,62 @@ class Dispatcher:
         extra = dict(amended.get("extra") or {})
         extra["verdict"] = value
         amended["extra"] = extra
-        atomic.write_json(self.layout.result_path(unit.name, unit.key), amended)
+        from crucible.stage._records import write_record  # short temp names (NAME_MAX)
+
+        write_record(self.state, amended)
         return amended
 
     # ------------------------------------------------------ a unit (main side)
 
+    def _environment(self, unit: Unit, task: dict[str, Any], output: Path) -> dict[str, str]:
+        base = self.host_env.get(unit.name)
+        if base is None:
+            base = task_environment(self.plan, task, self.environ)
+            self.host_env[unit.name] = base
+        env = dict(base)
+        env.update(unit.staged_env or {})
+        env["CRUCIBLE_TASK"] = unit.name
+        if unit.key is not None:
+            env["CRUCIBLE_KEY"] = unit.key
+        env["CRUCIBLE_ATTEMPT"] = str(unit.attempt)
+        env["CRUCIBLE_WORKSPACE"] = str(unit.workspace)
+        env["CRUCIBLE_OUTPUT"] = str(output)
+        if unit.prompt_file is not None:
+            env["CRUCIBLE_PROMPT_FILE"] = unit.prompt_file
+        if unit.prompt_env is not None:
+            env["CRUCIBLE_PROMPT"] = unit.prompt_env
+        return env
+
     def _spawn(self, unit: Unit) -> None:
-        assert unit.argv is not None and unit.env is not None and unit.workspace is not None
-        assert unit.log_fd is not None
+        assert unit.workspace is not None
         task = self.graph.tasks[unit.name]
-        log_fd, unit.log_fd = unit.log_fd, None
+        if task.get("kind") == "agent":
+            argv = ["sh", "-c", self.options.agent_cmd or "false"]
+        else:
+            run = task["run"]
+            argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
+        env = self._environment(unit, task, self._output_path(unit.name, unit.key, unit.attempt))
+        unit.prompt_env = None  # in env now; keep queued units small
+        log_path = self._unit_path("logs", unit.name, unit.key, ".log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
+            os.write(log_fd, b"== crucible: attempt %d\n" % unit.attempt)
             now = time.monotonic()
             timeout = task.get("timeout")
             try:
                 unit.proc = spawn(
-                    unit.argv,
-                    env=unit.env,
+                    argv,
+                    env=env,
                     cwd=unit.workspace,
                     log_fd=log_fd,
                     started=now,
                     deadline=None if timeout is None else now + float(timeout),
                 )
             except OSError as exc:
-                self._fail_unit(unit, f"cannot start {unit.argv[0]!r}: {exc.strerror or exc}")
+                self._fail_unit(unit, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
                 return
         finally:
             os.close(log_fd)
-        unit.env = None  # not needed any more; keep 10,000 queued units small
         self.running[unit.proc.pidfd] = unit
         self.selector.register(unit.proc.pidfd, selectors.EVENT_READ, unit)
         self.log.emit(
@@ -652,7 +668,7 @@ class Dispatcher:
             code=code,
             duration=time.monotonic() - proc.started,
             stop_reason=proc.stop_reason,
-            output=self._output_path(unit),
+            output=self._output_path(unit.name, unit.key, unit.attempt),
         )
         if proc.stop_reason == "interrupt":
             # Nothing is recorded in results/: the unit stays unsettled and a
@@ -669,8 +685,13 @@ class Dispatcher:
                 **self._sizes(finished.output, None),
             )
             return
+        if proc.stop_reason == "timeout":  # nothing to capture
+            self._settle_attempt(finished)
+            return
         self.capturing += 1
-        self.pool.submit(self._job, "captured", self._capture, finished)
+        self._submit(
+            finished, ("capture", unit.name, unit.key, unit.attempt, str(finished.output), code)
+        )
 
     def _settle_attempt(self, finished: _Finished) -> None:
         unit = finished.unit
@@ -730,8 +751,8 @@ class Dispatcher:
         sizes: dict[str, int] = {}
         with contextlib.suppress(OSError):
             sizes["output_bytes"] = output.stat().st_size
-        if record is not None and record.get("files_captured"):
-            sizes["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        if record is not None and record.get("files_bytes") is not None:
+            sizes["files_bytes"] = int(record["files_bytes"])
         return sizes
 
     def _settle_unit(
@@ -761,6 +782,22 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
+
+
+def _write_atomic_short(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically under a short temp name: ``path`` may be an escaped
+    key of 250 bytes, too long to carry a suffix within NAME_MAX."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix="@tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def _did(status: str | None) -> str:

@@ -52,6 +52,22 @@ class TaskProcess:
         return code
 
 
+_resolved: dict[tuple[str, str | None], str | None] = {}
+
+
+def _executable(argv0: str, path: str | None) -> str | None:
+    """argv[0] resolved on ``path`` once per (name, PATH): exec'ing a bare name
+    makes the child try every PATH entry in turn, a failed execve each."""
+    if "/" in argv0:
+        return None
+    key = (argv0, path)
+    if key not in _resolved:
+        import shutil
+
+        _resolved[key] = shutil.which(argv0, path=path if path is not None else os.defpath)
+    return _resolved[key]
+
+
 def spawn(
     argv: Sequence[str],
     *,
@@ -65,6 +81,7 @@ def spawn(
     appended to ``log_fd``. Raises OSError when the program cannot be started."""
     popen = subprocess.Popen(
         list(argv),
+        executable=_executable(argv[0], env.get("PATH")),
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.DEVNULL,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -68,6 +69,8 @@ def run_plan(
     """Run (or resume) the plan of ``options``. Raises a CrucibleError for input it
     refuses before anything runs; returns the outcome of a run that started."""
     env = os.environ if environ is None else environ
+    # Tasks run in their workspaces: every path handed to them must be absolute.
+    options = dataclasses.replace(options, state=options.state.absolute())
     admission = admit(options, dict(env))
     for warning in admission.warnings:
         if on_warning is not None:
@@ -79,6 +82,7 @@ def run_plan(
         log = SessionLog(log_path, session, mirror)
         stack.callback(log.close)
         dispatcher = Dispatcher(admission, options, log, environ=env, on_progress=on_progress)
+        stack.callback(dispatcher.close)
         log.emit("plan_admitted", **_plan_admitted_fields(admission, options, dispatcher.jobs))
         log.commit()
         try:

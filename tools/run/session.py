@@ -62,8 +62,9 @@ class SessionLog:
                 f"cannot open session log: {exc.strerror}", where=str(path)
             ) from None
         self._batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        # Started at the first commit, so a dispatcher can fork its workers
+        # while the process still has one thread.
         self._writer = threading.Thread(target=self._write_batches, name="session-log", daemon=True)
-        self._writer.start()
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Queue one event; it is written at the next :meth:`commit`."""
@@ -77,6 +78,8 @@ class SessionLog:
         if self._error is not None:
             raise self._error
         if self._pending:
+            if not self._writer.is_alive() and self._writer.ident is None:
+                self._writer.start()
             self._batches.put(b"".join(self._pending))
             self._pending.clear()
 
@@ -124,8 +127,9 @@ class SessionLog:
     def close(self) -> None:
         """Write everything queued, wait until it is durable, close the file."""
         self.commit()
-        self._batches.put(None)
-        self._writer.join()
+        if self._writer.ident is not None:
+            self._batches.put(None)
+            self._writer.join()
         os.close(self._fd)
         if self._error is not None:
             raise self._error
