@@ -16,10 +16,23 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/crucible-validate examples/starlark/pack.toml
-	$(BIN)/crucible-compile examples/starlark/pack.toml -o demo-plan.json
-	$(BIN)/crucible-compile examples/starlark/pack.toml --digest
-	$(BIN)/crucible-compile examples/starlark/pack.toml --graph mermaid
+	rm -rf demo-state demo-bundle
+	@echo "== validate, compile, graph: examples/fanout"
+	$(BIN)/crucible-validate examples/fanout/pack.toml
+	$(BIN)/crucible-compile examples/fanout/pack.toml -o demo-plan.json
+	$(BIN)/crucible-compile --digest examples/fanout/pack.toml
+	$(BIN)/crucible-compile --graph mermaid examples/fanout/pack.toml
+	@echo "== dispatch: fan-out, fold, settled join, epilogue"
+	$(BIN)/crucible-dispatch demo-plan.json --state demo-state/fanout -j 2
+	$(BIN)/crucible-dispatch report demo-state/fanout
+	$(BIN)/crucible-dispatch report demo-state/fanout --html demo-state/fanout/timeline.html
+	@echo "== ledger: a durable step, then its replay"
+	$(BIN)/crucible-ledger run --dir demo-state/ledger --scope demo --key pack=fanout -- sh -c 'sleep 1; echo expensive result'
+	$(BIN)/crucible-ledger run --dir demo-state/ledger --scope demo --key pack=fanout -- sh -c 'sleep 1; echo expensive result'
+	@echo "== prove a recorded operation log, verify the bundle offline"
+	$(BIN)/crucible-prove --workflow tests/vectors/proof/complete/workflow.json --operations tests/vectors/proof/complete/operations.ndjson --artifacts tests/vectors/proof/complete/artifacts --out demo-bundle
+	$(BIN)/crucible-verify demo-bundle
+	@echo "demo done: see demo-state/fanout/timeline.html"
 
 test: install
 	$(BIN)/pytest
@@ -31,4 +44,4 @@ lint: install
 	$(BIN)/nox -s lint
 
 clean:
-	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-state demo-plan.json
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-state demo-plan.json demo-bundle demo-bundle.custody

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+
 from crucible.core.cli import run as run_edge
 from crucible.run.cli import cli
 

@@ -15,7 +15,7 @@ from crucible.core import canon
 from crucible.stage.cli import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "stage"))
-from stageplans import plan, settle, task
+from tests.stage.stageplans import plan, settle, task
 
 SCRIPT = Path(sys.executable).parent / "crucible-stage"
 

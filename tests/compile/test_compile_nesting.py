@@ -10,6 +10,7 @@ import pytest
 
 from crucible.compile import ValidationFailed, compile_path, load_plan_bytes
 from crucible.compile.shape import MAX_DEFAULT_DEPTH
+from crucible.core.canon import CanonError
 from crucible.core.errors import ParseError
 
 WritePack = Callable[..., Path]
@@ -89,6 +90,8 @@ def test_plan_file_with_a_too_deep_default_is_bad_default() -> None:
             }
         ],
     }
-    with pytest.raises(ValidationFailed) as info:
+    # A plan file is canonical JSON: nesting past canon.MAX_DEPTH (128) cannot
+    # even be read (exit 2), before the default's own bound is checked.
+    with pytest.raises(CanonError, match="nesting deeper than 128") as info:
         load_plan_bytes(json.dumps(plan).encode(), "plan.json")
-    assert "bad-default" in [d.code for d in info.value.diagnostics]
+    assert info.value.where == "plan.json" and info.value.exit_code == 2

@@ -122,7 +122,9 @@ BIN = Path(sys.executable).parent
 
 def test_closed_stdout_is_not_an_error(tmp_path: Path) -> None:
     pack = tmp_path / "p.toml"
-    pack.write_text('edition = 3\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n')
+    pack.write_text(
+        'edition = 3\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n'
+    )
     done = _sh(f"{BIN}/crucible-compile {pack} >&-")
     assert done.returncode == 0, done.stderr
 
@@ -131,7 +133,9 @@ def test_full_disk_under_stdout_is_operational(tmp_path: Path) -> None:
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full")
     pack = tmp_path / "p.toml"
-    pack.write_text('edition = 3\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n')
+    pack.write_text(
+        'edition = 3\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n'
+    )
     done = _sh(f"{BIN}/crucible-compile --graph dot {pack} > /dev/full")
     assert done.returncode == 3, done.stderr
     assert done.stderr.count("\n") == 1 and "I/O error" in done.stderr
@@ -140,7 +144,9 @@ def test_full_disk_under_stdout_is_operational(tmp_path: Path) -> None:
 def test_closed_stderr_pipe_keeps_the_refusal(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[workflow]\nname = 1\n" + "".join(f"x{i} = 1\n" for i in range(50)))
-    done = _sh(f"set -o pipefail; {BIN}/crucible-validate {bad} 2>&1 >/dev/null | head -c 1 >/dev/null")
+    done = _sh(
+        f"set -o pipefail; {BIN}/crucible-validate {bad} 2>&1 >/dev/null | head -c 1 >/dev/null"
+    )
     assert done.returncode == 1
 
 

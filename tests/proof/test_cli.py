@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from click.testing import CliRunner
-from prove_helpers import Scenario, orgs, people, read_tree
 
 from crucible.core import canon
 from crucible.proof.writer.cli import command
+from tests.proof.prove_helpers import Scenario, orgs, people, read_tree
 
 SCRIPT = Path(sys.executable).parent / "crucible-prove"
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prove_helpers import Scenario, orgs, people, read_tree
 
 from crucible.core import canon
+from tests.proof.prove_helpers import Scenario, orgs, people, read_tree
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

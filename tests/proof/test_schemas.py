@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prove_helpers import read_tree
 
 from crucible.core import canon
+from tests.proof.prove_helpers import read_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "docs" / "schemas"

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prove_helpers import check_chain, read_tree
-from vector_cases import CASES, MUTATIONS
 
 from crucible.core import canon
+from tests.proof.prove_helpers import check_chain, read_tree
+from tests.proof.vector_cases import CASES, MUTATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "tests" / "vectors" / "proof"

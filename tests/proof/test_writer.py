@@ -6,7 +6,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prove_helpers import (
+
+from crucible.core import canon, digest
+from crucible.core.errors import InputRefused, OperationalError, ParseError
+from crucible.proof.writer import Forbidden
+from tests.proof.prove_helpers import (
     Scenario,
     check_chain,
     orgs,
@@ -14,10 +18,6 @@ from prove_helpers import (
     proof_epochs,
     read_tree,
 )
-
-from crucible.core import canon, digest
-from crucible.core.errors import InputRefused, OperationalError, ParseError
-from crucible.proof.writer import Forbidden
 
 
 def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:

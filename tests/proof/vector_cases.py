@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prove_helpers import AT, Scenario, orgs, people, stage
-
 from crucible.core import canon, digest
+from tests.proof.prove_helpers import AT, Scenario, orgs, people, stage
 
 Build = Callable[[Path], Scenario]
 

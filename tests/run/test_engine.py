@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from crucible.core import canon
 from crucible.core.errors import InputRefused, PlanChanged, UsageError
 from crucible.run import RunOptions, run_plan
-from dispatchtests import events, result
+from tests.run.dispatchtests import events, result
 
 Pack = Callable[..., Path]
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from crucible.core import canon
 from crucible.core.errors import InputRefused, UsageError
 from crucible.run import environ, params, procs, verdict

@@ -4,11 +4,11 @@ import os
 from pathlib import Path
 
 import pytest
-from stageplans import plan, settle, task
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.stage import capture, load_result
+from tests.stage.stageplans import plan, settle, task
 
 
 def _v(version: int, **kw: object) -> dict:  # type: ignore[type-arg]

@@ -6,10 +6,10 @@ import os
 from pathlib import Path
 
 import pytest
-from stageplans import plan, settle, task
 
 from crucible.core import canon
 from crucible.stage import render_prompt, settle_fold, stage_inputs
+from tests.stage.stageplans import plan, settle, task
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("CRUCIBLE_UPDATE_GOLDEN") == "1"

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-from stageplans import plan, settle, task
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused
@@ -17,6 +16,7 @@ from crucible.stage import (
     settle_fold,
     stage_inputs,
 )
+from tests.stage.stageplans import plan, settle, task
 
 
 def _region(text: str) -> str:

@@ -3,10 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stageplans import plan, settle, task
 
 from crucible.core.errors import InputRefused, ParseError
 from crucible.stage import load_result, map_items, record_settled, settle_fold
+from tests.stage.stageplans import plan, settle, task
 
 
 def _fan() -> dict:  # type: ignore[type-arg]

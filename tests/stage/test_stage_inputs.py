@@ -6,11 +6,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from stageplans import plan, settle, task
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, ParseError
 from crucible.stage import INPUTS_ENV_MAX, record_settled, settle_fold, stage_inputs
+from tests.stage.stageplans import plan, settle, task
 
 
 def _readonly(path: Path) -> bool:

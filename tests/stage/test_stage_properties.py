@@ -9,7 +9,6 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stageplans import plan, task
 
 from crucible.stage import (
     KEY_COMPONENT_MAX,
@@ -23,6 +22,7 @@ from crucible.stage import (
     unescape_key,
 )
 from crucible.stage._names import is_shortened, task_name_problem
+from tests.stage.stageplans import plan, task
 
 HOSTILE = [
     "",

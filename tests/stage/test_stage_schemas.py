@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stageplans import plan, settle, task
 
 from crucible.stage import record_settled, settle_fold, stage_inputs
+from tests.stage.stageplans import plan, settle, task
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 

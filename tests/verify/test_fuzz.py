@@ -5,7 +5,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from bundlegen import org_people, rich, write_files
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,6 +13,7 @@ from crucible.core import canon
 from crucible.proof.reader.cli import command
 from crucible.proof.reader.findings import Inability
 from crucible.proof.reader.verify import verify_bundle
+from tests.verify.bundlegen import org_people, rich, write_files
 
 BASES = [org_people().exported(), rich().exported()]
 

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from bundlegen import org_people, rich, write_files
 from click.testing import CliRunner
-from mutate import Bundle
-from test_mutations import MUTATIONS
 
 from crucible.core import canon
 from crucible.proof.reader.cli import command
+from tests.verify.bundlegen import org_people, rich, write_files
+from tests.verify.mutate import Bundle
+from tests.verify.test_mutations import MUTATIONS
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

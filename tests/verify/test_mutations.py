@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bundlegen import org_people, rich
-from mutate import EXEC, PROOF, Bundle, load_dir, write_dir
 
 from crucible.core import canon, digest
 from crucible.proof.reader.verify import VerifyOptions, verify_bundle
+from tests.verify.bundlegen import org_people, rich
+from tests.verify.mutate import EXEC, PROOF, Bundle, load_dir, write_dir
 
 VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "proof"
 
@@ -33,7 +33,7 @@ def mutation(fn: Callable[[Bundle], Result]) -> Callable[[Bundle], Result]:
 def _valid_bundles() -> dict[str, dict[str, bytes]]:
     out = {"gen-org-people": org_people().exported(), "gen-rich": rich().exported()}
     if VECTORS.is_dir():
-        from test_verify_vectors import DISAGREEMENTS
+        from tests.verify.test_verify_vectors import DISAGREEMENTS
 
         for case in sorted(VECTORS.iterdir()):
             expected = case / "expected.json"

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bundlegen import org_people, write_files
-from mutate import PROOF, Bundle
 
 from crucible.core import canon
 from crucible.proof.reader import bundle as bundle_mod
 from crucible.proof.reader.findings import Inability, Problem
 from crucible.proof.reader.strict import JsonBounds, parse_json
 from crucible.proof.reader.verify import verify_bundle
+from tests.verify.bundlegen import org_people, write_files
+from tests.verify.mutate import PROOF, Bundle
 
 
 @pytest.fixture

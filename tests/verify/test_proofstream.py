@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bundlegen import rich, write_files
-from mutate import PROOF, Bundle
 
 from crucible.core import canon
 from crucible.proof.reader.findings import Problem
 from crucible.proof.reader.proofstream import load_proof
 from crucible.proof.reader.strict import JsonBounds
 from crucible.proof.reader.verify import verify_bundle
+from tests.verify.bundlegen import rich, write_files
+from tests.verify.mutate import PROOF, Bundle
 
 BOUNDS = JsonBounds(depth=64, members=4096, string_bytes=65536)
 

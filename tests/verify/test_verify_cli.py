@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from bundlegen import org_people, write_files
 from click.testing import CliRunner
 
 from crucible.core import canon, digest
 from crucible.proof.reader.cli import command
+from tests.verify.bundlegen import org_people, write_files
 
 EXE = Path(sys.executable).parent / "crucible-verify"
 SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "report.json"

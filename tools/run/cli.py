@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from crucible import __version__
 from crucible.core.cli import run as run_command
 from crucible.run.options import RunOptions
