@@ -27,6 +27,7 @@ demo: install
 	$(BIN)/crucible-dispatch report demo-state/fanout
 	$(BIN)/crucible-dispatch report demo-state/fanout --html demo-state/fanout/timeline.html
 	@echo "== ledger: a durable step, then its replay"
+	mkdir -p demo-state/ledger
 	$(BIN)/crucible-ledger run --dir demo-state/ledger --scope demo --key pack=fanout -- sh -c 'sleep 1; echo expensive result'
 	$(BIN)/crucible-ledger run --dir demo-state/ledger --scope demo --key pack=fanout -- sh -c 'sleep 1; echo expensive result'
 	@echo "== prove a recorded operation log, verify the bundle offline"
