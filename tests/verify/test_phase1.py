@@ -129,10 +129,22 @@ def test_id_over_its_form(valid: Path) -> None:
     assert code(valid) == ("input-malformed", 1)
 
 
-def test_non_portable_name(valid: Path) -> None:
+@pytest.mark.parametrize("name", ["a\nb", "a\x01b", "a\x1fb", "a\x7fb", "\x7f"])
+def test_non_portable_name(valid: Path, name: str) -> None:
     (valid / "aux").mkdir()
-    (valid / "aux" / "a\nb").write_bytes(b"x")
-    assert code(valid) == ("input-malformed", 1)
+    (valid / "aux" / name).write_bytes(b"x")
+    problem = verify_bundle(valid).problem
+    assert problem is not None and (problem.code, problem.phase) == ("input-malformed", 1)
+    assert "not a portable file name" in problem.message
+
+
+def test_portable_names_match_the_writer() -> None:
+    # the writer refuses C0 controls and DEL in names; the reader refuses the same set
+    assert not any(bundle_mod._portable(f"a{chr(c)}b") for c in [*range(0x20), 0x7F])
+    assert all(
+        bundle_mod._portable(f"a{chr(c)}b") for c in range(0x20, 0x7F) if chr(c) not in "/\\"
+    )
+    assert bundle_mod._portable("caf\u00e9") and bundle_mod._portable("\u0080")
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,10 @@ def _portable(name: str) -> bool:
         encoded = name.encode("utf-8")
     except UnicodeEncodeError:  # undecodable bytes surfaced as surrogates
         return False
-    return len(encoded) <= _MAX_NAME_BYTES and all(ord(c) >= 0x20 for c in name)
+    # control characters: C0 (below 0x20) and DEL (0x7F), as the writer refuses them
+    return len(encoded) <= _MAX_NAME_BYTES and not any(
+        ord(c) < 0x20 or ord(c) == 0x7F for c in name
+    )
 
 
 def walk_bundle(root: Path, *, max_entries: int) -> BundleTree:
