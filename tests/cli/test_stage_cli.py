@@ -291,7 +291,43 @@ def test_plan_and_state_problems(tmp_path: Path) -> None:
     r = _run("inputs", "--state", str(state), "--task", "m")
     assert r.returncode == 1 and "give the instance key" in r.stderr
     r = _run("inputs", "--state", str(tmp_path / "missing"), "--task", "c")
-    assert r.returncode == 1 and "state directory does not exist" in r.stderr
+    assert r.returncode == 2 and "--state: no such directory" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["inputs", "capture", "prompt"])
+def test_paths_named_on_the_command_line_missing_or_of_the_wrong_kind_are_exit_2(
+    tmp_path: Path, command: str
+) -> None:
+    """cli.md: 2 is a usage error; a path the user typed that is missing or of the
+    wrong kind is one, as in compile, ledger and prove (not 1, not 3)."""
+    _, state = _v2(tmp_path)
+    a_file = tmp_path / "a-file"
+    a_file.write_text("{}")
+    extra = ["--exit-code", "0", "--output", str(a_file)] if command == "capture" else []
+    task = ["--task", "ag" if command == "prompt" else "c"]
+    cases = [
+        (["--state", str(tmp_path / "missing")], "--state: no such directory"),
+        (["--state", str(a_file)], "--state: not a directory"),
+        (["--state", str(state), "--plan", str(tmp_path / "nope.json")], "--plan: no such file"),
+        (["--state", str(state), "--plan", str(tmp_path)], "--plan: not a file"),
+        (["--state", str(state), "--workspace", str(a_file)], "--workspace: not a directory"),
+    ]
+    if command == "capture":  # capture settles an existing workspace; the others create it
+        cases.append(
+            (["--state", str(state), "--workspace", str(tmp_path / "no-ws")], "no such directory")
+        )
+    for args, fragment in cases:
+        r = _run(command, *args, *task, *extra)
+        assert r.returncode == 2, (args, r.stderr)
+        assert fragment in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (state / "results" / "c.json").exists()  # nothing was captured
+
+
+def test_a_state_without_a_plan_is_refused_not_a_usage_error(tmp_path: Path) -> None:
+    # STATE exists but holds no admitted plan: a state problem (1), naming the way out
+    (tmp_path / "st").mkdir()
+    r = _run("inputs", "--state", str(tmp_path / "st"), "--task", "c")
+    assert r.returncode == 1 and "holds no admitted plan (give --plan PLAN)" in r.stderr
 
 
 def test_corrupt_record_leaves_no_inputs_directory(tmp_path: Path) -> None:

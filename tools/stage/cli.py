@@ -64,8 +64,14 @@ def _read_plan_bytes(plan_arg: str | None, state: Path) -> tuple[bytes, str]:
     path = Path(plan_arg) if plan_arg else state / "plan.json"
     try:
         return path.read_bytes(), str(path)
-    except FileNotFoundError:
-        raise InputRefused("plan file does not exist", where=str(path)) from None
+    except (FileNotFoundError, IsADirectoryError) as exc:
+        problem = "no such file" if isinstance(exc, FileNotFoundError) else "not a file"
+        if plan_arg is not None:  # a path the user typed: usage (cli.md exit 2)
+            raise UsageError(f"--plan: {problem}", where=str(path)) from None
+        # the default STATE/plan.json: STATE holds no admitted run (a state problem)
+        raise InputRefused(
+            f"{problem}: {state} holds no admitted plan (give --plan PLAN)", where=str(path)
+        ) from None
     except OSError as exc:
         raise OperationalError(f"cannot read plan: {exc.strerror}", where=str(path)) from None
 
@@ -103,17 +109,39 @@ def load_plan(plan_arg: str | None, state: Path) -> dict[str, Any]:
     return plan
 
 
+def _directory_arg(option: str, value: str, *, must_exist: bool = True) -> Path:
+    """A directory named on the command line: missing or not a directory is a
+    usage error (exit 2, docs/spec/cli.md), as in every other crucible command."""
+    path = Path(value)
+    if path.is_dir():
+        return path
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"{option}: not a directory", where=value)
+    if must_exist:
+        raise UsageError(f"{option}: no such directory", where=value)
+    return path
+
+
 def _target(
-    plan: str | None, state: str, task: str, key: str | None, workspace: str | None
+    plan: str | None,
+    state: str,
+    task: str,
+    key: str | None,
+    workspace: str | None,
+    *,
+    workspace_must_exist: bool = False,
 ) -> Target:
     from crucible.stage import StateLayout
 
-    state_path = Path(state)
-    if not state_path.is_dir():
-        raise InputRefused("state directory does not exist", where=state)
+    state_path = _directory_arg("--state", state)
+    ws_arg = (
+        _directory_arg("--workspace", workspace, must_exist=workspace_must_exist)
+        if workspace
+        else None
+    )
     loaded = load_plan(plan, state_path)
     name = "<stdin>" if plan == "-" else str(Path(plan) if plan else state_path / "plan.json")
-    ws = Path(workspace) if workspace else StateLayout(state_path).work_dir(task, key)
+    ws = ws_arg or StateLayout(state_path).work_dir(task, key)
     return Target(loaded, state_path, task, key, ws, name)
 
 
@@ -141,7 +169,8 @@ def cli() -> None:
     """Stage a task's inputs, capture its outputs, render agent prompts.
 
     Exit codes: 0 done; 1 refused (bad plan/state, a failed capture, unsupported
-    plan version, plan changed); 2 usage or unparseable input; 3 I/O failure.
+    plan version, plan changed); 2 usage (a missing --state, --plan or --workspace
+    path, or one of the wrong kind) or unparseable input; 3 I/O failure.
     """
 
 
@@ -276,7 +305,8 @@ def capture_cmd(
         raise UsageError("give --output FILE or set CRUCIBLE_OUTPUT")
     if output_file == "-" and plan == "-":
         raise UsageError("--plan and --output cannot both read stdin (-)")
-    t = _target(plan, state, task, key, workspace)
+    # capture reads an existing workspace (inputs and prompt create theirs)
+    t = _target(plan, state, task, key, workspace, workspace_must_exist=True)
     with naming_plan(t.plan_name):
         record = _capture(t, output_file, exit_code=exit_code, attempt=attempt, emit_cap=cap)
     sys.stdout.write(canon.dumps_str(record) + "\n")
