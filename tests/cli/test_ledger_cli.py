@@ -150,6 +150,13 @@ def test_stdin_is_passed_to_the_command(d: Path) -> None:
             2,
             "does not exist",
         ),
+        # stdin is CMD's: `-` is refused as a key file, and says so (not "does not exist")
+        (
+            ["run", "--dir", "{d}", "--scope", "t", "--key-file", "-", "--", "cat"],
+            2,
+            "--key-file -: stdin belongs to CMD and is never read as a key file; give a file",
+        ),
+        (["get", "--dir", "{d}", "--scope", "t", "--key-file", "-", "--", "cat"], 2, "give a file"),
         (["run", "--dir", "{d}", "--scope", "t", "--", "{missing}"], 2, "cannot start"),
         (
             ["run", "--dir", "{d}", "--scope", "t", "--record-exit", "0", "--", "true"],

@@ -131,6 +131,16 @@ def test_missing_key_file_and_bad_argv_are_usage_errors(tmp_path: Path) -> None:
         read_key_files([str(tmp_path / "nope")])
     with pytest.raises(UsageError, match="not a regular file"):
         read_key_files([str(tmp_path)])
+    with pytest.raises(UsageError, match="stdin belongs to CMD"):
+        read_key_files(["-"])
+
+
+def test_a_file_named_dash_is_a_key_file_by_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("-").write_bytes(b"dash")
+    assert read_key_files(["./-"]) == {"./-": "sha256:" + hashlib.sha256(b"dash").hexdigest()}
     with pytest.raises(UsageError, match="no command"):
         command_key([], {}, {})
     with pytest.raises(UsageError, match="not valid UTF-8"):

@@ -88,6 +88,11 @@ def read_key_files(paths: Iterable[str]) -> dict[str, str]:
     files: dict[str, str] = {}
     for path in paths:
         _text(path, "--key-file path")
+        if path == "-":  # not stdin: a step's stdin belongs to its command
+            raise UsageError(
+                "--key-file -: stdin belongs to CMD and is never read as a key file;"
+                " give a file (./- for a file named -)"
+            )
         if not os.path.isfile(path):
             what = "does not exist" if not os.path.lexists(path) else "is not a regular file"
             raise UsageError(f"--key-file {path}: {what}")
