@@ -206,3 +206,24 @@ def test_ledger_make_example_runs(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("crucible-ledger: cached:") == 3
     assert (work / "report.txt").read_text() == report == "lines: 3\nmatches: 0\n"
+
+
+def test_ledger_make_failed_step_leaves_no_truncated_target(tmp_path: Path) -> None:
+    """`$(RUN) ... > $@`: the shell truncates the target before the step runs; a
+    failing step must not leave that empty file looking up to date
+    (.DELETE_ON_ERROR)."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    work = tmp_path / "ledger-make"
+    shutil.copytree(REPO / "examples" / "ledger-make", work)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DELAY": "0"}
+    failing = "RUN=crucible-ledger run --dir ledger --scope s --key-file no-such-file"
+    done = subprocess.run(
+        ["make", failing, "upper.txt"], cwd=work, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "--key-file no-such-file" in done.stderr
+    assert not (work / "upper.txt").exists()
+    # and the next make builds it for real rather than calling it up to date
+    again = subprocess.run(["make", "upper.txt"], cwd=work, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (work / "upper.txt").read_text() == (work / "input.txt").read_text().upper()
