@@ -229,3 +229,14 @@ def test_ledger_make_failed_step_leaves_no_truncated_target(tmp_path: Path) -> N
     again = subprocess.run(["make", "upper.txt"], cwd=work, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert (work / "upper.txt").read_text() == (work / "input.txt").read_text().upper()
+
+
+def test_the_pack_shown_in_the_tour_is_the_example_file() -> None:
+    """The TOML block under "`examples/hello/pack.toml`:" is that file, less its
+    header comment: the tour shows what `crucible-dispatch examples/hello/…` runs."""
+    text = README.read_text()
+    shown = re.search(r"`examples/hello/pack\.toml`:\n\n```toml\n(.*?)```", text, re.S)
+    assert shown is not None, "the tour no longer shows examples/hello/pack.toml"
+    lines = (REPO / "examples" / "hello" / "pack.toml").read_text().splitlines()
+    body = "\n".join(line for line in lines if not line.startswith("#")).lstrip("\n") + "\n"
+    assert shown.group(1) == body
