@@ -32,31 +32,7 @@ BIN = Path(sys.executable).parent
 README = REPO / "README.md"
 
 # README line (exact) -> the lines that replace it
-CORRECTIONS: dict[str, list[str]] = {
-    # -o does not create directories (like cc -o)
-    "    crucible-compile examples/starlark/pack.toml -o st/plan.json": [
-        "    mkdir -p st && crucible-compile examples/starlark/pack.toml -o st/plan.json",
-    ],
-    # nothing wrote out.json: the task's own command is never run in the tour
-    "    crucible-stage capture --state st --task fetch --exit-code 0 --output out.json": [
-        """    echo '{"docs": ["a.md", "b.md"], "count": 2}' > out.json   # what fetch writes to $CRUCIBLE_OUTPUT""",
-        "    crucible-stage capture --state st --task fetch --exit-code 0 --output out.json",
-    ],
-    # the ledger directory must exist (crucible-ledger refuses to guess), and
-    # main.c must exist; without a TODO in it, grep exits 1: the recorded failure
-    "    crucible-ledger run --dir .ledger --scope build --key-file main.c -- cc -c main.c -o main.o": [
-        "    mkdir -p .ledger && printf 'int main(void) { return 0; }\\n' > main.c",
-        "    crucible-ledger run --dir .ledger --scope build --key-file main.c -- cc -c main.c -o main.o",
-    ],
-    # pins.json never existed: pin the digest prove prints, then verify against it
-    "                   --artifacts $v/artifacts --out /tmp/bundle": [
-        "                   --artifacts $v/artifacts --out /tmp/bundle > pin.txt   # stdout: the proof digest",
-    ],
-    "    crucible-verify /tmp/bundle --json > report.json --expect pins.json": [
-        """    echo "{\\"admissionProofDigest\\": \\"$(cat pin.txt)\\"}" > pins.json""",
-        "    crucible-verify /tmp/bundle --json --expect pins.json > report.json",
-    ],
-}
+CORRECTIONS: dict[str, list[str]] = {}
 
 # a command (its first line, stripped) -> its documented exit code, when not 0
 EXPECTED_EXIT = {
