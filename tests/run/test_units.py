@@ -138,6 +138,24 @@ def test_graph_epilogue_waits_for_everything_and_cycles_are_refused() -> None:
         build_graph({"tasks": [_task("a", needs=["zz"])]})
 
 
+def test_graph_order_is_declaration_order_among_ready_tasks_and_cycles_are_named() -> None:
+    plan = {
+        "tasks": [
+            _task("z"),
+            _task("b", needs=["z"]),
+            _task("a"),
+            _task("c", needs=["a", "b"]),
+            _task("d"),
+        ]
+    }
+    assert build_graph(plan).order == ("z", "b", "a", "c", "d")
+    three = {"tasks": [_task("a", needs=["c"]), _task("b", needs=["a"]), _task("c", needs=["b"])]}
+    with pytest.raises(InputRefused, match=r"cycle: a -> b -> c -> a$|cycle: b -> c -> a -> b$"):
+        build_graph(three)
+    with pytest.raises(InputRefused, match=r"cycle: s -> s$"):
+        build_graph({"tasks": [_task("ok"), _task("s", needs=["s"])]})
+
+
 def test_environment_policy_by_edition() -> None:
     host = {
         "PATH": "/bin",
