@@ -1,9 +1,13 @@
 """The run loop: a ready set over the task graph, up to N task processes at once.
 
-One thread, one ``select``: it waits on every running task's pidfd, the signal
-wake-up fd, and the next deadline (a timeout, a SIGKILL escalation or a retry
-backoff). Staging and capture happen in-process (``crucible.stage``), so a task
-costs one process of its own and nothing else.
+One scheduling thread, one ``select``: it waits on every running task's pidfd,
+the staging workers' replies, the spawner's wake-up pipe, the signal wake-up fd,
+and the next deadline (a timeout, a SIGKILL escalation or a retry backoff).
+Staging and capture (``crucible.stage``) run in forked worker processes
+(:mod:`crucible.run.workers`); task processes are started on a spawner thread
+(:class:`crucible.run.procs.Spawner`), so the scheduling thread never waits for
+a ``vfork``'d child to exec. Every decision and every event stays on the
+scheduling thread.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from crucible.run.admit import Admission
 from crucible.run.environ import task_environment
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
-from crucible.run.procs import TaskProcess, kill_group, spawn
+from crucible.run.procs import Spawner, SpawnJob, TaskProcess, kill_group
 from crucible.run.session import SessionLog
 from crucible.run.workers import Reply, WorkerPool
 
@@ -101,6 +105,7 @@ class _Finished:
 
 
 _WORKER = "worker"
+_SPAWNER = "spawner"
 
 
 class Dispatcher:
@@ -159,6 +164,8 @@ class Dispatcher:
         # few ms on a busy disk; two workers per slot keep slots fed.
         self.workers = WorkerPool(min(16, 2 * self.jobs + 1), self._serve)
         self.selector = selectors.DefaultSelector()
+        #: started in run(), after the workers are forked
+        self.spawner: Spawner | None = None
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -193,6 +200,8 @@ class Dispatcher:
         self.selector.register(wake_r, selectors.EVENT_READ, None)
         for fd in self.workers.reply_fds:
             self.selector.register(fd, selectors.EVENT_READ, _WORKER)
+        self.spawner = Spawner()
+        self.selector.register(self.spawner.wake_fd, selectors.EVENT_READ, _SPAWNER)
         previous = self._install_signals(wake_w)
         started = time.monotonic()
         try:
@@ -203,8 +212,13 @@ class Dispatcher:
             self._loop(wake_r)
         except BaseException:
             self._kill_all(signal.SIGKILL)
+            for job in self.spawner.close():
+                if job.proc is not None:
+                    kill_group(job.proc.pid, signal.SIGKILL)
+                    job.proc.reap()
             raise
         finally:
+            self.spawner.close()
             self._restore_signals(previous)
             self.selector.close()
             os.close(wake_r)
@@ -277,7 +291,7 @@ class Dispatcher:
             if self.on_progress is not None:
                 self.counts.running = len(self.running)
                 self.on_progress(self.counts)
-            busy = self.running or self.preparing or self.capturing
+            busy = self.running or self.preparing or self.capturing or self._spawning
             if not busy and (stopping or not (self.ready or self.prepared or self.timers)):
                 return
             for key, _ in self.selector.select(self._next_wake()):
@@ -290,6 +304,10 @@ class Dispatcher:
                 elif key.data is _WORKER:
                     for reply in self.workers.read(key.fd):
                         self._on_reply(reply)
+                elif key.data is _SPAWNER:
+                    assert self.spawner is not None
+                    for job in self.spawner.finished():
+                        self._started(job)
                 else:
                     self._exited(key.data)
             self._check_deadlines()
@@ -314,7 +332,7 @@ class Dispatcher:
         return max(0.0, wake - now)
 
     def _fill(self) -> None:
-        while self.prepared and len(self.running) < self.jobs:
+        while self.prepared and len(self.running) + self._spawning < self.jobs:
             self._spawn(self.prepared.popleft())
         # Stage ahead of the slots, so staging (mostly fsync latency) is off the
         # critical path.
@@ -623,38 +641,51 @@ class Dispatcher:
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
         env = self._environment(unit, task, self._output_path(unit.name, unit.key, unit.attempt))
         unit.prompt_env = None  # in env now; keep queued units small
-        log_path = self._unit_path("logs", unit.name, unit.key, ".log")
-        try:  # a staging worker created it
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        except FileNotFoundError:  # removed since: create it again
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(log_fd, b"== crucible: attempt %d\n" % unit.attempt)
-            now = time.monotonic()
-            timeout = task.get("timeout")
-            try:
-                unit.proc = spawn(
-                    argv,
-                    env=env,
-                    cwd=unit.workspace,
-                    log_fd=log_fd,
-                    started=now,
-                    deadline=None if timeout is None else now + float(timeout),
-                )
-            except OSError as exc:
-                self._fail_unit(unit, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
-                return
-        finally:
-            os.close(log_fd)
-        self.running[unit.proc.pidfd] = unit
-        self.selector.register(unit.proc.pidfd, selectors.EVENT_READ, unit)
+        timeout = task.get("timeout")
+        assert self.spawner is not None
+        self.spawner.submit(
+            SpawnJob(
+                owner=unit,
+                argv=argv,
+                env=env,
+                cwd=unit.workspace,
+                log_path=self._unit_path("logs", unit.name, unit.key, ".log"),
+                header=b"== crucible: attempt %d\n" % unit.attempt,
+                timeout=None if timeout is None else float(timeout),
+            )
+        )
+
+    @property
+    def _spawning(self) -> int:
+        return 0 if self.spawner is None else self.spawner.in_flight
+
+    def _started(self, job: SpawnJob) -> None:
+        """The spawner thread started (or failed to start) a unit's process."""
+        unit: Unit = job.owner
+        if job.error is not None:
+            if not isinstance(job.error, OSError):
+                raise job.error
+            strerror = job.error.strerror or job.error
+            self._fail_unit(unit, f"cannot start {job.argv[0]!r}: {strerror}")
+            return
+        proc = job.proc
+        assert proc is not None and unit.workspace is not None
+        unit.proc = proc
+        self.running[proc.pidfd] = unit
+        self.selector.register(proc.pidfd, selectors.EVENT_READ, unit)
         self.log.emit(
             "task_started",
             **self._ids(unit),
             attempt=unit.attempt,
-            pid=unit.proc.pid,
+            pid=proc.pid,
             workspace=self._rel(unit.workspace),
         )
+        if self.stop_signal is not None:
+            # It was started before the signal arrived and is running now:
+            # terminate it like every other running group.
+            proc.stop_reason = "interrupt"
+            kill_group(proc.pid, signal.SIGTERM)
+            proc.kill_at = time.monotonic() + self.options.kill_grace
 
     def _exited(self, unit: Unit) -> None:
         proc = unit.proc
