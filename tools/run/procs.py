@@ -147,6 +147,7 @@ class Spawner:
         self._jobs: queue.SimpleQueue[SpawnJob | None] = queue.SimpleQueue()
         self._done: deque[SpawnJob] = deque()
         self.in_flight = 0
+        self._closed = False
         self._thread = threading.Thread(target=self._serve, name="spawner", daemon=True)
         self._thread.start()
 
@@ -203,6 +204,9 @@ class Spawner:
     def close(self) -> list[SpawnJob]:
         """Stop the thread (after the jobs already queued); return jobs not yet
         collected, so the caller can stop what they started. Idempotent."""
+        if self._closed:
+            return []
+        self._closed = True
         if self._thread.is_alive():
             self._jobs.put(None)
             self._thread.join()
