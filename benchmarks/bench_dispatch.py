@@ -9,6 +9,17 @@
    ru_maxrss of its own process); its staging workers' largest peak is printed
    beside it (forked, they share most of those pages).
 
+An informational line gives the CPU time (user + sys of the whole process
+tree) of both, steadier than wall time on a shared machine.
+
+Reading the figures: each timed run starts right after the previous repetition's
+outputs were removed. On this machine's ext4 the kernel then scans the recently
+deleted inodes for every inode it creates (ext4's recently_deleted(), seen in a
+kernel profile); a dispatched task creates ~8 inodes (workspace, inputs/,
+@values/, params, index.json, log, output, record) where a make recipe creates
+one, so sys time, and the ratio, grow with how much was deleted in the last
+~30 s. Fresh directories on a quiet machine show the dispatcher's own cost.
+
 Run: python benchmarks/bench_dispatch.py [--tasks N] [--fanout N] [--repeat R]
 Exits 1 if a budget is exceeded.
 """
@@ -18,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,25 +84,41 @@ def write_dodo(root: Path, n: int) -> Path:
     return dodo
 
 
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+#: CPU seconds (user + sys, the whole process tree) of each timed run, for the
+#: informational CPU line: steadier than wall time on a shared machine.
+CPU: dict[str, list[float]] = {"dispatch": [], "make": []}
+
+
 def time_dispatch(plan: Path, root: Path) -> float:
     state = root / "state"
     shutil.rmtree(state, ignore_errors=True)
+    cpu = _children_cpu()
     t = time.perf_counter()
     subprocess.run(
         [DISPATCH, str(plan), "--state", str(state), "-j", "2"],
         check=True,
         stderr=subprocess.DEVNULL,
     )
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    CPU["dispatch"].append(_children_cpu() - cpu)
+    return wall
 
 
 def time_make(root: Path) -> float:
     out = root / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
+    cpu = _children_cpu()
     t = time.perf_counter()
     subprocess.run(["make", "-s", "-j2", "-C", str(root)], check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    CPU["make"].append(_children_cpu() - cpu)
+    return wall
 
 
 def time_doit(root: Path) -> float | None:
@@ -185,6 +213,13 @@ def main() -> int:
             f"# {args.tasks} independent sh tasks at -j 2, median of {args.repeat} (os.cpu_count={os.cpu_count()})"
         )
         ok &= line(f"crucible-dispatch {args.tasks} tasks -j2 (wall)", o, m, "s", WALL_BUDGET)
+        line(
+            f"crucible-dispatch {args.tasks} tasks (CPU user+sys, info)",
+            statistics.median(CPU["dispatch"]),
+            statistics.median(CPU["make"]),
+            "s",
+            None,
+        )
         if doit_times:
             line(
                 f"doit {args.tasks} tasks -n 2 (wall, no budget)",

@@ -284,6 +284,31 @@ prompt = "{big}"
     assert (large / "prompt_env.txt").read_text() == "UNSET"  # over 64 KiB: file only
 
 
+def test_agent_prompt_with_nul_goes_by_file_only(pack: Pack, tmp_path: Path) -> None:
+    # An environment value cannot carry NUL: execve would refuse the launch.
+    stand_in = tmp_path / "agent.sh"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        'cp "$CRUCIBLE_PROMPT_FILE" prompt.txt\n'
+        'printf %s "${CRUCIBLE_PROMPT-UNSET}" > prompt_env.txt\n'
+        'echo "{}" > "$CRUCIBLE_OUTPUT"\n'
+    )
+    stand_in.chmod(0o755)
+    plan = pack(
+        """
+[[workflow.task]]
+name = "nul"
+kind = "agent"
+prompt = "before\\u0000after"
+"""
+    )
+    state = tmp_path / "s"
+    assert run(plan, state, agent_cmd=str(stand_in)).exit_code == 0  # type: ignore[attr-defined]
+    work = state / "work" / "nul"
+    assert b"before\x00after" in (work / "prompt.txt").read_bytes()
+    assert (work / "prompt_env.txt").read_text() == "UNSET"
+
+
 def test_environment_policy_end_to_end(pack: Pack, tmp_path: Path) -> None:
     body = """
 [[workflow.task]]

@@ -84,6 +84,59 @@ def test_reap_kills_leftovers_of_a_finished_leader(tmp_path: Path) -> None:
     assert not _alive(background)
 
 
+def test_spawner_starts_on_its_thread_and_hands_back_failures(tmp_path: Path) -> None:
+    import select
+
+    log = tmp_path / "t.log"
+    log.write_bytes(b"")
+    spawner = procs.Spawner()
+    try:
+        ok = procs.SpawnJob(
+            owner="ok",
+            argv=["sh", "-c", "echo out; echo err >&2"],
+            env={"PATH": os.environ.get("PATH", os.defpath)},
+            cwd=tmp_path,
+            log_path=log,
+            header=b"== crucible: attempt 1\n",
+            timeout=5.0,
+        )
+        missing = procs.SpawnJob(
+            owner="missing",
+            argv=[str(tmp_path / "no-such-program")],
+            env={},
+            cwd=tmp_path,
+            log_path=tmp_path / "created.log",  # not there yet: the spawner creates it
+            header=b"h\n",
+            timeout=None,
+        )
+        nul = procs.SpawnJob(
+            owner="nul",
+            argv=["true"],
+            env={"X": "a\x00b"},
+            cwd=tmp_path,
+            log_path=log,
+            header=b"",
+            timeout=None,
+        )
+        for job in (ok, missing, nul):
+            spawner.submit(job)
+        done: list[procs.SpawnJob] = []
+        while len(done) < 3:
+            assert select.select([spawner.wake_fd], [], [], 10)[0], "spawner never answered"
+            done += spawner.finished()
+        assert [j.owner for j in done] == ["ok", "missing", "nul"] and spawner.in_flight == 0
+        assert ok.proc is not None and ok.error is None
+        assert ok.proc.deadline is not None and ok.proc.deadline - ok.proc.started == 5.0
+        assert ok.proc.reap() == 0
+        assert log.read_bytes() == b"== crucible: attempt 1\nout\nerr\n"
+        assert missing.proc is None and isinstance(missing.error, FileNotFoundError)
+        assert (tmp_path / "created.log").read_bytes() == b"h\n"
+        assert nul.proc is None and isinstance(nul.error, ValueError)  # a bug, not lost
+    finally:
+        assert spawner.close() == []
+    assert spawner.close() == []  # idempotent
+
+
 def test_session_log_lines_are_canonical_and_mirrored(tmp_path: Path) -> None:
     import io
 
@@ -136,6 +189,24 @@ def test_graph_epilogue_waits_for_everything_and_cycles_are_refused() -> None:
         build_graph(cyclic)
     with pytest.raises(InputRefused, match="unknown task"):
         build_graph({"tasks": [_task("a", needs=["zz"])]})
+
+
+def test_graph_order_is_declaration_order_among_ready_tasks_and_cycles_are_named() -> None:
+    plan = {
+        "tasks": [
+            _task("z"),
+            _task("b", needs=["z"]),
+            _task("a"),
+            _task("c", needs=["a", "b"]),
+            _task("d"),
+        ]
+    }
+    assert build_graph(plan).order == ("z", "b", "a", "c", "d")
+    three = {"tasks": [_task("a", needs=["c"]), _task("b", needs=["a"]), _task("c", needs=["b"])]}
+    with pytest.raises(InputRefused, match=r"cycle: a -> b -> c -> a$|cycle: b -> c -> a -> b$"):
+        build_graph(three)
+    with pytest.raises(InputRefused, match=r"cycle: s -> s$"):
+        build_graph({"tasks": [_task("ok"), _task("s", needs=["s"])]})
 
 
 def test_environment_policy_by_edition() -> None:

@@ -27,6 +27,25 @@ def test_record_settled_writes_a_record_without_capture(state: Path) -> None:
         record_settled(p, state, "a", status="done", note="")
 
 
+def test_record_settled_without_key_on_a_mapped_task_is_an_empty_aggregate(
+    state: Path,
+) -> None:
+    # A mapped task settled before it expanded (skipped, map source unreadable).
+    p = _fan()
+    rec = record_settled(p, state, "m", status="skipped", note="skipped: needs 'src'")
+    assert rec == load_result(state, "m")
+    assert rec["status"] == "skipped" and rec["note"] == "skipped: needs 'src'"
+    assert rec["keys"] == [] and rec["counts"] == {"passed": 0, "failed": 0, "skipped": 0}
+    assert "key" not in rec
+    # an instance key is still checked against the plan; an unmapped task has no aggregate
+    instance = record_settled(p, state, "m", status="failed", note="x", key="0")
+    assert instance["key"] == "0" and "keys" not in instance
+    plain = record_settled(p, state, "src", status="failed", note="x")
+    assert "keys" not in plain and "counts" not in plain
+    with pytest.raises(InputRefused, match="not mapped"):
+        record_settled(p, state, "src", status="failed", note="x", key="0")
+
+
 def test_load_result_absent_and_bad(state: Path) -> None:
     assert load_result(state, "a") is None
     (state / "results").mkdir()

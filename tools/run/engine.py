@@ -1,9 +1,13 @@
 """The run loop: a ready set over the task graph, up to N task processes at once.
 
-One thread, one ``select``: it waits on every running task's pidfd, the signal
-wake-up fd, and the next deadline (a timeout, a SIGKILL escalation or a retry
-backoff). Staging and capture happen in-process (``crucible.stage``), so a task
-costs one process of its own and nothing else.
+One scheduling thread, one ``select``: it waits on every running task's pidfd,
+the staging workers' replies, the spawner's wake-up pipe, the signal wake-up fd,
+and the next deadline (a timeout, a SIGKILL escalation or a retry backoff).
+Staging and capture (``crucible.stage``) run in forked worker processes
+(:mod:`crucible.run.workers`); task processes are started on a spawner thread
+(:class:`crucible.run.procs.Spawner`), so the scheduling thread never waits for
+a ``vfork``'d child to exec. Every decision and every event stays on the
+scheduling thread.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from crucible.run.admit import Admission
 from crucible.run.environ import task_environment
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
-from crucible.run.procs import TaskProcess, kill_group, spawn
+from crucible.run.procs import Spawner, SpawnJob, TaskProcess, kill_group
 from crucible.run.session import SessionLog
 from crucible.run.workers import Reply, WorkerPool
 
@@ -101,6 +105,7 @@ class _Finished:
 
 
 _WORKER = "worker"
+_SPAWNER = "spawner"
 
 
 class Dispatcher:
@@ -159,6 +164,8 @@ class Dispatcher:
         # few ms on a busy disk; two workers per slot keep slots fed.
         self.workers = WorkerPool(min(16, 2 * self.jobs + 1), self._serve)
         self.selector = selectors.DefaultSelector()
+        #: started in run(), after the workers are forked
+        self.spawner: Spawner | None = None
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -193,6 +200,8 @@ class Dispatcher:
         self.selector.register(wake_r, selectors.EVENT_READ, None)
         for fd in self.workers.reply_fds:
             self.selector.register(fd, selectors.EVENT_READ, _WORKER)
+        self.spawner = Spawner()
+        self.selector.register(self.spawner.wake_fd, selectors.EVENT_READ, _SPAWNER)
         previous = self._install_signals(wake_w)
         started = time.monotonic()
         try:
@@ -203,8 +212,13 @@ class Dispatcher:
             self._loop(wake_r)
         except BaseException:
             self._kill_all(signal.SIGKILL)
+            for job in self.spawner.close():
+                if job.proc is not None:
+                    kill_group(job.proc.pid, signal.SIGKILL)
+                    job.proc.reap()
             raise
         finally:
+            self.spawner.close()
             self._restore_signals(previous)
             self.selector.close()
             os.close(wake_r)
@@ -277,7 +291,7 @@ class Dispatcher:
             if self.on_progress is not None:
                 self.counts.running = len(self.running)
                 self.on_progress(self.counts)
-            busy = self.running or self.preparing or self.capturing
+            busy = self.running or self.preparing or self.capturing or self._spawning
             if not busy and (stopping or not (self.ready or self.prepared or self.timers)):
                 return
             for key, _ in self.selector.select(self._next_wake()):
@@ -290,6 +304,10 @@ class Dispatcher:
                 elif key.data is _WORKER:
                     for reply in self.workers.read(key.fd):
                         self._on_reply(reply)
+                elif key.data is _SPAWNER:
+                    assert self.spawner is not None
+                    for job in self.spawner.finished():
+                        self._started(job)
                 else:
                     self._exited(key.data)
             self._check_deadlines()
@@ -314,7 +332,7 @@ class Dispatcher:
         return max(0.0, wake - now)
 
     def _fill(self) -> None:
-        while self.prepared and len(self.running) < self.jobs:
+        while self.prepared and len(self.running) + self._spawning < self.jobs:
             self._spawn(self.prepared.popleft())
         # Stage ahead of the slots, so staging (mostly fsync latency) is off the
         # critical path.
@@ -440,20 +458,9 @@ class Dispatcher:
         self.ready.append(Unit(name, None))
 
     def _record_task(self, name: str, status: str, note: str) -> None:
-        """A task settled without running: skipped, or its map source unreadable."""
-        if "map" not in self.graph.tasks[name]:
-            self.stage.record_settled(self.plan, self.state, name, status=status, note=note)
-            return
-        # stage's record_settled wants an instance key for a mapped task, and
-        # settle_fold folds instances; a mapped task that never expanded gets the
-        # aggregate record settle_fold would write for zero instances, with this
-        # status and note.
-        from crucible.stage._records import STATUSES, base_record, write_record
-
-        record = base_record(name, None, status, note)
-        record["keys"] = []
-        record["counts"] = dict.fromkeys(STATUSES, 0)
-        write_record(self.state, record)
+        """A task settled without running: skipped, or its map source unreadable
+        (a mapped task gets an aggregate record with no instances)."""
+        self.stage.record_settled(self.plan, self.state, name, status=status, note=note)
 
     def _expand(self, name: str) -> None:
         try:
@@ -533,6 +540,11 @@ class Dispatcher:
         output = self._output_path(name, key, attempt)
         with contextlib.suppress(FileNotFoundError):
             output.unlink()
+        # Create the log file here: creating an inode costs ~0.3 ms on a busy
+        # ext4 (it scans for recently deleted inodes), too much for the
+        # scheduling thread, which then only opens it.
+        log_path = self._unit_path("logs", name, key, ".log")
+        os.close(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
         prompt_file: str | None = None
         prompt_env: str | None = None
         if task.get("kind") == "agent":
@@ -541,7 +553,9 @@ class Dispatcher:
             data = prompt.encode("utf-8")
             _write_atomic_short(path, data)
             prompt_file = str(path)
-            if len(data) <= stage.PROMPT_ENV_MAX:
+            # An environment value cannot hold NUL (execve would refuse the
+            # whole launch); such a prompt travels only in the file.
+            if len(data) <= stage.PROMPT_ENV_MAX and "\x00" not in prompt:
                 prompt_env = prompt
         return {"staged_env": staged_env, "prompt_file": prompt_file, "prompt_env": prompt_env}
 
@@ -585,15 +599,16 @@ class Dispatcher:
         value, problem = verdict_rules.check(output)
         if problem is None:
             return record
-        amended = dict(record)
-        amended.update(status=FAILED, note=problem, retryable=False)
-        extra = dict(amended.get("extra") or {})
-        extra["verdict"] = value
-        amended["extra"] = extra
-        from crucible.stage._records import write_record  # short temp names (NAME_MAX)
-
-        write_record(self.state, amended)
-        return amended
+        return self.stage.amend_result(
+            self.plan,
+            self.state,
+            name,
+            key=key,
+            status=FAILED,
+            note=problem,
+            retryable=False,
+            extra={"verdict": value},
+        )
 
     # ------------------------------------------------------ a unit (main side)
 
@@ -626,35 +641,51 @@ class Dispatcher:
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
         env = self._environment(unit, task, self._output_path(unit.name, unit.key, unit.attempt))
         unit.prompt_env = None  # in env now; keep queued units small
-        log_path = self._unit_path("logs", unit.name, unit.key, ".log")
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(log_fd, b"== crucible: attempt %d\n" % unit.attempt)
-            now = time.monotonic()
-            timeout = task.get("timeout")
-            try:
-                unit.proc = spawn(
-                    argv,
-                    env=env,
-                    cwd=unit.workspace,
-                    log_fd=log_fd,
-                    started=now,
-                    deadline=None if timeout is None else now + float(timeout),
-                )
-            except OSError as exc:
-                self._fail_unit(unit, f"cannot start {argv[0]!r}: {exc.strerror or exc}")
-                return
-        finally:
-            os.close(log_fd)
-        self.running[unit.proc.pidfd] = unit
-        self.selector.register(unit.proc.pidfd, selectors.EVENT_READ, unit)
+        timeout = task.get("timeout")
+        assert self.spawner is not None
+        self.spawner.submit(
+            SpawnJob(
+                owner=unit,
+                argv=argv,
+                env=env,
+                cwd=unit.workspace,
+                log_path=self._unit_path("logs", unit.name, unit.key, ".log"),
+                header=b"== crucible: attempt %d\n" % unit.attempt,
+                timeout=None if timeout is None else float(timeout),
+            )
+        )
+
+    @property
+    def _spawning(self) -> int:
+        return 0 if self.spawner is None else self.spawner.in_flight
+
+    def _started(self, job: SpawnJob) -> None:
+        """The spawner thread started (or failed to start) a unit's process."""
+        unit: Unit = job.owner
+        if job.error is not None:
+            if not isinstance(job.error, OSError):
+                raise job.error
+            strerror = job.error.strerror or job.error
+            self._fail_unit(unit, f"cannot start {job.argv[0]!r}: {strerror}")
+            return
+        proc = job.proc
+        assert proc is not None and unit.workspace is not None
+        unit.proc = proc
+        self.running[proc.pidfd] = unit
+        self.selector.register(proc.pidfd, selectors.EVENT_READ, unit)
         self.log.emit(
             "task_started",
             **self._ids(unit),
             attempt=unit.attempt,
-            pid=unit.proc.pid,
+            pid=proc.pid,
             workspace=self._rel(unit.workspace),
         )
+        if self.stop_signal is not None:
+            # It was started before the signal arrived and is running now:
+            # terminate it like every other running group.
+            proc.stop_reason = "interrupt"
+            kill_group(proc.pid, signal.SIGTERM)
+            proc.kill_at = time.monotonic() + self.options.kill_grace
 
     def _exited(self, unit: Unit) -> None:
         proc = unit.proc

@@ -80,9 +80,17 @@ def record_settled(
     key: str | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write a record without capture (a skipped task, a timeout, a kill)."""
-    check_key(plan, task, key)
+    """Write a record without capture (a skipped task, a timeout, a kill).
+
+    For a mapped task without ``key`` (one that settled before it expanded: a
+    skip, an unreadable map source) this is its aggregate record with no
+    instances: ``keys: []`` and zero counts, with the given status and note."""
+    if key is not None or view(plan).task(task).map is None:
+        check_key(plan, task, key)
     record = base_record(task, key, status, note)
+    if key is None and view(plan).task(task).map is not None:
+        record["keys"] = []
+        record["counts"] = dict.fromkeys(STATUSES, 0)
     ex = _extra(extra)
     if ex is not None:
         record["extra"] = ex
