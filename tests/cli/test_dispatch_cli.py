@@ -337,3 +337,23 @@ def test_progress_display_on_a_tty(tmp_path: Path) -> None:
     assert proc.stdout is not None
     with proc.stdout:
         assert proc.stdout.read() == b""  # progress never goes to stdout
+
+
+def test_resume_of_a_finished_fanout_counts_every_instance(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "crucible-dispatch"
+    pack = REPO / "examples" / "fanout" / "pack.toml"
+    state = tmp_path / "state"
+    first = subprocess.run([exe, pack, "--state", state, "-j", "2"], capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    again = subprocess.run(
+        [exe, pack, "--state", state, "-j", "2", "--resume"], capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr
+    finished = [
+        json.loads(line)
+        for line in (state / "session.jsonl").read_text().splitlines()
+        if '"run_finished"' in line
+    ]
+    assert len(finished) == 2
+    assert finished[0]["counts"] == finished[1]["counts"]
+    assert finished[1]["counts"]["units"] == finished[1]["counts"]["passed"] > 5

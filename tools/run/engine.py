@@ -425,9 +425,24 @@ class Dispatcher:
                 if record is not None:
                     status = record.get("status", FAILED)
                     self.status[name] = status
-                    self._count_settled(status)
+                    self._count_settled_record(record, status)
         for name, deps in self.graph.waits_for.items():
             self.remaining[name] = sum(1 for d in deps if d not in self.status)
+
+    def _count_settled_record(self, record: dict[str, Any], status: str) -> None:
+        """Count a task settled in an earlier session as a run counts it: a mapped
+        task with instances is one unit per instance, by their statuses."""
+        keys = record.get("keys")
+        counts = record.get("counts")
+        if isinstance(keys, list) and keys and isinstance(counts, dict):
+            self.counts.total += len(keys) - 1
+            self.counts.passed += int(counts.get(PASSED, 0))
+            self.counts.skipped += int(counts.get(SKIPPED, 0))
+            self.counts.failed += (
+                len(keys) - int(counts.get(PASSED, 0)) - int(counts.get(SKIPPED, 0))
+            )
+            return
+        self._count_settled(status)
 
     def _count_settled(self, status: str) -> None:
         if status == PASSED:
