@@ -72,3 +72,14 @@ def test_atomic_write_with_a_255_byte_name(tmp_path: Path) -> None:
     assert atomic.write_bytes(p, b"long") is True
     assert p.read_bytes() == b"long"
     assert sorted(x.name for x in tmp_path.iterdir()) == [p.name]
+
+
+def test_atomic_write_prefix_and_non_durable(tmp_path: Path) -> None:
+    p = tmp_path / "prompt.txt"
+    with pytest.raises(RuntimeError), atomic.atomic_file(p, tmp_prefix="@tmp-", durable=False) as f:
+        f.write(b"x")
+        assert [x.name[:5] for x in tmp_path.iterdir()] == ["@tmp-"]
+        raise RuntimeError("stop")
+    assert list(tmp_path.iterdir()) == []
+    assert atomic.write_bytes(p, b"p", tmp_prefix="@tmp-", durable=False) is True
+    assert p.read_bytes() == b"p" and (p.stat().st_mode & 0o777) == 0o644

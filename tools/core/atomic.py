@@ -16,7 +16,7 @@ from typing import IO, Any
 from crucible.core import canon
 from crucible.core.errors import OperationalError
 
-__all__ = ["atomic_file", "fsync_dir", "write_bytes", "write_json"]
+__all__ = ["TMP_PREFIX", "atomic_file", "fsync_dir", "write_bytes", "write_json"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -28,25 +28,39 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+#: temp files are named with a short fixed prefix: a name derived from the target
+#: would overflow the 255-byte file-name limit for long (escaped) target names
+TMP_PREFIX = ".tmp-"
+
+
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[IO[bytes]]:
-    """Yield a binary file; on clean exit it replaces ``path`` atomically."""
+def atomic_file(
+    path: str | os.PathLike[str],
+    mode: int = 0o644,
+    *,
+    tmp_prefix: str = TMP_PREFIX,
+    durable: bool = True,
+) -> Iterator[IO[bytes]]:
+    """Yield a binary file; on clean exit it replaces ``path`` atomically.
+
+    ``durable=False`` skips both fsyncs, for files that are rewritten on every
+    attempt and need only atomicity (a reader never sees half a file)."""
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     try:
-        # A short fixed prefix: a name derived from the target would overflow the
-        # 255-byte file-name limit for long (escaped) target names.
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=tmp_prefix, dir=directory)
     except OSError as exc:
         raise OperationalError(f"cannot write {target}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-        fsync_dir(directory)
+        if durable:
+            fsync_dir(directory)
     except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -56,7 +70,13 @@ def atomic_file(path: str | os.PathLike[str], mode: int = 0o644) -> Iterator[IO[
 
 
 def write_bytes(
-    path: str | os.PathLike[str], data: bytes, *, if_changed: bool = False, mode: int = 0o644
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    if_changed: bool = False,
+    mode: int = 0o644,
+    tmp_prefix: str = TMP_PREFIX,
+    durable: bool = True,
 ) -> bool:
     """Write ``data`` atomically. With ``if_changed``, an identical file is left
     untouched (its mtime too, so Makefiles do not rebuild). Returns True if written."""
@@ -67,7 +87,7 @@ def write_bytes(
                     return False
         except OSError:
             pass
-    with atomic_file(path, mode) as f:
+    with atomic_file(path, mode, tmp_prefix=tmp_prefix, durable=durable) as f:
         f.write(data)
     return True
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.run import verdict as verdict_rules
 from crucible.run.admit import Admission
@@ -566,7 +567,9 @@ class Dispatcher:
             prompt = self._prompt(task, workspace, key)
             path = self._unit_path("prompts", name, key, ".txt")
             data = prompt.encode("utf-8")
-            _write_atomic_short(path, data)
+            # Rewritten on every attempt: atomic, not durable. A short "@tmp-"
+            # temp name, as the path may end in a 250-byte escaped key.
+            atomic.write_bytes(path, data, tmp_prefix="@tmp-", durable=False)
             prompt_file = str(path)
             # An environment value cannot hold NUL (execve would refuse the
             # whole launch); such a prompt travels only in the file.
@@ -828,22 +831,6 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
-
-
-def _write_atomic_short(path: Path, data: bytes) -> None:
-    """Write ``data`` atomically under a short temp name: ``path`` may be an escaped
-    key of 250 bytes, too long to carry a suffix within NAME_MAX."""
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix="@tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _did(status: str | None) -> str:

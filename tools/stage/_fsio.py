@@ -1,9 +1,8 @@
 """Filesystem helpers: atomic writes with short temp names, read-only trees,
 directory swaps.
 
-``crucible.core.atomic`` names its temp file after the target, which overflows
-NAME_MAX for a 250-byte escaped key; these helpers use short temp names that
-start with ``@`` (never a task name, never an escaped key).
+Stage's temporaries start with ``@`` (never a task name, never an escaped key), so
+the walkers over captured files skip them.
 """
 
 from __future__ import annotations
@@ -13,9 +12,9 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 from pathlib import Path
 
+from crucible.core import atomic
 from crucible.core.atomic import fsync_dir
 from crucible.core.errors import OperationalError
 
@@ -25,27 +24,12 @@ TMP_PREFIX = "@tmp-"
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Temp file beside ``path``, fsync, rename, fsync the directory."""
-    directory = path.parent
+    """Temp file beside ``path`` (named ``@tmp-…``), fsync, rename, fsync the directory."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OperationalError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        fsync_dir(directory)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise OperationalError(f"cannot write {path}: {exc.strerror or exc}") from None
-        raise
+    atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX)
 
 
 def _make_writable(func: object, path: str, exc: object) -> None:
