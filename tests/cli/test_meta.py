@@ -56,3 +56,4 @@ def test_usage_error_is_exit_2(script: str) -> None:
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr  # one line, as docs/spec/cli.md says

@@ -59,6 +59,9 @@ def test_click_usage_error_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as info:
         cli.run(_command(), "crucible-x", ["--n", "notanint"])
     assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("crucible-x: error: ") and "'notanint'" in err and "--help" in err
 
 
 def test_return_value_is_exit_code() -> None:

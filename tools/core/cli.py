@@ -108,6 +108,11 @@ def run(command: Any, prog: str, argv: list[str] | None = None) -> NoReturn:
     except click.exceptions.Abort:
         sys.stderr.write(f"{prog}: interrupted\n")
         raise SystemExit(EXIT_SIGINT) from None
+    except click.exceptions.UsageError as exc:
+        # One line, like every other error (cli.md), not click's three-line block.
+        name = exc.ctx.command_path if exc.ctx is not None else prog
+        sys.stderr.write(f"{name}: error: {exc.format_message()} (see '{name} --help')\n")
+        raise SystemExit(EXIT_USAGE) from None
     except click.exceptions.ClickException as exc:
         exc.show()
         raise SystemExit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code) from None
