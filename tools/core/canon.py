@@ -24,7 +24,7 @@ import orjson
 
 from crucible.core.errors import ParseError
 
-__all__ = ["MAX_DEPTH", "MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads", "size_of"]
+__all__ = ["MAX_DEPTH", "MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads"]
 
 MAX_SAFE_INTEGER = 2**53 - 1
 #: deepest nesting of arrays/objects in the canonical domain (our choice: within
@@ -254,8 +254,3 @@ def _check_depth_text(data: bytes) -> None:
                 raise CanonError(f"nesting deeper than {MAX_DEPTH} levels")
         elif token in (b"]", b"}"):
             depth -= 1
-
-
-def size_of(value: Any) -> int:
-    """Length in bytes of ``dumps(value)``."""
-    return len(dumps(value))
