@@ -84,57 +84,83 @@ def test_reap_kills_leftovers_of_a_finished_leader(tmp_path: Path) -> None:
     assert not _alive(background)
 
 
-def test_spawner_starts_on_its_thread_and_hands_back_failures(tmp_path: Path) -> None:
+def test_spawn_does_what_popen_did_and_reports_failures(tmp_path: Path) -> None:
+    """posix_spawn replaced Popen: cwd, stdin from /dev/null, output to the log,
+    SIGPIPE back to default, a new session, no inherited descriptor."""
     import select
 
-    log = tmp_path / "t.log"
-    log.write_bytes(b"")
-    spawner = procs.Spawner()
+    work = tmp_path / "work"
+    work.mkdir()
+    leaked_r, leaked_w = os.pipe()
+    os.set_inheritable(leaked_w, True)  # what a parent (e.g. make) may hand us
+    procs.close_inherited()
+    assert not os.get_inheritable(leaked_w)
+    log = os.open(tmp_path / "t.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    script = (
+        "pwd; cat; echo out; echo err >&2; "
+        "grep -E '^(SigIgn|NSpgid|NSsid)' /proc/self/status | tr -s '\\t' ' '; "
+        f"ls /proc/self/fd/ | grep -qx {leaked_w} && echo leaked || echo closed; echo $$"
+    )
     try:
-        ok = procs.SpawnJob(
-            owner="ok",
-            argv=["sh", "-c", "echo out; echo err >&2"],
+        proc = procs.spawn(
+            ["sh", "-c", script],
             env={"PATH": os.environ.get("PATH", os.defpath)},
-            cwd=tmp_path,
-            log_path=log,
-            header=b"== crucible: attempt 1\n",
-            timeout=5.0,
+            cwd=work,
+            log_fd=log,
+            started=time.monotonic(),
+            deadline=None,
         )
-        missing = procs.SpawnJob(
-            owner="missing",
-            argv=[str(tmp_path / "no-such-program")],
-            env={},
-            cwd=tmp_path,
-            log_path=tmp_path / "created.log",  # not there yet: the spawner creates it
-            header=b"h\n",
-            timeout=None,
-        )
-        nul = procs.SpawnJob(
-            owner="nul",
-            argv=["true"],
-            env={"X": "a\x00b"},
-            cwd=tmp_path,
-            log_path=log,
-            header=b"",
-            timeout=None,
-        )
-        for job in (ok, missing, nul):
-            spawner.submit(job)
-        done: list[procs.SpawnJob] = []
-        while len(done) < 3:
-            assert select.select([spawner.wake_fd], [], [], 10)[0], "spawner never answered"
-            done += spawner.finished()
-        assert [j.owner for j in done] == ["ok", "missing", "nul"] and spawner.in_flight == 0
-        assert ok.proc is not None and ok.error is None
-        assert ok.proc.deadline is not None and ok.proc.deadline - ok.proc.started == 5.0
-        assert ok.proc.reap() == 0
-        assert log.read_bytes() == b"== crucible: attempt 1\nout\nerr\n"
-        assert missing.proc is None and isinstance(missing.error, FileNotFoundError)
-        assert (tmp_path / "created.log").read_bytes() == b"h\n"
-        assert nul.proc is None and isinstance(nul.error, ValueError)  # a bug, not lost
+        assert select.select([proc.pidfd], [], [], 10)[0]
+        assert proc.reap() == 0
+        assert Path.cwd() != work  # the dispatcher's own cwd is back
+        lines = (tmp_path / "t.log").read_text().splitlines()
+        assert lines[0] == str(work) and lines[1:3] == ["out", "err"]
+        fields = dict(line.split(" ", 1) for line in lines[3:6])
+        ignored = int(fields["SigIgn:"], 16)
+        assert not ignored & (1 << (signal.SIGPIPE - 1))  # Python ignores it; tasks must not
+        assert fields["NSpgid:"] == fields["NSsid:"] == lines[7]  # its own session and group
+        assert lines[6] == "closed"
+        with pytest.raises(FileNotFoundError):
+            procs.spawn(
+                [str(tmp_path / "no-such-program")],
+                env={},
+                cwd=work,
+                log_fd=log,
+                started=0.0,
+                deadline=None,
+            )
+        with pytest.raises(FileNotFoundError):
+            procs.spawn(
+                ["no-such-program-on-path"],
+                env={"PATH": str(tmp_path)},
+                cwd=work,
+                log_fd=log,
+                started=0.0,
+                deadline=None,
+            )
+        with pytest.raises(FileNotFoundError):  # a missing workspace
+            procs.spawn(
+                ["true"],
+                env={"PATH": os.environ.get("PATH", os.defpath)},
+                cwd=tmp_path / "gone",
+                log_fd=log,
+                started=0.0,
+                deadline=None,
+            )
+        with pytest.raises(ValueError):  # NUL in the environment: the caller's bug
+            procs.spawn(
+                ["true"],
+                env={"PATH": os.environ.get("PATH", os.defpath), "X": "a\x00b"},
+                cwd=work,
+                log_fd=log,
+                started=0.0,
+                deadline=None,
+            )
+        assert Path.cwd() != work and Path.cwd() != tmp_path / "gone"
     finally:
-        assert spawner.close() == []
-    assert spawner.close() == []  # idempotent
+        os.close(log)
+        os.close(leaked_r)
+        os.close(leaked_w)
 
 
 def test_session_log_lines_are_canonical_and_mirrored(tmp_path: Path) -> None:

@@ -1,12 +1,15 @@
-"""A small pool of forked worker processes for staging and capture.
+"""A small pool of forked worker processes that run units for the dispatcher.
 
-Staging a unit and capturing its result are short bursts of Python around a
-few fsyncs. In threads, every one of their ~30 syscalls hands the GIL back and
-forth with the scheduling thread (measured: ~180 futex calls per task); in
-worker processes they run beside it with no shared lock. The workers are forked
-from the dispatcher, so they share its loaded plan and modules; requests and
-replies are small pickles over pipes, and the scheduling thread reads replies in
-the same ``select`` that watches task exits. No thread is involved.
+A worker takes one unit at a time and carries it from staging to capture
+(:mod:`crucible.run.unit`): those are short bursts of Python around a few
+fsyncs and a process start, which in threads would hand the GIL back and forth
+with the scheduling thread (measured: ~180 futex calls per task), and on the
+scheduling thread would make it wait for every ``vfork``'d child to exec. The
+workers are forked from the dispatcher, so they share its loaded plan and
+modules; requests and replies are small pickles over pipes, and the scheduling
+thread reads replies in its one ``select``. A request may be answered by any
+number of interim replies (:meth:`Channel.send`, e.g. "started") before its
+final one.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from crucible.core.errors import CrucibleError, OperationalError
 
-__all__ = ["Reply", "WorkerPool"]
+__all__ = ["Channel", "Reply", "WorkerPool"]
 
 _HEADER = 4
 
@@ -31,9 +34,27 @@ _HEADER = 4
 class Reply:
     token: int
     #: "ok" (payload is the handler's result), "error" (payload: the message of a
-    #: CrucibleError), "bug" (payload: a traceback)
+    #: CrucibleError), "bug" (payload: a traceback), or "interim" (payload: what
+    #: the handler sent before its result; more replies follow)
     outcome: str
     payload: Any
+
+    @property
+    def final(self) -> bool:
+        return self.outcome != "interim"
+
+
+class Channel:
+    """A worker's side of one request: interim replies, and the request pipe,
+    which reports POLLHUP once the dispatcher is gone."""
+
+    def __init__(self, token: int, requests_fd: int, replies_fd: int) -> None:
+        self.token = token
+        self.requests_fd = requests_fd
+        self._replies_fd = replies_fd
+
+    def send(self, payload: Any) -> None:
+        _write_all(self._replies_fd, _frame((self.token, "interim", payload)))
 
 
 @dataclass
@@ -66,12 +87,13 @@ def _read_exact(fd: int, n: int) -> bytes | None:
     return bytes(chunks)
 
 
-def _serve(handler: Callable[[Any], Any], requests: int, replies: int) -> None:
+def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) -> None:
     """A worker's whole life: answer requests until the dispatcher closes the pipe."""
-    # Ctrl-C reaches the whole foreground group; the dispatcher decides what a
-    # signal means, and a worker finishes the request it holds.
+    # Ctrl-C (and a SIGTERM to the whole group) reaches every worker too; the
+    # dispatcher decides what a signal means and tells the workers (see
+    # crucible.run.unit.Slots), and a worker finishes the request it holds.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     while True:
         header = _read_exact(requests, _HEADER)
         if header is None:
@@ -81,7 +103,7 @@ def _serve(handler: Callable[[Any], Any], requests: int, replies: int) -> None:
             return
         token, request = pickle.loads(body)
         try:
-            reply = (token, "ok", handler(request))
+            reply = (token, "ok", handler(request, Channel(token, requests, replies)))
         except CrucibleError as exc:
             reply = (token, "error", str(exc))
         except BaseException:
@@ -94,9 +116,10 @@ def _serve(handler: Callable[[Any], Any], requests: int, replies: int) -> None:
 
 
 class WorkerPool:
-    """``count`` forked workers running ``handler(request)``; least-loaded dispatch."""
+    """``count`` forked workers running ``handler(request, channel)``; least-loaded
+    dispatch."""
 
-    def __init__(self, count: int, handler: Callable[[Any], Any]) -> None:
+    def __init__(self, count: int, handler: Callable[[Any, Channel], Any]) -> None:
         self.workers: list[_Worker] = []
         self.by_fd: dict[int, _Worker] = {}
         self.peak_rss_kib = 0
@@ -107,7 +130,7 @@ class WorkerPool:
             self.close()
             raise
 
-    def _fork(self, handler: Callable[[Any], Any]) -> None:
+    def _fork(self, handler: Callable[[Any, Channel], Any]) -> None:
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
         rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
@@ -139,6 +162,11 @@ class WorkerPool:
     def in_flight(self) -> int:
         return sum(w.in_flight for w in self.workers)
 
+    @property
+    def idle(self) -> int:
+        """How many workers hold no request."""
+        return sum(1 for w in self.workers if not w.in_flight)
+
     def submit(self, token: int, request: Any) -> None:
         worker = min(self.workers, key=lambda w: w.in_flight)
         worker.in_flight += 1
@@ -168,8 +196,10 @@ class WorkerPool:
                 break
             token, outcome, payload = pickle.loads(bytes(buf[_HEADER : _HEADER + size]))
             del buf[: _HEADER + size]
-            worker.in_flight -= 1
-            replies.append(Reply(token, outcome, payload))
+            reply = Reply(token, outcome, payload)
+            if reply.final:
+                worker.in_flight -= 1
+            replies.append(reply)
         return replies
 
     def close(self) -> None:

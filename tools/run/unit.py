@@ -1,0 +1,393 @@
+"""One unit's life, run inside a dispatcher worker: stage, start, wait, capture.
+
+A worker (:mod:`crucible.run.workers`) takes a unit from the scheduling thread
+and carries it through: workspace and inputs (first attempt), a free slot, the
+task process, its exit (or its timeout), and the capture of its result. It
+tells the scheduling thread once the process started (an interim reply, for
+``task_started``) and once the unit is done (the final reply). The task
+process is the worker's child, so the worker is the one that reaps it and the
+one that kills its group: no other process ever signals a group whose leader
+may already have been reaped (a recycled pid).
+
+Coordination between workers and the scheduling thread goes through
+:class:`Slots`, three pipes created before the workers are forked:
+
+- slot tokens: ``-j N`` bytes; a worker takes one before it starts a process
+  and gives it back once the process was reaped, so at most N task processes
+  run at once across every worker;
+- stop: written once when the dispatcher received SIGINT/SIGTERM; nobody reads
+  it, so it stays readable for every worker: start nothing new, terminate the
+  running group, escalate to SIGKILL after the grace period;
+- kill: written on a second signal: SIGKILL now.
+
+A worker also watches its request pipe: POLLHUP there means the dispatcher is
+gone, and the worker kills its task's group rather than leave it orphaned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from crucible.core import atomic
+from crucible.core.errors import CrucibleError
+from crucible.run import verdict as verdict_rules
+from crucible.run.environ import task_environment
+from crucible.run.options import RunOptions
+from crucible.run.procs import TaskProcess, kill_group, spawn
+from crucible.run.workers import Channel
+
+__all__ = ["Slots", "UnitPaths", "UnitRunner"]
+
+PASSED, FAILED = "passed", "failed"
+_POLL_IN = select.POLLIN
+_POLL_GONE = select.POLLHUP | select.POLLERR
+
+
+class Slots:
+    """The pipes shared by the scheduling thread and every worker (see module doc)."""
+
+    def __init__(self, jobs: int) -> None:
+        self.token_r, self.token_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.kill_r, self.kill_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        os.write(self.token_w, b"t" * jobs)
+
+    def stop(self) -> None:
+        """Scheduling thread: start nothing new; terminate every running group."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.stop_w, b"s")
+
+    def kill(self) -> None:
+        """Scheduling thread: SIGKILL every running group now."""
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.kill_w, b"k")
+
+    def stopping(self) -> bool:
+        return bool(select.select([self.stop_r], [], [], 0)[0])
+
+    def acquire(self, requests_fd: int) -> bool:
+        """Worker: wait for a slot token; False once the run is stopping (or the
+        dispatcher is gone), and then no token is held."""
+        poller = select.poll()
+        poller.register(self.token_r, _POLL_IN)
+        poller.register(self.stop_r, _POLL_IN)
+        poller.register(requests_fd, 0)  # POLLHUP only
+        while True:
+            ready = dict(poller.poll())
+            if self.stop_r in ready or requests_fd in ready:
+                return False
+            if self.token_r in ready:
+                try:
+                    if os.read(self.token_r, 1):
+                        return True
+                except BlockingIOError:  # another worker took it
+                    continue
+
+    def release(self) -> None:
+        os.write(self.token_w, b"t")
+
+    def close(self) -> None:
+        for fd in (self.token_r, self.token_w, self.stop_r, self.stop_w, self.kill_r, self.kill_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class UnitPaths:
+    """Where a unit's files go under STATE (parents created once per process)."""
+
+    def __init__(self, state: Path, escape_key: Any) -> None:
+        self.state = state
+        self._escape_key = escape_key
+        self._made_dirs: set[Path] = set()
+
+    def unit_path(self, top: str, name: str, key: str | None, suffix: str) -> Path:
+        if key is None:
+            path = self.state / top / f"{name}{suffix}"
+        else:
+            path = self.state / top / name / f"{self._escape_key(key)}{suffix}"
+        parent = path.parent
+        if parent not in self._made_dirs:
+            parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(parent)
+        return path
+
+    def output(self, name: str, key: str | None, attempt: int) -> Path:
+        return self.unit_path(f"output/{attempt}", name, key, ".json")
+
+    def log(self, name: str, key: str | None) -> Path:
+        return self.unit_path("logs", name, key, ".log")
+
+
+class UnitRunner:
+    """Worker side of a unit (see module doc). Built in the dispatcher before the
+    workers are forked; :meth:`run` is called in a worker."""
+
+    def __init__(
+        self,
+        *,
+        plan: dict[str, Any],
+        tasks: Mapping[str, dict[str, Any]],
+        options: RunOptions,
+        emit_cap: int,
+        environ: Mapping[str, str],
+        slots: Slots,
+    ) -> None:
+        from crucible import stage
+
+        self.stage = stage
+        self.plan = plan
+        self.tasks = tasks
+        self.options = options
+        self.state = options.state
+        self.layout = stage.StateLayout(options.state)
+        self.paths = UnitPaths(options.state, stage.escape_key)
+        self.emit_cap = emit_cap
+        self.environ = environ
+        self.slots = slots
+        self._host_env: dict[str, dict[str, str]] = {}
+
+    # ----------------------------------------------------------------- a unit
+
+    def run(self, request: tuple[Any, ...], channel: Channel) -> dict[str, Any]:
+        """``("unit", name, key, attempt, staged_env)``: one attempt of one unit.
+        ``staged_env`` is None on a first attempt (stage now), else what staging
+        returned then (a retry keeps its workspace and inputs)."""
+        _, name, key, attempt, staged_env = request
+        task = self.tasks[name]
+        try:
+            prepared = self._prepare(task, name, key, attempt, staged_env is None)
+        except CrucibleError as exc:
+            return {"kind": "stage_error", "message": str(exc)}
+        if staged_env is None:
+            staged_env = prepared["staged_env"]
+        if not self.slots.acquire(channel.requests_fd):
+            # Stopping: a staged unit is not started and stays unsettled.
+            return {"kind": "not_started", "staged_env": staged_env}
+        output = self.paths.output(name, key, attempt)
+        if task.get("kind") == "agent":
+            argv = ["sh", "-c", self.options.agent_cmd or "false"]
+        else:
+            run = task["run"]
+            argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
+        env = self._environment(task, name, key, attempt, staged_env, prepared, output)
+        timeout = task.get("timeout")
+        try:
+            try:
+                proc = self._launch(argv, env, name, key, attempt, timeout)
+            except OSError as exc:
+                return {
+                    "kind": "spawn_error",
+                    "message": f"cannot start {argv[0]!r}: {exc.strerror or exc}",
+                    "staged_env": staged_env,
+                }
+            channel.send({"kind": "started", "pid": proc.pid})
+            code, stop_reason, gone = self._wait(proc, channel.requests_fd)
+        finally:
+            self.slots.release()
+        duration = time.monotonic() - proc.started
+        finished: dict[str, Any] = {
+            "kind": "finished",
+            "code": code,
+            "duration": duration,
+            "stop_reason": stop_reason,
+            "staged_env": staged_env,
+            "record": None,
+            "capture_error": None,
+        }
+        with contextlib.suppress(OSError):
+            finished["output_bytes"] = output.stat().st_size
+        if gone:
+            raise SystemExit(70)  # nobody to reply to
+        if stop_reason is None:
+            try:
+                finished["record"] = self._capture(task, name, key, attempt, output, code)
+            except CrucibleError as exc:
+                finished["capture_error"] = str(exc)
+        return finished
+
+    def _prepare(
+        self, task: dict[str, Any], name: str, key: str | None, attempt: int, stage_now: bool
+    ) -> dict[str, Any]:
+        """Workspace, staged inputs (first attempt), fresh output path, log, prompt."""
+        stage = self.stage
+        workspace = self.layout.work_dir(name, key)
+        staged_env: dict[str, str] | None = None
+        if stage_now:
+            workspace.mkdir(parents=True, exist_ok=True)
+            staged_env = dict(
+                stage.stage_inputs(self.plan, self.state, name, workspace, key=key).env
+            )
+        output = self.paths.output(name, key, attempt)
+        with contextlib.suppress(FileNotFoundError):
+            output.unlink()
+        prompt_file: str | None = None
+        prompt_env: str | None = None
+        if task.get("kind") == "agent":
+            prompt = stage.render_prompt(self.plan, self.state, name, workspace, key=key)
+            path = self.paths.unit_path("prompts", name, key, ".txt")
+            data = prompt.encode("utf-8")
+            # Rewritten on every attempt: atomic, not durable. A short "@tmp-"
+            # temp name, as the path may end in a 250-byte escaped key.
+            atomic.write_bytes(path, data, tmp_prefix="@tmp-", durable=False)
+            prompt_file = str(path)
+            # An environment value cannot hold NUL (execve would refuse the
+            # whole launch); such a prompt travels only in the file.
+            if len(data) <= stage.PROMPT_ENV_MAX and "\x00" not in prompt:
+                prompt_env = prompt
+        return {"staged_env": staged_env, "prompt_file": prompt_file, "prompt_env": prompt_env}
+
+    def _environment(
+        self,
+        task: dict[str, Any],
+        name: str,
+        key: str | None,
+        attempt: int,
+        staged_env: dict[str, str] | None,
+        prepared: dict[str, Any],
+        output: Path,
+    ) -> dict[str, str]:
+        base = self._host_env.get(name)
+        if base is None:
+            base = task_environment(self.plan, task, self.environ)
+            self._host_env[name] = base
+        env = dict(base)
+        env.update(staged_env or {})
+        env["CRUCIBLE_TASK"] = name
+        if key is not None:
+            env["CRUCIBLE_KEY"] = key
+        env["CRUCIBLE_ATTEMPT"] = str(attempt)
+        env["CRUCIBLE_WORKSPACE"] = str(self.layout.work_dir(name, key))
+        env["CRUCIBLE_OUTPUT"] = str(output)
+        if prepared["prompt_file"] is not None:
+            env["CRUCIBLE_PROMPT_FILE"] = prepared["prompt_file"]
+        if prepared["prompt_env"] is not None:
+            env["CRUCIBLE_PROMPT"] = prepared["prompt_env"]
+        return env
+
+    def _launch(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        name: str,
+        key: str | None,
+        attempt: int,
+        timeout: Any,
+    ) -> TaskProcess:
+        log_fd = os.open(
+            self.paths.log(name, key), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
+        )
+        try:
+            os.write(log_fd, b"== crucible: attempt %d\n" % attempt)
+            now = time.monotonic()
+            return spawn(
+                argv,
+                env=env,
+                cwd=self.layout.work_dir(name, key),
+                log_fd=log_fd,
+                started=now,
+                deadline=None if timeout is None else now + float(timeout),
+            )
+        finally:
+            os.close(log_fd)
+
+    def _wait(self, proc: TaskProcess, requests_fd: int) -> tuple[int, str | None, bool]:
+        """Wait for the leader to exit, enforcing its timeout and the run's stop
+        and kill requests. Returns (exit code, stop reason, dispatcher gone)."""
+        poller = select.poll()
+        poller.register(proc.pidfd, _POLL_IN)
+        poller.register(self.slots.stop_r, _POLL_IN)
+        poller.register(self.slots.kill_r, _POLL_IN)
+        poller.register(requests_fd, 0)  # POLLHUP only
+        grace = self.options.kill_grace
+        gone = False
+        while True:
+            now = time.monotonic()
+            wake = proc.kill_at
+            if proc.stop_reason is None and proc.deadline is not None:
+                wake = proc.deadline if wake is None else min(wake, proc.deadline)
+            timeout_ms = None if wake is None else max(0, int((wake - now) * 1000) + 1)
+            ready = dict(poller.poll(timeout_ms))
+            if proc.pidfd in ready:
+                break
+            now = time.monotonic()
+            if self.slots.stop_r in ready:
+                poller.unregister(self.slots.stop_r)
+                if proc.stop_reason is None or proc.stop_reason == "timeout":
+                    proc.stop_reason = "interrupt"
+                    kill_group(proc.pid, signal.SIGTERM)
+                    proc.kill_at = now + grace
+            if self.slots.kill_r in ready or (
+                requests_fd in ready and ready[requests_fd] & _POLL_GONE
+            ):
+                if requests_fd in ready:
+                    gone = True
+                    poller.unregister(requests_fd)
+                if self.slots.kill_r in ready:
+                    poller.unregister(self.slots.kill_r)
+                kill_group(proc.pid, signal.SIGKILL)
+                proc.kill_at = None
+                continue
+            if proc.stop_reason is None and proc.deadline is not None and now >= proc.deadline:
+                proc.stop_reason = "timeout"
+                kill_group(proc.pid, signal.SIGTERM)
+                proc.kill_at = now + grace
+            elif proc.kill_at is not None and now >= proc.kill_at:
+                kill_group(proc.pid, signal.SIGKILL)
+                proc.kill_at = None
+        return proc.reap(), proc.stop_reason, gone
+
+    def _capture(
+        self,
+        task: dict[str, Any],
+        name: str,
+        key: str | None,
+        attempt: int,
+        output: Path,
+        code: int,
+    ) -> dict[str, Any]:
+        """Capture one attempt's result; reply with what the scheduler needs (never
+        the output itself, which may be large)."""
+        record = self.stage.capture(
+            self.plan,
+            self.state,
+            name,
+            self.layout.work_dir(name, key),
+            output_file=output,
+            exit_code=code,
+            key=key,
+            attempt=attempt,
+            emit_cap=self.emit_cap,
+        )
+        if record.get("status") == PASSED and task.get("kind") == "evaluate":
+            record = self._apply_verdict(name, key, record, output)
+        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if record.get("files_captured"):
+            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        return summary
+
+    def _apply_verdict(
+        self, name: str, key: str | None, record: dict[str, Any], output: Path
+    ) -> dict[str, Any]:
+        """An evaluate task that passed capture passes only with ``verdict: "pass"``.
+        Otherwise its captured record (output kept, for settled consumers) is
+        amended to a measured failure."""
+        value, problem = verdict_rules.check(output)
+        if problem is None:
+            return record
+        return self.stage.amend_result(
+            self.plan,
+            self.state,
+            name,
+            key=key,
+            status=FAILED,
+            note=problem,
+            retryable=False,
+            extra={"verdict": value},
+        )
