@@ -12,13 +12,18 @@
 An informational line gives the CPU time (user + sys of the whole process
 tree) of both, steadier than wall time on a shared machine.
 
-Reading the figures: each timed run starts right after the previous repetition's
-outputs were removed. On this machine's ext4 the kernel then scans the recently
-deleted inodes for every inode it creates (ext4's recently_deleted(), seen in a
-kernel profile); a dispatched task creates ~8 inodes (workspace, inputs/,
-@values/, params, index.json, log, output, record) where a make recipe creates
-one, so sys time, and the ratio, grow with how much was deleted in the last
-~30 s. Fresh directories on a quiet machine show the dispatcher's own cost.
+Every timed run writes into a directory of its own that no earlier run used,
+and nothing is deleted until every run is done. Why: this machine's ext4 has no
+journal, and without one the kernel will not reuse an inode freed less than 60 s
+ago (300 s more while its inode-table block is dirty): ext4's recently_deleted(),
+seen in a kernel profile. Each new inode then costs a scan over every recently
+freed one, up to ~400 us instead of ~15 us. A dispatched task creates ~8 inodes
+(workspace, inputs/, @values/, params, index.json, log, output, record) where a
+make recipe creates one, so deleting one repetition's outputs right before the
+next would measure the filesystem's penalty for the previous run, not either
+tool. The first line printed is that penalty as it stands when the benchmark
+starts (us per empty file created); above ~50 us, something deleted many files
+in the last minutes and every figure below is inflated by it.
 
 Run: python benchmarks/bench_dispatch.py [--tasks N] [--fanout N] [--repeat R]
 Exits 1 if a budget is exceeded.
@@ -66,9 +71,10 @@ def write_pack(root: Path, n: int) -> Path:
 
 
 def write_makefile(root: Path, n: int) -> Path:
+    """1,000 recipes writing ``$(OUT)/t<i>.json`` (OUT: a fresh directory per run)."""
     mk = root / "Makefile"
-    targets = " ".join(f"out/t{i}.json" for i in range(n))
-    rules = "".join(f'out/t{i}.json:\n\t@sh -c \'printf "{{}}" > "$$0"\' $@\n' for i in range(n))
+    targets = " ".join(f"$(OUT)/t{i}.json" for i in range(n))
+    rules = "".join(f'$(OUT)/t{i}.json:\n\t@sh -c \'printf "{{}}" > "$$0"\' $@\n' for i in range(n))
     mk.write_text(f"all: {targets}\n{rules}")
     return mk
 
@@ -78,8 +84,8 @@ def write_dodo(root: Path, n: int) -> Path:
     dodo.write_text(
         "def task_t():\n"
         f"    for i in range({n}):\n"
-        "        yield {'name': str(i), 'actions': [\"sh -c 'printf \\\"{}\\\" > out/t%d.json'\" % i],"
-        " 'targets': ['out/t%d.json' % i], 'verbosity': 0}\n"
+        "        yield {'name': str(i), 'actions': [\"sh -c 'printf \\\"{}\\\" > out-doit/t%d.json'\" % i],"
+        " 'targets': ['out-doit/t%d.json' % i], 'verbosity': 0}\n"
     )
     return dodo
 
@@ -94,9 +100,26 @@ def _children_cpu() -> float:
 CPU: dict[str, list[float]] = {"dispatch": [], "make": []}
 
 
+def fresh(root: Path, name: str) -> Path:
+    """A path under ``root`` that no earlier run used (see the module doc)."""
+    n = 0
+    while (root / f"{name}-{n}").exists():
+        n += 1
+    return root / f"{name}-{n}"
+
+
+def inode_cost_us(root: Path, n: int = 2000) -> float:
+    """Wall time per empty file created in a fresh directory (kept until the end)."""
+    d = fresh(root, "calibrate")
+    d.mkdir()
+    t = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(d / str(i), os.O_WRONLY | os.O_CREAT, 0o644))
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def time_dispatch(plan: Path, root: Path) -> float:
-    state = root / "state"
-    shutil.rmtree(state, ignore_errors=True)
+    state = fresh(root, "state")
     cpu = _children_cpu()
     t = time.perf_counter()
     subprocess.run(
@@ -110,12 +133,15 @@ def time_dispatch(plan: Path, root: Path) -> float:
 
 
 def time_make(root: Path) -> float:
-    out = root / "out"
-    shutil.rmtree(out, ignore_errors=True)
+    out = fresh(root, "out")
     out.mkdir()
     cpu = _children_cpu()
     t = time.perf_counter()
-    subprocess.run(["make", "-s", "-j2", "-C", str(root)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["make", "-s", "-j2", "-C", str(root), f"OUT={out.name}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - t
     CPU["make"].append(_children_cpu() - cpu)
     return wall
@@ -126,7 +152,7 @@ def time_doit(root: Path) -> float | None:
         import doit  # noqa: F401
     except ImportError:
         return None
-    out = root / "out"
+    out = root / "out-doit"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     for stale in root.glob(".doit.db*"):
@@ -151,8 +177,7 @@ def fanout_rss(root: Path, n: int) -> tuple[float, float, float]:
         '[[workflow.task]]\nname = "each"\nneeds = ["items"]\nmap = "items.items"\n'
         'run = \'printf "{}" > "$CRUCIBLE_OUTPUT"\'\n'
     )
-    state = root / "fan-state"
-    shutil.rmtree(state, ignore_errors=True)
+    state = fresh(root, "fan-state")
     t = time.perf_counter()
     subprocess.run(
         [DISPATCH, str(pack), "--state", str(state), "-j", "2"],
@@ -186,6 +211,18 @@ def line(name: str, value: float, baseline: float | None, unit: str, budget: flo
     return ok
 
 
+def _compile_bytecode() -> None:
+    """Byte-compile crucible as pip does when it installs a wheel: an editable
+    install under PYTHONDONTWRITEBYTECODE would otherwise recompile every module
+    on every dispatcher start (~0.3 s), which is not the tool's cost."""
+    import compileall
+
+    import crucible
+
+    for path in crucible.__path__:
+        compileall.compile_dir(path, quiet=1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=1000)
@@ -196,8 +233,12 @@ def main() -> int:
         print("make not found: cannot measure the baseline", file=sys.stderr)
         return 3
     ok = True
+    _compile_bytecode()
     with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as tmp:
         root = Path(tmp)
+        cost = inode_cost_us(root)
+        hint = "  (inflated: many files were deleted here in the last minutes)" if cost > 50 else ""
+        print(f"# inode creation on this filesystem now: {cost:.1f} us per empty file{hint}")
         plan = write_pack(root, args.tasks)
         write_makefile(root, args.tasks)
         write_dodo(root, args.tasks)

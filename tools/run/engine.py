@@ -144,6 +144,7 @@ class Dispatcher:
         self._next_token = 0
         # No task may inherit a descriptor of ours (posix_spawn closes none).
         close_inherited()
+        stage.prepare_plan(self.plan)
         self.slots = Slots(self.jobs)
         self.runner = UnitRunner(
             plan=self.plan,

@@ -22,6 +22,7 @@ from crucible.stage._inputs import (
 )
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import KEY_COMPONENT_MAX, escape_key, unescape_key
+from crucible.stage._plan import prepare_plan
 from crucible.stage._prompt import (
     HISTORY_BEGIN,
     HISTORY_END,
@@ -58,6 +59,7 @@ __all__ = [
     "escape_key",
     "load_result",
     "map_items",
+    "prepare_plan",
     "record_settled",
     "render_prompt",
     "settle_fold",

@@ -159,8 +159,17 @@ def _read_json(path: Path) -> Any:
 def load_params(plan: Any, state: Path) -> dict[str, Any]:
     """``STATE/params.json``; without it, the plan's defaults (every param needs one)."""
     path = StateLayout(state).params_path
-    if path.exists():
-        params = _read_json(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        data = None
+    except OSError as exc:
+        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    if data is not None:
+        try:
+            params = canon.loads(data)
+        except canon.CanonError as exc:
+            raise ParseError(exc.message, where=str(path)) from None
         if not isinstance(params, dict):
             raise InputRefused("params must be a JSON object", where=str(path))
         return params
@@ -226,10 +235,18 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
         out["params"] = load_params(plan, state)
     if key is not None:
         out["item"] = instance_item(plan, state, task, key)
+    # One listing instead of a stat per name: most runs have no reserved/ at all.
+    try:
+        present = set(os.listdir(layout.reserved_root))
+    except (FileNotFoundError, NotADirectoryError):
+        present = set()
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot list: {exc.strerror}", where=str(layout.reserved_root)
+        ) from None
     for name in RESERVED_STATE_NAMES:
-        path = layout.reserved_path(name)
-        if path.exists():
-            out[name] = _read_json(path)
+        if f"{name}.json" in present:
+            out[name] = _read_json(layout.reserved_path(name))
     if t.epilogue:
         out["outcome"] = build_outcome(plan, state, task)
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from crucible.stage._names import check_task_name, escape_key
@@ -20,23 +21,23 @@ class StateLayout:
 
     state: Path
 
-    @property
+    @cached_property
     def plan_path(self) -> Path:
         return self.state / "plan.json"
 
-    @property
+    @cached_property
     def params_path(self) -> Path:
         return self.state / "params.json"
 
-    @property
+    @cached_property
     def results_root(self) -> Path:
         return self.state / "results"
 
-    @property
+    @cached_property
     def files_root(self) -> Path:
         return self.state / "files"
 
-    @property
+    @cached_property
     def work_root(self) -> Path:
         return self.state / "work"
 
@@ -58,7 +59,11 @@ class StateLayout:
         """``work/<task>``, or ``work/<task>/<escaped key>``."""
         return self._under(self.work_root, task, key)
 
+    @cached_property
+    def reserved_root(self) -> Path:
+        return self.state / "reserved"
+
     def reserved_path(self, name: str) -> Path:
         if name not in RESERVED_STATE_NAMES:
             raise ValueError(f"{name!r} is not a reserved state input")
-        return self.state / "reserved" / f"{name}.json"
+        return self.reserved_root / f"{name}.json"

@@ -19,6 +19,7 @@ __all__ = [
     "TYPES",
     "PlanView",
     "TaskView",
+    "prepare_plan",
     "view",
 ]
 
@@ -176,3 +177,12 @@ def view(plan: Any) -> PlanView:
     v = build_view(plan)
     _cache = (plan, v)
     return v
+
+
+def prepare_plan(plan: Any) -> None:
+    """Check ``plan`` and cache its view now. A dispatcher calls this before it
+    forks its workers, so they inherit the checked view instead of each building
+    its own (~15 ms per worker for 1,000 tasks)."""
+    v = view(plan)
+    if v.order:
+        v.ancestors(v.order[0])  # builds the cached position map
