@@ -6,7 +6,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon, digest
@@ -139,6 +139,24 @@ def test_round_trip_and_idempotent(value: object) -> None:
 @given(json_values)
 def test_fast_and_slow_paths_agree(value: object) -> None:
     assert canon.dumps(value) == canon._dumps_slow(value, "$").encode()
+
+
+@settings(max_examples=2000)
+@given(
+    (
+        st.floats(min_value=1e-5, max_value=1e17) | st.floats(min_value=-1e17, max_value=-1e-5)
+    ).filter(lambda x: not x.is_integer()),
+    st.integers(0, 9),
+)
+def test_floats_on_the_fast_path_print_as_es6(x: float, places: int) -> None:
+    """Non-integral floats where repr has no exponent go through orjson; they must
+    print exactly as ES6 does (the pure-Python path), rounded ones included."""
+    r = round(x, places)
+    if r.is_integer() and abs(r) > canon.MAX_SAFE_INTEGER:
+        r = x  # outside the domain either way (refused by both paths)
+    for v in (x, r, [x, {"d": r}]):
+        assert canon.dumps(v) == canon._dumps_slow(v, "$").encode()
+    assert canon.dumps({"duration": 0.012345}) == b'{"duration":0.012345}'
 
 
 @given(st.dictionaries(st.text(), st.integers(-5, 5), max_size=8))

@@ -80,10 +80,24 @@ def _fast_ok(value: Any, path: str) -> bool:
         if t is float:
             if not math.isfinite(v):
                 raise CanonError(f"number {v!r} is not finite", where=p)
-            fast = False
+            if fast and not _plain_float(v):
+                fast = False
             continue
         raise CanonError(f"value of type {t.__name__} has no JSON form", where=p)
     return fast
+
+
+def _plain_float(x: float) -> bool:
+    """True when orjson writes ``x`` exactly as ES6 does (checked at import).
+
+    Both print the shortest digits that round-trip; they differ only in when
+    they switch to exponent notation and in how they print integral values
+    (``2.0`` against ES6's ``2``). Where Python's own ``repr`` uses neither an
+    exponent nor a trailing ``.0`` (1e-4 <= |x| < 1e16, not integral), all three
+    agree: such a float may take the fast path (durations, ratios, sizes in
+    MiB: the floats a run's events and records carry)."""
+    r = repr(x)
+    return _ORJSON_PLAIN_FLOATS and "e" not in r and not r.endswith(".0")
 
 
 def dumps(value: Any) -> bytes:
@@ -254,3 +268,12 @@ def _check_depth_text(data: bytes) -> None:
                 raise CanonError(f"nesting deeper than {MAX_DEPTH} levels")
         elif token in (b"]", b"}"):
             depth -= 1
+
+
+#: orjson's float output checked once against ES6 on values spanning the fast
+#: path's range; an orjson that printed them differently keeps every float on
+#: the pure-Python path.
+_ORJSON_PLAIN_FLOATS = all(
+    orjson.dumps(x) == es6_number(x).encode()
+    for x in (0.0001, 0.00012345678901234, 0.1, 0.5, 1 / 3, 123.456, -7.25, 1234567890123456.7)
+)

@@ -58,6 +58,8 @@ class Slots:
         self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.kill_r, self.kill_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         os.write(self.token_w, b"t" * jobs)
+        #: a worker's epoll set for waiting on a token (built in the worker)
+        self._waiter: select.epoll | None = None
 
     def stop(self) -> None:
         """Scheduling thread: start nothing new; terminate every running group."""
@@ -75,20 +77,22 @@ class Slots:
     def acquire(self, requests_fd: int) -> bool:
         """Worker: wait for a slot token; False once the run is stopping (or the
         dispatcher is gone), and then no token is held."""
-        poller = select.poll()
-        poller.register(self.token_r, _POLL_IN)
-        poller.register(self.stop_r, _POLL_IN)
-        poller.register(requests_fd, 0)  # POLLHUP only
+        if self._waiter is None:
+            # EPOLLEXCLUSIVE: a released token wakes one waiting worker, not all.
+            self._waiter = select.epoll()
+            self._waiter.register(self.token_r, select.EPOLLIN | select.EPOLLEXCLUSIVE)
+            self._waiter.register(self.stop_r, select.EPOLLIN)
+            self._waiter.register(requests_fd, 0)  # EPOLLHUP only
+        timeout = 0.0  # first look without waiting: usually a token is there
         while True:
-            ready = dict(poller.poll())
+            ready = dict(self._waiter.poll(timeout))
             if self.stop_r in ready or requests_fd in ready:
                 return False
-            if self.token_r in ready:
-                try:
-                    if os.read(self.token_r, 1):
-                        return True
-                except BlockingIOError:  # another worker took it
-                    continue
+            try:
+                if os.read(self.token_r, 1):
+                    return True
+            except BlockingIOError:  # none yet, or another worker took it
+                timeout = -1
 
     def release(self) -> None:
         os.write(self.token_w, b"t")
@@ -161,8 +165,10 @@ class UnitRunner:
         returned then (a retry keeps its workspace and inputs)."""
         _, name, key, attempt, staged_env = request
         task = self.tasks[name]
+        workspace = self.layout.work_dir(name, key)
+        output = self.paths.output(name, key, attempt)
         try:
-            prepared = self._prepare(task, name, key, attempt, staged_env is None)
+            prepared = self._prepare(task, name, key, workspace, output, staged_env is None)
         except CrucibleError as exc:
             return {"kind": "stage_error", "message": str(exc)}
         if staged_env is None:
@@ -170,17 +176,18 @@ class UnitRunner:
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
-        output = self.paths.output(name, key, attempt)
         if task.get("kind") == "agent":
             argv = ["sh", "-c", self.options.agent_cmd or "false"]
         else:
             run = task["run"]
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
         env = self._environment(task, name, key, attempt, staged_env, prepared, output)
+        env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
+        log = self.paths.log(name, key)
         try:
             try:
-                proc = self._launch(argv, env, name, key, attempt, timeout)
+                proc = self._launch(argv, env, workspace, log, attempt, timeout)
             except OSError as exc:
                 return {
                     "kind": "spawn_error",
@@ -207,24 +214,29 @@ class UnitRunner:
             raise SystemExit(70)  # nobody to reply to
         if stop_reason is None:
             try:
-                finished["record"] = self._capture(task, name, key, attempt, output, code)
+                finished["record"] = self._capture(
+                    task, name, key, workspace, attempt, output, code
+                )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
         return finished
 
     def _prepare(
-        self, task: dict[str, Any], name: str, key: str | None, attempt: int, stage_now: bool
+        self,
+        task: dict[str, Any],
+        name: str,
+        key: str | None,
+        workspace: Path,
+        output: Path,
+        stage_now: bool,
     ) -> dict[str, Any]:
-        """Workspace, staged inputs (first attempt), fresh output path, log, prompt."""
+        """Workspace and staged inputs (first attempt), fresh output path, prompt."""
         stage = self.stage
-        workspace = self.layout.work_dir(name, key)
         staged_env: dict[str, str] | None = None
-        if stage_now:
-            workspace.mkdir(parents=True, exist_ok=True)
+        if stage_now:  # stage_inputs creates the workspace
             staged_env = dict(
                 stage.stage_inputs(self.plan, self.state, name, workspace, key=key).env
             )
-        output = self.paths.output(name, key, attempt)
         with contextlib.suppress(FileNotFoundError):
             output.unlink()
         prompt_file: str | None = None
@@ -263,7 +275,6 @@ class UnitRunner:
         if key is not None:
             env["CRUCIBLE_KEY"] = key
         env["CRUCIBLE_ATTEMPT"] = str(attempt)
-        env["CRUCIBLE_WORKSPACE"] = str(self.layout.work_dir(name, key))
         env["CRUCIBLE_OUTPUT"] = str(output)
         if prepared["prompt_file"] is not None:
             env["CRUCIBLE_PROMPT_FILE"] = prepared["prompt_file"]
@@ -271,25 +282,23 @@ class UnitRunner:
             env["CRUCIBLE_PROMPT"] = prepared["prompt_env"]
         return env
 
+    @staticmethod
     def _launch(
-        self,
         argv: list[str],
         env: dict[str, str],
-        name: str,
-        key: str | None,
+        workspace: Path,
+        log: Path,
         attempt: int,
         timeout: Any,
     ) -> TaskProcess:
-        log_fd = os.open(
-            self.paths.log(name, key), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644
-        )
+        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
             os.write(log_fd, b"== crucible: attempt %d\n" % attempt)
             now = time.monotonic()
             return spawn(
                 argv,
                 env=env,
-                cwd=self.layout.work_dir(name, key),
+                cwd=workspace,
                 log_fd=log_fd,
                 started=now,
                 deadline=None if timeout is None else now + float(timeout),
@@ -348,6 +357,7 @@ class UnitRunner:
         task: dict[str, Any],
         name: str,
         key: str | None,
+        workspace: Path,
         attempt: int,
         output: Path,
         code: int,
@@ -358,7 +368,7 @@ class UnitRunner:
             self.plan,
             self.state,
             name,
-            self.layout.work_dir(name, key),
+            workspace,
             output_file=output,
             exit_code=code,
             key=key,
