@@ -88,7 +88,8 @@ class _Finished:
     code: int
     duration: float
     stop_reason: str | None
-    sizes: dict[str, int]
+    #: event fields the worker measured: output_bytes, files_bytes, log_error
+    fields: dict[str, Any]
     #: capture's verdict, as the worker summarised it (None: nothing captured)
     record: dict[str, Any] | None = None
 
@@ -481,18 +482,20 @@ class Dispatcher:
     def _exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.running -= 1
         unit.pid = None
-        sizes: dict[str, int] = {}
+        fields: dict[str, Any] = {}
         if result.get("output_bytes") is not None:
-            sizes["output_bytes"] = int(result["output_bytes"])
+            fields["output_bytes"] = int(result["output_bytes"])
         record = result.get("record")
         if record is not None and record.get("files_bytes") is not None:
-            sizes["files_bytes"] = int(record["files_bytes"])
+            fields["files_bytes"] = int(record["files_bytes"])
+        if result.get("log_error") is not None:
+            fields["log_error"] = result["log_error"]
         finished = _Finished(
             unit=unit,
             code=result["code"],
             duration=result["duration"],
             stop_reason=result["stop_reason"],
-            sizes=sizes,
+            fields=fields,
             record=record,
         )
         if finished.stop_reason == "interrupt":
@@ -507,7 +510,7 @@ class Dispatcher:
                 note=f"terminated: the dispatcher received {signame}",
                 exit_code=finished.code,
                 duration=round(finished.duration, 6),
-                **sizes,
+                **fields,
             )
             return
         if result.get("capture_error") is not None:
@@ -527,7 +530,7 @@ class Dispatcher:
             status = record.get("status", FAILED)
             note = record.get("note")
             retryable = bool(record.get("retryable", status != PASSED))
-        sizes = finished.sizes
+        fields = finished.fields
         attempts = int(task.get("retries", 0)) + 1
         if status != PASSED and retryable and unit.attempt < attempts and self.stop_signal is None:
             # Remove this attempt's record so an interruption during the backoff
@@ -543,7 +546,7 @@ class Dispatcher:
                 exit_code=finished.code,
                 duration=round(finished.duration, 6),
                 retry=True,
-                **sizes,
+                **fields,
             )
             delay = min(BACKOFF_MAX, self.options.backoff * 2 ** (unit.attempt - 1))
             unit.attempt += 1
@@ -555,7 +558,7 @@ class Dispatcher:
                 self.plan, self.state, unit.name, status=status, note=note or "", key=unit.key
             )
         self._settle_unit(
-            unit, status, note, exit_code=finished.code, duration=finished.duration, sizes=sizes
+            unit, status, note, exit_code=finished.code, duration=finished.duration, fields=fields
         )
 
     def _fail_unit(self, unit: Unit, note: str) -> None:
@@ -574,7 +577,7 @@ class Dispatcher:
         *,
         exit_code: int | None,
         duration: float | None = None,
-        sizes: dict[str, int] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> None:
         self.log.emit(
             "task_finished",
@@ -584,7 +587,7 @@ class Dispatcher:
             note=note,
             exit_code=exit_code,
             duration=None if duration is None else round(duration, 6),
-            **(sizes or {}),
+            **(fields or {}),
         )
         self._count_settled(status)
         if unit.key is None:

@@ -129,6 +129,62 @@ class UnitPaths:
         return self.unit_path("logs", name, key, ".log")
 
 
+class _LogSink:
+    """An attempt's stdout+stderr, appended to ``logs/<task>[/<key>].log``.
+
+    The file is opened (and created) at the attempt's first byte, which is
+    preceded by the attempt's header line: an attempt that writes nothing leaves
+    no trace, and a run of quiet tasks creates no log file at all (an inode per
+    task less; see docs/spec/run.md)."""
+
+    def __init__(self, paths: UnitPaths, name: str, key: str | None, attempt: int) -> None:
+        self._paths = paths
+        self._name = name
+        self._key = key
+        self._attempt = attempt
+        self._fd: int | None = None
+        #: why the log could not be written (the rest of the output was dropped)
+        self.error: str | None = None
+
+    def drain(self, out_r: int) -> bool:
+        """Copy what the pipe holds; False once every writer has closed it."""
+        while True:
+            try:
+                data = os.read(out_r, 1 << 16)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.error is not None:
+            return  # keep draining, so the task never blocks on a full pipe
+        log: Path = self._paths.state / "logs" / self._name
+        try:
+            log = self._paths.log(self._name, self._key)
+            if self._fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+                self._fd = os.open(log, flags, 0o644)
+                _write_all(self._fd, b"== crucible: attempt %d\n" % self._attempt)
+            _write_all(self._fd, data)
+        except OSError as exc:
+            self.error = (
+                f"cannot write {log}: {exc.strerror or exc}; the rest of the output was dropped"
+            )
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class UnitRunner:
     """Worker side of a unit (see module doc). Built in the dispatcher before the
     workers are forked; :meth:`run` is called in a worker."""
@@ -184,10 +240,9 @@ class UnitRunner:
         env = self._environment(task, name, key, attempt, staged_env, prepared, output)
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
-        log = self.paths.log(name, key)
         try:
             try:
-                proc = self._launch(argv, env, workspace, log, attempt, timeout)
+                proc, out_r = self._launch(argv, env, workspace, timeout)
             except OSError as exc:
                 return {
                     "kind": "spawn_error",
@@ -195,7 +250,13 @@ class UnitRunner:
                     "staged_env": staged_env,
                 }
             channel.send({"kind": "started", "pid": proc.pid})
-            code, stop_reason, gone = self._wait(proc, channel.requests_fd)
+            sink = _LogSink(self.paths, name, key, attempt)
+            try:
+                code, stop_reason, gone = self._wait(proc, channel.requests_fd, out_r, sink)
+            finally:
+                os.close(out_r)
+                sink.close()
+            log_error = sink.error
         finally:
             self.slots.release()
         duration = time.monotonic() - proc.started
@@ -207,6 +268,7 @@ class UnitRunner:
             "staged_env": staged_env,
             "record": None,
             "capture_error": None,
+            "log_error": log_error,
         }
         with contextlib.suppress(OSError):
             finished["output_bytes"] = output.stat().st_size
@@ -287,30 +349,38 @@ class UnitRunner:
         argv: list[str],
         env: dict[str, str],
         workspace: Path,
-        log: Path,
-        attempt: int,
         timeout: Any,
-    ) -> TaskProcess:
-        log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    ) -> tuple[TaskProcess, int]:
+        """Start the task with stdout+stderr on a pipe; return it and the pipe's
+        read end (non-blocking)."""
+        out_r, out_w = os.pipe2(os.O_CLOEXEC)
         try:
-            os.write(log_fd, b"== crucible: attempt %d\n" % attempt)
             now = time.monotonic()
-            return spawn(
+            proc = spawn(
                 argv,
                 env=env,
                 cwd=workspace,
-                log_fd=log_fd,
+                log_fd=out_w,
                 started=now,
                 deadline=None if timeout is None else now + float(timeout),
             )
+        except BaseException:
+            os.close(out_r)
+            raise
         finally:
-            os.close(log_fd)
+            os.close(out_w)
+        os.set_blocking(out_r, False)
+        return proc, out_r
 
-    def _wait(self, proc: TaskProcess, requests_fd: int) -> tuple[int, str | None, bool]:
-        """Wait for the leader to exit, enforcing its timeout and the run's stop
-        and kill requests. Returns (exit code, stop reason, dispatcher gone)."""
+    def _wait(
+        self, proc: TaskProcess, requests_fd: int, out_r: int, sink: _LogSink
+    ) -> tuple[int, str | None, bool]:
+        """Wait for the leader to exit, copying its output to the log and
+        enforcing its timeout and the run's stop and kill requests. Returns
+        (exit code, stop reason, dispatcher gone)."""
         poller = select.poll()
         poller.register(proc.pidfd, _POLL_IN)
+        poller.register(out_r, _POLL_IN)
         poller.register(self.slots.stop_r, _POLL_IN)
         poller.register(self.slots.kill_r, _POLL_IN)
         poller.register(requests_fd, 0)  # POLLHUP only
@@ -323,6 +393,8 @@ class UnitRunner:
                 wake = proc.deadline if wake is None else min(wake, proc.deadline)
             timeout_ms = None if wake is None else max(0, int((wake - now) * 1000) + 1)
             ready = dict(poller.poll(timeout_ms))
+            if out_r in ready and not sink.drain(out_r):
+                poller.unregister(out_r)  # every writer closed it
             if proc.pidfd in ready:
                 break
             now = time.monotonic()
@@ -350,7 +422,12 @@ class UnitRunner:
             elif proc.kill_at is not None and now >= proc.kill_at:
                 kill_group(proc.pid, signal.SIGKILL)
                 proc.kill_at = None
-        return proc.reap(), proc.stop_reason, gone
+        code = proc.reap()
+        # The group is dead (or dying of SIGKILL): what it wrote is in the pipe.
+        # A process that left the group may still hold the pipe: take what is
+        # there, never wait for it.
+        sink.drain(out_r)
+        return code, proc.stop_reason, gone
 
     def _capture(
         self,
