@@ -321,6 +321,8 @@ class Dispatcher:
         elif kind == "spawn_error":
             self._fail_unit(unit, result["message"])
         elif kind == "finished":
+            if unit.pid is None:  # a short task: its start comes with its end
+                self._started(unit, result["pid"])
             self._exited(unit, result)
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)

@@ -46,6 +46,9 @@ from crucible.run.workers import Channel
 __all__ = ["Slots", "UnitPaths", "UnitRunner"]
 
 PASSED, FAILED = "passed", "failed"
+
+#: how long a task runs before its start is reported on its own (see _wait)
+ANNOUNCE_AFTER = 0.002
 _POLL_IN = select.POLLIN
 _POLL_GONE = select.POLLHUP | select.POLLERR
 
@@ -249,10 +252,9 @@ class UnitRunner:
                     "message": f"cannot start {argv[0]!r}: {exc.strerror or exc}",
                     "staged_env": staged_env,
                 }
-            channel.send({"kind": "started", "pid": proc.pid})
             sink = _LogSink(self.paths, name, key, attempt)
             try:
-                code, stop_reason, gone = self._wait(proc, channel.requests_fd, out_r, sink)
+                code, stop_reason, gone = self._wait(proc, channel, out_r, sink)
             finally:
                 os.close(out_r)
                 sink.close()
@@ -262,6 +264,7 @@ class UnitRunner:
         duration = time.monotonic() - proc.started
         finished: dict[str, Any] = {
             "kind": "finished",
+            "pid": proc.pid,
             "code": code,
             "duration": duration,
             "stop_reason": stop_reason,
@@ -373,11 +376,18 @@ class UnitRunner:
         return proc, out_r
 
     def _wait(
-        self, proc: TaskProcess, requests_fd: int, out_r: int, sink: _LogSink
+        self, proc: TaskProcess, channel: Channel, out_r: int, sink: _LogSink
     ) -> tuple[int, str | None, bool]:
         """Wait for the leader to exit, copying its output to the log and
         enforcing its timeout and the run's stop and kill requests. Returns
-        (exit code, stop reason, dispatcher gone)."""
+        (exit code, stop reason, dispatcher gone).
+
+        The scheduling thread hears that the process started once it has run
+        for ANNOUNCE_AFTER; one that exits sooner is announced by the final
+        reply, which then carries its start too: a short task costs the
+        scheduling thread one wake-up, not two."""
+        requests_fd = channel.requests_fd
+        announce_at: float | None = proc.started + ANNOUNCE_AFTER
         poller = select.poll()
         poller.register(proc.pidfd, _POLL_IN)
         poller.register(out_r, _POLL_IN)
@@ -391,6 +401,8 @@ class UnitRunner:
             wake = proc.kill_at
             if proc.stop_reason is None and proc.deadline is not None:
                 wake = proc.deadline if wake is None else min(wake, proc.deadline)
+            if announce_at is not None:
+                wake = announce_at if wake is None else min(wake, announce_at)
             timeout_ms = None if wake is None else max(0, int((wake - now) * 1000) + 1)
             ready = dict(poller.poll(timeout_ms))
             if out_r in ready and not sink.drain(out_r):
@@ -398,6 +410,9 @@ class UnitRunner:
             if proc.pidfd in ready:
                 break
             now = time.monotonic()
+            if announce_at is not None and now >= announce_at:
+                channel.send({"kind": "started", "pid": proc.pid})
+                announce_at = None
             if self.slots.stop_r in ready:
                 poller.unregister(self.slots.stop_r)
                 if proc.stop_reason is None or proc.stop_reason == "timeout":
