@@ -1,10 +1,11 @@
 """The session log ``STATE/session.jsonl``: one canonical JSON event per line.
 
-Events are buffered within one turn of the dispatcher's loop and written with a
-single ``write`` + ``fsync`` before the loop blocks or starts another process
-(group commit): every event is on disk before anything that follows from it
-happens, at one fsync per turn instead of one per line. A mirror stream
-(``--events FILE|-``) receives the same bytes right after they are durable.
+Events are buffered within one turn of the dispatcher's loop and handed to a
+writer thread, which writes what is waiting with one ``write`` + ``fsync``
+(group commit), at most one fsync per GROUP_COMMIT_WINDOW: every event is
+fsync'd, in order, and the file is always a prefix of what was emitted. A
+mirror stream (``--events FILE|-``) receives the same bytes right after they are
+durable.
 """
 
 from __future__ import annotations
