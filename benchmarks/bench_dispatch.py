@@ -80,12 +80,16 @@ def write_makefile(root: Path, n: int) -> Path:
 
 
 def write_dodo(root: Path, n: int) -> Path:
+    """The same 1,000 actions for doit, writing into ``$OUT`` (fresh per run)."""
     dodo = root / "dodo.py"
     dodo.write_text(
+        "import os\n"
+        "OUT = os.environ['OUT']\n"
         "def task_t():\n"
         f"    for i in range({n}):\n"
-        "        yield {'name': str(i), 'actions': [\"sh -c 'printf \\\"{}\\\" > out-doit/t%d.json'\" % i],"
-        " 'targets': ['out-doit/t%d.json' % i], 'verbosity': 0}\n"
+        "        target = f'{OUT}/t{i}.json'\n"
+        "        yield {'name': str(i), 'actions': [f\"sh -c 'printf \\\"{{}}\\\" > {target}'\"],"
+        " 'targets': [target], 'verbosity': 0}\n"
     )
     return dodo
 
@@ -152,15 +156,25 @@ def time_doit(root: Path) -> float | None:
         import doit  # noqa: F401
     except ImportError:
         return None
-    out = root / "out-doit"
-    shutil.rmtree(out, ignore_errors=True)
+    out = fresh(root, "out-doit")
     out.mkdir()
-    for stale in root.glob(".doit.db*"):
-        stale.unlink()
     t = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "doit", "-n", "2", "-P", "process", "-f", str(root / "dodo.py")],
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            "-n",
+            "2",
+            "-P",
+            "process",
+            "-f",
+            str(root / "dodo.py"),
+            "--db-file",
+            str(out / ".doit.db"),
+        ],
         cwd=root,
+        env={**os.environ, "OUT": str(out)},
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
