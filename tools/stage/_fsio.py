@@ -8,6 +8,7 @@ the walkers over captured files skip them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -24,7 +25,15 @@ TMP_PREFIX = "@tmp-"
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Temp file beside ``path`` (named ``@tmp-…``), fsync, rename, fsync the directory."""
+    """Temp file beside ``path`` (named ``@tmp-…``), fsync, rename, fsync the directory.
+    The parent is created when missing (looked for only when the write fails:
+    it exists for all but the first record of a run)."""
+    try:
+        atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX)
+        return
+    except OperationalError:
+        if path.parent.is_dir():
+            raise
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -55,6 +64,11 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path, onerror=_make_writable)
 
 
+#: rename(2) of a directory onto something there: a non-empty directory
+#: (ENOTEMPTY, or EEXIST elsewhere), a file or a symlink (ENOTDIR)
+_OCCUPIED = (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR)
+
+
 def swap_in_dir(built: Path, target: Path, *, durable: bool = True) -> None:
     """Make ``built`` (a sibling of ``target``) become ``target`` atomically from a
     reader's view: the old tree (if any) is renamed aside, then removed.
@@ -64,10 +78,14 @@ def swap_in_dir(built: Path, target: Path, *, durable: bool = True) -> None:
     every file just written."""
     old: Path | None = None
     try:
-        if target.exists() or target.is_symlink():
+        try:  # the common case: nothing there yet (an empty directory is replaced too)
+            os.rename(built, target)
+        except OSError as exc:
+            if exc.errno not in _OCCUPIED:
+                raise
             old = target.parent / f"{TMP_PREFIX}old-{os.getpid()}-{built.name[-8:]}"
             os.replace(target, old)
-        os.replace(built, target)
+            os.replace(built, target)
         if durable:
             fsync_dir(target.parent)
     except OSError as exc:

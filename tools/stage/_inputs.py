@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from crucible.core import canon, digest
+from crucible.core import atomic, canon, digest
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.stage._files import FILES_RUN_MAX, copy_tree_readonly
@@ -147,7 +147,7 @@ def instance_item(plan: Any, state: Path, task: str, key: str) -> Any:
 
 def _read_json(path: Path) -> Any:
     try:
-        data = path.read_bytes()
+        data = atomic.read_file(path)
     except OSError as exc:
         raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
     try:
@@ -160,7 +160,7 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
     """``STATE/params.json``; without it, the plan's defaults (every param needs one)."""
     path = StateLayout(state).params_path
     try:
-        data = path.read_bytes()
+        data = atomic.read_file(path)
     except FileNotFoundError:
         data = None
     except OSError as exc:
