@@ -83,3 +83,29 @@ def test_atomic_write_prefix_and_non_durable(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     assert atomic.write_bytes(p, b"p", tmp_prefix="@tmp-", durable=False) is True
     assert p.read_bytes() == b"p" and (p.stat().st_mode & 0o777) == 0o644
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 3 * 1024 * 1024])
+def test_read_file_reads_whole_files(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "f"
+    data = os.urandom(size)
+    path.write_bytes(data)
+    assert atomic.read_file(path) == data
+
+
+def test_read_file_reads_special_files_to_their_end() -> None:
+    # /proc files report size 0: read until EOF, not zero bytes
+    text = atomic.read_file("/proc/self/status")
+    assert b"Name:" in text and text.endswith(b"\n")
+    with pytest.raises(FileNotFoundError):
+        atomic.read_file("/nonexistent/file")
+
+
+def test_atomic_write_bytes_mode_ignores_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        atomic.write_bytes(tmp_path / "f", b"x", mode=0o644)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
