@@ -357,3 +357,105 @@ def test_resume_of_a_finished_fanout_counts_every_instance(tmp_path: Path) -> No
     assert len(finished) == 2
     assert finished[0]["counts"] == finished[1]["counts"]
     assert finished[1]["counts"]["units"] == finished[1]["counts"]["passed"] > 5
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_sigkill_of_the_dispatcher_takes_its_workers_and_tasks_along(tmp_path: Path) -> None:
+    """A dispatcher killed outright cannot clean up; its workers see their request
+    pipe hang up, kill their tasks' groups and exit: nothing is left running, and
+    a resume runs the unsettled task again."""
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    body = f"""
+[[workflow.task]]
+name = "long"
+run = '''
+if [ -e {gate} ]; then echo $$ > {tmp_path}/long.pid; sleep 30 & echo $! > {tmp_path}/child.pid; wait; fi
+echo '{{}}' > "$CRUCIBLE_OUTPUT"
+'''
+
+[[workflow.task]]
+name = "short"
+run = '''echo '{{}}' > "$CRUCIBLE_OUTPUT"'''
+"""
+    manifest = pack(tmp_path / "p", body)
+    state = tmp_path / "s"
+    proc = subprocess.Popen(
+        [DISPATCH, str(manifest), "--state", str(state), "-j", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    child_pid = tmp_path / "child.pid"
+    _wait_for(lambda: child_pid.exists() and child_pid.read_text().strip() != "")
+    leader = int((tmp_path / "long.pid").read_text())
+    child = int(child_pid.read_text())
+    workers = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit() and _parent(int(p)) == proc.pid and int(p) != leader
+    ]
+    assert workers, "no worker processes found"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    _wait_for(lambda: not any(_alive(p) for p in (leader, child, *workers)))
+    assert not (state / "results" / "long.json").exists()
+    gate.unlink()
+    done = subprocess.run(
+        [DISPATCH, str(manifest), "--state", str(state), "--resume"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert result_status(state, "long") == "passed"
+
+
+def result_status(state: Path, task: str) -> str | None:
+    path = state / "results" / f"{task}.json"
+    return json.loads(path.read_bytes())["status"] if path.exists() else None
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_a_worker_killed_mid_task_stops_the_run_and_its_task(tmp_path: Path) -> None:
+    """A worker that dies holding a unit (OOM killer, kill -9) ends the run with
+    one clear line; the dispatcher kills the orphaned task's group."""
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    body = f"""
+[[workflow.task]]
+name = "long"
+run = \'\'\'echo $$ > {tmp_path}/long.pid; while [ -e {gate} ]; do sleep 0.05; done\'\'\'
+"""
+    manifest = pack(tmp_path / "p", body)
+    state = tmp_path / "s"
+    proc = subprocess.Popen(
+        [DISPATCH, str(manifest), "--state", str(state), "-j", "1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    pid_file = tmp_path / "long.pid"
+    _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    leader = int(pid_file.read_text())
+    worker = _parent(leader)
+    assert _parent(worker) == proc.pid
+    os.kill(worker, signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "worker" in lines[0] and "died" in lines[0], lines
+    _wait_for(lambda: not _alive(leader))
+    assert events(state)[-1]["event"] == "shutdown"

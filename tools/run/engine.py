@@ -28,7 +28,7 @@ from crucible.core.errors import CrucibleError
 from crucible.run.admit import Admission
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
-from crucible.run.procs import close_inherited
+from crucible.run.procs import close_inherited, kill_group
 from crucible.run.session import SessionLog
 from crucible.run.unit import Slots, UnitPaths, UnitRunner
 from crucible.run.workers import Channel, Reply, WorkerPool
@@ -195,8 +195,13 @@ class Dispatcher:
                     self._on_ready(name)
             self._loop(wake_r)
         except BaseException:
+            # The workers kill their tasks' groups; a task whose worker died
+            # (the likely cause of getting here) has nobody else to do it.
             self.slots.stop()
             self.slots.kill()
+            for unit in self._tokens.values():
+                if unit.pid is not None:
+                    kill_group(unit.pid, signal.SIGKILL)
             raise
         finally:
             self._restore_signals(previous)
