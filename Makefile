@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	@# an editable install is not byte-compiled, and PYTHONDONTWRITEBYTECODE
+	@# would make every command recompile its modules at each start
+	$(BIN)/python -m compileall -q tools
 	touch $@
 
 install: $(STAMP)
