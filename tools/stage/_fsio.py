@@ -26,14 +26,14 @@ TMP_PREFIX = "@tmp-"
 
 def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     """Temp file beside ``path`` (named ``@tmp-…``), fsync, rename, fsync the directory.
-    The parent is created when missing (looked for only when the write fails:
-    it exists for all but the first record of a run)."""
+    The parent is created only after a write fails (it exists for all but the
+    first record of a run), and the write is then tried once more whatever made
+    it fail: another worker may have created the parent in between."""
     try:
         atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX)
         return
     except OperationalError:
-        if path.parent.is_dir():
-            raise
+        pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
