@@ -17,14 +17,14 @@ and nothing is deleted until every run is done. Why: this machine's ext4 has no
 journal, and without one the kernel will not reuse an inode freed less than 60 s
 ago (300 s more while its inode-table block is dirty): ext4's recently_deleted(),
 seen in a kernel profile. Each new inode then costs a scan over every recently
-freed one, up to ~400 us instead of ~15 us. A dispatched task creates ~8 inodes
-(workspace, inputs/, @values/, params, index.json, log, output, record) where a
-make recipe creates one, so deleting one repetition's outputs right before the
+freed one, up to ~400 us instead of ~15 us. A dispatched task creates ~7 inodes
+(workspace, inputs/, @values/, params, index.json, output, record; a log only
+when it prints) where a make recipe creates one, so deleting one repetition's outputs right before the
 next would measure the filesystem's penalty for the previous run, not either
 tool. So the benchmark first waits (up to --settle seconds, 420 by default)
 until creating a file costs what it does on a quiet filesystem, as one waits for
 a machine to go quiet before timing it; the first line printed is that cost
-(us per empty file created). Above ~50 us, something deleted many files in the
+(us per empty file created). Above ~30 us, something deleted many files in the
 last minutes and every figure below is inflated by it.
 
 Run: python benchmarks/bench_dispatch.py [--tasks N] [--fanout N] [--repeat R]
@@ -49,8 +49,8 @@ BIN = Path(sys.executable).parent
 DISPATCH = str(BIN / "crucible-dispatch")
 WALL_BUDGET = 3.0
 #: us per empty file created: above this, recently deleted inodes are being
-#: skipped (see the module doc); a quiet ext4 here takes 15-40 us
-SETTLED_US = 50.0
+#: skipped (see the module doc); a quiet ext4 here takes 15-30 us
+SETTLED_US = 30.0
 RSS_BUDGET_MIB = 300.0
 
 
@@ -277,7 +277,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as tmp:
         root = Path(tmp)
         cost = settle(root, args.settle)
-        hint = "  (inflated: many files were deleted here in the last minutes)" if cost > 50 else ""
+        hint = (
+            "  (inflated: many files were deleted here in the last minutes)"
+            if cost > SETTLED_US
+            else ""
+        )
         print(f"# inode creation on this filesystem now: {cost:.1f} us per empty file{hint}")
         plan = write_pack(root, args.tasks)
         write_makefile(root, args.tasks)

@@ -30,7 +30,7 @@ from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
 from crucible.run.procs import close_inherited, kill_group
 from crucible.run.session import SessionLog
-from crucible.run.unit import Slots, UnitPaths, UnitRunner
+from crucible.run.unit import Slots, UnitRunner
 from crucible.run.workers import Channel, Reply, WorkerPool
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
@@ -140,7 +140,6 @@ class Dispatcher:
         self.counts = Counts(total=len(self.graph.tasks))
         self.stop_signal: int | None = None
         self._escalate = False
-        self.paths = UnitPaths(options.state, stage.escape_key)
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
         # No task may inherit a descriptor of ours (posix_spawn closes none).

@@ -74,9 +74,6 @@ class Slots:
         with contextlib.suppress(BlockingIOError):
             os.write(self.kill_w, b"k")
 
-    def stopping(self) -> bool:
-        return bool(select.select([self.stop_r], [], [], 0)[0])
-
     def acquire(self, requests_fd: int) -> bool:
         """Worker: wait for a slot token; False once the run is stopping (or the
         dispatcher is gone), and then no token is held."""
@@ -146,6 +143,7 @@ class _LogSink:
         self._key = key
         self._attempt = attempt
         self._fd: int | None = None
+        self._path: Path | None = None
         #: why the log could not be written (the rest of the output was dropped)
         self.error: str | None = None
 
@@ -163,18 +161,25 @@ class _LogSink:
     def _write(self, data: bytes) -> None:
         if self.error is not None:
             return  # keep draining, so the task never blocks on a full pipe
-        log: Path = self._paths.state / "logs" / self._name
         try:
-            log = self._paths.log(self._name, self._key)
             if self._fd is None:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-                self._fd = os.open(log, flags, 0o644)
-                _write_all(self._fd, b"== crucible: attempt %d\n" % self._attempt)
+                self._fd = self._open()
             _write_all(self._fd, data)
         except OSError as exc:
+            where = self._path or self._paths.state / "logs" / self._name
             self.error = (
-                f"cannot write {log}: {exc.strerror or exc}; the rest of the output was dropped"
+                f"cannot write {where}: {exc.strerror or exc}; the rest of the output was dropped"
             )
+
+    def _open(self) -> int:
+        self._path = self._paths.log(self._name, self._key)
+        fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, b"== crucible: attempt %d\n" % self._attempt)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     def close(self) -> None:
         if self._fd is not None:
