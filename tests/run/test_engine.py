@@ -618,3 +618,37 @@ def test_events_file_mirrors_the_log(pack: Pack, tmp_path: Path) -> None:
     assert (
         mirror.read_bytes().count(b"\n") == 5
     )  # admitted, started, finished, run_finished, shutdown
+
+
+def test_a_refusal_a_worker_did_not_expect_fails_the_unit_not_the_run(
+    pack: Pack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CrucibleError escaping a worker's unit (outside staging, start and
+    capture, which report their own) settles that unit as failed, with its
+    message; the run goes on."""
+    from crucible.run import unit as unit_module
+
+    real = unit_module.UnitRunner._environment
+
+    def refuse_one(self: object, task: dict[str, object], name: str, *a: object) -> object:
+        if name == "bad":
+            raise InputRefused("refused for the test")
+        return real(self, task, name, *a)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(unit_module.UnitRunner, "_environment", refuse_one)
+    plan = pack(
+        """
+[[workflow.task]]
+name = "bad"
+run = 'printf "{}" > "$CRUCIBLE_OUTPUT"'
+
+[[workflow.task]]
+name = "good"
+run = 'printf "{}" > "$CRUCIBLE_OUTPUT"'
+"""
+    )
+    state = tmp_path / "s"
+    assert run(plan, state).exit_code == 1  # type: ignore[attr-defined]
+    bad, good = result(state, "bad"), result(state, "good")
+    assert bad is not None and bad["status"] == "failed" and "refused for the test" in bad["note"]
+    assert good is not None and good["status"] == "passed"

@@ -316,6 +316,11 @@ class Dispatcher:
             self._started(unit, reply.payload["pid"])
             return
         unit = self._tokens.pop(reply.token)
+        if reply.outcome == "error":  # a refusal the worker did not expect to meet
+            if unit.pid is not None:
+                self.running -= 1
+            self._fail_unit(unit, str(reply.payload))
+            return
         result = reply.payload
         kind = result["kind"]
         if result.get("staged_env") is not None:
