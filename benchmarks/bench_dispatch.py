@@ -3,7 +3,7 @@
 1. 1,000 independent command tasks at -j 2, each writing an empty result object
    through sh, vs `make -j2` running 1,000 recipes that write the same files
    through sh (budget: 3x make). doit (if importable) on the same workload is
-   reported, not budgeted.
+   reported, not budgeted; so is snakemake, once, with --snakemake EXE.
 2. Peak RSS of the dispatcher running a 10,000-instance fan-out (budget 300 MiB),
    as reported by the dispatcher itself (run_finished.max_rss_kib = getrusage
    ru_maxrss of its own process); its staging workers' largest peak is printed
@@ -28,6 +28,7 @@ a machine to go quiet before timing it; the first line printed is that cost
 last minutes and every figure below is inflated by it.
 
 Run: python benchmarks/bench_dispatch.py [--tasks N] [--fanout N] [--repeat R]
+     [--settle SECONDS] [--snakemake EXE]
 Exits 1 if a budget is exceeded.
 """
 
@@ -97,6 +98,42 @@ def write_dodo(root: Path, n: int) -> Path:
         " 'targets': [target], 'verbosity': 0}\n"
     )
     return dodo
+
+
+def write_snakefile(root: Path, n: int) -> Path:
+    """The same workload for snakemake, writing into ``config["out"]``."""
+    snakefile = root / "Snakefile"
+    snakefile.write_text(
+        'OUT = config["out"]\n'
+        f'rule all:\n    input: expand(OUT + "/t{{i}}.json", i=range({n}))\n'
+        'rule t:\n    output: OUT + "/t{i}.json"\n    shell: "printf \'{{}}\' > {output}"\n'
+    )
+    return snakefile
+
+
+def time_snakemake(root: Path, exe: str) -> float:
+    """One run of snakemake -j 2 (it takes tens of seconds: not repeated)."""
+    out = fresh(root, "out-snakemake")
+    out.mkdir()
+    t = time.perf_counter()
+    subprocess.run(
+        [
+            exe,
+            "-j",
+            "2",
+            "-s",
+            str(root / "Snakefile"),
+            "--directory",
+            str(root),
+            "--config",
+            f"out={out}",
+            "--quiet",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - t
 
 
 def _children_cpu() -> float:
@@ -263,6 +300,11 @@ def main() -> int:
     ap.add_argument("--fanout", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument(
+        "--snakemake",
+        metavar="EXE",
+        help="also time this snakemake once on the same workload (no budget)",
+    )
+    ap.add_argument(
         "--settle",
         type=float,
         default=420.0,
@@ -315,6 +357,17 @@ def main() -> int:
             )
         else:
             print("doit: not installed (pip install doit), not measured")
+        if args.snakemake:
+            write_snakefile(root, args.tasks)
+            line(
+                f"snakemake {args.tasks} tasks -j 2 (wall, once, no budget)",
+                time_snakemake(root, args.snakemake),
+                m,
+                "s",
+                None,
+            )
+        else:
+            print("snakemake: not measured (--snakemake EXE; ~30 s a run here)")
         rss, worker_rss, wall = fanout_rss(root, args.fanout)
         print(f"# {args.fanout}-instance fan-out at -j 2 took {wall:.1f} s")
         ok &= line(
