@@ -8,6 +8,7 @@ import pytest
 
 from crucible.core import atomic, ndjson
 from crucible.core.errors import OperationalError
+from crucible.core.fdio import read_file
 
 
 def test_ndjson_reports_line_number() -> None:
@@ -90,15 +91,15 @@ def test_read_file_reads_whole_files(tmp_path: Path, size: int) -> None:
     path = tmp_path / "f"
     data = os.urandom(size)
     path.write_bytes(data)
-    assert atomic.read_file(path) == data
+    assert read_file(path) == data
 
 
 def test_read_file_reads_special_files_to_their_end() -> None:
     # /proc files report size 0: read until EOF, not zero bytes
-    text = atomic.read_file("/proc/self/status")
+    text = read_file("/proc/self/status")
     assert b"Name:" in text and text.endswith(b"\n")
     with pytest.raises(FileNotFoundError):
-        atomic.read_file("/nonexistent/file")
+        read_file("/nonexistent/file")
 
 
 def test_atomic_write_bytes_mode_ignores_umask(tmp_path: Path) -> None:

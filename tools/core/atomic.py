@@ -15,27 +15,9 @@ from typing import IO, Any
 
 from crucible.core import canon
 from crucible.core.errors import OperationalError
+from crucible.core.fdio import write_all
 
-__all__ = ["TMP_PREFIX", "atomic_file", "fsync_dir", "read_file", "write_bytes", "write_json"]
-
-
-def read_file(path: str | os.PathLike[str]) -> bytes:
-    """A whole file's bytes in four syscalls (open, fstat, read, close), where
-    ``Path.read_bytes`` makes nine: small files read on every task add up."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)
-        if len(data) == size and size:
-            return data  # asked for one byte more than its size: it is whole
-        # Empty, special (size 0 in /proc), growing, or over one read's 2 GiB
-        # limit: read to the end.
-        chunks = [data]
-        while chunk := os.read(fd, max(size - len(data), 1 << 20)):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+__all__ = ["TMP_PREFIX", "atomic_file", "fsync_dir", "write_bytes", "write_json"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -118,9 +100,7 @@ def write_bytes(
         raise OperationalError(f"cannot write {target}: {exc.strerror}") from None
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, data)
             if durable:
                 os.fsync(fd)
             os.fchmod(fd, mode)

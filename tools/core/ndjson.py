@@ -12,6 +12,7 @@ from typing import IO, Any
 
 from crucible.core import canon
 from crucible.core.errors import ParseError
+from crucible.core.fdio import write_all
 
 __all__ = ["NdjsonError", "append", "dumps_line", "iter_lines", "read_path", "write"]
 
@@ -73,10 +74,6 @@ def write(out: IO[bytes], records: Iterable[dict[str, Any]]) -> None:
 
 def append(fd: int, record: dict[str, Any], *, fsync: bool = True) -> None:
     """Append one line with a single ``write`` (O_APPEND fd) and fsync it."""
-    data = dumps_line(record)
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
+    write_all(fd, dumps_line(record))
     if fsync:
         os.fsync(fd)

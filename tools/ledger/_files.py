@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from crucible.core.fdio import write_all
+
 __all__ = [
     "LEDGER_NAME",
     "LOCK_NAME",
@@ -211,9 +213,7 @@ class Appender:
                 if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
                     line = b"\n" + line
                 try:
-                    view = memoryview(line)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    write_all(fd, line)
                     os.fsync(fd)
                     self._clean_end = (inode, size + len(line))
                 except OSError:

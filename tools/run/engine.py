@@ -121,7 +121,6 @@ class Dispatcher:
         self.state = options.state
         self.layout = stage.StateLayout(options.state)
         self.log = log
-        self.environ = environ
         self.on_progress = on_progress
         self.graph: TaskGraph = build_graph(self.plan)
         self.jobs = max(1, options.jobs or os.cpu_count() or 1)
@@ -136,7 +135,6 @@ class Dispatcher:
         #: mapped task -> its instance keys in item order, and how many are unsettled
         self.instances: dict[str, list[str]] = {}
         self.instances_left: dict[str, int] = {}
-        self.host_env: dict[str, dict[str, str]] = {}
         self.counts = Counts(total=len(self.graph.tasks))
         self.stop_signal: int | None = None
         self._escalate = False

@@ -23,7 +23,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["TaskProcess", "close_inherited", "kill_group", "spawn"]
@@ -46,7 +46,6 @@ class TaskProcess:
     #: set when the dispatcher decided to stop it (timeout or interrupt)
     stop_reason: str | None = None
     kill_at: float | None = None
-    extra: dict[str, object] = field(default_factory=dict)
 
     def reap(self) -> int:
         """Collect the leader's exit status (it has exited: the pidfd was readable).

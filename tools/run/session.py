@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from crucible.core import ndjson
 from crucible.core.errors import OperationalError
+from crucible.core.fdio import write_all
 
 __all__ = ["EVENT_KINDS", "GROUP_COMMIT_WINDOW", "SessionLog", "now_text", "read_events"]
 
@@ -108,9 +109,7 @@ class SessionLog:
             last_sync = time.monotonic()
             if self._error is None:
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(self._fd, view) :]
+                    write_all(self._fd, data)
                     os.fsync(self._fd)
                 except OSError as exc:
                     self._error = OperationalError(

@@ -37,6 +37,7 @@ from typing import Any
 
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
+from crucible.core.fdio import write_all
 from crucible.run import verdict as verdict_rules
 from crucible.run.environ import task_environment
 from crucible.run.options import RunOptions
@@ -164,7 +165,7 @@ class _LogSink:
         try:
             if self._fd is None:
                 self._fd = self._open()
-            _write_all(self._fd, data)
+            write_all(self._fd, data)
         except OSError as exc:
             where = self._path or self._paths.state / "logs" / self._name
             self.error = (
@@ -175,7 +176,7 @@ class _LogSink:
         self._path = self._paths.log(self._name, self._key)
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
-            _write_all(fd, b"== crucible: attempt %d\n" % self._attempt)
+            write_all(fd, b"== crucible: attempt %d\n" % self._attempt)
         except OSError:
             os.close(fd)
             raise
@@ -185,12 +186,6 @@ class _LogSink:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class UnitRunner:

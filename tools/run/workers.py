@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crucible.core.errors import CrucibleError, OperationalError
+from crucible.core.fdio import write_all
 
 __all__ = ["Channel", "Reply", "WorkerPool"]
 
@@ -54,7 +55,7 @@ class Channel:
         self._replies_fd = replies_fd
 
     def send(self, payload: Any) -> None:
-        _write_all(self._replies_fd, _frame((self.token, "interim", payload)))
+        write_all(self._replies_fd, _frame((self.token, "interim", payload)))
 
 
 @dataclass
@@ -64,12 +65,6 @@ class _Worker:
     replies: int  # read end
     in_flight: int = 0
     buffer: bytearray = field(default_factory=bytearray)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _frame(value: Any) -> bytes:
@@ -112,7 +107,7 @@ def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) 
             data = _frame(reply)
         except Exception:
             data = _frame((token, "bug", traceback.format_exc()))
-        _write_all(replies, data)
+        write_all(replies, data)
 
 
 class WorkerPool:
@@ -171,7 +166,7 @@ class WorkerPool:
         worker = min(self.workers, key=lambda w: w.in_flight)
         worker.in_flight += 1
         try:
-            _write_all(worker.requests, _frame((token, request)))
+            write_all(worker.requests, _frame((token, request)))
         except OSError as exc:
             raise OperationalError(f"a staging worker is gone: {exc.strerror}") from None
 

@@ -9,8 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from crucible.core import atomic, canon
+from crucible.core import canon
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fdio import read_file
 from crucible.stage._files import FILES_RUN_MAX, CaptureRefused, capture_files, check_pattern
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._inputs import instance_item, utf16_order
@@ -54,7 +55,7 @@ def _read_output(
     """(result object, None) or (None, why it is not one); ``name`` shows the file."""
     shown = str(path) if name is None else name
     try:
-        data = atomic.read_file(path)
+        data = read_file(path)
     except FileNotFoundError:
         if not declares_emits:
             return {}, None

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fdio import write_all
 
 __all__ = [
     "FILES_RUN_MAX",
@@ -220,9 +221,7 @@ def _copy_fd(src: int, target: Path) -> None:
                 raise
             os.lseek(src, 0, os.SEEK_SET)
             while chunk := os.read(src, 1 << 20):
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view) :]
+                write_all(out, chunk)
     except OSError as exc:
         raise OperationalError(f"cannot capture into {target}: {exc.strerror or exc}") from None
     finally:

@@ -18,9 +18,10 @@ from typing import Any
 
 import orjson
 
-from crucible.core import atomic, canon, digest
+from crucible.core import canon, digest
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.errors import InputRefused, OperationalError, ParseError
+from crucible.core.fdio import read_file, write_all
 from crucible.stage._files import FILES_RUN_MAX, copy_tree_readonly
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
@@ -145,10 +146,16 @@ def instance_item(plan: Any, state: Path, task: str, key: str) -> Any:
 # -- reserved inputs -----------------------------------------------------------
 
 
-def _read_json(path: Path) -> Any:
+#: what _read_json(optional=True) returns for a file that does not exist
+_ABSENT = object()
+
+
+def _read_json(path: Path, *, optional: bool = False) -> Any:
     try:
-        data = atomic.read_file(path)
+        data = read_file(path)
     except OSError as exc:
+        if optional and isinstance(exc, FileNotFoundError):
+            return _ABSENT
         raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
     try:
         return canon.loads(data)
@@ -159,17 +166,8 @@ def _read_json(path: Path) -> Any:
 def load_params(plan: Any, state: Path) -> dict[str, Any]:
     """``STATE/params.json``; without it, the plan's defaults (every param needs one)."""
     path = StateLayout(state).params_path
-    try:
-        data = atomic.read_file(path)
-    except FileNotFoundError:
-        data = None
-    except OSError as exc:
-        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
-    if data is not None:
-        try:
-            params = canon.loads(data)
-        except canon.CanonError as exc:
-            raise ParseError(exc.message, where=str(path)) from None
+    params = _read_json(path, optional=True)
+    if params is not _ABSENT:
         if not isinstance(params, dict):
             raise InputRefused("params must be a JSON object", where=str(path))
         return params
@@ -287,9 +285,7 @@ def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str) -> Any:
 def _write_readonly(path: Path | str, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
     try:
-        view_ = memoryview(data)
-        while view_:
-            view_ = view_[os.write(fd, view_) :]
+        write_all(fd, data)
     finally:
         os.close(fd)
 
