@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from crucible.core.cli import run as run_edge
 from crucible.run.cli import cli
+from tests.run.dispatchtests import events, parent_pid, process_alive, result
 
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
@@ -39,10 +40,6 @@ def edge(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     out, err = capsys.readouterr()
     code = exit_info.value.code
     return int(code) if isinstance(code, int) else 0, out, err
-
-
-def events(state: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (state / "session.jsonl").read_bytes().splitlines()]
 
 
 def test_help_and_version() -> None:
@@ -359,14 +356,6 @@ def test_resume_of_a_finished_fanout_counts_every_instance(tmp_path: Path) -> No
     assert finished[1]["counts"]["units"] == finished[1]["counts"]["passed"] > 5
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_sigkill_of_the_dispatcher_takes_its_workers_and_tasks_along(tmp_path: Path) -> None:
     """A dispatcher killed outright cannot clean up; its workers see their request
     pipe hang up, kill their tasks' groups and exit: nothing is left running, and
@@ -399,12 +388,12 @@ run = '''echo '{{}}' > "$CRUCIBLE_OUTPUT"'''
     workers = [
         int(p)
         for p in os.listdir("/proc")
-        if p.isdigit() and _parent(int(p)) == proc.pid and int(p) != leader
+        if p.isdigit() and parent_pid(int(p)) == proc.pid and int(p) != leader
     ]
     assert workers, "no worker processes found"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    _wait_for(lambda: not any(_alive(p) for p in (leader, child, *workers)))
+    _wait_for(lambda: not any(process_alive(p) for p in (leader, child, *workers)))
     assert not (state / "results" / "long.json").exists()
     gate.unlink()
     done = subprocess.run(
@@ -414,20 +403,8 @@ run = '''echo '{{}}' > "$CRUCIBLE_OUTPUT"'''
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert result_status(state, "long") == "passed"
-
-
-def result_status(state: Path, task: str) -> str | None:
-    path = state / "results" / f"{task}.json"
-    return json.loads(path.read_bytes())["status"] if path.exists() else None
-
-
-def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return -1
-    return int(stat.rsplit(")", 1)[1].split()[1])
+    rec = result(state, "long")
+    assert rec is not None and rec["status"] == "passed"
 
 
 def test_a_worker_killed_mid_task_stops_the_run_and_its_task(tmp_path: Path) -> None:
@@ -450,12 +427,12 @@ run = \'\'\'echo $$ > {tmp_path}/long.pid; while [ -e {gate} ]; do sleep 0.05; d
     pid_file = tmp_path / "long.pid"
     _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
     leader = int(pid_file.read_text())
-    worker = _parent(leader)
-    assert _parent(worker) == proc.pid
+    worker = parent_pid(leader)
+    assert parent_pid(worker) == proc.pid
     os.kill(worker, signal.SIGKILL)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1 and "worker" in lines[0] and "died" in lines[0], lines
-    _wait_for(lambda: not _alive(leader))
+    _wait_for(lambda: not process_alive(leader))
     assert events(state)[-1]["event"] == "shutdown"

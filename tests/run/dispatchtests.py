@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,3 +16,33 @@ def result(state: Path, task: str, key: str | None = None) -> dict[str, Any] | N
     from crucible import stage
 
     return stage.load_result(state, task, key)
+
+
+def run(plan: Path, state: Path, **kw: object) -> object:
+    """run_plan with short backoff and grace, and a small fixed host environment."""
+    from crucible.run import RunOptions, run_plan
+
+    options = RunOptions(plan=plan, state=state, backoff=0.01, kill_grace=1.0, **kw)  # type: ignore[arg-type]
+    return run_plan(
+        options, environ={"PATH": os.environ["PATH"], "HOME": "/nonexistent", "SECRET": "s3"}
+    )
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+
+
+def process_alive(pid: int) -> bool:
+    """True for a process that exists and is not a zombie (which still answers kill 0)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of ``pid``; -1 when it is gone."""
+    fields = _stat_fields(pid)
+    return -1 if fields is None else int(fields[1])

@@ -13,16 +13,9 @@ import pytest
 from crucible.core import canon
 from crucible.core.errors import InputRefused, PlanChanged, UsageError
 from crucible.run import RunOptions, run_plan
-from tests.run.dispatchtests import events, result
+from tests.run.dispatchtests import events, result, run
 
 Pack = Callable[..., Path]
-
-
-def run(plan: Path, state: Path, **kw: object) -> object:
-    options = RunOptions(plan=plan, state=state, backoff=0.01, kill_grace=1.0, **kw)  # type: ignore[arg-type]
-    return run_plan(
-        options, environ={"PATH": os.environ["PATH"], "HOME": "/nonexistent", "SECRET": "s3"}
-    )
 
 
 def test_parallel_tasks_overlap_and_j1_serialises(pack: Pack, tmp_path: Path) -> None:

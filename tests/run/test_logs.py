@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from crucible.run import RunOptions, run_plan
-from tests.run.dispatchtests import events, result
+from tests.run.dispatchtests import events, result, run
 
 Pack = Callable[..., Path]
-
-
-def run(plan: Path, state: Path, **kw: object) -> object:
-    options = RunOptions(plan=plan, state=state, backoff=0.01, kill_grace=1.0, **kw)  # type: ignore[arg-type]
-    return run_plan(options, environ={"PATH": os.environ["PATH"]})
 
 
 def test_output_is_logged_per_attempt_and_quiet_attempts_leave_no_file(

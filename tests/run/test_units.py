@@ -17,19 +17,7 @@ from crucible.run.engine import Counts
 from crucible.run.graph import build_graph
 from crucible.run.progress import describe
 from crucible.run.session import SessionLog, read_events
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); look at its state
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+from tests.run.dispatchtests import process_alive
 
 
 def test_group_kill_reaches_grandchildren(tmp_path: Path) -> None:
@@ -54,10 +42,10 @@ def test_group_kill_reaches_grandchildren(tmp_path: Path) -> None:
     code = proc.reap()
     assert code == -signal.SIGTERM
     for _ in range(200):
-        if not _alive(grandchild):
+        if not process_alive(grandchild):
             break
         time.sleep(0.01)
-    assert not _alive(grandchild)
+    assert not process_alive(grandchild)
 
 
 def test_reap_kills_leftovers_of_a_finished_leader(tmp_path: Path) -> None:
@@ -78,10 +66,10 @@ def test_reap_kills_leftovers_of_a_finished_leader(tmp_path: Path) -> None:
     assert proc.reap() == 0
     background = int(pidfile.read_text())
     for _ in range(200):
-        if not _alive(background):
+        if not process_alive(background):
             break
         time.sleep(0.01)
-    assert not _alive(background)
+    assert not process_alive(background)
 
 
 def test_spawn_does_what_popen_did_and_reports_failures(tmp_path: Path) -> None:
