@@ -326,6 +326,9 @@ def main() -> int:
         help="wait up to this many seconds for the filesystem to settle (0: do not wait)",
     )
     args = ap.parse_args()
+    if args.snakemake and shutil.which(args.snakemake) is None:
+        print(f"--snakemake: {args.snakemake}: no such program", file=sys.stderr)
+        return 2
     if shutil.which("make") is None:
         print("make not found: cannot measure the baseline", file=sys.stderr)
         return 3
