@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from crucible.stage._names import check_task_name, escape_key
@@ -21,23 +20,23 @@ class StateLayout:
 
     state: Path
 
-    @cached_property
+    @property
     def plan_path(self) -> Path:
         return self.state / "plan.json"
 
-    @cached_property
+    @property
     def params_path(self) -> Path:
         return self.state / "params.json"
 
-    @cached_property
+    @property
     def results_root(self) -> Path:
         return self.state / "results"
 
-    @cached_property
+    @property
     def files_root(self) -> Path:
         return self.state / "files"
 
-    @cached_property
+    @property
     def work_root(self) -> Path:
         return self.state / "work"
 
@@ -59,7 +58,7 @@ class StateLayout:
         """``work/<task>``, or ``work/<task>/<escaped key>``."""
         return self._under(self.work_root, task, key)
 
-    @cached_property
+    @property
     def reserved_root(self) -> Path:
         return self.state / "reserved"
 
