@@ -11,6 +11,7 @@ from crucible.core.errors import UnsupportedVersion
 
 __all__ = [
     "DEFAULT_EDITION",
+    "EDITION_CONTROL",
     "LATEST_EDITION",
     "PLAN_TASK_KEYS",
     "RESERVED_INPUTS",
@@ -18,7 +19,6 @@ __all__ = [
     "SUPPORTED_VERSIONS",
     "TYPES",
     "check_edition",
-    "EDITION_CONTROL",
     "check_version",
     "edition_for_version",
     "ir_version_for",
