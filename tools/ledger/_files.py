@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import os
 import stat
@@ -21,6 +22,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from crucible.core.atomic import fsync_dir
 from crucible.core.fdio import write_all
 
 __all__ = [
@@ -37,24 +39,59 @@ LOCK_NAME = "steps.lock"
 GENERATION_SIZE = 8
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+#: never follow a link planted at one of our names (a write through it would land
+#: outside the directory); never block on a FIFO planted there
+_NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def refused_link(path: Path, exc: OSError) -> OSError:
+    """``exc`` (ELOOP from ``O_NOFOLLOW``) said the way people read it."""
+    return OSError(exc.errno, "a symlink, and links are not followed", str(path))
+
+
+def open_lock(path: Path) -> int:
+    """The lock file's descriptor, created if missing; a symlink or anything but a
+    regular file at ``path`` is refused (OSError naming ``path``)."""
     try:
-        os.fsync(fd)
-    finally:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NO_LINK, 0o644)
+    except PermissionError as denied:
+        # an existing lock file in a read-only place can still be locked
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_LINK)
+        except FileNotFoundError:
+            # the cause is that it cannot be created: say so (EACCES), not ENOENT
+            raise OSError(denied.errno, denied.strerror, str(path)) from None
+        except OSError as exc:
+            raise _named(path, exc) from None
+    except OSError as exc:
+        raise _named(path, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _named(path: Path, exc: OSError) -> OSError:
+    if exc.errno == errno.ELOOP:
+        return refused_link(path, exc)
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+def describe(exc: OSError) -> str:
+    """``PATH: reason`` when the error names a file, else the reason."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 @contextlib.contextmanager
 def exclusive_lock(directory: Path) -> Iterator[int]:
     """Hold ``flock(LOCK_EX)`` on ``<directory>/steps.lock`` (created if missing);
     yields the lock file's descriptor."""
-    path = directory / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except PermissionError:
-        # an existing lock file in a read-only place can still be locked
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_lock(directory / LOCK_NAME)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -75,10 +112,15 @@ def read_regular_file(path: Path) -> tuple[int, bytes] | None:
     later ``pread``), None if it does not exist. Raises OSError if it cannot be
     read, ValueError if it is not a regular file."""
     try:
-        # O_NONBLOCK: a FIFO put in its place must not hang us
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO put in its place must not hang us; O_NOFOLLOW: a
+        # symlinked ledger is not ours to read (or, later, to write through)
+        fd = os.open(path, os.O_RDONLY | _NO_LINK)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symlink, and links are not followed") from None
+        raise
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -112,7 +154,7 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
     judged unreadable; if ``path`` changed since, it is left alone (None)."""
     with exclusive_lock(path.parent) as lock_fd:
         try:
-            current = os.stat(path)
+            current = os.lstat(path)  # a symlink is renamed aside, its target untouched
         except FileNotFoundError:
             return None
         if expected is not None and (current.st_dev, current.st_ino) != (
@@ -172,11 +214,7 @@ class Appender:
             self.close()
             self._forked = False
         if self._lock_fd is None:
-            path = self.directory / LOCK_NAME
-            try:
-                self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except PermissionError:
-                self._lock_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._lock_fd = open_lock(self.directory / LOCK_NAME)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self._lock_fd
 
@@ -192,11 +230,15 @@ class Appender:
             os.close(self._fd)  # replaced by a compaction or quarantine: follow the path
             self._fd = None
         created = not os.path.lexists(self.path)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NO_LINK, 0o644)
+        except OSError as exc:
+            raise _named(self.path, exc) from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
-            raise OSError(f"{self.path} is not a regular file")
+            raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+        os.set_blocking(fd, True)
         if created:
             fsync_dir(self.directory)
         self._fd = fd

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.ledger._files import LEDGER_NAME, Appender, quarantine, read_regular_file
+from crucible.ledger._files import (
+    LEDGER_NAME,
+    Appender,
+    describe,
+    quarantine,
+    read_regular_file,
+)
 from crucible.ledger._record import decode_line, encode_line, make_record, read_line_at
 from crucible.ledger._scan import Scan, scan
 
@@ -136,7 +142,7 @@ class Ledger:
         seen: os.stat_result | None = None
         try:
             # what we judge, so a quarantine renames this file and no later one
-            seen = os.stat(self.path) if os.path.lexists(self.path) else None
+            seen = os.lstat(self.path) if os.path.lexists(self.path) else None
             found = read_regular_file(self.path)
         except ValueError as exc:
             reason, found = str(exc), None
@@ -177,7 +183,7 @@ class Ledger:
         except OSError as exc:
             self._warn(
                 f"{self.path} is unreadable ({reason}) and could not be quarantined "
-                f"({exc.strerror or exc}); continuing without it"
+                f"({describe(exc)}); continuing without it"
             )
             return None
         if target is not None:
@@ -272,7 +278,7 @@ class Ledger:
         try:
             self._appender.append(line)
         except OSError as exc:
-            self._warn(f"cannot append to {self.path} ({exc.strerror or exc}); {step} not recorded")
+            self._warn(f"cannot append to {self.path} ({describe(exc)}); {step} not recorded")
             return False
         return True
 

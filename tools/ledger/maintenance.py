@@ -3,19 +3,18 @@ latest record of each identity, safe against concurrent appenders)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crucible.core.atomic import atomic_file
 from crucible.core.errors import OperationalError
 from crucible.ledger._files import (
     LEDGER_NAME,
     bump_generation,
+    describe,
     exclusive_lock,
-    fsync_dir,
     read_regular_file,
 )
 from crucible.ledger._record import FORMAT_VERSION
@@ -91,19 +90,11 @@ class CompactReport:
 
 
 def _write_atomic(path: Path, chunks: list[bytes], mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """The one atomic writer (core): temp file in the same directory, fsync,
+    rename, fsync the directory."""
+    with atomic_file(path, mode, tmp_prefix=f".{path.name}.") as f:
+        for chunk in chunks:
+            f.write(chunk)
 
 
 def compact(directory: str | os.PathLike[str]) -> CompactReport:
@@ -114,6 +105,8 @@ def compact(directory: str | os.PathLike[str]) -> CompactReport:
     between the read and the rename; appenders notice the new inode and re-open."""
     directory = Path(directory)
     path = directory / LEDGER_NAME
+    if not directory.is_dir():
+        return CompactReport(path, 0, 0, 0, 0, False, None)  # nothing to compact
     try:
         with exclusive_lock(directory) as lock_fd:
             data, info = _read(path)
@@ -132,9 +125,8 @@ def compact(directory: str | os.PathLike[str]) -> CompactReport:
                 _write_atomic(rejected_path, [rejected], 0o644)
             bump_generation(lock_fd)
             _write_atomic(path, kept, info.st_mode & 0o7777)
-            fsync_dir(directory)
     except OSError as exc:
-        raise OperationalError(f"cannot compact: {exc.strerror or exc}", where=str(path)) from None
+        raise OperationalError(f"cannot compact: {describe(exc)}", where=str(path)) from None
     return CompactReport(
         path,
         result.records,
