@@ -24,13 +24,26 @@ from pathlib import Path
 
 from crucible.core.atomic import fsync_dir
 from crucible.core.fdio import write_all
+from crucible.ledger._index import (
+    HEADER_SIZE,
+    Summary,
+    Table,
+    catch_up,
+    fingerprint,
+    grow,
+    identity_hash,
+    write_table,
+)
+from crucible.ledger._index import remove as remove_index
 
 __all__ = [
     "LEDGER_NAME",
     "LOCK_NAME",
     "Appender",
     "exclusive_lock",
+    "open_regular_file",
     "quarantine",
+    "read_all",
     "read_regular_file",
 ]
 
@@ -88,10 +101,17 @@ def describe(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def exclusive_lock(directory: Path) -> Iterator[int]:
-    """Hold ``flock(LOCK_EX)`` on ``<directory>/steps.lock`` (created if missing);
-    yields the lock file's descriptor."""
-    fd = open_lock(directory / LOCK_NAME)
+def exclusive_lock(directory: Path, *, create: bool = True) -> Iterator[int]:
+    """Hold ``flock(LOCK_EX)`` on ``<directory>/steps.lock`` (created if missing,
+    unless ``create`` is false); yields the lock file's descriptor."""
+    path = directory / LOCK_NAME
+    if create:
+        fd = open_lock(path)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_LINK)
+        except OSError as exc:
+            raise _named(path, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -107,10 +127,10 @@ def bump_generation(lock_fd: int) -> None:
     os.pwrite(lock_fd, os.urandom(GENERATION_SIZE), 0)
 
 
-def read_regular_file(path: Path) -> tuple[int, bytes] | None:
-    """``(fd, bytes)`` of the regular file at ``path`` (the fd stays open for
-    later ``pread``), None if it does not exist. Raises OSError if it cannot be
-    read, ValueError if it is not a regular file."""
+def open_regular_file(path: Path) -> int | None:
+    """A read-only descriptor of the regular file at ``path``, None if it does not
+    exist. Raises OSError if it cannot be opened, ValueError if it is not a
+    regular file (a symlink, a directory, a FIFO: opened non-blocking, never hangs)."""
     try:
         # O_NONBLOCK: a FIFO put in its place must not hang us; O_NOFOLLOW: a
         # symlinked ledger is not ours to read (or, later, to write through)
@@ -122,18 +142,38 @@ def read_regular_file(path: Path) -> tuple[int, bytes] | None:
             raise ValueError("a symlink, and links are not followed") from None
         raise
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")
-        chunks: list[bytes] = []
-        remaining = info.st_size
-        while True:
-            block = os.read(fd, max(remaining, 1 << 16))
-            if not block:
-                break
-            chunks.append(block)
-            remaining -= len(block)
-        return fd, b"".join(chunks)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_all(fd: int) -> bytes:
+    """Every byte of the regular file open at ``fd``, from its start."""
+    chunks: list[bytes] = []
+    offset = 0
+    remaining = os.fstat(fd).st_size
+    while True:
+        block = os.pread(fd, max(remaining, 1 << 16), offset)
+        if not block:
+            break
+        chunks.append(block)
+        offset += len(block)
+        remaining -= len(block)
+    return b"".join(chunks)
+
+
+def read_regular_file(path: Path) -> tuple[int, bytes] | None:
+    """``(fd, bytes)`` of the regular file at ``path`` (the fd stays open for
+    later ``pread``), None if it does not exist. Raises OSError if it cannot be
+    read, ValueError if it is not a regular file."""
+    fd = open_regular_file(path)
+    if fd is None:
+        return None
+    try:
+        return fd, read_all(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -164,6 +204,7 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
             return None
         target = quarantine_name(path)
         bump_generation(lock_fd)
+        remove_index(path.parent)  # it indexed the file going aside
         os.rename(path, target)
         fsync_dir(path.parent)
         return target
@@ -202,12 +243,17 @@ class Appender:
         #: (inode, size) right after our last append: the tail is known to be "\\n"
         self._clean_end: tuple[int, int] | None = None
         self._thread_lock = threading.Lock()  # flock does not order our own threads
+        self._table: Table | None = None
+        self._dev = 0
 
     def close(self) -> None:
         for fd in (self._fd, self._lock_fd):
             if fd is not None:
                 os.close(fd)
         self._fd = self._lock_fd = None
+        if self._table is not None:
+            self._table.close()
+            self._table = None
 
     def _lock(self) -> int:
         if self._forked:  # in a forked child: never share the parent's descriptors
@@ -241,13 +287,15 @@ class Appender:
         os.set_blocking(fd, True)
         if created:
             fsync_dir(self.directory)
+        self._dev = info.st_dev
         self._fd = fd
         self._generation = generation
         return fd, info.st_ino, info.st_size
 
-    def append(self, line: bytes) -> None:
+    def append(self, line: bytes, identity: tuple[str, str] | None = None) -> None:
         """Append ``line`` (``\\n``-terminated) durably; raises OSError on failure,
-        after truncating away any partial write."""
+        after truncating away any partial write. With ``identity`` (the record's),
+        the index gets its slot under the same lock."""
         with self._thread_lock:
             lock_fd = self._lock()
             try:
@@ -263,5 +311,52 @@ class Appender:
                     with contextlib.suppress(OSError):
                         os.ftruncate(fd, size)  # leave no partial line behind
                     raise
+                if identity is not None:
+                    # the record is durable; its index entry is a cache: a failure
+                    # here leaves the index behind, and the next reader catches up
+                    with contextlib.suppress(OSError):
+                        self._index(fd, inode, size, line, identity)
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _index(
+        self, fd: int, inode: int, size: int, line: bytes, identity: tuple[str, str]
+    ) -> None:
+        """Give the record just written at ``size`` its slot in ``steps.idx``
+        (under the lock). An index that is missing or stale is left for the next
+        opener to rebuild: appends stay on the fsync-bound fast path."""
+        table = self._table
+        if table is None or table.replaced():
+            if table is not None:
+                table.close()
+            table = self._table = Table.open(self.directory, write=True)
+            if table is None and size == 0:
+                # a new ledger gets its (empty) index with its first record
+                generation = self._generation.ljust(8, b"\0")
+                write_table(self.directory, Summary(self._dev, inode, generation), {})
+                table = self._table = Table.open(self.directory, write=True)
+            if table is None:
+                return
+        summary = Summary.unpack(os.pread(table.fd, HEADER_SIZE, 0))
+        if summary is None:
+            return
+        table.summary = summary
+        if (summary.dev, summary.ino, summary.generation) != (
+            self._dev,
+            inode,
+            self._generation.ljust(8, b"\0"),
+        ):
+            return
+        end = size + len(line)
+        if summary.covered == size and not summary.tail_len and line[:1] != b"\n":
+            summary.records += 1
+            summary.newlines += 1
+            summary.covered = end
+            summary.fingerprint = fingerprint(fd, end)
+            h = identity_hash(*identity)
+            if table.insert(h, size):
+                table.write_summary()
+            else:
+                grow(table, {h: size})
+        elif table.matches(fd, os.fstat(fd), summary.generation) == "behind":
+            catch_up(table, fd, end)
