@@ -11,8 +11,8 @@ from crucible.proof.reader.findings import Problem
 from crucible.proof.reader.proofstream import load_proof
 from crucible.proof.reader.strict import JsonBounds
 from crucible.proof.reader.verify import verify_bundle
-from tests.verify.bundlegen import rich, write_files
-from tests.verify.mutate import PROOF, Bundle
+from tests.proof.reader.bundlegen import rich, write_files
+from tests.proof.reader.mutate import PROOF, Bundle
 
 BOUNDS = JsonBounds(depth=64, members=4096, string_bytes=65536)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from crucible.core import canon, digest
 from crucible.proof.writer.derive import emitted_outputs, project
 from crucible.proof.writer.model import parse_workflow
-from tests.proof.prove_helpers import BIG_LIMITS, stage
+from tests.proof.writer.prove_helpers import BIG_LIMITS, stage
 
 WF = parse_workflow(
     canon.dumps(

@@ -16,7 +16,7 @@ import pytest
 
 from crucible.core import canon
 from crucible.proof.reader.verify import verify_bundle
-from tests.verify.bundlegen import AT, Gen, stage, write_files
+from tests.proof.reader.bundlegen import AT, Gen, stage, write_files
 
 FIVE = 99_999  # placeholder with the digits of every tuned maxBytes below
 
@@ -314,7 +314,7 @@ def test_fork_retires_descendants_and_frees_nothing(tmp_path: Path) -> None:
         )
 
     g = selection(then=retired)
-    from tests.verify.mutate import Bundle
+    from tests.proof.reader.mutate import Bundle
 
     files = Bundle(g.exported()).finish()
     root = tmp_path / "retired"

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
-from tests.proof.prove_helpers import read_tree
+from tests.proof.writer.prove_helpers import read_tree
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCHEMAS = REPO / "docs" / "schemas"
 VECTORS = REPO / "tests" / "vectors" / "proof"
 _TYPES = {

@@ -15,7 +15,7 @@ from crucible.core import canon
 from crucible.proof.reader.replay import Replay
 from crucible.proof.reader.verify import verify_bundle
 
-VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "proof"
+VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "proof"
 CASES = (
     sorted(p.name for p in VECTORS.iterdir() if (p / "expected.json").is_file())
     if VECTORS.is_dir()

@@ -13,7 +13,7 @@ from crucible.core import canon
 from crucible.proof.reader.cli import command
 from crucible.proof.reader.findings import Inability
 from crucible.proof.reader.verify import verify_bundle
-from tests.verify.bundlegen import org_people, rich, write_files
+from tests.proof.reader.bundlegen import org_people, rich, write_files
 
 BASES = [org_people().exported(), rich().exported()]
 

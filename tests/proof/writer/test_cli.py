@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from crucible.core import canon
 from crucible.proof.writer.cli import command
-from tests.proof.prove_helpers import Scenario, orgs, people, read_tree
+from tests.proof.writer.prove_helpers import Scenario, orgs, people, read_tree
 
 SCRIPT = Path(sys.executable).parent / "crucible-prove"
 

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from crucible.core import canon
 from crucible.proof.reader.cli import command
-from tests.verify.bundlegen import org_people, rich, write_files
-from tests.verify.mutate import Bundle
-from tests.verify.test_mutations import MUTATIONS
+from tests.proof.reader.bundlegen import org_people, rich, write_files
+from tests.proof.reader.mutate import Bundle
+from tests.proof.reader.test_mutations import MUTATIONS
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 

@@ -13,7 +13,7 @@ import pytest
 from crucible.core import canon, digest
 from crucible.proof.reader.verify import verify_bundle
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import bench_verify
 
 

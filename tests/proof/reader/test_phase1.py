@@ -13,8 +13,8 @@ from crucible.proof.reader import bundle as bundle_mod
 from crucible.proof.reader.findings import Inability, Problem
 from crucible.proof.reader.strict import JsonBounds, parse_json
 from crucible.proof.reader.verify import verify_bundle
-from tests.verify.bundlegen import org_people, write_files
-from tests.verify.mutate import PROOF, Bundle
+from tests.proof.reader.bundlegen import org_people, write_files
+from tests.proof.reader.mutate import PROOF, Bundle
 
 
 @pytest.fixture

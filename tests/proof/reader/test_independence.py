@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-READER = Path(__file__).resolve().parents[2] / "tools" / "proof" / "reader"
+READER = Path(__file__).resolve().parents[3] / "tools" / "proof" / "reader"
 ALLOWED = ("crucible.core", "crucible.proof.layout", "crucible.proof.reader")
 
 

@@ -1,6 +1,6 @@
 """Recorded bundles under tests/vectors/proof/ regenerate byte-for-byte.
 
-Update with ``CRUCIBLE_UPDATE_GOLDEN=1 pytest tests/proof/test_vectors.py``.
+Update with ``CRUCIBLE_UPDATE_GOLDEN=1 pytest tests/proof/writer/test_vectors.py``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
-from tests.proof.prove_helpers import check_chain, read_tree
-from tests.proof.vector_cases import CASES, MUTATIONS
+from tests.proof.writer.prove_helpers import check_chain, read_tree
+from tests.proof.writer.vector_cases import CASES, MUTATIONS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 VECTORS = REPO / "tests" / "vectors" / "proof"
 UPDATE = os.environ.get("CRUCIBLE_UPDATE_GOLDEN") == "1"
 SCRIPT = Path(sys.executable).parent / "crucible-prove"

@@ -16,10 +16,10 @@ import pytest
 
 from crucible.core import canon, digest
 from crucible.proof.reader.verify import VerifyOptions, verify_bundle
-from tests.verify.bundlegen import org_people, rich
-from tests.verify.mutate import EXEC, PROOF, Bundle, load_dir, write_dir
+from tests.proof.reader.bundlegen import org_people, rich
+from tests.proof.reader.mutate import EXEC, PROOF, Bundle, load_dir, write_dir
 
-VECTORS = Path(__file__).resolve().parents[1] / "vectors" / "proof"
+VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "proof"
 
 Result = tuple[dict[str, bytes], str, int] | None
 MUTATIONS: dict[str, Callable[[Bundle], Result]] = {}
@@ -33,7 +33,7 @@ def mutation(fn: Callable[[Bundle], Result]) -> Callable[[Bundle], Result]:
 def _valid_bundles() -> dict[str, dict[str, bytes]]:
     out = {"gen-org-people": org_people().exported(), "gen-rich": rich().exported()}
     if VECTORS.is_dir():
-        from tests.verify.test_verify_vectors import DISAGREEMENTS
+        from tests.proof.reader.test_verify_vectors import DISAGREEMENTS
 
         for case in sorted(VECTORS.iterdir()):
             expected = case / "expected.json"

@@ -10,7 +10,7 @@ import pytest
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.proof.writer import Forbidden
-from tests.proof.prove_helpers import (
+from tests.proof.writer.prove_helpers import (
     Scenario,
     check_chain,
     orgs,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
-from tests.proof.prove_helpers import AT, Scenario, orgs, people, stage
+from tests.proof.writer.prove_helpers import AT, Scenario, orgs, people, stage
 
 Build = Callable[[Path], Scenario]
 

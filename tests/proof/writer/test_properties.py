@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
-from tests.proof.prove_helpers import Scenario, orgs, people, read_tree
+from tests.proof.writer.prove_helpers import Scenario, orgs, people, read_tree
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
