@@ -10,9 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
+from crucible.proof.reader import Inability, verify_bundle
 from crucible.proof.reader.cli import command
-from crucible.proof.reader.findings import Inability
-from crucible.proof.reader.verify import verify_bundle
 from tests.proof.reader.bundlegen import org_people, rich, write_files
 
 BASES = [org_people().exported(), rich().exported()]

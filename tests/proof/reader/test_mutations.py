@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from crucible.core import canon, digest
-from crucible.proof.reader.verify import VerifyOptions, verify_bundle
+from crucible.proof.reader import VerifyOptions, verify_bundle
 from tests.proof.reader.bundlegen import org_people, rich
 from tests.proof.reader.mutate import EXEC, PROOF, Bundle, load_dir, write_dir
 

@@ -9,10 +9,9 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
-from crucible.proof.reader import bundle as bundle_mod
-from crucible.proof.reader.findings import Inability, Problem
-from crucible.proof.reader.strict import JsonBounds, parse_json
-from crucible.proof.reader.verify import verify_bundle
+from crucible.proof.reader import Inability, Problem, verify_bundle
+from crucible.proof.reader import _bundle as bundle_mod
+from crucible.proof.reader._strict import JsonBounds, parse_json
 from tests.proof.reader.bundlegen import org_people, write_files
 from tests.proof.reader.mutate import PROOF, Bundle
 

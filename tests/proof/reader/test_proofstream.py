@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon
-from crucible.proof.reader.findings import Problem
-from crucible.proof.reader.proofstream import load_proof
-from crucible.proof.reader.strict import JsonBounds
-from crucible.proof.reader.verify import verify_bundle
+from crucible.proof.reader import Problem, verify_bundle
+from crucible.proof.reader._proofstream import load_proof
+from crucible.proof.reader._strict import JsonBounds
 from tests.proof.reader.bundlegen import rich, write_files
 from tests.proof.reader.mutate import PROOF, Bundle
 

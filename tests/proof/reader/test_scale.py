@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon, digest
-from crucible.proof.reader.verify import verify_bundle
+from crucible.proof.reader import verify_bundle
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 import bench_verify

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
-from crucible.proof.reader.verify import verify_bundle
+from crucible.proof.reader import verify_bundle
 from tests.proof.reader.bundlegen import AT, Gen, stage, write_files
 
 FIVE = 99_999  # placeholder with the digits of every tuned maxBytes below

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
-from crucible.proof.reader.replay import Replay
-from crucible.proof.reader.verify import verify_bundle
+from crucible.proof.reader import verify_bundle
+from crucible.proof.reader._replay import Replay
 
 VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "proof"
 CASES = (

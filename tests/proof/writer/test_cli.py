@@ -105,7 +105,7 @@ def test_probe_reports_measured_boundaries() -> None:
 
 
 def test_probe_properties(tmp_path: Path) -> None:
-    from crucible.proof.writer.probe import one_output, two_stage_ids
+    from crucible.proof.writer._probe import one_output, two_stage_ids
 
     one = one_output(tmp_path)
     assert one.at_limit == "accepted" and one.acceptance[0] == one.detail["maxBytes"]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from crucible.core import canon, digest
-from crucible.proof.writer.derive import emitted_outputs, project
-from crucible.proof.writer.model import parse_workflow
+from crucible.proof.writer._derive import emitted_outputs, project
+from crucible.proof.writer._model import parse_workflow
 from tests.proof.writer.prove_helpers import BIG_LIMITS, stage
 
 WF = parse_workflow(

@@ -6,7 +6,7 @@ import io
 import random
 
 from crucible.core import canon, digest
-from crucible.proof.writer.proofchain import ProofChain, split_at_results
+from crucible.proof.writer._proofchain import ProofChain, split_at_results
 
 ROOT = {
     "workflowDigest": "sha256:" + "1" * 64,

@@ -16,16 +16,16 @@ from pathlib import Path
 from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.proof import layout
-from crucible.proof.writer.bundle import (
+from crucible.proof.writer._bundle import (
     check_target,
     staging_dir,
     swap_into,
     sync_tree,
     write_custody,
 )
-from crucible.proof.writer.engine import Decision, Engine, FileSink, Forbidden, Unrecordable
-from crucible.proof.writer.model import Workflow, load_workflow, parse_workflow
-from crucible.proof.writer.ops import iter_operations
+from crucible.proof.writer._engine import Decision, Engine, FileSink, Forbidden, Unrecordable
+from crucible.proof.writer._model import Workflow, load_workflow, parse_workflow
+from crucible.proof.writer._ops import iter_operations
 
 __all__ = [
     "Decision",

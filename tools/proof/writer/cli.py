@@ -95,7 +95,7 @@ def command(
 @command.command("probe")
 def probe_command() -> int:
     """Print the synthetic accounting experiment: measured candidates and boundaries."""
-    from crucible.proof.writer.probe import run_probe
+    from crucible.proof.writer._probe import run_probe
 
     sys.stdout.write(run_probe())
     return 0

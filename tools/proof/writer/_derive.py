@@ -11,8 +11,8 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.proof import layout
-from crucible.proof.writer.model import Stage
-from crucible.proof.writer.state import control_dumps
+from crucible.proof.writer._model import Stage
+from crucible.proof.writer._state import control_dumps
 
 __all__ = ["Projection", "emitted_outputs", "project"]
 

@@ -23,10 +23,10 @@ import orjson
 
 from crucible.core import canon, digest
 from crucible.proof import layout
-from crucible.proof.reader.bundle import BundleTree
-from crucible.proof.reader.chain import PrefixHasher, split_results
-from crucible.proof.reader.findings import Problem
-from crucible.proof.reader.model import (
+from crucible.proof.reader._bundle import BundleTree
+from crucible.proof.reader._chain import PrefixHasher, split_results
+from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._model import (
     PINS,
     Attempt,
     Instance,

@@ -13,7 +13,7 @@ from typing import Any
 
 from crucible.core.digest import is_digest
 from crucible.proof import layout
-from crucible.proof.reader.findings import Problem
+from crucible.proof.reader._findings import Problem
 
 __all__ = [
     "EPOCH_KINDS",

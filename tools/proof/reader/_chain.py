@@ -15,7 +15,7 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.proof import layout
-from crucible.proof.reader.model import control_dumps
+from crucible.proof.reader._model import control_dumps
 
 __all__ = ["PrefixHasher", "split_results"]
 

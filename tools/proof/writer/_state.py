@@ -18,7 +18,7 @@ import orjson
 
 from crucible.core import canon
 from crucible.proof import layout
-from crucible.proof.writer.model import Workflow
+from crucible.proof.writer._model import Workflow
 
 __all__ = ["PINS", "Attempt", "Instance", "State", "control_dumps"]
 

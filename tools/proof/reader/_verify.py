@@ -3,7 +3,7 @@
 Phase 1 (forms and bounds) reads every file of the bundle once, bounded and
 without following links, and records each file's digest. Phase 2 checks pins and
 the proof chain, phase 3 the preparation claims, phase 4 replays the epochs
-(:mod:`crucible.proof.reader.replay`), phase 5 compares the reconstruction with
+(:mod:`crucible.proof.reader._replay`), phase 5 compares the reconstruction with
 the supplied control files and inventory. See docs/spec/verify.md.
 """
 
@@ -15,27 +15,18 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.proof import layout
-from crucible.proof.reader import forms
-from crucible.proof.reader.bundle import BundleTree, walk_bundle
-from crucible.proof.reader.chain import PrefixHasher
-from crucible.proof.reader.findings import Problem
-from crucible.proof.reader.model import PINS, StageDef, control_dumps
-from crucible.proof.reader.proofstream import Proof, load_proof
-from crucible.proof.reader.replay import Context, Replay
-from crucible.proof.reader.report import Counts, Reading, Report
-from crucible.proof.reader.strict import JsonBounds, parse_json
+from crucible.proof.reader import _forms as forms
+from crucible.proof.reader._bundle import BundleTree, walk_bundle
+from crucible.proof.reader._chain import PrefixHasher
+from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._model import PINS, StageDef, control_dumps
+from crucible.proof.reader._proofstream import Proof, load_proof
+from crucible.proof.reader._replay import Context, Replay
+from crucible.proof.reader._report import Counts, Reading, Report
+from crucible.proof.reader._strict import JsonBounds, parse_json
 
-__all__ = ["EXPECTATION_KEYS", "VerifyOptions", "load_expectations", "verify_bundle"]
+__all__ = ["VerifyOptions", "verify_bundle"]
 
-#: members an --expect file may hold (docs/spec/verify.md, "Expectations")
-EXPECTATION_KEYS = (
-    "admissionProofDigest",
-    "workflowDigest",
-    "rootCaseDigest",
-    "frozenDigest",
-    "execution",
-    "epochs",
-)
 #: phase-1 precedence among refusal codes (RFC 0024 §8)
 _PRECEDENCE = (
     "input-over-bound",
@@ -59,21 +50,6 @@ class VerifyOptions:
     expect: dict[str, Any] | None = None
     #: the proof's byte ceiling (RFC 0024 §1: 8 MiB); raised only by the benchmark
     proof_ceiling: int = layout.MAX_PROOF_BYTES
-
-
-def load_expectations(path: Path) -> dict[str, Any]:
-    """Read an --expect file; ValueError (a usage error) when it is not one."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read: {exc.strerror}") from None
-    try:
-        value = canon.loads(data)
-    except canon.CanonError as exc:
-        raise ValueError(exc.message) from None
-    if type(value) is not dict or not value or set(value) - set(EXPECTATION_KEYS):
-        raise ValueError(f"an object with some of the members {', '.join(EXPECTATION_KEYS)}")
-    return value
 
 
 class _Collector:

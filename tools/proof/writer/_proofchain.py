@@ -34,7 +34,7 @@ def split_at_results(epoch: dict[str, Any]) -> tuple[bytes, bytes]:
     results array's elements: ``head + b",".join(results) + tail`` is canonical."""
     keys = sorted(epoch)  # every key is ASCII: code-point order is RFC 8785 order
     # epochs are writer-built control values: orjson's sorted output is JCS here
-    # (see crucible.proof.writer.state.control_dumps)
+    # (see crucible.proof.writer._state.control_dumps)
     before = [_dumps(k) + b":" + _dumps(epoch[k]) for k in keys if k < _RESULTS_KEY]
     after = [_dumps(k) + b":" + _dumps(epoch[k]) for k in keys if k > _RESULTS_KEY]
     head = b"{" + b",".join(before) + (b"," if before else b"") + b'"results":['

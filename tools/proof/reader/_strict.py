@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from crucible.core import canon
-from crucible.proof.reader.findings import Problem
+from crucible.proof.reader._findings import Problem
 
 __all__ = ["JsonBounds", "check_bounds", "parse_json"]
 

@@ -21,8 +21,8 @@ import orjson
 
 from crucible.core import canon
 from crucible.proof import layout
-from crucible.proof.reader.findings import Problem
-from crucible.proof.reader.strict import JsonBounds, check_bounds, parse_json
+from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._strict import JsonBounds, check_bounds, parse_json
 
 __all__ = ["Proof", "load_proof"]
 

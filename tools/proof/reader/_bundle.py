@@ -16,7 +16,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crucible.proof.reader.findings import Inability, Problem
+from crucible.proof.reader._display import escaped
+from crucible.proof.reader._findings import Inability, Problem
 
 __all__ = ["BundleTree", "walk_bundle"]
 
@@ -48,19 +49,19 @@ class BundleTree:
         try:
             fd = os.open(self.root, _DIR_FLAGS)
         except OSError as exc:
-            raise Inability(f"{self.root}: cannot open the bundle: {exc.strerror}") from None
+            raise Inability(f"cannot open the bundle: {exc.strerror}", where=self.where) from None
         try:
             for part in parts[:-1]:
                 try:
                     nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
-                    raise _vanished(rel, exc) from None
+                    raise self._vanished(rel, exc) from None
                 os.close(fd)
                 fd = nxt
             try:
                 ffd = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
             except OSError as exc:
-                raise _vanished(rel, exc) from None
+                raise self._vanished(rel, exc) from None
             try:
                 st = os.fstat(ffd)
                 if not stat.S_ISREG(st.st_mode):
@@ -82,7 +83,7 @@ class BundleTree:
                     remaining -= len(chunk)
                 data = b"".join(chunks)
             except OSError as exc:
-                raise Inability(f"{rel}: read failed: {exc.strerror}") from None
+                raise Inability(f"{rel}: read failed: {exc.strerror}", where=self.where) from None
             finally:
                 os.close(ffd)
         finally:
@@ -91,12 +92,16 @@ class BundleTree:
             raise Problem("input-over-bound", 1, f"more than {ceiling} bytes", path=rel)
         return data
 
+    @property
+    def where(self) -> str:
+        """The bundle as named on the command line, escaped for one line."""
+        return escaped(self.root)
 
-def _vanished(rel: str, exc: OSError) -> Exception:
-    # ELOOP/ENOTDIR: a component became a symlink after the walk; never follow it.
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-        return Problem("input-malformed", 1, "a path component is not a directory", path=rel)
-    return Inability(f"{rel}: cannot open: {exc.strerror}")
+    def _vanished(self, rel: str, exc: OSError) -> Exception:
+        # ELOOP/ENOTDIR: a component became a symlink after the walk; never follow it.
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+            return Problem("input-malformed", 1, "a path component is not a directory", path=rel)
+        return Inability(f"{rel}: cannot open: {exc.strerror}", where=self.where)
 
 
 def _portable(name: str) -> bool:
@@ -118,13 +123,19 @@ def walk_bundle(root: Path, *, max_entries: int) -> BundleTree:
     The walk itself is bounded: it stops as soon as the entry count passes the
     ceiling, so a bundle of a million files costs a bounded amount of work.
     """
-    try:
-        st = os.stat(root)
-    except OSError as exc:
-        raise Inability(f"{root}: cannot read the bundle: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise Inability(f"{root}: not a directory")
     tree = BundleTree(root=root)
+    try:
+        # lstat: the bundle itself is never reached through a link either
+        st = os.lstat(root)
+    except OSError as exc:
+        raise Inability(f"cannot read the bundle: {exc.strerror}", where=tree.where) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise Inability(
+            "a symbolic link; links are not followed (name the bundle directory itself)",
+            where=tree.where,
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise Inability("not a directory", where=tree.where)
     entries = 0
     stack: list[tuple[str, str]] = [(str(root), "")]
     while stack:
@@ -133,7 +144,8 @@ def walk_bundle(root: Path, *, max_entries: int) -> BundleTree:
             with os.scandir(abs_dir) as it:
                 listing = sorted(it, key=lambda e: e.name)
         except OSError as exc:
-            raise Inability(f"{abs_dir}: cannot list: {exc.strerror}") from None
+            listed = escaped(rel_dir) or "the bundle directory"
+            raise Inability(f"{listed}: cannot list: {exc.strerror}", where=tree.where) from None
         for entry in listing:
             entries += 1
             if entries > max_entries:
@@ -141,13 +153,14 @@ def walk_bundle(root: Path, *, max_entries: int) -> BundleTree:
                     "input-over-bound", 1, f"the bundle holds more than {max_entries} entries"
                 )
             rel = f"{rel_dir}{entry.name}"
-            if not _portable(entry.name) and tree.bad_name is None:
-                tree.bad_name = rel.encode("utf-8", "backslashreplace").decode("ascii", "replace")
-                continue
+            if not _portable(entry.name):
+                if tree.bad_name is None:
+                    tree.bad_name = escaped(rel)
+                continue  # never descended into nor named again
             try:
                 est = entry.stat(follow_symlinks=False)
             except OSError as exc:
-                raise Inability(f"{rel}: cannot stat: {exc.strerror}") from None
+                raise Inability(f"{rel}: cannot stat: {exc.strerror}", where=tree.where) from None
             if stat.S_ISDIR(est.st_mode):
                 stack.append((entry.path, rel + "/"))
             elif stat.S_ISREG(est.st_mode):

@@ -16,18 +16,18 @@ from typing import Any
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused
 from crucible.proof import layout
-from crucible.proof.writer import ops as O
-from crucible.proof.writer.derive import emitted_outputs, project
-from crucible.proof.writer.model import Stage, Workflow
-from crucible.proof.writer.proofchain import ProofChain, split_at_results
-from crucible.proof.writer.received import (
+from crucible.proof.writer import _ops as O
+from crucible.proof.writer._derive import emitted_outputs, project
+from crucible.proof.writer._model import Stage, Workflow
+from crucible.proof.writer._proofchain import ProofChain, split_at_results
+from crucible.proof.writer._received import (
     TooLarge,
     check_pins,
     depth_ok,
     output_records,
     read_artifact,
 )
-from crucible.proof.writer.state import PINS, Attempt, Instance, State, control_dumps
+from crucible.proof.writer._state import PINS, Attempt, Instance, State, control_dumps
 
 __all__ = ["Decision", "Engine", "Forbidden", "Unrecordable"]
 

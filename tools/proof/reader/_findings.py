@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from crucible.core.errors import OperationalError
+
 __all__ = [
     "CODES",
     "FINDING_PHASES",
@@ -66,8 +68,14 @@ class Problem(Exception):
         return f"{self.code} ({', '.join(where)}): {self.message}"
 
 
-class Inability(Exception):
+class Inability(OperationalError):
     """The reader cannot reach a verdict (I/O failure, unsupported capability): exit 3.
 
-    Never turned into a refusal or finding (RFC 0024 §5, §8).
+    Never turned into a refusal or finding (RFC 0024 §5, §8). ``where`` is the bundle
+    (escaped for one line); the message says what could not be read and why.
     """
+
+    code = "no-verdict"
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        super().__init__(f"no verdict: {message}", where=where)

@@ -10,7 +10,7 @@ from typing import Any
 from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.proof import layout
-from crucible.proof.writer.ops import is_timestamp
+from crucible.proof.writer._ops import is_timestamp
 
 __all__ = [
     "MAX_NESTING",

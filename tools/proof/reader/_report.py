@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crucible.core import canon
-from crucible.proof.reader.findings import Problem
+from crucible.proof.reader._findings import Problem
 
 __all__ = ["REPORT_VERSION", "Counts", "Reading", "Report", "report_matches"]
 
