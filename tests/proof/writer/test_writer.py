@@ -601,7 +601,7 @@ def test_bad_input_names_the_line_and_leaves_the_previous_bundle(tmp_path: Path)
 def test_crash_during_export_leaves_previous_bundle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import crucible.proof.writer as writer
+    import crucible.proof.writer._prove as writer
 
     s = Scenario(tmp_path)
     two_children(s)

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
-from crucible.core.errors import InputRefused
+from crucible.core.errors import InputRefused, OperationalError
 from crucible.proof import layout
 from crucible.proof.writer import _ops as O
+from crucible.proof.writer._bundle import FileSink
 from crucible.proof.writer._derive import emitted_outputs, project
 from crucible.proof.writer._model import Stage, Workflow
 from crucible.proof.writer._proofchain import ProofChain, split_at_results
@@ -41,12 +42,16 @@ class Forbidden(InputRefused):
     code = "forbidden-operation"
 
 
-class Unrecordable(Exception):
-    """Recording unavailable (RFC 0024 §8): no valid export includes this operation."""
+class Unrecordable(OperationalError):
+    """Recording unavailable (RFC 0024 §8): no valid export includes this operation.
+
+    Exit 3. The pipeline catches it to write the last complete prefix, labelled partial;
+    ``line`` is the operation's line."""
+
+    code = "recording-unavailable"
 
     def __init__(self, message: str, line: int) -> None:
         super().__init__(message)
-        self.message = message
         self.line = line
 
 
@@ -82,26 +87,6 @@ class CustodyItem:
     attempt: int
     reason: str
     files: dict[str, str]
-
-
-class FileSink:
-    """Where committed immutable files go (the staging directory)."""
-
-    def __init__(self, root: Path, keep: bool = False) -> None:
-        self.root = root
-        #: path -> bytes of every committed file, kept only in cross-check mode
-        self.kept: dict[str, bytes] | None = {} if keep else None
-
-    def write(self, files: dict[str, bytes]) -> None:
-        for rel, data in files.items():
-            target = self.root / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-            if self.kept is not None:
-                self.kept[rel] = data
-
-    def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
 
 
 class Engine:
@@ -151,12 +136,14 @@ class Engine:
         return Forbidden(message, where=self._where(line))
 
     @property
-    def st(self) -> State:
+    def branch_state(self) -> State:
+        """The branch's state, once root has been applied."""
         assert self.state is not None
         return self.state
 
     @property
-    def pc(self) -> ProofChain:
+    def proof_chain(self) -> ProofChain:
+        """The proof being built, once root has been applied."""
         assert self.proof is not None
         return self.proof
 
@@ -180,7 +167,7 @@ class Engine:
     def _measure(
         self, proof_size: int, epochs_view: Callable[[], list[dict[str, Any]]]
     ) -> tuple[int, int]:
-        size = self.st.measure(proof_size)
+        size = self.branch_state.measure(proof_size)
         if self.check:
             self._cross_check(size, proof_size, epochs_view())
         return size
@@ -196,8 +183,8 @@ class Engine:
         proof = canon.dumps({**self._proof_root, "epochBlocks": blocks})
         assert len(proof) == proof_size, (len(proof), proof_size)
         files = dict(self.sink.kept or {})
-        files.update(self.st.pending)
-        files.update(self.st.control_files(proof, digest.of_bytes(proof)))
+        files.update(self.branch_state.pending)
+        files.update(self.branch_state.control_files(proof, digest.of_bytes(proof)))
         full = (sum(len(b) for b in files.values()), len(files))
         assert full == size, (full, size)
         if self.candidate_hook is not None:
@@ -208,7 +195,7 @@ class Engine:
             self.decisions.append(decision)
 
     def _commit(self) -> None:
-        self.sink.write(self.st.commit())
+        self.sink.write(self.branch_state.commit())
 
     # -- dispatch --------------------------------------------------------------------
     def apply(self, op: O.Op) -> None:
@@ -265,9 +252,9 @@ class Engine:
             {k: v for k, v in self._proof_root.items() if k != "admissionProofVersion"},
             self.spool,
         )
-        epoch = {"number": 1, "previousProofDigest": self.pc.p0_digest, "kind": "root"}
+        epoch = {"number": 1, "previousProofDigest": self.proof_chain.p0_digest, "kind": "root"}
         eb = control_dumps(epoch)
-        psize = self.pc.size_with_closed(eb)
+        psize = self.proof_chain.size_with_closed(eb)
         self._proof_size_ok(psize, op.line, 1)
         st.begin()
         st.add_file(layout.WORKFLOW, self.wf.data)
@@ -298,13 +285,13 @@ class Engine:
                 op.line,
             )
         self._commit()
-        self.pc.append_closed(eb)
+        self.proof_chain.append_closed(eb)
         self._epoch_dicts.append(epoch)
         self._record(Decision(op.line, 1, None, "root", "admitted", size, None))
 
     # -- selection and fork ----------------------------------------------------------
     def _select(self, op: O.Select) -> None:
-        st, wf = self.st, self.wf
+        st, wf = self.branch_state, self.wf
         kind = "fork" if op.fork else "selection"
         if self.open is not None:
             raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
@@ -382,10 +369,10 @@ class Engine:
         }
         core_bytes = canon.dumps(core)
         core_digest = digest.of_bytes(core_bytes)
-        number = self.pc.closed_epochs + 1
+        number = self.proof_chain.closed_epochs + 1
         epoch = {
             "number": number,
-            "previousProofDigest": self.pc.previous_digest(),
+            "previousProofDigest": self.proof_chain.previous_digest(),
             "kind": kind,
             "stage": op.stage,
             "revision": revision,
@@ -393,7 +380,7 @@ class Engine:
             "childIds": child_ids,
         }
         eb = control_dumps(epoch)
-        psize = self.pc.size_with_closed(eb)
+        psize = self.proof_chain.size_with_closed(eb)
         self._proof_size_ok(psize, op.line, number)
         view = lambda: [*self._epoch_dicts, epoch]  # noqa: E731
 
@@ -455,8 +442,8 @@ class Engine:
         if not op.fork:
             return
         for d in self.wf.strict_descendants(op.stage):
-            self.st.retire_stage(d.name)
-            self.st.set_stage(d.name, "blocked", None)
+            self.branch_state.retire_stage(d.name)
+            self.branch_state.set_stage(d.name, "blocked", None)
 
     def _project(
         self,
@@ -491,13 +478,13 @@ class Engine:
     def _close_atomic(
         self, eb: bytes, epoch: dict[str, Any], number: int, kind: str, admitted: bool
     ) -> None:
-        self.pc.append_closed(eb)
+        self.proof_chain.append_closed(eb)
         if self.check:
             self._epoch_dicts.append(epoch)
 
     # -- group and retry -------------------------------------------------------------
     def _group(self, op: O.Group) -> None:
-        st = self.st
+        st = self.branch_state
         if self.open is not None:
             raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
         ids = st.reservations.get(op.reservation)
@@ -544,10 +531,10 @@ class Engine:
                 )
         ordered_starts = [i for i in eligible if i in starts]
         ordered_cancels = [cancels[i] for i in eligible if i in cancels]
-        number = self.pc.closed_epochs + 1
+        number = self.proof_chain.closed_epochs + 1
         epoch: dict[str, Any] = {
             "number": number,
-            "previousProofDigest": self.pc.previous_digest(),
+            "previousProofDigest": self.proof_chain.previous_digest(),
             "kind": "group",
             "reservation": op.reservation,
             "starts": [{"instance": i, "number": 1, "retry": None} for i in ordered_starts],
@@ -572,7 +559,7 @@ class Engine:
         self._begin_epoch(op.line, number, "group", epoch, [(i, 1) for i in ordered_starts], mutate)
 
     def _retry(self, op: O.Retry) -> None:
-        st = self.st
+        st = self.branch_state
         if self.open is not None:
             raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
         inst = st.instances.get(op.instance)
@@ -606,10 +593,10 @@ class Engine:
             )
         # one shared dict per distinct assertion keeps long retry histories compact
         retry = self._retries.setdefault((op.actor, op.at), {"actor": op.actor, "at": op.at})
-        number = self.pc.closed_epochs + 1
+        number = self.proof_chain.closed_epochs + 1
         epoch = {
             "number": number,
-            "previousProofDigest": self.pc.previous_digest(),
+            "previousProofDigest": self.proof_chain.previous_digest(),
             "kind": "retry",
             "begin": {"instance": inst.id, "number": n, "retry": retry},
             "results": [],
@@ -634,13 +621,13 @@ class Engine:
         begins: list[tuple[str, int]],
         mutate: Callable[[], None],
     ) -> None:
-        st = self.st
+        st = self.branch_state
         if begins:
             head, tail = split_at_results(epoch)
-            psize = self.pc.size_with_open(head, tail)
+            psize = self.proof_chain.size_with_open(head, tail)
         else:
             eb = control_dumps(epoch)
-            psize = self.pc.size_with_closed(eb)
+            psize = self.proof_chain.size_with_closed(eb)
         self._proof_size_ok(psize, line, number)
         st.begin()
         mutate()
@@ -654,12 +641,12 @@ class Engine:
             )
         self._commit()
         if begins:
-            self.pc.open(head, tail)
+            self.proof_chain.open(head, tail)
             if self.check:
                 self._epoch_dicts.append(epoch)
             self.open = _OpenEpoch(number, kind, begins)
         else:
-            self.pc.append_closed(eb)
+            self.proof_chain.append_closed(eb)
             if self.check:
                 self._epoch_dicts.append(epoch)
         self._record(Decision(line, number, None, kind, "begun", size, None))
@@ -701,10 +688,10 @@ class Engine:
             o = self.open
 
     def _is_closed_attempt(self, instance: str, attempt: int) -> bool:
-        inst = self.st.instances.get(instance)
+        inst = self.branch_state.instances.get(instance)
         if inst is None:
             # a retired instance's attempts are closed history
-            return instance in self.st.used_ids
+            return instance in self.branch_state.used_ids
         if attempt > len(inst.attempts):
             return False
         o = self.open
@@ -732,7 +719,7 @@ class Engine:
             self._commit_observation(O.Observe(op.line, instance, number, state, None, {}))
 
     def _commit_observation(self, op: O.Observe) -> None:
-        st, o = self.st, self.open
+        st, o = self.branch_state, self.open
         assert o is not None
         where = self._where(op.line)
         inst = st.instances[op.instance]
@@ -771,7 +758,7 @@ class Engine:
             **pins,
         }
         rb = control_dumps(observation)
-        psize = self.pc.size_with_result(rb)
+        psize = self.proof_chain.size_with_result(rb)
         self._proof_size_ok(psize, op.line, o.number)
         j = o.next + 1
         view = lambda: self._view_with_result(observation)  # noqa: E731
@@ -856,13 +843,13 @@ class Engine:
     def _settle(self, observation: dict[str, Any], rb: bytes) -> None:
         o = self.open
         assert o is not None
-        self.pc.add_result(rb)
+        self.proof_chain.add_result(rb)
         if self.check:
             last = self._epoch_dicts[-1]
             last["results"] = [*last["results"], observation]
         o.next += 1
         if o.next == len(o.begins):
-            self.pc.close()
+            self.proof_chain.close()
             self.open = None
 
     # -- finish ----------------------------------------------------------------------
