@@ -16,10 +16,21 @@ from typing import Any
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.proof import layout
-from crucible.proof.writer import _ops as O
 from crucible.proof.writer._bundle import FileSink
 from crucible.proof.writer._derive import emitted_outputs, project
 from crucible.proof.writer._model import Stage, Workflow
+from crucible.proof.writer._ops import (
+    FILE_ROLES,
+    Finish,
+    Group,
+    Observe,
+    Op,
+    Recover,
+    Retry,
+    Root,
+    Select,
+    Stop,
+)
 from crucible.proof.writer._proofchain import ProofChain, split_at_results
 from crucible.proof.writer._received import (
     TooLarge,
@@ -77,7 +88,7 @@ class _OpenEpoch:
     begins: list[tuple[str, int]]
     next: int = 0
     cutoffs: set[str] = field(default_factory=set)
-    held: dict[int, O.Observe] = field(default_factory=dict)
+    held: dict[int, Observe] = field(default_factory=dict)
 
 
 @dataclass
@@ -122,7 +133,7 @@ class Engine:
         self.open: _OpenEpoch | None = None
         self.decisions: list[Decision] = []
         self.custody: list[CustodyItem] = []
-        self.finished: O.Finish | None = None
+        self.finished: Finish | None = None
         self.finalization: dict[str, bytes] = {}
         #: epoch dicts, kept only in cross-check mode to rebuild proofs independently
         self._epoch_dicts: list[dict[str, Any]] = []
@@ -198,28 +209,28 @@ class Engine:
         self.sink.write(self.branch_state.commit())
 
     # -- dispatch --------------------------------------------------------------------
-    def apply(self, op: O.Op) -> None:
+    def apply(self, op: Op) -> None:
         if self.finished is not None:
             raise self._forbid(op.line, "no operation may follow finish")
-        if self.state is None and not isinstance(op, O.Root):
+        if self.state is None and not isinstance(op, Root):
             raise self._forbid(op.line, "the first operation must be root")
-        if isinstance(op, O.Root):
+        if isinstance(op, Root):
             self._root(op)
-        elif isinstance(op, O.Select):
+        elif isinstance(op, Select):
             self._select(op)
-        elif isinstance(op, O.Group):
+        elif isinstance(op, Group):
             self._group(op)
-        elif isinstance(op, O.Retry):
+        elif isinstance(op, Retry):
             self._retry(op)
-        elif isinstance(op, O.Observe):
+        elif isinstance(op, Observe):
             self._observe(op)
-        elif isinstance(op, O.Recover | O.Stop):
-            self._stop(op, "interrupted" if isinstance(op, O.Recover) else "cancelled")
-        elif isinstance(op, O.Finish):
+        elif isinstance(op, Recover | Stop):
+            self._stop(op, "interrupted" if isinstance(op, Recover) else "cancelled")
+        elif isinstance(op, Finish):
             self._finish(op)
 
     # -- root ------------------------------------------------------------------------
-    def _root(self, op: O.Root) -> None:
+    def _root(self, op: Root) -> None:
         if self.state is not None:
             raise self._forbid(op.line, "root occurs exactly once, as the first operation")
         where = self._where(op.line)
@@ -290,7 +301,7 @@ class Engine:
         self._record(Decision(op.line, 1, None, "root", "admitted", size, None))
 
     # -- selection and fork ----------------------------------------------------------
-    def _select(self, op: O.Select) -> None:
+    def _select(self, op: Select) -> None:
         st, wf = self.branch_state, self.wf
         kind = "fork" if op.fork else "selection"
         if self.open is not None:
@@ -438,7 +449,7 @@ class Engine:
         self._close_atomic(eb, epoch, number, kind, False)
         self._record(Decision(op.line, number, None, kind, "refused", acceptance, refusal))
 
-    def _fork_effects(self, op: O.Select) -> None:
+    def _fork_effects(self, op: Select) -> None:
         if not op.fork:
             return
         for d in self.wf.strict_descendants(op.stage):
@@ -483,7 +494,7 @@ class Engine:
             self._epoch_dicts.append(epoch)
 
     # -- group and retry -------------------------------------------------------------
-    def _group(self, op: O.Group) -> None:
+    def _group(self, op: Group) -> None:
         st = self.branch_state
         if self.open is not None:
             raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
@@ -558,7 +569,7 @@ class Engine:
 
         self._begin_epoch(op.line, number, "group", epoch, [(i, 1) for i in ordered_starts], mutate)
 
-    def _retry(self, op: O.Retry) -> None:
+    def _retry(self, op: Retry) -> None:
         st = self.branch_state
         if self.open is not None:
             raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
@@ -652,7 +663,7 @@ class Engine:
         self._record(Decision(line, number, None, kind, "begun", size, None))
 
     # -- observations ----------------------------------------------------------------
-    def _observe(self, op: O.Observe) -> None:
+    def _observe(self, op: Observe) -> None:
         o = self.open
         slot = None
         if o is not None:
@@ -698,11 +709,11 @@ class Engine:
         return not (o is not None and (instance, attempt) in o.begins[o.next :])
 
     @staticmethod
-    def _roles(op: O.Observe) -> dict[str, str]:
-        inverse = {v: k for k, v in O.FILE_ROLES.items()}
+    def _roles(op: Observe) -> dict[str, str]:
+        inverse = {v: k for k, v in FILE_ROLES.items()}
         return {inverse[pin]: rel for pin, rel in op.files.items()}
 
-    def _stop(self, op: O.Recover | O.Stop, state: str) -> None:
+    def _stop(self, op: Recover | Stop, state: str) -> None:
         o = self.open
         if o is None:
             raise self._forbid(
@@ -716,9 +727,9 @@ class Engine:
                 self._commit_observation(held)
                 continue
             instance, number = o.begins[o.next]
-            self._commit_observation(O.Observe(op.line, instance, number, state, None, {}))
+            self._commit_observation(Observe(op.line, instance, number, state, None, {}))
 
-    def _commit_observation(self, op: O.Observe) -> None:
+    def _commit_observation(self, op: Observe) -> None:
         st, o = self.branch_state, self.open
         assert o is not None
         where = self._where(op.line)
@@ -853,7 +864,7 @@ class Engine:
             self.open = None
 
     # -- finish ----------------------------------------------------------------------
-    def _finish(self, op: O.Finish) -> None:
+    def _finish(self, op: Finish) -> None:
         where = self._where(op.line)
         files: dict[str, bytes] = {}
         for target, rel in sorted(op.files.items()):

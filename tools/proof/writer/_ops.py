@@ -7,7 +7,7 @@ engine's business. Errors name ``OPS:LINE``.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,122 +192,154 @@ def _ids(f: _Form, value: Any, what: str) -> tuple[str, ...]:
     return tuple(f.ident(v, what) for v in value)
 
 
+def _root(f: _Form, obj: dict[str, Any], line: int) -> Root:
+    f.closed(obj, ("op", "execution", "rootInstance", "case"))
+    return Root(
+        line,
+        f.ident(obj["execution"], "execution"),
+        f.ident(obj["rootInstance"], "rootInstance"),
+        f.relpath(obj["case"], "case"),
+    )
+
+
+def _select(f: _Form, obj: dict[str, Any], line: int) -> Select:
+    """``select`` and ``fork`` share one form."""
+    f.closed(obj, ("op", "stage", "review", "selected", "childIds"))
+    review = obj["review"]
+    f.closed(review, ("actor", "at"))
+    selected_raw = obj["selected"]
+    if not isinstance(selected_raw, list):
+        raise f.fail("selected must be an array of {instance, output}")
+    selected: list[tuple[str, int]] = []
+    for item in selected_raw:
+        f.closed(item, ("instance", "output"))
+        selected.append(
+            (f.ident(item["instance"], "selected instance"), f.count(item["output"], "output"))
+        )
+    child_raw = obj["childIds"]
+    child_ids = None if child_raw is None else _ids(f, child_raw, "childIds")
+    return Select(
+        line,
+        obj["op"] == "fork",
+        f.stage(obj["stage"]),
+        {"actor": f.actor(review["actor"]), "at": f.timestamp(review["at"])},
+        tuple(selected),
+        child_ids,
+    )
+
+
+def _group(f: _Form, obj: dict[str, Any], line: int) -> Group:
+    f.closed(obj, ("op", "reservation", "starts", "cancelled"), ("deferred",))
+    cancelled_raw = obj["cancelled"]
+    if not isinstance(cancelled_raw, list):
+        raise f.fail("cancelled must be an array of {instance, actor, at}")
+    cancelled = []
+    for item in cancelled_raw:
+        f.closed(item, ("instance", "actor", "at"))
+        cancelled.append(
+            Cancel(
+                f.ident(item["instance"], "cancelled instance"),
+                f.actor(item["actor"]),
+                f.timestamp(item["at"]),
+            )
+        )
+    deferred = _ids(f, obj["deferred"], "deferred") if "deferred" in obj else None
+    return Group(
+        line,
+        f.count(obj["reservation"], "reservation", 1),
+        _ids(f, obj["starts"], "starts"),
+        tuple(cancelled),
+        deferred,
+    )
+
+
+def _retry(f: _Form, obj: dict[str, Any], line: int) -> Retry:
+    f.closed(obj, ("op", "instance", "actor", "at"))
+    return Retry(
+        line,
+        f.ident(obj["instance"], "instance"),
+        f.actor(obj["actor"]),
+        f.timestamp(obj["at"]),
+    )
+
+
+def _observe(f: _Form, obj: dict[str, Any], line: int) -> Observe:
+    f.closed(obj, ("op", "instance", "attempt", "state", "failure", "files"))
+    state = obj["state"]
+    if state not in OBSERVATION_STATES:
+        raise f.fail(f"state must be one of {', '.join(OBSERVATION_STATES)}")
+    failure = obj["failure"]
+    if state == "failed":
+        if failure not in FAILURES:
+            raise f.fail(f"a failed observation needs failure: one of {', '.join(FAILURES)}")
+    elif failure is not None:
+        raise f.fail(f"failure must be null for state {state}")
+    files_raw = obj["files"]
+    f.closed(files_raw, (), tuple(FILE_ROLES))
+    files = {FILE_ROLES[k]: f.relpath(v, f"files.{k}") for k, v in files_raw.items()}
+    return Observe(
+        line,
+        f.ident(obj["instance"], "instance"),
+        f.count(obj["attempt"], "attempt", 1),
+        state,
+        failure,
+        files,
+    )
+
+
+def _recover(f: _Form, obj: dict[str, Any], line: int) -> Recover:
+    f.closed(obj, ("op",))
+    return Recover(line)
+
+
+def _cancel(f: _Form, obj: dict[str, Any], line: int) -> Stop:
+    f.closed(obj, ("op",))
+    return Stop(line)
+
+
+def _finish(f: _Form, obj: dict[str, Any], line: int) -> Finish:
+    f.closed(obj, ("op", "files"))
+    files_raw = obj["files"]
+    f.closed(files_raw, (), tuple(files_raw) if isinstance(files_raw, dict) else ())
+    files = {}
+    for target, source in files_raw.items():
+        if not layout.is_finalization_path(target) or target == layout.PARTIAL:
+            raise f.fail(
+                f"finalization file {target!r} must be README.md, trust.json, "
+                "expected-report.json or aux/<path>"
+            )
+        f.relpath(target, "finalization path")
+        _check_bundle_path(f, target)
+        files[target] = f.relpath(source, f"files[{target!r}]")
+    for target in files:
+        # a file and a directory cannot share a name in the bundle
+        if any(other.startswith(target + "/") for other in files):
+            raise f.fail(f"finalization path {target!r} is also a directory of another one")
+    return Finish(line, files)
+
+
+#: one parser per operation kind (admission-proof.md §7), in the spec's order
+_PARSERS: dict[str, Callable[[_Form, dict[str, Any], int], Op]] = {
+    "root": _root,
+    "select": _select,
+    "fork": _select,
+    "group": _group,
+    "retry": _retry,
+    "observe": _observe,
+    "recover": _recover,
+    "cancel": _cancel,
+    "finish": _finish,
+}
+
+
 def parse_operation(obj: dict[str, Any], line: int, where: str) -> Op:
     """Check one operation object's form and return its typed value."""
     f = _Form(where)
     kind = obj.get("op")
-    if kind == "root":
-        f.closed(obj, ("op", "execution", "rootInstance", "case"))
-        return Root(
-            line,
-            f.ident(obj["execution"], "execution"),
-            f.ident(obj["rootInstance"], "rootInstance"),
-            f.relpath(obj["case"], "case"),
-        )
-    if kind in ("select", "fork"):
-        f.closed(obj, ("op", "stage", "review", "selected", "childIds"))
-        review = obj["review"]
-        f.closed(review, ("actor", "at"))
-        selected_raw = obj["selected"]
-        if not isinstance(selected_raw, list):
-            raise f.fail("selected must be an array of {instance, output}")
-        selected: list[tuple[str, int]] = []
-        for item in selected_raw:
-            f.closed(item, ("instance", "output"))
-            selected.append(
-                (f.ident(item["instance"], "selected instance"), f.count(item["output"], "output"))
-            )
-        child_raw = obj["childIds"]
-        child_ids = None if child_raw is None else _ids(f, child_raw, "childIds")
-        return Select(
-            line,
-            kind == "fork",
-            f.stage(obj["stage"]),
-            {"actor": f.actor(review["actor"]), "at": f.timestamp(review["at"])},
-            tuple(selected),
-            child_ids,
-        )
-    if kind == "group":
-        f.closed(obj, ("op", "reservation", "starts", "cancelled"), ("deferred",))
-        cancelled_raw = obj["cancelled"]
-        if not isinstance(cancelled_raw, list):
-            raise f.fail("cancelled must be an array of {instance, actor, at}")
-        cancelled = []
-        for item in cancelled_raw:
-            f.closed(item, ("instance", "actor", "at"))
-            cancelled.append(
-                Cancel(
-                    f.ident(item["instance"], "cancelled instance"),
-                    f.actor(item["actor"]),
-                    f.timestamp(item["at"]),
-                )
-            )
-        deferred = _ids(f, obj["deferred"], "deferred") if "deferred" in obj else None
-        return Group(
-            line,
-            f.count(obj["reservation"], "reservation", 1),
-            _ids(f, obj["starts"], "starts"),
-            tuple(cancelled),
-            deferred,
-        )
-    if kind == "retry":
-        f.closed(obj, ("op", "instance", "actor", "at"))
-        return Retry(
-            line,
-            f.ident(obj["instance"], "instance"),
-            f.actor(obj["actor"]),
-            f.timestamp(obj["at"]),
-        )
-    if kind == "observe":
-        f.closed(obj, ("op", "instance", "attempt", "state", "failure", "files"))
-        state = obj["state"]
-        if state not in OBSERVATION_STATES:
-            raise f.fail(f"state must be one of {', '.join(OBSERVATION_STATES)}")
-        failure = obj["failure"]
-        if state == "failed":
-            if failure not in FAILURES:
-                raise f.fail(f"a failed observation needs failure: one of {', '.join(FAILURES)}")
-        elif failure is not None:
-            raise f.fail(f"failure must be null for state {state}")
-        files_raw = obj["files"]
-        f.closed(files_raw, (), tuple(FILE_ROLES))
-        files = {FILE_ROLES[k]: f.relpath(v, f"files.{k}") for k, v in files_raw.items()}
-        return Observe(
-            line,
-            f.ident(obj["instance"], "instance"),
-            f.count(obj["attempt"], "attempt", 1),
-            state,
-            failure,
-            files,
-        )
-    if kind == "recover":
-        f.closed(obj, ("op",))
-        return Recover(line)
-    if kind == "cancel":
-        f.closed(obj, ("op",))
-        return Stop(line)
-    if kind == "finish":
-        f.closed(obj, ("op", "files"))
-        files_raw = obj["files"]
-        f.closed(files_raw, (), tuple(files_raw) if isinstance(files_raw, dict) else ())
-        files = {}
-        for target, source in files_raw.items():
-            if not layout.is_finalization_path(target) or target == layout.PARTIAL:
-                raise f.fail(
-                    f"finalization file {target!r} must be README.md, trust.json, "
-                    "expected-report.json or aux/<path>"
-                )
-            f.relpath(target, "finalization path")
-            _check_bundle_path(f, target)
-            files[target] = f.relpath(source, f"files[{target!r}]")
-        for target in files:
-            # a file and a directory cannot share a name in the bundle
-            if any(other.startswith(target + "/") for other in files):
-                raise f.fail(f"finalization path {target!r} is also a directory of another one")
-        return Finish(line, files)
-    raise f.fail(
-        f"unknown op {kind!r} (root, select, fork, group, retry, observe, recover, cancel, finish)"
-    )
+    parser = _PARSERS.get(kind) if isinstance(kind, str) else None
+    if parser is None:
+        raise f.fail(f"unknown op {kind!r} ({', '.join(_PARSERS)})")
+    return parser(f, obj, line)
 
 
 #: longest finalization path in bytes (our choice: far below PATH_MAX with the bundle's
@@ -329,16 +361,9 @@ def _check_bundle_path(f: _Form, target: str) -> None:
 def iter_operations(path: Path) -> Iterator[Op]:
     """Typed operations of an NDJSON log, lazily, each error naming ``path:line``.
     ``-`` reads standard input."""
-    if str(path) == "-":
-        import sys
-
-        for line, obj in ndjson.iter_lines(sys.stdin.buffer, name="<stdin>"):
-            yield parse_operation(obj, line, f"<stdin>:{line}")
-        return
+    name = "<stdin>" if str(path) == "-" else str(path)
     try:
-        stream = path.open("rb")
+        for line, obj in ndjson.read_path(path):
+            yield parse_operation(obj, line, f"{name}:{line}")
     except OSError as exc:
-        raise OperationalError(f"cannot read operations: {exc.strerror}", where=str(path)) from None
-    with stream:
-        for line, obj in ndjson.iter_lines(stream, name=str(path)):
-            yield parse_operation(obj, line, f"{path}:{line}")
+        raise OperationalError(f"cannot read operations: {exc.strerror}", where=name) from None
