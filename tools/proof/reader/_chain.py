@@ -46,9 +46,6 @@ class PrefixHasher:
         h.update(self.tail if self.closed == 0 else b"]" + self.tail)
         return "sha256:" + h.hexdigest()
 
-    def closed_size(self) -> int:
-        return self.length + len(self.tail) + (0 if self.closed == 0 else 1)
-
     def open_size(self, epoch_bytes_len: int) -> int:
         """Size of a prefix holding the closed epochs plus one more epoch of that length."""
         return self.length + len(self.separator()) + epoch_bytes_len + 1 + len(self.tail)

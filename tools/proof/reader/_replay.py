@@ -38,7 +38,6 @@ from crucible.proof.reader._model import (
 __all__ = ["Context", "Replay"]
 
 _SIDECAR_BYTES = 72  # "sha256:" + 64 hex + "\n"
-_DIGEST_LEN = 71
 
 
 @dataclass

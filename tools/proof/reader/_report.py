@@ -8,7 +8,7 @@ from typing import Any
 from crucible.core import canon
 from crucible.proof.reader._findings import Problem
 
-__all__ = ["REPORT_VERSION", "Counts", "Reading", "Report", "report_matches"]
+__all__ = ["REPORT_VERSION", "Counts", "Reading", "Report"]
 
 REPORT_VERSION = 1
 
@@ -89,27 +89,3 @@ class Report:
             f"instances {c.instances}, outputs {c.outputs}, selections {c.selections}; "
             "authentication not-established; dispositions not-replayed"
         )
-
-
-def report_matches(actual: dict[str, Any], expected: dict[str, Any]) -> list[str]:
-    """Differences between a report and an expected one (members it names only).
-
-    ``message`` is prose and never compared; every other member the expectation
-    states must be equal, recursively.
-    """
-    diffs: list[str] = []
-
-    def walk(a: Any, e: Any, where: str) -> None:
-        if isinstance(e, dict) and isinstance(a, dict):
-            for k, ev in e.items():
-                if k == "message":
-                    continue
-                if k not in a:
-                    diffs.append(f"{where}.{k}: missing (expected {ev!r})")
-                else:
-                    walk(a[k], ev, f"{where}.{k}")
-        elif a != e:
-            diffs.append(f"{where}: {a!r} != expected {e!r}")
-
-    walk(actual, expected, "$")
-    return diffs

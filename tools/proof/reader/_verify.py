@@ -1,9 +1,9 @@
 """The five phases of RFC 0024 §8, in order; the first problem ends the reading.
 
-Phase 1 (forms and bounds) reads every file of the bundle once, bounded and
-without following links, and records each file's digest. Phase 2 checks pins and
-the proof chain, phase 3 the preparation claims, phase 4 replays the epochs
-(:mod:`crucible.proof.reader._replay`), phase 5 compares the reconstruction with
+Phase 1 (:mod:`._read`: bounds, forms, versions, inventory, kinds) reads every file
+of the bundle once, bounded and without following links, and records each file's
+digest. Phase 2 checks the pins and the proof chain, phase 3 the preparation claims,
+phase 4 replays the epochs (:mod:`._replay`), phase 5 compares the reconstruction with
 the supplied control files and inventory. See docs/spec/verify.md.
 """
 
@@ -15,34 +15,14 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.proof import layout
-from crucible.proof.reader import _forms as forms
-from crucible.proof.reader._bundle import BundleTree, walk_bundle
 from crucible.proof.reader._chain import PrefixHasher
 from crucible.proof.reader._findings import Problem
-from crucible.proof.reader._model import PINS, StageDef, control_dumps
-from crucible.proof.reader._proofstream import Proof, load_proof
+from crucible.proof.reader._model import PINS, control_dumps
+from crucible.proof.reader._read import CONTROL_CAP, Loaded, read_bundle
 from crucible.proof.reader._replay import Context, Replay
 from crucible.proof.reader._report import Counts, Reading, Report
-from crucible.proof.reader._strict import JsonBounds, parse_json
 
 __all__ = ["VerifyOptions", "verify_bundle"]
-
-#: phase-1 precedence among refusal codes (RFC 0024 §8)
-_PRECEDENCE = (
-    "input-over-bound",
-    "input-malformed",
-    "version-unread",
-    "inventory-mismatch",
-    "kind-unread",
-)
-#: the proof's structural ceilings (admission-proof.md §1) and those of every other JSON
-#: file (our choice: nesting 64 as workflow.md §1; containers bounded by maxBytes)
-_PROOF_BOUNDS = JsonBounds(depth=64, members=layout.MAX_PROOF_ARRAY, string_bytes=65536)
-_FILE_BOUNDS = JsonBounds(depth=64, members=1 << 22, string_bytes=layout.MAX_RECEIVED_FILE_BYTES)
-#: control files are bounded by maxBytes (checked from the walk) and this hard cap
-_CONTROL_CAP = 1 << 30
-#: a walk never visits more entries than this (our choice; far above any maxFiles we accept)
-MAX_ENTRIES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -52,43 +32,13 @@ class VerifyOptions:
     proof_ceiling: int = layout.MAX_PROOF_BYTES
 
 
-class _Collector:
-    """Phase-1 problems, so the most senior code is reported whatever is met first."""
-
-    def __init__(self) -> None:
-        self.first: dict[str, Problem] = {}
-
-    def note(self, p: Problem) -> None:
-        self.first.setdefault(p.code, p)
-
-    def settle(self) -> None:
-        for code in _PRECEDENCE:
-            if code in self.first:
-                raise self.first[code]
-
-
-@dataclass
-class _Loaded:
-    tree: BundleTree
-    workflow: dict[str, Any]
-    #: the proof's root members (without epochBlocks)
-    proof: dict[str, Any]
-    #: the supplied execution's members except its instances (compared in phase 5)
-    execution: dict[str, Any]
-    epochs: Proof
-    digests: dict[str, str]
-    selections: dict[tuple[str, int], tuple[dict[str, Any], bool]]
-    stages: list[StageDef]
-    partial: dict[str, Any] | None
-
-
 def verify_bundle(root: Path, options: VerifyOptions | None = None) -> Report:
     """Read ``root`` to a verdict. Raises :class:`Inability` when no verdict is reachable."""
     options = options or VerifyOptions()
     try:
-        loaded = _phase1(root, options)
-        _phase2(loaded, options)
-        _phase3(loaded)
+        loaded = read_bundle(root, options)  # phase 1
+        check_pins(loaded, options)  # phase 2
+        check_preparations(loaded)  # phase 3
         replay = Replay(
             Context(
                 tree=loaded.tree,
@@ -99,341 +49,11 @@ def verify_bundle(root: Path, options: VerifyOptions | None = None) -> Report:
                 selections=loaded.selections,
             )
         )
-        replay.run()
-        reading = _phase5(loaded, replay)
+        replay.run()  # phase 4
+        reading = compare_reconstruction(loaded, replay)  # phase 5
     except Problem as problem:
         return Report(problem=problem)
     return Report(reading=reading)
-
-
-# ---------------------------------------------------------------- phase 1
-
-
-def _stage_defs(wf: dict[str, Any]) -> list[StageDef]:
-    defs = [
-        StageDef(
-            s["name"],
-            s["input"]["fromStage"],
-            s["input"]["fields"],
-            s["input"]["admitMaxBytes"],
-            s["output"]["pointer"],
-            s["output"]["cardinality"],
-        )
-        for s in wf["stages"]
-    ]
-    by = {d.name: d for d in defs}
-    for d in defs:
-        if d.from_stage is not None:
-            by[d.from_stage].consumers.append(d.name)
-    return defs
-
-
-def _is_control(path: str) -> bool:
-    return path == layout.EXECUTION or (path.startswith("sets/") and path.count("/") == 1)
-
-
-def _ceiling(path: str, options: VerifyOptions) -> int:
-    if path == layout.ADMISSION_PROOF:
-        return options.proof_ceiling
-    if path.endswith("/audit.sig"):
-        return layout.MAX_SIGNATURE_BYTES
-    if _is_control(path):
-        return _CONTROL_CAP
-    return layout.MAX_RECEIVED_FILE_BYTES
-
-
-def _phase1(root: Path, options: VerifyOptions) -> _Loaded:
-    col = _Collector()
-    tree = walk_bundle(root, max_entries=MAX_ENTRIES)
-    for path, size in tree.sizes.items():
-        ceiling = _ceiling(path, options)
-        if size > ceiling:
-            col.note(
-                Problem(
-                    "input-over-bound",
-                    1,
-                    f"{size} bytes exceed the ceiling of {ceiling}",
-                    path=path,
-                )
-            )
-    if "input-over-bound" in col.first:
-        col.settle()  # refused from sizes alone, before any byte is read
-    if tree.irregular is not None:
-        col.note(
-            Problem(
-                "input-malformed",
-                1,
-                "not a regular file or directory (links are never followed)",
-                path=tree.irregular,
-            )
-        )
-    if tree.bad_name is not None:
-        col.note(Problem("input-malformed", 1, "not a portable file name", path=tree.bad_name))
-    for p in (
-        layout.WORKFLOW,
-        layout.ADMISSION_PROOF,
-        layout.ADMISSION_PROOF_DIGEST,
-        layout.EXECUTION,
-        layout.ROOT_CASE,
-    ):
-        if p not in tree.sizes:
-            col.note(Problem("inventory-mismatch", 1, "a required file is missing", path=p))
-    if layout.WORKFLOW not in tree.sizes or layout.ADMISSION_PROOF not in tree.sizes:
-        col.settle()
-
-    digests: dict[str, str] = {}
-
-    def load(path: str, *, canonical: bool) -> Any:
-        data = tree.read(path, _ceiling(path, options))
-        digests[path] = digest.of_bytes(data)
-        bounds = _PROOF_BOUNDS if path == layout.ADMISSION_PROOF else _FILE_BOUNDS
-        return parse_json(data, path, bounds, canonical=canonical)
-
-    parsed: dict[str, Any] = {}
-    limits: dict[str, int] | None = None
-    try:
-        parsed[layout.WORKFLOW] = load(layout.WORKFLOW, canonical=True)
-        forms.check_workflow(parsed[layout.WORKFLOW], layout.WORKFLOW)
-        limits = parsed[layout.WORKFLOW]["limits"]
-    except Problem as exc:
-        col.note(exc)
-    # The supplied total is a bound (input-over-bound), senior to every malformed file.
-    # partial.json is a label, never charged (admission-proof.md §9)
-    label = tree.sizes.get(layout.PARTIAL)
-    supplied_bytes = tree.total_bytes - (label or 0)
-    supplied_files = len(tree.sizes) - (label is not None)
-    if limits is not None and (
-        supplied_bytes > limits["maxBytes"] or supplied_files > limits["maxFiles"]
-    ):
-        col.note(
-            Problem(
-                "input-over-bound",
-                1,
-                f"the export holds {supplied_bytes} bytes in {supplied_files} files "
-                f"(maxBytes {limits['maxBytes']}, maxFiles {limits['maxFiles']})",
-            )
-        )
-        col.settle()
-    # The execution first, reduced to its top-level members at once: its instances are
-    # rebuilt and compared in phase 5, so the parsed copy never coexists with the proof.
-    if layout.EXECUTION in tree.sizes:
-        try:
-            supplied = load(layout.EXECUTION, canonical=True)
-            forms.check_execution(supplied)
-            parsed[layout.EXECUTION] = {k: v for k, v in supplied.items() if k != "instances"}
-        except Problem as exc:
-            col.note(exc)
-        supplied = None
-    if layout.ADMISSION_PROOF in tree.sizes:
-        try:
-            data = tree.read(layout.ADMISSION_PROOF, options.proof_ceiling)
-            digests[layout.ADMISSION_PROOF] = digest.of_bytes(data)
-            parsed[layout.ADMISSION_PROOF] = load_proof(data, layout.ADMISSION_PROOF, _PROOF_BOUNDS)
-        except Problem as exc:
-            col.note(exc)
-    if layout.ADMISSION_PROOF not in parsed or limits is None:
-        col.settle()  # without the workflow's limits nothing further can be bounded
-    wf, proof = parsed[layout.WORKFLOW], parsed[layout.ADMISSION_PROOF]
-    try:
-        forms.check_proof_root(proof.root, proof.blocks, layout.ADMISSION_PROOF)
-    except Problem as exc:
-        col.note(exc)
-    if any(c in col.first for c in ("input-over-bound", "input-malformed", "version-unread")):
-        col.settle()
-
-    epochs: Proof = proof
-    for number, e in enumerate(epochs, 1):
-        try:
-            forms.check_epoch(e, number)
-        except Problem as exc:
-            col.note(exc)
-            if exc.code != "kind-unread":
-                break
-            continue
-        if number < len(epochs) and e["kind"] in ("group", "retry"):
-            begins = len(e["starts"]) if e["kind"] == "group" else 1
-            if len(e["results"]) < begins:
-                col.note(
-                    Problem(
-                        "input-malformed",
-                        1,
-                        "an open epoch admits no later epoch",
-                        path=layout.ADMISSION_PROOF,
-                        epoch=number,
-                    )
-                )
-                break
-
-    if layout.ADMISSION_PROOF_DIGEST in tree.sizes:
-        side = tree.read(layout.ADMISSION_PROOF_DIGEST, 4096)
-        digests[layout.ADMISSION_PROOF_DIGEST] = digest.of_bytes(side)
-        if (
-            len(side) != 72
-            or not digest.is_digest(side[:-1].decode("ascii", "replace"))
-            or side[-1:] != b"\n"
-        ):
-            col.note(
-                Problem(
-                    "input-malformed",
-                    1,
-                    "not sha256:<64 hex> and a newline",
-                    path=layout.ADMISSION_PROOF_DIGEST,
-                )
-            )
-    execution: dict[str, Any] = parsed.get(layout.EXECUTION, {})
-
-    stages = _stage_defs(wf) if "input-malformed" not in col.first else []
-    stage_names = {s.name for s in stages}
-    selections: dict[tuple[str, int], tuple[dict[str, Any], bool]] = {}
-    partial: dict[str, Any] | None = None
-    run_finished: dict[str, Any] = {}
-    for path in tree.sizes:
-        if path in parsed or path == layout.ADMISSION_PROOF_DIGEST:
-            continue
-        try:
-            kind = _classify(path, stage_names)
-            if kind == "raw":
-                digests[path] = digest.of_bytes(tree.read(path, _ceiling(path, options)))
-            elif kind == "sig":
-                data = tree.read(path, _ceiling(path, options))
-                digests[path] = digest.of_bytes(data)
-                if not data:
-                    col.note(Problem("input-malformed", 1, "an empty signature sidecar", path=path))
-            elif kind == "unknown":
-                col.note(
-                    Problem(
-                        "inventory-mismatch",
-                        1,
-                        "the path matches no row of the closed path table (workflow.md §10)",
-                        path=path,
-                    )
-                )
-            else:
-                value = load(path, canonical=kind in ("canonical", "selection", "partial", "audit"))
-                if kind in ("strict-object", "audit", "run") and type(value) is not dict:
-                    col.note(Problem("input-malformed", 1, "not a JSON object", path=path))
-                elif kind == "selection":
-                    refused = forms.check_selection(value, path)
-                    parts = path.split("/")
-                    selections[(parts[1], int(parts[2][: -len(".json")]))] = (value, refused)
-                elif kind == "run":
-                    run_finished[path] = forms.check_run(value, path)
-                elif kind == "partial":
-                    forms.check_partial(value, path)
-                    partial = value
-        except Problem as exc:
-            col.note(exc)
-    if (
-        "input-over-bound" in col.first
-        or "input-malformed" in col.first
-        or "version-unread" in col.first
-    ):
-        col.settle()
-
-    # Missing non-null pinned artifacts, and the finishedAt rule (RFC 0024 §5).
-    root_case = layout.case_path(proof.root["rootInstance"])
-    if root_case not in tree.sizes:
-        col.note(Problem("inventory-mismatch", 1, "the root case is missing", path=root_case))
-    for s in stages:
-        for p in (layout.frozen_path(s.name), layout.set_path(s.name)):
-            if p not in tree.sizes:
-                col.note(Problem("inventory-mismatch", 1, "a required file is missing", path=p))
-    for e in epochs:
-        k = e.get("number")
-        if e.get("kind") in ("selection", "fork"):
-            p = layout.selection_path(e["stage"], e["revision"])
-            if p not in tree.sizes:
-                col.note(
-                    Problem(
-                        "inventory-mismatch",
-                        1,
-                        "the epoch's selection file is missing",
-                        path=p,
-                        epoch=k,
-                    )
-                )
-        if e.get("kind") not in ("group", "retry"):
-            continue
-        for j, o in enumerate(e["results"], 1):
-            for pin in PINS:
-                if o[pin] is None:
-                    continue
-                p = layout.attempt_file(o["instance"], o["number"], pin)
-                if p not in tree.sizes:
-                    col.note(
-                        Problem(
-                            "inventory-mismatch",
-                            1,
-                            f"{pin} is pinned but its file is missing",
-                            path=p,
-                            epoch=k,
-                            observation=j,
-                        )
-                    )
-            run_path = layout.attempt_file(o["instance"], o["number"], "runDigest")
-            needs_time = o["failure"] == "preparation-failed" or (
-                o["failure"] == "admission-refused" and o["preparationDigest"] is None
-            )
-            if needs_time and run_path in run_finished and run_finished[run_path] is None:
-                col.note(
-                    Problem(
-                        "input-malformed",
-                        1,
-                        f"{o['failure']} without a preparation needs finishedAt: the instant of the failing check",
-                        path=run_path,
-                        epoch=k,
-                        observation=j,
-                    )
-                )
-    col.settle()
-    return _Loaded(
-        tree=tree,
-        workflow=wf,
-        proof=proof.root,
-        execution=execution,
-        epochs=epochs,
-        digests=digests,
-        selections=selections,
-        stages=stages,
-        partial=partial,
-    )
-
-
-def _classify(path: str, stages: set[str]) -> str:
-    """How a bundle path is read in phase 1 (workflow.md §10); "unknown" is an inventory refusal."""
-    parts = path.split("/")
-    if path == layout.ROOT_CASE:
-        return "canonical"
-    if path == layout.PARTIAL:
-        return "partial"
-    if path in ("README.md",) or path.startswith(layout.AUX_DIR):
-        return "raw"
-    if path in ("trust.json", "expected-report.json"):
-        return "strict"
-    if len(parts) == 2 and parts[0] in ("frozen", "sets") and parts[1].endswith(".json"):
-        return "canonical"
-    if len(parts) == 3 and parts[0] == "selections" and parts[2].endswith(".json"):
-        rev = parts[2][: -len(".json")]
-        if rev.isdigit() and not rev.startswith("0") and len(rev) <= 2:
-            return "selection"
-        return "unknown"
-    if len(parts) == 3 and parts[0] == "instances" and parts[2] == "case.json":
-        return "canonical"
-    if len(parts) == 5 and parts[0] == "instances" and parts[2] == "attempts":
-        return {
-            "run.json": "run",
-            "preparation.json": "strict-object",
-            "audit.json": "audit",
-            "evaluation-error.json": "strict-object",
-            "audit.sig": "sig",
-        }.get(parts[4], "unknown")
-    if (
-        len(parts) == 5
-        and parts[0] == "outputs"
-        and parts[4].endswith((".payload.json", ".envelope.json"))
-    ):
-        return "canonical"
-    return "unknown"
 
 
 # ---------------------------------------------------------------- phase 2
@@ -445,12 +65,21 @@ def _mismatch(
     return Problem("digest-mismatch", 2, msg, path=path, epoch=epoch, observation=obs)
 
 
-def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
-    proof, ex, d = ld.proof, ld.execution, ld.digests
-    proof_digest = d[layout.ADMISSION_PROOF]
-    expect = options.expect or {}
+def check_pins(ld: Loaded, options: VerifyOptions) -> None:
+    """Phase 2, in verify.md's order: the --expect values, the control pins, the chain,
+    frozen and root-case pins, every retained artifact pin, then the frozen binding."""
+    _check_expectations(ld, options.expect or {})
+    _check_control_pins(ld)
+    _check_chain(ld)
+    _check_frozen_and_root_case(ld)
+    _check_history_pins(ld)
+    _check_frozen_binding(ld)
+
+
+def _check_expectations(ld: Loaded, expect: dict[str, Any]) -> None:
+    proof, d = ld.proof, ld.digests
     held = {
-        "admissionProofDigest": proof_digest,
+        "admissionProofDigest": d[layout.ADMISSION_PROOF],
         "workflowDigest": d[layout.WORKFLOW],
         "rootCaseDigest": d.get(layout.ROOT_CASE),
         "frozenDigest": proof["frozenDigest"],
@@ -462,7 +91,12 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
             raise _mismatch(
                 f"{key} is {held[key]!r}, the independently held expectation is {value!r}"
             )
-    # in the order of admission-proof.md §10: workflow, proof pin, chain, frozen, root case
+
+
+def _check_control_pins(ld: Loaded) -> None:
+    """In the order of admission-proof.md §10: workflow, then the proof pin."""
+    proof, ex, d = ld.proof, ld.execution, ld.digests
+    proof_digest = d[layout.ADMISSION_PROOF]
     if proof["workflowDigest"] != d[layout.WORKFLOW]:
         raise _mismatch("workflowDigest is not the workflow's digest", layout.ADMISSION_PROOF)
     if ex["workflowDigest"] != d[layout.WORKFLOW]:
@@ -476,8 +110,11 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
         raise _mismatch(
             "the sidecar does not hold the proof's digest", layout.ADMISSION_PROOF_DIGEST
         )
-    # the chain: each epoch names the digest of the preceding closed prefix
-    hasher = PrefixHasher(proof)
+
+
+def _check_chain(ld: Loaded) -> None:
+    """Each epoch names the digest of the preceding closed prefix."""
+    hasher = PrefixHasher(ld.proof)
     for e, raw in zip(ld.epochs, ld.epochs.epoch_bytes(), strict=True):
         k = e["number"]
         if e["previousProofDigest"] != hasher.digest():
@@ -487,19 +124,26 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
                 k,
             )
         hasher.close(raw)
+
+
+def _check_frozen_and_root_case(ld: Loaded) -> None:
+    proof, d = ld.proof, ld.digests
     frozen = [{"stage": s.name, "digest": d[layout.frozen_path(s.name)]} for s in ld.stages]
     if digest.of_json(frozen) != proof["frozenDigest"]:
         raise _mismatch(
             "frozenDigest is not the digest of the frozen stage pins", layout.ADMISSION_PROOF
         )
-    if ex["frozen"] != frozen:
+    if ld.execution["frozen"] != frozen:
         raise _mismatch(
             "the execution's frozen pins differ from the frozen files", layout.EXECUTION
         )
     for p in (layout.ROOT_CASE, layout.case_path(proof["rootInstance"])):
         if d[p] != proof["rootCaseDigest"]:
             raise _mismatch("the root case is not the pinned rootCaseDigest", p)
-    # every retained artifact pin, retired ones included
+
+
+def _check_history_pins(ld: Loaded) -> None:
+    """Every retained artifact pin, retired ones included."""
     for e in ld.epochs:
         k = e["number"]
         if e["kind"] in ("selection", "fork"):
@@ -521,9 +165,12 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
                 for pin in PINS:
                     if o[pin] is not None:
                         p = layout.attempt_file(o["instance"], o["number"], pin)
-                        if d.get(p) != o[pin]:
+                        if ld.digests.get(p) != o[pin]:
                             raise _mismatch(f"the file is not the pinned {pin}", p, k, j)
-    # frozen binding: each frozen file is its stage exactly as the workflow defines it
+
+
+def _check_frozen_binding(ld: Loaded) -> None:
+    """Each frozen file is its stage exactly as the workflow defines it."""
     for i, s in enumerate(ld.workflow["stages"]):
         p = layout.frozen_path(s["name"])
         if ld.tree.read(p, layout.MAX_RECEIVED_FILE_BYTES) != canon.dumps(s):
@@ -538,7 +185,7 @@ def _phase2(ld: _Loaded, options: VerifyOptions) -> None:
 # ---------------------------------------------------------------- phase 3
 
 
-def _phase3(ld: _Loaded) -> None:
+def check_preparations(ld: Loaded) -> None:
     """Preparation claims (docs/spec/verify.md, "Phase 3"): the preparation column of
     workflow.md §9's table, in begin-epoch then member order. Preparations are opaque
     in our profile, so their content, profiles and verifiedAt are out of reach."""
@@ -569,11 +216,12 @@ def _phase3(ld: _Loaded) -> None:
 # ---------------------------------------------------------------- phase 5
 
 
-def _phase5(ld: _Loaded, rp: Replay) -> Reading:
+def compare_reconstruction(ld: Loaded, rp: Replay) -> Reading:
+    """Phase 5: the supplied control files and inventory against the replay."""
     proof_digest = ld.digests[layout.ADMISSION_PROOF]
     if rp.execution_digest(proof_digest) != ld.digests[layout.EXECUTION]:
         derived = rp.execution_json(proof_digest)
-        supplied = canon.loads(ld.tree.read(layout.EXECUTION, _CONTROL_CAP))
+        supplied = canon.loads(ld.tree.read(layout.EXECUTION, CONTROL_CAP))
         raise Problem(
             "inventory-mismatch", 5, _first_difference(derived, supplied), path=layout.EXECUTION
         )
