@@ -29,8 +29,9 @@ from crucible.stage._fsio import (
 )
 from crucible.stage._inputs import instance_item, utf16_order
 from crucible.stage._layout import StateLayout
-from crucible.stage._plan import view
+from crucible.stage._plan import PlanView, view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
+from crucible.stage._share import Unit, units_of, verify_consumer
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -163,6 +164,15 @@ def _read_output(
     return _Output(value)
 
 
+def _held_units(pv: PlanView, state: Path, task: str) -> list[Unit]:
+    units: list[Unit] = []
+    for anc in pv.ancestors(task):
+        at = pv.tasks[anc]
+        if at.emits_files:
+            units.extend(units_of(state, anc, at.map is not None))
+    return units
+
+
 def capture(
     plan: Any,
     state: Path,
@@ -258,6 +268,16 @@ def capture(
         except canon.CanonError as exc:
             problems.append(f"result has no canonical JSON form: {exc.message}")
             output = None
+            measured = True
+
+    held = _held_units(pv, state, task)
+    if held:
+        # What this task was handed must be what every other consumer sees (3.4).
+        tampering = verify_consumer(
+            state, task if key is None else f"{task}[{key}]", held, workspace
+        )
+        if tampering:
+            problems.extend(tampering)
             measured = True
 
     files: list[dict[str, Any]] = []

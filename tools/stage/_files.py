@@ -1,10 +1,10 @@
-"""emits_files: capture from a workspace into STATE/files, stage into inputs/<producer>.
+"""emits_files: capture from a workspace into STATE/files.
 
 Capture never lets a task's output reach outside its own directories: declared
 patterns that are absolute or climb (``..``) are refused as plan errors; a matched
 symlink is followed only when its target resolves inside the workspace (the file
-is copied as a regular file); special files are refused. Staging copies the
-captured trees of ancestors read-only, bounded in total by :data:`FILES_RUN_MAX`.
+is copied as a regular file); special files are refused. Staging the captured trees into consumers is
+:mod:`crucible.stage._share`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -35,7 +34,6 @@ __all__ = [
     "FileCapture",
     "capture_files",
     "check_pattern",
-    "copy_tree_readonly",
 ]
 
 #: Bound on emits_files bytes: what one producer may capture, and what one task
@@ -367,43 +365,3 @@ def capture_files(
             copier.capture(rel)
     copier.result.files.sort(key=lambda f: str(f["path"]))
     return copier.result
-
-
-def copy_tree_readonly(src: Path, dst: Path, used: int, bound: int, *, skip_top_at: bool) -> int:
-    """Copy a captured tree; files become read-only (0444). Returns ``used`` plus
-    the bytes copied.
-
-    Raises :class:`InputRefused` when the running total would pass ``bound``.
-    ``skip_top_at`` ignores top-level ``@…`` entries (a crashed capture's temp).
-    """
-    total = used
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
-        rel = os.path.relpath(dirpath, src)
-        if rel == "." and skip_top_at:
-            dirnames[:] = [d for d in dirnames if not d.startswith("@")]
-            filenames = [f for f in filenames if not f.startswith("@")]
-        out_dir = dst if rel == "." else dst / rel
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for d in dirnames:
-            if os.path.islink(os.path.join(dirpath, d)):
-                raise InputRefused(
-                    f"unexpected symlink in captured files: {os.path.join(dirpath, d)}"
-                )
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                raise InputRefused(f"unexpected non-regular file in captured files: {path}")
-            total += st.st_size
-            if total > bound:
-                raise InputRefused(
-                    f"staging emits_files would pass the bound of {bound} bytes "
-                    f"one task may be handed (at {path})"
-                )
-            target = out_dir / name
-            try:
-                shutil.copyfile(path, target)
-                os.chmod(target, 0o444)
-            except OSError as exc:
-                raise OperationalError(f"cannot stage {path}: {exc.strerror or exc}") from None
-    return total

@@ -63,11 +63,15 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
 
 def _make_writable(func: object, path: str, exc: object) -> None:
     # rmtree onerror: a read-only directory cannot lose entries; open it up, retry.
+    # Never chmod a file: a staged file may be a hard link shared with other
+    # consumers, and unlinking it needs only its directory's permission.
     parent = os.path.dirname(path)
+    is_dir = os.path.isdir(path) and not os.path.islink(path)
     with contextlib.suppress(OSError):
         os.chmod(parent, stat.S_IRWXU)
-        os.chmod(path, stat.S_IRWXU)
-    if os.path.isdir(path) and not os.path.islink(path):
+        if is_dir:
+            os.chmod(path, stat.S_IRWXU)
+    if is_dir:
         shutil.rmtree(path, ignore_errors=True)
     else:
         with contextlib.suppress(FileNotFoundError):
