@@ -89,7 +89,7 @@ def test_a_consumer_writing_a_staged_file_is_detected_named_and_undone(
     rec = _produce(state, p)
     want = {f["path"]: f["digest"] for f in rec["files"]}
     a = _consumer(state, p, "a")
-    b = _consumer(state, p, "b")  # staged at the same time as a: holds the same inodes
+    _consumer(state, p, "b")  # staged at the same time as a: holds the same inodes
     victim = a / "inputs" / "p" / "out" / "big"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked: every consumer has a private copy")
@@ -321,3 +321,20 @@ def test_a_10000_instance_fan_out_stages_at_most_twice_the_captured_bytes(
         f"captured {captured} B; store {store} B; staged file data {staged} B on disk; "
         f"manifest {meta} B; du of the state {du.stdout.split()[0]} B"
     )
+
+
+def test_a_timed_out_consumer_is_checked_when_it_is_settled(state: Path) -> None:
+    from crucible.stage import record_settled
+
+    p = _plan()
+    _produce(state, p)
+    a = _consumer(state, p, "a")
+    victim = a / "inputs" / "p" / "out" / "big"
+    if victim.stat().st_nlink == 1:
+        pytest.skip("reflinked")
+    victim.chmod(0o644)
+    victim.write_bytes(b"EVIL")
+    rec = record_settled(p, state, "a", status="failed", note="timed out after 1 s")
+    assert rec["note"].startswith("timed out after 1 s; staged file inputs/p/out/big")
+    b = _consumer(state, p, "b")
+    assert (b / "inputs/p/out/big").read_bytes() == BIG

@@ -378,21 +378,41 @@ def _build(
 
 
 def _clone_or_copy(src_fd: int, target: Path) -> tuple[int, str]:
-    """Copy (hashing), as a reflink when the filesystem can: then only the hash
-    reads the data."""
+    """Copy ``src_fd`` to a new ``target`` — a reflink where the filesystem
+    can, else in the kernel (copy_file_range) — then hash the source, which the
+    copy just brought into the page cache: (bytes, digest)."""
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        if _try_reflink(src_fd, out):
-            h = hashlib.sha256()
-            size = 0
-            while chunk := os.read(src_fd, 1 << 20):
-                h.update(chunk)
-                size += len(chunk)
-            return size, "sha256:" + h.hexdigest()
+        if not _try_reflink(src_fd, out):
+            _kernel_copy(src_fd, out)
+        h = hashlib.sha256()
+        size = 0
+        while chunk := os.pread(src_fd, 1 << 20, size):
+            h.update(chunk)
+            size += len(chunk)
+        if os.fstat(out).st_size != size:
+            raise OperationalError(f"{target} changed size while it was published")
+    except OSError as exc:
+        raise OperationalError(f"cannot publish {target}: {exc.strerror or exc}") from None
     finally:
         os.close(out)
-    os.unlink(target)
-    return copy_fd_hashed(src_fd, target, limit=1 << 62)
+    return size, "sha256:" + h.hexdigest()
+
+
+def _kernel_copy(src: int, out: int) -> None:
+    """copy_file_range to the end; a plain read/write loop where the kernel or
+    the filesystems refuse it."""
+    offset = 0
+    try:
+        while n := os.copy_file_range(src, out, 1 << 30, offset, offset):
+            offset += n
+        return
+    except OSError as exc:
+        if offset or exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    while chunk := os.pread(src, 1 << 20, offset):
+        write_all(out, chunk)
+        offset += len(chunk)
 
 
 def _try_reflink(src_fd: int, dst_fd: int) -> bool:
