@@ -401,7 +401,7 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
     for r in rows:
         if r.key is not None and not instances:
             continue
-        cells = (
+        cells: tuple[str, ...] = (
             display_name(r),
             r.label,
             str(r.attempts),
@@ -428,9 +428,9 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
         max(len(h), *(len(cells[i]) for cells, _ in lines)) if lines else len(h)
         for i, h in enumerate(header)
     ]
-    for cells, details in ((header, []), *lines):
-        padded = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(cells[:-1]))
-        out.write(f"{padded}  {cells[-1]}".rstrip(" ") + "\n")
+    for row_cells, details in ((header, []), *lines):
+        padded = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row_cells[:-1]))
+        out.write(f"{padded}  {row_cells[-1]}".rstrip(" ") + "\n")
         for line in details:
             out.write(line + "\n")
 
