@@ -51,10 +51,11 @@ h1{font-size:1.25em;margin:.6em 0 .2em} h2{font-size:1.05em;margin:1em 0 .3em}
 .legend span{display:inline-block;margin-right:1.1em;white-space:nowrap}
 .sw{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-.1em}
 .sw.sb{width:2px;background:#333}
-.fail{border-collapse:collapse;margin-bottom:.8em;max-width:100%}
+.fails{max-height:38vh;overflow:auto;margin-bottom:.8em;border:1px solid #e4e6ea;padding:0 .4em}
+.fail{border-collapse:collapse;max-width:100%}
 .fail td,.fail th{border-top:1px solid #e4e6ea;padding:.25em .6em .25em 0;text-align:left;vertical-align:top}
 .fail td:first-child{font-family:monospace;white-space:nowrap}
-.fail pre{margin:.2em 0 0;padding:.3em;background:#fbf3f2;white-space:pre-wrap;font-size:12px;max-height:12em;overflow:auto}
+.fail pre{margin:.2em 0 0;padding:.3em;background:#fbf3f2;white-space:pre-wrap;font-size:12px;max-height:9em;overflow:auto}
 .tl{position:relative}
 .r{display:flex;align-items:center;height:15px}
 .r>b,.r>span:first-child{flex:0 0 16em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font:12px monospace;font-weight:normal}
@@ -120,6 +121,8 @@ def _nice_step(span: float, ticks: int = 8) -> float:
 
 
 def _fmt_seconds(s: float) -> str:
+    if s >= 1:
+        s = round(s)
     if s >= 3600:
         return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
     if s >= 60:
@@ -176,7 +179,15 @@ def _name(r: Row) -> str:
     return escape(r.task) if r.key is None else f"{escape(r.task)}[{escape(r.key)}]"
 
 
+def _pc(x: float) -> str:
+    """A percentage in few bytes: 0.01% of a lane is a tenth of a pixel."""
+    text = f"{x:.2f}".rstrip("0").rstrip(".")
+    return (text[1:] if text.startswith("0.") else text) + "%"
+
+
 def _bars(r: Row, axis: _Axis, name: str) -> str:
+    """One bar per attempt; ``name`` heads each tooltip (an instance's row
+    already shows its key: its bars say only ``#attempt``)."""
     out = []
     cached = " data-c" if r.cached else ""
     for n, t in enumerate(r.tries, start=1):
@@ -189,14 +200,14 @@ def _bars(r: Row, axis: _Axis, name: str) -> str:
         status = r.status if last and r.status in ("passed", "failed", "skipped") else t.status
         code = _code(status, r.tolerated and last)
         note = name_signals(t.note, t.exit_code)
-        tip = f"{name} #{t.number or n} s{t.session}: {status}"
+        tip = f"{name}#{t.number or n} s{t.session}: {status}"
         if t.end is not None:
             tip += f" {t.end - t.start:.3f}s"
         if note:
             tip += " \u2014 " + escape(note)
         out.append(
-            f'<i class="bar" data-s={code}{cached if last else ""} style="left:{left:.3f}%;'
-            f'width:{width:.3f}%" title="{html.escape(clip(tip, TIP_MAX))}"></i>'
+            f'<i class="bar" data-s={code}{cached if last else ""} style="left:{_pc(left)};'
+            f'width:{_pc(width)}" title="{html.escape(clip(tip, TIP_MAX))}"></i>'
         )
     return "".join(out)
 
@@ -223,10 +234,20 @@ def _group_spans(agg: Row, members: list[Row], axis: _Axis) -> str:
         width = max(axis.x(session, hi) - left, 0.0)
         tip = f"{escape(agg.task)} s{session}: {hi - lo:.3f}s busy"
         out.append(
-            f'<i class="span" data-s={code} style="left:{left:.3f}%;width:{width:.3f}%" '
+            f'<i class="span" data-s={code} style="left:{_pc(left)};width:{_pc(width)}" '
             f'title="{html.escape(tip)}"></i>'
         )
     return "".join(out)
+
+
+def _group_counts(members: list[Row]) -> str:
+    """``6`` when every instance passed, else ``6: 1 failed, 2 interrupted``."""
+    counts: dict[str, int] = {}
+    for m in members:
+        if m.status != "passed":
+            counts[m.label] = counts.get(m.label, 0) + 1
+    detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    return f"{len(members)}: {detail}" if detail else str(len(members))
 
 
 def _failures(rows: list[Row], ids: dict[int, str]) -> str:
@@ -240,7 +261,7 @@ def _failures(rows: list[Row], ids: dict[int, str]) -> str:
         return ""
     parts = [
         f"<h2>Failures ({len(failed)})</h2>",
-        '<table class="fail"><tr><th>unit</th><th>note</th><th>log</th></tr>',
+        '<div class="fails"><table class="fail"><tr><th>unit</th><th>log</th><th>note</th></tr>',
     ]
     for i, r in failed[:FAILURES_SHOWN]:
         name = html.escape(clip(_name(r), 120))
@@ -255,9 +276,9 @@ def _failures(rows: list[Row], ids: dict[int, str]) -> str:
             )
         log = html.escape(escape(r.log)) if r.log else "-"
         parts.append(
-            f'<tr><td><a href="#{ids[i]}">{name}</a>{label}</td><td>{note}{tail}</td><td>{log}</td></tr>'
+            f'<tr><td><a href="#{ids[i]}">{name}</a>{label}</td><td>{log}</td><td>{note}{tail}</td></tr>'
         )
-    parts.append("</table>")
+    parts.append("</table></div>")
     if len(failed) > FAILURES_SHOWN:
         parts.append(
             f"<p>\u2026 and {len(failed) - FAILURES_SHOWN} more failed units "
@@ -285,17 +306,18 @@ def render(rows: list[Row], sessions: list[Session], title: str) -> str:
             everything_passed = all(m.status == "passed" for m in members)
             head = (
                 f'<summary class="r"><span title="{html.escape(clip(_name(r), 200))}">'
-                f"{html.escape(clip(_name(r), LABEL_MAX))} ({len(members)})</span>"
+                f"{html.escape(clip(_name(r), LABEL_MAX))} ({_group_counts(members)})</span>"
                 f"<s>{_group_spans(r, members, axis)}</s><u>{_meta(r)}</u></summary>"
             )
             body.append(f'<details class="g"{"" if everything_passed else " open"}>{head}')
             for k in range(i + 1, j):
                 m = rows[k]
-                name = _name(m)
                 anchor = f' id="{ids[k]}"' if k in ids else ""
+                key = escape(m.key or "")
+                tip = f' title="{html.escape(clip(_name(m), 200))}"' if len(key) > LABEL_MAX else ""
                 body.append(
-                    f'<div class="r i"{anchor}><b>{html.escape(clip(escape(m.key or ""), LABEL_MAX))}</b>'
-                    f"<s>{_bars(m, axis, name)}</s><u>{_meta(m)}</u></div>"
+                    f'<div class="r i"{anchor}><b{tip}>{html.escape(clip(key, LABEL_MAX))}</b>'
+                    f"<s>{_bars(m, axis, '')}</s><u>{_meta(m)}</u></div>"
                 )
             body.append("</details>")
             i = j
