@@ -104,6 +104,12 @@ printf '{{}}' > "$CRUCIBLE_OUTPUT"
     try:
         # the first two instances to take a ticket pass; the next two hold both slots
         wait_for(lambda: _finished(state, "passed") == 2 and len(_started(state)) == 4)
+        live = json_rows(state, "each")  # while the run is on: running
+        assert live[0]["status"] == "running"
+        assert (
+            sorted(r["status"] for r in live[1:])
+            == ["passed"] * 2 + ["pending"] * 2 + ["running"] * 2
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 143
     finally:
