@@ -375,3 +375,19 @@ def test_signal_names_in_notes() -> None:
     ) == ("1 of 2 instances did not pass; first '1': failed: killed by SIGTERM")
     assert name_signals("", -6) == "killed by SIGABRT"
     assert name_signals("exited with status 1", 1) == "exited with status 1"
+
+
+def test_a_unit_stopped_while_its_retry_waited_is_interrupted(tmp_path: Path) -> None:
+    """The failed attempt's record is removed while the retry waits: a run
+    stopped then leaves the unit unsettled, which the report calls interrupted
+    (its last event says failed, with retry: true)."""
+    state = tmp_path / "s"
+    assert dispatch(str(REPO / "examples/hello/pack.toml"), "--state", str(state)).returncode == 0
+    lines = [json.loads(x) for x in (state / "session.jsonl").read_bytes().splitlines()]
+    for line in lines:
+        if line["event"] == "task_finished" and line["task"] == "greet":
+            line.update(status="failed", note="exited with status 1", exit_code=1, retry=True)
+    (state / "session.jsonl").write_bytes(b"".join(canon.dumps(x) + b"\n" for x in lines))
+    (state / "results" / "greet.json").unlink()
+    (row, _) = json_rows(state)
+    assert row["task"] == "greet" and row["status"] == "interrupted"

@@ -81,6 +81,8 @@ class Row:
     stderr_tail: str | None = None
     cached: bool = False
     tolerated: bool = False
+    #: its last attempt failed with ``retry: true`` and no next attempt started
+    awaiting_retry: bool = False
 
     @property
     def name(self) -> str:
@@ -125,7 +127,9 @@ def _apply(r: Row, e: Event) -> None:
     if e.kind == "task_started":
         r.attempts += 1
         r.tries.append(Attempt(e.session, f["attempt"], e.time))
+        r.awaiting_retry = False
         return
+    r.awaiting_retry = f.get("retry") is True
     attempt = f.get("attempt")
     open_try = next(
         (
@@ -184,6 +188,10 @@ def _close_open_tries(r: Row, sessions: dict[int, Session]) -> None:
         r.end = r.tries[-1].end
         if r.tries[-1].status in ("running", "interrupted"):
             r.status = r.tries[-1].status
+        elif r.awaiting_retry:
+            # Its failed attempt's record was removed while the retry waited.
+            s = sessions[r.tries[-1].session]
+            r.status = "running" if r.tries[-1].session == last and not s.closed else "interrupted"
 
 
 def _settle(r: Row, record: dict[str, Any] | None) -> None:

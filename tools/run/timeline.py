@@ -96,10 +96,10 @@ class _Axis:
     def __init__(self, sessions: list[Session]) -> None:
         self.sessions = sessions
         lengths = [max(s.end - s.start, 1e-3) for s in sessions]
-        total = sum(lengths) or 1.0
+        total = sum(lengths)
         usable = 100.0 - GAP * max(len(sessions) - 1, 0)
         self.offset: dict[int, float] = {}
-        self.scale = usable / total
+        self.scale = usable / (total or 1.0)
         x = 0.0
         for s, length in zip(sessions, lengths, strict=True):
             self.offset[s.number] = x
