@@ -507,9 +507,13 @@ class Dispatcher:
             fields=fields,
             record=record,
         )
-        if finished.stop_reason == "interrupt":
+        if finished.stop_reason == "interrupt" and not _passed(finished):
             # Nothing is recorded in results/: the unit stays unsettled and a
-            # resume runs it again.
+            # resume runs it again. (One that exited 0 and passed capture after
+            # its TERM trap settles as passed, below.)
+            if record is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.layout.result_path(unit.name, unit.key).unlink()
             signame = signal.Signals(self.stop_signal or signal.SIGTERM).name
             self.log.emit(
                 "task_finished",
@@ -605,6 +609,14 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
+
+
+def _passed(finished: _Finished) -> bool:
+    return (
+        finished.code == 0
+        and finished.record is not None
+        and finished.record.get("status") == PASSED
+    )
 
 
 def _did(status: str | None) -> str:

@@ -277,7 +277,9 @@ class UnitRunner:
             finished["output_bytes"] = output.stat().st_size
         if gone:
             raise SystemExit(70)  # nobody to reply to
-        if stop_reason is None:
+        # A task stopped by an interrupt that still exits 0 (a TERM trap that
+        # finished its work) is captured like any other: it is what it was.
+        if stop_reason is None or (stop_reason == "interrupt" and code == 0):
             try:
                 finished["record"] = self._capture(
                     task, name, key, workspace, attempt, output, code
