@@ -76,7 +76,7 @@ run = '''trap 'echo trapped > ../trap.txt; exit 0' TERM; sleep 30 & wait'''
     assert elapsed < 1.4, elapsed
     rec = result(state, "slow")
     assert rec is not None and rec["status"] == "failed"
-    assert rec["note"].startswith("timed out after 0.5")
+    assert rec["note"] == "exited with status 0 after timeout 0.5s", rec["note"]
 
 
 def test_dispatcher_sigterm_runs_the_trap_and_a_task_that_exits_0_passes(
@@ -106,9 +106,7 @@ run = '''trap 'echo trapped > ../abrupt.txt; exit 5' TERM; touch ../abrupt.up; s
     assert proc.returncode == 143, err
     assert (work / "graceful.txt").read_text() == "trapped\n"
     assert (work / "abrupt.txt").read_text() == "trapped\n"
-    finished = {
-        e["task"]: e["status"] for e in events(state) if e["event"] == "task_finished"
-    }
+    finished = {e["task"]: e["status"] for e in events(state) if e["event"] == "task_finished"}
     assert finished == {"graceful": "passed", "abrupt": "interrupted"}
     rec = result(state, "graceful")
     assert rec is not None and rec["status"] == "passed"
