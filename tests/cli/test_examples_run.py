@@ -76,6 +76,8 @@ def check_fanout_fail_on(state: Path) -> None:
     }
     line = result(state, "summary")["output"]["line"]
     assert "measure=failed" in line and "total=skipped" in line
+    # the epilogue's declared input from `total` is absent: total did not pass
+    assert line.endswith(" sum=-")
 
 
 # pack -> (the -p arguments that select the documented failure, its check)
@@ -96,6 +98,8 @@ def test_example_pack_passes_with_defaults(manifest: Path, tmp_path: Path) -> No
     assert "run passed" in proc.stderr
     statuses = {name: r["status"] for name, r in rows(state).items()}
     assert set(statuses.values()) == {"passed"}, statuses
+    if manifest.parent.name == "fanout":  # the epilogue read `total` through its inputs
+        assert result(state, "summary")["output"]["line"].endswith(" sum=30")
 
 
 @pytest.mark.parametrize("pack", sorted(FAILURE_MODES))

@@ -322,6 +322,7 @@ def test_a_failure_names_its_log_and_carries_its_last_lines(pack: Pack, tmp_path
         """
 [[workflow.task]]
 name = "bad"
+emits = { x = "string" }
 run = 'for i in $(seq 1 15); do echo "line $i" >&2; done; exit 3'
 
 [[workflow.task]]
@@ -333,7 +334,8 @@ run = 'trap "" TERM; echo waiting; sleep 30'
 name = "audit"
 needs = ["bad"]
 join = "settled"
-run = 'true'
+inputs = { x = "bad.x" }
+run = 'cat "$CRUCIBLE_INPUTS_DIR/index.json" > ../index.json'
 
 [[workflow.task]]
 name = "finally"
@@ -360,8 +362,15 @@ run = 'cat "$CRUCIBLE_INPUTS_DIR/outcome" > ../outcome.json'
     assert slow["exit_code"] == -9 and slow["stderr_tail"] == "waiting"
     last = r.stderr.strip().splitlines()[-1]
     assert f"failed: bad ({state}/logs/bad.log), slow ({state}/logs/slow.log)" in last
+    # the settled join's index and the epilogue's outcome carry the note: how the
+    # producer ended (status or signal) and its log
+    index = json.loads((state / "work" / "index.json").read_text())
+    (bad,) = [i for i in index["inputs"] if i.get("producer") == "bad"]
+    assert bad["status"] == "failed" and "(log: logs/bad.log)" in bad["note"]
     outcome = json.loads((state / "work" / "outcome.json").read_text())
-    assert "logs/bad.log" in outcome["tasks"]["bad"]["note"]
+    assert outcome["tasks"]["bad"]["status"] == "failed"
+    assert "(log: logs/bad.log)" in outcome["tasks"]["bad"]["note"]
+    assert "killed by SIGKILL" in outcome["tasks"]["slow"]["note"]
 
 
 def test_the_tail_is_bounded_in_bytes(pack: Pack, tmp_path: Path) -> None:

@@ -166,6 +166,8 @@ def _check_process_limit(jobs: int, requested: int | None) -> None:
     if soft == resource.RLIM_INFINITY or os.geteuid() == 0:
         return  # root is not held to RLIMIT_NPROC
     need = worker_count(jobs) + jobs  # workers, and one process per running task
+    if need * 8 < soft:
+        return  # far below the limit: not worth listing /proc on every run
     running = _processes_of(os.getuid())
     if running + need > soft:
         raise UsageError(

@@ -438,7 +438,12 @@ class Dispatcher:
             return  # recorded as not selected at the start
         task = self.graph.tasks[name]
         if task.get("join", "all") == "all":
+            epilogue = task.get("epilogue", False)
             for dep in task.get("needs", ()):
+                if epilogue and not self.graph.tasks[dep].get("epilogue", False):
+                    # An epilogue runs whatever the regular tasks did; its needs
+                    # on them only order it (stage stages them as settled).
+                    continue
                 dep_status = self.status.get(dep)
                 if dep_status != PASSED:
                     note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
