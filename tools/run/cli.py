@@ -206,12 +206,18 @@ def _print_dry_run(lines: Any, as_json: bool) -> None:
     from crucible.core import ndjson
 
     out = sys.stdout.buffer
-    for line in lines:
-        if as_json:
+    if as_json:
+        for line in lines:
             out.write(ndjson.dumps_line(line))
-            continue
-        unit = line["task"] if "key" not in line else f"{line['task']}[{line['key']}]"
-        out.write(f"{line['action']:<12} {_printable(unit)}  {line['reason']}\n".encode())
+        out.flush()
+        return
+    units = [
+        _printable(line["task"] if "key" not in line else f"{line['task']}[{line['key']}]")
+        for line in lines
+    ]
+    width = min(max((len(u) for u in units), default=0), 40)
+    for line, unit in zip(lines, units, strict=True):
+        out.write(f"{line['action']:<12} {unit:<{width}}  {line['reason']}\n".encode())
     out.flush()
 
 
