@@ -153,7 +153,7 @@ class _LogSink:
         name: str,
         key: str | None,
         attempt: int,
-        header: bytes,
+        header: Callable[[], bytes],
         follow: _Follow | None,
     ) -> None:
         self._paths = paths
@@ -204,7 +204,7 @@ class _LogSink:
         self._path = self._paths.log(self._name, self._key)
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
-            write_all(fd, self._header)
+            write_all(fd, self._header())
         except OSError:
             os.close(fd)
             raise
@@ -346,7 +346,9 @@ class UnitRunner:
                 }
             from crucible.run.session import now_text
 
-            header = log_header(name, key, attempt, argv, now_text(started_at))
+            def header() -> bytes:  # built at the first byte: quiet attempts pay nothing
+                return log_header(name, key, attempt, argv, now_text(started_at))
+
             follow = _Follow(follow_prefix(name, key)) if self.options.follow else None
             sink = _LogSink(self.paths, name, key, attempt, header, follow)
             try:
