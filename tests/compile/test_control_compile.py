@@ -240,3 +240,30 @@ def test_a_plan_file_with_a_bad_condition_is_refused(write_pack: WritePack) -> N
         load_plan_bytes(data, "plan.json")
     (diag,) = info.value.diagnostics
     assert diag.code == "when-unknown-name" and diag.location.path == "$.tasks[1].when"
+
+
+def test_graph_shows_conditions_on_nodes_and_triggers_on_edges(write_pack: WritePack) -> None:
+    from crucible.compile.graph import render
+
+    plan = compile_path(
+        write_pack(
+            HEAD
+            + """
+[[workflow.task]]
+name = "notify"
+needs = ["build"]
+join = "settled"
+when = "needs.build.status == 'failed'"
+on_failure = "continue"
+run = "true"
+"""
+        )
+    ).plan
+    dot = render(plan, "dot")
+    assert "notify\\nwhen needs.build.status == 'failed'\\n(on failure: continue)" in dot
+    assert (
+        '"build" -> "notify" [style=dashed, label="settled · when needs.build.status == \'failed\'"];'
+        in dot
+    )
+    mermaid = render(plan, "mermaid")
+    assert "t0 -.->|\"settled · when needs.build.status == 'failed'\"| t1" in mermaid
