@@ -453,10 +453,15 @@ class Dispatcher:
             self._count_settled(status)
             self._settle(name, status)
         else:
+            # An instance that never had an attempt: no attempt number in its event.
             self.stage.record_settled(
                 self.plan, self.state, name, status=status, note=note, key=key
             )
-            self._settle_unit(Unit(name, key), status, note, exit_code=None)
+            self.log.emit("task_finished", task=name, key=key, status=status, note=note)
+            self._count_settled(status)
+            self.instances_left[name] -= 1
+            if self.instances_left[name] == 0:
+                self._fold(name, self.instances[name])
         return True
 
     def _record_task(self, name: str, status: str, note: str) -> None:
