@@ -17,9 +17,11 @@ from typing import Any
 
 __all__ = [
     "NO_ITEM",
+    "ConditionError",
     "Control",
     "Retry",
     "amend_record",
+    "evaluate",
     "fold_verdict",
     "last_attempt_env",
     "mark_tolerated",
@@ -58,8 +60,12 @@ class ConditionError(Exception):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__).removeprefix("error: ")
+    """starlark's ``error: …`` line (after a call stack, when there is one)."""
+    lines = str(exc).strip().splitlines()
+    for line in lines:
+        if line.startswith("error: "):
+            return line.removeprefix("error: ")
+    return lines[0] if lines else type(exc).__name__
 
 
 def evaluate(expression: str, values: Mapping[str, Any], *, item: bool, outcome: bool) -> bool:
@@ -94,6 +100,9 @@ class Control:
         self.stage = stage
         self._params: dict[str, Any] | None = None
         self._mapped = {t["name"] for t in plan["tasks"] if "map" in t}
+        #: a task's input values, read once: its producers settled before it was
+        #: ready, so every instance of a mapped task sees the same ones
+        self._input_values: dict[str, dict[str, Any]] = {}
 
     def params(self) -> dict[str, Any]:
         if self._params is None:
@@ -103,6 +112,12 @@ class Control:
             path = self.stage.StateLayout(self.state).params_path
             self._params = dict(orjson.loads(Path(path).read_bytes()))
         return self._params
+
+    def _inputs_of(self, task: dict[str, Any]) -> dict[str, Any]:
+        values = self._input_values.get(task["name"])
+        if values is None:
+            values = self._input_values[task["name"]] = self._inputs(task)
+        return values
 
     def _inputs(self, task: dict[str, Any]) -> dict[str, Any]:
         """Each declared input's value: the producer's field, or for a mapped
@@ -139,7 +154,7 @@ class Control:
             # Read here, in the dispatcher: an agent's condition may test params,
             # which still never reach the agent.
             "params": self.params(),
-            "inputs": self._inputs(task) if "inputs." in expression else {},
+            "inputs": self._inputs_of(task) if "inputs" in expression else {},
             "needs": {n: {"status": statuses.get(n, SKIPPED)} for n in task["needs"]},
         }
         if item is not NO_ITEM:
