@@ -267,3 +267,39 @@ run = "true"
     )
     mermaid = render(plan, "mermaid")
     assert "t0 -.->|\"settled · when needs.build.status == 'failed'\"| t1" in mermaid
+
+
+def test_starlark_tasks_take_the_control_keys(write_pack: WritePack) -> None:
+    path = write_pack(
+        'edition = 4\n[workflow]\nsource = "pack.star"\n',
+        pack__star="""
+        b = task(name = "build", run = "true")
+        p = task(
+            name = "pub",
+            run = "true",
+            needs = [b],
+            when = "needs.build.status == 'passed'",
+            allow_exit = [3],
+            retry = {"limit": 1, "delay": 0},
+        )
+        workflow(name = "s", tasks = [b, p])
+        """,
+    )
+    pub = compile_path(path).plan["tasks"][1]
+    assert pub["when"] == "needs.build.status == 'passed'" and pub["allow_exit"] == [3]
+    assert pub["retry"]["limit"] == 1 and pub["retry"]["delay"] == 0
+
+
+def test_starlark_conditions_are_checked_at_the_task_call(write_pack: WritePack) -> None:
+    path = write_pack(
+        'edition = 4\n[workflow]\nsource = "pack.star"\n',
+        pack__star="""
+        b = task(name = "build", run = "true", when = "inputs.zz")
+        workflow(name = "s", tasks = [b])
+        """,
+    )
+    rc, diags = validate_json(path)
+    assert rc == 1
+    (diag,) = diags
+    assert diag["code"] == "when-unknown-name" and diag["file"].endswith("pack.star")
+    assert diag["line"] == 1

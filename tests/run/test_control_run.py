@@ -318,22 +318,18 @@ def test_retry_backs_off_by_delay_times_factor(tmp_path: Path) -> None:
     times = _times(run, "flaky")
     assert len(times) == 3
     first, second = times[1] - times[0], times[2] - times[1]
-    assert 0.4 <= first < 0.4 + 1.5 and 0.8 <= second < 0.8 + 1.5, (first, second)
+    # lower bounds are the policy; the upper ones only say the delay did not run away
+    # (the machine may be loaded)
+    assert 0.4 <= first < 10 and 0.8 <= second < 10, (first, second)
     env = (run.state / "work" / "flaky" / "env").read_text().splitlines()
     assert env == ["1  ", "2 3 exit", "3 3 exit"]
 
 
 def test_max_delay_caps_the_backoff(tmp_path: Path) -> None:
-    run = dispatch(
-        tmp_path,
-        task(
-            "flaky",
-            "date +%s.%N >> times; exit 1",
-            retry={"limit": 2, "delay": 0.3, "factor": 10, "max_delay": 0.4},
-        ),
-    )
+    policy = {"limit": 2, "delay": 0.3, "factor": 100, "max_delay": 0.4}
+    run = dispatch(tmp_path, task("flaky", "date +%s.%N >> times; exit 1", retry=policy))
     times = _times(run, "flaky")
-    assert 0.4 <= times[2] - times[1] < 2.5
+    assert 0.4 <= times[2] - times[1] < 15  # uncapped it would be 30 s
 
 
 def test_on_exit_retries_only_the_listed_codes(tmp_path: Path) -> None:
@@ -372,19 +368,13 @@ def test_timeout_reason_reaches_the_next_attempt(tmp_path: Path) -> None:
 
 
 def test_a_deadline_stops_retrying(tmp_path: Path) -> None:
-    run = dispatch(
-        tmp_path,
-        task(
-            "t",
-            "date +%s.%N >> times; exit 1",
-            retry={"limit": 50, "delay": 0.3, "factor": 1},
-            deadline=1,
-        ),
-    )
+    policy = {"limit": 50, "delay": 0.5, "factor": 1}
+    run = dispatch(tmp_path, task("t", "date +%s.%N >> times; exit 1", retry=policy, deadline=3))
     assert run.code == 1
-    attempts = len(_times(run, "t"))
-    assert 2 <= attempts <= 4, attempts
-    assert "the deadline of 1 s is reached" in run.record("t")["note"]
+    times = _times(run, "t")
+    assert 2 <= len(times) <= 7, times  # 51 attempts without the deadline
+    assert times[-1] - times[0] < 3 + 2  # (start-up latency on a loaded machine)
+    assert "the deadline of 3 s is reached" in run.record("t")["note"]
 
 
 # -- epilogues as a DAG -----------------------------------------------------------------
@@ -426,3 +416,43 @@ def test_an_epilogue_chain_follows_its_join(tmp_path: Path) -> None:
     )
     assert run.code == 1
     assert run.status("second") == "skipped" and run.status("third") == "passed"
+
+
+def test_a_resumed_run_still_ignores_a_tolerated_failure(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    pack = tmp_path / "pack.toml"
+    pack.write_text(
+        textwrap.dedent(HEAD)
+        + task("enrich", "exit 7", on_failure="continue")
+        + task(
+            "slow", "test -f again || { touch again; sleep 30; }", needs=["enrich"], join="settled"
+        )
+    )
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [DISPATCH, str(pack), "--state", str(state)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    run = Run(0, "", state)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        log = state / "session.jsonl"
+        if log.exists() and any(
+            e["event"] == "task_started" and e["task"] == "slow" for e in run.events
+        ):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    resumed = subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    final = [e for e in run.events if e["event"] == "run_finished"][-1]
+    assert final["status"] == "passed" and final["counts"]["tolerated"] == 1

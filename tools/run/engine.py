@@ -385,6 +385,8 @@ class Dispatcher:
                     self.status[name] = status
                     if record.get("tolerated") is True:
                         self.tolerated.add(name)
+                        if "keys" not in record:
+                            self.counts.tolerated += 1
                     self._count_settled_record(record, status)
         for name, deps in self.graph.waits_for.items():
             self.remaining[name] = sum(1 for d in deps if d not in self.status)
