@@ -239,6 +239,27 @@ def test_each_trigger_of_the_table(tmp_path: Path) -> None:
     }
 
 
+def test_counts_of_a_mapped_need_give_any_and_all_triggers(tmp_path: Path) -> None:
+    run = dispatch(
+        tmp_path,
+        task("list", emit({"items": [0, 1, 2]}), emits={"items": "array"})
+        + task("each", 'test "$CRUCIBLE_KEY" != 1', needs=["list"], map="list.items")
+        + task(
+            "any_passed", OK, needs=["each"], join="settled", when="needs.each.counts['passed'] > 0"
+        )
+        + task(
+            "all_failed",
+            OK,
+            needs=["each"],
+            join="settled",
+            when="needs.each.counts['failed'] == needs.each.counts['passed'] + 3",
+        ),
+    )
+    assert run.code == 1  # an instance failed, untolerated
+    assert run.status("any_passed") == "passed"
+    assert run.status("all_failed") == "skipped"
+
+
 # -- tolerated failure ---------------------------------------------------------------
 
 

@@ -334,7 +334,9 @@ def check_control_keys(
 # -- rules across tasks ------------------------------------------------------
 
 
-def _read_problem(read: Read, task: dict[str, Any], params: Mapping[str, Any] | None) -> str | None:
+def _read_problem(
+    read: Read, task: dict[str, Any], params: Mapping[str, Any] | None, mapped: set[str]
+) -> str | None:
     root, rest = read.parts[0], read.parts[1:]
     if root in _BUILTINS:
         return None
@@ -353,8 +355,10 @@ def _read_problem(read: Read, task: dict[str, Any], params: Mapping[str, Any] | 
     elif root == "needs":
         if first is not None and first not in task["needs"]:
             return f"needs.{first}: {first!r} is not in the needs of task {task['name']!r}"
-        if len(rest) >= 2 and rest[1] != "status":
-            return f"needs.{first}.{rest[1]}: a need has only a status"
+        if len(rest) >= 2 and rest[1] == "counts" and first not in mapped:
+            return f"needs.{first}.counts: {first!r} is not mapped (counts are per instance status)"
+        if len(rest) >= 2 and rest[1] not in ("status", "counts"):
+            return f"needs.{first}.{rest[1]}: a need has a status (and, when mapped, counts)"
     elif root == "outcome":
         if not task["epilogue"]:
             return f"outcome: task {task['name']!r} is not an epilogue, so it has no outcome"
@@ -372,6 +376,7 @@ def check_control_rules(
     """Every name a ``when`` reads must exist: a declared param (when the caller
     knows them), a declared input, a direct need's status, ``item`` in a mapped
     task, ``outcome.status`` in an epilogue."""
+    mapped = {t["name"] for t in tasks if "map" in t or "matrix" in t}
     for task, path in zip(tasks, paths, strict=True):
         when = task.get("when")
         if when is None:
@@ -380,7 +385,7 @@ def check_control_rules(
         if isinstance(tree, str):  # a plan file: the structural pass reported it
             continue
         for read in condition_reads(tree):
-            problem = _read_problem(read, task, params)
+            problem = _read_problem(read, task, params, mapped)
             if problem is not None:
                 chk.error(
                     "when-unknown-name",

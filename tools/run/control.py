@@ -103,6 +103,8 @@ class Control:
         #: a task's input values, read once: its producers settled before it was
         #: ready, so every instance of a mapped task sees the same ones
         self._input_values: dict[str, dict[str, Any]] = {}
+        #: a mapped task's instance counts by status, once it settled
+        self._counts: dict[str, dict[str, int]] = {}
 
     def params(self) -> dict[str, Any]:
         if self._params is None:
@@ -139,6 +141,20 @@ class Control:
             out[name] = fold
         return out
 
+    def _need(self, name: str, statuses: Mapping[str, str]) -> dict[str, Any]:
+        """``needs.<name>``: its status, and for a mapped task ``counts`` — how many
+        instances passed, failed, were skipped (Argo's AnySucceeded / AllFailed)."""
+        need: dict[str, Any] = {"status": statuses.get(name, SKIPPED)}
+        if name in self._mapped:
+            counts = self._counts.get(name)
+            if counts is None:
+                record = self.stage.load_result(self.state, name)
+                raw = record.get("counts", {}) if record else {}
+                counts = {s: int(raw.get(s, 0)) for s in (PASSED, FAILED, SKIPPED)}
+                self._counts[name] = counts
+            need["counts"] = counts
+        return need
+
     def decide(
         self,
         task: dict[str, Any],
@@ -155,7 +171,7 @@ class Control:
             # which still never reach the agent.
             "params": self.params(),
             "inputs": self._inputs_of(task) if "inputs" in expression else {},
-            "needs": {n: {"status": statuses.get(n, SKIPPED)} for n in task["needs"]},
+            "needs": {n: self._need(n, statuses) for n in task["needs"]},
         }
         if item is not NO_ITEM:
             values["item"] = item
