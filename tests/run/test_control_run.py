@@ -477,3 +477,34 @@ def test_a_resumed_run_still_ignores_a_tolerated_failure(tmp_path: Path) -> None
     assert resumed.returncode == 0, resumed.stderr
     final = [e for e in run.events if e["event"] == "run_finished"][-1]
     assert final["status"] == "passed" and final["counts"]["tolerated"] == 1
+
+
+def test_control_events_and_records_match_their_schemas(tmp_path: Path) -> None:
+    import pytest
+
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+    run = dispatch(
+        tmp_path,
+        task("list", emit({"items": [0, 1]}), emits={"items": "array"})
+        + task(
+            "each",
+            'test "$CRUCIBLE_KEY" = 0',
+            needs=["list"],
+            map="list.items",
+            on_failure="continue",
+        )
+        + task("skip", OK, when="item == 1", needs=["list"], map="list.items")
+        + task("flaky", FAIL, retry={"limit": 1, "delay": 0}, allow_exit=[1]),
+    )
+    assert run.code == 0, run.stderr
+    events = jsonschema.Draft202012Validator(
+        json.loads((schemas / "session-event.json").read_text())
+    )
+    for event in run.events:
+        events.validate(event)
+    records = jsonschema.Draft202012Validator(
+        json.loads((schemas / "result-record.json").read_text())
+    )
+    for path in (run.state / "results").rglob("*.json"):
+        records.validate(json.loads(path.read_bytes()))
