@@ -148,9 +148,14 @@ def _mermaid(plan: dict[str, Any]) -> str:
         a, b = ids[src], ids[dst]
         trigger = _trigger(by_name[dst], src)
         if trigger is not None:
-            arrow = "-.->" if "settled" in style else "-->"
-            text = ("settled · " if "settled" in style else "") + "when " + trigger
-            lines.append(f"  {a} {arrow}|{_mermaid_text(text)}| {b}")
+            if style.startswith("map"):
+                field = by_name[dst]["map"].rpartition(".")[2]
+                base = f"map {field}" + (" (settled)" if "settled" in style else "") + " · "
+                arrow = "-.->" if "settled" in style else "==>"
+            else:
+                base = "settled · " if "settled" in style else ""
+                arrow = "-.->" if "settled" in style else "-->"
+            lines.append(f"  {a} {arrow}|{_mermaid_text(base + 'when ' + trigger)}| {b}")
         elif style.startswith("map"):
             field = by_name[dst]["map"].rpartition(".")[2]
             arrow = "-.->" if "settled" in style else "==>"
