@@ -309,3 +309,17 @@ def test_starlark_conditions_are_checked_at_the_task_call(write_pack: WritePack)
     (diag,) = diags
     assert diag["code"] == "when-unknown-name" and diag["file"].endswith("pack.star")
     assert diag["line"] == 1
+
+
+def test_float_members_of_edition_4_take_the_exact_canonical_path(write_pack: WritePack) -> None:
+    from crucible.core import canon
+
+    # orjson writes 2.0 as "2.0", RFC 8785 as "2": the fast path must not be taken
+    path = write_pack(
+        HEAD
+        + '\n[[workflow.task]]\nname = "t"\nrun = "true"\n'
+        + "retry = { limit = 1, delay = 2.0, max_delay = 100.0 }\ndeadline = 30.0\n"
+    )
+    compiled = compile_path(path)
+    assert compiled.data == canon.dumps(compiled.plan)
+    assert b'"deadline":30,' in compiled.data and b'"delay":2,' in compiled.data
