@@ -5,6 +5,7 @@ concurrent writers, and never the cause of a wrong answer."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.ledger import Ledger, Outcome, compact, verify
+from crucible.ledger import Ledger, Outcome, compact, content_step, verify
 from crucible.ledger._index import HEADER_SIZE, INDEX_NAME, Table
 from crucible.ledger._record import encode_line, make_record
 
@@ -242,14 +243,49 @@ def test_hash_collisions_cost_a_miss_never_a_wrong_hit(
         assert [f.value for f in found if f is not None] in (["A"], ["B"])
 
 
-def test_read_only_place_indexes_in_memory(ledger_dir: Path) -> None:
+def test_an_unusable_lock_means_an_index_in_memory(ledger_dir: Path, tmp_path: Path) -> None:
     _fill(ledger_dir, 5)
     (ledger_dir / INDEX_NAME).unlink()
     (ledger_dir / "steps.lock").unlink()
-    with Ledger(ledger_dir, readonly=True) as ledger:  # no lock file: it creates none
+    (ledger_dir / "steps.lock").symlink_to(tmp_path / "elsewhere")  # refused, not followed
+    before = (ledger_dir / "steps.jsonl").read_bytes()
+    with Ledger(ledger_dir, readonly=True) as ledger:
         assert ledger.report.source == "memory"
         _check_all(ledger, 5)
-    assert not (ledger_dir / "steps.lock").exists() and not (ledger_dir / INDEX_NAME).exists()
+        assert {json.loads(p)["step"] for p in ledger.records()} == {f"step-{i}" for i in range(5)}
+    assert not (tmp_path / "elsewhere").exists() and not (ledger_dir / INDEX_NAME).exists()
+    assert (ledger_dir / "steps.jsonl").read_bytes() == before
+
+
+def test_a_readonly_open_writes_only_the_index(ledger_dir: Path) -> None:
+    _fill(ledger_dir, 5)
+    (ledger_dir / INDEX_NAME).unlink()
+    before = (ledger_dir / "steps.jsonl").read_bytes()
+    with Ledger(ledger_dir, readonly=True) as ledger:
+        assert ledger.report.source == "rebuilt"
+        _check_all(ledger, 5)
+    assert (ledger_dir / "steps.jsonl").read_bytes() == before
+    assert sorted(p.name for p in ledger_dir.iterdir()) == [
+        "steps.idx",
+        "steps.jsonl",
+        "steps.lock",
+    ]
+
+
+def test_library_api_by_content_key(ledger_dir: Path) -> None:
+    key = {"task": "t", "inputs": {"a": "sha256:" + "0" * 64}}
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup_key("dispatch", "task", key) is None
+        assert ledger.record_key("dispatch", "task", key, Outcome.ok({"passed": True}))
+        with pytest.raises(ValueError, match="settled"):
+            ledger.record_key("dispatch", "task", key, Outcome.transient(1))
+    with Ledger(ledger_dir) as ledger:
+        hit = ledger.lookup_key("dispatch", "task", key)
+        assert hit is not None and hit.cached and hit.value == {"passed": True}
+        assert hit.step == content_step("task", key)
+        assert ledger.lookup_key("dispatch", "task", {**key, "task": "u"}) is None
+        [payload] = ledger.records("dispatch")
+        assert json.loads(payload)["key"] == key
 
 
 WRITER = r"""
