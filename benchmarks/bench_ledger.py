@@ -217,7 +217,7 @@ def main() -> int:
         # machine wall time mostly measures the neighbours, so the budget is on
         # process CPU time and the wall figure is shown for reference.
         print(
-            f"# open+index wall time: {ours_wall:.3f} s vs baseline {base_wall:.3f} s: "
+            f"# index rebuild wall time: {ours_wall:.3f} s vs baseline {base_wall:.3f} s: "
             f"ratio {ours_wall / base_wall:.2f} (reference)"
         )
         ok &= report(

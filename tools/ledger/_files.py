@@ -22,9 +22,12 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from xxhash import xxh3_64_intdigest
+
 from crucible.core.atomic import fsync_dir
 from crucible.core.fdio import write_all
 from crucible.ledger._index import (
+    FINGERPRINT,
     HEADER_SIZE,
     Summary,
     Table,
@@ -244,6 +247,7 @@ class Appender:
         self._clean_end: tuple[int, int] | None = None
         self._thread_lock = threading.Lock()  # flock does not order our own threads
         self._table: Table | None = None
+        self._header = b""  # the index header as we last wrote it
         self._dev = 0
 
     def close(self) -> None:
@@ -337,10 +341,13 @@ class Appender:
                 table = self._table = Table.open(self.directory, write=True)
             if table is None:
                 return
-        summary = Summary.unpack(os.pread(table.fd, HEADER_SIZE, 0))
-        if summary is None:
-            return
-        table.summary = summary
+        raw = os.pread(table.fd, HEADER_SIZE, 0)
+        if raw != self._header:  # another writer's append, or a new table
+            summary = Summary.unpack(raw)
+            if summary is None:
+                return
+            table.summary = summary
+        summary = table.summary
         if (summary.dev, summary.ino, summary.generation) != (
             self._dev,
             inode,
@@ -352,10 +359,14 @@ class Appender:
             summary.records += 1
             summary.newlines += 1
             summary.covered = end
-            summary.fingerprint = fingerprint(fd, end)
+            summary.fingerprint = (
+                xxh3_64_intdigest(line[-FINGERPRINT:])
+                if len(line) >= FINGERPRINT
+                else fingerprint(fd, end)
+            )
             h = identity_hash(*identity)
             if table.insert(h, size):
-                table.write_summary()
+                self._header = table.write_summary()
             else:
                 grow(table, {h: size})
         elif table.matches(fd, os.fstat(fd), summary.generation) == "behind":

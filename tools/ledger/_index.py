@@ -32,7 +32,7 @@ from pathlib import Path
 
 import xxhash
 
-from crucible.ledger._scan import Scan, scan
+from crucible.ledger._scan import Scan, identity_hash, scan
 
 __all__ = [
     "INDEX_NAME",
@@ -59,11 +59,6 @@ _NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _xxh = xxhash.xxh3_64_intdigest
 
 
-def identity_hash(scope: str, step: str) -> int:
-    s, t = scope.encode(), step.encode()
-    return _xxh(b"%d:%b%b" % (len(s), s, t)) or 1
-
-
 @dataclass
 class Summary:
     """What the table covers: the header's fields after the magic."""
@@ -86,7 +81,7 @@ class Summary:
     first_bad_line: int = 0
 
     def pack(self) -> bytes:
-        values = [getattr(self, f.name) for f in fields(self)]
+        values = [getattr(self, name) for name in _FIELDS]
         body = HEADER.pack(MAGIC, *values, 0)[:-8]
         return (body + struct.pack("<Q", _xxh(body))).ljust(HEADER_SIZE, b"\0")
 
@@ -110,6 +105,9 @@ class Summary:
     @property
     def duplicates(self) -> int:
         return self.records - self.identities
+
+
+_FIELDS = tuple(f.name for f in fields(Summary))
 
 
 def fingerprint(fd: int, covered: int) -> int:
@@ -226,8 +224,12 @@ class Table:
                 return True
             i = (i + 1) & mask
 
-    def write_summary(self) -> None:
-        os.pwrite(self.fd, self.summary.pack(), 0)
+    def write_summary(self) -> bytes:
+        """Write the header; returns its bytes (an appender that finds them
+        unchanged at its next append skips decoding them)."""
+        raw = self.summary.pack()
+        os.pwrite(self.fd, raw, 0)
+        return raw
 
 
 def _pread_all(fd: int, size: int, offset: int) -> bytes:
@@ -281,10 +283,6 @@ def write_table(directory: Path, summary: Summary, entries: dict[int, int]) -> N
         raise OSError(errno.EIO, str(exc)) from None
 
 
-def entries_of(result: Scan, base: int = 0) -> dict[int, int]:
-    return {identity_hash(scope, step): base + pos for (scope, step), pos in result.index.items()}
-
-
 def summary_of(result: Scan, data: bytes, info: os.stat_result, generation: bytes) -> Summary:
     covered = data.rfind(b"\n") + 1
     s = Summary(info.st_dev, info.st_ino, generation, covered, len(data) - covered)
@@ -300,8 +298,9 @@ def summary_of(result: Scan, data: bytes, info: os.stat_result, generation: byte
 def build(
     directory: Path, data: bytes, result: Scan, info: os.stat_result, generation: bytes
 ) -> None:
-    """Write the index of ``data`` (the whole ledger, scanned as ``result``)."""
-    write_table(directory, summary_of(result, data, info, generation), entries_of(result))
+    """Write the index of ``data`` (the whole ledger, scanned with ``hashed=True``
+    as ``result``)."""
+    write_table(directory, summary_of(result, data, info, generation), result.hashed)
 
 
 def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
@@ -311,7 +310,7 @@ def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
     s = table.summary
     start = s.covered
     data = _pread_all(ledger_fd, size - start, start)
-    part = scan(data)
+    part = scan(data, hashed=True)
     if s.tail_len and not s.torn_tail:
         s.records -= 1  # the old unterminated record is in ``data`` again
     s.records += part.records
@@ -324,7 +323,7 @@ def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
     s.tail_len = len(data) - covered
     s.torn_tail = int(part.torn_tail)
     s.fingerprint = fingerprint(ledger_fd, s.covered)
-    entries = entries_of(part, start)
+    entries = {h: start + pos for h, pos in part.hashed.items()}
     if (s.identities + len(entries)) * 2 > s.slots:
         grow(table, entries)
         return part

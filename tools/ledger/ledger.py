@@ -235,7 +235,7 @@ class Ledger:
             if table is not None:
                 table.close()
             data = read_all(fd)
-            result = scan(data)
+            result = scan(data, hashed=True)
             if result.garbage:
                 return _garbage(result)
             build(self.directory, data, result, info, generation)
