@@ -331,3 +331,21 @@ def test_four_writers_times_1000_appends_with_lookups_between(ledger_dir: Path) 
                 assert hit is not None and hit.value == {"who": who, "i": i}
     report = verify(ledger_dir)
     assert report["records"] == 4000 and not report["damaged"]
+
+
+def test_a_full_table_under_a_good_header_neither_hangs_nor_lies(ledger_dir: Path) -> None:
+    """Slots of writers killed before their header was written are not counted:
+    a table can hold more entries than its header says. Probes are bounded."""
+    _fill(ledger_dir, 10)
+    index = ledger_dir / INDEX_NAME
+    raw = bytearray(index.read_bytes())
+    for off in range(HEADER_SIZE, len(raw), 16):  # every slot taken, none ours
+        if raw[off : off + 8] == bytes(8):
+            raw[off : off + 16] = (off * 7919 + 3).to_bytes(8, "little") + (1).to_bytes(8, "little")
+    index.write_bytes(bytes(raw))
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
+        assert ledger.lookup("s", "missing") is None
+        assert ledger.record("s", "new", Outcome.ok(1))  # the insert grows the table
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
+        hit = ledger.lookup("s", "new")
+        assert hit is not None and hit.value == 1

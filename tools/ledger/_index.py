@@ -185,11 +185,13 @@ class Table:
 
     # -- reading --------------------------------------------------------------
     def lookup(self, h: int) -> int | None:
-        mask = self.summary.slots - 1
+        slots = self.summary.slots
+        mask = slots - 1
         i = h & mask
-        while True:
+        seen = 0
+        while seen < slots:  # bounded: a damaged table may have no empty slot
             # 16 slots per read: a probe sequence rarely leaves one
-            count = min(16, self.summary.slots - i)
+            count = min(16, slots - i)
             raw = os.pread(self.fd, count * SLOT, HEADER_SIZE + i * SLOT)
             if len(raw) < count * SLOT:
                 return None
@@ -200,6 +202,8 @@ class Table:
                 if slot_hash == 0:
                     return None
             i = (i + count) & mask
+            seen += count
+        return None
 
     def offsets(self) -> list[int]:
         """Every indexed offset (unordered)."""
@@ -209,20 +213,24 @@ class Table:
 
     # -- writing (under the ledger lock) ----------------------------------------
     def insert(self, h: int, pos: int) -> bool:
-        """Point ``h`` at ``pos``; False when the table is too full (grow first)."""
-        mask = self.summary.slots - 1
+        """Point ``h`` at ``pos``; False when the table is too full (grow first).
+        The probe is bounded: slots written by a writer killed before its header
+        was are not counted in ``identities``, so the count can be low."""
+        slots = self.summary.slots
+        mask = slots - 1
         i = h & mask
-        while True:
+        for _ in range(slots):
             raw = os.pread(self.fd, SLOT, HEADER_SIZE + i * SLOT)
             slot_hash = struct.unpack("<Q", raw[:8])[0] if len(raw) == SLOT else 0
             if slot_hash in (0, h):
                 if slot_hash == 0:
-                    if (self.summary.identities + 1) * 2 > self.summary.slots:
+                    if (self.summary.identities + 1) * 2 > slots:
                         return False
                     self.summary.identities += 1
                 os.pwrite(self.fd, struct.pack("<QQ", h, pos + 1), HEADER_SIZE + i * SLOT)
                 return True
             i = (i + 1) & mask
+        return False
 
     def write_summary(self) -> bytes:
         """Write the header; returns its bytes (an appender that finds them
