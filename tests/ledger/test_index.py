@@ -349,3 +349,20 @@ def test_a_full_table_under_a_good_header_neither_hangs_nor_lies(ledger_dir: Pat
     with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
         hit = ledger.lookup("s", "new")
         assert hit is not None and hit.value == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_fifo_or_directory_at_the_index_name_is_not_an_index(ledger_dir: Path, kind: str) -> None:
+    _fill(ledger_dir, 5)
+    index = ledger_dir / INDEX_NAME
+    index.unlink()
+    if kind == "fifo":
+        os.mkfifo(index)
+    else:
+        index.mkdir()
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:  # never hangs
+        assert ledger.report.source in ("rebuilt", "memory")
+        _check_all(ledger, 5)
+        assert ledger.record("s", "step-5", Outcome.ok({"i": 5}))
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
+        _check_all(ledger, 6)

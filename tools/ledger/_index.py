@@ -29,6 +29,7 @@ import struct
 from array import array
 from dataclasses import dataclass, fields
 from pathlib import Path
+from stat import S_ISREG
 
 import xxhash
 
@@ -147,11 +148,13 @@ class Table:
         except OSError:
             return None
         try:
-            summary = Summary.unpack(os.pread(fd, HEADER_SIZE, 0))
-            if summary is not None:
-                expected = HEADER_SIZE + summary.slots * SLOT
-                if os.fstat(fd).st_size == expected:
-                    return cls(fd, summary, path)
+            info = os.fstat(fd)
+            # a FIFO, a device, a directory planted at our name is not an index
+            summary = (
+                Summary.unpack(os.pread(fd, HEADER_SIZE, 0)) if S_ISREG(info.st_mode) else None
+            )
+            if summary is not None and info.st_size == HEADER_SIZE + summary.slots * SLOT:
+                return cls(fd, summary, path)
         except OSError:
             pass
         os.close(fd)
