@@ -220,9 +220,7 @@ def main() -> int:
             f"# index rebuild wall time: {ours_wall:.3f} s vs baseline {base_wall:.3f} s: "
             f"ratio {ours_wall / base_wall:.2f} (reference)"
         )
-        ok &= report(
-            f"index {args.records:,} records, CPU time", ours_cpu, base_cpu, OPEN_BUDGET
-        )
+        ok &= report(f"index {args.records:,} records, CPU time", ours_cpu, base_cpu, OPEN_BUDGET)
 
         small_lookup = lookup_time(small, 10_000, 10_000)
         middle = root / "middle"
