@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def test_read_only_dir_names_the_lock_and_permission(verb: str) -> None:
         done = run_unprivileged(call)
     finally:
         d.chmod(0o755)
+        shutil.rmtree(d.parent)  # this test's own directory, nothing shared
     assert done.code == 3, done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert "steps.lock" in line and "Permission denied" in line, done.stderr
