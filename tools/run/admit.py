@@ -16,6 +16,7 @@ from typing import Any
 
 from crucible.core import atomic, canon, digest
 from crucible.core.errors import InputRefused, OperationalError, PlanChanged, UsageError
+from crucible.run.matrix import check_fanout_params
 from crucible.run.options import RunOptions
 from crucible.run.params import read_params_file, resolve_params
 
@@ -70,6 +71,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         raise UsageError(f"the plan has agent tasks ({names}): pass --agent-cmd CMD")
     given = read_params_file(options.params_file) if options.params_file else {}
     params = resolve_params(plan, given, options.params)
+    check_fanout_params(plan, params)  # a param a fan-out ranges over (IR v3)
     plan_file = state / "plan.json"
     if options.resume:
         try:

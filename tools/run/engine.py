@@ -27,7 +27,9 @@ from typing import Any
 from crucible.core.errors import CrucibleError
 from crucible.run.admit import Admission
 from crucible.run.graph import TaskGraph, build_graph
+from crucible.run.matrix import Fanouts
 from crucible.run.options import RunOptions
+from crucible.run.parallelism import ParallelismGate
 from crucible.run.procs import close_inherited, kill_group
 from crucible.run.session import SessionLog
 from crucible.run.unit import Slots, UnitRunner
@@ -143,6 +145,9 @@ class Dispatcher:
         # No task may inherit a descriptor of ours (posix_spawn closes none).
         close_inherited()
         stage.prepare_plan(self.plan)
+        # Listed fan-outs (IR v3): static ones expand now, before plan_admitted.
+        self.fanouts = Fanouts(self.plan, admission.params, options.state)
+        self.gate: ParallelismGate[Unit] = ParallelismGate(self.graph.tasks)
         self.slots = Slots(self.jobs)
         self.runner = UnitRunner(
             plan=self.plan,
@@ -299,6 +304,8 @@ class Dispatcher:
         idle = self.workers.idle
         while self.ready and idle:
             unit = self.ready.popleft()
+            if not self.gate.take(unit.name, unit):
+                continue  # the task's parallelism is used up: it waits in the gate
             self._next_token += 1
             self._tokens[self._next_token] = unit
             self.workers.submit(
@@ -314,6 +321,8 @@ class Dispatcher:
             self._started(unit, reply.payload["pid"])
             return
         unit = self._tokens.pop(reply.token)
+        if (waiting := self.gate.release(unit.name)) is not None:
+            self.ready.append(waiting)
         if reply.outcome == "error":  # a refusal the worker did not expect to meet
             if unit.pid is not None:
                 self.running -= 1
@@ -403,7 +412,7 @@ class Dispatcher:
                     self._count_settled(SKIPPED)
                     self._settle(name, SKIPPED)
                     return
-        if "map" in task:
+        if "map" in task or "matrix" in task:
             self._expand(name)
             return
         self.ready.append(Unit(name, None))
@@ -415,16 +424,22 @@ class Dispatcher:
 
     def _expand(self, name: str) -> None:
         try:
-            items = self.stage.map_items(self.plan, self.state, name)
+            if self.fanouts.listed(name):
+                keys = self.fanouts.keys(name)
+            else:
+                items = self.stage.map_items(self.plan, self.state, name)
+                keys = [key for key, _ in items]
+                del items
         except CrucibleError as exc:
-            note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
+            if self.fanouts.listed(name):
+                note = f"cannot expand the fan-out: {exc}"
+            else:
+                note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
             self._record_task(name, FAILED, note)
             self.log.emit("task_finished", task=name, status=FAILED, note=note)
             self._count_settled(FAILED)
             self._settle(name, FAILED)
             return
-        keys = [key for key, _ in items]
-        del items
         if not keys:
             self._fold(name, keys)
             return
@@ -486,7 +501,15 @@ class Dispatcher:
             attempt=unit.attempt,
             pid=pid,
             workspace=self._rel(self.layout.work_dir(unit.name, unit.key)),
+            **self._item_preview(unit),
         )
+
+    def _item_preview(self, unit: Unit) -> dict[str, str]:
+        """``item``: a short preview of a listed instance's item (report, timeline)."""
+        if unit.key is None or attempt_is_retry(unit):
+            return {}
+        text = self.fanouts.previews.get((unit.name, unit.key))
+        return {} if text is None else {"item": text}
 
     def _exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.running -= 1
@@ -605,6 +628,11 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
+
+
+def attempt_is_retry(unit: Unit) -> bool:
+    """Later attempts repeat the first one's item: it is shown once."""
+    return unit.attempt > 1
 
 
 def _did(status: str | None) -> str:

@@ -83,7 +83,9 @@ def run_plan(
         stack.callback(log.close)
         dispatcher = Dispatcher(admission, options, log, environ=env, on_progress=on_progress)
         stack.callback(dispatcher.close)
-        log.emit("plan_admitted", **_plan_admitted_fields(admission, options, dispatcher.jobs))
+        admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
+        dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
+        log.emit("plan_admitted", **admitted)
         log.commit()
         try:
             outcome = dispatcher.run()

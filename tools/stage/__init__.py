@@ -17,6 +17,7 @@ from crucible.stage._inputs import (
     INPUTS_ENV_MAX,
     RESERVED_INPUTS,
     StagedInputs,
+    instances_path,
     map_items,
     stage_inputs,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "amend_result",
     "capture",
     "escape_key",
+    "instances_path",
     "load_result",
     "map_items",
     "prepare_plan",
