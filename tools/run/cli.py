@@ -83,6 +83,18 @@ def cli() -> None:
 @click.option(
     "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
 )
+@click.option(
+    "--outputs",
+    "outputs",
+    metavar="FILE|-",
+    help="At the end, also write the run results (STATE/outputs.json) to FILE (- = stdout).",
+)
+@click.option(
+    "--publish-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    metavar="DIR",
+    help="At the end, publish the [workflow.publish] files into DIR.",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -93,6 +105,8 @@ def run_cmd(
     emit_cap: int | None,
     resume: bool,
     events: str | None,
+    outputs: str | None,
+    publish_dir: Path | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
@@ -108,7 +122,13 @@ def run_cmd(
         resume=resume,
         events=events,
         progress=sys.stderr.isatty(),
+        outputs=outputs,
+        publish_dir=publish_dir,
     )
+    if outputs == "-" and events == "-":
+        from crucible.core.errors import UsageError
+
+        raise UsageError("--outputs - and --events - cannot both use stdout")
     live: Any = None
     if options.progress:
         from crucible.run.progress import LiveProgress
@@ -123,6 +143,10 @@ def run_cmd(
     finally:
         if live is not None:
             live.close()
+    if outputs is not None:
+        from crucible.run.outputs import copy_outputs
+
+        copy_outputs(state, outputs, sys.stdout.buffer)
     c = outcome.counts
     click.echo(
         f"crucible-dispatch: run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "

@@ -15,6 +15,7 @@ from crucible.core.errors import CrucibleError, Interrupted
 from crucible.run.admit import Admission, admit
 from crucible.run.engine import Counts, Dispatcher, RunOutcome
 from crucible.run.options import RunOptions
+from crucible.run.outputs import finish_results
 from crucible.run.session import SessionLog, read_events
 
 __all__ = ["run_plan"]
@@ -89,6 +90,8 @@ def run_plan(
         log.commit()
         try:
             outcome = dispatcher.run()
+            # run results and published files (IR v3): crucible.run.outputs
+            finish_results(admission, options, outcome.status, on_warning)
         except CrucibleError as exc:
             log.emit("shutdown", reason="error", note=str(exc), exit_code=exc.exit_code)
             raise
