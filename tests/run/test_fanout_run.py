@@ -347,3 +347,67 @@ def test_parallelism_is_never_exceeded(tmp_path: Path) -> None:
                 live -= 1
             peak_events = max(peak_events, live)
     assert peak_events <= 2
+
+
+def test_sigterm_then_resume_of_a_matrix_reruns_only_unsettled_instances(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    ran = tmp_path / "ran"
+    pack = tmp_path / "pack.toml"
+    pack.write_text(
+        textwrap.dedent(
+            f"""
+            edition = 4
+            [workflow]
+            name = "m"
+            [workflow.outputs]
+            n = "count.n"
+            [[workflow.task]]
+            name = "t"
+            matrix = {{ a = ["x", "y"], b = {{ count = 2 }} }}
+            emits = {{ item = "object", key = "string" }}
+            run = '''echo "$CRUCIBLE_KEY" >> {ran}; if [ "$CRUCIBLE_KEY" = "a=y,b=1" ]; then while [ -e {gate} ]; do sleep 0.05; done; fi; printf '{{"item": %s, "key": "%s"}}' "$(cat "$CRUCIBLE_INPUTS_DIR/item")" "$CRUCIBLE_KEY" > "$CRUCIBLE_OUTPUT"'''
+            [[workflow.task]]
+            name = "count"
+            needs = ["t"]
+            inputs = {{ keys = "t.key" }}
+            emits = {{ n = "integer" }}
+            run = 'echo "{{\\"n\\": $(ls "$CRUCIBLE_INPUTS_DIR/keys" | wc -l)}}" > "$CRUCIBLE_OUTPUT"'
+            """
+        ).lstrip()
+    )
+    state = tmp_path / "state"
+    proc = subprocess.Popen(
+        [DISPATCH, str(pack), "--state", str(state), "-j", "4"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done = len(list((state / "results" / "t").glob("*.json"))) if state.exists() else 0
+        if done == 3 and ran.exists() and "a=y,b=1" in ran.read_text():
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    doc = json.loads((state / "outputs.json").read_bytes())
+    assert doc["@run"] == "interrupted" and doc["@absent"]["n"]["reason"] == "not-run"
+    gate.unlink()
+    again = subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert sorted(ran.read_text().split()) == [
+        "a=x,b=0",
+        "a=x,b=1",
+        "a=y,b=0",
+        "a=y,b=1",
+        "a=y,b=1",
+    ]
+    assert json.loads((state / "outputs.json").read_bytes())["n"] == 4
