@@ -7,7 +7,7 @@ to (:func:`ir_version_for`) and which keys a manifest task table, a Starlark
 
 from __future__ import annotations
 
-from crucible.core.errors import UnsupportedVersion
+from crucible.core.errors import Location, UnsupportedVersion
 
 __all__ = [
     "DEFAULT_EDITION",
@@ -115,22 +115,22 @@ def _shown(value: object) -> str:
         return str(value)  # a TOML date or time: 1979-05-27
 
 
-def check_edition(edition: object, *, where: str | None = None) -> int:
+def check_edition(edition: object, *, where: Location | None = None) -> int:
     if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
         supported = ", ".join(map(str, SUPPORTED_EDITIONS))
         raise UnsupportedVersion(
             f"unsupported edition {_shown(edition)}; this engine supports editions {supported}",
-            where=where,
+            location=where,
         )
     return edition
 
 
-def check_version(version: object, *, where: str | None = None) -> int:
+def check_version(version: object, *, where: Location | None = None) -> int:
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         supported = ", ".join(map(str, SUPPORTED_VERSIONS))
         raise UnsupportedVersion(
             f"unsupported plan version {_shown(version)}; this engine supports versions {supported}",
-            where=where,
+            location=where,
         )
     return version
 
