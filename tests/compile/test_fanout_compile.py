@@ -228,3 +228,30 @@ def test_graph_shows_matrix_axes(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
         assert "matrix os (2 items) × shard (split.shards)" in proc.stdout
         assert "axis shard" in proc.stdout
+
+
+def test_starlark_takes_the_edition_4_keys(tmp_path: Path) -> None:
+    (tmp_path / "pack.star").write_text(
+        "workflow(\n"
+        '    name = "s",\n'
+        '    outputs = {"n": "a.n"},\n'
+        '    publish = {"out/": "a:*.txt"},\n'
+        "    tasks = [\n"
+        '        task(name = "a", run = "true", emits = {"n": "integer"}, emits_files = ["*.txt"]),\n'
+        '        task(name = "b", run = "true", matrix = {"x": [1, 2], "y": {"count": 2}},'
+        " parallelism = 1),\n"
+        "    ],\n"
+        ")\n"
+    )
+    (tmp_path / "pack.toml").write_text('edition = 4\n[workflow]\nsource = "pack.star"\n')
+    plan = compile_bytes(
+        (tmp_path / "pack.toml").read_bytes(), str(tmp_path / "pack.toml"), tmp_path
+    ).plan
+    assert plan["workflow"]["outputs"] == {"n": "a.n"}
+    assert plan["workflow"]["publish"] == {"out": {"from": ["a:*.txt"], "settled": False}}
+    assert [a["name"] for a in plan["tasks"][1]["matrix"]["axes"]] == ["x", "y"]
+    # edition 3: the same source is refused, naming edition 4 for the workflow keys
+    (tmp_path / "pack.toml").write_text('edition = 3\n[workflow]\nsource = "pack.star"\n')
+    with pytest.raises(ValidationFailed) as info:
+        compile_bytes((tmp_path / "pack.toml").read_bytes(), "pack.toml", tmp_path)
+    assert {d.code for d in info.value.diagnostics} == {"unknown-key"}
