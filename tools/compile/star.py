@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crucible.compile.diagnostics import Diagnostic, Location
-from crucible.compile.locate import FileLocator
 from crucible.compile.editions import EDITION_CONTROL
+from crucible.compile.locate import FileLocator
 from crucible.compile.shape import (
     WORKFLOW_KEYS_SINCE_4,
     Checker,
