@@ -411,3 +411,69 @@ def test_sigterm_then_resume_of_a_matrix_reruns_only_unsettled_instances(tmp_pat
         "a=y,b=1",
     ]
     assert json.loads((state / "outputs.json").read_bytes())["n"] == 4
+
+
+def test_key_over_a_producer_field_and_its_fold(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "kp"
+        [[workflow.task]]
+        name = "list"
+        emits = { hosts = "array" }
+        run = '''echo '{"hosts": [{"host": "db", "port": 5432}, {"host": "web", "port": 80}]}' > "$CRUCIBLE_OUTPUT"'''
+        [[workflow.task]]
+        name = "probe"
+        needs = ["list"]
+        map = "list.hosts"
+        key = "host"
+        emits = { port = "integer" }
+        run = '''python3 -c 'import json, os; i = json.load(open(os.environ["CRUCIBLE_INPUTS_DIR"] + "/item")); json.dump({"port": i["port"]}, open(os.environ["CRUCIBLE_OUTPUT"], "w"))' '''
+        [[workflow.task]]
+        name = "sum"
+        needs = ["probe"]
+        inputs = { ports = "probe.port" }
+        emits = { keys = "array" }
+        run = '''python3 -c 'import json, os; idx = json.load(open(os.environ["CRUCIBLE_INPUTS_DIR"] + "/index.json")); (f,) = [i for i in idx["inputs"] if i["name"] == "ports"]; json.dump({"keys": [e["key"] for e in f["entries"]]}, open(os.environ["CRUCIBLE_OUTPUT"], "w"))' '''
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    state = tmp_path / "state"
+    assert list(outputs(state, "probe")) == ["db", "web"]
+    assert outputs(state, "probe")["web"] == {"port": 80}
+    from crucible import stage
+
+    record = stage.load_result(state, "sum")
+    assert record is not None and record["output"] == {"keys": ["db", "web"]}
+    assert "instances" not in admitted(state, "probe")  # expanded when ready, not at start
+
+
+def test_every_instance_start_carries_a_short_item_preview(tmp_path: Path) -> None:
+    long = "x" * 200
+    proc = dispatch(
+        tmp_path,
+        f"""
+        edition = 3
+        [workflow]
+        name = "pv"
+        [[workflow.task]]
+        name = "src"
+        emits = {{ xs = "array" }}
+        run = '''echo '{{"xs": ["{long}", {{"a": 1}}]}}' > "$CRUCIBLE_OUTPUT"'''
+        [[workflow.task]]
+        name = "each"
+        needs = ["src"]
+        map = "src.xs"
+        run = "true"
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    items = {
+        e["key"]: e["item"]
+        for e in events(tmp_path / "state")
+        if e["event"] == "task_started" and "key" in e
+    }
+    assert items["1"] == '{"a":1}'
+    assert len(items["0"]) == 80 and items["0"].endswith("…") and items["0"].startswith('"xxx')

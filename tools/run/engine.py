@@ -429,6 +429,7 @@ class Dispatcher:
             else:
                 items = self.stage.map_items(self.plan, self.state, name)
                 keys = [key for key, _ in items]
+                self.fanouts.remember_previews(name, items)
                 del items
         except CrucibleError as exc:
             if self.fanouts.listed(name):
@@ -505,8 +506,9 @@ class Dispatcher:
         )
 
     def _item_preview(self, unit: Unit) -> dict[str, str]:
-        """``item``: a short preview of a listed instance's item (report, timeline)."""
-        if unit.key is None or attempt_is_retry(unit):
+        """``item``: a short preview of an instance's item (report, timeline), on
+        its first attempt only (later attempts have the same item)."""
+        if unit.key is None or unit.attempt > 1:
             return {}
         text = self.fanouts.previews.get((unit.name, unit.key))
         return {} if text is None else {"item": text}
@@ -628,11 +630,6 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
-
-
-def attempt_is_retry(unit: Unit) -> bool:
-    """Later attempts repeat the first one's item: it is shown once."""
-    return unit.attempt > 1
 
 
 def _did(status: str | None) -> str:

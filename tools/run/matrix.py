@@ -271,8 +271,16 @@ class Fanouts:
             return
         write_instances(self.state, name, pairs)
         self._keys[name] = [k for k, _ in pairs]
+        self.remember_previews(name, pairs)
+
+    def remember_previews(self, name: str, pairs: Iterable[tuple[str, Any]]) -> None:
+        """Keep each instance's item preview for its ``task_started`` (a plain
+        producer map's items too, which stage reads from the producer's record)."""
         for k, item in pairs:
-            self.previews[(name, k)] = preview(item)
+            try:
+                self.previews[(name, k)] = preview(item)
+            except canon.CanonError:  # a preview is never worth failing a task over
+                continue
 
     def listed(self, name: str) -> bool:
         return name in self.tasks
