@@ -192,6 +192,14 @@ def test_github_exclude_example_gives_its_nine_jobs(tmp_path: Path) -> None:
     keys = admitted(tmp_path / "state", "t")["instances"]
     assert keys[0] == "environment=staging,os=macos-latest,version=12"
     assert admitted(tmp_path / "state", "t")["matrix"] == ["os", "version", "environment"]
+    import pytest
+
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs/schemas/session-event.json").read_text()
+    )
+    for event in events(tmp_path / "state"):
+        jsonschema.validate(event, schema)
 
 
 def test_github_include_example_gives_its_six_combinations(tmp_path: Path) -> None:

@@ -240,3 +240,27 @@ def test_a_crash_during_publish_leaves_no_half_directory(tmp_path: Path) -> None
     assert again.returncode == 0, again.stderr
     assert len(manifest(dest)["files"]) == 3000
     assert os.listdir(scratch) == [] and os.listdir(out) == ["many"]
+
+
+def test_outputs_file_and_fifo(tmp_path: Path) -> None:
+    import threading
+
+    proc = dispatch(tmp_path, "--outputs", str(tmp_path / "copy.json"))
+    assert proc.returncode == 1
+    assert (tmp_path / "copy.json").read_bytes() == (
+        tmp_path / "state" / "outputs.json"
+    ).read_bytes()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    path = tmp_path / "pack.toml"
+    proc2 = subprocess.run(
+        [DISPATCH, str(path), "--state", str(tmp_path / "s2"), "--outputs", str(fifo)],
+        capture_output=True,
+        timeout=120,
+    )
+    reader.join(30)
+    assert proc2.returncode == 1, proc2.stderr
+    assert json.loads(got[0])["total"] == 42 and fifo.is_fifo()

@@ -100,7 +100,11 @@ def finish_results(
 
 
 def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
-    """``--outputs -|FILE``: the bytes of STATE/outputs.json, to ``out`` or FILE."""
+    """``--outputs -|FILE``: the bytes of STATE/outputs.json, to ``out`` or FILE
+    (through :mod:`crucible.core.output`, as every command's output: a FIFO or a
+    device is written through, a regular file replaced atomically)."""
+    from crucible.core.output import write_output, write_stream
+
     try:
         data = (state / "outputs.json").read_bytes()
     except OSError as exc:
@@ -108,7 +112,6 @@ def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
             f"cannot read: {exc.strerror}", where=str(state / "outputs.json")
         ) from None
     if target == "-":
-        out.write(data + b"\n")
-        out.flush()
+        write_stream(out, data + b"\n")
     else:
-        atomic.write_bytes(target, data)
+        write_output(target, data)
