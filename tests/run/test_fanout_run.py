@@ -485,3 +485,52 @@ def test_every_instance_start_carries_a_short_item_preview(tmp_path: Path) -> No
     }
     assert items["1"] == '{"a":1}'
     assert len(items["0"]) == 80 and items["0"].endswith("…") and items["0"].startswith('"xxx')
+
+
+def _reference(
+    axes: list[tuple[str, list[Any]]], exclude: list[dict[str, Any]], include: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """GitHub's documented rules, written as plainly as possible (values here are
+    small integers, so == is JSON equality)."""
+    import itertools
+
+    names = [n for n, _ in axes]
+    combos = [dict(zip(names, vs, strict=True)) for vs in itertools.product(*(v for _, v in axes))]
+    combos = [c for c in combos if not any(all(c[k] == v for k, v in e.items()) for e in exclude)]
+    extra: list[dict[str, Any]] = []
+    for entry in include:
+        hits = [c for c in combos if all(c[k] == v for k, v in entry.items() if k in names)]
+        for c in hits:
+            c.update({k: v for k, v in entry.items() if k not in names})
+        if not hits:
+            extra.append(dict(entry))
+    return combos + extra
+
+
+def test_combinations_agree_with_the_plain_reading_of_the_rules() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    axis_names = ["a", "b", "c"]
+    values = st.integers(min_value=0, max_value=2)
+
+    @st.composite
+    def cases(draw: Any) -> Any:
+        k = draw(st.integers(min_value=1, max_value=3))
+        axes = [
+            (n, draw(st.lists(values, min_size=1, max_size=3, unique=True))) for n in axis_names[:k]
+        ]
+        names = [n for n, _ in axes]
+        entry = st.dictionaries(st.sampled_from(names), values, min_size=1)
+        exclude = draw(st.lists(entry, max_size=3))
+        inc_keys = st.sampled_from([*names, "x", "y"])
+        include = draw(st.lists(st.dictionaries(inc_keys, values, min_size=1), max_size=3))
+        return axes, exclude, include
+
+    @settings(max_examples=200, deadline=None)
+    @given(cases())
+    def check(case: Any) -> None:
+        axes, exclude, include = case
+        assert combinations(axes, exclude, include) == _reference(axes, exclude, include)
+
+    check()
