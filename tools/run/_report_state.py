@@ -125,7 +125,8 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
             )
         m = t.get("map")
         source = m.split(".", 1)[0] if isinstance(m, str) and "." in m else None
-        tasks.append((t["name"], m is not None, source))
+        # a matrix (edition 4) fans out as a map does
+        tasks.append((t["name"], m is not None or t.get("matrix") is not None, source))
     return tasks
 
 

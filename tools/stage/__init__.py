@@ -18,6 +18,7 @@ from crucible.stage._inputs import (
     INPUTS_ENV_MAX,
     RESERVED_INPUTS,
     StagedInputs,
+    instances_path,
     map_items,
     stage_inputs,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "capture",
     "clear_path",
     "escape_key",
+    "instances_path",
     "load_result",
     "map_items",
     "prepare_plan",

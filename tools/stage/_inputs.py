@@ -86,6 +86,8 @@ def _items_entry(
     t = pv.task(task)
     if t.map is None:
         raise InputRefused(f"task {task!r} is not mapped")
+    if t.listed:
+        return _listed_entry(Path(state), task)
     producer, fld = t.map
     if pv.task(producer).map is not None:
         raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
@@ -126,6 +128,35 @@ def _items_entry(
     positions = {k: i for i, (k, _) in enumerate(items)}
     if ident is None:
         return None, items, positions
+    entry = (ident, items, positions)
+    _items_cache[cache_key] = entry
+    return entry
+
+
+def instances_path(state: Path, task: str) -> Path:
+    """``STATE/instances/<task>.json``: the instances the dispatcher expanded for a
+    listed fan-out (docs/spec/run.md, "Instances file")."""
+    return Path(state) / "instances" / f"{task}.json"
+
+
+def _listed_entry(state: Path, task: str) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
+    path = instances_path(state, task)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputRefused(
+            f"task {task!r} has not been expanded (no instances file)", where=str(path)
+        ) from None
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    cache_key = (str(state.absolute()), f"{task}\x00@instances")
+    hit = _items_cache.get(cache_key)
+    if hit is not None and hit[0] == ident:
+        return hit
+    doc = _read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list):
+        raise InputRefused("not an instances file", where=str(path))
+    items = [(str(e["key"]), e.get("item")) for e in doc["instances"]]
+    positions = {k: i for i, (k, _) in enumerate(items)}
     entry = (ident, items, positions)
     _items_cache[cache_key] = entry
     return entry
