@@ -42,6 +42,7 @@ import hashlib
 import os
 import stat
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,18 +194,20 @@ def _source_id(store: Path, record: Path) -> str:
         return f"store:{st.st_ino}:{st.st_mtime_ns}"
 
 
-def _recorded_digests(record: Path) -> dict[str, str]:
+def _recorded_files(record: Path) -> tuple[dict[str, tuple[int, str]], int | None]:
+    """(path -> (size, digest) as capture recorded them, the record's mtime)."""
     try:
         with open(record, "rb") as f:
             rec = orjson.loads(f.read())
+            mtime: int | None = os.fstat(f.fileno()).st_mtime_ns
     except (OSError, ValueError):
-        return {}
+        return {}, None
     files = rec.get("files") if isinstance(rec, dict) else None
-    out: dict[str, str] = {}
+    out: dict[str, tuple[int, str]] = {}
     for f in files if isinstance(files, list) else []:
         if isinstance(f, dict) and isinstance(f.get("digest"), str):
-            out[str(f.get("path"))] = f["digest"]
-    return out
+            out[str(f.get("path"))] = (int(f.get("size", -1)), f["digest"])
+    return out, mtime
 
 
 # -- publishing -------------------------------------------------------------------
@@ -327,7 +330,15 @@ def _build(
     try:
         tree = tmp / "tree"
         tree.mkdir()
-        recorded = _recorded_digests(record)
+        recorded, written = _recorded_files(record)
+
+        def untouched(st: os.stat_result) -> bool:
+            # Capture wrote the file, then the record; a later write or chmod
+            # moves the file's ctime to the record's mtime or past it (the same
+            # coarse clock), and no task can move a ctime back. Only then (or
+            # when both fell in one clock tick) are its bytes hashed.
+            return written is not None and st.st_ctime_ns < written
+
         dirs: list[str] = []
         files: list[list[Any]] = []
         for rel in walk_tree(str(store), max_depth=_WALK_DEPTH):
@@ -341,15 +352,19 @@ def _build(
                 fd, st = open_regular(src)
             except NotRegular as exc:
                 raise InputRefused(f"captured file {rel!r} of {label} {exc.why}") from None
+            want = recorded.get(rel)
             try:
-                size, sha = _clone_or_copy(fd, tree / rel)
+                if want is not None and untouched(st) and want[0] == st.st_size:
+                    # its capture's digest stands: copy (or clone) without a hash
+                    size, sha = _clone_or_copy(fd, tree / rel, hash_it=False), want[1]
+                else:
+                    size, sha = _clone_or_copy(fd, tree / rel, hash_it=True)
             finally:
                 os.close(fd)
-            want = recorded.get(rel)
-            if want is not None and want != sha:
+            if want is not None and want[1] != sha:
                 raise InputRefused(
                     f"captured file {rel!r} of {label} no longer matches the digest its "
-                    f"capture recorded ({want}); the store was changed",
+                    f"capture recorded ({want[1]}); the store was changed",
                     where=str(src),
                 )
             os.chmod(tree / rel, _READONLY)
@@ -377,38 +392,58 @@ def _build(
         raise
 
 
-def _clone_or_copy(src_fd: int, target: Path) -> tuple[int, str]:
+def _clone_or_copy(src_fd: int, target: Path, *, hash_it: bool) -> Any:
     """Copy ``src_fd`` to a new ``target`` — a reflink where the filesystem
-    can, else in the kernel (copy_file_range) — then hash the source, which the
-    copy just brought into the page cache: (bytes, digest)."""
+    can, else in the kernel (sendfile). With ``hash_it`` a thread hashes the
+    source meanwhile (both release the GIL) and (bytes, digest) is returned;
+    else the bytes copied."""
+    hashed: list[tuple[int, str] | BaseException] = []
+    thread = threading.Thread(target=_hash_fd, args=(src_fd, hashed), daemon=True)
+    if hash_it:
+        thread.start()
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         if not _try_reflink(src_fd, out):
             _kernel_copy(src_fd, out)
-        h = hashlib.sha256()
-        size = 0
-        while chunk := os.pread(src_fd, 1 << 20, size):
-            h.update(chunk)
-            size += len(chunk)
-        if os.fstat(out).st_size != size:
-            raise OperationalError(f"{target} changed size while it was published")
+        copied = os.fstat(out).st_size
     except OSError as exc:
         raise OperationalError(f"cannot publish {target}: {exc.strerror or exc}") from None
     finally:
         os.close(out)
-    return size, "sha256:" + h.hexdigest()
+        if hash_it:
+            thread.join()
+    if not hash_it:
+        return copied
+    result = hashed[0]
+    if isinstance(result, BaseException):
+        raise OperationalError(f"cannot publish {target}: {result}") from None
+    if result[0] != copied:
+        raise OperationalError(f"{target} changed size while it was published")
+    return result
+
+
+def _hash_fd(fd: int, into: list[tuple[int, str] | BaseException]) -> None:
+    try:
+        h = hashlib.sha256()
+        size = 0
+        while chunk := os.pread(fd, 1 << 22, size):
+            h.update(chunk)
+            size += len(chunk)
+        into.append((size, "sha256:" + h.hexdigest()))
+    except BaseException as exc:  # handed to the caller's thread
+        into.append(exc)
 
 
 def _kernel_copy(src: int, out: int) -> None:
-    """copy_file_range to the end; a plain read/write loop where the kernel or
-    the filesystems refuse it."""
+    """sendfile to the end (as shutil.copyfile does); a plain read/write loop
+    where the kernel refuses it."""
     offset = 0
     try:
-        while n := os.copy_file_range(src, out, 1 << 30, offset, offset):
+        while n := os.sendfile(out, src, offset, 1 << 30):
             offset += n
         return
     except OSError as exc:
-        if offset or exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK):
             raise
     while chunk := os.pread(src, 1 << 20, offset):
         write_all(out, chunk)
