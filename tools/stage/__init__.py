@@ -19,6 +19,7 @@ from crucible.stage._inputs import (
     RESERVED_INPUTS,
     StagedInputs,
     map_items,
+    refresh_inputs,
     stage_inputs,
 )
 from crucible.stage._layout import StateLayout
@@ -63,6 +64,7 @@ __all__ = [
     "map_items",
     "prepare_plan",
     "record_settled",
+    "refresh_inputs",
     "render_prompt",
     "settle_fold",
     "stage_inputs",

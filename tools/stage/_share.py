@@ -68,6 +68,7 @@ __all__ = [
     "Unit",
     "link_published",
     "publish",
+    "refresh_held",
     "stage_units",
     "units_of",
     "verify_consumer",
@@ -538,17 +539,22 @@ def link_published(pub: Published, dest: Path) -> int:
         src = f"{tree}/{e.rel}"
         dst = f"{dest_s}/{e.rel}"
         try:
-            if _reflink_ok.get(key) is False or not _reflink(src, dst, key):
-                try:
-                    os.link(src, dst, follow_symlinks=False)
-                except OSError as exc:
-                    if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
-                        raise
-                    _copy(src, dst)  # another filesystem, or the link limit
+            _hand_over(src, dst, key)
         except OSError as exc:
             raise OperationalError(f"cannot stage {src}: {exc.strerror or exc}") from None
         total += e.size
     return total
+
+
+def _hand_over(src: str, dst: str, key: tuple[int, int]) -> None:
+    """One file to a consumer: a reflink, else a hard link, else a copy."""
+    if _reflink_ok.get(key) is False or not _reflink(src, dst, key):
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+                raise
+            _copy(src, dst)  # another filesystem, or the link limit
 
 
 def _reflink(src: str, dst: str, key: tuple[int, int]) -> bool:
@@ -633,6 +639,44 @@ def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path
             f"holding the same file at the same time); the published copy was restored"
         )
     return notes
+
+
+def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
+    """Just before a staged consumer starts: any file it holds whose inode was
+    changed since it was staged (by a consumer that ran meanwhile) is restored
+    and its link replaced by one to the fresh published copy, so it starts with
+    the captured bytes. Returns the workspace paths replaced."""
+    replaced: list[str] = []
+    for u in units:
+        found = _read_manifest(u.root, u.label)
+        if found is None:
+            continue
+        top = workspace / "inputs" / u.staged
+        changed = _changed_holdings(found[1], top)
+        if not changed:
+            continue
+        with _locked(state):
+            current = _read_manifest(u.root, u.label)
+            if current is not None and current[1].generation == found[1].generation:
+                _list_tampered(found[1], [e for e in found[1].files if e.rel in changed])
+            fresh = publish(state, u.store, u.record, u.root, u.label)
+            by_rel = {e.rel: e for e in fresh.files}
+            key = (fresh.dev, os.stat(top).st_dev)
+            for rel in sorted(changed):
+                if rel not in by_rel:
+                    continue
+                dst = top / rel
+                tmp = dst.with_name(f"{TMP_PREFIX}relink")
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    _hand_over(str(fresh.tree / rel), str(tmp), key)
+                    os.replace(tmp, dst)
+                except OSError as exc:
+                    raise OperationalError(f"cannot restore {dst}: {exc.strerror or exc}") from None
+                replaced.append(f"inputs/{u.staged}/{rel}")
+            _record_ctimes(fresh)
+    return replaced
 
 
 def _changed_holdings(pub: Published, top: Path) -> set[str]:
