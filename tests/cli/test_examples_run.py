@@ -80,6 +80,12 @@ def check_fanout_fail_on(state: Path) -> None:
     assert line.endswith(" sum=-")
 
 
+#: pack -> host variables whose documented use makes the run fail on purpose
+FAILURE_ENV = {"daily": ("DAILY_FAIL_ON",)}
+#: packs whose header is a sequence of commands on one state dir
+TOURS = ("daily",)
+
+
 def check_exit_handler_break(state: Path) -> None:
     # the exit-handler DAG notifies on failure only: both channels, then cleanup
     report = rows(state)
@@ -88,11 +94,6 @@ def check_exit_handler_break(state: Path) -> None:
     assert report["notify"]["status"] == "passed"
     assert report["cleanup"]["status"] == "passed"
 
-
-#: pack -> host variables whose documented use makes the run fail on purpose
-FAILURE_ENV = {"daily": ("DAILY_FAIL_ON",)}
-#: packs whose header is a sequence of commands on one state dir
-TOURS = ("daily",)
 
 # pack -> (the -p arguments that select the documented failure, its check)
 FAILURE_MODES: dict[str, tuple[list[str], Callable[[Path], None]]] = {

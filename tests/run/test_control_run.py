@@ -533,3 +533,16 @@ def test_fail_fast_ignores_a_tolerated_failure_and_stops_at_a_condition_error(
     assert broken.code == 1
     assert "bad" in broken.stderr
     assert broken.status("bad") == "failed"
+
+
+def test_a_target_whose_ancestor_failed_tolerated_passes(tmp_path: Path) -> None:
+    run = dispatch(
+        tmp_path,
+        task("enrich", "exit 7", on_failure="continue")
+        + task("load", OK, needs=["enrich"], join="settled")
+        + task("unrelated", OK),
+        "--target",
+        "load",
+    )
+    assert run.code == 0, run.stderr  # `unrelated` is not selected, not unsettled
+    assert run.status("load") == "passed"

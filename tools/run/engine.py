@@ -743,7 +743,7 @@ class Dispatcher:
                 self.plan, self.state, unit.name, key=unit.key, status=status, note=note or ""
             )
         tolerable = status == FAILED and control.tolerates(task, finished.code, timed_out)
-        if status == FAILED and not tolerable:  # a tolerated failure never fails fast
+        if status == FAILED and not tolerable:
             self._note_failure(unit, finished.log)
         self._settle_unit(
             unit,
@@ -774,7 +774,10 @@ class Dispatcher:
                 exit_code=exit_code,
             ),
         )  # fmt: skip
-        tolerable = control.tolerates(self.graph.tasks[unit.name], exit_code, False)
+        task = self.graph.tasks[unit.name]
+        # exit codes tolerate a task's own exit only, not a unit that could not
+        # be staged, started or captured
+        tolerable = control.tolerates(task, None, False)
         if not tolerable:
             self._note_failure(unit, log)
         self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
