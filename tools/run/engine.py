@@ -264,10 +264,9 @@ class Dispatcher:
             code = 128 + self.stop_signal
         elif all(self.status.get(n) == PASSED for n in self._expected()):
             status, code = PASSED, 0
-        elif (
-            self.plan["version"] >= 3
-            and len(self.status) == len(self.graph.tasks)
-            and all(s != FAILED or n in self.tolerated for n, s in self.status.items())
+        elif self.plan["version"] >= 3 and all(
+            n in self.status and (self.status[n] != FAILED or n in self.tolerated)
+            for n in self._expected()
         ):
             # IR v3: skips (a false condition, a tolerated producer) and tolerated
             # failures leave the run passed; any other skip follows a failure.
@@ -507,6 +506,8 @@ class Dispatcher:
         if decided is None:
             return False
         status, note = decided
+        if status == FAILED:  # a condition error: listed, and --fail-fast stops
+            self._note_failure(Unit(name, key), None)
         if key is None:
             self._record_task(name, status, note)
             self.log.emit("task_finished", task=name, status=status, note=note)
