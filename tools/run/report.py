@@ -242,8 +242,8 @@ def _plan_value(state: Path) -> Any:
     return orjson.loads(data or b"null")
 
 
-def _aggregate(agg: Row, instances: list[Row], open_run: bool) -> None:
-    if instances or agg.instances is None:
+def _aggregate(agg: Row, instances: list[Row]) -> None:
+    if instances:
         agg.instances = len(instances)
     agg.counts = {}
     for inst in instances:
@@ -342,8 +342,10 @@ def collect(state: Path, task: str | None = None) -> Report:
             _close_open_tries(r, by_number)
             _settle(r, load_record(state, name, k))
             members.append(r)
-        if members or record is None:
-            _aggregate(agg, members, open_run)
+        if record is not None and "keys" in record:
+            agg.instances = len(record["keys"])
+        if members:
+            _aggregate(agg, members)
         if record is None and members:
             agg.status = _unsettled_status(agg, open_run)
             if agg.status != "pending" or not agg.note:

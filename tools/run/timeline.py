@@ -58,10 +58,10 @@ h1{font-size:1.25em;margin:.6em 0 .2em} h2{font-size:1.05em;margin:1em 0 .3em}
 .fail pre{margin:.2em 0 0;padding:.3em;background:#fbf3f2;white-space:pre-wrap;font-size:12px;max-height:9em;overflow:auto}
 .tl{position:relative}
 .r{display:flex;align-items:center;height:15px}
-.r>b,.r>span:first-child{flex:0 0 16em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font:12px monospace;font-weight:normal}
+.r>b,.r>span:first-child{flex:0 0 200px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font:12px monospace;font-weight:normal}
 details>.r>span:first-child{font-weight:bold}
 .r>s{position:relative;flex:1;height:11px;background:#f3f5f8;text-decoration:none}
-.r>u{flex:0 0 12em;padding-left:.6em;font:12px monospace;color:#555;white-space:nowrap;overflow:hidden;text-decoration:none}
+.r>u{flex:0 0 170px;padding-left:8px;font:12px monospace;color:#555;white-space:nowrap;overflow:hidden;text-decoration:none}
 .g>.r{height:18px;background:#eef1f6;cursor:pointer}
 .g .r>b{padding-left:1.2em}
 .i{content-visibility:auto;contain-intrinsic-size:auto 15px}
@@ -69,9 +69,9 @@ summary{list-style:none} summary::-webkit-details-marker{display:none}
 summary>span:first-child::before{content:"\\25b8 "} details[open]>summary>span:first-child::before{content:"\\25be "}
 .bar,.span{position:absolute;top:0;height:11px;min-width:2px}
 .span{top:3px;height:5px}
-.bar[data-c]{background:#9fd8ae repeating-linear-gradient(45deg,#2e9d4f 0 2px,transparent 2px 5px)}
+[data-s][data-c]{background:#9fd8ae repeating-linear-gradient(45deg,#2e9d4f 0 2px,transparent 2px 5px)}
 .bar[data-s=t]{background-image:repeating-linear-gradient(-45deg,#fff8 0 3px,transparent 3px 6px)}
-.ov{position:absolute;top:0;bottom:0;left:16em;right:12em;pointer-events:none;z-index:2}
+.ov{position:absolute;top:0;bottom:0;left:200px;right:170px;pointer-events:none;z-index:2}
 .ov i{position:absolute;top:0;bottom:0;border-left:2px dashed #333}
 .ax{height:3.2em;align-items:flex-end}
 .ax>s{background:none;height:3em;border-bottom:1px solid #888}
