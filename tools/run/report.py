@@ -30,7 +30,15 @@ __all__ = [
 ]
 
 #: statuses in the order notes and legends list them
-STATUS_ORDER = ("passed", "failed", "skipped", "interrupted", "running", "pending")
+STATUS_ORDER = (
+    "passed",
+    "failed",
+    "skipped",
+    "interrupted",
+    "running",
+    "pending",
+    "not_selected",
+)
 #: table cells: a key is cut to this many characters (``--json`` keeps it whole)
 KEY_CELL_MAX = 40
 #: table cells: a note is cut to this many characters
@@ -95,7 +103,7 @@ class Row:
             return "failed (tolerated)"
         if self.cached and self.status == "passed":
             return "passed (cached)"
-        return self.status
+        return self.status.replace("_", " ")
 
 
 class Report(list[Row]):
@@ -285,7 +293,7 @@ def _unsettled_status(agg: Row, open_run: bool) -> str:
 
 def _unsettled_note(agg: Row) -> str:
     parts = [
-        f"{agg.counts[s]} {'not started' if s == 'pending' else s}"
+        f"{agg.counts[s]} {'not started' if s == 'pending' else s.replace('_', ' ')}"
         for s in STATUS_ORDER
         if agg.counts.get(s)
     ]
@@ -373,8 +381,19 @@ def _seconds(s: float | None) -> str:
 
 
 def display_note(r: Row) -> str:
-    """The note as people read it: signals named, control characters escaped."""
-    return escape(name_signals(r.note or "", r.exit_code))
+    """The note as people read it: signals named, control characters escaped,
+    and without the log path and output tail it repeats when those are shown
+    under it (the dispatcher appends " (log: PATH)" and "\\n" + tail)."""
+    return escape(short_note(r))
+
+
+def short_note(r: Row) -> str:
+    note = name_signals(r.note or "", r.exit_code)
+    if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
+        note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
+    if r.log is not None and note.endswith(f" (log: {r.log})"):
+        note = note[: -len(f" (log: {r.log})")]
+    return note
 
 
 def display_name(r: Row, key_max: int = KEY_CELL_MAX) -> str:

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from crucible.run._display import clip, escape, name_signals
+from crucible.run.report import display_note
 
 if TYPE_CHECKING:
     from crucible.run.report import Row, Session
@@ -40,6 +41,7 @@ STATUS_STYLE = {
     "interrupted": ("i", "#e0a526"),
     "running": ("r", "#4a7fd1"),
     "pending": ("q", "#cfd8e3"),
+    "not_selected": ("n", "#eceff3"),
 }
 
 _CSS = """
@@ -79,7 +81,7 @@ summary>span:first-child::before{content:"\\25b8 "} details[open]>summary>span:f
 .tk em{position:absolute;bottom:6px;left:2px;font:11px monospace;font-style:normal;color:#555;white-space:nowrap}
 .sl{position:absolute;top:0;font:11px system-ui,sans-serif;color:#222;white-space:nowrap;padding-left:3px;border-left:2px dashed #333;height:1.3em}
 [data-s=p]{background:#2e9d4f}[data-s=f]{background:#d1422f}[data-s=t]{background-color:#e8958a}
-[data-s=s]{background:#9a9a9a}[data-s=i]{background:#e0a526}[data-s=r]{background:#4a7fd1}[data-s=q]{background:#cfd8e3}
+[data-s=s]{background:#9a9a9a}[data-s=i]{background:#e0a526}[data-s=r]{background:#4a7fd1}[data-s=q]{background:#cfd8e3}[data-s=n]{background:#eceff3;outline:1px dashed #aab}
 """
 
 
@@ -166,6 +168,7 @@ def _legend() -> str:
         ("i", "interrupted", ""),
         ("r", "running", ""),
         ("q", "pending", ""),
+        ("n", "not selected", ""),
     ]
     spans = [
         f'<span><i class="sw" data-s={code}{extra}></i>{label}</span>'
@@ -266,7 +269,7 @@ def _failures(rows: list[Row], ids: dict[int, str]) -> str:
     for i, r in failed[:FAILURES_SHOWN]:
         name = html.escape(clip(_name(r), 120))
         label = " (tolerated)" if r.tolerated else ""
-        note = html.escape(clip(escape(name_signals(r.note or "", r.exit_code)), 600))
+        note = html.escape(clip(display_note(r), 600))
         tail = ""
         if r.stderr_tail:
             tail = (
