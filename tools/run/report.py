@@ -301,6 +301,51 @@ def _unsettled_note(agg: Row) -> str:
     return f"{agg.instances} instances" + (": " + ", ".join(parts) if parts else "")
 
 
+def _replay(events: list[Event], top: dict[str, Row], inst: dict[str, dict[str, Row]]) -> None:
+    """Apply the log's task events to the rows of the units they name."""
+    for e in events:
+        if e.kind not in ("task_started", "task_finished"):
+            continue
+        name, key = e.fields["task"], e.fields.get("key")
+        if name not in top or (key is not None and name not in inst):
+            continue  # not a unit of this plan: nothing to show it under
+        if key is None:
+            _apply(top[name], e)
+            continue
+        r = inst[name].get(key)
+        if r is None:
+            r = inst[name][key] = Row(name, key)
+        _apply(r, e)
+
+
+def _instances(
+    state: Path,
+    agg: Row,
+    record: dict[str, Any] | None,
+    seen: dict[str, Row],
+    source: str | None,
+    sessions: dict[int, Session],
+) -> list[Row]:
+    """A mapped task's instance rows in item order, settled; ``agg`` gets
+    their totals (and, before its own record exists, its status and note)."""
+    members: list[Row] = []
+    for k in _item_keys(state, agg.task, source, record, list(seen)):
+        r = seen.get(k) or Row(agg.task, k)
+        _close_open_tries(r, sessions)
+        _settle(r, load_record(state, agg.task, k))
+        members.append(r)
+    if record is not None and "keys" in record:
+        agg.instances = len(record["keys"])
+    if members:
+        _aggregate(agg, members)
+        if record is None:
+            open_run = not sessions[max(sessions)].closed if sessions else False
+            agg.status = _unsettled_status(agg, open_run)
+            if agg.status != "pending" or not agg.note:
+                agg.note = _unsettled_note(agg)
+    return members
+
+
 def collect(state: Path, task: str | None = None) -> Report:
     """Rows in plan order: one per task, each mapped task followed by its
     instances in item order (only ``task``'s rows when given)."""
@@ -313,26 +358,11 @@ def collect(state: Path, task: str | None = None) -> Report:
     events = read_events(state)
     sessions = _sessions(events)
     by_number = {s.number: s for s in sessions}
-    open_run = bool(sessions) and not sessions[-1].closed
-    mapped = {name: is_mapped for name, is_mapped, _ in tasks}
-    sources = {name: source for name, _, source in tasks}
-    top: dict[str, Row] = {name: Row(name, None, mapped=mapped[name]) for name in names}
-    inst: dict[str, dict[str, Row]] = {name: {} for name in names if mapped[name]}
-    for e in events:
-        if e.kind not in ("task_started", "task_finished"):
-            continue
-        name, key = e.fields["task"], e.fields.get("key")
-        if name not in top or (key is not None and name not in inst):
-            continue  # not a unit of this plan: nothing to show it under
-        if key is None:
-            _apply(top[name], e)
-        else:
-            r = inst[name].get(key)
-            if r is None:
-                r = inst[name][key] = Row(name, key)
-            _apply(r, e)
+    top = {name: Row(name, None, mapped=mapped) for name, mapped, _ in tasks}
+    inst: dict[str, dict[str, Row]] = {name: {} for name, mapped, _ in tasks if mapped}
+    _replay(events, top, inst)
     rows: list[Row] = []
-    for name in names:
+    for name, mapped, source in tasks:
         if task is not None and name != task:
             continue
         agg = top[name]
@@ -340,25 +370,8 @@ def collect(state: Path, task: str | None = None) -> Report:
         record = load_record(state, name, None)
         _settle(agg, record)
         rows.append(agg)
-        if name not in inst:
-            continue
-        seen = inst[name]
-        keys = _item_keys(state, name, sources.get(name), record, list(seen))
-        members: list[Row] = []
-        for k in keys:
-            r = seen.get(k) or Row(name, k)
-            _close_open_tries(r, by_number)
-            _settle(r, load_record(state, name, k))
-            members.append(r)
-        if record is not None and "keys" in record:
-            agg.instances = len(record["keys"])
-        if members:
-            _aggregate(agg, members)
-        if record is None and members:
-            agg.status = _unsettled_status(agg, open_run)
-            if agg.status != "pending" or not agg.note:
-                agg.note = _unsettled_note(agg)
-        rows.extend(members)
+        if mapped:
+            rows.extend(_instances(state, agg, record, inst[name], source, by_number))
     return Report(rows, sessions)
 
 
