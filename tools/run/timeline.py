@@ -13,6 +13,7 @@ stay well under 2 MiB; rows off screen skip layout (``content-visibility``).
 from __future__ import annotations
 
 import html
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -20,7 +21,7 @@ from crucible.run._display import clip, escape, name_signals
 from crucible.run.report import display_note
 
 if TYPE_CHECKING:
-    from crucible.run.report import Row, Session
+    from crucible.run.report import Attempt, Row, Session
 
 __all__ = ["FAILURES_SHOWN", "render"]
 
@@ -28,7 +29,7 @@ __all__ = ["FAILURES_SHOWN", "render"]
 FAILURES_SHOWN = 50
 #: characters of a key in a row label, of a note in a tooltip
 LABEL_MAX = 40
-TIP_MAX = 160
+TIP_MAX = 120
 #: width (percent of the lane) of the cut between two sessions
 GAP = 2.0
 
@@ -188,9 +189,20 @@ def _pc(x: float) -> str:
     return (text[1:] if text.startswith("0.") else text) + "%"
 
 
+_LOG_SUFFIX = re.compile(r" \(log: [^)]*\)$")
+
+
+def _attempt_note(t: Attempt) -> str:
+    """An attempt's note for a tooltip: its first line, without the log path
+    the dispatcher appends (the failure summary and the row give those)."""
+    return _LOG_SUFFIX.sub("", name_signals(t.note, t.exit_code).split("\n", 1)[0])
+
+
 def _bars(r: Row, axis: _Axis, name: str) -> str:
     """One bar per attempt; ``name`` heads each tooltip (an instance's row
-    already shows its key: its bars say only ``#attempt``)."""
+    already shows its key: its bars say only ``#attempt``). A unit's one
+    passed attempt has no tooltip: its row says all of it (bytes: 10,000
+    instances)."""
     out = []
     cached = " data-c" if r.cached else ""
     for n, t in enumerate(r.tries, start=1):
@@ -202,15 +214,18 @@ def _bars(r: Row, axis: _Axis, name: str) -> str:
         last = n == len(r.tries)
         status = r.status if last and r.status in ("passed", "failed", "skipped") else t.status
         code = _code(status, r.tolerated and last)
-        note = name_signals(t.note, t.exit_code)
-        tip = f"{name}#{t.number or n} s{t.session}: {status}"
-        if t.end is not None:
-            tip += f" {t.end - t.start:.3f}s"
-        if note:
-            tip += " \u2014 " + escape(note)
+        title = ""
+        if not (len(r.tries) == 1 and status == "passed" and not t.note and not name):
+            tip = f"{name}#{t.number or n} s{t.session}: {status}"
+            if t.end is not None:
+                tip += f" {t.end - t.start:.3f}s"
+            note = _attempt_note(t)
+            if note:
+                tip += " \u2014 " + escape(note)
+            title = f' title="{html.escape(clip(tip, TIP_MAX))}"'
         out.append(
             f'<i class="bar" data-s={code}{cached if last else ""} style="left:{_pc(left)};'
-            f'width:{_pc(width)}" title="{html.escape(clip(tip, TIP_MAX))}"></i>'
+            f'width:{_pc(width)}"{title}></i>'
         )
     return "".join(out)
 
