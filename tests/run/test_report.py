@@ -419,3 +419,22 @@ def test_not_selected_units_are_shown_as_such(tmp_path: Path) -> None:
     page = tmp_path / "t.html"
     assert report(state, "--html", str(page)).returncode == 0
     assert "not selected" in page.read_text()
+
+
+def test_a_tolerated_failure_in_a_real_run(pack: Pack, tmp_path: Path) -> None:
+    plan = pack(
+        '[[workflow.task]]\nname = "flaky"\non_failure = "continue"\n'
+        'run = "echo oops >&2; exit 3"\n',
+        edition=4,
+    )
+    state = tmp_path / "s"
+    assert dispatch(str(plan), "--state", str(state)).returncode == 0
+    out = report(state).stdout
+    assert table_rows(out)[0].split()[1:3] == ["failed", "(tolerated)"]
+    assert "    | oops" in out.splitlines()
+    (row,) = json_rows(state)
+    assert row["status"] == "failed" and row["tolerated"] is True
+    page = tmp_path / "t.html"
+    assert report(state, "--html", str(page)).returncode == 0
+    text = page.read_text()
+    assert "data-s=t" in text and "(tolerated)" in text
