@@ -1,3 +1,37 @@
 """crucible: small composable commands for DAG workflows."""
 
 __version__ = "0.1.0"
+
+
+def _interrupted_early(signum: int, frame: object) -> None:
+    """Ctrl-C before the command edge is reached (while click and the tool load):
+    one line and exit 130, as the edge itself would say (cli.md)."""
+    import contextlib
+    import os
+    import sys
+
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "crucible"
+    with contextlib.suppress(OSError):
+        os.write(2, f"{prog}: interrupted\n".encode())
+    os._exit(130)
+
+
+def _guard_startup() -> None:
+    # Only in a crucible program (its script imports this package first); a
+    # library user or a test runner keeps its own SIGINT behaviour.
+    import contextlib
+    import os
+    import signal
+    import sys
+
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not prog.startswith("crucible"):
+        return
+    # A SIGINT ignored by the parent (a background job) stays ignored.
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGINT, _interrupted_early)
+
+
+_guard_startup()

@@ -38,14 +38,18 @@ Each tool is also installed as crucible-<tool>; `crucible <tool> --help` for its
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = [a for a in args[:1] if a == "--debug"]
-    if debug:  # `crucible --debug TOOL ...` means `crucible-TOOL --debug ...`
+    debug = args[:1] == ["--debug"]
+    if debug:  # `crucible --debug TOOL ...`: TOOL runs as with its own --debug
         args = args[1:]
     if len(args) >= 2 and args[0] == "help":  # `crucible help TOOL` = `crucible TOOL --help`
         args = [args[1], "--help"]
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        # one line and the hint, as every tool's group says it (cli.md)
+        sys.stderr.write("crucible: error: missing tool (see 'crucible --help')\n")
+        raise SystemExit(2)
+    if args[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
-        raise SystemExit(0 if args else 2)
+        raise SystemExit(0)
     if args[0] == "--version":
         sys.stdout.write(f"crucible {__version__}\n")
         raise SystemExit(0)
@@ -54,5 +58,11 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"crucible: error: unknown tool {name!r}; known: {', '.join(TOOLS)}\n")
         raise SystemExit(2)
     module, func = TOOLS[name]
-    sys.argv = [f"crucible-{name}", *rest, *debug]
+    if debug:
+        # a flag for the edge, never an argument: appended to argv it would land
+        # in a child's command line after `--` (`crucible ledger run -- CMD`)
+        from crucible.core.cli import set_debug
+
+        set_debug(True)
+    sys.argv = [f"crucible-{name}", *rest]
     getattr(importlib.import_module(module), func)()

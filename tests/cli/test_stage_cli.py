@@ -275,7 +275,7 @@ def test_plan_and_state_problems(tmp_path: Path) -> None:
         == 2
     )
     for mutate, code, fragment in (
-        (lambda q: q.update(version=3), 1, "version 3 is not supported"),
+        (lambda q: q.update(version=4), 1, "version 4 is not supported"),
         (lambda q: q["tasks"][0].update(name=".."), 1, "is a path of its own"),
         (lambda q: q["tasks"][0].update(name="@x"), 1, "reserved for inputs/@values"),
     ):

@@ -157,3 +157,74 @@ def test_closed_stderr_still_runs_the_command(tmp_path: Path) -> None:
     done = _sh(f"{BIN}/crucible-ledger run --dir {tmp_path} --scope s -- echo hi 2>&-")
     assert done.returncode == 0
     assert done.stdout == "hi\n"
+
+
+def test_debug_after_double_dash_stays_in_the_childs_argv(tmp_path: Path) -> None:
+    # issue 11 item 2: `--debug` used to be stripped from anywhere in argv
+    ledger = tmp_path / "l"
+    ledger.mkdir()
+    for argv in (
+        [BIN / "crucible-ledger", "run"],
+        [BIN / "crucible", "--debug", "ledger", "run"],
+    ):
+        proc = subprocess.run(
+            [*argv, "--dir", ledger, "--scope", "s", "--", "echo", "hello", "--debug"],
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == "hello --debug\n"
+    listed = subprocess.run(
+        [BIN / "crucible-ledger", "ls", "--dir", ledger], capture_output=True, text=True
+    )
+    records = [line for line in listed.stdout.splitlines() if line]
+    assert records and all('"argv":["echo","hello","--debug"]' in r for r in records)
+
+
+def test_debug_is_a_real_option_of_every_command() -> None:
+    commands = [
+        ["crucible-compile"],
+        ["crucible-validate"],
+        ["crucible-verify"],
+        ["crucible-prove"],
+        ["crucible-ledger"],
+        ["crucible-ledger", "run"],
+        ["crucible-ledger", "ls"],
+        ["crucible-stage"],
+        ["crucible-stage", "inputs"],
+        ["crucible-dispatch", "report"],
+    ]
+    for argv in commands:
+        proc = subprocess.run([BIN / argv[0], *argv[1:], "--help"], capture_output=True, text=True)
+        assert proc.returncode == 0 and "--debug" in proc.stdout, argv
+
+
+def test_debug_option_shows_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(RuntimeError):
+        cli.run(_command(RuntimeError("x")), "crucible-x", ["--n", "1", "--debug"])
+    # and it lasts one run: the next run without it is one line, exit 70
+    with pytest.raises(SystemExit) as info:
+        cli.run(_command(RuntimeError("x")), "crucible-x", [])
+    assert info.value.code == 70
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["crucible-ledger"],
+        ["crucible-stage"],
+        ["crucible-dispatch"],
+        ["crucible", "ledger"],
+        ["crucible", "stage"],
+        ["crucible"],
+    ],
+)
+def test_no_subcommand_is_one_line_with_the_help_hint(argv: list[str]) -> None:
+    # issue 12 item 30: "error: Usage:" and the whole help block
+    proc = subprocess.run(
+        [BIN / argv[0], *argv[1:]], capture_output=True, text=True, stdin=subprocess.DEVNULL
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    name = "crucible" if argv == ["crucible"] else f"crucible-{argv[-1].removeprefix('crucible-')}"
+    assert line.startswith(f"{name}: error: missing ") and f"(see '{name} --help')" in line

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +10,7 @@ from typing import BinaryIO, TextIO
 from crucible.compile.diagnostics import Diagnostic, Location, ValidationFailed
 from crucible.compile.manifest import Analysis, analyze_manifest, analyze_star, read_input
 from crucible.compile.plan import load_plan_path
-from crucible.core import atomic, ndjson
+from crucible.core import ndjson, output
 from crucible.core.errors import EXIT_OK, EXIT_REFUSED, CrucibleError, UsageError
 
 __all__ = ["CompileOptions", "ValidateOptions", "run_compile", "run_validate"]
@@ -57,12 +56,11 @@ def run_compile(opts: CompileOptions, out: BinaryIO, err: TextIO) -> int:
     else:
         payload = compiled.data
     if opts.output == "-":
-        out.write(payload)
         if payload is compiled.data and out.isatty():
-            out.write(b"\n")  # only for people; piped bytes stay exactly canonical
-        out.flush()
+            payload += b"\n"  # only for people; piped bytes stay exactly canonical
+        output.write_stream(out, payload)
     else:
-        atomic.write_bytes(opts.output, payload, if_changed=True)
+        output.write_output(opts.output, payload, if_changed=True)
     return EXIT_OK
 
 
@@ -89,17 +87,6 @@ def _star_edition(path: Path, fallback: int | None) -> int:
     return fallback
 
 
-def _location(where: str | None, path: Path) -> Location:
-    """Split an error's ``file:line:col`` / ``file:$.path`` back into a Location."""
-    if not where:
-        return Location(str(path))
-    if m := re.match(r"\A(.*?):(\d+):(\d+)\Z", where):
-        return Location(m.group(1), int(m.group(2)), int(m.group(3)))
-    if m := re.match(r"\A(.*?):(\$.*)\Z", where):
-        return Location(m.group(1), path=m.group(2))
-    return Location(where)
-
-
 def validate_one(path: Path, edition: int | None) -> tuple[Analysis, int]:
     """Diagnostics for one file and the exit code it alone would give."""
     try:
@@ -114,7 +101,7 @@ def validate_one(path: Path, edition: int | None) -> tuple[Analysis, int]:
             except ValidationFailed as exc:
                 analysis = Analysis(None, exc.diagnostics)
     except CrucibleError as exc:
-        d = Diagnostic(exc.code, exc.message, _location(exc.where, path))
+        d = Diagnostic(exc.code, exc.message, exc.location if exc.location else Location(str(path)))
         return Analysis(None, [d]), (exc.exit_code if exc.exit_code != 0 else EXIT_REFUSED)
     return analysis, (EXIT_REFUSED if analysis.errors else EXIT_OK)
 

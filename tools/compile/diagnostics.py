@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from crucible.core.errors import InputRefused, format_where
+from crucible.core.errors import InputRefused, Location
 
 __all__ = [
     "Diagnostic",
@@ -35,20 +35,6 @@ def json_path(path: Path) -> str:
         else:
             out += "[" + repr(part) + "]"
     return out
-
-
-@dataclass(frozen=True)
-class Location:
-    file: str | None = None
-    line: int | None = None
-    col: int | None = None
-    #: JSON path of the offending value (``$.workflow.task[3].needs``)
-    path: str | None = None
-
-    def where(self) -> str:
-        if self.line is not None:
-            return format_where(self.file, self.line, self.col)
-        return format_where(self.file, path=self.path)
 
 
 class Locator(Protocol):
@@ -95,7 +81,5 @@ class ValidationFailed(InputRefused):
         first = errors[0] if errors else diagnostics[0]
         more = len(errors) - 1
         suffix = f" (and {more} more error{'s' if more > 1 else ''})" if more > 0 else ""
-        super().__init__(
-            f"{first.message} [{first.code}]{suffix}", where=first.location.where() or None
-        )
+        super().__init__(f"{first.message} [{first.code}]{suffix}", location=first.location)
         self.diagnostics: list[Diagnostic] = list(diagnostics)

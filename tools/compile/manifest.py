@@ -106,11 +106,11 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
-        where = name
+        where = Location(name)
         if m := _TOML_POS_RE.search(message):
-            where = f"{name}:{m.group(1)}:{m.group(2)}"
+            where = Location(name, int(m.group(1)), int(m.group(2)))
             message = message[: m.start()]
-        raise ParseError(f"TOML: {message}", where=where) from None
+        raise ParseError(f"TOML: {message}", location=where) from None
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively
         raise ParseError("TOML: arrays or inline tables nested too deeply", where=name) from None
@@ -123,7 +123,7 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
     edition = doc.get("edition", DEFAULT_EDITION)
     if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
         # locating costs a scan of the text: only on the error path
-        check_edition(edition, where=locator.locate(("edition",)).where())
+        check_edition(edition, where=locator.locate(("edition",)))
     for key in doc:
         if key not in _TOP_KEYS:
             chk.error(
@@ -215,12 +215,12 @@ def _load_source(
         text = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(
-            f"source {source!r} does not exist", where=chk.locator.locate(where).where()
+            f"source {source!r} does not exist", location=chk.locator.locate(where)
         ) from None
     except OSError as exc:
         raise OperationalError(
             f"cannot read source {source!r}: {exc.strerror}",
-            where=chk.locator.locate(where).where(),
+            location=chk.locator.locate(where),
         ) from None
     display = str(path) if name != "<stdin>" else source
     result = evaluate_source(_decode(text, display), display, edition)

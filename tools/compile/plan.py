@@ -18,7 +18,7 @@ from crucible.compile.locate import FileLocator
 from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_params, check_task, type_name
 from crucible.core import canon, digest
-from crucible.core.errors import OperationalError, UsageError
+from crucible.core.errors import Location, OperationalError, UsageError
 
 __all__ = [
     "CompiledPlan",
@@ -137,7 +137,7 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
     try:
         plan = canon.loads(data)
     except canon.CanonError as exc:
-        raise canon.CanonError(exc.message, where=name) from None
+        raise canon.CanonError(exc.message, location=exc.location.in_file(name)) from None
     chk = Checker(FileLocator(name))
     if not isinstance(plan, dict):
         chk.error("wrong-type", (), f"a plan must be a JSON object, not {type_name(plan)}")
@@ -146,11 +146,11 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
     if "version" not in plan:
         chk.error("missing-key", (), "plan has no version")
         raise ValidationFailed(chk.diagnostics)
-    version = check_version(plan["version"], where=f"{name}:$.version")
+    version = check_version(plan["version"], where=Location(name, path="$.version"))
     if "edition" not in plan:
         chk.error("missing-key", (), "plan has no edition")
         raise ValidationFailed(chk.diagnostics)
-    edition = check_edition(plan["edition"], where=f"{name}:$.edition")
+    edition = check_edition(plan["edition"], where=Location(name, path="$.edition"))
     if ir_version_for(edition) != version:
         chk.error(
             "version-mismatch",

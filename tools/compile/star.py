@@ -134,7 +134,7 @@ def evaluate_source(
         ast = sl.parse(display, text)
     except sl.StarlarkError as exc:
         message, location = _split_error(str(exc), display)
-        raise ParseError(f"Starlark syntax: {message}", where=location.where()) from None
+        raise ParseError(f"Starlark syntax: {message}", location=location) from None
     deadline = time.monotonic() + timeout
     # starlark-pyo3 swallows a KeyboardInterrupt raised inside its callbacks and
     # evaluates on, so Ctrl-C is noted by our own handler and stops the evaluation.

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from crucible.core.errors import ParseError
+from crucible.core.errors import Location, ParseError
 
 __all__ = ["MAX_DEPTH", "MAX_SAFE_INTEGER", "CanonError", "dumps", "dumps_str", "loads"]
 
@@ -60,15 +60,15 @@ def _fast_ok(value: Any, path: str) -> bool:
             continue  # lone surrogates: orjson refuses them; the slow path checks
         if t is int:
             if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
-                raise CanonError(f"integer {v} is outside ±(2^53−1)", where=p)
+                raise CanonError(f"integer {v} is outside ±(2^53−1)", location=Location(path=p))
             continue
         if t is dict or t is list or t is tuple:
             if depth >= MAX_DEPTH:
-                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels", where=p)
+                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels", location=Location(path=p))
             if t is dict:
                 for k, item in v.items():
                     if type(k) is not str:
-                        raise CanonError(f"object key {k!r} is not a string", where=p)
+                        raise CanonError(f"object key {k!r} is not a string", location=Location(path=p))
                     if fast and k and max(k) >= "\ue000":
                         fast = False
                     stack.append((item, p, depth + 1))
@@ -79,11 +79,11 @@ def _fast_ok(value: Any, path: str) -> bool:
             continue
         if t is float:
             if not math.isfinite(v):
-                raise CanonError(f"number {v!r} is not finite", where=p)
+                raise CanonError(f"number {v!r} is not finite", location=Location(path=p))
             if fast and not _plain_float(v):
                 fast = False
             continue
-        raise CanonError(f"value of type {t.__name__} has no JSON form", where=p)
+        raise CanonError(f"value of type {t.__name__} has no JSON form", location=Location(path=p))
     return fast
 
 
@@ -120,7 +120,7 @@ def _utf16_key(k: str) -> bytes:
 
 def _string(s: str, path: str) -> str:
     if _has_surrogate(s):
-        raise CanonError("string holds a lone surrogate", where=path)
+        raise CanonError("string holds a lone surrogate", location=Location(path=path))
     return _encode_string(s)
 
 
@@ -136,7 +136,7 @@ def _dumps_slow(v: Any, path: str) -> str:
         return _string(v, path)
     if t is int:
         if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
-            raise CanonError(f"integer {v} is outside ±(2^53−1)", where=path)
+            raise CanonError(f"integer {v} is outside ±(2^53−1)", location=Location(path=path))
         return str(v)
     if t is float:
         return _float(v, path)
@@ -145,12 +145,12 @@ def _dumps_slow(v: Any, path: str) -> str:
     if t is dict:
         for k in v:
             if type(k) is not str:
-                raise CanonError(f"object key {k!r} is not a string", where=path)
+                raise CanonError(f"object key {k!r} is not a string", location=Location(path=path))
             if _has_surrogate(k):
-                raise CanonError("object key holds a lone surrogate", where=path)
+                raise CanonError("object key holds a lone surrogate", location=Location(path=path))
         keys = sorted(v, key=_utf16_key)
         return "{" + ",".join(_encode_string(k) + ":" + _dumps_slow(v[k], path) for k in keys) + "}"
-    raise CanonError(f"value of type {t.__name__} has no JSON form", where=path)
+    raise CanonError(f"value of type {t.__name__} has no JSON form", location=Location(path=path))
 
 
 def _float(x: float, path: str) -> str:
@@ -158,7 +158,7 @@ def _float(x: float, path: str) -> str:
     # An integral double in [2^53, 1e21) prints as a bare integer literal that
     # loads() must refuse; keep the domain closed under dumps -> loads.
     if abs(x) > MAX_SAFE_INTEGER and "e" not in text and "." not in text:
-        raise CanonError(f"number {text} prints as an integer outside ±(2^53−1)", where=path)
+        raise CanonError(f"number {text} prints as an integer outside ±(2^53−1)", location=Location(path=path))
     return text
 
 

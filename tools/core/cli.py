@@ -11,6 +11,7 @@ ends quietly; Ctrl-C is 130.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -22,7 +23,7 @@ from crucible.core.errors import (
     CrucibleError,
 )
 
-__all__ = ["die", "run"]
+__all__ = ["debug_option", "die", "run", "set_debug"]
 
 
 def _silence_stdout() -> None:
@@ -86,28 +87,118 @@ def die(prog: str, error: CrucibleError) -> NoReturn:
     raise SystemExit(error.exit_code)
 
 
-def run(command: Any, prog: str, argv: list[str] | None = None) -> NoReturn:
-    """Run a click command as a program named ``prog`` and exit."""
+#: set for one run by ``--debug`` (any command's option), by ``CRUCIBLE_DEBUG=1``
+#: or by the umbrella's ``crucible --debug TOOL``: an internal error re-raises
+_debug = False
+#: the umbrella's request, kept for the run it starts next
+_requested = False
+
+
+def set_debug(on: bool = True) -> None:
+    """Debug the next :func:`run` (``crucible --debug TOOL ...``)."""
+    global _requested
+    _requested = on
+
+
+def _debug_callback(ctx: Any, param: Any, value: bool) -> None:
+    global _debug
+    if value:
+        _debug = True
+
+
+DEBUG_HELP = "On an internal error, show the traceback (also CRUCIBLE_DEBUG=1)."
+
+
+def debug_option(command: Any) -> Any:
+    """Give ``command`` (and, for a group, each of its subcommands) a real
+    ``--debug`` option. A real option is parsed by click like any other, so a
+    ``--debug`` after ``--`` stays in a child's argv (``ledger run -- CMD``)."""
     import click
 
-    _standard_fds()
-    if not isinstance(sys.stderr, _StderrSurvivingEpipe):
-        sys.stderr = _StderrSurvivingEpipe(sys.stderr)  # type: ignore[assignment]
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = os.environ.get("CRUCIBLE_DEBUG") == "1"
-    if "--debug" in args:
-        args.remove("--debug")
-        debug = True
+    if not any(getattr(p, "name", None) == "debug" for p in command.params):
+        command.params.append(
+            click.Option(
+                ["--debug"],
+                is_flag=True,
+                expose_value=False,
+                is_eager=True,
+                callback=_debug_callback,
+                help=DEBUG_HELP,
+            )
+        )
+    for sub in getattr(command, "commands", {}).values():
+        debug_option(sub)
+    return command
+
+
+def _invoke(command: Any, args: list[str], prog: str) -> Any:
+    """click's ``main`` without its exception handling: every outcome reaches
+    :func:`run` as the exception it is (click's ``main`` would turn EPIPE into
+    exit 1 behind a wrapper and print a blank line on Ctrl-C)."""
+    with command.make_context(prog, args) as ctx:
+        return command.invoke(ctx)
+
+
+def _restore_sigint() -> None:
+    # crucible/__init__ guards the startup (import time) with a handler that
+    # exits 130 at once; from here a Ctrl-C is a KeyboardInterrupt again, so
+    # cleanups (temp files, records of an interrupted run) get to run.
+    import crucible
+
+    if signal.getsignal(signal.SIGINT) is crucible._interrupted_early:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _guard_teardown() -> None:
+    import crucible
+
     try:
-        result = command.main(args=args, prog_name=prog, standalone_mode=False)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, crucible._interrupted_early)
+    except ValueError:  # not the main thread
+        pass
+
+
+def run(command: Any, prog: str, argv: list[str] | None = None) -> NoReturn:
+    """Run a click command as a program named ``prog`` and exit."""
+    try:
+        _run(command, prog, argv)
+    finally:
+        # a Ctrl-C while the interpreter winds down is still one line and 130
+        _guard_teardown()
+
+
+def _run(command: Any, prog: str, argv: list[str] | None) -> NoReturn:
+    global _debug
+    try:
+        _restore_sigint()
+        import click
+
+        _standard_fds()
+        if not isinstance(sys.stderr, _StderrSurvivingEpipe):
+            sys.stderr = _StderrSurvivingEpipe(sys.stderr)  # type: ignore[assignment]
+        args = list(sys.argv[1:] if argv is None else argv)
+        _debug = _requested or os.environ.get("CRUCIBLE_DEBUG") == "1"
+        debug_option(command)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{prog}: interrupted\n")
+        raise SystemExit(EXIT_SIGINT) from None
+    try:
+        result = _invoke(command, args, prog)
         sys.stdout.flush()
     except CrucibleError as exc:
-        if debug:
+        if _debug:
             raise
         die(prog, exc)
     except click.exceptions.Abort:
         sys.stderr.write(f"{prog}: interrupted\n")
         raise SystemExit(EXIT_SIGINT) from None
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # A group given no subcommand: one line, like every other error, not
+        # the whole help block (issue 12 item 30).
+        name = exc.ctx.command_path if exc.ctx is not None else prog
+        sys.stderr.write(f"{name}: error: missing command (see '{name} --help')\n")
+        raise SystemExit(EXIT_USAGE) from None
     except click.exceptions.UsageError as exc:
         # One line, like every other error (cli.md), not click's three-line block.
         name = exc.ctx.command_path if exc.ctx is not None else prog
@@ -117,29 +208,22 @@ def run(command: Any, prog: str, argv: list[str] | None = None) -> NoReturn:
         exc.show()
         raise SystemExit(EXIT_USAGE if exc.exit_code == 2 else exc.exit_code) from None
     except click.exceptions.Exit as exc:
+        if exc.exit_code == 0:
+            _flush_stdout()
         raise SystemExit(exc.exit_code) from None
     except BrokenPipeError:
         _quiet_broken_pipe()
     except KeyboardInterrupt:
         sys.stderr.write(f"{prog}: interrupted\n")
         raise SystemExit(EXIT_SIGINT) from None
-    except SystemExit as exc:
-        # click turns EPIPE on stdout into exit 1 after swapping in its
-        # PacifyFlushWrapper; a closed stdout must end quietly instead.
-        if exc.code == 1 and "PacifyFlushWrapper" in type(sys.stdout).__name__:
-            _quiet_broken_pipe()
-        raise
     except OSError as exc:
         # An unanticipated I/O failure (a full disk under stdout, EIO) is
         # operational, not a bug.
-        if debug:
+        if _debug:
             raise
-        _silence_stdout()
-        where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"{prog}: error: {where}I/O error: {exc.strerror or exc}\n")
-        raise SystemExit(EXIT_OPERATIONAL) from None
+        _os_error(prog, exc)
     except Exception as exc:
-        if debug:
+        if _debug:
             raise
         sys.stderr.write(
             f"{prog}: internal error: {type(exc).__name__}: {exc} "
@@ -148,3 +232,21 @@ def run(command: Any, prog: str, argv: list[str] | None = None) -> NoReturn:
         raise SystemExit(EXIT_BUG) from None
     code = result if isinstance(result, int) else 0
     raise SystemExit(code)
+
+
+def _flush_stdout() -> None:
+    """Flush what click printed (``--help``, ``--version``) here, where a failure
+    still gets its exit code, not at interpreter exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    except OSError as exc:
+        _os_error(os.path.basename(sys.argv[0]), exc)
+
+
+def _os_error(prog: str, exc: OSError) -> NoReturn:
+    _silence_stdout()
+    where = f"{exc.filename}: " if exc.filename else ""
+    sys.stderr.write(f"{prog}: error: {where}I/O error: {exc.strerror or exc}\n")
+    raise SystemExit(EXIT_OPERATIONAL) from None

@@ -6,6 +6,9 @@ line and its exit code. Library code raises them; it never prints or exits.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 __all__ = [
     "EXIT_BUG",
     "EXIT_OK",
@@ -17,6 +20,7 @@ __all__ = [
     "CrucibleError",
     "InputRefused",
     "Interrupted",
+    "Location",
     "OperationalError",
     "ParseError",
     "PlanChanged",
@@ -40,7 +44,10 @@ def format_where(
     col: int | None = None,
     path: str | None = None,
 ) -> str:
-    """``file:line:col`` (or ``file:$.json.path``), omitting what is unknown."""
+    """``file:line:col`` (or ``file:$.json.path``), omitting what is unknown.
+
+    The one place a location becomes text: every error line and diagnostic of
+    every tool goes through here."""
     parts = [
         p
         for p in (file, None if line is None else str(line), None if col is None else str(col))
@@ -52,22 +59,84 @@ def format_where(
     return where
 
 
+@dataclass(frozen=True)
+class Location:
+    """Where a problem is: the display name of its source (a path as the user
+    typed it, ``<stdin>``), a 1-based line and column, and/or the JSON path of
+    the offending value (``$.workflow.task[3].needs``). Any part may be unknown."""
+
+    file: str | None = None
+    line: int | None = None
+    col: int | None = None
+    path: str | None = None
+
+    def where(self) -> str:
+        """The formatted location; a line wins over a JSON path when both are known."""
+        if self.line is not None:
+            return format_where(self.file, self.line, self.col)
+        return format_where(self.file, path=self.path)
+
+    def __str__(self) -> str:
+        return self.where()
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in (self.file, self.line, self.col, self.path))
+
+    def in_file(self, file: str) -> Location:
+        """The same location in the source displayed as ``file``."""
+        return dataclasses.replace(self, file=file)
+
+
 class CrucibleError(Exception):
-    """Base of every anticipated failure. ``where`` locates it (file:line:col)."""
+    """Base of every anticipated failure, located by a structured :class:`Location`.
+
+    ``location`` is what callers read; ``where`` is its formatted text, kept for
+    code that still passes or reads a preformatted string (a string given as
+    ``where`` is kept whole as the location's display name)."""
 
     exit_code: int = EXIT_REFUSED
     #: a stable, machine-readable name of the failure kind
     code: str = "error"
 
-    def __init__(self, message: str, *, where: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | Location | None = None,
+        code: str | None = None,
+        location: Location | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
-        self.where = where or None
+        self.location: Location = _as_location(location if location is not None else where)
         if code is not None:
             self.code = code
 
+    @property
+    def where(self) -> str | None:
+        return self.location.where() or None
+
+    @where.setter
+    def where(self, value: str | Location | None) -> None:
+        self.location = _as_location(value)
+
+    def name_source(self, file: str, *, placeholder: str | None = None) -> None:
+        """Say which source this error is in, for library code that raised it
+        knowing only a position inside (no file, or a ``placeholder`` name)."""
+        if self.location.file is None or self.location.file == placeholder:
+            self.location = self.location.in_file(file)
+
     def __str__(self) -> str:
-        return f"{self.where}: {self.message}" if self.where else self.message
+        where = self.where
+        return f"{where}: {self.message}" if where else self.message
+
+
+def _as_location(value: str | Location | None) -> Location:
+    if value is None or value == "":
+        return Location()
+    if isinstance(value, Location):
+        return value
+    return Location(value)
 
 
 class InputRefused(CrucibleError):

@@ -8,8 +8,9 @@ here once.
 from __future__ import annotations
 
 import os
+from typing import IO
 
-__all__ = ["read_file", "write_all"]
+__all__ = ["read_file", "write_all", "write_stream"]
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -36,3 +37,23 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def write_stream(stream: IO[bytes], data: bytes) -> None:
+    """Write all of ``data`` to a binary stream, or raise OSError.
+
+    ``BufferedWriter.write`` hands a buffer larger than its own straight to one
+    ``write(2)`` and returns that call's short count (a full disk, a file-size
+    limit) without raising: ``> f`` would end truncated and exit 0. So the
+    stream's buffer is flushed and the bytes go through :func:`write_all` on its
+    descriptor; a stream without one (a test's BytesIO) is written as it is."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        fd = -1
+    if fd < 0:
+        stream.write(data)
+        stream.flush()
+        return
+    stream.flush()
+    write_all(fd, data)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from crucible.core import canon
-from crucible.core.errors import ParseError
+from crucible.core.errors import Location, ParseError
 from crucible.core.fdio import write_all
 
 __all__ = ["NdjsonError", "append", "dumps_line", "iter_lines", "read_path", "write"]
@@ -43,14 +43,14 @@ def iter_lines(
         if not line.strip():
             if skip_blank:
                 continue
-            raise NdjsonError("blank line", where=f"{name}:{number}")
+            raise NdjsonError("blank line", location=Location(name, number))
         try:
             value = parse(line)
         except (canon.CanonError, orjson.JSONDecodeError) as exc:
             message = exc.message if isinstance(exc, canon.CanonError) else f"invalid JSON: {exc}"
-            raise NdjsonError(message, where=f"{name}:{number}") from None
+            raise NdjsonError(message, location=Location(name, number)) from None
         if not isinstance(value, dict):
-            raise NdjsonError("line is not a JSON object", where=f"{name}:{number}")
+            raise NdjsonError("line is not a JSON object", location=Location(name, number))
         yield number, value
 
 

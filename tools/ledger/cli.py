@@ -14,7 +14,11 @@ PROG = "crucible-ledger"
 _RUN_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
 dir_option = click.option(
-    "--dir", "directory", required=True, metavar="DIR", help="Ledger directory (must exist)."
+    "--dir",
+    "directory",
+    required=True,
+    metavar="DIR",
+    help="Ledger directory (created when a step is recorded).",
 )
 scope_option = click.option("--scope", required=True, help="Scope of the step identity.")
 key_option = click.option(
@@ -29,15 +33,19 @@ key_file_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
 @click.version_option(__version__, prog_name=PROG)
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Durable, content-keyed steps recorded in DIR/steps.jsonl (fsync'd NDJSON).
 
     Exit codes: 0 done; 1 miss (get) or damage (verify); 2 usage (bad --dir, bad
     --key, a command that cannot start); 3 I/O failure. `run` exits with the
     command's own status (or 128+signal).
     """
+    if ctx.invoked_subcommand is None:
+        # one line with the --help hint (core.cli adds it), not the whole help block
+        raise click.UsageError("no subcommand given", ctx)
 
 
 @cli.command(context_settings=_RUN_CONTEXT)

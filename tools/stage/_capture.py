@@ -124,7 +124,7 @@ def capture(
 
     sizes: dict[str, int] = {}
     over_cap: list[dict[str, Any]] = []
-    capped = pv.version == 2
+    capped = pv.version >= 2
     if output is not None:
         for fld in utf16_order(t.emits):
             if fld not in output:

@@ -478,7 +478,7 @@ def stage_inputs(
         staging.stage_files(files_max)
         reserved = reserved_values(plan, state, task, key)
         env: dict[str, str] = {}
-        if pv.version == 2:
+        if pv.version >= 2:
             values_dir = tmp / VALUES_DIR
             values_dir.mkdir()
             entries = []
@@ -537,7 +537,7 @@ def stage_inputs(
     return StagedInputs(
         env=env,
         inputs_dir=inputs_dir,
-        values_dir=inputs_dir / VALUES_DIR if pv.version == 2 else None,
+        values_dir=inputs_dir / VALUES_DIR if pv.version >= 2 else None,
         index=index,
         inputs_file=inputs_file,
         value=result_value,
