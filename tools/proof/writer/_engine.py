@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.proof import layout
 from crucible.proof.writer._bundle import FileSink
 from crucible.proof.writer._derive import emitted_outputs, project
@@ -140,8 +140,8 @@ class Engine:
         self._proof_root: dict[str, Any] = {}
 
     # -- helpers ---------------------------------------------------------------------
-    def _where(self, line: int) -> str:
-        return f"{self.ops_name}:{line}"
+    def _where(self, line: int) -> Location:
+        return Location(self.ops_name, line)
 
     def _forbid(self, line: int, message: str) -> Forbidden:
         return Forbidden(message, where=self._where(line))
