@@ -331,8 +331,41 @@ class Replay:
         return out
 
     def select(self, e: dict[str, Any]) -> None:
+        """A selection or fork epoch, in verify.md's order: the selection-mismatch checks,
+        the fork effects, the derivation (count rule, ids, projection, measurement),
+        then the evidence against the derived outcome."""
         k, kind, u, rev = e["number"], e["kind"], e["stage"], e["revision"]
         sel_path = layout.selection_path(u, rev)
+        sel, refused_file, index = self._check_selection(e, sel_path)
+        self.max_rev[u] = rev
+        # Fork effects come first and hold in both candidates (admission-proof.md §5).
+        if kind == "fork":
+            self._fork_effects(u)
+        core = {k2: v for k2, v in sel.items() if k2 != "refusal"}
+        core_bytes = canon.dumps(core)
+        proof_size = self.hasher.open_size(len(control_dumps(e)))
+        outcome, acceptance, children = self._derive_selection(
+            e, sel, index, core_bytes, proof_size, sel_path
+        )
+        if e["childIds"]:
+            self.used_ids.update(e["childIds"])
+        if outcome == "refused":
+            refusal_bytes = canon.dumps({**core, "refusal": "limit-exceeded"})
+            self._settle_refused_selection(
+                e, refused_file, refusal_bytes, proof_size, sel_path, acceptance
+            )
+        else:
+            self._settle_admitted_selection(e, refused_file, core_bytes, children, sel_path)
+            self._trace(k, None, kind, "admitted", acceptance, None)
+        self.hasher.close(control_dumps(e))
+
+    def _check_selection(
+        self, e: dict[str, Any], sel_path: str
+    ) -> tuple[dict[str, Any], bool, dict[tuple[str, int], dict[str, Any]]]:
+        """``selection-mismatch``: the stage, its state, the revision, the file's own
+        stage/revision and offered digest, the selected members. Returns the selection,
+        whether it is refusal-bearing, and the offered records by (instance, output)."""
+        k, kind, u, rev = e["number"], e["kind"], e["stage"], e["revision"]
 
         def bad(msg: str) -> Problem:
             return Problem("selection-mismatch", 4, msg, path=sel_path, epoch=k)
@@ -363,142 +396,163 @@ class Replay:
             if key not in index:
                 raise bad(f"selected {key} is not in the offered set")
             seen.add(key)
-        self.max_rev[u] = rev
+        return sel, refused_file, index
 
-        # Fork effects come first and hold in both candidates (admission-proof.md §5).
-        if kind == "fork":
-            for d in self._descendants(u):
-                for i in self.by_stage[d]:
-                    del self.inst[i]
-                    self.inst_total -= self.sizes.pop(i)
-                    self.inst_records.pop(i, None)
-                self.by_stage[d] = []
-                self.record_count[d] = 0
-                self.record_size[d] = 0
-                self.set_state[d] = "blocked"
-                self.selection[d] = None
+    def _fork_effects(self, u: str) -> None:
+        """Retire every strict descendant: instances leave, sets empty, blocked."""
+        for d in self._descendants(u):
+            for i in self.by_stage[d]:
+                del self.inst[i]
+                self.inst_total -= self.sizes.pop(i)
+                self.inst_records.pop(i, None)
+            self.by_stage[d] = []
+            self.record_count[d] = 0
+            self.record_size[d] = 0
+            self.set_state[d] = "blocked"
+            self.selection[d] = None
 
-        core = {k2: v for k2, v in sel.items() if k2 != "refusal"}
-        core_bytes = canon.dumps(core)
-        refusal_bytes = canon.dumps({**core, "refusal": "limit-exceeded"})
+    def _derive_selection(
+        self,
+        e: dict[str, Any],
+        sel: dict[str, Any],
+        index: dict[tuple[str, int], dict[str, Any]],
+        core_bytes: bytes,
+        proof_size: int,
+        sel_path: str,
+    ) -> tuple[str, tuple[int, int] | None, list[tuple[Instance, bytes | None]]]:
+        """The derivation: the count rule, the ids, every slot's projection, then the
+        acceptance candidate measured. Returns the outcome, the acceptance size when
+        measured, and the projected children."""
+        k, u, rev = e["number"], e["stage"], e["revision"]
         consumers = self.ctx.by_name[u].consumers
         slots = [(c, m) for c in consumers for m in sel["selected"]]
         child_ids = e["childIds"]
-        proof_size = self.hasher.open_size(len(control_dumps(e)))
-        outcome: str
-        acceptance: tuple[int, int] | None = None
         children: list[tuple[Instance, bytes | None]] = []
         if self.reserved + len(slots) > self.limits["maxInstances"]:
-            outcome = "refused"
             if child_ids is not None:
                 raise _inv("the count refusal applies: childIds must be null", k, path=sel_path)
-        else:
-            if child_ids is None:
-                raise _inv(
-                    "childIds is null although the reservation fits maxInstances", k, path=sel_path
-                )
-            if len(child_ids) != len(slots):
-                raise _inv(f"{len(child_ids)} childIds for {len(slots)} child slots", k)
-            if len(set(child_ids)) != len(child_ids):
-                raise _inv("childIds repeats an id", k)
-            for cid in child_ids:
-                if cid in self.used_ids:
-                    raise _inv(f"child id {cid!r} is not fresh across the retained history", k)
-            local_over = False
-            for cid, (c, m) in zip(child_ids, slots, strict=True):
-                inst, case = self._project(cid, c, m, u, index, k, rev)
-                children.append((inst, case))
-                if case is not None and len(case) > self.limits["maxCaseBytes"]:
-                    local_over = True
-            if local_over:
-                outcome = "refused"
-            else:
-                sel_digest = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
-                stages = self.stages_json({u: sel_digest}, {c: "closed" for c in consumers})
-                new_bytes = len(core_bytes) + sum(len(cb) for _, cb in children if cb is not None)
-                new_files = 1 + sum(1 for _, cb in children if cb is not None)
-                sizes = sum(ch.measure() for ch, _ in children)
-                ok, asize, afiles = self.fits(
-                    proof_size=proof_size,
-                    new_bytes=new_bytes,
-                    new_files=new_files,
-                    stages=stages,
-                    inst_total=self.inst_total + sizes,
-                    n_inst=len(self.inst) + len(children),
-                )
-                acceptance = (asize, afiles)
-                outcome = "admitted" if ok else "refused"
-        if child_ids:
-            self.used_ids.update(child_ids)
-
-        if outcome == "refused":
-            carrier_sel: dict[str, dict[str, Any] | None] = {u: None} if kind == "fork" else {}
-            ok, size, files = self.fits(
-                proof_size=proof_size,
-                new_bytes=len(refusal_bytes),
-                new_files=1,
-                stages=self.stages_json(carrier_sel),
+            return "refused", None, children
+        if child_ids is None:
+            raise _inv(
+                "childIds is null although the reservation fits maxInstances", k, path=sel_path
             )
-            if not ok:
-                raise _inv(
-                    f"the refusal carrier ({size} bytes, {files} files) does not fit: unrecordable",
-                    k,
-                    path=sel_path,
-                )
-            if not refused_file:
-                raise Problem(
-                    "selection-mismatch",
-                    4,
-                    "the derived outcome is a refusal but the selection is retained as admitted",
-                    path=sel_path,
-                    epoch=k,
-                )
-            if kind == "fork":
-                self.selection[u] = None
-            self.retain(sel_path, len(refusal_bytes), k)
-            self._trace(k, None, kind, "refused", acceptance, (size, files))
-        else:
-            if refused_file:
-                raise Problem(
-                    "selection-mismatch",
-                    4,
-                    "the complete acceptance candidate fits, yet the selection is retained as refused",
-                    path=sel_path,
-                    epoch=k,
-                )
-            for ch, case in children:
-                cpath = layout.case_path(ch.id)
-                if case is None:
-                    if cpath in self.tree.sizes:
-                        raise Problem(
-                            "case-mismatch",
-                            4,
-                            "a projection-invalid child has a case file",
-                            path=cpath,
-                            epoch=k,
-                        )
-                    continue
-                if cpath not in self.tree.sizes or self._read(cpath) != case:
+        if len(child_ids) != len(slots):
+            raise _inv(f"{len(child_ids)} childIds for {len(slots)} child slots", k)
+        if len(set(child_ids)) != len(child_ids):
+            raise _inv("childIds repeats an id", k)
+        for cid in child_ids:
+            if cid in self.used_ids:
+                raise _inv(f"child id {cid!r} is not fresh across the retained history", k)
+        local_over = False
+        for cid, (c, m) in zip(child_ids, slots, strict=True):
+            inst, case = self._project(cid, c, m, u, index, k, rev)
+            children.append((inst, case))
+            if case is not None and len(case) > self.limits["maxCaseBytes"]:
+                local_over = True
+        if local_over:
+            return "refused", None, children
+        sel_digest = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
+        stages = self.stages_json({u: sel_digest}, {c: "closed" for c in consumers})
+        new_bytes = len(core_bytes) + sum(len(cb) for _, cb in children if cb is not None)
+        new_files = 1 + sum(1 for _, cb in children if cb is not None)
+        sizes = sum(ch.measure() for ch, _ in children)
+        ok, asize, afiles = self.fits(
+            proof_size=proof_size,
+            new_bytes=new_bytes,
+            new_files=new_files,
+            stages=stages,
+            inst_total=self.inst_total + sizes,
+            n_inst=len(self.inst) + len(children),
+        )
+        return ("admitted" if ok else "refused"), (asize, afiles), children
+
+    def _settle_refused_selection(
+        self,
+        e: dict[str, Any],
+        refused_file: bool,
+        refusal_bytes: bytes,
+        proof_size: int,
+        sel_path: str,
+        acceptance: tuple[int, int] | None,
+    ) -> None:
+        """A refusal: its carrier must fit and the file must be refusal-bearing."""
+        k, kind, u = e["number"], e["kind"], e["stage"]
+        carrier_sel: dict[str, dict[str, Any] | None] = {u: None} if kind == "fork" else {}
+        ok, size, files = self.fits(
+            proof_size=proof_size,
+            new_bytes=len(refusal_bytes),
+            new_files=1,
+            stages=self.stages_json(carrier_sel),
+        )
+        if not ok:
+            raise _inv(
+                f"the refusal carrier ({size} bytes, {files} files) does not fit: unrecordable",
+                k,
+                path=sel_path,
+            )
+        if not refused_file:
+            raise Problem(
+                "selection-mismatch",
+                4,
+                "the derived outcome is a refusal but the selection is retained as admitted",
+                path=sel_path,
+                epoch=k,
+            )
+        if kind == "fork":
+            self.selection[u] = None
+        self.retain(sel_path, len(refusal_bytes), k)
+        self._trace(k, None, kind, "refused", acceptance, (size, files))
+
+    def _settle_admitted_selection(
+        self,
+        e: dict[str, Any],
+        refused_file: bool,
+        core_bytes: bytes,
+        children: list[tuple[Instance, bytes | None]],
+        sel_path: str,
+    ) -> None:
+        """An admission: the file must not be refusal-bearing, every case file must be
+        the projected bytes (none for a projection-invalid slot); then apply it."""
+        k, u, rev = e["number"], e["stage"], e["revision"]
+        if refused_file:
+            raise Problem(
+                "selection-mismatch",
+                4,
+                "the complete acceptance candidate fits, yet the selection is retained as refused",
+                path=sel_path,
+                epoch=k,
+            )
+        for ch, case in children:
+            cpath = layout.case_path(ch.id)
+            if case is None:
+                if cpath in self.tree.sizes:
                     raise Problem(
                         "case-mismatch",
                         4,
-                        "the retained case differs from the projected case",
+                        "a projection-invalid child has a case file",
                         path=cpath,
                         epoch=k,
                     )
-            self.retain(sel_path, len(core_bytes), k)
-            for ch, case in children:
-                if case is not None:
-                    self.retain(layout.case_path(ch.id), len(case), k)
-                self._set_instance(ch)
-                self.by_stage[ch.stage].append(ch.id)
-            for c in consumers:
-                self.set_state[c] = "closed"
-            self.selection[u] = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
-            self.reserved += len(children)
-            self.reservations[k] = [ch.id for ch, _ in children]
-            self._trace(k, None, kind, "admitted", acceptance, None)
-        self.hasher.close(control_dumps(e))
+                continue
+            if cpath not in self.tree.sizes or self._read(cpath) != case:
+                raise Problem(
+                    "case-mismatch",
+                    4,
+                    "the retained case differs from the projected case",
+                    path=cpath,
+                    epoch=k,
+                )
+        self.retain(sel_path, len(core_bytes), k)
+        for ch, case in children:
+            if case is not None:
+                self.retain(layout.case_path(ch.id), len(case), k)
+            self._set_instance(ch)
+            self.by_stage[ch.stage].append(ch.id)
+        for c in self.ctx.by_name[u].consumers:
+            self.set_state[c] = "closed"
+        self.selection[u] = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
+        self.reserved += len(children)
+        self.reservations[k] = [ch.id for ch, _ in children]
 
     def _project(
         self,
