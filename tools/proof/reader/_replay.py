@@ -714,6 +714,10 @@ class Replay:
         cutoff: set[str],
         proof_size: int,
     ) -> None:
+        """Observation j of epoch k, in verify.md's order: it names the next begin, its
+        pins follow the pin table, its sidecar belongs to one attempt; the outcome is
+        derived (an evaluated proposal measured), its candidate must fit, and the
+        retained outputs must be exactly the accepted ones."""
         if o["instance"] != begin["instance"] or o["number"] != begin["number"]:
             raise _inv(
                 f"observation names {o['instance']!r}/{o['number']} where "
@@ -727,102 +731,27 @@ class Replay:
         state, failure = o["state"], o["failure"]
         present = {p for p in PINS if o[p] is not None}
         self._check_pins(state, failure, present, k, j, o, cutoff, stage.name)
-        sig = o["auditSignaturesDigest"]
-        if sig is not None:
-            if sig in self.sig_owner:
-                owner = self.sig_owner[sig]
-                raise _inv(
-                    f"the audit signature sidecar belongs to {owner[0]!r} attempt {owner[1]}: one sidecar, one attempt",
-                    k,
-                    j,
-                    layout.attempt_file(inst.id, n, "auditSignaturesDigest"),
-                )
-            self.sig_owner[sig] = (inst.id, n)
-        new_bytes = 0
-        received: list[tuple[str, int]] = []
-        for p in PINS:
-            if o[p] is not None:
-                path = layout.attempt_file(inst.id, n, p)
-                received.append((path, self.tree.sizes[path]))
-                new_bytes += self.tree.sizes[path]
-        att = inst.attempts[-1]
+        self._claim_sidecar(o, inst.id, k, j)
+        received = [
+            (path, self.tree.sizes[path])
+            for path in (layout.attempt_file(inst.id, n, p) for p in PINS if o[p] is not None)
+        ]
+        new_bytes = sum(size for _, size in received)
         pins = {p: o[p] for p in PINS}
-        odir = f"outputs/{stage.name}/{inst.id}/{n}/"
         accepted: list[tuple[str, bytes]] = []
         acceptance: tuple[int, int] | None = None
         outcome = "recorded"
         final: tuple[str, str | None]
         if state == "evaluated":
-            proposal = self._proposal(inst.id, n, stage, k, j)
-            if proposal is None:
-                final = ("failed", "output-invalid")
-            elif stage.name in cutoff:
-                final = ("failed", "limit-exceeded")
-                outcome = "cut-off"
-            else:
-                files: list[tuple[str, bytes]] = []
-                records: list[dict[str, Any]] = []
-                # the envelope form is built again here, not taken from writer/_derive.py:
-                # the reader derives every file it expects from the spec alone (DESIGN.md)
-                for idx, payload in enumerate(proposal):
-                    pd = digest.of_bytes(payload)
-                    env = control_dumps(
-                        {
-                            "envelopeVersion": 1,
-                            "stage": stage.name,
-                            "instance": inst.id,
-                            "attempt": n,
-                            "output": idx,
-                            "payloadDigest": pd,
-                            "parent": inst.parent,
-                        }
-                    )
-                    files.append((layout.payload_path(stage.name, inst.id, n, idx), payload))
-                    files.append((layout.envelope_path(stage.name, inst.id, n, idx), env))
-                    records.append(
-                        {
-                            "instance": inst.id,
-                            "attempt": n,
-                            "output": idx,
-                            "payloadDigest": pd,
-                            "envelopeDigest": digest.of_bytes(env),
-                        }
-                    )
-                final = ("completed", None) if proposal else ("completed-zero", None)
-                local_ok = self.records_total + len(proposal) <= self.limits["maxRecords"] and all(
-                    len(pl) <= self.limits["maxPayloadBytes"] for pl in proposal
-                )
-                ok = False
-                if local_ok:
-                    att.state, att.failure, att.pins = final[0], None, pins
-                    new_size = inst.measure()
-                    rec_bytes = sum(len(control_dumps(r)) for r in records)
-                    ok, asize, afiles = self.fits(
-                        proof_size=proof_size,
-                        new_bytes=new_bytes + sum(len(b) for _, b in files),
-                        new_files=len(received) + len(files),
-                        inst_total=self.inst_total - self.sizes[inst.id] + new_size,
-                        set_extra={stage.name: (rec_bytes, len(records))},
-                    )
-                    acceptance = (asize, afiles)
-                if ok:
-                    accepted = files
-                    outcome = "accepted"
-                    if records:
-                        self.inst_records[inst.id] = records
-                        self.record_count[stage.name] += len(records)
-                        self.record_size[stage.name] += rec_bytes
-                        self.records_total += len(records)
-                else:
-                    final = ("failed", "limit-exceeded")
-                    cutoff.add(stage.name)
-                    outcome = "refused"
+            final, outcome, accepted, acceptance = self._evaluate(
+                k, j, inst, n, stage, pins, received, cutoff, proof_size
+            )
         elif state == "suppressed":
             final = ("failed", "limit-exceeded")
         else:
             final = (state, failure)
+        att = inst.attempts[-1]
         att.state, att.failure, att.pins = final[0], final[1], pins
-        old_size = inst.size
         self._set_instance(inst)
         if outcome != "accepted":
             # the one candidate for this outcome (a refusal carrier included) must fit
@@ -839,10 +768,120 @@ class Replay:
             self._trace(k, j, "observation", outcome, acceptance, (size, nfiles))
         else:
             self._trace(k, j, "observation", outcome, acceptance, None)
-        del old_size
         for path, size in received:
             self.retain(path, size, k, j)
-        # the writer's evidence must agree with the derived outcome
+        self._check_outputs(k, j, f"outputs/{stage.name}/{inst.id}/{n}/", accepted, final)
+
+    def _claim_sidecar(self, o: dict[str, Any], instance: str, k: int, j: int) -> None:
+        """One signature sidecar, one attempt (our choice, verify.md "Resolutions")."""
+        sig = o["auditSignaturesDigest"]
+        if sig is None:
+            return
+        if sig in self.sig_owner:
+            owner = self.sig_owner[sig]
+            raise _inv(
+                f"the audit signature sidecar belongs to {owner[0]!r} attempt {owner[1]}: one sidecar, one attempt",
+                k,
+                j,
+                layout.attempt_file(instance, o["number"], "auditSignaturesDigest"),
+            )
+        self.sig_owner[sig] = (instance, o["number"])
+
+    def _outputs_of(
+        self, stage: StageDef, inst: Instance, n: int, proposal: list[bytes]
+    ) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
+        """Payload and envelope files of a proposal, and the set records they add."""
+        files: list[tuple[str, bytes]] = []
+        records: list[dict[str, Any]] = []
+        # the envelope form is built again here, not taken from writer/_derive.py:
+        # the reader derives every file it expects from the spec alone (DESIGN.md)
+        for idx, payload in enumerate(proposal):
+            pd = digest.of_bytes(payload)
+            env = control_dumps(
+                {
+                    "envelopeVersion": 1,
+                    "stage": stage.name,
+                    "instance": inst.id,
+                    "attempt": n,
+                    "output": idx,
+                    "payloadDigest": pd,
+                    "parent": inst.parent,
+                }
+            )
+            files.append((layout.payload_path(stage.name, inst.id, n, idx), payload))
+            files.append((layout.envelope_path(stage.name, inst.id, n, idx), env))
+            records.append(
+                {
+                    "instance": inst.id,
+                    "attempt": n,
+                    "output": idx,
+                    "payloadDigest": pd,
+                    "envelopeDigest": digest.of_bytes(env),
+                }
+            )
+        return files, records
+
+    def _evaluate(
+        self,
+        k: int,
+        j: int,
+        inst: Instance,
+        n: int,
+        stage: StageDef,
+        pins: dict[str, Any],
+        received: list[tuple[str, int]],
+        cutoff: set[str],
+        proof_size: int,
+    ) -> tuple[tuple[str, str | None], str, list[tuple[str, bytes]], tuple[int, int] | None]:
+        """An evaluated audit's outcome: output-invalid, cut off, or its acceptance
+        candidate measured (local bounds first). Returns (final state/failure, outcome,
+        the accepted files, the acceptance size when measured)."""
+        proposal = self._proposal(inst.id, n, stage, k, j)
+        if proposal is None:
+            return ("failed", "output-invalid"), "recorded", [], None
+        if stage.name in cutoff:
+            return ("failed", "limit-exceeded"), "cut-off", [], None
+        files, records = self._outputs_of(stage, inst, n, proposal)
+        final: tuple[str, str | None] = (
+            ("completed", None) if proposal else ("completed-zero", None)
+        )
+        local_ok = self.records_total + len(proposal) <= self.limits["maxRecords"] and all(
+            len(pl) <= self.limits["maxPayloadBytes"] for pl in proposal
+        )
+        ok = False
+        acceptance: tuple[int, int] | None = None
+        if local_ok:
+            att = inst.attempts[-1]
+            att.state, att.failure, att.pins = final[0], None, pins
+            new_size = inst.measure()
+            rec_bytes = sum(len(control_dumps(r)) for r in records)
+            ok, asize, afiles = self.fits(
+                proof_size=proof_size,
+                new_bytes=sum(size for _, size in received) + sum(len(b) for _, b in files),
+                new_files=len(received) + len(files),
+                inst_total=self.inst_total - self.sizes[inst.id] + new_size,
+                set_extra={stage.name: (rec_bytes, len(records))},
+            )
+            acceptance = (asize, afiles)
+        if not ok:
+            cutoff.add(stage.name)
+            return ("failed", "limit-exceeded"), "refused", [], acceptance
+        if records:
+            self.inst_records[inst.id] = records
+            self.record_count[stage.name] += len(records)
+            self.record_size[stage.name] += rec_bytes
+            self.records_total += len(records)
+        return final, "accepted", files, acceptance
+
+    def _check_outputs(
+        self,
+        k: int,
+        j: int,
+        odir: str,
+        accepted: list[tuple[str, bytes]],
+        final: tuple[str, str | None],
+    ) -> None:
+        """The writer's evidence must agree with the derived outcome (output-mismatch)."""
         have = self.output_dirs.get(odir, 0)
         if accepted and have == 0:
             raise Problem(
