@@ -791,37 +791,24 @@ class Engine:
             self._commit_observation(Observe(op.line, instance, number, state, None, {}))
 
     def _commit_observation(self, op: Observe) -> None:
+        """Record one observation (admission-proof.md §5, "Observation"): receive and
+        check its files and pins, then the acceptance candidate of an evaluated
+        proposal, else the one candidate of its derived outcome, which must fit."""
         st, o = self.branch_state, self.open
         assert o is not None
         where = self._where(op.line)
         inst = st.instances[op.instance]
         stage = self.wf.stage(inst.stage)
         assert stage is not None
-        received: dict[str, bytes] = {}
-        try:
-            for pin, rel in op.files.items():
-                received[pin] = read_artifact(self.artifacts, rel, where)
-        except TooLarge as exc:
-            self.custody.append(
-                CustodyItem(op.line, op.instance, op.attempt, "unrecorded", self._roles(op))
-            )
-            raise Unrecordable(str(exc), op.line) from None
+        received = self._receive(op, where)
         audit = check_pins(op.state, op.failure, received, where)
         if op.state == "suppressed" and inst.stage not in o.cutoffs:
             raise self._forbid(
                 op.line,
                 f"§5: suppressed is allowed only after a cutoff of stage {inst.stage!r} in this epoch",
             )
-        pins = {p: (digest.of_bytes(received[p]) if p in received else None) for p in PINS}
-        signature_pin = pins.get("auditSignaturesDigest")
-        if signature_pin is not None:
-            if signature_pin in self._signature_pins:
-                raise self._forbid(
-                    op.line,
-                    "§9: a signature sidecar belongs to one attempt; these audit.sig bytes "
-                    "are already pinned by another observation",
-                )
-            self._signature_pins.add(signature_pin)
+        pins = self._observation_pins(op, received)
+        retry = inst.attempts[-1].retry  # the begun attempt's, before any candidate
         observation = {
             "instance": op.instance,
             "number": op.attempt,
@@ -834,59 +821,27 @@ class Engine:
         self._proof_size_ok(psize, op.line, o.number)
         j = o.next + 1
         view = lambda: self._view_with_result(observation)  # noqa: E731
-        old = inst.attempts[-1]
-
-        def base(state: str, failure: str | None) -> None:
-            for pin, data in received.items():
-                st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
-            attempt = Attempt(op.attempt, state, failure, old.retry, tuple(pins.values())).sized()
-            st.replace_last_attempt(inst, attempt)
-            st.set_status(inst, state, failure)
-
         records = (
             output_records(audit, stage.pointer, stage.cardinality)
             if op.state == "evaluated"
             else None
         )
         acceptance: tuple[int, int] | None = None
-        refusal: tuple[int, int] | None = None
-        failure: str | None
-        if op.state == "evaluated" and records is not None and inst.stage not in o.cutoffs:
-            lim = self.wf.limits
-            payloads = [canon.dumps(r) for r in records]
-            local_ok = st.records_total + len(records) <= lim.max_records and all(
-                len(p) <= lim.max_payload_bytes for p in payloads
+        measured = op.state == "evaluated" and records is not None and inst.stage not in o.cutoffs
+        if measured:
+            assert records is not None
+            accepted, acceptance = self._try_accept(
+                op, inst, received, pins, retry, records, psize, view
             )
-            if local_ok:
-                st.begin()
-                base("completed" if records else "completed-zero", None)
-                files, set_records = emitted_outputs(
-                    inst.stage, inst.id, op.attempt, inst.parent, payloads
+            if accepted:
+                self._settle(observation, rb)
+                self._record(
+                    Decision(op.line, o.number, j, "observation", "accepted", acceptance, None)
                 )
-                for path, data in files:
-                    st.add_file(path, data)
-                st.add_records(inst, set_records)
-                acceptance = self._measure(psize, view)
-                if self._fits(acceptance):
-                    self._commit()
-                    self._settle(observation, rb)
-                    self._record(
-                        Decision(op.line, o.number, j, "observation", "accepted", acceptance, None)
-                    )
-                    return
-                st.rollback()
-            outcome, state, failure = "refused", "failed", "limit-exceeded"
-        elif op.state == "evaluated" and records is not None:
-            outcome, state, failure = "cut-off", "failed", "limit-exceeded"
-        elif op.state == "evaluated":
-            outcome, state, failure = "recorded", "failed", "output-invalid"
-        elif op.state == "suppressed":
-            # no proposal was received: not an output decision (the cutoff is checked above)
-            outcome, state, failure = "recorded", "failed", "limit-exceeded"
-        else:
-            outcome, state, failure = "recorded", op.state, op.failure
+                return
+        outcome, state, failure = self._derived_outcome(op, records, measured)
         st.begin()
-        base(state, failure)
+        self._record_attempt(inst, op, received, pins, retry, state, failure)
         refusal = self._measure(psize, view)
         if not self._fits(refusal):
             st.rollback()
@@ -904,6 +859,104 @@ class Engine:
             o.cutoffs.add(inst.stage)
         self._settle(observation, rb)
         self._record(Decision(op.line, o.number, j, "observation", outcome, acceptance, refusal))
+
+    def _receive(self, op: Observe, where: Location) -> dict[str, bytes]:
+        """The observation's files (pin -> bytes); one over its local bound cannot be
+        recorded and goes to custody."""
+        received: dict[str, bytes] = {}
+        try:
+            for pin, rel in op.files.items():
+                received[pin] = read_artifact(self.artifacts, rel, where)
+        except TooLarge as exc:
+            self.custody.append(
+                CustodyItem(op.line, op.instance, op.attempt, "unrecorded", self._roles(op))
+            )
+            raise Unrecordable(str(exc), op.line) from None
+        return received
+
+    def _observation_pins(self, op: Observe, received: dict[str, bytes]) -> dict[str, str | None]:
+        """The five pins; a signature sidecar belongs to one attempt (§9)."""
+        pins = {p: (digest.of_bytes(received[p]) if p in received else None) for p in PINS}
+        signature_pin = pins.get("auditSignaturesDigest")
+        if signature_pin is not None:
+            if signature_pin in self._signature_pins:
+                raise self._forbid(
+                    op.line,
+                    "§9: a signature sidecar belongs to one attempt; these audit.sig bytes "
+                    "are already pinned by another observation",
+                )
+            self._signature_pins.add(signature_pin)
+        return pins
+
+    def _record_attempt(
+        self,
+        inst: Instance,
+        op: Observe,
+        received: dict[str, bytes],
+        pins: dict[str, str | None],
+        retry: dict[str, str] | None,
+        state: str,
+        failure: str | None,
+    ) -> None:
+        """What every outcome records: the received files and the attempt's new state
+        (``retry`` is the begun attempt's, kept)."""
+        st = self.branch_state
+        for pin, data in received.items():
+            st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
+        attempt = Attempt(op.attempt, state, failure, retry, tuple(pins.values())).sized()
+        st.replace_last_attempt(inst, attempt)
+        st.set_status(inst, state, failure)
+
+    def _try_accept(
+        self,
+        op: Observe,
+        inst: Instance,
+        received: dict[str, bytes],
+        pins: dict[str, str | None],
+        retry: dict[str, str] | None,
+        records: list[Any],
+        psize: int,
+        view: Callable[[], list[dict[str, Any]]],
+    ) -> tuple[bool, tuple[int, int] | None]:
+        """The acceptance candidate of an evaluated proposal (local bounds first):
+        (True, its size) when committed, else (False, its size if it was measured)."""
+        st, lim = self.branch_state, self.wf.limits
+        payloads = [canon.dumps(r) for r in records]
+        local_ok = st.records_total + len(records) <= lim.max_records and all(
+            len(p) <= lim.max_payload_bytes for p in payloads
+        )
+        if not local_ok:
+            return False, None
+        st.begin()
+        self._record_attempt(
+            inst, op, received, pins, retry, "completed" if records else "completed-zero", None
+        )
+        files, set_records = emitted_outputs(inst.stage, inst.id, op.attempt, inst.parent, payloads)
+        for path, data in files:
+            st.add_file(path, data)
+        st.add_records(inst, set_records)
+        acceptance = self._measure(psize, view)
+        if self._fits(acceptance):
+            self._commit()
+            return True, acceptance
+        st.rollback()
+        return False, acceptance
+
+    @staticmethod
+    def _derived_outcome(
+        op: Observe, records: list[Any] | None, measured: bool
+    ) -> tuple[str, str, str | None]:
+        """(outcome, state, failure) of an observation whose proposal is not accepted."""
+        if measured:
+            return "refused", "failed", "limit-exceeded"
+        if op.state == "evaluated" and records is not None:
+            return "cut-off", "failed", "limit-exceeded"
+        if op.state == "evaluated":
+            return "recorded", "failed", "output-invalid"
+        if op.state == "suppressed":
+            # no proposal was received: not an output decision (the cutoff is checked above)
+            return "recorded", "failed", "limit-exceeded"
+        return "recorded", op.state, op.failure
 
     def _view_with_result(self, observation: dict[str, Any]) -> list[dict[str, Any]]:
         epochs = list(self._epoch_dicts)
