@@ -207,7 +207,7 @@ def test_no_subcommand_is_one_line_with_the_help_hint() -> None:
     assert done.returncode == 2
     assert (
         one_line(done)
-        == "crucible-ledger: error: no subcommand given (see 'crucible-ledger --help')"
+        == "crucible-ledger: error: missing command (see 'crucible-ledger --help')"
     )
     assert done.stdout == b""
 

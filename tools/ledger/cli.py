@@ -33,19 +33,15 @@ key_file_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, invoke_without_command=True)
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name=PROG)
-@click.pass_context
-def cli(ctx: click.Context) -> None:
+def cli() -> None:
     """Durable, content-keyed steps recorded in DIR/steps.jsonl (fsync'd NDJSON).
 
     Exit codes: 0 done; 1 miss (get) or damage (verify); 2 usage (bad --dir, bad
     --key, a command that cannot start); 3 I/O failure. `run` exits with the
     command's own status (or 128+signal).
     """
-    if ctx.invoked_subcommand is None:
-        # one line with the --help hint (core.cli adds it), not the whole help block
-        raise click.UsageError("no subcommand given", ctx)
 
 
 @cli.command(context_settings=_RUN_CONTEXT)
