@@ -414,8 +414,7 @@ class UnitRunner:
             staged_env = dict(
                 stage.stage_inputs(self.plan, self.state, name, workspace, key=key).env
             )
-        with contextlib.suppress(FileNotFoundError):
-            output.unlink()
+        stage.clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None
         if task.get("kind") == "agent":

@@ -22,12 +22,13 @@ from crucible.core import canon, digest
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
-from crucible.stage._files import FILES_RUN_MAX, copy_tree_readonly
+from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._share import stage_units, units_of
 
 __all__ = [
     "INDEX_FORMAT",
@@ -341,24 +342,19 @@ class _Staging:
         self.files_staged: set[str] = set()  # "producer" or "producer/<escaped key>"
 
     def stage_files(self, bound: int) -> None:
-        layout = StateLayout(self.state)
+        """Every ancestor's captured files under ``inputs/<ancestor>/``, from
+        the published copies (3.4): reflinked, hard-linked or copied."""
         for anc in self.pv.ancestors(self.t.name):
             at = self.pv.tasks[anc]
             if not at.emits_files:
                 continue
-            src = layout.files_dir(anc)
-            if not src.is_dir():
-                continue
+            StateLayout(self.state).files_dir(anc)  # checks the name
             mapped = at.map is not None
-            self.files_bytes = copy_tree_readonly(
-                src, self.tmp / anc, self.files_bytes, bound, skip_top_at=mapped
-            )
-            if mapped:
-                for entry in os.listdir(src):
-                    if not entry.startswith("@"):
-                        self.files_staged.add(f"{anc}/{entry}")
-            else:
-                self.files_staged.add(anc)
+            if mapped and (self.state / "files" / anc).is_dir():
+                (self.tmp / anc).mkdir()
+            units = units_of(self.state, anc, mapped)
+            self.files_bytes = stage_units(self.state, units, self.tmp, self.files_bytes, bound)
+            self.files_staged.update(u.staged for u in units)
 
     def value_entry(self, rel: str, value: Any, path: Path | str) -> dict[str, Any]:
         data = _scalar_bytes(value) or canon.dumps(value)
