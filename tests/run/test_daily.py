@@ -355,10 +355,10 @@ run = 'cat "$CRUCIBLE_INPUTS_DIR/outcome" > ../outcome.json'
     assert rec is not None and rec["status"] == "failed"
     assert rec["log"] == "logs/bad.log"
     assert rec["stderr_tail"] == "\n".join(f"line {i}" for i in range(6, 16))
-    assert rec["note"].startswith("exited with status 3 (log: logs/bad.log)\nline 6\n")
+    assert rec["note"].startswith("exited with status 3 (see logs/bad.log)\nline 6\n")
     slow = result(state, "slow")
     assert slow is not None
-    assert slow["note"].startswith("killed by SIGKILL after timeout 0.5s (log: logs/slow.log)")
+    assert slow["note"].startswith("killed by SIGKILL after timeout 0.5s (see logs/slow.log)")
     assert slow["exit_code"] == -9 and slow["stderr_tail"] == "waiting"
     last = r.stderr.strip().splitlines()[-1]
     assert f"failed: bad ({state}/logs/bad.log), slow ({state}/logs/slow.log)" in last
@@ -366,10 +366,10 @@ run = 'cat "$CRUCIBLE_INPUTS_DIR/outcome" > ../outcome.json'
     # producer ended (status or signal) and its log
     index = json.loads((state / "work" / "index.json").read_text())
     (bad,) = [i for i in index["inputs"] if i.get("producer") == "bad"]
-    assert bad["status"] == "failed" and "(log: logs/bad.log)" in bad["note"]
+    assert bad["status"] == "failed" and "(see logs/bad.log)" in bad["note"]
     outcome = json.loads((state / "work" / "outcome.json").read_text())
     assert outcome["tasks"]["bad"]["status"] == "failed"
-    assert "(log: logs/bad.log)" in outcome["tasks"]["bad"]["note"]
+    assert "(see logs/bad.log)" in outcome["tasks"]["bad"]["note"]
     assert "killed by SIGKILL" in outcome["tasks"]["slow"]["note"]
 
 
