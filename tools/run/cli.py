@@ -152,6 +152,11 @@ def run_cmd(
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
 
+    if as_json and not dry_run:
+        from crucible.core.errors import UsageError
+
+        raise UsageError("--json goes with --dry-run (the events are --events -)")
+
     options = RunOptions(
         plan=plan,
         state=state,
