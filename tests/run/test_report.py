@@ -297,7 +297,8 @@ def test_failed_unit_shows_its_log_and_stderr_tail(fanout_failed: Path, tmp_path
     state = tmp_path / "s"
     shutil.copytree(fanout_failed, state, symlinks=True)
     # Without the fields (a run before they existed): no detail shown
-    _amend(state, "measure", "1", log=None, stderr_tail=None)
+    _amend(state, "measure", "1", log=None, stderr_tail=None, note="exited with status 1")
+    _amend(state, "measure", note="1 of 6 instances did not pass; first '1': failed: exited")
     path = state / "results/measure/1.json"
     record = {k: v for k, v in json.loads(path.read_bytes()).items() if v is not None}
     path.write_bytes(canon.dumps(record))

@@ -125,7 +125,7 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
             )
         m = t.get("map")
         source = m.split(".", 1)[0] if isinstance(m, str) and "." in m else None
-        tasks.append((t["name"], m is not None, source))
+        tasks.append((t["name"], m is not None or "matrix" in t, source))
     return tasks
 
 

@@ -370,9 +370,14 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:.3f}s"
 
 
-def display_note(r: Row) -> str:
-    """The note as people read it: signals named, control characters escaped."""
-    return escape(name_signals(r.note or "", r.exit_code))
+def display_note(r: Row, *, headline: bool = False) -> str:
+    """The note as people read it: signals named, control characters escaped.
+    ``headline``: without the end of stderr that a failed attempt's note goes on
+    with, which the table shows under the row instead."""
+    note = r.note or ""
+    if headline and r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
+        note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
+    return escape(name_signals(note, r.exit_code))
 
 
 def display_name(r: Row, key_max: int = KEY_CELL_MAX) -> str:
@@ -416,14 +421,15 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
             _seconds(r.duration),
             _size(r.output_bytes),
             _size(r.files_bytes),
-            clip(display_note(r), NOTE_CELL_MAX),
+            clip(display_note(r, headline=True), NOTE_CELL_MAX),
         )
         details = _details(r)
         if r.key is None and r.mapped and not instances:
             bad = failed_members.get(r.task, [])
             for member in bad[:FAILED_SHOWN]:
                 details.append(
-                    f"    {display_name(member)}: {clip(display_note(member), NOTE_CELL_MAX)}"
+                    f"    {display_name(member)}: "
+                    f"{clip(display_note(member, headline=True), NOTE_CELL_MAX)}"
                 )
                 details += ["  " + line for line in _details(member)]
             if len(bad) > FAILED_SHOWN:

@@ -244,7 +244,9 @@ def settle_fold(plan: Any, state: Path, task: str, keys: list[str]) -> dict[str,
         bad = len(keys) - counts["passed"]
         k, rec = first_bad
         status = "failed"
-        note = f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {rec['note']}"
+        # the instance note's first line: a failed attempt's goes on with its stderr
+        headline = str(rec["note"]).split("\n", 1)[0]
+        note = f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {headline}"
     record = base_record(task, None, status, note)
     record["keys"] = list(keys)
     record["counts"] = counts
