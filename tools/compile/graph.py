@@ -163,8 +163,8 @@ def _mermaid(plan: dict[str, Any]) -> str:
         trigger = _trigger(by_name[dst], src)
         if trigger is not None:
             if style.startswith("map"):
-                label = fanout_producers(by_name[dst])[src]
-                base = label + (" (settled)" if "settled" in style else "") + " · "
+                text = fanout_producers(by_name[dst])[src]
+                base = text + (" (settled)" if "settled" in style else "") + " · "
                 arrow = "-.->" if "settled" in style else "==>"
             else:
                 base = "settled · " if "settled" in style else ""

@@ -99,13 +99,10 @@ def canonical_bytes(plan: dict[str, Any]) -> bytes:
         plan["workflow"]["params"]
     ):
         return canon.dumps(plan)
-    if plan["version"] >= 3 and not all(
-        _plain_json([v for k, v in t.items() if k in _V3_ONLY]) for t in plan["tasks"]
-    ):
-        return canon.dumps(plan)  # an edition-4 member holds a float (retry delay, deadline)
-    # Edition 4: literal map items and publish paths are the author's values, like
-    # params' defaults (matrix entries are v3-only members, checked above).
-    if not _plain_json([plan["workflow"].get("publish"), *(t.get("map") for t in plan["tasks"])]):
+    if plan["version"] >= 3:
+        # Edition 4's members hold the author's values (retry delays, deadlines,
+        # literal fan-out items, matrix entries, outputs and publish paths), any
+        # of which may be a float or a high key: the exact path, always.
         return canon.dumps(plan)
     return orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)
 

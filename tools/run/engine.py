@@ -264,10 +264,9 @@ class Dispatcher:
             code = 128 + self.stop_signal
         elif all(self.status.get(n) == PASSED for n in self._expected()):
             status, code = PASSED, 0
-        elif (
-            self.plan["version"] >= 3
-            and len(self.status) == len(self.graph.tasks)
-            and all(s != FAILED or n in self.tolerated for n, s in self.status.items())
+        elif self.plan["version"] >= 3 and all(
+            n in self.status and (self.status[n] != FAILED or n in self.tolerated)
+            for n in self._expected()
         ):
             # IR v3: skips (a false condition, a tolerated producer) and tolerated
             # failures leave the run passed; any other skip follows a failure.
@@ -507,6 +506,8 @@ class Dispatcher:
         if decided is None:
             return False
         status, note = decided
+        if status == FAILED:  # a condition error: listed, and --fail-fast stops
+            self._note_failure(Unit(name, key), None)
         if key is None:
             self._record_task(name, status, note)
             self.log.emit("task_finished", task=name, status=status, note=note)
@@ -531,15 +532,19 @@ class Dispatcher:
 
     def _expand(self, name: str) -> None:
         conditional = "when" in self.graph.tasks[name]
+        item_of: dict[str, Any] = {}
         try:
             if self.fanouts.listed(name):
                 keys = self.fanouts.keys(name)
-                # a condition reads each item: stage reads them from the instances file
-                items = self.stage.map_items(self.plan, self.state, name) if conditional else []
+                if conditional:  # a condition may read `item`
+                    item_of = self.fanouts.items(name)
             else:
                 items = self.stage.map_items(self.plan, self.state, name)
                 keys = [key for key, _ in items]
                 self.fanouts.remember_previews(name, items)
+                if conditional:
+                    item_of = dict(items)
+                del items
         except CrucibleError as exc:
             if self.fanouts.listed(name):
                 note = f"cannot expand the fan-out: {exc}"
@@ -550,8 +555,6 @@ class Dispatcher:
             self._count_settled(FAILED)
             self._settle(name, FAILED)
             return
-        item_of = dict(items) if conditional else {}
-        del items
         if not keys:
             self._fold(name, keys)
             return

@@ -293,6 +293,11 @@ class Fanouts:
             raise FanoutFailed(self._failed[name])
         return self._keys[name]
 
+    def items(self, name: str) -> dict[str, Any]:
+        """Instance key -> item of a listed fan-out (expanded again: only a task
+        whose condition reads ``item`` asks, once per session)."""
+        return dict(expand(self.tasks[name], self.params, self.state))
+
     def annotate_admitted(self, tasks: list[dict[str, Any]]) -> None:
         """``plan_admitted``'s task entries: the instance keys of each static
         fan-out, or the note of one that cannot expand."""

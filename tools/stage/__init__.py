@@ -20,6 +20,7 @@ from crucible.stage._inputs import (
     StagedInputs,
     instances_path,
     map_items,
+    refresh_inputs,
     stage_inputs,
 )
 from crucible.stage._layout import StateLayout
@@ -65,6 +66,7 @@ __all__ = [
     "map_items",
     "prepare_plan",
     "record_settled",
+    "refresh_inputs",
     "render_prompt",
     "settle_fold",
     "stage_inputs",

@@ -28,7 +28,7 @@ from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
-from crucible.stage._share import stage_units, units_of
+from crucible.stage._share import Unit, refresh_held, stage_units, units_of
 
 __all__ = [
     "INDEX_FORMAT",
@@ -39,6 +39,7 @@ __all__ = [
     "VALUES_DIR",
     "StagedInputs",
     "map_items",
+    "refresh_inputs",
     "stage_inputs",
     "utf16_order",
 ]
@@ -580,3 +581,29 @@ def stage_inputs(
         files_bytes=staging.files_bytes,
         files_staged=tuple(sorted(staging.files_staged)),
     )
+
+
+def held_units(plan: Any, state: Path, task: str) -> list[Unit]:
+    """The producer units whose captured files ``task`` is handed (3.4)."""
+    pv = view(plan)
+    units: list[Unit] = []
+    for anc in pv.ancestors(task):
+        at = pv.tasks[anc]
+        if at.emits_files:
+            StateLayout(state).files_dir(anc)  # checks the name
+            units.extend(units_of(Path(state), anc, at.map is not None))
+    return units
+
+
+def refresh_inputs(
+    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
+) -> list[str]:
+    """Call just before a staged task starts (dispatch stages a unit ahead of
+    its start): staged files another consumer changed meanwhile are restored
+    and relinked, so the task starts with what was captured (3.4). Returns the
+    workspace-relative paths replaced."""
+    check_key(plan, task, key)
+    units = held_units(plan, Path(state), task)
+    if not units:
+        return []
+    return refresh_held(Path(state), units, Path(workspace).absolute())
