@@ -153,7 +153,7 @@ def _jobs(requested: int | None, plan: dict[str, Any]) -> int:
         raise UsageError(f"-j {requested} is over the maximum of {JOBS_MAX}", where="-j")
     jobs = min(requested or os.cpu_count() or 1, JOBS_MAX)
     tasks = plan["tasks"]
-    if tasks and not any("map" in t for t in tasks):
+    if tasks and not any("map" in t or "matrix" in t for t in tasks):
         jobs = min(jobs, len(tasks))
     jobs = max(1, jobs)
     _check_process_limit(jobs, requested)
