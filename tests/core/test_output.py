@@ -173,7 +173,7 @@ def test_compile_o_device_and_link_to_pipe_stay_what_they_are(tmp_path: Path) ->
     assert stat.S_ISCHR(full.lstat().st_mode)
     # -o /dev/stdout on a pipe: a link to the process's fd 1 (here: to a pipe)
     pack = tmp_path / "pack.toml"
-    script = f'ln -s /proc/self/fd/1 {tmp_path}/so; exec {BIN}/crucible-compile {pack} -o {tmp_path}/so | wc -c'
+    script = f"ln -s /proc/self/fd/1 {tmp_path}/so; exec {BIN}/crucible-compile {pack} -o {tmp_path}/so | wc -c"
     done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 0 and (tmp_path / "so").is_symlink()

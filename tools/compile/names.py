@@ -14,12 +14,15 @@ __all__ = [
     "ENV_RE",
     "IDENT_RE",
     "NAME_MAX_BYTES",
+    "RESERVED_ENV_PREFIX",
     "RESERVED_PREFIX",
     "env_problem",
     "ident_problem",
     "task_name_problems",
 ]
 
+#: host variables with this prefix never reach a task (run.md)
+RESERVED_ENV_PREFIX = "CRUCIBLE_"
 #: the reserved directory inputs/@values/ starts with this character
 RESERVED_PREFIX = "@"
 #: a task name becomes a path component and, with ".json", a result-record file name;
@@ -78,10 +81,19 @@ def ident_problem(kind: str, name: object) -> str | None:
             f"{kind} name {name!r} is not an identifier "
             "(a letter or _, then letters, digits, _ or -)"
         )
+    if len(name) > NAME_MAX_BYTES:  # an identifier is ASCII: bytes = characters
+        # an input becomes a file name under inputs/ (stage refuses it there)
+        return f"{kind} name {name[:40]!r}… is longer than {NAME_MAX_BYTES} bytes"
     return None
 
 
 def env_problem(name: str) -> str | None:
     if not ENV_RE.match(name):
         return f"environment variable name {name!r} is not valid (letters, digits, _)"
+    if name.startswith(RESERVED_ENV_PREFIX):
+        # the dispatcher never passes a host CRUCIBLE_* variable to a task
+        return (
+            f"environment variable name {name!r} is reserved: {RESERVED_ENV_PREFIX}* "
+            "variables are set by crucible, never taken from the host"
+        )
     return None

@@ -108,14 +108,18 @@ def _write_through(path: str, data: bytes) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
-            raise UsageError("is a FIFO with no reader; nothing would read the output", where=path) from None
+            raise UsageError(
+                "is a FIFO with no reader; nothing would read the output", where=path
+            ) from None
         raise OperationalError(f"cannot write: {exc.strerror or exc}", where=path) from None
     try:
         # a reader exists: block on a full pipe like any writer, not spin on EAGAIN
         os.set_blocking(fd, True)
         write_all(fd, data)
     except BrokenPipeError:
-        raise OperationalError("cannot write: the reader went away (broken pipe)", where=path) from None
+        raise OperationalError(
+            "cannot write: the reader went away (broken pipe)", where=path
+        ) from None
     except OSError as exc:
         raise OperationalError(f"cannot write: {exc.strerror or exc}", where=path) from None
     finally:
