@@ -89,18 +89,22 @@ def test_fifo_with_a_reader_gets_every_byte(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    os.set_blocking(fd, True)
+    # a reader that is there before the writer (a read end held open), and one
+    # that reads everything (its blocking open returns once the writer opens)
+    hold = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
 
     def read() -> None:
-        with os.fdopen(fd, "rb") as f:
+        with open(fifo, "rb") as f:
             got.append(f.read())
 
     reader = threading.Thread(target=read)
     reader.start()
-    data = os.urandom(300_000)  # more than a pipe holds: the writer must block, then finish
-    write_output(str(fifo), data, if_changed=True)
-    reader.join(10)
+    try:
+        data = os.urandom(300_000)  # more than a pipe holds: the writer blocks, then ends
+        write_output(str(fifo), data, if_changed=True)
+        reader.join(10)
+    finally:
+        os.close(hold)
     assert got == [data] and stat.S_ISFIFO(fifo.lstat().st_mode)
 
 

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import atomic, canon, digest
+from crucible.core.contract import EMIT_CAP_DEFAULT
 from crucible.core.errors import InputRefused, OperationalError, PlanChanged, UsageError
 from crucible.run.options import RunOptions
 from crucible.run.params import read_params_file, resolve_params
 
 __all__ = ["Admission", "admit", "emit_cap_from"]
-
-EMIT_CAP_DEFAULT = 65536
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.contract import EMIT_CAP_DEFAULT
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fdio import read_file
 from crucible.stage._files import FILES_RUN_MAX, CaptureRefused, capture_files, check_pattern
@@ -20,8 +21,6 @@ from crucible.stage._plan import view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 
 __all__ = ["EMIT_CAP_DEFAULT", "capture", "json_type", "type_ok"]
-
-EMIT_CAP_DEFAULT = 65536
 
 
 def json_type(value: Any) -> str:
