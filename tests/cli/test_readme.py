@@ -329,7 +329,7 @@ def test_every_option_shown_is_an_option_of_the_command(where: str, line: str) -
     """Each ``--option`` on a command line shown in README or docs/ is one the
     command (or its subcommand) takes: a renamed option cannot linger in the docs."""
     words = line.split()
-    command = (words[0],)
+    command: tuple[str, ...] = (words[0],)
     if len(words) > 1 and re.fullmatch(r"[a-z]+", words[1]) and _help((words[0], words[1])):
         command = (words[0], words[1])
     elif "Commands:" in _help(command) and _help((words[0], "run")):

@@ -196,3 +196,37 @@ def test_non_utf8_and_junk_plans_say_what_they_are(tmp_path: Path) -> None:
         junk.write_text(text)
         proc = _tool("crucible-validate", junk)
         assert proc.returncode == 1 and "not a plan" in proc.stderr, proc.stderr
+
+
+def test_validate_star_skips_a_fifo_beside_it(tmp_path: Path) -> None:
+    # the manifests beside a .star are read to find its edition: a FIFO there hung
+    (tmp_path / "pack.star").write_text(TAIL)
+    (tmp_path / "pack.toml").write_text(MANIFEST)
+    os.mkfifo(tmp_path / "a.toml")
+    proc = _tool("crucible-validate", tmp_path / "pack.star")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_evaluating_child_ends_with_its_parent(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    script = (
+        "from crucible.compile.star import evaluate_source\n"
+        "spin = 'def spin():\\n    for i in range(1000000000):\\n        pass\\nspin()\\n'\n"
+        "evaluate_source(spin, 'spin.star', 3)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+    deadline = time.monotonic() + 30
+    pids: list[str] = []
+    while not pids and time.monotonic() < deadline:
+        time.sleep(0.05)
+        pids = children.read_text().split()
+    assert pids, "the evaluation never forked"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    child = Path(f"/proc/{pids[0]}")
+    while child.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not child.exists() or "Z" in (child / "stat").read_text().split()[2]

@@ -14,7 +14,7 @@ def test_every_tool_uses_the_one_value() -> None:
     assert editions.RESERVED_INPUTS is contract.RESERVED_INPUTS is _inputs.RESERVED_INPUTS
     assert editions.SUPPORTED_VERSIONS is contract.SUPPORTED_VERSIONS is _plan.SUPPORTED_VERSIONS
     assert names.NAME_MAX_BYTES == contract.NAME_MAX_BYTES == _names.TASK_NAME_MAX
-    assert _capture.EMIT_CAP_DEFAULT == contract.EMIT_CAP_DEFAULT == admit.EMIT_CAP_DEFAULT
+    assert _capture.EMIT_CAP_DEFAULT == contract.EMIT_CAP_DEFAULT == vars(admit)["EMIT_CAP_DEFAULT"]
     assert names.task_name_problems is contract.task_name_problems
 
 

@@ -11,6 +11,7 @@ fails at the call, with the call's source span.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import time
@@ -152,7 +153,12 @@ def _evaluate_here(text: str, display: str, edition: int, timeout: float) -> Sta
         message, location = _split_error(str(exc), display)
         raise ParseError(f"Starlark syntax: {message}", location=location) from None
     deadline = time.monotonic() + timeout
-    options = sl.EvalOptions(check_cancelled=lambda: time.monotonic() > deadline)
+    parent = os.getppid()
+    # stop at the deadline, and when the parent is gone (killed by a signal it
+    # could not pass on): nobody would read the result
+    options = sl.EvalOptions(
+        check_cancelled=lambda: time.monotonic() > deadline or os.getppid() != parent
+    )
     try:
         sl.eval_with(options, module, ast, sl.Globals.standard())
     except sl.StarlarkError as exc:
@@ -178,7 +184,6 @@ def _timed_out(timeout: float, location: Location) -> StarResult:
 
 def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResult:
     """Evaluate in a forked child; its result comes back pickled through a pipe."""
-    import os
     import pickle
     import select
 
@@ -241,7 +246,6 @@ def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResu
 
 
 def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> None:  # pragma: no cover
-    import os
     import pickle
 
     outcome: object
