@@ -359,7 +359,7 @@ if sys.argv[1] == "baseline":
     elapsed = time.perf_counter() - t
     out = {"seconds": elapsed, "bytes": n}
 else:
-    from crucible.proof.reader.verify import VerifyOptions, verify_bundle
+    from crucible.proof.reader import VerifyOptions, verify_bundle
     t = time.perf_counter()
     report = verify_bundle(root, VerifyOptions(proof_ceiling=1 << 30))
     elapsed = time.perf_counter() - t

@@ -168,7 +168,7 @@ def test_malformed_or_missing_is_exit_2_one_line(
 def test_unsupported_edition_is_exit_1(tmp_path: Path) -> None:
     proc = run(COMPILE, str(write(tmp_path, GOOD.replace("edition = 3", "edition = 9"))))
     assert proc.returncode == 1
-    assert "supports editions 1, 2, 3" in proc.stderr.decode()
+    assert "supports editions 1, 2, 3, 4" in proc.stderr.decode()
 
 
 def test_graph_dot_and_mermaid(tmp_path: Path) -> None:

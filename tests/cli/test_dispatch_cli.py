@@ -88,7 +88,8 @@ def test_report_table_json_and_task(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["report", "{state}", "nosuch"], 1, "no task 'nosuch'"),
         (["report", "{tmp}/nowhere"], 1, "no such state dir"),
         (["report", "{tmp}"], 1, "not a crucible state dir"),
-        (["{tmp}/missing.toml", "--state", "{tmp}/x"], 2, "no such plan"),
+        (["{tmp}/missing.toml", "--state", "{tmp}/x"], 2, "no such command or file"),
+        (["--state", "{tmp}/x", "{tmp}/missing.toml"], 2, "no such plan"),
         (["{hello}", "--state", "{tmp}/x", "-p", "nope=1"], 1, "unknown param 'nope'"),
         (["{hello}", "--state", "{tmp}/x", "-p", "novalue"], 2, "NAME=VALUE"),
         (["{hello}", "--state", "{tmp}/x", "--params", "{tmp}/bad.json"], 2, "bad.json"),
@@ -336,7 +337,7 @@ def test_progress_display_on_a_tty(tmp_path: Path) -> None:
         assert proc.stdout.read() == b""  # progress never goes to stdout
 
 
-def test_resume_of_a_finished_fanout_counts_every_instance(tmp_path: Path) -> None:
+def test_resume_of_a_finished_fanout_runs_nothing_and_appends_no_session(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "crucible-dispatch"
     pack = REPO / "examples" / "fanout" / "pack.toml"
     state = tmp_path / "state"
@@ -345,15 +346,14 @@ def test_resume_of_a_finished_fanout_counts_every_instance(tmp_path: Path) -> No
     again = subprocess.run(
         [exe, pack, "--state", state, "-j", "2", "--resume"], capture_output=True, text=True
     )
+    # Nothing left to run: the run's own exit code, one line, and no empty
+    # session appended to the log (run.md, "Resume").
     assert again.returncode == 0, again.stderr
-    finished = [
-        json.loads(line)
-        for line in (state / "session.jsonl").read_text().splitlines()
-        if '"run_finished"' in line
-    ]
-    assert len(finished) == 2
-    assert finished[0]["counts"] == finished[1]["counts"]
-    assert finished[1]["counts"]["units"] == finished[1]["counts"]["passed"] > 5
+    assert again.stderr.count("\n") == 1 and "nothing to resume" in again.stderr
+    log = (state / "session.jsonl").read_text()
+    finished = [json.loads(line) for line in log.splitlines() if '"run_finished"' in line]
+    assert len(finished) == 1 and log.count('"plan_admitted"') == 1
+    assert finished[0]["counts"]["units"] == finished[0]["counts"]["passed"] > 5
 
 
 def test_sigkill_of_the_dispatcher_takes_its_workers_and_tasks_along(tmp_path: Path) -> None:

@@ -76,7 +76,14 @@ def check_fanout_fail_on(state: Path) -> None:
     }
     line = result(state, "summary")["output"]["line"]
     assert "measure=failed" in line and "total=skipped" in line
+    # the epilogue's declared input from `total` is absent: total did not pass
+    assert line.endswith(" sum=-")
 
+
+#: pack -> host variables whose documented use makes the run fail on purpose
+FAILURE_ENV = {"daily": ("DAILY_FAIL_ON",)}
+#: packs whose header is a sequence of commands on one state dir
+TOURS = ("daily",)
 
 # pack -> (the -p arguments that select the documented failure, its check)
 FAILURE_MODES: dict[str, tuple[list[str], Callable[[Path], None]]] = {
@@ -96,6 +103,8 @@ def test_example_pack_passes_with_defaults(manifest: Path, tmp_path: Path) -> No
     assert "run passed" in proc.stderr
     statuses = {name: r["status"] for name, r in rows(state).items()}
     assert set(statuses.values()) == {"passed"}, statuses
+    if manifest.parent.name == "fanout":  # the epilogue read `total` through its inputs
+        assert result(state, "summary")["output"]["line"].endswith(" sum=30")
 
 
 @pytest.mark.parametrize("pack", sorted(FAILURE_MODES))
@@ -152,8 +161,62 @@ def test_documented_command_runs(manifest: Path, command: str, tmp_path: Path) -
     state_at = words.index("--state") + 1
     words[state_at] = str(tmp_path / "state")
     proc = dispatch(words, env=env)
+    if "--resume" in words:
+        # a resume continues the run of the commands before it: the tour of
+        # examples/daily runs them in order (test_daily_tour)
+        assert manifest.parent.name in TOURS, command
+        return
     failure = FAILURE_MODES.get(manifest.parent.name)
     expected = 1 if failure and " ".join(failure[0]) in command else 0
+    if any(name in env for name in FAILURE_ENV.get(manifest.parent.name, ())):
+        expected = 1
     assert proc.returncode == expected, f"{command}: exit {proc.returncode}\n{proc.stderr}"
     if env.get("REPORT_SOURCE"):  # a declared host variable reaches the task
         assert result(tmp_path / "state", "gather")["output"]["source"] == env["REPORT_SOURCE"]
+
+
+def test_daily_tour(tmp_path: Path) -> None:
+    """examples/daily's header, in order, on one state dir: --follow, a failure
+    with its stderr in the report, a dry run, --resume --retry-failed after
+    fixing the cause, and --target completed by a later --resume."""
+    pack = "examples/daily/pack.toml"
+    state = str(tmp_path / "daily")
+    watched = dispatch([pack, "--state", state, "--follow"])
+    assert watched.returncode == 0, watched.stderr
+    assert "count[south.csv] south.csv: 2 rows" in watched.stderr.splitlines()
+    assert "total total: 9 rows" in watched.stderr.splitlines()
+
+    state = str(tmp_path / "broken")
+    broken = dispatch([pack, "--state", state], env={"DAILY_FAIL_ON": "south.csv"})
+    assert broken.returncode == 1
+    last = broken.stderr.strip().splitlines()[-1]
+    assert f"failed: count[south.csv] ({state}/logs/count/south%2Ecsv.log)" in last
+    record = json.loads((Path(state) / "results" / "count" / "south%2Ecsv.json").read_bytes())
+    assert record["log"] == "logs/count/south%2Ecsv.log"
+    assert record["stderr_tail"].endswith("giving up (unset DAILY_FAIL_ON to fix)")
+    report = dispatch(["report", state])
+    assert report.returncode == 0 and "expected 2 columns" in report.stdout
+    preview = dispatch([pack, "--state", state, "--resume", "--retry-failed", "-n", "--json"])
+    assert preview.returncode == 0, preview.stderr
+    actions = {
+        (r["task"], r.get("key")): r["action"] for r in map(json.loads, preview.stdout.splitlines())
+    }
+    assert actions == {
+        ("files", None): "keep",
+        ("count", "north.csv"): "keep",
+        ("count", "south.csv"): "run",
+        ("count", "west.csv"): "keep",
+        ("total", None): "run",
+        ("wrap_up", None): "run",
+    }
+    fixed = dispatch([pack, "--state", state, "--resume", "--retry-failed"])
+    assert fixed.returncode == 0, fixed.stderr
+    assert result(Path(state), "total")["output"] == {"total": 9}
+
+    state = str(tmp_path / "daily2")
+    only = dispatch([pack, "--state", state, "--target", "files"])
+    assert only.returncode == 0, only.stderr
+    assert not (Path(state) / "results" / "total.json").exists()
+    rest = dispatch([pack, "--state", state, "--resume"])
+    assert rest.returncode == 0, rest.stderr
+    assert result(Path(state), "total")["output"] == {"total": 9}

@@ -38,6 +38,8 @@ CORRECTIONS: dict[str, list[str]] = {}
 EXPECTED_EXIT = {
     # "a deterministic failure is recorded too": grep finds no TODO, exits 1
     "crucible-ledger run --dir .ledger --scope lint --record-exit 1 -- grep -c TODO main.c": 1,
+    # the daily loop's deliberate failure (fixed by the --retry-failed that follows)
+    "DAILY_FAIL_ON=south.csv crucible-dispatch examples/daily/pack.toml": 1,
 }
 
 

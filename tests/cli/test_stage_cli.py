@@ -275,7 +275,7 @@ def test_plan_and_state_problems(tmp_path: Path) -> None:
         == 2
     )
     for mutate, code, fragment in (
-        (lambda q: q.update(version=3), 1, "version 3 is not supported"),
+        (lambda q: q.update(version=4), 1, "version 4 is not supported"),
         (lambda q: q["tasks"][0].update(name=".."), 1, "is a path of its own"),
         (lambda q: q["tasks"][0].update(name="@x"), 1, "reserved for inputs/@values"),
     ):
@@ -415,3 +415,58 @@ def test_plan_problems_name_the_plan_file(tmp_path: Path) -> None:
     )
     assert r.returncode == 1
     assert r.stderr == "crucible-stage: error: <stdin>: task 'nope' is not in the plan\n"
+
+
+def _capture_base(tmp_path: Path) -> list[str]:
+    p = plan(task("a", emits={"x": "string"}), version=2)
+    state = _state(tmp_path, p)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "o.json").write_text('{"x": "0123456789"}')
+    return ["capture", "--state", str(state), "--task", "a", "--workspace", str(ws)]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--exit-code", "9" * 30], {}, "--exit-code"),
+        (["--exit-code", "0", "--emit-cap", "9" * 30], {}, "--emit-cap"),
+        (["--exit-code", "0"], {"CRUCIBLE_EMIT_CAP": "9" * 30}, "CRUCIBLE_EMIT_CAP"),
+        (["--exit-code", "0"], {"CRUCIBLE_EMIT_CAP": "-1"}, "CRUCIBLE_EMIT_CAP"),
+        (["--exit-code", "0", "--emit-cap", "-1"], {}, "--emit-cap"),
+        (["--exit-code", "0", "--emit-cap", "0"], {}, "--emit-cap"),
+    ],
+)
+def test_out_of_range_numbers_name_their_option(
+    tmp_path: Path, args: list[str], env: dict[str, str], named: str
+) -> None:
+    """Issue 12 item 28: these said ``$: integer … is outside ±(2^53−1)``; and
+    the emit cap has one rule and one message with dispatch (at least 1 byte)."""
+    base = _capture_base(tmp_path)
+    r = _run(*base, *args, "--output", str(tmp_path / "ws" / "o.json"), env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"crucible-stage: error: {named}: ") and r.stderr.count("\n") == 1
+    assert "$:" not in r.stderr
+    if "cap" in named.lower():
+        assert "the emit cap must be an integer from 1 to" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero-link", "outside-link"])
+def test_capture_output_that_is_not_a_regular_file_fails_without_hanging(
+    tmp_path: Path, kind: str
+) -> None:
+    base = _capture_base(tmp_path)
+    out = tmp_path / "ws" / "result"
+    if kind == "fifo":
+        os.mkfifo(out)
+        fragment = "is a FIFO"
+    elif kind == "devzero-link":
+        os.mkfifo(tmp_path / "zero")  # stands in for /dev/zero: never read it
+        out.symlink_to(tmp_path / "zero")
+        fragment = "outside the workspace"
+    else:
+        (tmp_path / "secret.json").write_text('{"x": "s"}')
+        out.symlink_to(tmp_path / "secret.json")
+        fragment = "outside the workspace"
+    r = _run(*base, "--exit-code", "0", "--output", str(out))  # timeout=60 in _run
+    assert r.returncode == 1 and fragment in r.stderr and r.stderr.count("\n") == 1

@@ -99,15 +99,15 @@ def test_edition_1_warns_suggesting_edition_3(write_pack: WritePack) -> None:
     assert compile_path(write_pack(manifest(3))).warnings == []
 
 
-@pytest.mark.parametrize("edition", ["0", "4", '"3"', "true", "3.0"])
+@pytest.mark.parametrize("edition", ["0", "5", '"3"', "true", "3.0"])
 def test_unsupported_edition_names_supported(write_pack: WritePack, edition: str) -> None:
     path = write_pack(f"edition = {edition}\n" + TASKS)
     with pytest.raises(UnsupportedVersion) as info:
         compile_path(path)
-    assert "1, 2, 3" in str(info.value)
+    assert "1, 2, 3, 4" in str(info.value)
     assert str(info.value).startswith(f"{path}:1:1: ")
     assert info.value.exit_code == 1
-    assert SUPPORTED_EDITIONS == (1, 2, 3)
+    assert SUPPORTED_EDITIONS == (1, 2, 3, 4)
 
 
 def test_plan_round_trip_and_load_any(write_pack: WritePack, tmp_path: Path) -> None:
@@ -139,10 +139,10 @@ def _plan_file(tmp_path: Path, plan: dict) -> Path:  # type: ignore[type-arg]
 
 def test_plan_unsupported_version_names_supported(write_pack: WritePack, tmp_path: Path) -> None:
     plan = compile_path(write_pack(manifest(3))).plan
-    plan["version"] = 3
+    plan["version"] = 4
     with pytest.raises(UnsupportedVersion) as info:
         load_plan_path(_plan_file(tmp_path, plan))
-    assert "supports versions 1, 2" in str(info.value)
+    assert "supports versions 1, 2, 3" in str(info.value)
     assert "$.version" in str(info.value)
 
 
@@ -268,3 +268,16 @@ def test_refused_edition_is_shown_as_written(tmp_path: Path, value: str, shown: 
     with pytest.raises(UnsupportedVersion) as info:
         compile_path(path)
     assert info.value.message.startswith(f"unsupported edition {shown}; ")
+
+
+def test_edition_4_compiles_to_version_3_and_round_trips(
+    write_pack: WritePack, tmp_path: Path
+) -> None:
+    """Edition 4 is the gate for the control-flow, fan-out, cache and loop keys: its
+    plans say version 3, which an engine that knows only 1 and 2 refuses whole."""
+    plan = compile_path(write_pack(manifest(4))).plan
+    assert (plan["version"], plan["edition"]) == (3, 4)
+    assert load_plan_path(_plan_file(tmp_path, plan)).plan == plan
+    plan["version"] = 2
+    with pytest.raises(ValidationFailed):
+        load_plan_path(_plan_file(tmp_path, plan))

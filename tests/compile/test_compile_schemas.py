@@ -25,10 +25,10 @@ def schema(name: str) -> dict[str, Any]:
 
 def test_schema_keys_match_the_code() -> None:
     manifest = schema("manifest.json")
-    for edition in (1, 2, 3):
+    for edition in (1, 2, 3, 4):
         props = set(manifest["$defs"][f"task{edition}"]["properties"])
         assert props == known_task_keys(edition)
-    for version, editions in ((1, (1, 2)), (2, (3,))):
+    for version, editions in ((1, (1, 2)), (2, (3,)), (3, (4,))):
         plan = schema(f"plan-v{version}.json")
         assert plan["properties"]["version"] == {"const": version}
         for edition in editions:
@@ -59,7 +59,7 @@ def test_every_pack_matches_the_schemas(validator: Any, path: Path) -> None:
             "workflow": {"name": "w", "task": [{"name": "a", "run": "x", "inputs": {}}]},
         },
         {"workflow": {"name": "w", "task": [{"name": "a", "run": "x", "env": []}]}},
-        {"edition": 4, "workflow": {"name": "w", "task": [{"name": "a", "run": "x"}]}},
+        {"edition": 5, "workflow": {"name": "w", "task": [{"name": "a", "run": "x"}]}},
         {"workflow": {"name": "w", "task": [{"name": "../a", "run": "x"}]}},
         {"workflow": {"name": "w", "task": [{"name": "params", "run": "x"}]}},
         {"workflow": {"name": "w", "task": [{"name": "a", "kind": "agent", "run": "x"}]}},

@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,22 +90,28 @@ def test_fifo_with_a_reader_gets_every_byte(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     got: list[bytes] = []
-    # a reader that is there before the writer (a read end held open), and one
-    # that reads everything (its blocking open returns once the writer opens)
-    hold = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    os.set_blocking(fd, True)
+
+    data = os.urandom(300_000)  # more than a pipe holds: the writer must block, then finish
 
     def read() -> None:
-        with open(fifo, "rb") as f:
-            got.append(f.read())
+        # A read before any writer opened the FIFO sees EOF: keep reading until
+        # every byte came (the descriptor stays open, so a reader always exists).
+        chunks: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while sum(map(len, chunks)) < len(data) and time.monotonic() < deadline:
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                time.sleep(0.001)
+            chunks.append(chunk)
+        got.append(b"".join(chunks))
 
     reader = threading.Thread(target=read)
     reader.start()
-    try:
-        data = os.urandom(300_000)  # more than a pipe holds: the writer blocks, then ends
-        write_output(str(fifo), data, if_changed=True)
-        reader.join(10)
-    finally:
-        os.close(hold)
+    write_output(str(fifo), data, if_changed=True)
+    reader.join(10)
+    os.close(fd)
     assert got == [data] and stat.S_ISFIFO(fifo.lstat().st_mode)
 
 

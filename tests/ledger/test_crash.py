@@ -4,6 +4,7 @@ appenders, compaction racing appenders."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import random
 import signal
@@ -111,10 +112,11 @@ def test_four_processes_times_1000_appends_lose_and_interleave_nothing(
     reads = 0
     while any(p.poll() is None for p in procs):
         with Ledger(ledger_dir, readonly=True, warn=lambda _m: None) as reader:
-            assert reader.report.scan.bad_lines == 0
-            for (scope, step), _pos in list(reader.report.scan.index.items())[-50:]:
-                hit = reader.lookup(scope, step)
-                assert hit is not None and hit.value["pad"] == step[0] * 300
+            assert reader.report.summary.bad_lines == 0
+            for payload in reader.records()[-50:]:
+                record = json.loads(payload)
+                hit = reader.lookup(record["scope"], record["step"])
+                assert hit is not None and hit.value["pad"] == record["step"][0] * 300
         reads += 1
     acked: set[str] = set()
     for proc in procs:

@@ -105,7 +105,7 @@ def test_latest_record_of_an_identity_wins(ledger_dir: Path) -> None:
         ledger.record("s", "x", Outcome.ok(1))
         ledger.record("s", "x", Outcome.ok(2))
     with Ledger(ledger_dir) as ledger:
-        assert ledger.report.scan.duplicates == 1
+        assert ledger.report.summary.duplicates == 1
         hit = ledger.lookup("s", "x")
         assert hit is not None and hit.value == 2
 
@@ -199,7 +199,7 @@ def test_readonly_open_never_quarantines(ledger_dir: Path, warnings: Warnings) -
 def test_torn_tail_alone_is_not_quarantined(ledger_dir: Path, warnings: Warnings) -> None:
     (ledger_dir / "steps.jsonl").write_bytes(encode_line(make_record("s", "x", "ok", 1))[:30])
     with Ledger(ledger_dir, warn=warnings) as ledger:
-        assert ledger.report.quarantined is None and ledger.report.scan.torn_tail
+        assert ledger.report.quarantined is None and ledger.report.summary.torn_tail
     assert "torn tail" in warnings[0]
 
 

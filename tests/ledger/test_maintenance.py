@@ -48,7 +48,7 @@ def test_verify_checks_the_frame_strictly(ledger_dir: Path) -> None:
         report = verify(ledger_dir)
         assert report["bad_lines"] == 1 and report["damaged"]
         with Ledger(ledger_dir, readonly=True, warn=lambda _m: None) as ledger:
-            assert ledger.report.scan.bad_lines == 1 and len(ledger) == 1
+            assert ledger.report.summary.bad_lines == 1 and len(ledger) == 1
 
 
 def test_verify_cannot_read_is_operational(ledger_dir: Path) -> None:

@@ -126,7 +126,11 @@ run = 'sleep 60 & echo $! > gc.pid; sh -c "sleep 60" & echo $! >> gc.pid; wait'
     assert time.monotonic() - t < 10
     assert outcome.exit_code == 1  # type: ignore[attr-defined]
     rec = result(state, "hang")
-    assert rec is not None and rec["status"] == "failed" and rec["note"] == "timed out after 0.5 s"
+    assert (
+        rec is not None
+        and rec["status"] == "failed"
+        and rec["note"] == "killed by SIGTERM after timeout 0.5s"
+    )
     pids = [int(p) for p in (state / "work" / "hang" / "gc.pid").read_text().split()]
     assert len(pids) == 2
     for pid in pids:
@@ -414,7 +418,7 @@ def test_bad_input_is_refused_before_anything_runs(pack: Pack, tmp_path: Path) -
     )
     with pytest.raises(InputRefused, match="required"):
         run(plan, tmp_path / "s1")
-    with pytest.raises(InputRefused, match="must be a integer"):
+    with pytest.raises(InputRefused, match="must be an integer, not a boolean"):
         run(plan, tmp_path / "s2", params=("n=true",))
     with pytest.raises(UsageError, match="no such plan"):
         run(tmp_path / "missing.toml", tmp_path / "s3")

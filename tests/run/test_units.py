@@ -256,11 +256,11 @@ def test_params_resolution() -> None:
         params.resolve_params(plan, {}, ())
     with pytest.raises(InputRefused, match="unknown param 'nope'"):
         params.resolve_params(plan, {}, ("nope=1", "n=1"))
-    with pytest.raises(InputRefused, match="must be a JSON integer"):
+    with pytest.raises(InputRefused, match="must be an integer, not a string"):
         params.resolve_params(plan, {"n": "x"}, ())
     with pytest.raises(InputRefused, match="not JSON"):
         params.resolve_params(plan, {}, ("n=abc",))
-    with pytest.raises(InputRefused, match="must be a integer"):
+    with pytest.raises(InputRefused, match="must be an integer, not a boolean"):
         params.resolve_params(plan, {}, ("n=true",))
     with pytest.raises(UsageError):
         params.resolve_params(plan, {}, ("novalue",))

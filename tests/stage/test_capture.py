@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.core import canon
+from crucible.core import canon, digest
 from crucible.core.errors import InputRefused
 from crucible.stage import capture, load_result
 from tests.stage.stageplans import plan, settle, task
@@ -233,7 +233,9 @@ def test_a_root_glob_does_not_capture_staged_inputs(state: Path) -> None:
     paths = {f["path"] for f in rec["files"]}
     assert "inputs/x/staged" not in paths and {"mine/a", "b"} <= paths
     p2 = plan(task("p", emits_files=["inputs/x/staged"]))
-    assert settle(p2, state, "p", None)["files"] == [{"path": "inputs/x/staged", "size": 1}]
+    assert settle(p2, state, "p", None)["files"] == [
+        {"path": "inputs/x/staged", "size": 1, "digest": digest.of_bytes(b"s")}
+    ]
 
 
 def test_capture_refuses_a_key_the_map_does_not_have(state: Path, ws: Path) -> None:

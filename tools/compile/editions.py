@@ -12,6 +12,7 @@ from crucible.core.errors import Location, UnsupportedVersion
 
 __all__ = [
     "DEFAULT_EDITION",
+    "EDITION_CONTROL",
     "LATEST_EDITION",
     "PLAN_TASK_KEYS",
     "RESERVED_INPUTS",
@@ -20,14 +21,17 @@ __all__ = [
     "TYPES",
     "check_edition",
     "check_version",
+    "edition_for_version",
     "ir_version_for",
     "known_task_keys",
     "task_key_since",
+    "top_key_since",
+    "workflow_key_since",
 ]
 
-SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3)
+SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3, 4)
 DEFAULT_EDITION = 1
-LATEST_EDITION = 3
+LATEST_EDITION = 4
 
 #: value types of emits fields and params
 TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")
@@ -52,17 +56,43 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "inputs": 3,
 }
 
+#: The edition that brings control flow, fan-out sources, run results, the task
+#: cache and the scored loop (issues 15-18). Every new key enters here, never as an
+#: optional key of an older edition: ADR-0058 makes the version the gate, so an
+#: engine that does not know a key refuses the whole plan by its version instead of
+#: running it with the key dropped. Edition 4 compiles to IR v3.
+EDITION_CONTROL = 4
+
+# Workflow-table keys (``[workflow.X]``) and top-level keys by the edition that
+# introduced them; the original ones are edition 1.
+_WORKFLOW_KEYS_SINCE: dict[str, int] = {
+    "name": 1,
+    "description": 1,
+    "params": 1,
+    "source": 1,
+    "task": 1,
+}
+_TOP_KEYS_SINCE: dict[str, int] = {"edition": 1, "workflow": 1}
+
 #: keys of a plan task per IR version (the v2 additions are omitted when empty)
 PLAN_TASK_KEYS: dict[int, frozenset[str]] = {
-    1: frozenset(_TASK_KEYS_SINCE) - {"inputs"},
-    2: frozenset(_TASK_KEYS_SINCE),
+    1: frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= 2),
+    2: frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= 3),
+    3: frozenset(_TASK_KEYS_SINCE),
 }
 
 
 def ir_version_for(edition: int) -> int:
-    """The IR version an edition compiles to: editions 1–2 → v1, edition 3 → v2."""
+    """The IR version an edition compiles to: editions 1–2 → v1, 3 → v2, 4 → v3."""
     check_edition(edition)
+    if edition >= EDITION_CONTROL:
+        return 3
     return 2 if edition >= 3 else 1
+
+
+def edition_for_version(version: int) -> tuple[int, ...]:
+    """The editions whose plans carry ``version``."""
+    return tuple(e for e in SUPPORTED_EDITIONS if ir_version_for(e) == version)
 
 
 def _shown(value: object) -> str:
@@ -103,3 +133,13 @@ def task_key_since(key: str) -> int | None:
 def known_task_keys(edition: int) -> frozenset[str]:
     """The task keys a manifest (or ``task()`` call) of ``edition`` may use."""
     return frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= edition)
+
+
+def workflow_key_since(key: str) -> int | None:
+    """The edition that introduced a ``[workflow]`` key, or None for an unknown key."""
+    return _WORKFLOW_KEYS_SINCE.get(key)
+
+
+def top_key_since(key: str) -> int | None:
+    """The edition that introduced a top-level manifest key, or None."""
+    return _TOP_KEYS_SINCE.get(key)

@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 #: plan IR versions this engine reads and runs (plan-ir.md)
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2)
+SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
 
 #: reserved keys of the v1 whole input object; at edition 3 they arrive as
 #: reserved inputs under their own names, undeclared (ADR-0058)

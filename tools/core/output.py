@@ -20,6 +20,7 @@ import os
 import stat
 from typing import BinaryIO
 
+from crucible.core import fdio
 from crucible.core.errors import OperationalError, UsageError
 from crucible.core.fdio import write_all
 
@@ -31,18 +32,13 @@ def write_stream(out: BinaryIO, data: bytes, *, name: str = "<stdout>") -> None:
     :class:`BrokenPipeError` (the edge ends quietly), any other failure is an
     :class:`OperationalError` naming ``name``."""
     try:
-        out.flush()
         try:
             fd = out.fileno()
         except (AttributeError, OSError, ValueError):
             fd = -1  # an in-memory stream (a test's BytesIO): no descriptor
-        if fd < 0:
-            written = out.write(data)
-            if written is not None and written != len(data):
-                raise OSError(errno.EIO, "short write")
-            out.flush()
-            return
-        write_all(fd, data)
+        if fd < 0 and out.write(data) not in (None, len(data)):
+            raise OSError(errno.EIO, "short write")
+        fdio.write_stream(out, b"" if fd < 0 else data)
     except BrokenPipeError:
         raise
     except OSError as exc:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import fcntl
 import os
 import stat
@@ -21,14 +22,28 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from crucible.core.atomic import fsync_dir
 from crucible.core.fdio import write_all
+from crucible.ledger._index import (
+    HEADER_SIZE,
+    Summary,
+    Table,
+    catch_up,
+    fingerprint,
+    grow,
+    identity_hash,
+    write_table,
+)
+from crucible.ledger._index import remove as remove_index
 
 __all__ = [
     "LEDGER_NAME",
     "LOCK_NAME",
     "Appender",
     "exclusive_lock",
+    "open_regular_file",
     "quarantine",
+    "read_all",
     "read_regular_file",
 ]
 
@@ -37,24 +52,66 @@ LOCK_NAME = "steps.lock"
 GENERATION_SIZE = 8
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+#: never follow a link planted at one of our names (a write through it would land
+#: outside the directory); never block on a FIFO planted there
+_NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def refused_link(path: Path, exc: OSError) -> OSError:
+    """``exc`` (ELOOP from ``O_NOFOLLOW``) said the way people read it."""
+    return OSError(exc.errno, "a symlink, and links are not followed", str(path))
+
+
+def open_lock(path: Path) -> int:
+    """The lock file's descriptor, created if missing; a symlink or anything but a
+    regular file at ``path`` is refused (OSError naming ``path``)."""
     try:
-        os.fsync(fd)
-    finally:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NO_LINK, 0o644)
+    except PermissionError as denied:
+        # an existing lock file in a read-only place can still be locked
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_LINK)
+        except FileNotFoundError:
+            # the cause is that it cannot be created: say so (EACCES), not ENOENT
+            raise OSError(denied.errno, denied.strerror, str(path)) from None
+        except OSError as exc:
+            raise _named(path, exc) from None
+    except OSError as exc:
+        raise _named(path, exc) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
+
+
+def _named(path: Path, exc: OSError) -> OSError:
+    if exc.errno == errno.ELOOP:
+        return refused_link(path, exc)
+    return OSError(exc.errno, exc.strerror, str(path))
+
+
+def describe(exc: OSError) -> str:
+    """``PATH: reason`` when the error names a file, else the reason."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 @contextlib.contextmanager
-def exclusive_lock(directory: Path) -> Iterator[int]:
-    """Hold ``flock(LOCK_EX)`` on ``<directory>/steps.lock`` (created if missing);
-    yields the lock file's descriptor."""
+def exclusive_lock(directory: Path, *, create: bool = True) -> Iterator[int]:
+    """Hold ``flock(LOCK_EX)`` on ``<directory>/steps.lock`` (created if missing,
+    unless ``create`` is false); yields the lock file's descriptor."""
     path = directory / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except PermissionError:
-        # an existing lock file in a read-only place can still be locked
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if create:
+        fd = open_lock(path)
+    else:
+        try:
+            fd = os.open(path, os.O_RDONLY | _NO_LINK)
+        except OSError as exc:
+            raise _named(path, exc) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -70,28 +127,53 @@ def bump_generation(lock_fd: int) -> None:
     os.pwrite(lock_fd, os.urandom(GENERATION_SIZE), 0)
 
 
+def open_regular_file(path: Path) -> int | None:
+    """A read-only descriptor of the regular file at ``path``, None if it does not
+    exist. Raises OSError if it cannot be opened, ValueError if it is not a
+    regular file (a symlink, a directory, a FIFO: opened non-blocking, never hangs)."""
+    try:
+        # O_NONBLOCK: a FIFO put in its place must not hang us; O_NOFOLLOW: a
+        # symlinked ledger is not ours to read (or, later, to write through)
+        fd = os.open(path, os.O_RDONLY | _NO_LINK)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symlink, and links are not followed") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_all(fd: int) -> bytes:
+    """Every byte of the regular file open at ``fd``, from its start."""
+    chunks: list[bytes] = []
+    offset = 0
+    remaining = os.fstat(fd).st_size
+    while True:
+        block = os.pread(fd, max(remaining, 1 << 16), offset)
+        if not block:
+            break
+        chunks.append(block)
+        offset += len(block)
+        remaining -= len(block)
+    return b"".join(chunks)
+
+
 def read_regular_file(path: Path) -> tuple[int, bytes] | None:
     """``(fd, bytes)`` of the regular file at ``path`` (the fd stays open for
     later ``pread``), None if it does not exist. Raises OSError if it cannot be
     read, ValueError if it is not a regular file."""
-    try:
-        # O_NONBLOCK: a FIFO put in its place must not hang us
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    fd = open_regular_file(path)
+    if fd is None:
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError("not a regular file")
-        chunks: list[bytes] = []
-        remaining = info.st_size
-        while True:
-            block = os.read(fd, max(remaining, 1 << 16))
-            if not block:
-                break
-            chunks.append(block)
-            remaining -= len(block)
-        return fd, b"".join(chunks)
+        return fd, read_all(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -112,7 +194,7 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
     judged unreadable; if ``path`` changed since, it is left alone (None)."""
     with exclusive_lock(path.parent) as lock_fd:
         try:
-            current = os.stat(path)
+            current = os.lstat(path)  # a symlink is renamed aside, its target untouched
         except FileNotFoundError:
             return None
         if expected is not None and (current.st_dev, current.st_ino) != (
@@ -122,6 +204,7 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
             return None
         target = quarantine_name(path)
         bump_generation(lock_fd)
+        remove_index(path.parent)  # it indexed the file going aside
         os.rename(path, target)
         fsync_dir(path.parent)
         return target
@@ -160,23 +243,24 @@ class Appender:
         #: (inode, size) right after our last append: the tail is known to be "\\n"
         self._clean_end: tuple[int, int] | None = None
         self._thread_lock = threading.Lock()  # flock does not order our own threads
+        self._table: Table | None = None
+        self._dev = 0
 
     def close(self) -> None:
         for fd in (self._fd, self._lock_fd):
             if fd is not None:
                 os.close(fd)
         self._fd = self._lock_fd = None
+        if self._table is not None:
+            self._table.close()
+            self._table = None
 
     def _lock(self) -> int:
         if self._forked:  # in a forked child: never share the parent's descriptors
             self.close()
             self._forked = False
         if self._lock_fd is None:
-            path = self.directory / LOCK_NAME
-            try:
-                self._lock_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except PermissionError:
-                self._lock_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self._lock_fd = open_lock(self.directory / LOCK_NAME)
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self._lock_fd
 
@@ -192,20 +276,26 @@ class Appender:
             os.close(self._fd)  # replaced by a compaction or quarantine: follow the path
             self._fd = None
         created = not os.path.lexists(self.path)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | _NO_LINK, 0o644)
+        except OSError as exc:
+            raise _named(self.path, exc) from None
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
-            raise OSError(f"{self.path} is not a regular file")
+            raise OSError(errno.EINVAL, "not a regular file", str(self.path))
+        os.set_blocking(fd, True)
         if created:
             fsync_dir(self.directory)
+        self._dev = info.st_dev
         self._fd = fd
         self._generation = generation
         return fd, info.st_ino, info.st_size
 
-    def append(self, line: bytes) -> None:
+    def append(self, line: bytes, identity: tuple[str, str] | None = None) -> None:
         """Append ``line`` (``\\n``-terminated) durably; raises OSError on failure,
-        after truncating away any partial write."""
+        after truncating away any partial write. With ``identity`` (the record's),
+        the index gets its slot under the same lock."""
         with self._thread_lock:
             lock_fd = self._lock()
             try:
@@ -221,5 +311,52 @@ class Appender:
                     with contextlib.suppress(OSError):
                         os.ftruncate(fd, size)  # leave no partial line behind
                     raise
+                if identity is not None:
+                    # the record is durable; its index entry is a cache: a failure
+                    # here leaves the index behind, and the next reader catches up
+                    with contextlib.suppress(OSError):
+                        self._index(fd, inode, size, line, identity)
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _index(
+        self, fd: int, inode: int, size: int, line: bytes, identity: tuple[str, str]
+    ) -> None:
+        """Give the record just written at ``size`` its slot in ``steps.idx``
+        (under the lock). An index that is missing or stale is left for the next
+        opener to rebuild: appends stay on the fsync-bound fast path."""
+        table = self._table
+        if table is None or table.replaced():
+            if table is not None:
+                table.close()
+            table = self._table = Table.open(self.directory, write=True)
+            if table is None and size == 0:
+                # a new ledger gets its (empty) index with its first record
+                generation = self._generation.ljust(8, b"\0")
+                write_table(self.directory, Summary(self._dev, inode, generation), {})
+                table = self._table = Table.open(self.directory, write=True)
+            if table is None:
+                return
+        summary = Summary.unpack(os.pread(table.fd, HEADER_SIZE, 0))
+        if summary is None:
+            return
+        table.summary = summary
+        if (summary.dev, summary.ino, summary.generation) != (
+            self._dev,
+            inode,
+            self._generation.ljust(8, b"\0"),
+        ):
+            return
+        end = size + len(line)
+        if summary.covered == size and not summary.tail_len and line[:1] != b"\n":
+            summary.records += 1
+            summary.newlines += 1
+            summary.covered = end
+            summary.fingerprint = fingerprint(fd, end)
+            h = identity_hash(*identity)
+            if table.insert(h, size):
+                table.write_summary()
+            else:
+                grow(table, {h: size})
+        elif table.matches(fd, os.fstat(fd), summary.generation) == "behind":
+            catch_up(table, fd, end)

@@ -14,7 +14,11 @@ PROG = "crucible-ledger"
 _RUN_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
 
 dir_option = click.option(
-    "--dir", "directory", required=True, metavar="DIR", help="Ledger directory (must exist)."
+    "--dir",
+    "directory",
+    required=True,
+    metavar="DIR",
+    help="Ledger directory (created when a step is recorded).",
 )
 scope_option = click.option("--scope", required=True, help="Scope of the step identity.")
 key_option = click.option(

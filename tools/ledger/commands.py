@@ -4,17 +4,20 @@ code and writes data to the streams it is given."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from crucible.core import canon
 from crucible.core.errors import OperationalError, UsageError
+from crucible.core.fdio import write_stream
 from crucible.ledger.identity import command_key, content_step, parse_key_specs, read_key_files
 from crucible.ledger.ledger import Ledger, Outcome, Reply, Warn, stderr_warn
 from crucible.ledger.maintenance import compact, verify
 from crucible.ledger.runner import (
     CannotStart,
+    CommandResult,
     command_outcome,
     decode_streams,
     run_command,
@@ -23,6 +26,7 @@ from crucible.ledger.runner import (
 __all__ = [
     "KeySpec",
     "RunOptions",
+    "created_dir",
     "do_compact",
     "do_get",
     "do_ls",
@@ -37,13 +41,23 @@ PROG = "crucible-ledger"
 
 
 def existing_dir(directory: str) -> Path:
-    """``--dir`` must name an existing directory (our choice: a typo must not start
-    a fresh, empty ledger somewhere else). Exit 2 otherwise."""
+    """``--dir`` for reading: a missing directory is an empty ledger (nothing is
+    created); something that is not a directory is a usage error (exit 2)."""
     path = Path(directory)
-    if not path.exists():
-        raise UsageError(f"--dir {directory}: no such directory (create it first: mkdir -p)")
-    if not path.is_dir():
+    if os.path.lexists(path) and not path.is_dir():
         raise UsageError(f"--dir {directory}: not a directory")
+    return path
+
+
+def created_dir(directory: str) -> Path | str:
+    """``--dir`` for writing, created with its parents when missing (as ccache
+    does); the reason as a string when it cannot be had."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = "not a directory" if isinstance(exc, FileExistsError) else exc.strerror
+        return f"cannot create the ledger directory {directory} ({reason or exc})"
     return path
 
 
@@ -99,7 +113,6 @@ def do_run(
 ) -> int:
     """Replay a recorded command, or run it (live output) and record it if settled.
     Returns the command's status (or the replayed one)."""
-    directory = existing_dir(options.directory)
     scope = _scope(options.scope)
     for code in options.record_exits:
         if not 1 <= code <= 255:
@@ -107,6 +120,11 @@ def do_run(
     if not options.argv:
         raise UsageError("no command given: crucible-ledger run ... -- CMD ARGS")
     step, key = resolve_step(KeySpec(None, options.keys, options.key_files, options.argv))
+    directory = created_dir(options.directory)
+    if isinstance(directory, str):
+        # ADR 0025: a ledger that cannot be had degrades to "execute the work"
+        warn(f"{directory}; running {options.argv[0]} unrecorded")
+        return _execute(options, stdout=stdout, stderr=stderr)[0].shell_status
     with Ledger(directory, warn=warn) as ledger:
         hit = ledger.lookup(scope, step)
         replay = _replayable(hit, options.record_exits, stderr=stderr, warn=warn)
@@ -120,13 +138,7 @@ def do_run(
             )
             stderr.flush()
             return code
-        try:
-            result = run_command(options.argv, stdout=stdout, stderr=stderr)
-        except CannotStart as exc:
-            if exc.usage:
-                raise UsageError(str(exc)) from None
-            raise OperationalError(str(exc)) from None
-        outcome = command_outcome(result, set(options.record_exits))
+        result, outcome = _execute(options, stdout=stdout, stderr=stderr, check_output=False)
         if outcome.settled:
             ledger.record(scope, step, outcome, key=key)
         elif result.overflow:
@@ -135,7 +147,30 @@ def do_run(
             warn(f"interrupted by signal {result.interrupted_by}; not recorded")
         elif result.signal is not None:
             warn(f"{options.argv[0]} was killed by signal {result.signal}; not recorded")
-        return result.shell_status
+    _check_output(result)
+    return result.shell_status
+
+
+def _execute(
+    options: RunOptions, *, stdout: IO[bytes], stderr: IO[bytes], check_output: bool = True
+) -> tuple[CommandResult, Outcome]:
+    try:
+        result = run_command(options.argv, stdout=stdout, stderr=stderr)
+    except CannotStart as exc:
+        if exc.usage:
+            raise UsageError(str(exc)) from None
+        raise OperationalError(str(exc)) from None
+    if check_output:
+        _check_output(result)
+    return result, command_outcome(result, set(options.record_exits))
+
+
+def _check_output(result: CommandResult) -> None:
+    """Exit 3 when the live copy of the output failed (a full disk under ``> f``):
+    exit 0 over a truncated file would be a lie. The result, a fact, stays
+    recorded; what failed is our copy of it. Our own interruption wins."""
+    if result.output_error is not None and result.interrupted_by is None:
+        raise OperationalError(result.output_error)
 
 
 def _replayable(
@@ -159,9 +194,8 @@ def _replayable(
 
 
 def _write(stream: IO[bytes], data: bytes) -> None:
-    if data:
-        stream.write(data)
-    stream.flush()
+    """All of ``data`` or OSError (exit 3): never a silently short write."""
+    write_stream(stream, data)
 
 
 def do_get(
@@ -176,7 +210,7 @@ def do_get(
     if hit is None:
         stderr.write(f"{PROG}: no record of step {step} in scope {scope}\n".encode())
         return 1
-    stdout.write(canon.dumps(hit.to_json()) + b"\n")
+    _write(stdout, canon.dumps(hit.to_json()) + b"\n")
     return 0
 
 
@@ -184,7 +218,7 @@ def do_put(
     directory: str, scope: str, spec: KeySpec, failed: bool, *, stdin: IO[bytes], stdout: IO[bytes]
 ) -> int:
     """Record the JSON value read from stdin as a settled fact."""
-    path = existing_dir(directory)
+    existing_dir(directory)  # a file in its place is a usage error, as for the readers
     scope = _scope(scope)
     step, key = resolve_step(spec)
     raw = stdin.read()
@@ -192,6 +226,10 @@ def do_put(
         value = canon.loads(raw)
     except canon.CanonError as exc:
         raise canon.CanonError(exc.message, where="<stdin>") from None
+    created = created_dir(directory)
+    if isinstance(created, str):
+        raise OperationalError(f"{created}; nothing recorded")
+    path = created
     problems: list[str] = []
     with Ledger(path, warn=problems.append) as ledger:
         outcome = Outcome.failed(value) if failed else Outcome.ok(value)
@@ -200,7 +238,7 @@ def do_put(
         stderr_warn(problem)
     if not recorded:
         raise OperationalError(problems[-1] if problems else "not recorded")
-    stdout.write(canon.dumps({"scope": scope, "step": step}) + b"\n")
+    _write(stdout, canon.dumps({"scope": scope, "step": step}) + b"\n")
     return 0
 
 
@@ -210,14 +248,21 @@ def do_ls(directory: str, scope: str | None, *, stdout: IO[bytes]) -> int:
     if scope is not None:
         scope = _scope(scope)  # as get/put/run: an empty scope is a usage error
     with Ledger(path, readonly=True) as ledger:
+        batch: list[bytes] = []
+        size = 0
         for payload in ledger.records(scope):
-            stdout.write(payload + b"\n")
+            batch.append(payload + b"\n")
+            size += len(payload) + 1
+            if size >= 1 << 20:  # one write per MiB, not per record
+                _write(stdout, b"".join(batch))
+                batch, size = [], 0
+        _write(stdout, b"".join(batch))
     return 0
 
 
 def do_verify(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
     report = verify(existing_dir(directory))
-    stdout.write(canon.dumps(report) + b"\n")
+    _write(stdout, canon.dumps(report) + b"\n")
     summary = (
         f"{report['path']}: {report['records']} records, {report['identities']} identities, "
         f"{report['duplicates']} duplicates, {report['bad_lines']} bad lines"
@@ -231,7 +276,7 @@ def do_verify(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
 
 def do_compact(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
     report = compact(existing_dir(directory))
-    stdout.write(canon.dumps(report.to_json()) + b"\n")
+    _write(stdout, canon.dumps(report.to_json()) + b"\n")
     message = (
         f"{PROG}: compacted {report.path}: kept {report.kept} of {report.records_before} "
         f"records, dropped {report.dropped_duplicates} duplicates"

@@ -16,12 +16,30 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.ledger._files import LEDGER_NAME, Appender, quarantine, read_regular_file
+from crucible.ledger._files import (
+    GENERATION_SIZE,
+    LEDGER_NAME,
+    Appender,
+    describe,
+    exclusive_lock,
+    open_regular_file,
+    quarantine,
+    read_all,
+)
+from crucible.ledger._index import (
+    Summary,
+    Table,
+    build,
+    catch_up,
+    generation_of,
+    identity_hash,
+    summary_of,
+)
 from crucible.ledger._record import decode_line, encode_line, make_record, read_line_at
 from crucible.ledger._scan import Scan, scan
 
@@ -87,12 +105,24 @@ class Reply:
 
 @dataclass
 class OpenReport:
-    """What opening found: the scan figures and whether the file was quarantined."""
+    """What opening found: the ledger's figures (from its index, or from a scan
+    when the index had to be rebuilt or could not be used) and whether the file
+    was quarantined."""
 
     path: Path
-    scan: Scan
+    summary: Summary = field(default_factory=Summary)
     quarantined: Path | None = None
     unreadable: str | None = None
+    #: how the lookups are served: "index" (steps.idx as it was), "rebuilt",
+    #: "caught-up" (steps.idx extended), "memory" (no usable index), "empty"
+    source: str = "empty"
+
+
+def _garbage(result: Scan) -> str:
+    return (
+        f"no line is a ledger record ({result.bad_lines} bad lines, first at line "
+        f"{result.bad_line_numbers[0]})"
+    )
 
 
 def _check_identity(scope: object, step: object) -> None:
@@ -122,6 +152,9 @@ class Ledger:
         self._warn = warn if warn is not None else stderr_warn
         self._memo: dict[tuple[str, str], Reply] = {}
         self._read_fd: int | None = None
+        self._table: Table | None = None
+        #: identities the table does not cover (or all of them, without a table)
+        self._overlay: dict[tuple[str, str], int] = {}
         self._appender = Appender(self.directory)
         self.report = self._open()
 
@@ -132,41 +165,98 @@ class Ledger:
                 self.directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 self._warn(f"cannot create ledger directory {self.directory}: {exc.strerror}")
+        report = OpenReport(self.path)
         reason: str | None = None
         seen: os.stat_result | None = None
         try:
             # what we judge, so a quarantine renames this file and no later one
-            seen = os.stat(self.path) if os.path.lexists(self.path) else None
-            found = read_regular_file(self.path)
+            seen = os.lstat(self.path) if os.path.lexists(self.path) else None
+            fd = open_regular_file(self.path)
         except ValueError as exc:
-            reason, found = str(exc), None
+            reason, fd = str(exc), None
         except OSError as exc:
-            reason, found = exc.strerror or str(exc), None
-        result = Scan()
-        if found is not None:
-            fd, data = found
-            result = scan(data)
-            if result.garbage:
-                os.close(fd)
-                reason = (
-                    f"no line is a ledger record ({result.bad_lines} bad lines, first at line "
-                    f"{result.bad_line_numbers[0]})"
-                )
-                result = Scan()
-            else:
-                self._read_fd = fd
-        report = OpenReport(self.path, result, unreadable=reason)
+            reason, fd = exc.strerror or str(exc), None
+        if fd is not None:
+            self._read_fd = fd
+            try:
+                reason = self._index(fd, report)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+            if reason is not None:
+                self.close_reader()
+                report.summary = Summary()
         if reason is not None:
+            report.unreadable = reason
             report.quarantined = self._quarantine(reason, seen)
-        elif result.bad_lines or result.torn_tail:
+            return report
+        summary = report.summary
+        if summary.bad_lines or summary.torn_tail:
             parts: list[str] = []
-            if result.bad_lines:
-                numbers = ", ".join(map(str, result.bad_line_numbers[:5]))
-                parts.append(f"{result.bad_lines} bad line(s) (line {numbers}...)")
-            if result.torn_tail:
+            if summary.bad_lines:
+                parts.append(
+                    f"{summary.bad_lines} bad line(s) (first at line {summary.first_bad_line})"
+                )
+            if summary.torn_tail:
                 parts.append("a torn tail")
             self._warn(f"{self.path}: skipped {' and '.join(parts)}")
         return report
+
+    def _index(self, fd: int, report: OpenReport) -> str | None:
+        """Serve lookups from ``steps.idx`` when it matches the file; else bring it
+        up to date under the lock, or (no lock, no write) index in memory. Returns
+        why the file is unreadable (garbage), or None."""
+        info = os.fstat(fd)
+        table = Table.open(self.directory)
+        if table is not None and table.matches(fd, info, generation_of(self.directory)) == "fresh":
+            self._table, report.summary, report.source = table, table.summary, "index"
+            return None
+        if table is not None:
+            table.close()
+        try:
+            with exclusive_lock(self.directory, create=not self.readonly) as lock_fd:
+                return self._reindex(fd, lock_fd, report)
+        except OSError:
+            pass  # a read-only place, a planted lock: index in memory, as before
+        return self._index_in_memory(fd, report)
+
+    def _reindex(self, fd: int, lock_fd: int, report: OpenReport) -> str | None:
+        info = os.fstat(fd)  # appends may have landed before we got the lock
+        generation = os.pread(lock_fd, GENERATION_SIZE, 0).ljust(GENERATION_SIZE, b"\0")
+        table = Table.open(self.directory, write=True)
+        state = "stale" if table is None else table.matches(fd, info, generation)
+        if table is not None and state == "behind":
+            catch_up(table, fd, info.st_size)
+            report.source = "caught-up"
+            if table.replaced():  # grown into a new file
+                table.close()
+                table = Table.open(self.directory)
+        elif state == "stale":
+            if table is not None:
+                table.close()
+            data = read_all(fd)
+            result = scan(data)
+            if result.garbage:
+                return _garbage(result)
+            build(self.directory, data, result, info, generation)
+            table = Table.open(self.directory)
+            report.source = "rebuilt"
+        else:
+            report.source = "index"
+        if table is None:  # pragma: no cover - just written
+            raise OSError("index not written")
+        self._table, report.summary = table, table.summary
+        return None
+
+    def _index_in_memory(self, fd: int, report: OpenReport) -> str | None:
+        data = read_all(fd)
+        result = scan(data)
+        if result.garbage:
+            return _garbage(result)
+        self._overlay = result.index
+        report.summary = summary_of(result, data, os.fstat(fd), b"")
+        report.summary.identities = len(result.index)
+        report.source = "memory"
+        return None
 
     def _quarantine(self, reason: str, seen: os.stat_result | None) -> Path | None:
         if self.readonly:
@@ -177,7 +267,7 @@ class Ledger:
         except OSError as exc:
             self._warn(
                 f"{self.path} is unreadable ({reason}) and could not be quarantined "
-                f"({exc.strerror or exc}); continuing without it"
+                f"({describe(exc)}); continuing without it"
             )
             return None
         if target is not None:
@@ -187,10 +277,17 @@ class Ledger:
             )
         return target
 
-    def close(self) -> None:
+    def close_reader(self) -> None:
         if self._read_fd is not None:
             os.close(self._read_fd)
             self._read_fd = None
+        if self._table is not None:
+            self._table.close()
+            self._table = None
+        self._overlay = {}
+
+    def close(self) -> None:
+        self.close_reader()
         self._appender.close()
 
     def __enter__(self) -> Ledger:
@@ -201,10 +298,20 @@ class Ledger:
 
     # -- reading --------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self.report.scan.index)
+        """Identities in the ledger when opened."""
+        return self.report.summary.identities
+
+    def _position(self, identity: tuple[str, str]) -> int | None:
+        pos = self._overlay.get(identity)
+        if pos is None and self._table is not None:
+            try:
+                pos = self._table.lookup(identity_hash(*identity))
+            except OSError as exc:
+                self._warn(f"{self._table.path}: cannot read the index: {exc.strerror}")
+        return pos
 
     def _read_record(self, identity: tuple[str, str]) -> dict[str, Any] | None:
-        pos = self.report.scan.index.get(identity)
+        pos = self._position(identity)
         if pos is None or self._read_fd is None:
             return None
         try:
@@ -213,9 +320,11 @@ class Ledger:
             self._warn(f"{self.path}: cannot read the record at byte {pos}: {exc.strerror}")
             return None
         record, problem = decode_line(line)
-        if record is None or (record["scope"], record["step"]) != identity:
+        if record is None:
             self._warn(f"{self.path}: the record at byte {pos} is damaged ({problem}); ignoring it")
             return None
+        if (record["scope"], record["step"]) != identity:
+            return None  # two identities of one 64-bit hash: the earlier is a miss
         return record
 
     def lookup(self, scope: str, step: str) -> Reply | None:
@@ -243,12 +352,19 @@ class Ledger:
         out: list[bytes] = []
         if self._read_fd is None:
             return out
-        for (record_scope, _), pos in sorted(self.report.scan.index.items(), key=lambda i: i[1]):
-            if scope is not None and record_scope != scope:
-                continue
+        overlay = self._overlay
+        positions = set(overlay.values())
+        if self._table is not None:
+            positions.update(self._table.offsets())
+        for pos in sorted(positions):
             line = read_line_at(self._read_fd, pos)
             record, _problem = decode_line(line)
-            if record is not None:
+            if record is None:
+                continue
+            identity = (record["scope"], record["step"])
+            if identity in overlay and overlay[identity] != pos:
+                continue  # superseded by a record the table does not cover yet
+            if scope is None or record["scope"] == scope:
                 out.append(line[28:-1])
         return out
 
@@ -270,9 +386,9 @@ class Ledger:
             self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
             return False
         try:
-            self._appender.append(line)
+            self._appender.append(line, (scope, step))
         except OSError as exc:
-            self._warn(f"cannot append to {self.path} ({exc.strerror or exc}); {step} not recorded")
+            self._warn(f"cannot append to {self.path} ({describe(exc)}); {step} not recorded")
             return False
         return True
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crucible.core.atomic import atomic_file
 from crucible.core.errors import OperationalError
 from crucible.ledger._files import (
+    GENERATION_SIZE,
     LEDGER_NAME,
     bump_generation,
+    describe,
     exclusive_lock,
-    fsync_dir,
+    open_regular_file,
+    read_all,
     read_regular_file,
 )
+from crucible.ledger._index import build
+from crucible.ledger._index import remove as remove_index
 from crucible.ledger._record import FORMAT_VERSION
 from crucible.ledger._scan import Scan, scan
 
@@ -42,13 +47,36 @@ def _read(path: Path) -> tuple[bytes, os.stat_result | None]:
         os.close(fd)
 
 
+def _reindex(directory: Path, lock_fd: int) -> None:
+    """Rebuild ``steps.idx`` from the ledger now at its path (under the lock);
+    best effort: a missing index is rebuilt by the next opener anyway."""
+    generation = os.pread(lock_fd, GENERATION_SIZE, 0).ljust(GENERATION_SIZE, b"\0")
+    with contextlib.suppress(OSError, ValueError):
+        fd = open_regular_file(directory / LEDGER_NAME)
+        if fd is None:
+            remove_index(directory)
+            return
+        try:
+            data = read_all(fd)
+            result = scan(data)
+            if not result.garbage:
+                build(directory, data, result, os.fstat(fd), generation)
+        finally:
+            os.close(fd)
+
+
 def verify(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """A report of ``<directory>/steps.jsonl``: records, identities, duplicate
     identities, bad lines (number and reason), torn tail. ``damaged`` is true
-    when a line is bad or the tail is torn. Changes nothing on disk."""
-    path = Path(directory) / LEDGER_NAME
+    when a line is bad or the tail is torn. Changes nothing in the ledger; its
+    index (``steps.idx``) is rebuilt when the directory lets us."""
+    directory = Path(directory)
+    path = directory / LEDGER_NAME
     data, _ = _read(path)
     result = scan(data, strict=True)
+    if data and directory.is_dir():
+        with contextlib.suppress(OSError), exclusive_lock(directory, create=False) as lock_fd:
+            _reindex(directory, lock_fd)
     return {
         "v": FORMAT_VERSION,
         "path": str(path),
@@ -91,19 +119,11 @@ class CompactReport:
 
 
 def _write_atomic(path: Path, chunks: list[bytes], mode: int) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """The one atomic writer (core): temp file in the same directory, fsync,
+    rename, fsync the directory."""
+    with atomic_file(path, mode, tmp_prefix=f".{path.name}.") as f:
+        for chunk in chunks:
+            f.write(chunk)
 
 
 def compact(directory: str | os.PathLike[str]) -> CompactReport:
@@ -114,6 +134,8 @@ def compact(directory: str | os.PathLike[str]) -> CompactReport:
     between the read and the rename; appenders notice the new inode and re-open."""
     directory = Path(directory)
     path = directory / LEDGER_NAME
+    if not directory.is_dir():
+        return CompactReport(path, 0, 0, 0, 0, False, None)  # nothing to compact
     try:
         with exclusive_lock(directory) as lock_fd:
             data, info = _read(path)
@@ -132,9 +154,9 @@ def compact(directory: str | os.PathLike[str]) -> CompactReport:
                 _write_atomic(rejected_path, [rejected], 0o644)
             bump_generation(lock_fd)
             _write_atomic(path, kept, info.st_mode & 0o7777)
-            fsync_dir(directory)
+            _reindex(directory, lock_fd)
     except OSError as exc:
-        raise OperationalError(f"cannot compact: {exc.strerror or exc}", where=str(path)) from None
+        raise OperationalError(f"cannot compact: {describe(exc)}", where=str(path)) from None
     return CompactReport(
         path,
         result.records,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
+from crucible.core.fdio import write_stream
 from crucible.ledger.ledger import Outcome
 
 __all__ = [
@@ -56,6 +57,8 @@ class CommandResult:
     overflow: bool
     #: the signal we received (and forwarded) while the command ran, if any
     interrupted_by: int | None
+    #: why the live copy of a stream failed (not a closed reader), if it did
+    output_error: str | None = None
 
     @property
     def shell_status(self) -> int:
@@ -67,14 +70,20 @@ class CommandResult:
         return self.exit_code
 
 
-def _pass_through(out: IO[bytes] | None, chunk: bytes) -> IO[bytes] | None:
-    """Write ``chunk`` live; a closed reader stops the pass-through, not the capture."""
+def _pass_through(
+    out: IO[bytes] | None, chunk: bytes, errors: list[str], name: str
+) -> IO[bytes] | None:
+    """Write ``chunk`` live; a closed reader stops the pass-through, not the capture.
+    Any other write failure (a full disk under ``> f``, EIO) also stops it but is
+    kept in ``errors``: the caller must not exit 0 over output that never landed."""
     if out is None:
         return None
     try:
-        out.write(chunk)
-        out.flush()
-    except (BrokenPipeError, ValueError, OSError):
+        write_stream(out, chunk)  # a short write raises, never truncates silently
+    except (BrokenPipeError, ValueError):
+        return None
+    except OSError as exc:
+        errors.append(f"cannot write the command's {name}: {exc.strerror or exc}")
         return None
     return out
 
@@ -109,6 +118,8 @@ def run_command(
             previous[sig] = signal.signal(sig, forward)
     captured = {1: bytearray(), 2: bytearray()}
     sinks: dict[int, IO[bytes] | None] = {1: stdout, 2: stderr}
+    names = {1: "stdout", 2: "stderr"}
+    errors: list[str] = []
     total = 0
     overflow = False
     try:
@@ -123,7 +134,7 @@ def run_command(
                         selector.unregister(key.fileobj)
                         continue
                     stream: int = key.data
-                    sinks[stream] = _pass_through(sinks[stream], chunk)
+                    sinks[stream] = _pass_through(sinks[stream], chunk, errors, names[stream])
                     if not overflow:
                         total += len(chunk)
                         if total > limit:
@@ -152,6 +163,7 @@ def run_command(
         stderr=bytes(captured[2]),
         overflow=overflow,
         interrupted_by=received[0] if received else None,
+        output_error=errors[0] if errors else None,
     )
 
 

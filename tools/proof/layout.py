@@ -34,6 +34,7 @@ __all__ = [
     "case_path",
     "envelope_path",
     "frozen_path",
+    "is_bundle_path",
     "is_finalization_path",
     "payload_path",
     "selection_path",
@@ -62,6 +63,26 @@ ATTEMPT_FILES: dict[str, str] = {
 STAGE_RE = re.compile(r"\A[a-z][a-z0-9-]{0,31}\Z")
 ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 TIMESTAMP_RE = re.compile(r"\A[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z\Z")
+
+_STAGE = r"[a-z][a-z0-9-]{0,31}"
+_ID = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+_N = r"[1-9][0-9]*"
+#: workflow.md §10's closed path table as path forms (the writer checks an --out
+#: directory against it before replacing it; admission-proof.md §9)
+_BUNDLE_PATH_RE = re.compile(
+    rf"""\A(?:
+      workflow\.json | root-case\.json | execution\.json
+    | admission-proof\.json | admission-proof\.digest
+    | README\.md | trust\.json | expected-report\.json | partial\.json | aux/[^/].*
+    | (?:frozen|sets)/{_STAGE}\.json
+    | selections/{_STAGE}/{_N}\.json
+    | instances/{_ID}/case\.json
+    | instances/{_ID}/attempts/{_N}/(?:run\.json|preparation\.json|audit\.json
+                                    |evaluation-error\.json|audit\.sig)
+    | outputs/{_STAGE}/{_ID}/{_N}/(?:0|{_N})\.(?:payload|envelope)\.json
+    )\Z""",
+    re.VERBOSE | re.DOTALL,
+)
 
 MAX_BLOCKS = 32
 MAX_EPOCHS_PER_BLOCK = 4096
@@ -104,3 +125,8 @@ def envelope_path(stage: str, instance: str, attempt: int, output: int) -> str:
 def is_finalization_path(path: str) -> bool:
     """True for the optional finalization files (never part of a candidate)."""
     return path in FINALIZATION_FILES or (path.startswith(AUX_DIR) and len(path) > len(AUX_DIR))
+
+
+def is_bundle_path(path: str) -> bool:
+    """True when ``path`` has the form of a row of the closed path table."""
+    return _BUNDLE_PATH_RE.match(path) is not None

@@ -8,6 +8,7 @@ write ``./report``.)
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import click
 
 from crucible import __version__
 from crucible.core.cli import run as run_command
+from crucible.run.admit import JOBS_MAX
 from crucible.run.options import RunOptions
 
 __all__ = ["main"]
@@ -26,6 +28,12 @@ class _DefaultRunGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and not args[0].startswith("-"):
+            if not os.path.lexists(args[0]):
+                # A typo of a subcommand (``reprot``) must not become a run's
+                # "Missing option '--state'".
+                from crucible.core.errors import UsageError
+
+                raise UsageError(f"no such command or file: {args[0]}")
             args = ["run", *args]
         elif args and args[0].startswith("-") and args[0] not in ("--help", "-h", "--version"):
             # Options before PLAN (``crucible-dispatch --state s plan.json``) belong to run.
@@ -68,7 +76,10 @@ def cli() -> None:
     help="One param (repeatable; overrides --params).",
 )
 @click.option(
-    "-j", "--jobs", type=click.IntRange(min=1), help="Tasks run at once (default: CPU count)."
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1, max=JOBS_MAX),
+    help=f"Tasks run at once (default: CPU count; at most {JOBS_MAX}, and the unit count).",
 )
 @click.option("--agent-cmd", metavar="CMD", help="Agent stand-in command line, run with sh -c.")
 @click.option(
@@ -79,6 +90,29 @@ def cli() -> None:
 )
 @click.option(
     "--resume", is_flag=True, help="Continue the run in --state; refuses if the plan changed."
+)
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="With --resume: failed and skipped units, and all downstream, run again.",
+)
+@click.option(
+    "--fresh", is_flag=True, help="Start over; an earlier run in --state moves to STATE.prev."
+)
+@click.option("-n", "--dry-run", is_flag=True, help="Print what would run and why; run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: NDJSON lines on stdout.")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="NAME",
+    help="Run only NAME and its ancestors (repeatable).",
+)
+@click.option(
+    "--fail-fast", is_flag=True, help="Stop at the first failure (running tasks are stopped)."
+)
+@click.option(
+    "--follow", is_flag=True, help="Stream task output lines to stderr, prefixed task[key]."
 )
 @click.option(
     "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
@@ -92,6 +126,13 @@ def run_cmd(
     agent_cmd: str | None,
     emit_cap: int | None,
     resume: bool,
+    retry_failed: bool,
+    fresh: bool,
+    dry_run: bool,
+    as_json: bool,
+    targets: tuple[str, ...],
+    fail_fast: bool,
+    follow: bool,
     events: str | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
@@ -106,8 +147,15 @@ def run_cmd(
         agent_cmd=agent_cmd,
         emit_cap=emit_cap,
         resume=resume,
+        retry_failed=retry_failed,
+        fresh=fresh,
+        dry_run=dry_run,
+        targets=targets,
+        fail_fast=fail_fast,
+        follow=follow,
         events=events,
-        progress=sys.stderr.isatty(),
+        # the live line and followed output would overwrite each other
+        progress=sys.stderr.isatty() and not follow and not dry_run,
     )
     live: Any = None
     if options.progress:
@@ -123,13 +171,54 @@ def run_cmd(
     finally:
         if live is not None:
             live.close()
-    c = outcome.counts
-    click.echo(
-        f"crucible-dispatch: run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "
-        f"{c['skipped']} skipped in {outcome.duration:.2f}s (report: crucible-dispatch report {state})",
-        err=True,
-    )
+    if dry_run:
+        _print_dry_run(outcome.plan_lines, as_json)
+        return outcome.exit_code
+    click.echo(f"crucible-dispatch: {summary_line(outcome, state)}", err=True)
     return outcome.exit_code
+
+
+def summary_line(outcome: Any, state: Path) -> str:
+    """The run's last line: its counts, and the first failed units with their logs."""
+    c = outcome.counts
+    if outcome.message is not None:
+        head = f"{outcome.message} ({c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped)"
+    else:
+        head = (
+            f"run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "
+            f"{c['skipped']} skipped in {outcome.duration:.2f}s"
+        )
+    if outcome.failures:
+        shown = ", ".join(
+            _printable(label) + (f" ({state / log})" if log else "")
+            for label, log in outcome.failures
+        )
+        more = c["failed"] - len(outcome.failures)
+        head += f"; failed: {shown}" + (f" and {more} more" if more > 0 else "")
+    return head + f" (report: crucible-dispatch report {state})"
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+
+
+def _print_dry_run(lines: Any, as_json: bool) -> None:
+    from crucible.core import ndjson
+
+    out = sys.stdout.buffer
+    if as_json:
+        for line in lines:
+            out.write(ndjson.dumps_line(line))
+        out.flush()
+        return
+    units = [
+        _printable(line["task"] if "key" not in line else f"{line['task']}[{line['key']}]")
+        for line in lines
+    ]
+    width = min(max((len(u) for u in units), default=0), 40)
+    for line, unit in zip(lines, units, strict=True):
+        out.write(f"{line['action']:<12} {unit:<{width}}  {line['reason']}\n".encode())
+    out.flush()
 
 
 @cli.command("report")

@@ -26,9 +26,11 @@ from typing import Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run.admit import Admission
+from crucible.run.failures import compose_note, exit_text, failure_record, write_record
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
 from crucible.run.procs import close_inherited, kill_group
+from crucible.run.selection import NOT_SELECTED, Selection
 from crucible.run.session import SessionLog
 from crucible.run.unit import Slots, UnitRunner
 from crucible.run.workers import Channel, Reply, WorkerPool
@@ -63,6 +65,17 @@ class RunOutcome:
     counts: dict[str, int]
     digest: str
     duration: float
+    #: the first failed units: (``task`` or ``task[key]``, log path relative to
+    #: STATE or None), at most FAILURES_SHOWN
+    failures: tuple[tuple[str, str | None], ...] = ()
+    #: a session that ran nothing says why (``--resume`` with nothing left)
+    message: str | None = None
+    #: --dry-run: one entry per unit (task, key?, action, reason)
+    plan_lines: tuple[dict[str, Any], ...] = ()
+
+
+#: failed units the run's last line names
+FAILURES_SHOWN = 3
 
 
 class Unit:
@@ -92,6 +105,9 @@ class _Finished:
     fields: dict[str, Any]
     #: capture's verdict, as the worker summarised it (None: nothing captured)
     record: dict[str, Any] | None = None
+    #: the unit's log (relative to STATE) and output tail, for a failure's note
+    log: str | None = None
+    tail: str = ""
 
 
 _WORKER = "worker"
@@ -111,6 +127,7 @@ class Dispatcher:
         *,
         environ: Mapping[str, str],
         on_progress: Callable[[Counts], None] | None = None,
+        selection: Selection | None = None,
     ) -> None:
         from crucible import stage
 
@@ -123,7 +140,14 @@ class Dispatcher:
         self.log = log
         self.on_progress = on_progress
         self.graph: TaskGraph = build_graph(self.plan)
-        self.jobs = max(1, options.jobs or os.cpu_count() or 1)
+        self.jobs = admission.jobs
+        self.selection = selection
+        #: tasks this session may run (None: all)
+        self.selected = None if selection is None else selection.selected
+        #: the first failed units, for the run's last line
+        self.failures: list[tuple[str, str | None]] = []
+        #: --fail-fast: the unit whose failure stopped the run
+        self.fail_fast_by: str | None = None
         self.status: dict[str, str] = {}
         self.remaining: dict[str, int] = {}
         #: units whose dependencies settled, waiting for a worker
@@ -151,6 +175,7 @@ class Dispatcher:
             emit_cap=admission.emit_cap,
             environ=environ,
             slots=self.slots,
+            pack_dir=admission.pack_dir,
         )
         # Fork the workers now, before any thread exists in this process (the
         # session log's writer starts at its first commit). A worker holds one
@@ -187,6 +212,7 @@ class Dispatcher:
         started = time.monotonic()
         try:
             self._resume_settled()
+            self._not_selected()
             for name in self.graph.order:
                 if name not in self.status and self.remaining[name] == 0:
                     self._on_ready(name)
@@ -218,9 +244,7 @@ class Dispatcher:
         if self.stop_signal is not None:
             status = INTERRUPTED
             code = 128 + self.stop_signal
-        elif len(self.status) == len(self.graph.tasks) and all(
-            s == PASSED for s in self.status.values()
-        ):
+        elif all(self.status.get(n) == PASSED for n in self._expected()):
             status, code = PASSED, 0
         else:
             status, code = FAILED, 1
@@ -234,7 +258,29 @@ class Dispatcher:
             max_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             worker_max_rss_kib=self.workers.peak_rss_kib,
         )
-        return RunOutcome(status, code, counts, self.admission.digest, duration)
+        return RunOutcome(
+            status, code, counts, self.admission.digest, duration, tuple(self.failures)
+        )
+
+    def _expected(self) -> list[str]:
+        """The tasks that must pass for the run to pass: the selected ones."""
+        if self.selected is None:
+            return list(self.graph.order)
+        return [n for n in self.graph.order if n in self.selected]
+
+    def _not_selected(self) -> None:
+        """--target: every unsettled task outside the selection is recorded as not
+        selected (in the log only: no record, so a later resume runs it)."""
+        if self.selected is None:
+            return
+        for name in self.graph.order:
+            if name not in self.selected and name not in self.status:
+                self.log.emit(
+                    "task_finished",
+                    task=name,
+                    status=NOT_SELECTED,
+                    note="not selected: not a --target or an ancestor of one",
+                )
 
     def _install_signals(self, wake_w: int) -> dict[int, Any]:
         previous: dict[int, Any] = {}
@@ -265,7 +311,7 @@ class Dispatcher:
     def _loop(self, wake_r: int) -> None:
         stopping = False
         while True:
-            if self.stop_signal is not None and not stopping:
+            if (self.stop_signal is not None or self.fail_fast_by) and not stopping:
                 stopping = True
                 self._begin_stop()
             if not stopping:
@@ -291,7 +337,7 @@ class Dispatcher:
                 self._release_timers()
 
     def _next_wake(self) -> float | None:
-        if self.timers and self.stop_signal is None:
+        if self.timers and self.stop_signal is None and self.fail_fast_by is None:
             return max(0.0, self.timers[0][0] - time.monotonic())
         return None
 
@@ -351,13 +397,9 @@ class Dispatcher:
 
     def _resume_settled(self) -> None:
         """Mark tasks settled by an earlier session; count what is left to wait for."""
-        if (
-            self.layout.result_path(self.graph.order[0]).parent.is_dir()
-            if self.graph.order
-            else False
-        ):
+        if self.selection is not None:
             for name in self.graph.order:
-                record = self.stage.load_result(self.state, name)
+                record = self.selection.kept.get(name)
                 if record is not None:
                     status = record.get("status", FAILED)
                     self.status[name] = status
@@ -392,9 +434,16 @@ class Dispatcher:
 
     def _on_ready(self, name: str) -> None:
         """Every task ``name`` waits for has settled: skip it, expand it, or queue it."""
+        if self.selected is not None and name not in self.selected:
+            return  # recorded as not selected at the start
         task = self.graph.tasks[name]
         if task.get("join", "all") == "all":
+            epilogue = task.get("epilogue", False)
             for dep in task.get("needs", ()):
+                if epilogue and not self.graph.tasks[dep].get("epilogue", False):
+                    # An epilogue runs whatever the regular tasks did; its needs
+                    # on them only order it (stage stages them as settled).
+                    continue
                 dep_status = self.status.get(dep)
                 if dep_status != PASSED:
                     note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
@@ -507,23 +556,39 @@ class Dispatcher:
             fields=fields,
             record=record,
         )
-        if finished.stop_reason == "interrupt":
+        if finished.stop_reason == "interrupt" and not _passed(finished):
             # Nothing is recorded in results/: the unit stays unsettled and a
-            # resume runs it again.
-            signame = signal.Signals(self.stop_signal or signal.SIGTERM).name
+            # resume runs it again. (One that exited 0 and passed capture after
+            # its TERM trap settles as passed, below.)
+            if record is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    self.layout.result_path(unit.name, unit.key).unlink()
+            if self.stop_signal is None and self.fail_fast_by is not None:
+                why = f"terminated: --fail-fast after {self.fail_fast_by} failed"
+            else:
+                signame = signal.Signals(self.stop_signal or signal.SIGTERM).name
+                why = f"terminated: the dispatcher received {signame}"
             self.log.emit(
                 "task_finished",
                 **self._ids(unit),
                 attempt=unit.attempt,
                 status=INTERRUPTED,
-                note=f"terminated: the dispatcher received {signame}",
+                note=why,
                 exit_code=finished.code,
                 duration=round(finished.duration, 6),
                 **fields,
             )
             return
+        finished.log = result.get("log")
+        finished.tail = result.get("tail") or ""
         if result.get("capture_error") is not None:
-            self._fail_unit(unit, f"cannot capture the result: {result['capture_error']}")
+            self._fail_unit(
+                unit,
+                f"cannot capture the result: {result['capture_error']}",
+                log=finished.log,
+                tail=finished.tail,
+                exit_code=finished.code,
+            )
             return
         self._settle_attempt(finished)
 
@@ -533,7 +598,11 @@ class Dispatcher:
         record = finished.record
         note: str | None
         if finished.stop_reason == "timeout":
-            status, note, retryable = FAILED, f"timed out after {task.get('timeout')} s", True
+            how = exit_text(finished.code)
+            note = compose_note(
+                f"{how} after timeout {task.get('timeout')}s", None, finished.log, finished.tail
+            )
+            status, retryable = FAILED, True
         else:
             assert record is not None
             status = record.get("status", FAILED)
@@ -563,20 +632,53 @@ class Dispatcher:
             heapq.heappush(self.timers, (time.monotonic() + delay, self._timer_seq, unit))
             return
         if record is None:
-            self.stage.record_settled(
-                self.plan, self.state, unit.name, status=status, note=note or "", key=unit.key
+            write_record(
+                self.layout.result_path(unit.name, unit.key),
+                failure_record(
+                    self.stage.RESULT_FORMAT,
+                    unit.name,
+                    unit.key,
+                    note or "",
+                    log=finished.log,
+                    tail=finished.tail,
+                    exit_code=finished.code,
+                ),
             )
+        if status == FAILED:
+            self._note_failure(unit, finished.log)
         self._settle_unit(
             unit, status, note, exit_code=finished.code, duration=finished.duration, fields=fields
         )
 
-    def _fail_unit(self, unit: Unit, note: str) -> None:
+    def _fail_unit(
+        self,
+        unit: Unit,
+        note: str,
+        *,
+        log: str | None = None,
+        tail: str = "",
+        exit_code: int | None = None,
+    ) -> None:
         """A unit that could not be staged, started or captured: a measured failure,
         never retried."""
-        self.stage.record_settled(
-            self.plan, self.state, unit.name, status=FAILED, note=note, key=unit.key
-        )
-        self._settle_unit(unit, FAILED, note, exit_code=None)
+        note = compose_note(note, None, log, tail)
+        write_record(
+            self.layout.result_path(unit.name, unit.key),
+            failure_record(
+                self.stage.RESULT_FORMAT, unit.name, unit.key, note, log=log, tail=tail,
+                exit_code=exit_code,
+            ),
+        )  # fmt: skip
+        self._note_failure(unit, log)
+        self._settle_unit(unit, FAILED, note, exit_code=exit_code)
+
+    def _note_failure(self, unit: Unit, log: str | None) -> None:
+        """A unit settled failed: keep it for the last line; --fail-fast stops."""
+        label = unit.name if unit.key is None else f"{unit.name}[{unit.key}]"
+        if len(self.failures) < FAILURES_SHOWN:
+            self.failures.append((label, log))
+        if self.options.fail_fast and self.fail_fast_by is None:
+            self.fail_fast_by = repr(label)
 
     def _settle_unit(
         self,
@@ -605,6 +707,14 @@ class Dispatcher:
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
             self._fold(unit.name, self.instances[unit.name])
+
+
+def _passed(finished: _Finished) -> bool:
+    return (
+        finished.code == 0
+        and finished.record is not None
+        and finished.record.get("status") == PASSED
+    )
 
 
 def _did(status: str | None) -> str:

@@ -22,6 +22,18 @@ class RunOptions:
     #: per-field cap on declared emits; None = $CRUCIBLE_EMIT_CAP or 65,536
     emit_cap: int | None = None
     resume: bool = False
+    #: with ``resume``: failed and skipped units, and everything downstream, run again
+    retry_failed: bool = False
+    #: start over in a state dir that holds a run (the old one moves to STATE.prev)
+    fresh: bool = False
+    #: print what would run and why; run nothing, write nothing
+    dry_run: bool = False
+    #: run only these tasks and their ancestors (empty: every task)
+    targets: tuple[str, ...] = ()
+    #: stop starting units after the first failure; terminate the running ones
+    fail_fast: bool = False
+    #: stream every task's output lines to this callback's stream, prefixed
+    follow: bool = False
     #: mirror the session log to this file, or ``-`` for stdout
     events: str | None = None
     #: show the live progress display (the CLI sets this when stderr is a TTY)

@@ -1,23 +1,63 @@
 """``crucible-dispatch report``: what happened in a state dir, as a table, NDJSON
-rows, or a self-contained HTML timeline (one bar per task or instance).
+rows (docs/schemas/report-row.json), or a self-contained HTML timeline.
 
-Status comes from ``results/`` (what is settled); times, attempts and sizes come
-from the session log, across every session of the run (resumes included).
+Status comes from ``results/`` (what is settled); times and attempts come from
+the session log, across every session of the run (resumes included). Every
+state file is read through its schema (:mod:`crucible.run._report_state`): a
+damaged one is one ``file:line: message`` and exit 2. Normative text:
+docs/spec/run.md, "Report".
 """
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from crucible.core import canon
-from crucible.core.errors import InputRefused, OperationalError
-from crucible.run.session import read_events
+from crucible.core.errors import CrucibleError, InputRefused
+from crucible.run._display import clip, escape, name_signals, signal_name
+from crucible.run._report_state import Event, load_plan, load_record, read_events
 
-__all__ = ["Row", "collect", "render_html", "render_table", "row_json"]
+__all__ = [
+    "Attempt",
+    "Report",
+    "Row",
+    "Session",
+    "collect",
+    "render_html",
+    "render_table",
+    "row_json",
+]
+
+#: statuses in the order notes and legends list them
+STATUS_ORDER = ("passed", "failed", "skipped", "interrupted", "running", "pending")
+#: table cells: a key is cut to this many characters (``--json`` keeps it whole)
+KEY_CELL_MAX = 40
+#: table cells: a note is cut to this many characters
+NOTE_CELL_MAX = 160
+#: failed instances of a mapped task detailed under its row in the task table
+FAILED_SHOWN = 3
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One attempt of a unit, as the session log tells it."""
+
+    session: int
+    number: int | None
+    start: float | None
+    end: float | None = None
+    status: str = "running"
+    note: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(slots=True)
+class Session:
+    number: int
+    start: float
+    end: float
+    closed: bool = False  # its ``shutdown`` is in the log
 
 
 @dataclass
@@ -35,105 +75,284 @@ class Row:
     files_bytes: int | None = None
     instances: int | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    mapped: bool = False
+    tries: list[Attempt] = field(default_factory=list)
+    log: str | None = None
+    stderr_tail: str | None = None
+    cached: bool = False
+    tolerated: bool = False
+    #: its last attempt failed with ``retry: true`` and no next attempt started
+    awaiting_retry: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.task if self.key is None else f"{self.task}[{self.key}]"
+
+    @property
+    def label(self) -> str:
+        """Status as people read it: ``failed (tolerated)``, ``passed (cached)``."""
+        if self.tolerated and self.status == "failed":
+            return "failed (tolerated)"
+        if self.cached and self.status == "passed":
+            return "passed (cached)"
+        return self.status
 
 
-def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
+class Report(list[Row]):
+    """The rows of a report (plan order; instances in item order after their
+    task), plus the sessions of the run."""
+
+    sessions: list[Session]
+
+    def __init__(self, rows: list[Row], sessions: list[Session]) -> None:
+        super().__init__(rows)
+        self.sessions = sessions
 
 
-def _load_plan(state: Path) -> dict[str, Any]:
-    path = state / "plan.json"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputRefused("not a crucible state dir (no plan.json)", where=str(state)) from None
-    except OSError as exc:
-        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
-    plan = canon.loads(data)
-    if not isinstance(plan, dict) or not isinstance(plan.get("tasks"), list):
-        raise InputRefused("plan.json is not a plan", where=str(path))
-    return plan
+def _sessions(events: list[Event]) -> list[Session]:
+    found: dict[int, Session] = {}
+    for e in events:
+        s = found.get(e.session)
+        if s is None:
+            found[e.session] = s = Session(e.session, e.time, e.time)
+        s.start = min(s.start, e.time)
+        s.end = max(s.end, e.time)
+        if e.kind == "shutdown":
+            s.closed = True
+    return [found[n] for n in sorted(found)]
 
 
-def collect(state: Path, task: str | None = None) -> list[Row]:
-    """Rows in plan order: one per task, and (when ``task`` names a mapped task,
-    or for the timeline) one per instance."""
-    from crucible import stage
+def _apply(r: Row, e: Event) -> None:
+    f = e.fields
+    if e.kind == "task_started":
+        r.attempts += 1
+        r.tries.append(Attempt(e.session, f["attempt"], e.time))
+        r.awaiting_retry = False
+        return
+    r.awaiting_retry = f.get("retry") is True
+    attempt = f.get("attempt")
+    open_try = next(
+        (
+            t
+            for t in reversed(r.tries)
+            if t.end is None and t.session == e.session and attempt in (None, t.number)
+        ),
+        None,
+    )
+    duration = f.get("duration")
+    if open_try is None and attempt is not None:
+        # Finished without a start event (a damaged or hand-written log).
+        start = e.time - duration if duration is not None else e.time
+        open_try = Attempt(e.session, attempt, start)
+        r.tries.append(open_try)
+        r.attempts += 1
+    if open_try is not None:
+        open_try.end = e.time
+        open_try.status = f["status"]
+        open_try.note = f.get("note", "")
+        open_try.exit_code = f.get("exit_code")
+    r.status = f["status"]
+    r.note = f.get("note")
+    if "exit_code" in f:
+        r.exit_code = f["exit_code"]
+    if duration is not None:
+        r.duration = float(duration)
+    for name in ("output_bytes", "files_bytes"):
+        if name in f:
+            setattr(r, name, f[name])
+    if "instances" in f:
+        r.instances = f["instances"]
+    for name in ("log", "stderr_tail"):
+        if name in f:
+            setattr(r, name, f[name])
+    r.cached = f.get("cached", r.cached)
+    r.tolerated = f.get("tolerated", r.tolerated)
 
-    plan = _load_plan(state)
-    names = [t["name"] for t in plan["tasks"]]
+
+def _close_open_tries(r: Row, sessions: dict[int, Session]) -> None:
+    """An attempt whose end is not in the log: still running while its session
+    is the last and has no ``shutdown``; otherwise its session ended without
+    recording it (the dispatcher was killed outright): interrupted."""
+    last = max(sessions) if sessions else None
+    for t in r.tries:
+        if t.end is not None:
+            continue
+        s = sessions[t.session]
+        if t.session == last and not s.closed:
+            t.status = "running"
+        else:
+            t.status = "interrupted"
+            t.end = s.end
+    if r.tries:
+        r.start = r.tries[-1].start
+        r.end = r.tries[-1].end
+        if r.tries[-1].status in ("running", "interrupted"):
+            r.status = r.tries[-1].status
+        elif r.awaiting_retry:
+            # Its failed attempt's record was removed while the retry waited.
+            s = sessions[r.tries[-1].session]
+            r.status = "running" if r.tries[-1].session == last and not s.closed else "interrupted"
+
+
+def _settle(r: Row, record: dict[str, Any] | None) -> None:
+    if record is None:
+        return
+    r.status = record["status"]
+    r.note = record["note"]
+    if "exit_code" in record:
+        r.exit_code = record["exit_code"]
+    for name in ("log", "stderr_tail"):
+        if name in record:
+            setattr(r, name, record[name])
+    extra = record.get("extra") or {}
+    r.cached = bool(record.get("cached", extra.get("cached", r.cached)))
+    r.tolerated = bool(record.get("tolerated", extra.get("tolerated", r.tolerated)))
+
+
+def _item_keys(
+    state: Path, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
+) -> list[str]:
+    """A mapped task's instance keys in item order: the aggregate record's
+    ``keys`` once settled, else the map source's items (so instances that
+    never started are counted), else the keys the log names."""
+    keys: list[str] | None = None
+    if record is not None and "keys" in record:
+        keys = list(record["keys"])
+    elif source is not None and load_record(state, source, None) is not None:
+        # The source's record was read through its schema just above; stage
+        # reads the items from it.
+        from crucible import stage
+
+        try:
+            keys = [k for k, _ in stage.map_items(_plan_value(state), state, task)]
+        except CrucibleError:
+            keys = None  # the source failed or holds no array/object: the log's keys
+    if keys is None:
+        return seen
+    known = set(keys)
+    return keys + [k for k in seen if k not in known]
+
+
+def _plan_value(state: Path) -> Any:
+    import orjson
+
+    from crucible.run._report_state import read_regular
+
+    data = read_regular(state / "plan.json", "plan.json")
+    return orjson.loads(data or b"null")
+
+
+def _aggregate(agg: Row, instances: list[Row], open_run: bool) -> None:
+    if instances or agg.instances is None:
+        agg.instances = len(instances)
+    agg.counts = {}
+    for inst in instances:
+        agg.counts[inst.status] = agg.counts.get(inst.status, 0) + 1
+    agg.attempts = sum(i.attempts for i in instances)
+    starts = [t.start for i in instances for t in i.tries if t.start is not None]
+    ends = [t.end for i in instances for t in i.tries if t.end is not None]
+    agg.start = min(starts, default=None)
+    agg.end = max(ends, default=None)
+    # Busy time per session, summed: the idle gap between two sessions is not
+    # the task's duration.
+    spans: dict[int, list[float]] = {}
+    for i in instances:
+        for t in i.tries:
+            if t.start is None:
+                continue
+            lo_hi = spans.setdefault(t.session, [t.start, t.end or t.start])
+            lo_hi[0] = min(lo_hi[0], t.start)
+            lo_hi[1] = max(lo_hi[1], t.end or t.start)
+    if spans:
+        agg.duration = round(sum(hi - lo for lo, hi in spans.values()), 6)
+    if instances:
+        agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
+        if any(i.files_bytes is not None for i in instances):
+            agg.files_bytes = sum(i.files_bytes or 0 for i in instances)
+
+
+def _unsettled_status(agg: Row, open_run: bool) -> str:
+    """The status of a mapped task with no aggregate record, from its instances."""
+    c = agg.counts
+    if c.get("running"):
+        return "running"
+    if not any(c.get(s) for s in ("passed", "failed", "skipped", "interrupted")):
+        return agg.status  # nothing started: pending, or what its own event said
+    if open_run:
+        return "running"
+    return "interrupted"
+
+
+def _unsettled_note(agg: Row) -> str:
+    parts = [
+        f"{agg.counts[s]} {'not started' if s == 'pending' else s}"
+        for s in STATUS_ORDER
+        if agg.counts.get(s)
+    ]
+    parts += [f"{v} {k}" for k, v in sorted(agg.counts.items()) if k not in STATUS_ORDER]
+    return f"{agg.instances} instances" + (": " + ", ".join(parts) if parts else "")
+
+
+def collect(state: Path, task: str | None = None) -> Report:
+    """Rows in plan order: one per task, each mapped task followed by its
+    instances in item order (only ``task``'s rows when given)."""
+    tasks = load_plan(state)
+    names = [name for name, _, _ in tasks]
     if task is not None and task not in names:
         raise InputRefused(
             f"no task {task!r} in this run's plan (tasks: {', '.join(names)})", where=str(state)
         )
-    rows: dict[tuple[str, str | None], Row] = {}
-    order: list[tuple[str, str | None]] = []
-
-    def row(name: str, key: str | None) -> Row:
-        ident = (name, key)
-        r = rows.get(ident)
-        if r is None:
-            r = rows[ident] = Row(name, key)
-            order.append(ident)
-        return r
-
+    events = read_events(state)
+    sessions = _sessions(events)
+    by_number = {s.number: s for s in sessions}
+    open_run = bool(sessions) and not sessions[-1].closed
+    mapped = {name: is_mapped for name, is_mapped, _ in tasks}
+    sources = {name: source for name, _, source in tasks}
+    top: dict[str, Row] = {name: Row(name, None, mapped=mapped[name]) for name in names}
+    inst: dict[str, dict[str, Row]] = {name: {} for name in names if mapped[name]}
+    for e in events:
+        if e.kind not in ("task_started", "task_finished"):
+            continue
+        name, key = e.fields["task"], e.fields.get("key")
+        if name not in top or (key is not None and name not in inst):
+            continue  # not a unit of this plan: nothing to show it under
+        if key is None:
+            _apply(top[name], e)
+        else:
+            r = inst[name].get(key)
+            if r is None:
+                r = inst[name][key] = Row(name, key)
+            _apply(r, e)
+    rows: list[Row] = []
     for name in names:
-        row(name, None)
-    for event in read_events(state / "session.jsonl"):
-        kind = event.get("event")
-        if kind not in ("task_started", "task_finished"):
+        if task is not None and name != task:
             continue
-        name = event.get("task")
-        if not isinstance(name, str) or name not in names:
+        agg = top[name]
+        _close_open_tries(agg, by_number)
+        record = load_record(state, name, None)
+        _settle(agg, record)
+        rows.append(agg)
+        if name not in inst:
             continue
-        r = row(name, event.get("key"))
-        at = _epoch(event["time"])
-        if kind == "task_started":
-            r.attempts += 1
-            r.start = at
-            r.end = None
-            continue
-        r.status = event.get("status", r.status)
-        r.note = event.get("note")
-        r.exit_code = event.get("exit_code")
-        r.duration = event.get("duration", r.duration)
-        r.output_bytes = event.get("output_bytes", r.output_bytes)
-        r.files_bytes = event.get("files_bytes", r.files_bytes)
-        if "instances" in event:
-            r.instances = event["instances"]
-        r.end = at
-        if r.start is None and r.duration is not None:
-            r.start = at - r.duration
-    # results/ is the authority on what is settled.
-    for name, key in order:
-        record = stage.load_result(state, name, key)
-        r = rows[(name, key)]
-        if record is not None:
-            r.status = record.get("status", r.status)
-            r.note = record.get("note", r.note)
-    for name in names:
-        instances = [rows[i] for i in order if i[0] == name and i[1] is not None]
-        if instances:
-            agg = rows[(name, None)]
-            agg.instances = agg.instances if agg.instances is not None else len(instances)
-            for inst in instances:
-                agg.counts[inst.status] = agg.counts.get(inst.status, 0) + 1
-            starts = [i.start for i in instances if i.start is not None]
-            ends = [i.end for i in instances if i.end is not None]
-            if starts:
-                agg.start = min(starts)
-            if ends:
-                agg.end = max(ends)
-            if agg.start is not None and agg.end is not None:
-                agg.duration = round(agg.end - agg.start, 6)
-            agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
-            if any(i.files_bytes is not None for i in instances):
-                agg.files_bytes = sum(i.files_bytes or 0 for i in instances)
-            if agg.status == "pending" and agg.counts:
-                agg.status = "running" if "pending" not in agg.counts else "pending"
-    if task is not None:
-        return [rows[i] for i in order if i[0] == task]
-    return [rows[i] for i in order]
+        seen = inst[name]
+        keys = _item_keys(state, name, sources.get(name), record, list(seen))
+        members: list[Row] = []
+        for k in keys:
+            r = seen.get(k) or Row(name, k)
+            _close_open_tries(r, by_number)
+            _settle(r, load_record(state, name, k))
+            members.append(r)
+        if members or record is None:
+            _aggregate(agg, members, open_run)
+        if record is None and members:
+            agg.status = _unsettled_status(agg, open_run)
+            if agg.status != "pending" or not agg.note:
+                agg.note = _unsettled_note(agg)
+        rows.extend(members)
+    return Report(rows, sessions)
+
+
+# -- table ----------------------------------------------------------------------
 
 
 def _size(n: int | None) -> str:
@@ -151,117 +370,120 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:.3f}s"
 
 
-def _note(r: Row) -> str:
-    if r.note or r.instances is None:
-        return r.note or ""
-    detail = ", ".join(f"{v} {k}" for k, v in sorted(r.counts.items()))
-    return f"{r.instances} instances" + (f": {detail}" if detail else "")
+def display_note(r: Row, *, headline: bool = False) -> str:
+    """The note as people read it: signals named, control characters escaped.
+    ``headline``: without the end of stderr that a failed attempt's note goes on
+    with, which the table shows under the row instead."""
+    note = r.note or ""
+    if headline and r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
+        note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
+    return escape(name_signals(note, r.exit_code))
+
+
+def display_name(r: Row, key_max: int = KEY_CELL_MAX) -> str:
+    if r.key is None:
+        return escape(r.task)
+    return f"{escape(r.task)}[{clip(escape(r.key), key_max)}]"
+
+
+def tail_lines(text: str) -> list[str]:
+    """The lines of a stderr tail, each escaped (a line never splits a row)."""
+    return [escape(line) for line in text.rstrip("\n").split("\n")] if text else []
+
+
+def _details(r: Row) -> list[str]:
+    """Lines under a failed unit: its log path and the end of its stderr."""
+    if r.status != "failed" or (r.log is None and not r.stderr_tail):
+        return []
+    lines = []
+    if r.log is not None:
+        lines.append(f"    log: {escape(r.log)}")
+    lines += [f"    | {clip(line, NOTE_CELL_MAX)}" for line in tail_lines(r.stderr_tail or "")]
+    return lines
 
 
 def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
-    """A plain fixed-width table (mapped tasks one row each unless ``instances``)."""
-    header = ("TASK", "STATUS", "ATTEMPTS", "DURATION", "OUTPUT", "FILES", "NOTE")
-    lines: list[tuple[str, ...]] = []
+    """A plain fixed-width table (mapped tasks one row each unless ``instances``);
+    under a failed unit, its log path and stderr tail."""
+    header: tuple[str, ...] = ("TASK", "STATUS", "ATTEMPTS", "DURATION", "OUTPUT", "FILES", "NOTE")
+    lines: list[tuple[tuple[str, ...], list[str]]] = []
+    failed_members: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.key is not None and r.status == "failed":
+            failed_members.setdefault(r.task, []).append(r)
     for r in rows:
         if r.key is not None and not instances:
             continue
-        name = r.task if r.key is None else f"{r.task}[{r.key}]"
-        lines.append(
-            (
-                name,
-                r.status,
-                "-" if r.instances is not None else str(r.attempts),
-                _seconds(r.duration),
-                _size(r.output_bytes),
-                _size(r.files_bytes),
-                _note(r).replace("\n", " "),
-            )
+        cells: tuple[str, ...] = (
+            display_name(r),
+            r.label,
+            str(r.attempts),
+            _seconds(r.duration),
+            _size(r.output_bytes),
+            _size(r.files_bytes),
+            clip(display_note(r, headline=True), NOTE_CELL_MAX),
         )
+        details = _details(r)
+        if r.key is None and r.mapped and not instances:
+            bad = failed_members.get(r.task, [])
+            for member in bad[:FAILED_SHOWN]:
+                details.append(
+                    f"    {display_name(member)}: "
+                    f"{clip(display_note(member, headline=True), NOTE_CELL_MAX)}"
+                )
+                details += ["  " + line for line in _details(member)]
+            if len(bad) > FAILED_SHOWN:
+                details.append(
+                    f"    ... {len(bad) - FAILED_SHOWN} more failed instances "
+                    f"(report STATE {escape(r.task)})"
+                )
+        lines.append((cells, details))
     widths = [
-        max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+        max(len(h), *(len(cells[i]) for cells, _ in lines)) if lines else len(h)
         for i, h in enumerate(header)
     ]
-    for line in (header, *lines):
-        out.write(
-            "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line[:-1]))
-            + "  "
-            + line[-1]
-            + "\n"
-        )
+    for row_cells, details in ((header, []), *lines):
+        padded = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row_cells[:-1]))
+        out.write(f"{padded}  {row_cells[-1]}".rstrip(" ") + "\n")
+        for line in details:
+            out.write(line + "\n")
+
+
+# -- NDJSON rows ----------------------------------------------------------------
 
 
 def row_json(r: Row) -> dict[str, Any]:
+    """One ``report --json`` row (docs/schemas/report-row.json): raw key and
+    note, whole; absent values left out."""
     data: dict[str, Any] = {
         "task": r.task,
         "key": r.key,
         "status": r.status,
-        "note": r.note,
+        "note": name_signals(r.note or "", r.exit_code) if r.note is not None else None,
         "attempts": r.attempts,
         "duration": r.duration,
         "exit_code": r.exit_code,
+        "signal": signal_name(-r.exit_code)
+        if r.exit_code is not None and r.exit_code < 0
+        else None,
         "output_bytes": r.output_bytes,
         "files_bytes": r.files_bytes,
+        "log": r.log,
+        "stderr_tail": r.stderr_tail,
     }
-    if r.instances is not None:
+    if r.cached:
+        data["cached"] = True
+    if r.tolerated:
+        data["tolerated"] = True
+    if r.key is None and r.mapped and r.instances is not None:
         data["instances"] = r.instances
         data["instance_status"] = dict(r.counts)
     return {k: v for k, v in data.items() if v is not None}
 
 
-_COLOURS = {
-    "passed": "#2e9d4f",
-    "failed": "#d1422f",
-    "skipped": "#9a9a9a",
-    "interrupted": "#e0a526",
-    "pending": "#cfd8e3",
-    "running": "#4a7fd1",
-}
-
-
 def render_html(rows: list[Row], title: str) -> str:
-    """A self-contained timeline page: one bar per task or instance, coloured by
-    status, positioned by start and end time (like Nextflow's timeline)."""
-    bars = [
-        r for r in rows if not (r.key is None and r.instances)
-    ]  # instances replace their aggregate
-    timed = [r for r in bars if r.start is not None]
-    t0 = min((r.start for r in timed if r.start is not None), default=0.0)
-    t1 = max((r.end or r.start or 0.0 for r in timed), default=t0)
-    span = max(t1 - t0, 1e-6)
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)} — crucible timeline</title>",
-        "<style>",
-        "body{font:13px system-ui,sans-serif;margin:1.5em;color:#222}",
-        "h1{font-size:1.3em} .legend span{display:inline-block;margin-right:1em}",
-        ".sw{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:middle}",
-        ".row{display:flex;align-items:center;height:16px;margin:1px 0}",
-        ".name{width:22em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font-family:monospace}",
-        ".lane{position:relative;flex:1;height:12px;background:#f3f5f8}",
-        ".bar{position:absolute;top:0;height:12px;min-width:2px}",
-        ".meta{width:18em;padding-left:.8em;font-family:monospace;color:#555;white-space:nowrap}",
-        "</style></head><body>",
-        f"<h1>{html.escape(title)}</h1>",
-        f"<p>{len(bars)} bars over {span:.3f} s.</p>",
-        '<div class="legend">',
-    ]
-    for status, colour in _COLOURS.items():
-        parts.append(f'<span><i class="sw" style="background:{colour}"></i>{status}</span>')
-    parts.append("</div>")
-    for r in bars:
-        name = r.task if r.key is None else f"{r.task}[{r.key}]"
-        colour = _COLOURS.get(r.status, "#666")
-        tip = html.escape(f"{name}: {r.status}" + (f" — {r.note}" if r.note else ""), quote=True)
-        bar = ""
-        if r.start is not None:
-            left = (r.start - t0) / span * 100
-            width = ((r.end or r.start) - r.start) / span * 100
-            bar = f'<div class="bar" style="left:{left:.3f}%;width:{width:.3f}%;background:{colour}" title="{tip}"></div>'
-        parts.append(
-            f'<div class="row"><div class="name" title="{tip}">{html.escape(name)}</div>'
-            f'<div class="lane">{bar}</div>'
-            f'<div class="meta">{html.escape(r.status)} {_seconds(r.duration)} {_size(r.output_bytes)}</div></div>'
-        )
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    """The self-contained HTML timeline (:mod:`crucible.run.timeline`)."""
+    from crucible.run.timeline import render
+
+    sessions = rows.sessions if isinstance(rows, Report) else []
+    return render(rows, sessions, title)

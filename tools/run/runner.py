@@ -11,10 +11,13 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import IO, Any
 
-from crucible.core.errors import CrucibleError, Interrupted
+from crucible.core.errors import CrucibleError, Interrupted, OperationalError, UsageError
 from crucible.run.admit import Admission, admit
 from crucible.run.engine import Counts, Dispatcher, RunOutcome
+from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
+from crucible.run.selection import Selection, dry_run_lines, select
+from crucible.run.selection import apply as selection_apply
 from crucible.run.session import SessionLog, read_events
 
 __all__ = ["run_plan"]
@@ -47,16 +50,20 @@ def _plan_admitted_fields(admission: Admission, options: RunOptions, jobs: int) 
 
 
 def _open_mirror(stack: ExitStack, events: str | None) -> IO[bytes] | None:
+    """The --events stream, unbuffered (a failed write is seen at once, never
+    again at exit). A path that cannot be a file is a usage error (exit 2)."""
     if events is None:
         return None
-    if events == "-":
-        return sys.stdout.buffer
     try:
-        return stack.enter_context(open(events, "ab"))
+        if events == "-":
+            return stack.enter_context(open(sys.stdout.fileno(), "wb", buffering=0, closefd=False))
+        return stack.enter_context(open(events, "ab", buffering=0))
+    except (IsADirectoryError, FileNotFoundError, NotADirectoryError) as exc:
+        raise UsageError(f"cannot open the events file: {exc.strerror}", where=events) from None
     except OSError as exc:
-        from crucible.core.errors import OperationalError
-
-        raise OperationalError(f"cannot open events file: {exc.strerror}", where=events) from None
+        raise OperationalError(
+            f"cannot open the events file: {exc.strerror}", where=events
+        ) from None
 
 
 def run_plan(
@@ -67,21 +74,57 @@ def run_plan(
     on_warning: Callable[[str], None] | None = None,
 ) -> RunOutcome:
     """Run (or resume) the plan of ``options``. Raises a CrucibleError for input it
-    refuses before anything runs; returns the outcome of a run that started."""
+    refuses before anything runs; returns the outcome of a run that started (or
+    of a dry run, or of a resume with nothing left to run, which write nothing)."""
     env = os.environ if environ is None else environ
     # Tasks run in their workspaces: every path handed to them must be absolute.
     options = dataclasses.replace(options, state=options.state.absolute())
     admission = admit(options, dict(env))
-    for warning in admission.warnings:
-        if on_warning is not None:
-            on_warning(warning)
+    try:
+        for warning in admission.warnings:
+            if on_warning is not None:
+                on_warning(warning)
+        return _run_admitted(admission, options, env, on_progress, on_warning)
+    finally:
+        admission.release()
+
+
+def _run_admitted(
+    admission: Admission,
+    options: RunOptions,
+    env: Mapping[str, str],
+    on_progress: Callable[[Counts], None] | None,
+    on_warning: Callable[[str], None] | None,
+) -> RunOutcome:
+    from crucible import stage
+
     log_path = options.state / "session.jsonl"
-    session = 1 + sum(1 for e in read_events(log_path) if e.get("event") == "plan_admitted")
+    graph = build_graph(admission.plan)
+    earlier = [] if admission.unclaimed else read_events(log_path)
+    selection = select(
+        stage,
+        options.state,
+        graph,
+        retry_failed=options.retry_failed,
+        targets=options.targets,
+        events=earlier,
+        fresh=admission.unclaimed,
+    )
+    if options.dry_run:
+        lines = dry_run_lines(stage, options.state, admission.plan, graph, selection)
+        return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
+    if options.resume and not selection.to_run(graph):
+        return _nothing_to_resume(admission, graph, selection)
     with ExitStack() as stack:
         mirror = _open_mirror(stack, options.events)
-        log = SessionLog(log_path, session, mirror)
+        admission.claim(options.state)
+        selection_apply(stage, options.state, graph, selection)
+        session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
+        log = SessionLog(log_path, session, mirror, on_warning)
         stack.callback(log.close)
-        dispatcher = Dispatcher(admission, options, log, environ=env, on_progress=on_progress)
+        dispatcher = Dispatcher(
+            admission, options, log, environ=env, on_progress=on_progress, selection=selection
+        )
         stack.callback(dispatcher.close)
         log.emit("plan_admitted", **_plan_admitted_fields(admission, options, dispatcher.jobs))
         log.commit()
@@ -107,3 +150,27 @@ def run_plan(
             signum=outcome.exit_code - 128,
         )
     return outcome
+
+
+def _nothing_to_resume(admission: Admission, graph: TaskGraph, selection: Selection) -> RunOutcome:
+    """--resume when every selected task has settled: nothing runs and nothing is
+    written (no empty session); the exit code is the run's, as recorded."""
+    expected = [n for n in graph.order if selection.selected is None or n in selection.selected]
+    statuses = [selection.kept[n].get("status") for n in expected]
+    counts = {
+        "tasks": len(graph.order),
+        "units": len(graph.order),
+        "passed": statuses.count("passed"),
+        "failed": statuses.count("failed"),
+        "skipped": statuses.count("skipped"),
+    }
+    passed = all(s == "passed" for s in statuses)
+    hint = "" if passed else "; pass --retry-failed to run the failed and skipped again"
+    return RunOutcome(
+        "passed" if passed else "failed",
+        0 if passed else 1,
+        counts,
+        admission.digest,
+        0.0,
+        message=f"nothing to resume: every task has settled{hint}",
+    )

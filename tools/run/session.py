@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -54,13 +55,20 @@ class SessionLog:
     the dispatcher exits.
     """
 
-    def __init__(self, path: Path, session: int, mirror: IO[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        session: int,
+        mirror: IO[bytes] | None = None,
+        on_warning: Callable[[str], None] | None = None,
+    ) -> None:
         import queue
         import threading
 
         self.path = path
         self.session = session
         self.mirror = mirror
+        self._on_warning = on_warning
         self._pending: list[bytes] = []
         self._error: OperationalError | None = None
         try:
@@ -133,12 +141,23 @@ class SessionLog:
         if self.mirror is None:
             return
         try:
-            self.mirror.write(data)
+            view = memoryview(data)
+            while view:  # an unbuffered stream may take part of it
+                n = self.mirror.write(view)
+                if n is None:
+                    raise BlockingIOError(11, "the mirror would block")
+                view = view[n:]
             self.mirror.flush()
-        except (BrokenPipeError, ValueError):
-            # A closed --events reader must not stop the run; the log on disk
-            # stays complete.
+        except (OSError, ValueError) as exc:
+            # A broken mirror (a closed reader, a full device) must not stop the
+            # run: it is dropped, and the log on disk stays complete.
             self.mirror = None
+            if self._on_warning is not None and not isinstance(exc, BrokenPipeError):
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                self._on_warning(
+                    f"--events: cannot write the events mirror ({why}); it is dropped, "
+                    f"{self.path} stays complete"
+                )
 
     def close(self) -> None:
         """Write everything queued, wait until it is durable, close the file."""

@@ -31,7 +31,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from crucible.core.errors import CrucibleError
 from crucible.core.fdio import write_all
 from crucible.run import verdict as verdict_rules
 from crucible.run.environ import task_environment
+from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail_text, write_record
 from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
 from crucible.run.workers import Channel
@@ -129,24 +130,48 @@ class UnitPaths:
     def log(self, name: str, key: str | None) -> Path:
         return self.unit_path("logs", name, key, ".log")
 
+    def log_path(self, name: str, key: str | None) -> Path:
+        """Where the unit's log is (creating nothing)."""
+        if key is None:
+            return self.state / "logs" / f"{name}.log"
+        return self.state / "logs" / name / f"{self._escape_key(key)}.log"
+
 
 class _LogSink:
     """An attempt's stdout+stderr, appended to ``logs/<task>[/<key>].log``.
 
     The file is opened (and created) at the attempt's first byte, which is
-    preceded by the attempt's header line: an attempt that writes nothing leaves
-    no trace, and a run of quiet tasks creates no log file at all (an inode per
-    task less; see docs/spec/run.md)."""
+    preceded by the attempt's header line (task, key, attempt, start time,
+    argv): an attempt that writes nothing leaves no trace, and a run of quiet
+    tasks creates no log file at all (an inode per task less; see
+    docs/spec/run.md). The last TAIL_BYTES of output are kept for a failure's
+    note; with ``follow``, whole lines also go to the dispatcher's stderr."""
 
-    def __init__(self, paths: UnitPaths, name: str, key: str | None, attempt: int) -> None:
+    def __init__(
+        self,
+        paths: UnitPaths,
+        name: str,
+        key: str | None,
+        attempt: int,
+        header: Callable[[], bytes],
+        follow: _Follow | None,
+    ) -> None:
         self._paths = paths
         self._name = name
         self._key = key
         self._attempt = attempt
+        self._header = header
+        self._follow = follow
         self._fd: int | None = None
         self._path: Path | None = None
         #: why the log could not be written (the rest of the output was dropped)
         self.error: str | None = None
+        #: the end of the attempt's output (for a failure's stderr tail)
+        self.tail = b""
+
+    @property
+    def wrote(self) -> bool:
+        return self._path is not None
 
     def drain(self, out_r: int) -> bool:
         """Copy what the pipe holds; False once every writer has closed it."""
@@ -160,6 +185,9 @@ class _LogSink:
             self._write(data)
 
     def _write(self, data: bytes) -> None:
+        self.tail = (self.tail + data)[-2 * TAIL_BYTES :]
+        if self._follow is not None:
+            self._follow.feed(data)
         if self.error is not None:
             return  # keep draining, so the task never blocks on a full pipe
         try:
@@ -176,16 +204,74 @@ class _LogSink:
         self._path = self._paths.log(self._name, self._key)
         fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         try:
-            write_all(fd, b"== crucible: attempt %d\n" % self._attempt)
+            write_all(fd, self._header())
         except OSError:
             os.close(fd)
             raise
         return fd
 
     def close(self) -> None:
+        if self._follow is not None:
+            self._follow.flush()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+#: a --follow line longer than this is passed on in pieces of this size
+FOLLOW_LINE_MAX = 4096
+
+
+class _Follow:
+    """``--follow``: an attempt's output as whole lines prefixed ``task[key] ``,
+    written to the dispatcher's stderr with one ``write`` per batch of whole
+    lines, so lines of concurrent tasks never interleave within a line."""
+
+    def __init__(self, prefix: bytes, fd: int = 2) -> None:
+        self._prefix = prefix
+        self._fd = fd
+        self._partial = b""
+
+    def feed(self, data: bytes) -> None:
+        data = self._partial + data
+        cut = data.rfind(b"\n") + 1
+        whole, rest = data[:cut], data[cut:]
+        while len(rest) > FOLLOW_LINE_MAX:  # a very long line: in pieces
+            whole += rest[:FOLLOW_LINE_MAX] + b"\n"
+            rest = rest[FOLLOW_LINE_MAX:]
+        self._partial = rest
+        if whole:
+            self._emit(whole)
+
+    def flush(self) -> None:
+        if self._partial:
+            self._emit(self._partial + b"\n")
+            self._partial = b""
+
+    def _emit(self, lines: bytes) -> None:
+        out = b"".join(self._prefix + line + b"\n" for line in lines[:-1].split(b"\n"))
+        with contextlib.suppress(OSError):  # a closed terminal never fails a task
+            write_all(self._fd, out)
+
+
+def follow_prefix(name: str, key: str | None) -> bytes:
+    """``task[key] ``, with control characters of a key escaped (it is printed
+    on a terminal)."""
+    label = name if key is None else f"{name}[{key}]"
+    safe = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in label)
+    return safe.encode("utf-8", "backslashreplace") + b" "
+
+
+def log_header(name: str, key: str | None, attempt: int, argv: list[str], started: str) -> bytes:
+    """The line that heads each attempt in a log: ``== crucible: attempt N``, then
+    the task, key, start time and argv as JSON strings (one line whatever they hold)."""
+    import json
+
+    parts = [f"== crucible: attempt {attempt} task {json.dumps(name)}"]
+    if key is not None:
+        parts.append(f"key {json.dumps(key)}")
+    parts.append(f"started {started} argv {json.dumps(argv)}")
+    return (" ".join(parts) + "\n").encode("utf-8", "surrogatepass")
 
 
 class UnitRunner:
@@ -201,6 +287,7 @@ class UnitRunner:
         emit_cap: int,
         environ: Mapping[str, str],
         slots: Slots,
+        pack_dir: str = "",
     ) -> None:
         from crucible import stage
 
@@ -214,6 +301,7 @@ class UnitRunner:
         self.emit_cap = emit_cap
         self.environ = environ
         self.slots = slots
+        self.pack_dir = pack_dir
         self._host_env: dict[str, dict[str, str]] = {}
 
     # ----------------------------------------------------------------- a unit
@@ -244,15 +332,25 @@ class UnitRunner:
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
         try:
+            started_at = time.time()
             try:
                 proc, out_r = self._launch(argv, env, workspace, timeout)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:
+                # ValueError: a NUL in argv or the environment (none should get
+                # this far; a failed start, never a crashed worker)
+                why = exc.strerror if isinstance(exc, OSError) else None
                 return {
                     "kind": "spawn_error",
-                    "message": f"cannot start {argv[0]!r}: {exc.strerror or exc}",
+                    "message": f"cannot start {argv[0]!r}: {why or exc}",
                     "staged_env": staged_env,
                 }
-            sink = _LogSink(self.paths, name, key, attempt)
+            from crucible.run.session import now_text
+
+            def header() -> bytes:  # built at the first byte: quiet attempts pay nothing
+                return log_header(name, key, attempt, argv, now_text(started_at))
+
+            follow = _Follow(follow_prefix(name, key)) if self.options.follow else None
+            sink = _LogSink(self.paths, name, key, attempt, header, follow)
             try:
                 code, stop_reason, gone = self._wait(proc, channel, out_r, sink)
             finally:
@@ -261,6 +359,13 @@ class UnitRunner:
             log_error = sink.error
         finally:
             self.slots.release()
+
+        # The log fields cost a stat and a split: only a failure pays for them.
+        def log_fields() -> tuple[str | None, str]:
+            path = self.paths.log_path(name, key)
+            rel = str(path.relative_to(self.state)) if sink.wrote or path.exists() else None
+            return rel, tail_text(sink.tail)
+
         duration = time.monotonic() - proc.started
         finished: dict[str, Any] = {
             "kind": "finished",
@@ -272,18 +377,25 @@ class UnitRunner:
             "record": None,
             "capture_error": None,
             "log_error": log_error,
+            "log": None,
+            "tail": "",
         }
         with contextlib.suppress(OSError):
             finished["output_bytes"] = output.stat().st_size
         if gone:
             raise SystemExit(70)  # nobody to reply to
-        if stop_reason is None:
+        # A task stopped by an interrupt that still exits 0 (a TERM trap that
+        # finished its work) is captured like any other: it is what it was.
+        if stop_reason is None or (stop_reason == "interrupt" and code == 0):
             try:
                 finished["record"] = self._capture(
-                    task, name, key, workspace, attempt, output, code
+                    task, name, key, workspace, attempt, output, code, log_fields
                 )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
+        record = finished["record"]
+        if record is None or record.get("status") != PASSED:
+            finished["log"], finished["tail"] = log_fields()
         return finished
 
     def _prepare(
@@ -302,8 +414,7 @@ class UnitRunner:
             staged_env = dict(
                 stage.stage_inputs(self.plan, self.state, name, workspace, key=key).env
             )
-        with contextlib.suppress(FileNotFoundError):
-            output.unlink()
+        stage.clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None
         if task.get("kind") == "agent":
@@ -338,7 +449,11 @@ class UnitRunner:
         env.update(staged_env or {})
         env["CRUCIBLE_TASK"] = name
         if key is not None:
-            env["CRUCIBLE_KEY"] = key
+            # An environment value cannot hold NUL (execve refuses the launch):
+            # such a key travels escaped, as in its paths; the index keeps it raw.
+            env["CRUCIBLE_KEY"] = key if "\x00" not in key else self.stage.escape_key(key)
+        if self.pack_dir:
+            env["CRUCIBLE_PACK_DIR"] = self.pack_dir
         env["CRUCIBLE_ATTEMPT"] = str(attempt)
         env["CRUCIBLE_OUTPUT"] = str(output)
         if prepared["prompt_file"] is not None:
@@ -453,9 +568,11 @@ class UnitRunner:
         attempt: int,
         output: Path,
         code: int,
+        log_fields: Callable[[], tuple[str | None, str]],
     ) -> dict[str, Any]:
         """Capture one attempt's result; reply with what the scheduler needs (never
-        the output itself, which may be large)."""
+        the output itself, which may be large). A failed record gains the log
+        fields and a note naming how it ended (crucible.run.failures)."""
         record = self.stage.capture(
             self.plan,
             self.state,
@@ -469,6 +586,12 @@ class UnitRunner:
         )
         if record.get("status") == PASSED and task.get("kind") == "evaluate":
             record = self._apply_verdict(name, key, record, output)
+        if record.get("status") != PASSED:
+            log, tail = log_fields()
+            record = dict(record)
+            record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
+            add_log_fields(record, log, tail)
+            write_record(self.layout.result_path(name, key), record)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))

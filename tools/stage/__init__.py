@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from crucible.stage._capture import EMIT_CAP_DEFAULT, capture
 from crucible.stage._files import FILES_RUN_MAX
+from crucible.stage._fsio import clear_path
 from crucible.stage._inputs import (
     INDEX_FORMAT,
     INPUTS_ENV_MAX,
@@ -56,6 +57,7 @@ __all__ = [
     "StateLayout",
     "amend_result",
     "capture",
+    "clear_path",
     "escape_key",
     "load_result",
     "map_items",

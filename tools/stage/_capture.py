@@ -10,17 +10,58 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import EMIT_CAP_DEFAULT
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.core.fdio import read_file
-from crucible.stage._files import FILES_RUN_MAX, CaptureRefused, capture_files, check_pattern
-from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
+from crucible.stage._files import (
+    FILES_RUN_MAX,
+    CaptureRefused,
+    _inside,
+    capture_files,
+    check_pattern,
+)
+from crucible.stage._fsio import (
+    TMP_PREFIX,
+    NotRegular,
+    open_regular,
+    read_at_most,
+    remove_tree,
+    swap_in_dir,
+)
 from crucible.stage._inputs import instance_item, utf16_order
 from crucible.stage._layout import StateLayout
-from crucible.stage._plan import view
+from crucible.stage._plan import PlanView, view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
+from crucible.stage._share import Unit, units_of, verify_consumer
 
-__all__ = ["EMIT_CAP_DEFAULT", "capture", "json_type", "type_ok"]
+__all__ = [
+    "EMIT_CAP_DEFAULT",
+    "EMIT_CAP_MAX",
+    "EXIT_CODE_MAX",
+    "EXIT_CODE_MIN",
+    "RESULT_FILE_MAX",
+    "capture",
+    "emit_cap_problem",
+    "json_type",
+    "type_ok",
+]
+
+#: The cap is recorded in the record, so it must be a safe JSON integer; a
+#: cap of 0 would refuse every declared field (the shortest JSON is 1 byte), so
+#: the rule is dispatch's: at least 1 byte.
+EMIT_CAP_MAX = MAX_SAFE_INTEGER
+#: An exit status as dispatch records it: 0–255, or minus the signal number;
+#: the range of a C int bounds what any caller can mean (our choice).
+EXIT_CODE_MIN = -(2**31)
+EXIT_CODE_MAX = 2**31 - 1
+
+
+def emit_cap_problem(value: object) -> str:
+    """The one message for a bad emit cap, from any source."""
+    return (
+        f"the emit cap must be an integer from 1 to {EMIT_CAP_MAX} bytes, not "
+        f"{value if isinstance(value, str) else repr(value)}"
+    )
 
 
 def json_type(value: Any) -> str:
@@ -48,28 +89,88 @@ def type_ok(value: Any, declared: str) -> bool:
     return actual == declared
 
 
+#: Bound on a result file (our choice): declared fields are capped far below
+#: it; a bigger file fails the attempt as measured instead of filling memory.
+RESULT_FILE_MAX = 64 * 1024 * 1024
+
+
+class _Output:
+    """What reading the result file gave: the object, or why there is none and
+    whether a retry could help."""
+
+    def __init__(
+        self, value: dict[str, Any] | None, why: str | None = None, *, measured: bool = False
+    ) -> None:
+        self.value = value
+        self.why = why
+        self.measured = measured
+
+
+def _open_output(path: Path, workspace: Path) -> tuple[int, int]:
+    """(fd, size) of the result file. A symlink is followed only when it resolves
+    inside the workspace, as for emits_files; the file must be regular (a FIFO
+    or device is never opened for reading, never waited on)."""
+    if os.path.islink(path):
+        real = os.path.realpath(path)
+        root = os.path.realpath(workspace)
+        if not _inside(real, root):
+            raise NotRegular(f"is a symlink to {real!r}, outside the workspace; refused")
+        fd, st = open_regular(real)
+    else:
+        fd, st = open_regular(path)
+    return fd, st.st_size
+
+
 def _read_output(
-    path: Path, declares_emits: bool, name: str | None = None
-) -> tuple[dict[str, Any] | None, str | None]:
-    """(result object, None) or (None, why it is not one); ``name`` shows the file."""
+    path: Path, workspace: Path, declares_emits: bool, name: str | None = None
+) -> _Output:
+    """The result object, or why there is none; ``name`` shows the file."""
     shown = str(path) if name is None else name
     try:
-        data = read_file(path)
+        fd, size = _open_output(path, workspace)
     except FileNotFoundError:
         if not declares_emits:
-            return {}, None
-        return None, f"no result file at {shown} (the task writes its result to CRUCIBLE_OUTPUT)"
+            return _Output({})
+        return _Output(
+            None, f"no result file at {shown} (the task writes its result to CRUCIBLE_OUTPUT)"
+        )
+    except NotRegular as exc:
+        return _Output(None, f"result file {shown} {exc.why}", measured=True)
     except OSError as exc:
-        return None, f"cannot read result file {shown}: {exc.strerror}"
+        return _Output(None, f"cannot read result file {shown}: {exc.strerror}")
+    try:
+        if size > RESULT_FILE_MAX:
+            raise OverflowError
+        data = read_at_most(fd, RESULT_FILE_MAX)
+    except OverflowError:
+        return _Output(
+            None,
+            f"result file {shown} holds more than {RESULT_FILE_MAX} bytes, the bound on a "
+            "result file; write large data to a file declared in emits_files instead",
+            measured=True,
+        )
+    except OSError as exc:
+        return _Output(None, f"cannot read result file {shown}: {exc.strerror}")
+    finally:
+        os.close(fd)
     if not data.strip() and not declares_emits:
-        return {}, None
+        return _Output({})
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:
-        return None, f"result file {shown} is not valid JSON: {exc.message}"
+        return _Output(None, f"result file {shown} is not valid JSON: {exc.message}")
     if not isinstance(value, dict):
-        return None, f"result in {shown} is a JSON {json_type(value)}, not an object"
-    return value, None
+        return _Output(None, f"result in {shown} is a JSON {json_type(value)}, not an object")
+    return _Output(value)
+
+
+def _held_units(pv: PlanView, state: Path, task: str) -> list[Unit]:
+    units: list[Unit] = []
+    for anc in pv.ancestors(task):
+        at = pv.tasks[anc]
+        if at.emits_files:
+            units.extend(units_of(state, anc, at.map is not None))
+    return units
 
 
 def capture(
@@ -99,10 +200,14 @@ def capture(
     pv = view(plan)
     t = pv.task(task)
     check_key(plan, task, key)
-    if type(exit_code) is not int:
-        raise InputRefused(f"exit code must be an integer, not {exit_code!r}")
-    if type(emit_cap) is not int or emit_cap < 0:
-        raise InputRefused(f"the emit cap must be a non-negative integer, not {emit_cap!r}")
+    if type(exit_code) is not int or not EXIT_CODE_MIN <= exit_code <= EXIT_CODE_MAX:
+        raise InputRefused(
+            f"exit code must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, "
+            f"not {exit_code!r}",
+            where="exit_code",
+        )
+    if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
+        raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
     for i, pattern in enumerate(t.emits_files):
         check_pattern(pattern, f"plan:task {task}:emits_files[{i}]")
     ex = _extra(extra)
@@ -117,13 +222,15 @@ def capture(
     measured = False  # a failure a retry would only repeat
     if exit_code != 0:
         problems.append(f"exited with status {exit_code}")
-    output, why = _read_output(Path(output_file), bool(t.emits), output_name)
-    if why is not None and (exit_code == 0 or os.path.exists(output_file)):
-        problems.append(why)
+    read = _read_output(Path(output_file), workspace, bool(t.emits), output_name)
+    output = read.value
+    if read.why is not None and (exit_code == 0 or os.path.lexists(output_file)):
+        problems.append(read.why)
+        measured = measured or read.measured
 
     sizes: dict[str, int] = {}
     over_cap: list[dict[str, Any]] = []
-    capped = pv.version == 2
+    capped = pv.version >= 2
     if output is not None:
         for fld in utf16_order(t.emits):
             if fld not in output:
@@ -161,6 +268,16 @@ def capture(
         except canon.CanonError as exc:
             problems.append(f"result has no canonical JSON form: {exc.message}")
             output = None
+            measured = True
+
+    held = _held_units(pv, state, task)
+    if held:
+        # What this task was handed must be what every other consumer sees (3.4).
+        tampering = verify_consumer(
+            state, task if key is None else f"{task}[{key}]", held, workspace
+        )
+        if tampering:
+            problems.extend(tampering)
             measured = True
 
     files: list[dict[str, Any]] = []

@@ -1,38 +1,50 @@
-"""emits_files: capture from a workspace into STATE/files, stage into inputs/<producer>.
+"""emits_files: capture from a workspace into STATE/files.
 
 Capture never lets a task's output reach outside its own directories: declared
 patterns that are absolute or climb (``..``) are refused as plan errors; a matched
 symlink is followed only when its target resolves inside the workspace (the file
-is copied as a regular file); special files are refused. Staging copies the
-captured trees of ancestors read-only, bounded in total by :data:`FILES_RUN_MAX`.
+is copied as a regular file); special files are refused. Staging the captured trees into consumers is
+:mod:`crucible.stage._share`.
 """
 
 from __future__ import annotations
 
-import errno
+import hashlib
 import os
 import re
-import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fdio import write_all
+from crucible.stage._fsio import (
+    TMP_PREFIX,
+    NotRegular,
+    TooDeep,
+    kind_of,
+    open_regular,
+    walk_tree,
+)
 
 __all__ = [
+    "CAPTURE_DEPTH_MAX",
     "FILES_RUN_MAX",
     "CaptureRefused",
     "FileCapture",
     "capture_files",
     "check_pattern",
-    "copy_tree_readonly",
 ]
 
 #: Bound on emits_files bytes: what one producer may capture, and what one task
 #: may be handed from all its ancestors together (for the last task of a run,
 #: the run's total). 4 GiB (our choice).
 FILES_RUN_MAX = 4 * 1024**3
+
+#: Bound on the depth of a captured path (directories from the workspace
+#: root), so a task nesting thousands of directories fails as measured (our
+#: choice; PATH_MAX allows about 2,000 one-letter levels).
+CAPTURE_DEPTH_MAX = 256
 
 _GLOB_CHARS = frozenset("*?[")
 
@@ -71,6 +83,12 @@ def check_pattern(pattern: str, where: str) -> tuple[str, ...]:
         )
     if not parts:
         raise InputRefused(f"emits_files entry {pattern!r} names the workspace itself", where=where)
+    try:
+        _pattern_regex(parts)
+    except re.error as exc:  # "[!]", "[z-a]": refused as a plan error, never raised raw
+        raise InputRefused(
+            f"emits_files entry {pattern!r} is not a valid glob ({exc.msg})", where=where
+        ) from None
     return parts
 
 
@@ -131,14 +149,35 @@ class _Copier:
         )
 
     def capture(self, rel: str) -> None:
-        """Capture workspace-relative ``rel`` (a file or a directory tree)."""
+        """Capture workspace-relative ``rel`` (a file or a directory tree).
+
+        Iterative (a tree nested thousands deep is refused at
+        :data:`CAPTURE_DEPTH_MAX`, never a RecursionError), and any entry that
+        vanishes or cannot be read mid-walk (a daemon renaming a directory)
+        fails the attempt instead of escaping as an OSError."""
         src = os.path.join(self.workspace, rel)
         real = os.path.realpath(src)
         if not _inside(real, self.root_real):
             raise self._refuse_outside(rel, real)
-        self._copy(rel, real, set())
+        stack: list[tuple[str, str, frozenset[str]]] = [(rel, real, frozenset())]
+        while stack:
+            item_rel, item_real, visiting = stack.pop()
+            try:
+                children = self._copy(item_rel, item_real, visiting)
+            except OSError as exc:
+                raise CaptureRefused(
+                    f"emits_files: {item_rel!r} changed or vanished while it was captured "
+                    f"({exc.strerror or exc}); refused",
+                    retryable=False,
+                ) from None
+            stack.extend(reversed(children))
 
-    def _copy(self, rel: str, real: str, visiting: set[str]) -> None:
+    def _copy(
+        self, rel: str, real: str, visiting: frozenset[str]
+    ) -> list[tuple[str, str, frozenset[str]]]:
+        """Copy one file, or make one directory and return its entries to visit."""
+        if rel.count("/") + 1 > CAPTURE_DEPTH_MAX:
+            raise _too_deep(rel)
         try:
             st = os.stat(real)
         except OSError as exc:
@@ -152,40 +191,47 @@ class _Copier:
             (self.dest / rel).mkdir(parents=True, exist_ok=True)
             with os.scandir(real) as it:
                 entries = sorted(e.name for e in it)
+            children = []
             for name in entries:
                 child_rel = f"{rel}/{name}"
                 child = os.path.join(real, name)
                 child_real = os.path.realpath(child) if os.path.islink(child) else child
                 if not _inside(child_real, self.root_real):
                     raise self._refuse_outside(child_rel, child_real)
-                self._copy(child_rel, child_real, visiting)
-            return
+                children.append((child_rel, child_real, visiting))
+            return children
         if not stat.S_ISREG(st.st_mode):
-            raise CaptureRefused(f"emits_files: {rel!r} is not a regular file", retryable=False)
+            raise CaptureRefused(
+                f"emits_files: {rel!r} is {kind_of(st.st_mode)}, not a regular file",
+                retryable=False,
+            )
         if rel in self.done:
-            return
+            return []
         self.done.add(rel)
         target = self.dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        size = self._copy_file(rel, real, target)
-        self.result.files.append({"path": rel, "size": size})
+        size, sha = self._copy_file(rel, real, target)
+        self.result.files.append({"path": rel, "size": size, "digest": sha})
+        return []
 
-    def _copy_file(self, rel: str, real: str, target: Path) -> int:
+    def _copy_file(self, rel: str, real: str, target: Path) -> tuple[int, str]:
         """Copy one checked file. The source is opened without following a final
-        symlink and, where /proc shows it, re-checked by what was opened: a file
-        swapped for a symlink after the check is refused, not followed."""
+        symlink and without blocking, and, where /proc shows it, re-checked by
+        what was opened: a file swapped for a symlink or a FIFO after the check
+        is refused, not followed or waited on."""
         try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd, st = open_regular(real)
+        except NotRegular:
+            raise CaptureRefused(
+                f"emits_files: {rel!r} changed while it was captured; refused", retryable=False
+            ) from None
         except OSError as exc:
             raise CaptureRefused(
                 f"emits_files: cannot read {rel!r}: {exc.strerror}", retryable=False
             ) from None
         try:
-            st = os.fstat(fd)
             opened = _opened_path(fd)
-            if not stat.S_ISREG(st.st_mode) or (
-                opened is not None and not _inside(opened, self.root_real)
-            ):
+            if opened is not None and not _inside(opened, self.root_real):
                 raise CaptureRefused(
                     f"emits_files: {rel!r} changed while it was captured; refused", retryable=False
                 )
@@ -196,10 +242,21 @@ class _Copier:
                     f"the bound on a task's files is {self.budget} bytes",
                     retryable=False,
                 )
-            _copy_fd(fd, target)
-            return st.st_size
+            size, sha = copy_fd_hashed(
+                fd, target, limit=self.budget - self.result.total + st.st_size
+            )
+            self.result.total += size - st.st_size  # a file that grew while copied
+            return size, sha
         finally:
             os.close(fd)
+
+
+def _too_deep(rel: str) -> CaptureRefused:
+    return CaptureRefused(
+        f"emits_files: {rel[:120]!r}… is nested more than {CAPTURE_DEPTH_MAX} directories "
+        f"deep; the bound on a captured path's depth is {CAPTURE_DEPTH_MAX}",
+        retryable=False,
+    )
 
 
 def _opened_path(fd: int) -> str | None:
@@ -209,40 +266,59 @@ def _opened_path(fd: int) -> str | None:
         return None
 
 
-def _copy_fd(src: int, target: Path) -> None:
-    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+def copy_fd_hashed(src: int, target: Path, *, limit: int, mode: int = 0o644) -> tuple[int, str]:
+    """Copy what ``src`` holds (from its current offset) to a new file
+    ``target``, hashing as it goes: (bytes, ``sha256:…``). More than ``limit``
+    bytes fails the copy (a file that grows while it is read)."""
+    h = hashlib.sha256()
+    size = 0
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        offset = 0
-        try:
-            while n := os.sendfile(out, src, offset, 1 << 30):
-                offset += n
-        except OSError as exc:  # no sendfile to a regular file here: plain copy
-            if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK):
-                raise
-            os.lseek(src, 0, os.SEEK_SET)
-            while chunk := os.read(src, 1 << 20):
-                write_all(out, chunk)
+        while chunk := os.read(src, 1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise CaptureRefused(
+                    f"emits_files: {target.name!r} grew past the bound of {limit} bytes "
+                    "while it was captured",
+                    retryable=False,
+                )
+            h.update(chunk)
+            write_all(out, chunk)
     except OSError as exc:
         raise OperationalError(f"cannot capture into {target}: {exc.strerror or exc}") from None
     finally:
         os.close(out)
+    return size, "sha256:" + h.hexdigest()
+
+
+def _skip_at_root(name: str) -> bool:
+    # What stage handed the task is not its output; stage's temporaries neither.
+    return name == "inputs" or name.startswith(TMP_PREFIX)
 
 
 def _walk_rel(workspace: Path, base: str) -> list[str]:
-    """Workspace-relative paths under ``base`` (files and dirs), not following links.
+    """Workspace-relative paths under ``base`` (files and dirs), not following
+    links, iteratively and at most :data:`CAPTURE_DEPTH_MAX` deep.
 
     A glob from the workspace root does not enter ``inputs/`` (what stage handed
     the task is not its output) nor stage's ``@tmp-`` temporaries."""
     top = os.path.join(workspace, base) if base else str(workspace)
-    out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        rel_dir = os.path.relpath(dirpath, workspace)
-        rel_dir = "" if rel_dir == "." else rel_dir
-        if rel_dir == "":
-            dirnames[:] = [d for d in dirnames if d != "inputs" and not d.startswith("@tmp-")]
-        for name in dirnames + filenames:
-            out.append(f"{rel_dir}/{name}" if rel_dir else name)
-    return out
+    depth = base.count("/") + 1 if base else 0
+    try:
+        rels = walk_tree(
+            top,
+            max_depth=CAPTURE_DEPTH_MAX - depth,
+            prune_top=None if base else _skip_at_root,
+        )
+    except TooDeep as exc:
+        raise _too_deep(f"{base}/{exc.rel}" if base else exc.rel) from None
+    except OSError as exc:
+        raise CaptureRefused(
+            f"emits_files: {base or '.'!r} changed or vanished while it was searched "
+            f"({exc.strerror or exc}); refused",
+            retryable=False,
+        ) from None
+    return [f"{base}/{r}" for r in rels] if base else rels
 
 
 def capture_files(
@@ -289,43 +365,3 @@ def capture_files(
             copier.capture(rel)
     copier.result.files.sort(key=lambda f: str(f["path"]))
     return copier.result
-
-
-def copy_tree_readonly(src: Path, dst: Path, used: int, bound: int, *, skip_top_at: bool) -> int:
-    """Copy a captured tree; files become read-only (0444). Returns ``used`` plus
-    the bytes copied.
-
-    Raises :class:`InputRefused` when the running total would pass ``bound``.
-    ``skip_top_at`` ignores top-level ``@…`` entries (a crashed capture's temp).
-    """
-    total = used
-    for dirpath, dirnames, filenames in os.walk(src, followlinks=False):
-        rel = os.path.relpath(dirpath, src)
-        if rel == "." and skip_top_at:
-            dirnames[:] = [d for d in dirnames if not d.startswith("@")]
-            filenames = [f for f in filenames if not f.startswith("@")]
-        out_dir = dst if rel == "." else dst / rel
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for d in dirnames:
-            if os.path.islink(os.path.join(dirpath, d)):
-                raise InputRefused(
-                    f"unexpected symlink in captured files: {os.path.join(dirpath, d)}"
-                )
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                raise InputRefused(f"unexpected non-regular file in captured files: {path}")
-            total += st.st_size
-            if total > bound:
-                raise InputRefused(
-                    f"staging emits_files would pass the bound of {bound} bytes "
-                    f"one task may be handed (at {path})"
-                )
-            target = out_dir / name
-            try:
-                shutil.copyfile(path, target)
-                os.chmod(target, 0o444)
-            except OSError as exc:
-                raise OperationalError(f"cannot stage {path}: {exc.strerror or exc}") from None
-    return total

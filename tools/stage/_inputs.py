@@ -23,12 +23,13 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
-from crucible.stage._files import FILES_RUN_MAX, copy_tree_readonly
+from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._share import stage_units, units_of
 
 __all__ = [
     "INDEX_FORMAT",
@@ -341,24 +342,19 @@ class _Staging:
         self.files_staged: set[str] = set()  # "producer" or "producer/<escaped key>"
 
     def stage_files(self, bound: int) -> None:
-        layout = StateLayout(self.state)
+        """Every ancestor's captured files under ``inputs/<ancestor>/``, from
+        the published copies (3.4): reflinked, hard-linked or copied."""
         for anc in self.pv.ancestors(self.t.name):
             at = self.pv.tasks[anc]
             if not at.emits_files:
                 continue
-            src = layout.files_dir(anc)
-            if not src.is_dir():
-                continue
+            StateLayout(self.state).files_dir(anc)  # checks the name
             mapped = at.map is not None
-            self.files_bytes = copy_tree_readonly(
-                src, self.tmp / anc, self.files_bytes, bound, skip_top_at=mapped
-            )
-            if mapped:
-                for entry in os.listdir(src):
-                    if not entry.startswith("@"):
-                        self.files_staged.add(f"{anc}/{entry}")
-            else:
-                self.files_staged.add(anc)
+            if mapped and (self.state / "files" / anc).is_dir():
+                (self.tmp / anc).mkdir()
+            units = units_of(self.state, anc, mapped)
+            self.files_bytes = stage_units(self.state, units, self.tmp, self.files_bytes, bound)
+            self.files_staged.update(u.staged for u in units)
 
     def value_entry(self, rel: str, value: Any, path: Path | str) -> dict[str, Any]:
         data = _scalar_bytes(value) or canon.dumps(value)
@@ -478,7 +474,7 @@ def stage_inputs(
         staging.stage_files(files_max)
         reserved = reserved_values(plan, state, task, key)
         env: dict[str, str] = {}
-        if pv.version == 2:
+        if pv.version >= 2:
             values_dir = tmp / VALUES_DIR
             values_dir.mkdir()
             entries = []
@@ -537,7 +533,7 @@ def stage_inputs(
     return StagedInputs(
         env=env,
         inputs_dir=inputs_dir,
-        values_dir=inputs_dir / VALUES_DIR if pv.version == 2 else None,
+        values_dir=inputs_dir / VALUES_DIR if pv.version >= 2 else None,
         index=index,
         inputs_file=inputs_file,
         value=result_value,

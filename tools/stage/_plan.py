@@ -139,10 +139,10 @@ def build_view(plan: Any) -> PlanView:
     version = plan.get("version")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
-            f"plan version {version!r} is not supported (supported: 1, 2)", where="plan:$.version"
+            f"plan version {version!r} is not supported (supported: 1, 2, 3)", where="plan:$.version"
         )
     edition = plan.get("edition", 1)
-    if type(edition) is not int or edition not in (1, 2, 3):
+    if type(edition) is not int or edition not in (1, 2, 3, 4):
         raise UnsupportedVersion(f"edition {edition!r} is not supported", where="plan:$.edition")
     raw_tasks = plan.get("tasks")
     if not isinstance(raw_tasks, list):

@@ -104,12 +104,12 @@ def render_prompt(
         raise InputRefused(f"task {task!r} is a {t.kind} task, not an agent; it has no prompt")
     workspace = Path(workspace).absolute()
     inputs = workspace / "inputs"
-    marker = inputs / (f"{VALUES_DIR}/{INDEX_NAME}" if pv.version == 2 else V1_FILE)
+    marker = inputs / (f"{VALUES_DIR}/{INDEX_NAME}" if pv.version >= 2 else V1_FILE)
     if not marker.exists():
         stage_inputs(plan, Path(state), task, workspace, key=key)
     head = (t.prompt or "").rstrip("\n") + "\n\n"
     history: Any = _NO_HISTORY
-    if pv.version == 2:
+    if pv.version >= 2:
         index = _load(marker)
         if not isinstance(index, dict) or index.get("task") != task or index.get("key") != key:
             raise InputRefused(

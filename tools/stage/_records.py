@@ -88,6 +88,9 @@ def record_settled(
     if key is not None or view(plan).task(task).map is None:
         check_key(plan, task, key)
     record = base_record(task, key, status, note)
+    tampering = _held_tampering(plan, Path(state), task, key)
+    if tampering:  # a timed-out or killed consumer is checked as capture checks one
+        record["note"] = "; ".join([note, *tampering]) if note else "; ".join(tampering)
     if key is None and view(plan).task(task).map is not None:
         record["keys"] = []
         record["counts"] = dict.fromkeys(STATUSES, 0)
@@ -95,6 +98,26 @@ def record_settled(
     if ex is not None:
         record["extra"] = ex
     return write_record(Path(state), record)
+
+
+def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[str]:
+    """Notes for staged files the task's (default) workspace holds that were
+    changed (docs/spec/inputs.md 3.4); none when it was never staged."""
+    from crucible.stage._share import units_of, verify_consumer
+
+    pv = view(plan)
+    if key is None and pv.task(task).map is not None:
+        return []  # an aggregate has no workspace of its own
+    units = []
+    for anc in pv.ancestors(task):
+        at = pv.tasks[anc]
+        if at.emits_files:
+            units.extend(units_of(state, anc, at.map is not None))
+    if not units:
+        return []
+    workspace = StateLayout(state).work_dir(task, key)
+    label = task if key is None else f"{task}[{key}]"
+    return verify_consumer(state, label, units, workspace)
 
 
 def amend_result(
@@ -221,7 +244,9 @@ def settle_fold(plan: Any, state: Path, task: str, keys: list[str]) -> dict[str,
         bad = len(keys) - counts["passed"]
         k, rec = first_bad
         status = "failed"
-        note = f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {rec['note']}"
+        # the instance note's first line: a failed attempt's goes on with its stderr
+        headline = str(rec["note"]).split("\n", 1)[0]
+        note = f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {headline}"
     record = base_record(task, None, status, note)
     record["keys"] = list(keys)
     record["counts"] = counts

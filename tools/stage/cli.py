@@ -206,19 +206,30 @@ def inputs_cmd(
 
 
 def _emit_cap(value: str | None) -> int:
-    from crucible.stage import EMIT_CAP_DEFAULT
+    from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, emit_cap_problem
 
     text = value if value is not None else os.environ.get("CRUCIBLE_EMIT_CAP")
     if text is None or text == "":
         return EMIT_CAP_DEFAULT
+    source = "--emit-cap" if value is not None else "CRUCIBLE_EMIT_CAP"
     try:
         cap = int(text)
     except ValueError:
-        cap = -1
-    if cap < 0:
-        source = "--emit-cap" if value is not None else "CRUCIBLE_EMIT_CAP"
-        raise UsageError(f"{source} must be a non-negative integer of bytes, not {text!r}")
+        cap = 0
+    if not 1 <= cap <= EMIT_CAP_MAX:
+        raise UsageError(emit_cap_problem(repr(text)), where=source)
     return cap
+
+
+def _exit_code(value: int) -> int:
+    from crucible.stage._capture import EXIT_CODE_MAX, EXIT_CODE_MIN
+
+    if not EXIT_CODE_MIN <= value <= EXIT_CODE_MAX:
+        raise UsageError(
+            f"must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, not {value}",
+            where="--exit-code",
+        )
+    return value
 
 
 def _capture_stdin(t: Target, *, exit_code: int, attempt: int, emit_cap: int) -> dict[str, Any]:
@@ -300,6 +311,7 @@ def capture_cmd(
     emits_files, write its record and print it. Exit 1 when the attempt failed."""
 
     cap = _emit_cap(emit_cap)
+    exit_code = _exit_code(exit_code)
     output_file = output or os.environ.get("CRUCIBLE_OUTPUT")
     if not output_file:
         raise UsageError("give --output FILE or set CRUCIBLE_OUTPUT")

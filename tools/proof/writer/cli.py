@@ -1,4 +1,4 @@
-"""``crucible-prove``: the thin click layer over :func:`crucible.proof.writer.prove`."""
+"""``crucible-prove``: click only, over :func:`crucible.proof.writer.commands.run_prove`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import click
 
 from crucible import __version__
 from crucible.core.cli import run
-from crucible.core.errors import EXIT_OPERATIONAL, UsageError
 
 __all__ = ["command", "main"]
 
@@ -24,7 +23,12 @@ _PATH = click.Path(path_type=Path, readable=False)
 )
 @click.option("--operations", type=_PATH, help="Operation log (NDJSON); - reads stdin.")
 @click.option("--artifacts", type=_PATH, help="Directory holding received artifact files.")
-@click.option("--out", type=_PATH, help="Bundle directory to write (replaced atomically).")
+@click.option(
+    "--out",
+    type=_PATH,
+    help="Bundle directory to write (replaced atomically; only a previous bundle or an "
+    "empty directory is ever replaced).",
+)
 @click.option(
     "--check-candidates",
     is_flag=True,
@@ -47,58 +51,18 @@ def command(
     """
     if ctx.invoked_subcommand is not None:
         return 0
-    missing = [
-        name
-        for name, value in (
-            ("--workflow", workflow),
-            ("--operations", operations),
-            ("--artifacts", artifacts),
-            ("--out", out),
-        )
-        if value is None
-    ]
-    if missing:
-        raise UsageError(f"missing option {missing[0]} (see crucible-prove --help)")
-    assert workflow and operations and artifacts and out
-    if str(workflow) == str(operations) == "-":
-        raise UsageError("--workflow and --operations cannot both read stdin (-)")
-    for name, path in (("--workflow", workflow), ("--operations", operations)):
-        # not is_file(): a pipe such as <(gzip -dc ops.ndjson.gz) is a fine input
-        if str(path) != "-" and (not path.exists() or path.is_dir()):
-            problem = "is a directory, not a file" if path.is_dir() else "no such file"
-            raise UsageError(f"{name} {path}: {problem}")
-    if not artifacts.is_dir():
-        problem = "not a directory" if artifacts.exists() else "no such directory"
-        raise UsageError(f"--artifacts {artifacts}: {problem}")
-    from crucible.proof.writer import ProveOptions, prove
+    from crucible.proof.writer.commands import ProveCommand, run_prove
 
-    result = prove(ProveOptions(workflow, operations, artifacts, out, check_candidates))
-    click.echo(result.proof_digest)
-    label = f" (partial: {result.partial})" if result.partial else ""
-    click.echo(
-        f"crucible-prove: {result.out}: {result.epochs} epochs, {result.bytes} bytes in "
-        f"{result.files} files{label}",
-        err=True,
-    )
-    if result.custody is not None:
-        click.echo(f"crucible-prove: received material kept in custody: {result.custody}", err=True)
-    if result.unrecordable:
-        click.echo(
-            f"crucible-prove: error: {result.unrecordable} (recording unavailable; "
-            "the last complete prefix was written, labelled partial)",
-            err=True,
-        )
-        return EXIT_OPERATIONAL
-    return 0
+    opts = ProveCommand(workflow, operations, artifacts, out, check_candidates)
+    return run_prove(opts, sys.stdout.buffer, sys.stderr)
 
 
 @command.command("probe")
 def probe_command() -> int:
     """Print the synthetic accounting experiment: measured candidates and boundaries."""
-    from crucible.proof.writer.probe import run_probe
+    from crucible.proof.writer.commands import run_probe
 
-    sys.stdout.write(run_probe())
-    return 0
+    return run_probe(sys.stdout.buffer)
 
 
 def main() -> None:

@@ -1,0 +1,128 @@
+"""Benchmark staging captured files into a fan-out against one copy of them.
+
+A producer captures one file of ``--size`` bytes (default 1 GiB); a map of
+``--instances`` (default 100) instances needs it. Staging every instance's
+``inputs/`` (the published copy built once, checked against the capture's
+digest, then a reflink or hard link per instance) is timed against one plain
+copy of the file on the same filesystem (``shutil.copyfile``, in-kernel).
+Budget: 2x. The old way, a copy per instance, is reported from the same run
+(timed over a few instances, scaled).
+
+    python benchmarks/bench_staging.py [--size BYTES] [--instances N] [--dir DIR]
+
+``--dir`` puts the state there (e.g. on XFS or btrfs to see reflinks). Prints
+one line per figure; exits 1 if the budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon
+from crucible.stage import capture, stage_inputs
+
+BUDGET = 2.0
+OLD_WAY_SAMPLE = 3
+
+
+def _plan(instances: int) -> dict[str, Any]:
+    tasks = [
+        {
+            "name": "p",
+            "kind": "command",
+            "run": ["true"],
+            "needs": [],
+            "join": "all",
+            "emits": {"xs": "array"},
+            "emits_files": ["big"],
+            "retries": 0,
+            "epilogue": False,
+        },
+        {
+            "name": "m",
+            "kind": "command",
+            "run": ["true"],
+            "needs": ["p"],
+            "join": "all",
+            "emits": {},
+            "emits_files": [],
+            "retries": 0,
+            "epilogue": False,
+            "map": "p.xs",
+        },
+    ]
+    plan = {"version": 2, "edition": 3, "workflow": {"name": "b", "params": {}}, "tasks": tasks}
+    return canon.loads(canon.dumps(plan))  # type: ignore[no-any-return]
+
+
+def _write(path: Path, size: int) -> None:
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as f:
+        left = size
+        while left > 0:
+            f.write(block[: min(left, len(block))])
+            left -= len(block)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=1 << 30, help="bytes of the captured file")
+    ap.add_argument("--instances", type=int, default=100, help="instances of the map")
+    ap.add_argument("--dir", default=None, help="where the state goes [default: a temp dir]")
+    args = ap.parse_args(argv)
+    if args.size < 1 or args.instances < 1:
+        print("bench_staging: --size and --instances must be at least 1", file=sys.stderr)
+        return 2
+    root = Path(tempfile.mkdtemp(prefix="bench-staging-", dir=args.dir))
+    try:
+        state = root / "state"
+        state.mkdir()
+        plan = _plan(args.instances)
+        ws = state / "work" / "p"
+        ws.mkdir(parents=True)
+        _write(ws / "big", args.size)
+        (ws / "out.json").write_bytes(canon.dumps({"xs": list(range(args.instances))}))
+        rec = capture(plan, state, "p", ws, output_file=ws / "out.json", exit_code=0)
+        assert rec["status"] == "passed", rec["note"]
+        store = state / "files" / "p" / "big"
+
+        start = time.perf_counter()
+        shutil.copyfile(store, root / "one-copy")
+        one_copy = time.perf_counter() - start
+        (root / "one-copy").unlink()
+
+        start = time.perf_counter()
+        for k in range(args.instances):
+            stage_inputs(plan, state, "m", state / "work" / "m" / str(k), key=str(k))
+        staging = time.perf_counter() - start
+        staged = state / "work" / "m" / "0" / "inputs" / "p" / "big"
+        how = "hard links" if staged.stat().st_nlink > 1 else "reflinks or copies"
+
+        start = time.perf_counter()
+        for k in range(OLD_WAY_SAMPLE):
+            shutil.copyfile(store, root / f"old-{k}")
+        old_way = (time.perf_counter() - start) / OLD_WAY_SAMPLE * args.instances
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ratio = staging / one_copy
+    print(f"one copy of {args.size} bytes: {one_copy * 1e3:.0f} ms")
+    print(
+        f"staging into {args.instances} instances ({how}): {staging * 1e3:.0f} ms "
+        f"= {ratio:.2f}x one copy (budget {BUDGET}x)"
+    )
+    print(
+        f"a copy per instance (before): about {old_way * 1e3:.0f} ms "
+        f"= {old_way / one_copy:.1f}x one copy"
+    )
+    return 0 if ratio <= BUDGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

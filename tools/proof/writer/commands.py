@@ -1,0 +1,84 @@
+"""What ``crucible-prove`` does, without click: options in, a bundle, a digest line and
+an exit code out (docs/spec/admission-proof.md §8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, TextIO
+
+from crucible.core.errors import EXIT_OK, EXIT_OPERATIONAL, UsageError
+
+__all__ = ["PROG", "ProveCommand", "run_probe", "run_prove"]
+
+PROG = "crucible-prove"
+
+
+@dataclass(frozen=True)
+class ProveCommand:
+    workflow: Path | None
+    operations: Path | None
+    artifacts: Path | None
+    out: Path | None
+    check_candidates: bool = False
+
+
+def _inputs(opts: ProveCommand) -> tuple[Path, Path, Path, Path]:
+    """The four paths, each present and of the right kind (usage errors, exit 2)."""
+    given = (
+        ("--workflow", opts.workflow),
+        ("--operations", opts.operations),
+        ("--artifacts", opts.artifacts),
+        ("--out", opts.out),
+    )
+    for name, value in given:
+        if value is None:
+            raise UsageError(f"missing option {name} (see {PROG} --help)")
+    workflow, operations, artifacts, out = (value for _, value in given)
+    assert workflow and operations and artifacts and out
+    if str(workflow) == str(operations) == "-":
+        raise UsageError("--workflow and --operations cannot both read stdin (-)")
+    for name, path in (("--workflow", workflow), ("--operations", operations)):
+        # not is_file(): a pipe such as <(gzip -dc ops.ndjson.gz) is a fine input
+        if str(path) != "-" and (not path.exists() or path.is_dir()):
+            problem = "is a directory, not a file" if path.is_dir() else "no such file"
+            raise UsageError(f"{name} {path}: {problem}")
+    if not artifacts.is_dir():
+        problem = "not a directory" if artifacts.exists() else "no such directory"
+        raise UsageError(f"--artifacts {artifacts}: {problem}")
+    return workflow, operations, artifacts, out
+
+
+def run_prove(opts: ProveCommand, out: BinaryIO, err: TextIO) -> int:
+    """Write the bundle; the proof digest on ``out``, a summary line on ``err``.
+    Exit 3 (and the last complete prefix, labelled partial) when recording became
+    unavailable; refused input raises (exit 1 or 2, the previous bundle untouched)."""
+    from crucible.proof.writer import ProveOptions, prove
+
+    workflow, operations, artifacts, bundle = _inputs(opts)
+    result = prove(ProveOptions(workflow, operations, artifacts, bundle, opts.check_candidates))
+    out.write(result.proof_digest.encode("ascii") + b"\n")
+    out.flush()
+    label = f" (partial: {result.partial})" if result.partial else ""
+    err.write(
+        f"{PROG}: {result.out}: {result.epochs} epochs, {result.bytes} bytes in "
+        f"{result.files} files{label}\n"
+    )
+    if result.custody is not None:
+        err.write(f"{PROG}: received material kept in custody: {result.custody}\n")
+    if result.unrecordable:
+        err.write(
+            f"{PROG}: error: {result.unrecordable} (recording unavailable; "
+            "the last complete prefix was written, labelled partial)\n"
+        )
+        return EXIT_OPERATIONAL
+    return EXIT_OK
+
+
+def run_probe(out: BinaryIO) -> int:
+    """The synthetic accounting experiment: measured candidates and boundaries."""
+    from crucible.proof.writer._probe import run_probe as probe
+
+    out.write(probe().encode("utf-8"))
+    out.flush()
+    return EXIT_OK

@@ -1,0 +1,356 @@
+"""The task cache: a unit's result, keyed by everything that can change it.
+
+A unit's workspace is fresh per run and everything it receives is staged by
+``crucible.stage`` with digests, so its cache key can be complete: the task's
+compiled definition, the digests of every staged input and every staged
+ancestor file, its instance key and item, the host variables it is actually
+handed, the agent command, and the emit cap (docs/spec/cache.md). What the key
+leaves out — wall clock, the state directory's path, host variables a task is
+not handed — cannot reach the task.
+
+Records live in a ledger (``crucible.ledger``, scope ``dispatch``): memo →
+ledger → execute, at-least-once executed, exactly-once recorded, only settled
+facts. A record's value is the result record and the list of captured files
+(path, size, digest); the files themselves live in a content-addressed store
+under the cache directory, ``files/sha256/<2 hex>/<62 hex>``, written before the
+record is appended, so a crash between them leaves a store file no record
+names (a ``gc`` removes it), never a record whose files are missing. A store
+file whose digest no longer matches is never restored: the lookup is a miss,
+reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon, digest
+
+__all__ = [
+    "CACHE_SCOPE",
+    "KEY_FORMAT",
+    "CacheKey",
+    "Hit",
+    "Miss",
+    "TaskCache",
+    "explain_miss",
+    "unit_key",
+]
+
+CACHE_SCOPE = "dispatch"
+KEY_FORMAT = "crucible.cache-key/1"
+#: plan task members that never change what a unit does (documentation only)
+_NOT_IN_KEY = frozenset({"description"})
+#: host variables an edition-1 task is keyed on: it is handed the whole host
+#: environment, and keying on all of it would make every shell's PWD, SHLVL
+#: and OLDPWD a miss (docs/spec/cache.md)
+_EDITION1_KEYED_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+Warn = Callable[[str], None]
+
+
+def _digest_of(value: Any) -> str:
+    return digest.of_bytes(canon.dumps(value))
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A unit's key: ``digest`` over the canonical JSON of ``components`` (name →
+    digest of that part), kept apart so a miss can name what changed."""
+
+    task: str
+    key: str | None
+    components: dict[str, str]
+    digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "digest", _digest_of({"format": KEY_FORMAT, "components": self.components})
+        )
+
+
+def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
+
+
+def _staged_inputs(workspace: Path, version: int) -> dict[str, str]:
+    """One component per staged input, from what stage wrote in the workspace."""
+    inputs = workspace / "inputs"
+    if version >= 2:
+        index = canon.loads((inputs / "@values" / "index.json").read_bytes())
+        out = {}
+        for entry in index.get("inputs", []):
+            # path and size follow from the name and the digest; the rest (status,
+            # note, what was staged, fold entries' digests) can change the task
+            kept = {k: v for k, v in entry.items() if k not in ("path", "size")}
+            out[f"input:{entry['name']}"] = _digest_of(kept)
+        return out
+    obj = canon.loads((inputs / "@inputs.json").read_bytes())
+    return {f"input:{name}": _digest_of(value) for name, value in obj.items()}
+
+
+def _record_files(record: Mapping[str, Any], files_dir: Path) -> list[dict[str, Any]]:
+    """A record's captured files with digests (hashed here when the record has none)."""
+    out = []
+    for entry in record.get("files", []) or []:
+        d = entry.get("digest")
+        if not isinstance(d, str):
+            d = digest.of_file(files_dir / entry["path"])
+        out.append({"path": entry["path"], "size": entry.get("size"), "digest": d})
+    return out
+
+
+def _ancestor_files(
+    plan: Mapping[str, Any], task_name: str, state: Path, escape_key: Callable[[str], str]
+) -> dict[str, str]:
+    """One component per ancestor that declares emits_files: what was staged
+    under ``inputs/<ancestor>/`` (its captured files and their digests)."""
+    tasks = {t["name"]: t for t in plan["tasks"]}
+    seen: set[str] = set()
+    stack = list(tasks[task_name].get("needs", []))
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(tasks[name].get("needs", []))
+    out: dict[str, str] = {}
+    for name in sorted(seen):
+        if not tasks[name].get("emits_files"):
+            continue
+        rec_path = state / "results" / f"{name}.json"
+        if not rec_path.exists():
+            out[f"files:{name}"] = _digest_of(None)
+            continue
+        record = canon.loads(rec_path.read_bytes())
+        if "keys" in record:  # a fold: every instance's files
+            per: dict[str, Any] = {}
+            for k in record["keys"]:
+                ipath = state / "results" / name / f"{escape_key(k)}.json"
+                if ipath.exists():
+                    irec = canon.loads(ipath.read_bytes())
+                    per[k] = _record_files(irec, state / "files" / name / escape_key(k))
+            out[f"files:{name}"] = _digest_of(per)
+        else:
+            out[f"files:{name}"] = _digest_of(_record_files(record, state / "files" / name))
+    return out
+
+
+def unit_key(
+    *,
+    plan: Mapping[str, Any],
+    task_name: str,
+    key: str | None,
+    state: Path,
+    workspace: Path,
+    host_env: Mapping[str, str],
+    agent_cmd: str | None,
+    emit_cap: int,
+    escape_key: Callable[[str], str],
+) -> CacheKey:
+    """The cache key of one unit, computed after its inputs were staged.
+
+    ``host_env`` is the host part of the environment the task is handed
+    (``crucible.run.environ.task_environment``)."""
+    task = next(t for t in plan["tasks"] if t["name"] == task_name)
+    version = int(plan["version"])
+    if int(plan.get("edition", 1)) <= 1:
+        env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
+    else:
+        env = dict(host_env)
+    components: dict[str, str] = {
+        "plan_version": _digest_of(version),
+        "task": _digest_of(_task_definition(task)),
+        "instance": _digest_of(key),
+        "env": _digest_of(env),
+        "emit_cap": _digest_of(emit_cap),
+    }
+    if task.get("kind") == "agent":
+        components["agent_cmd"] = _digest_of(agent_cmd)
+    components.update(_staged_inputs(workspace, version))
+    components.update(_ancestor_files(plan, task_name, state, escape_key))
+    return CacheKey(task_name, key, components)
+
+
+# ------------------------------------------------------------------- lookups
+
+
+def _step(ck: CacheKey) -> str:
+    """The ledger step of a key, spelled as ``crucible.ledger`` content steps are."""
+    return f"unit:{ck.digest}"
+
+
+@dataclass(frozen=True)
+class Hit:
+    record: dict[str, Any]
+    files: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str
+
+
+_COMPONENT_WORDS = {
+    "plan_version": "changed plan version",
+    "task": "changed task definition",
+    "instance": "new instance",
+    "env": "changed environment passed",
+    "emit_cap": "changed emit cap",
+    "agent_cmd": "changed --agent-cmd",
+}
+
+
+def explain_miss(previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
+    """Why a unit missed, against the last key recorded for the same task and
+    instance: the first component (in key order) that differs."""
+    if previous is None:
+        return "never run with this cache"
+    for name, value in current.items():
+        if previous.get(name) != value:
+            if name.startswith("input:"):
+                return f"changed input {name[6:]!r}"
+            if name.startswith("files:"):
+                return f"changed files of {name[6:]!r}"
+            if name == "task":
+                return "changed task definition"
+            return _COMPONENT_WORDS.get(name, f"changed {name}")
+    for name in previous:
+        if name not in current:
+            return f"input {name.split(':', 1)[-1]!r} no longer staged"
+    return "same key, no record (a failure, or not cached)"
+
+
+class TaskCache:
+    """A cache directory: a ledger of unit results plus a content store of files."""
+
+    def __init__(self, directory: Path, *, warn: Warn) -> None:
+        self.directory = directory
+        self.warn = warn
+        self.store = directory / "files" / "sha256"
+        self._ledger: Any = None
+
+    # The ledger is opened lazily so a run whose units all miss early still
+    # pays for opening it once, in the process that looks up.
+    def _open(self) -> Any:
+        if self._ledger is None:
+            from crucible.ledger import Ledger
+
+            self._ledger = Ledger(self.directory, warn=self.warn)
+        return self._ledger
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+    def _store_path(self, file_digest: str) -> Path:
+        hexd = file_digest.split(":", 1)[1]
+        return self.store / hexd[:2] / hexd[2:]
+
+    def _last_path(self, task: str, key: str | None, escape_key: Callable[[str], str]) -> Path:
+        name = escape_key(key) if key is not None else "@task"
+        return self.directory / "last" / escape_key(task) / f"{name}.json"
+
+    def last_components(
+        self, task: str, key: str | None, escape_key: Callable[[str], str]
+    ) -> dict[str, str] | None:
+        try:
+            value = canon.loads(self._last_path(task, key, escape_key).read_bytes())
+        except (OSError, canon.CanonError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def lookup(self, ck: CacheKey) -> Hit | None:
+        """The recorded result for ``ck``, or None. A record whose store files are
+        missing or altered is a miss (warned), never restored."""
+        reply = self._open().lookup(CACHE_SCOPE, _step(ck))
+        if reply is None or reply.status != "ok":
+            return None
+        value = reply.value
+        if not isinstance(value, dict) or not isinstance(value.get("record"), dict):
+            return None
+        files = value.get("files", [])
+        for entry in files:
+            path = self._store_path(entry["digest"])
+            try:
+                ok = digest.of_file(path) == entry["digest"]
+            except OSError:
+                ok = False
+            if not ok:
+                self.warn(
+                    f"cache: store file {path} for {ck.task}: {entry['path']} is missing or "
+                    "altered; running the task instead"
+                )
+                return None
+        return Hit(value["record"], files)
+
+    def restore(self, hit: Hit, files_dir: Path) -> None:
+        """Lay the hit's captured files under ``files_dir`` (hard links from the
+        store, read-only; copies across filesystems)."""
+        if files_dir.exists():
+            shutil.rmtree(files_dir)
+        for entry in hit.files:
+            target = files_dir / entry["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = self._store_path(entry["digest"])
+            try:
+                os.link(src, target)
+            except OSError:
+                shutil.copyfile(src, target)
+                os.chmod(target, 0o444)
+
+    def save(
+        self,
+        ck: CacheKey,
+        record: dict[str, Any],
+        files_dir: Path,
+        escape_key: Callable[[str], str],
+    ) -> None:
+        """Record a settled unit: store files first, then the ledger line."""
+        files = _record_files(record, files_dir)
+        for entry in files:
+            self._put_file(files_dir / entry["path"], entry["digest"])
+        value = {"record": record, "files": files}
+        from crucible.ledger import Outcome
+
+        self._open().record(
+            CACHE_SCOPE,
+            _step(ck),
+            Outcome.ok(value),
+            key={"task": ck.task, "instance": ck.key, "components": ck.components},
+        )
+        self._write_last(ck, escape_key)
+
+    def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
+        from crucible.core import atomic
+
+        path = self._last_path(ck.task, ck.key, escape_key)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_bytes(path, canon.dumps(ck.components), durable=False)
+
+    def _put_file(self, src: Path, file_digest: str) -> None:
+        target = self._store_path(file_digest)
+        if target.exists():
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"@tmp-{os.getpid()}-{target.name}")
+        h = hashlib.sha256()
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(1 << 20):
+                h.update(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        if f"sha256:{h.hexdigest()}" != file_digest:
+            tmp.unlink()
+            raise OSError(f"{src} changed while it was stored")
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, target)

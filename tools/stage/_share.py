@@ -1,0 +1,635 @@
+"""Staging captured files without a copy per consumer (docs/spec/inputs.md 3.4).
+
+A producer unit's captured tree (``STATE/files/<task>[/<escaped key>]``, the
+*store*) is never handed to a consumer. The first staging that needs it builds
+one *published* copy, ``STATE/shared/<task>[/<escaped key>]/tree`` (files 0444),
+checking every file against the digest capture recorded, and writes its
+``manifest.json``: per file its path, size, digest and the identity of the
+published inode (inode number, size, mtime, mode). Every consumer then gets, per
+file, the cheapest private-enough handle, tried in this order:
+
+1. a reflink (``FICLONE``) of the published file: its own copy-on-write inode,
+   no data copied; a write changes only the consumer's copy;
+2. a hard link to the published file: no data copied, but one inode shared by
+   every consumer, so a write through it is seen by all of them — it is
+   *detected* instead (below) and the published copy is restored;
+3. a copy, when neither works (the workspace on another filesystem, a file at
+   the filesystem's link limit).
+
+Detection (hard links only; reflinks and copies are private): every staging
+re-checks the published files' identities before linking them (a stat each),
+and :func:`verify_consumer`, run by capture at the end of each consumer's
+attempt, checks every linked file the consumer holds. A file whose identity
+changed is hashed; when its bytes or its mode changed, the published copy is
+replaced by a fresh one from the store (a new generation: later consumers get
+new inodes), the old inode is listed in ``tampered.jsonl``, and the consumer
+found holding it is named in its failed attempt.
+
+Threat model: tasks run as the same user as crucible, so nothing here stops a
+determined task (it can chmod and write any file, the store and records
+included); the published copy keeps a careless or hostile write through a staged
+file away from the store, and the checks make it visible and undo it for later
+consumers.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import stat
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fdio import write_all
+from crucible.stage._files import copy_fd_hashed
+from crucible.stage._fsio import (
+    TMP_PREFIX,
+    NotRegular,
+    open_regular,
+    remove_tree,
+    swap_in_dir,
+    walk_tree,
+)
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "SHARED_ROOT",
+    "Published",
+    "Unit",
+    "link_published",
+    "publish",
+    "stage_units",
+    "units_of",
+    "verify_consumer",
+]
+
+SHARED_ROOT = "shared"
+MANIFEST_FORMAT = "crucible.shared/1"
+_READONLY = 0o444
+#: the FICLONE ioctl request number (linux/fs.h), not exposed by fcntl
+_FICLONE = 0x40049409
+#: (source device, target device) -> whether FICLONE works between them
+_reflink_ok: dict[tuple[int, int], bool] = {}
+#: a walk of a store or a staged tree; capture's own bound keeps them far below
+_WALK_DEPTH = 100_000
+
+
+@dataclass(frozen=True)
+class Entry:
+    rel: str
+    size: int
+    digest: str
+    ino: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Published:
+    """One producer unit's published set, as its manifest describes it."""
+
+    label: str  # "task" or "task[<escaped key>]", for messages
+    root: Path  # STATE/shared/<unit>
+    generation: int
+    dev: int  # the published tree's filesystem
+    dirs: tuple[str, ...]
+    files: tuple[Entry, ...]
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "tree"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One producer unit with captured files: an unmapped task, or one instance."""
+
+    store: Path  # STATE/files/<task>[/<escaped key>]
+    record: Path  # STATE/results/<task>.json or <task>/<escaped key>.json
+    root: Path  # STATE/shared/<task>[/<escaped key>]
+    label: str  # "task" or "task[<escaped key>]"
+    staged: str  # "task" or "task/<escaped key>", under a consumer's inputs/
+
+
+def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
+    """The units of ``task`` whose captured files exist, in name order. (Task
+    names are checked by the caller's layout; escaped keys never start with @,
+    stage's temporaries always do.)"""
+    files = state / "files" / task
+    results = state / "results" / task
+    shared = state / SHARED_ROOT / task
+    if not mapped:
+        if not files.is_dir():
+            return []
+        return [Unit(files, results.with_name(task + ".json"), shared, task, task)]
+    try:
+        names = sorted(n for n in os.listdir(files) if not n.startswith("@"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except OSError as exc:
+        raise OperationalError(f"cannot list: {exc.strerror}", where=str(files)) from None
+    return [
+        Unit(files / n, results / f"{n}.json", shared / n, f"{task}[{n}]", f"{task}/{n}")
+        for n in names
+        if (files / n).is_dir()
+    ]
+
+
+# -- the lock ------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(state: Path) -> Any:
+    """One lock per state's shared root: publishing, restoring and linking are
+    serialized between workers (each is short: a stat and a link per file)."""
+    root = state / SHARED_ROOT
+    try:
+        root.mkdir(exist_ok=True)
+        fd = os.open(root / "@lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot lock shared files: {exc.strerror or exc}", where=str(root)
+        ) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# -- manifests -------------------------------------------------------------------
+
+
+def _read_manifest(root: Path, label: str) -> tuple[str, Published] | None:
+    try:
+        with open(root / "manifest.json", "rb") as f:
+            doc = orjson.loads(f.read())
+        files = tuple(Entry(*e) for e in doc["files"])
+        gen, dev = int(doc["generation"]), int(doc["dev"])
+        return str(doc["source"]), Published(label, root, gen, dev, tuple(doc["dirs"]), files)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # damaged: published again from the store
+
+
+def _source_id(store: Path, record: Path) -> str:
+    """What the published set was built from: the settled record's bytes (a new
+    capture or an amended record changes them), else the store directory's own
+    identity."""
+    try:
+        with open(record, "rb") as f:
+            return "record:" + hashlib.sha256(f.read()).hexdigest()
+    except FileNotFoundError:
+        st = os.lstat(store)
+        return f"store:{st.st_ino}:{st.st_mtime_ns}"
+
+
+def _recorded_digests(record: Path) -> dict[str, str]:
+    try:
+        with open(record, "rb") as f:
+            rec = orjson.loads(f.read())
+    except (OSError, ValueError):
+        return {}
+    files = rec.get("files") if isinstance(rec, dict) else None
+    out: dict[str, str] = {}
+    for f in files if isinstance(files, list) else []:
+        if isinstance(f, dict) and isinstance(f.get("digest"), str):
+            out[str(f.get("path"))] = f["digest"]
+    return out
+
+
+# -- publishing -------------------------------------------------------------------
+
+
+# A published inode's ctime moves on every write, chmod, utime and link(2), and
+# no task can set it back: after each staging the ctimes are recorded, and a
+# ctime that moved since then means "hash this file" (a link or an unlink by a
+# consumer moves it too: then the bytes are found unchanged and the new ctime
+# recorded). Size, mtime and mode are checked as well, for filesystems with
+# coarse ctimes.
+
+
+def _ctimes_path(pub: Published) -> Path:
+    return pub.root / "ctimes"
+
+
+def _read_ctimes(pub: Published) -> dict[str, int]:
+    """The recorded ctimes by path: a binary file of signed 64-bit integers,
+    the generation then one per manifest file, rewritten in place (a rename
+    over a file makes ext4 flush the new one: 7 ms per staging)."""
+    try:
+        fd = os.open(_ctimes_path(pub), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, 8 * (len(pub.files) + 1) + 1)
+    finally:
+        os.close(fd)
+    values = array.array("q")
+    if len(data) != 8 * (len(pub.files) + 1):
+        return {}
+    values.frombytes(data)
+    if values[0] != pub.generation:
+        return {}
+    return {e.rel: values[i + 1] for i, e in enumerate(pub.files)}
+
+
+def _record_ctimes(pub: Published) -> None:
+    """The published files' ctimes now (call with the lock held, after linking)."""
+    tree = str(pub.tree)
+    values = array.array("q", [pub.generation])
+    for e in pub.files:
+        try:
+            values.append(os.lstat(f"{tree}/{e.rel}").st_ctime_ns)
+        except OSError:
+            values.append(-1)  # gone: found at the next check
+    try:
+        fd = os.open(
+            _ctimes_path(pub), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        try:
+            data = values.tobytes()
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError(errno.EIO, "short write")
+            os.ftruncate(fd, len(data))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot record shared files: {exc.strerror or exc}", where=str(pub.root)
+        ) from None
+
+
+def _same(st: os.stat_result, e: Entry, ctime: int | None) -> bool:
+    return (
+        stat.S_ISREG(st.st_mode)
+        and st.st_ino == e.ino
+        and st.st_size == e.size
+        and st.st_mtime_ns == e.mtime_ns
+        and stat.S_IMODE(st.st_mode) == _READONLY
+        and st.st_ctime_ns == ctime
+    )
+
+
+def _changed(pub: Published) -> list[Entry]:
+    """Published files that were changed since the last staging recorded them
+    (stat first; the bytes are hashed only when the stat moved)."""
+    ctimes = _read_ctimes(pub)
+    bad = []
+    tree = str(pub.tree)
+    for e in pub.files:
+        path = f"{tree}/{e.rel}"
+        try:
+            st = os.lstat(path)
+        except OSError:
+            bad.append(e)
+            continue
+        if not _same(st, e, ctimes.get(e.rel)) and _really_changed(path, e):
+            bad.append(e)
+    return bad
+
+
+def _really_changed(path: str, e: Entry) -> bool:
+    """A changed identity that is a changed file: other bytes, another mode, or
+    not a regular file any more (a touched mtime alone is not)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != _READONLY:
+            return True
+        fd, _ = open_regular(path)
+    except (OSError, NotRegular):
+        return True
+    try:
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+    finally:
+        os.close(fd)
+    return "sha256:" + h.hexdigest() != e.digest
+
+
+def _build(
+    store: Path, record: Path, parent: Path, label: str, source: str, generation: int
+) -> Path:
+    """A new published set from the store, in a temp directory beside ``parent``'s
+    entries; returns it. Files are checked against the recorded digests."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}pub-", dir=parent))
+    try:
+        tree = tmp / "tree"
+        tree.mkdir()
+        recorded = _recorded_digests(record)
+        dirs: list[str] = []
+        files: list[list[Any]] = []
+        for rel in walk_tree(str(store), max_depth=_WALK_DEPTH):
+            src = store / rel
+            st = os.lstat(src)
+            if stat.S_ISDIR(st.st_mode):
+                (tree / rel).mkdir()
+                dirs.append(rel)
+                continue
+            try:
+                fd, st = open_regular(src)
+            except NotRegular as exc:
+                raise InputRefused(f"captured file {rel!r} of {label} {exc.why}") from None
+            try:
+                size, sha = _clone_or_copy(fd, tree / rel)
+            finally:
+                os.close(fd)
+            want = recorded.get(rel)
+            if want is not None and want != sha:
+                raise InputRefused(
+                    f"captured file {rel!r} of {label} no longer matches the digest its "
+                    f"capture recorded ({want}); the store was changed",
+                    where=str(src),
+                )
+            os.chmod(tree / rel, _READONLY)
+            pst = os.lstat(tree / rel)
+            files.append([rel, size, sha, pst.st_ino, pst.st_mtime_ns])
+        for rel in reversed(dirs):  # read-only directories, deepest first
+            os.chmod(tree / rel, 0o555)
+        doc = {
+            "format": MANIFEST_FORMAT,
+            "source": source,
+            "generation": generation,
+            "dev": os.lstat(tree).st_dev,
+            "dirs": dirs,
+            "files": files,
+        }
+        fd = os.open(tmp / "manifest.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            # orjson, not canonical JSON: mtimes in ns pass 2^53; a private file
+            write_all(fd, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        finally:
+            os.close(fd)
+        return tmp
+    except BaseException:
+        remove_tree(tmp)
+        raise
+
+
+def _clone_or_copy(src_fd: int, target: Path) -> tuple[int, str]:
+    """Copy ``src_fd`` to a new ``target`` — a reflink where the filesystem
+    can, else in the kernel (copy_file_range) — then hash the source, which the
+    copy just brought into the page cache: (bytes, digest)."""
+    out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        if not _try_reflink(src_fd, out):
+            _kernel_copy(src_fd, out)
+        h = hashlib.sha256()
+        size = 0
+        while chunk := os.pread(src_fd, 1 << 20, size):
+            h.update(chunk)
+            size += len(chunk)
+        if os.fstat(out).st_size != size:
+            raise OperationalError(f"{target} changed size while it was published")
+    except OSError as exc:
+        raise OperationalError(f"cannot publish {target}: {exc.strerror or exc}") from None
+    finally:
+        os.close(out)
+    return size, "sha256:" + h.hexdigest()
+
+
+def _kernel_copy(src: int, out: int) -> None:
+    """copy_file_range to the end; a plain read/write loop where the kernel or
+    the filesystems refuse it."""
+    offset = 0
+    try:
+        while n := os.copy_file_range(src, out, 1 << 30, offset, offset):
+            offset += n
+        return
+    except OSError as exc:
+        if offset or exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    while chunk := os.pread(src, 1 << 20, offset):
+        write_all(out, chunk)
+        offset += len(chunk)
+
+
+def _try_reflink(src_fd: int, dst_fd: int) -> bool:
+    key = (os.fstat(src_fd).st_dev, os.fstat(dst_fd).st_dev)
+    if _reflink_ok.get(key) is False:
+        return False
+    try:
+        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
+    except OSError:
+        _reflink_ok[key] = False
+        return False
+    _reflink_ok[key] = True
+    return True
+
+
+def publish(state: Path, store: Path, record: Path, root: Path, label: str) -> Published:
+    """The current published set of one producer unit: built on first use,
+    rebuilt when its store was captured again, restored when a published file
+    was changed (the changed inodes are listed in ``tampered.jsonl``). Call with
+    the lock held."""
+    source = _source_id(store, record)
+    found = _read_manifest(root, label)
+    generation = 1
+    if found is not None:
+        old_source, pub = found
+        if old_source == source:
+            bad = _changed(pub)
+            if not bad:
+                return pub
+            _list_tampered(pub, bad)
+        generation = pub.generation + 1
+    built = _build(store, record, root.parent, label, source, generation)
+    swap_in_dir(built, root, durable=False)
+    found = _read_manifest(root, label)
+    if found is None:  # pragma: no cover - we just wrote it
+        raise OperationalError("cannot read the manifest just written", where=str(root))
+    _record_ctimes(found[1])
+    return found[1]
+
+
+def _list_tampered(pub: Published, bad: list[Entry]) -> None:
+    """Remember the changed inodes across the restore: consumers still holding
+    them are named when they are captured."""
+    path = pub.root.parent / f"{pub.root.name}.tampered.jsonl"
+    lines = b"".join(
+        orjson.dumps({"dev": pub.dev, "ino": e.ino, "path": e.rel, "generation": pub.generation})
+        + b"\n"
+        for e in bad
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        write_all(fd, lines)
+    finally:
+        os.close(fd)
+
+
+def _tampered_inodes(root: Path) -> dict[tuple[int, int], str]:
+    path = root.parent / f"{root.name}.tampered.jsonl"
+    out: dict[tuple[int, int], str] = {}
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    doc = orjson.loads(line)
+                    out[int(doc["dev"]), int(doc["ino"])] = str(doc["path"])
+    except FileNotFoundError:
+        pass
+    return out
+
+
+# -- consumers ----------------------------------------------------------------------
+
+
+def link_published(pub: Published, dest: Path) -> int:
+    """Lay ``pub``'s tree into ``dest`` (a new directory): directories made,
+    files reflinked, hard-linked or copied (module doc). Returns the bytes."""
+    dest_s = str(dest)
+    try:
+        os.makedirs(dest_s, exist_ok=True)
+        for rel in pub.dirs:
+            os.mkdir(f"{dest_s}/{rel}")
+        key = (pub.dev, os.stat(dest_s).st_dev)
+    except OSError as exc:
+        raise OperationalError(f"cannot stage into {dest}: {exc.strerror or exc}") from None
+    tree = str(pub.tree)
+    total = 0
+    for e in pub.files:
+        src = f"{tree}/{e.rel}"
+        dst = f"{dest_s}/{e.rel}"
+        try:
+            if _reflink_ok.get(key) is False or not _reflink(src, dst, key):
+                try:
+                    os.link(src, dst, follow_symlinks=False)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+                        raise
+                    _copy(src, dst)  # another filesystem, or the link limit
+        except OSError as exc:
+            raise OperationalError(f"cannot stage {src}: {exc.strerror or exc}") from None
+        total += e.size
+    return total
+
+
+def _reflink(src: str, dst: str, key: tuple[int, int]) -> bool:
+    """A copy-on-write clone of ``src`` at ``dst``; False (nothing left at
+    ``dst``) where the filesystems cannot, remembered for ``key``."""
+    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _READONLY)
+        try:
+            try:
+                fcntl.ioctl(out, _FICLONE, src_fd)
+                cloned = True
+            except OSError:
+                cloned = False
+            _reflink_ok[key] = cloned
+        finally:
+            os.close(out)
+    finally:
+        os.close(src_fd)
+    if not cloned:
+        os.unlink(dst)
+    return cloned
+
+
+def _copy(src: str, dst: str) -> None:
+    src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        copy_fd_hashed(src_fd, Path(dst), limit=1 << 62, mode=_READONLY)
+    finally:
+        os.close(src_fd)
+    os.chmod(dst, _READONLY)  # whatever the umask did
+
+
+def stage_units(state: Path, units: list[Unit], dest: Path, used: int, bound: int) -> int:
+    """Lay every unit's published files into ``dest/<unit.staged>``; returns
+    ``used`` plus their bytes. Raises :class:`InputRefused` past ``bound``
+    (nothing is linked for the unit that would pass it)."""
+    if not units:
+        return used
+    with _locked(state):
+        for u in units:
+            pub = publish(state, u.store, u.record, u.root, u.label)
+            size = sum(e.size for e in pub.files)
+            if used + size > bound:
+                raise InputRefused(
+                    f"staging emits_files would pass the bound of {bound} bytes "
+                    f"one task may be handed (at {u.store})"
+                )
+            used += size
+            link_published(pub, dest / u.staged)
+            _record_ctimes(pub)  # the links just made moved them
+    return used
+
+
+def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path) -> list[str]:
+    """Check what a consumer was handed, after its attempt: every staged file it
+    holds that is a hard link to a published inode must be unchanged (its stat as
+    recorded, else its bytes hashed), and none may be an inode already found
+    changed. A changed file gets its published set restored; the returned notes
+    name each file and the consumer ``holder``."""
+    notes: list[str] = []
+    for u in units:
+        found = _read_manifest(u.root, u.label)
+        if found is None:
+            continue
+        changed = _changed_holdings(found[1], workspace / "inputs" / u.staged)
+        if not changed:
+            continue
+        with _locked(state):
+            pub = found[1]
+            current = _read_manifest(u.root, u.label)
+            if current is not None and current[1].generation == pub.generation:
+                # still the generation the consumer holds: restore it now
+                _list_tampered(pub, [e for e in pub.files if e.rel in changed])
+            publish(state, u.store, u.record, u.root, u.label)
+        shown = ", ".join(f"inputs/{u.staged}/{r}" for r in sorted(changed)[:5])
+        more = len(changed) - 5
+        notes.append(
+            f"staged file {shown}{f' and {more} more' if more > 0 else ''} (from {u.label}) "
+            f"changed while {holder} held it: staged files are shared read-only with every "
+            f"consumer and must not be written or chmod'ed (by {holder}, or by a consumer "
+            f"holding the same file at the same time); the published copy was restored"
+        )
+    return notes
+
+
+def _changed_holdings(pub: Published, top: Path) -> set[str]:
+    """Published paths whose inode, as held under ``top``, was changed."""
+    by_ino = {e.ino: e for e in pub.files}
+    tampered = _tampered_inodes(pub.root)
+    ctimes = _read_ctimes(pub)
+    changed: set[str] = set()
+    for st in _held_files(top, pub.dev):
+        e = by_ino.get(st.st_ino)
+        if e is not None:
+            if _same(st, e, ctimes.get(e.rel)) or not _really_changed(f"{pub.tree}/{e.rel}", e):
+                continue
+            changed.add(e.rel)
+        elif (st.st_dev, st.st_ino) in tampered:
+            changed.add(tampered[st.st_dev, st.st_ino])
+    return changed
+
+
+def _held_files(top: Path, dev: int) -> list[os.stat_result]:
+    """lstat of every regular file under ``top`` on device ``dev`` (reflinks and
+    copies are private inodes: never in a manifest, so skipped by the caller)."""
+    out: list[os.stat_result] = []
+    try:
+        rels = walk_tree(str(top), max_depth=_WALK_DEPTH)
+    except OSError:
+        return out
+    for rel in rels:
+        try:
+            st = os.lstat(top / rel)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_dev == dev:
+            out.append(st)
+    return out
