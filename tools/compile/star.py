@@ -246,6 +246,7 @@ def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResu
 
 
 def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> None:  # pragma: no cover
+    import faulthandler
     import pickle
 
     outcome: object
@@ -257,6 +258,9 @@ def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> No
         # and with RUST_BACKTRACE=1 it symbolizes a backtrace first: seconds, and
         # memory the child is short of by then
         os.environ["RUST_BACKTRACE"] = "0"
+        # a crash here is reported by the parent; no dump of this child's stack
+        # (PYTHONFAULTHANDLER, pytest) on a descriptor the parent shares
+        faulthandler.disable()
         _limit_memory()
         try:
             outcome = _evaluate_here(text, display, edition, timeout)
