@@ -85,10 +85,21 @@ FAILURE_ENV = {"daily": ("DAILY_FAIL_ON",)}
 #: packs whose header is a sequence of commands on one state dir
 TOURS = ("daily",)
 
+
+def check_exit_handler_break(state: Path) -> None:
+    # the exit-handler DAG notifies on failure only: both channels, then cleanup
+    report = rows(state)
+    assert report["transform"]["status"] == "failed"
+    assert report["publish"]["status"] == "skipped"
+    assert report["notify"]["status"] == "passed"
+    assert report["cleanup"]["status"] == "passed"
+
+
 # pack -> (the -p arguments that select the documented failure, its check)
 FAILURE_MODES: dict[str, tuple[list[str], Callable[[Path], None]]] = {
     "large-output": (["-p", "inline=true"], check_large_output_inline),
     "fanout": (["-p", "fail_on=gamma"], check_fanout_fail_on),
+    "exit-handler": (["-p", "break_step=transform"], check_exit_handler_break),
 }
 
 
@@ -102,7 +113,13 @@ def test_example_pack_passes_with_defaults(manifest: Path, tmp_path: Path) -> No
     assert proc.stdout == ""  # stdout carries only data; the summary goes to stderr
     assert "run passed" in proc.stderr
     statuses = {name: r["status"] for name, r in rows(state).items()}
-    assert set(statuses.values()) == {"passed"}, statuses
+    # edition 4: a task skipped by its own false condition is no failure
+    by_condition = {
+        name
+        for name, status in statuses.items()
+        if status == "skipped" and "condition" in result(state, name)["note"]
+    }
+    assert {s for n, s in statuses.items() if n not in by_condition} == {"passed"}, statuses
     if manifest.parent.name == "fanout":  # the epilogue read `total` through its inputs
         assert result(state, "summary")["output"]["line"].endswith(" sum=30")
 

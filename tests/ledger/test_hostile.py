@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -195,6 +196,7 @@ def test_read_only_dir_names_the_lock_and_permission(verb: str) -> None:
         done = run_unprivileged(call)
     finally:
         d.chmod(0o755)
+        shutil.rmtree(d.parent)  # this test's own directory, nothing shared
     assert done.code == 3, done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert "steps.lock" in line and "Permission denied" in line, done.stderr
@@ -206,8 +208,7 @@ def test_no_subcommand_is_one_line_with_the_help_hint() -> None:
     done = ledger()
     assert done.returncode == 2
     assert (
-        one_line(done)
-        == "crucible-ledger: error: missing command (see 'crucible-ledger --help')"
+        one_line(done) == "crucible-ledger: error: missing command (see 'crucible-ledger --help')"
     )
     assert done.stdout == b""
 

@@ -5,6 +5,7 @@ concurrent writers, and never the cause of a wrong answer."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.ledger import Ledger, Outcome, compact, verify
+from crucible.ledger import Ledger, Outcome, compact, content_step, verify
 from crucible.ledger._index import HEADER_SIZE, INDEX_NAME, Table
 from crucible.ledger._record import encode_line, make_record
 
@@ -238,18 +239,54 @@ def test_hash_collisions_cost_a_miss_never_a_wrong_hit(
     (ledger_dir / INDEX_NAME).unlink()
     with Ledger(ledger_dir) as ledger:
         assert ledger.report.source == "rebuilt"
-        found = [ledger.lookup("s", s) for s in "ab"]
-        assert [f.value for f in found if f is not None] in (["A"], ["B"])
+        for step, value in (("a", "A"), ("b", "B")):
+            hit = ledger.lookup("s", step)
+            assert hit is None or hit.value == value
 
 
-def test_read_only_place_indexes_in_memory(ledger_dir: Path) -> None:
+def test_an_unusable_lock_means_an_index_in_memory(ledger_dir: Path, tmp_path: Path) -> None:
     _fill(ledger_dir, 5)
     (ledger_dir / INDEX_NAME).unlink()
     (ledger_dir / "steps.lock").unlink()
-    with Ledger(ledger_dir, readonly=True) as ledger:  # no lock file: it creates none
+    (ledger_dir / "steps.lock").symlink_to(tmp_path / "elsewhere")  # refused, not followed
+    before = (ledger_dir / "steps.jsonl").read_bytes()
+    with Ledger(ledger_dir, readonly=True) as ledger:
         assert ledger.report.source == "memory"
         _check_all(ledger, 5)
-    assert not (ledger_dir / "steps.lock").exists() and not (ledger_dir / INDEX_NAME).exists()
+        assert {json.loads(p)["step"] for p in ledger.records()} == {f"step-{i}" for i in range(5)}
+    assert not (tmp_path / "elsewhere").exists() and not (ledger_dir / INDEX_NAME).exists()
+    assert (ledger_dir / "steps.jsonl").read_bytes() == before
+
+
+def test_a_readonly_open_writes_only_the_index(ledger_dir: Path) -> None:
+    _fill(ledger_dir, 5)
+    (ledger_dir / INDEX_NAME).unlink()
+    before = (ledger_dir / "steps.jsonl").read_bytes()
+    with Ledger(ledger_dir, readonly=True) as ledger:
+        assert ledger.report.source == "rebuilt"
+        _check_all(ledger, 5)
+    assert (ledger_dir / "steps.jsonl").read_bytes() == before
+    assert sorted(p.name for p in ledger_dir.iterdir()) == [
+        "steps.idx",
+        "steps.jsonl",
+        "steps.lock",
+    ]
+
+
+def test_library_api_by_content_key(ledger_dir: Path) -> None:
+    key = {"task": "t", "inputs": {"a": "sha256:" + "0" * 64}}
+    with Ledger(ledger_dir) as ledger:
+        assert ledger.lookup_key("dispatch", "task", key) is None
+        assert ledger.record_key("dispatch", "task", key, Outcome.ok({"passed": True}))
+        with pytest.raises(ValueError, match="settled"):
+            ledger.record_key("dispatch", "task", key, Outcome.transient(1))
+    with Ledger(ledger_dir) as ledger:
+        hit = ledger.lookup_key("dispatch", "task", key)
+        assert hit is not None and hit.cached and hit.value == {"passed": True}
+        assert hit.step == content_step("task", key)
+        assert ledger.lookup_key("dispatch", "task", {**key, "task": "u"}) is None
+        [payload] = ledger.records("dispatch")
+        assert json.loads(payload)["key"] == key
 
 
 WRITER = r"""
@@ -294,3 +331,38 @@ def test_four_writers_times_1000_appends_with_lookups_between(ledger_dir: Path) 
                 assert hit is not None and hit.value == {"who": who, "i": i}
     report = verify(ledger_dir)
     assert report["records"] == 4000 and not report["damaged"]
+
+
+def test_a_full_table_under_a_good_header_neither_hangs_nor_lies(ledger_dir: Path) -> None:
+    """Slots of writers killed before their header was written are not counted:
+    a table can hold more entries than its header says. Probes are bounded."""
+    _fill(ledger_dir, 10)
+    index = ledger_dir / INDEX_NAME
+    raw = bytearray(index.read_bytes())
+    for off in range(HEADER_SIZE, len(raw), 16):  # every slot taken, none ours
+        if raw[off : off + 8] == bytes(8):
+            raw[off : off + 16] = (off * 7919 + 3).to_bytes(8, "little") + (1).to_bytes(8, "little")
+    index.write_bytes(bytes(raw))
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
+        assert ledger.lookup("s", "missing") is None
+        assert ledger.record("s", "new", Outcome.ok(1))  # the insert grows the table
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
+        hit = ledger.lookup("s", "new")
+        assert hit is not None and hit.value == 1
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_fifo_or_directory_at_the_index_name_is_not_an_index(ledger_dir: Path, kind: str) -> None:
+    _fill(ledger_dir, 5)
+    index = ledger_dir / INDEX_NAME
+    index.unlink()
+    if kind == "fifo":
+        os.mkfifo(index)
+    else:
+        index.mkdir()
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:  # never hangs
+        assert ledger.report.source in ("rebuilt", "memory")
+        _check_all(ledger, 5)
+        assert ledger.record("s", "step-5", Outcome.ok({"i": 5}))
+    with Ledger(ledger_dir, warn=lambda _m: None) as ledger:
+        _check_all(ledger, 6)

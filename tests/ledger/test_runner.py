@@ -178,3 +178,37 @@ def test_decode_streams_refuses_malformed_values() -> None:
     assert decode_streams({"exit": 0, "stdout": "", "stderr_base64": "!!"}) is None
     assert decode_streams([1]) is None
     assert decode_streams({"exit": 256, "stdout": "", "stderr": ""}) is None
+
+
+EARLY_SIGNAL = r"""
+import os, signal, subprocess, sys
+from crucible.ledger import runner
+
+real = subprocess.Popen
+
+class Popen(real):
+    # a SIGTERM that lands the moment the command has started, before anything
+    # else runs: the window a loaded machine opens
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+runner.subprocess.Popen = Popen
+result = runner.run_command(
+    [sys.executable, "-c", "import time; time.sleep(60)"],
+    stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+)
+print(result.interrupted_by, result.signal, flush=True)
+"""
+
+
+def test_a_signal_as_the_command_starts_is_forwarded_not_fatal() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", EARLY_SIGNAL], capture_output=True, text=True, timeout=60
+    )
+    # before the fix: killed by SIGTERM (-15) with the command left running
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert done.stdout == "15 15\n"

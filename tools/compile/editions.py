@@ -54,6 +54,12 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "epilogue": 1,
     "env": 2,
     "inputs": 3,
+    # control flow (issue 16; crucible.compile.conditions)
+    "when": 4,
+    "on_failure": 4,
+    "allow_exit": 4,
+    "retry": 4,
+    "deadline": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task

@@ -4,7 +4,9 @@ Edges point from a dependency to the task that needs it. A fan-out (``map``)
 task is drawn as a stacked node labelled ``name[*]`` with a bold ``map field``
 edge from its producer; edges into a task that joins ``settled`` are dashed and
 labelled ``settled``; agents are rounded, epilogues octagons (they run after
-every other task has settled).
+every other task has settled). Control flow (edition 4): a task's ``when`` and
+its tolerance are lines of its label; an edge from a need the condition reads
+(``needs.P.status``) carries the condition as its label (the trigger).
 """
 
 from __future__ import annotations
@@ -24,7 +26,32 @@ def _label(task: dict[str, Any]) -> str:
         label += f"\n({task['kind']})"
     if task["epilogue"]:
         label += "\n(epilogue)"
+    if "when" in task:
+        label += f"\nwhen {_short(task['when'])}"
+    if "allow_exit" in task:
+        label += f"\n(tolerates exit {', '.join(map(str, task['allow_exit']))})"
+    elif "on_failure" in task:
+        label += f"\n(on failure: {task['on_failure']})"
     return label
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _trigger(task: dict[str, Any], need: str) -> str | None:
+    """The condition, when it reads ``needs.<need>``: what makes the edge fire."""
+    if "when" not in task:
+        return None
+    from crucible.compile.conditions import condition_reads, parse_condition
+
+    tree = parse_condition(task["when"])
+    if isinstance(tree, str):
+        return None
+    if any(r.parts[:2] == ("needs", need) for r in condition_reads(tree)):
+        return _short(task["when"], 40)
+    return None
 
 
 def _edges(plan: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -74,6 +101,13 @@ def _dot(plan: dict[str, Any]) -> str:
                 attrs[0] = 'style="bold,dashed"'
         elif style == "settled":
             attrs += ["style=dashed", 'label="settled"']
+        if (trigger := _trigger(by_name[dst], src)) is not None:
+            old = next((a for a in attrs if a.startswith("label=")), None)
+            text = "when " + trigger
+            if old is not None:
+                attrs.remove(old)
+                text = f"{old[7:-1]} · {text}"
+            attrs.append(f"label={_dot_quote(text)}")
         suffix = f" [{', '.join(attrs)}]" if attrs else ""
         lines.append(f"  {_dot_quote(src)} -> {_dot_quote(dst)}{suffix};")
     lines.append("}")
@@ -112,7 +146,17 @@ def _mermaid(plan: dict[str, Any]) -> str:
     by_name = {t["name"]: t for t in plan["tasks"]}
     for src, dst, style in _edges(plan):
         a, b = ids[src], ids[dst]
-        if style.startswith("map"):
+        trigger = _trigger(by_name[dst], src)
+        if trigger is not None:
+            if style.startswith("map"):
+                field = by_name[dst]["map"].rpartition(".")[2]
+                base = f"map {field}" + (" (settled)" if "settled" in style else "") + " · "
+                arrow = "-.->" if "settled" in style else "==>"
+            else:
+                base = "settled · " if "settled" in style else ""
+                arrow = "-.->" if "settled" in style else "-->"
+            lines.append(f"  {a} {arrow}|{_mermaid_text(base + 'when ' + trigger)}| {b}")
+        elif style.startswith("map"):
             field = by_name[dst]["map"].rpartition(".")[2]
             arrow = "-.->" if "settled" in style else "==>"
             text = f"map {field}" + (" (settled)" if "settled" in style else "")

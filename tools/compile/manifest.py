@@ -159,7 +159,9 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
     check_names(chk, tasks, paths)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
-    check_graph(chk, tasks, paths, fill_input_types=True)
+    check_graph(
+        chk, tasks, paths, fill_input_types=True, params=workflow["params"], edition=edition
+    )
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     if resolved_from is not None:
@@ -266,7 +268,9 @@ def analyze_star(path: Path, edition: int) -> Analysis:
     )
     check_names(chk, tasks, paths)
     if not chk.failed:
-        check_graph(chk, tasks, paths, fill_input_types=True)
+        check_graph(
+            chk, tasks, paths, fill_input_types=True, params=workflow["params"], edition=edition
+        )
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     workflow["resolved_from"] = PurePosixPath(path.name).as_posix()

@@ -29,6 +29,8 @@ __all__ = [
     "load_plan_path",
 ]
 
+#: task members only IR v3 has: their values are arbitrary numbers, unlike v1/v2's
+_V3_ONLY = PLAN_TASK_KEYS[3] - PLAN_TASK_KEYS[2]
 _PLAN_KEYS = ("version", "edition", "workflow", "tasks")
 _WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
 _INPUT_KEYS = ("from", "producer", "field", "type")
@@ -95,6 +97,10 @@ def canonical_bytes(plan: dict[str, Any]) -> bytes:
         plan["workflow"]["params"]
     ):
         return canon.dumps(plan)
+    if plan["version"] >= 3 and not all(
+        _plain_json([v for k, v in t.items() if k in _V3_ONLY]) for t in plan["tasks"]
+    ):
+        return canon.dumps(plan)  # an edition-4 member holds a float (retry delay, deadline)
     return orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)
 
 
@@ -186,7 +192,9 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         raise ValidationFailed(chk.diagnostics)
     paths: list[tuple[str | int, ...]] = [("tasks", i) for i in range(len(tasks))]
     check_names(chk, tasks, paths)
-    check_graph(chk, tasks, paths, fill_input_types=False)
+    check_graph(
+        chk, tasks, paths, fill_input_types=False, params=workflow["params"], edition=edition
+    )
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)

@@ -6,11 +6,12 @@ source or a plan file, so ``crucible-validate`` judges all three alike.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from crucible.compile.conditions import check_control_rules
 from crucible.compile.diagnostics import Path
-from crucible.compile.editions import RESERVED_INPUTS
+from crucible.compile.editions import EDITION_CONTROL, RESERVED_INPUTS
 from crucible.compile.names import task_name_problems
 from crucible.compile.shape import Checker, split_ref
 
@@ -39,11 +40,16 @@ def check_graph(
     paths: Sequence[Path],
     *,
     fill_input_types: bool,
+    params: Mapping[str, Any] | None = None,
+    edition: int = 1,
 ) -> None:
     """Check every graph rule; with ``fill_input_types`` set each input's type from
-    its producer's declaration, otherwise (a plan file) check that it matches."""
+    its producer's declaration, otherwise (a plan file) check that it matches.
+    ``params`` (the workflow's) lets conditions be checked against them; from
+    ``edition`` 4 epilogues may need epilogues and fan out (a small DAG)."""
     by_name = {t["name"]: t for t in reversed(tasks)}  # the first of duplicates wins
     epilogues = {t["name"] for t in tasks if t["epilogue"]}
+    epilogue_dag = edition >= EDITION_CONTROL
     for task, path in zip(tasks, paths, strict=True):
         name = task["name"]
         for i, need in enumerate(task["needs"]):
@@ -53,7 +59,7 @@ def check_graph(
                     (*path, "needs", i),
                     f"task {name!r} needs {need!r}, which is not a task of this workflow",
                 )
-            elif need in epilogues:
+            elif need in epilogues and not (epilogue_dag and task["epilogue"]):
                 chk.error(
                     "needs-epilogue",
                     (*path, "needs", i),
@@ -61,7 +67,7 @@ def check_graph(
                     "(epilogues run after every other task; nothing may need one)",
                 )
         if "map" in task:
-            _check_map(chk, task, path, by_name)
+            _check_map(chk, task, path, by_name, epilogue_dag=epilogue_dag)
         for input_name, spec in task.get("inputs", {}).items():
             _check_input(chk, task, path, input_name, spec, by_name, fill_input_types)
 
@@ -70,6 +76,7 @@ def check_graph(
         first = by_name[cycle[0]]
         path = paths[tasks.index(first)]
         chk.error("cycle", (*path, "needs"), "dependency cycle: " + " -> ".join(cycle))
+    check_control_rules(chk, tasks, paths, params)
 
 
 def _producer_field(
@@ -108,10 +115,15 @@ def _producer_field(
 
 
 def _check_map(
-    chk: Checker, task: dict[str, Any], path: Path, by_name: dict[str, dict[str, Any]]
+    chk: Checker,
+    task: dict[str, Any],
+    path: Path,
+    by_name: dict[str, dict[str, Any]],
+    *,
+    epilogue_dag: bool = False,
 ) -> None:
     where = (*path, "map")
-    if task["epilogue"]:
+    if task["epilogue"] and not epilogue_dag:
         chk.error("epilogue-map", where, f"epilogue task {task['name']!r} cannot fan out (map)")
         return
     found = _producer_field(chk, task, where, task["map"], "map", by_name, "map")

@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from crucible.compile.conditions import check_control_keys
 from crucible.compile.diagnostics import Diagnostic, Locator, Path
 from crucible.compile.editions import (
     RESERVED_INPUTS,
@@ -525,6 +526,7 @@ def check_task(
                 }
             if declared:
                 task["inputs"] = declared
+    check_control_keys(chk, path, raw, task, known)
     return task
 
 

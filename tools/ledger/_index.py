@@ -29,10 +29,11 @@ import struct
 from array import array
 from dataclasses import dataclass, fields
 from pathlib import Path
+from stat import S_ISREG
 
 import xxhash
 
-from crucible.ledger._scan import Scan, scan
+from crucible.ledger._scan import Scan, identity_hash, scan
 
 __all__ = [
     "INDEX_NAME",
@@ -59,11 +60,6 @@ _NO_LINK = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _xxh = xxhash.xxh3_64_intdigest
 
 
-def identity_hash(scope: str, step: str) -> int:
-    s, t = scope.encode(), step.encode()
-    return _xxh(b"%d:%b%b" % (len(s), s, t)) or 1
-
-
 @dataclass
 class Summary:
     """What the table covers: the header's fields after the magic."""
@@ -86,7 +82,7 @@ class Summary:
     first_bad_line: int = 0
 
     def pack(self) -> bytes:
-        values = [getattr(self, f.name) for f in fields(self)]
+        values = [getattr(self, name) for name in _FIELDS]
         body = HEADER.pack(MAGIC, *values, 0)[:-8]
         return (body + struct.pack("<Q", _xxh(body))).ljust(HEADER_SIZE, b"\0")
 
@@ -110,6 +106,9 @@ class Summary:
     @property
     def duplicates(self) -> int:
         return self.records - self.identities
+
+
+_FIELDS = tuple(f.name for f in fields(Summary))
 
 
 def fingerprint(fd: int, covered: int) -> int:
@@ -149,11 +148,13 @@ class Table:
         except OSError:
             return None
         try:
-            summary = Summary.unpack(os.pread(fd, HEADER_SIZE, 0))
-            if summary is not None:
-                expected = HEADER_SIZE + summary.slots * SLOT
-                if os.fstat(fd).st_size == expected:
-                    return cls(fd, summary, path)
+            info = os.fstat(fd)
+            # a FIFO, a device, a directory planted at our name is not an index
+            summary = (
+                Summary.unpack(os.pread(fd, HEADER_SIZE, 0)) if S_ISREG(info.st_mode) else None
+            )
+            if summary is not None and info.st_size == HEADER_SIZE + summary.slots * SLOT:
+                return cls(fd, summary, path)
         except OSError:
             pass
         os.close(fd)
@@ -187,11 +188,13 @@ class Table:
 
     # -- reading --------------------------------------------------------------
     def lookup(self, h: int) -> int | None:
-        mask = self.summary.slots - 1
+        slots = self.summary.slots
+        mask = slots - 1
         i = h & mask
-        while True:
+        seen = 0
+        while seen < slots:  # bounded: a damaged table may have no empty slot
             # 16 slots per read: a probe sequence rarely leaves one
-            count = min(16, self.summary.slots - i)
+            count = min(16, slots - i)
             raw = os.pread(self.fd, count * SLOT, HEADER_SIZE + i * SLOT)
             if len(raw) < count * SLOT:
                 return None
@@ -202,6 +205,8 @@ class Table:
                 if slot_hash == 0:
                     return None
             i = (i + count) & mask
+            seen += count
+        return None
 
     def offsets(self) -> list[int]:
         """Every indexed offset (unordered)."""
@@ -211,23 +216,31 @@ class Table:
 
     # -- writing (under the ledger lock) ----------------------------------------
     def insert(self, h: int, pos: int) -> bool:
-        """Point ``h`` at ``pos``; False when the table is too full (grow first)."""
-        mask = self.summary.slots - 1
+        """Point ``h`` at ``pos``; False when the table is too full (grow first).
+        The probe is bounded: slots written by a writer killed before its header
+        was are not counted in ``identities``, so the count can be low."""
+        slots = self.summary.slots
+        mask = slots - 1
         i = h & mask
-        while True:
+        for _ in range(slots):
             raw = os.pread(self.fd, SLOT, HEADER_SIZE + i * SLOT)
             slot_hash = struct.unpack("<Q", raw[:8])[0] if len(raw) == SLOT else 0
             if slot_hash in (0, h):
                 if slot_hash == 0:
-                    if (self.summary.identities + 1) * 2 > self.summary.slots:
+                    if (self.summary.identities + 1) * 2 > slots:
                         return False
                     self.summary.identities += 1
                 os.pwrite(self.fd, struct.pack("<QQ", h, pos + 1), HEADER_SIZE + i * SLOT)
                 return True
             i = (i + 1) & mask
+        return False
 
-    def write_summary(self) -> None:
-        os.pwrite(self.fd, self.summary.pack(), 0)
+    def write_summary(self) -> bytes:
+        """Write the header; returns its bytes (an appender that finds them
+        unchanged at its next append skips decoding them)."""
+        raw = self.summary.pack()
+        os.pwrite(self.fd, raw, 0)
+        return raw
 
 
 def _pread_all(fd: int, size: int, offset: int) -> bytes:
@@ -281,10 +294,6 @@ def write_table(directory: Path, summary: Summary, entries: dict[int, int]) -> N
         raise OSError(errno.EIO, str(exc)) from None
 
 
-def entries_of(result: Scan, base: int = 0) -> dict[int, int]:
-    return {identity_hash(scope, step): base + pos for (scope, step), pos in result.index.items()}
-
-
 def summary_of(result: Scan, data: bytes, info: os.stat_result, generation: bytes) -> Summary:
     covered = data.rfind(b"\n") + 1
     s = Summary(info.st_dev, info.st_ino, generation, covered, len(data) - covered)
@@ -300,8 +309,9 @@ def summary_of(result: Scan, data: bytes, info: os.stat_result, generation: byte
 def build(
     directory: Path, data: bytes, result: Scan, info: os.stat_result, generation: bytes
 ) -> None:
-    """Write the index of ``data`` (the whole ledger, scanned as ``result``)."""
-    write_table(directory, summary_of(result, data, info, generation), entries_of(result))
+    """Write the index of ``data`` (the whole ledger, scanned with ``hashed=True``
+    as ``result``)."""
+    write_table(directory, summary_of(result, data, info, generation), result.hashed)
 
 
 def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
@@ -311,7 +321,7 @@ def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
     s = table.summary
     start = s.covered
     data = _pread_all(ledger_fd, size - start, start)
-    part = scan(data)
+    part = scan(data, hashed=True)
     if s.tail_len and not s.torn_tail:
         s.records -= 1  # the old unterminated record is in ``data`` again
     s.records += part.records
@@ -324,7 +334,7 @@ def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
     s.tail_len = len(data) - covered
     s.torn_tail = int(part.torn_tail)
     s.fingerprint = fingerprint(ledger_fd, s.covered)
-    entries = entries_of(part, start)
+    entries = {h: start + pos for h, pos in part.hashed.items()}
     if (s.identities + len(entries)) * 2 > s.slots:
         grow(table, entries)
         return part

@@ -23,12 +23,19 @@ from crucible.ledger._record import (
     decode_line,
 )
 
-__all__ = ["MAX_LISTED_BAD", "Scan", "scan"]
+__all__ = ["MAX_LISTED_BAD", "Scan", "identity_hash", "scan"]
 
 #: at most this many bad line numbers are kept (all are counted)
 MAX_LISTED_BAD = 1000
 
 Identity = tuple[str, str]
+
+
+def identity_hash(scope: str, step: str) -> int:
+    """xxh3_64 of ``LEN ":" SCOPE STEP`` (UTF-8; LEN the byte length of SCOPE, so
+    no two identities share the bytes); 0 is the index's empty slot, so it is 1."""
+    s, t = scope.encode(), step.encode()
+    return xxhash.xxh3_64_intdigest(b"%d:%b%b" % (len(s), s, t)) or 1
 
 
 @dataclass
@@ -37,6 +44,9 @@ class Scan:
     latest good record of that identity."""
 
     index: dict[Identity, int] = field(default_factory=dict)
+    #: with ``hashed=True``: identity hash (``_index.identity_hash``) -> offset
+    #: instead of ``index`` (what an index rebuild needs, without keeping strings)
+    hashed: dict[int, int] = field(default_factory=dict)
     size: int = 0
     records: int = 0
     bad_lines: int = 0
@@ -51,11 +61,11 @@ class Scan:
 
     @property
     def identities(self) -> int:
-        return len(self.index)
+        return len(self.index) or len(self.hashed)
 
     @property
     def duplicates(self) -> int:
-        return self.records - len(self.index)
+        return self.records - self.identities
 
     @property
     def damaged(self) -> bool:
@@ -67,7 +77,7 @@ class Scan:
         return self.records == 0 and self.bad_lines > 0 and self.complete_lines > 0
 
 
-def scan(data: bytes, *, strict: bool = False) -> Scan:
+def scan(data: bytes, *, strict: bool = False, hashed: bool = False) -> Scan:
     """Index ``data`` (a whole ledger file). Never raises on bad content."""
     result = Scan(size=len(data))
     lines = data.split(b"\n")
@@ -79,6 +89,8 @@ def scan(data: bytes, *, strict: bool = False) -> Scan:
         index = result.index
         if strict:
             pos = _scan_strict(lines, index, bad_positions)
+        elif hashed:
+            pos = _scan_hashed(lines, result.hashed, bad_positions)
         else:
             pos = _scan_fast(lines, index, bad_positions)
     finally:
@@ -90,6 +102,8 @@ def scan(data: bytes, *, strict: bool = False) -> Scan:
         record, _problem = decode_line(tail)
         if record is None:
             result.torn_tail = True
+        elif hashed:
+            result.hashed[identity_hash(record["scope"], record["step"])] = pos
         else:
             index[record["scope"], record["step"]] = pos
     good = len(lines) + (1 if tail and not result.torn_tail else 0)
@@ -127,6 +141,37 @@ def _scan_fast(lines: list[bytes], index: dict[Identity, int], bad: list[tuple[i
             else:
                 if type(scope) is str and type(step) is str:
                     index[scope, step] = pos
+                else:
+                    bad.append((pos, "payload is not a ledger record"))
+        else:
+            bad.append((pos, "" if not line else "checksum mismatch or bad frame"))
+        pos += len(line) + 1
+    return pos
+
+
+def _scan_hashed(lines: list[bytes], index: dict[int, int], bad: list[tuple[int, str]]) -> int:
+    """:func:`_scan_fast` keyed by identity hash (a copy, not a shared helper: a
+    call per line would cost what the loop is lean to avoid)."""
+    checksum = xxhash.xxh3_64_hexdigest
+    hash_of = xxhash.xxh3_64_intdigest
+    loads = orjson.loads
+    decode_error = orjson.JSONDecodeError
+    frame = PREFIX + b"%b" + MIDDLE + b"%b" + SUFFIX
+    pos = 0
+    for line in lines:
+        payload = line[PAYLOAD_START:-1]
+        if line == frame % (checksum(payload).encode(), payload):
+            try:
+                record = loads(payload)
+                scope = record["scope"]
+                step = record["step"]
+            except (decode_error, KeyError, TypeError):
+                bad.append((pos, "payload is not a ledger record"))
+            else:
+                if type(scope) is str and type(step) is str:
+                    s, t = scope.encode(), step.encode()
+                    # identity_hash, inlined
+                    index[hash_of(b"%d:%b%b" % (len(s), s, t)) or 1] = pos
                 else:
                     bad.append((pos, "payload is not a ledger record"))
         else:

@@ -42,6 +42,7 @@ from crucible.ledger._index import (
 )
 from crucible.ledger._record import decode_line, encode_line, make_record, read_line_at
 from crucible.ledger._scan import Scan, scan
+from crucible.ledger.identity import content_step
 
 __all__ = ["Ledger", "OpenReport", "Outcome", "Reply", "stderr_warn"]
 
@@ -213,7 +214,7 @@ class Ledger:
         if table is not None:
             table.close()
         try:
-            with exclusive_lock(self.directory, create=not self.readonly) as lock_fd:
+            with exclusive_lock(self.directory) as lock_fd:
                 return self._reindex(fd, lock_fd, report)
         except OSError:
             pass  # a read-only place, a planted lock: index in memory, as before
@@ -234,7 +235,7 @@ class Ledger:
             if table is not None:
                 table.close()
             data = read_all(fd)
-            result = scan(data)
+            result = scan(data, hashed=True)
             if result.garbage:
                 return _garbage(result)
             build(self.directory, data, result, info, generation)
@@ -391,6 +392,21 @@ class Ledger:
             self._warn(f"cannot append to {self.path} ({describe(exc)}); {step} not recorded")
             return False
         return True
+
+    # -- by content key (the API other tools call, e.g. a task cache) -----------
+    def lookup_key(self, scope: str, kind: str, key: Any) -> Reply | None:
+        """The replay of the step ``content_step(kind, key)``, or None. ``key`` is
+        any canonical-domain JSON value; the step embeds its SHA-256 (§3)."""
+        return self.lookup(scope, content_step(kind, key))
+
+    def record_key(self, scope: str, kind: str, key: Any, outcome: Outcome) -> bool:
+        """Record a settled ``outcome`` under ``content_step(kind, key)``, keeping
+        ``key`` in the record (for people and tools that diff keys). False, and
+        reported through ``warn``, when it could not be recorded; never raises
+        for a ledger problem. An unsettled (transient) outcome is refused."""
+        if not outcome.settled:
+            raise ValueError("only settled outcomes are recorded (Outcome.ok / Outcome.failed)")
+        return self.record(scope, content_step(kind, key), outcome, key=key)
 
     def step(
         self,

@@ -58,7 +58,7 @@ def _reindex(directory: Path, lock_fd: int) -> None:
             return
         try:
             data = read_all(fd)
-            result = scan(data)
+            result = scan(data, hashed=True)
             if not result.garbage:
                 build(directory, data, result, os.fstat(fd), generation)
         finally:

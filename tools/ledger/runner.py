@@ -98,24 +98,40 @@ def run_command(
     """Run ``argv`` (stdin inherited), copying its stdout and stderr live to
     ``stdout``/``stderr`` while capturing them. SIGINT, SIGTERM and SIGHUP received
     meanwhile are forwarded to the command."""
-    try:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as exc:
-        raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror}", usage=True) from None
-    except OSError as exc:
-        usage = exc.errno == 8  # ENOEXEC: not an executable format
-        raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror or exc}", usage=usage) from None
     received: list[int] = []
+    started: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+        for child in started:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
 
+    # The handlers go in before the command starts: a signal arriving between its
+    # start and their installation would kill us and leave the command running,
+    # holding our caller's pipes open (seen under load).
     previous: dict[int, Any] = {}
     with contextlib.suppress(ValueError):  # not the main thread: cannot install handlers
         for sig in _FORWARDED:
             previous[sig] = signal.signal(sig, forward)
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except BaseException as exc:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        unrunnable = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)
+        if isinstance(exc, unrunnable):
+            raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror}", usage=True) from None
+        if isinstance(exc, OSError):
+            usage = exc.errno == 8  # ENOEXEC: not an executable format
+            raise CannotStart(
+                f"cannot start {argv[0]!r}: {exc.strerror or exc}", usage=usage
+            ) from None
+        raise
+    started.append(proc)
+    for signum in received[:1]:  # arrived while it was starting: it gets it now
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
     captured = {1: bytearray(), 2: bytearray()}
     sinks: dict[int, IO[bytes] | None] = {1: stdout, 2: stderr}
     names = {1: "stdout", 2: "stderr"}

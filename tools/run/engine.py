@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import CrucibleError
+from crucible.run import control
 from crucible.run.admit import Admission
 from crucible.run.failures import compose_note, exit_text, failure_record, write_record
 from crucible.run.graph import TaskGraph, build_graph
@@ -50,6 +51,8 @@ class Counts:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
+    #: failed units whose failure the run ignores (on_failure / allow_exit)
+    tolerated: int = 0
     running: int = 0
     started_at: float = field(default_factory=time.monotonic)
 
@@ -81,7 +84,7 @@ FAILURES_SHOWN = 3
 class Unit:
     """One runnable thing: a task, or one instance of a mapped task, and its attempt."""
 
-    __slots__ = ("attempt", "key", "name", "pid", "staged_env")
+    __slots__ = ("attempt", "first_start", "key", "last_env", "name", "pid", "staged_env")
 
     def __init__(self, name: str, key: str | None) -> None:
         self.name = name
@@ -91,6 +94,10 @@ class Unit:
         self.staged_env: dict[str, str] | None = None
         #: the task process of the current attempt, once started
         self.pid: int | None = None
+        #: when the first attempt started (monotonic), for a task's ``deadline``
+        self.first_start: float | None = None
+        #: CRUCIBLE_LAST_EXIT / CRUCIBLE_LAST_REASON of the previous attempt
+        self.last_env: dict[str, str] | None = None
 
 
 @dataclass
@@ -162,6 +169,10 @@ class Dispatcher:
         self.counts = Counts(total=len(self.graph.tasks))
         self.stop_signal: int | None = None
         self._escalate = False
+        # Control flow (run/control.py): conditions, and the tasks whose failure
+        # was tolerated (the run's exit code ignores them).
+        self.control = control.Control(self.plan, options.state, stage)
+        self.tolerated: set[str] = set()
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
         # No task may inherit a descriptor of ours (posix_spawn closes none).
@@ -241,10 +252,20 @@ class Dispatcher:
             FAILED: self.counts.failed,
             SKIPPED: self.counts.skipped,
         }
+        if self.counts.tolerated:
+            counts["tolerated"] = self.counts.tolerated
         if self.stop_signal is not None:
             status = INTERRUPTED
             code = 128 + self.stop_signal
         elif all(self.status.get(n) == PASSED for n in self._expected()):
+            status, code = PASSED, 0
+        elif (
+            self.plan["version"] >= 3
+            and len(self.status) == len(self.graph.tasks)
+            and all(s != FAILED or n in self.tolerated for n, s in self.status.items())
+        ):
+            # IR v3: skips (a false condition, a tolerated producer) and tolerated
+            # failures leave the run passed; any other skip follows a failure.
             status, code = PASSED, 0
         else:
             status, code = FAILED, 1
@@ -347,9 +368,10 @@ class Dispatcher:
             unit = self.ready.popleft()
             self._next_token += 1
             self._tokens[self._next_token] = unit
-            self.workers.submit(
-                self._next_token, ("unit", unit.name, unit.key, unit.attempt, unit.staged_env)
-            )
+            env = unit.staged_env
+            if unit.last_env is not None and env is not None:
+                env = {**env, **unit.last_env}  # a retry: what the last attempt did
+            self.workers.submit(self._next_token, ("unit", unit.name, unit.key, unit.attempt, env))
             idle -= 1
 
     def _on_reply(self, reply: Reply) -> None:
@@ -403,6 +425,10 @@ class Dispatcher:
                 if record is not None:
                     status = record.get("status", FAILED)
                     self.status[name] = status
+                    if record.get("tolerated") is True:
+                        self.tolerated.add(name)
+                        if "keys" not in record:
+                            self.counts.tolerated += 1
                     self._count_settled_record(record, status)
         for name, deps in self.graph.waits_for.items():
             self.remaining[name] = sum(1 for d in deps if d not in self.status)
@@ -455,7 +481,39 @@ class Dispatcher:
         if "map" in task:
             self._expand(name)
             return
+        if "when" in task and self._condition_settles(name, None, control.NO_ITEM):
+            return
         self.ready.append(Unit(name, None))
+
+    def _condition_settles(self, name: str, key: str | None, item: Any) -> bool:
+        """Evaluate the unit's ``when``; settle it (skipped, or failed on an error)
+        and say so, or return False when it runs."""
+        task = self.graph.tasks[name]
+        run = (
+            control.run_status(self.graph.tasks, self.status, self.tolerated)
+            if task["epilogue"]
+            else None
+        )
+        decided = self.control.decide(task, self.status, item=item, run=run)
+        if decided is None:
+            return False
+        status, note = decided
+        if key is None:
+            self._record_task(name, status, note)
+            self.log.emit("task_finished", task=name, status=status, note=note)
+            self._count_settled(status)
+            self._settle(name, status)
+        else:
+            # An instance that never had an attempt: no attempt number in its event.
+            self.stage.record_settled(
+                self.plan, self.state, name, status=status, note=note, key=key
+            )
+            self.log.emit("task_finished", task=name, key=key, status=status, note=note)
+            self._count_settled(status)
+            self.instances_left[name] -= 1
+            if self.instances_left[name] == 0:
+                self._fold(name, self.instances[name])
+        return True
 
     def _record_task(self, name: str, status: str, note: str) -> None:
         """A task settled without running: skipped, or its map source unreadable
@@ -473,6 +531,8 @@ class Dispatcher:
             self._settle(name, FAILED)
             return
         keys = [key for key, _ in items]
+        conditional = "when" in self.graph.tasks[name]
+        item_of = dict(items) if conditional else {}
         del items
         if not keys:
             self._fold(name, keys)
@@ -485,24 +545,41 @@ class Dispatcher:
             recorded = set(os.listdir(instance_dir))
         except FileNotFoundError:
             recorded = set()
-        left = 0
+        pending: list[str] = []
         for key in keys:
             if recorded and self.layout.result_path(name, key).name in recorded:
                 record = self.stage.load_result(self.state, name, key)
                 if record is not None:
                     self._count_settled(record.get("status", FAILED))
                     continue
-            left += 1
-            self.ready.append(Unit(name, key))
-        self.instances_left[name] = left
-        if left == 0:
+            pending.append(key)
+        self.instances_left[name] = len(pending)
+        if not pending:
             self._fold(name, keys)
+            return
+        for key in pending:
+            # A false condition settles its instance at once (the last one folds).
+            if conditional and self._condition_settles(name, key, item_of[key]):
+                continue
+            self.ready.append(Unit(name, key))
 
     def _fold(self, name: str, keys: list[str]) -> None:
         record = self.stage.settle_fold(self.plan, self.state, name, keys)
         status = record.get("status", FAILED)
+        task = self.graph.tasks[name]
+        if "when" in task and (verdict := control.fold_verdict(record)) is not None:
+            status, note = verdict  # instances skipped by their condition are no failure
+            record = control.amend_record(self.layout.result_path(name), status=status, note=note)
+        if status == FAILED and control.tolerates_fold(task, self.state, self.stage, record):
+            control.mark_tolerated(self.layout.result_path(name))
+            self.tolerated.add(name)
         self.log.emit(
-            "task_finished", task=name, status=status, note=record.get("note"), instances=len(keys)
+            "task_finished",
+            task=name,
+            status=status,
+            note=record.get("note"),
+            instances=len(keys),
+            **({"tolerated": True} if name in self.tolerated else {}),
         )
         if not keys:
             self._count_settled(status)
@@ -528,6 +605,8 @@ class Dispatcher:
 
     def _started(self, unit: Unit, pid: int) -> None:
         unit.pid = pid
+        if unit.first_start is None:
+            unit.first_start = time.monotonic()
         self.running += 1
         self.log.emit(
             "task_started",
@@ -609,8 +688,21 @@ class Dispatcher:
             note = record.get("note")
             retryable = bool(record.get("retryable", status != PASSED))
         fields = finished.fields
-        attempts = int(task.get("retries", 0)) + 1
-        if status != PASSED and retryable and unit.attempt < attempts and self.stop_signal is None:
+        timed_out = finished.stop_reason == "timeout"
+        retry = control.Retry(None)
+        if status != PASSED and self.stop_signal is None:
+            retry = control.next_retry(
+                task,
+                unit.attempt,
+                timed_out=timed_out,
+                exit_code=finished.code,
+                retryable=retryable,
+                backoff=self.options.backoff,
+                elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
+            )
+            if retry.why_not is not None and note is not None:
+                note = f"{note}; {retry.why_not}"
+        if retry.delay is not None:
             # Remove this attempt's record so an interruption during the backoff
             # leaves the unit unsettled (a resume runs it again).
             with contextlib.suppress(FileNotFoundError):
@@ -626,7 +718,8 @@ class Dispatcher:
                 retry=True,
                 **fields,
             )
-            delay = min(BACKOFF_MAX, self.options.backoff * 2 ** (unit.attempt - 1))
+            delay = retry.delay
+            unit.last_env = control.last_attempt_env(finished.code, timed_out)
             unit.attempt += 1
             self._timer_seq += 1
             heapq.heappush(self.timers, (time.monotonic() + delay, self._timer_seq, unit))
@@ -644,10 +737,21 @@ class Dispatcher:
                     exit_code=finished.code,
                 ),
             )
-        if status == FAILED:
+        elif retry.why_not is not None:  # the note says why the policy stopped here
+            self.stage.amend_result(
+                self.plan, self.state, unit.name, key=unit.key, status=status, note=note or ""
+            )
+        tolerable = status == FAILED and control.tolerates(task, finished.code, timed_out)
+        if status == FAILED and not tolerable:
             self._note_failure(unit, finished.log)
         self._settle_unit(
-            unit, status, note, exit_code=finished.code, duration=finished.duration, fields=fields
+            unit,
+            status,
+            note,
+            exit_code=finished.code,
+            duration=finished.duration,
+            fields=fields,
+            tolerable=tolerable,
         )
 
     def _fail_unit(
@@ -669,8 +773,13 @@ class Dispatcher:
                 exit_code=exit_code,
             ),
         )  # fmt: skip
-        self._note_failure(unit, log)
-        self._settle_unit(unit, FAILED, note, exit_code=exit_code)
+        task = self.graph.tasks[unit.name]
+        # exit codes tolerate a task's own exit only, not a unit that could not
+        # be staged, started or captured
+        tolerable = control.tolerates(task, None, False)
+        if not tolerable:
+            self._note_failure(unit, log)
+        self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
 
     def _note_failure(self, unit: Unit, log: str | None) -> None:
         """A unit settled failed: keep it for the last line; --fail-fast stops."""
@@ -689,7 +798,14 @@ class Dispatcher:
         exit_code: int | None,
         duration: float | None = None,
         fields: dict[str, Any] | None = None,
+        tolerable: bool = False,
     ) -> None:
+        if tolerable:  # the record says so first: report, outcome and resume read it
+            control.mark_tolerated(self.layout.result_path(unit.name, unit.key))
+            fields = {**(fields or {}), "tolerated": True}
+            self.counts.tolerated += 1
+            if unit.key is None:
+                self.tolerated.add(unit.name)
         self.log.emit(
             "task_finished",
             **self._ids(unit),

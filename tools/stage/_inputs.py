@@ -206,6 +206,8 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
             "status": rec["status"] if rec else "absent",
             "note": rec["note"] if rec else "",
         }
+        if rec and rec.get("tolerated") is True:  # IR v3 (run/control.py)
+            entry["tolerated"] = True
         if t.map is None:
             entry["fields"] = _fields(rec, t, pv.version)
         else:
@@ -218,10 +220,17 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
                         "status": irec["status"] if irec else "absent",
                         "note": irec["note"] if irec else "",
                         "fields": _fields(irec, t, pv.version),
+                        **({"tolerated": True} if irec and irec.get("tolerated") is True else {}),
                     }
                 )
             entry["instances"] = instances
         tasks[name] = entry
+    if pv.version >= 3:  # the run so far: failed when a regular task failed untolerated
+        failed = any(
+            e["status"] == "failed" and not e.get("tolerated") and not pv.tasks[n].epilogue
+            for n, e in tasks.items()
+        )
+        return {"status": "failed" if failed else "passed", "tasks": tasks}
     return {"tasks": tasks}
 
 
