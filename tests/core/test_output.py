@@ -204,7 +204,7 @@ def test_report_html_to_a_fifo_or_device_is_never_renamed_over(tmp_path: Path) -
     assert ran.returncode == 0, ran.stderr
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    report = [BIN / "crucible-dispatch", "report", state, "--html"]
+    report: list[str | Path] = [BIN / "crucible-dispatch", "report", state, "--html"]
     done = subprocess.run([*report, fifo], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no reader" in done.stderr, done.stderr
     assert stat.S_ISFIFO(fifo.lstat().st_mode)

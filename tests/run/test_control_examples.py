@@ -64,6 +64,21 @@ def test_enrich_failure_is_tolerated_and_load_runs_without_it(tmp_path: Path) ->
     )
     log = (tmp_path / "down" / "logs" / "enrich.log").read_text()
     assert "attempt 2" in log  # retried once before being tolerated
+    # report, its JSON rows and the HTML timeline show the failure as tolerated
+    state = str(tmp_path / "down")
+    text = subprocess.run([DISPATCH, "report", state], capture_output=True, text=True, timeout=60)
+    (row,) = [line for line in text.stdout.splitlines() if line.startswith("enrich ")]
+    assert "failed (tolerated)" in row
+    rows = subprocess.run(
+        [DISPATCH, "report", state, "--json"], capture_output=True, text=True, timeout=60
+    )
+    (enrich,) = [r for r in map(json.loads, rows.stdout.splitlines()) if r["task"] == "enrich"]
+    assert enrich["status"] == "failed" and enrich["tolerated"] is True
+    html = tmp_path / "timeline.html"
+    done = subprocess.run(
+        [DISPATCH, "report", state, "--html", str(html)], capture_output=True, timeout=60
+    )
+    assert done.returncode == 0 and "failed (tolerated)" in html.read_text()
 
 
 def test_exit_handler_notifies_only_on_failure(tmp_path: Path) -> None:

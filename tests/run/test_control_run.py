@@ -508,3 +508,41 @@ def test_control_events_and_records_match_their_schemas(tmp_path: Path) -> None:
     )
     for path in (run.state / "results").rglob("*.json"):
         records.validate(json.loads(path.read_bytes()))
+
+
+def test_fail_fast_ignores_a_tolerated_failure_and_stops_at_a_condition_error(
+    tmp_path: Path,
+) -> None:
+    tolerated = dispatch(
+        tmp_path,
+        task("enrich", "exit 7", on_failure="continue")
+        + task("later", OK, needs=["enrich"], join="settled"),
+        "--fail-fast",
+        "-j",
+        "1",
+        name="tolerated",
+    )
+    assert tolerated.code == 0, tolerated.stderr
+    assert tolerated.status("later") == "passed"
+    broken = dispatch(
+        tmp_path,
+        task("bad", OK, when="1 + 'x'") + task("slow", "sleep 20"),
+        "--fail-fast",
+        name="broken",
+    )
+    assert broken.code == 1
+    assert "bad" in broken.stderr
+    assert broken.status("bad") == "failed"
+
+
+def test_a_target_whose_ancestor_failed_tolerated_passes(tmp_path: Path) -> None:
+    run = dispatch(
+        tmp_path,
+        task("enrich", "exit 7", on_failure="continue")
+        + task("load", OK, needs=["enrich"], join="settled")
+        + task("unrelated", OK),
+        "--target",
+        "load",
+    )
+    assert run.code == 0, run.stderr  # `unrelated` is not selected, not unsettled
+    assert run.status("load") == "passed"

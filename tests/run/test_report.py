@@ -294,33 +294,45 @@ def fanout_failed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_failed_unit_shows_its_log_and_stderr_tail(fanout_failed: Path, tmp_path: Path) -> None:
     import shutil
 
+    # As the dispatcher records them: under the unit, its log and output tail;
+    # the note cell does not repeat them.
+    for argv in ((), ("measure",)):
+        lines = report(fanout_failed, *argv).stdout.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.strip() == "log: logs/measure/1.log")
+        assert lines[at - 1].rstrip().endswith("exited with status 1")
+        assert "refusing to measure 'beta' (fail_on)" in lines[at + 1]
+        assert lines[at + 1].lstrip().startswith("| ")
     state = tmp_path / "s"
     shutil.copytree(fanout_failed, state, symlinks=True)
-    # Without the fields (a run before they existed): no detail shown
-    _amend(state, "measure", "1", log=None, stderr_tail=None, note="exited with status 1")
-    _amend(state, "measure", note="1 of 6 instances did not pass; first '1': failed: exited")
+    # Without the fields (a record written before they existed): nothing shown
     path = state / "results/measure/1.json"
-    record = {k: v for k, v in json.loads(path.read_bytes()).items() if v is not None}
+    record = json.loads(path.read_bytes())
+    for name in ("log", "stderr_tail"):
+        record.pop(name, None)
+    record["note"] = "exited with status 1"
     path.write_bytes(canon.dumps(record))
-    plain = report(state).stdout
-    assert "log:" not in plain and "| " not in plain
+    plain = [line.strip() for line in report(state).stdout.splitlines()]
+    assert not [line for line in plain if line.startswith(("log: ", "| "))]
+    tail = "Traceback (most recent call last):\nSystemExit: refusing 'beta'\x1b[2J"
     _amend(
         state,
         "measure",
         "1",
         log="logs/measure/1.log",
-        stderr_tail="Traceback (most recent call last):\nSystemExit: refusing 'beta'\x1b[2J\n",
+        stderr_tail=tail,
+        note=f"exited with status 1 (log: logs/measure/1.log)\n{tail}",
     )
     for argv in ((), ("measure",)):
         out = report(state, *argv).stdout
         lines = out.splitlines()
-        at = next(i for i, line in enumerate(lines) if "log: logs/measure/1.log" in line)
+        at = next(i for i, line in enumerate(lines) if line.strip() == "log: logs/measure/1.log")
+        assert lines[at - 1].rstrip().endswith(": exited with status 1") or argv
         assert lines[at + 1].strip() == "| Traceback (most recent call last):"
         assert lines[at + 2].strip() == "| SystemExit: refusing 'beta'\\x1b[2J"
         assert "\x1b" not in out
     row = next(r for r in json_rows(state, "measure") if r.get("key") == "1")
     assert row["log"] == "logs/measure/1.log"
-    assert row["stderr_tail"].endswith("'beta'\x1b[2J\n")
+    assert row["stderr_tail"] == tail and row["note"].endswith(tail)  # whole in --json
     page = tmp_path / "t.html"
     assert report(state, "--html", str(page)).returncode == 0
     text = page.read_text()
@@ -392,3 +404,37 @@ def test_a_unit_stopped_while_its_retry_waited_is_interrupted(tmp_path: Path) ->
     (state / "results" / "greet.json").unlink()
     (row, _) = json_rows(state)
     assert row["task"] == "greet" and row["status"] == "interrupted"
+
+
+def test_not_selected_units_are_shown_as_such(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    ran = dispatch(
+        str(REPO / "examples/hello/pack.toml"), "--state", str(state), "--target", "greet"
+    )
+    assert ran.returncode == 0, ran.stderr
+    rows = {r["task"]: r for r in json_rows(state)}
+    assert rows["greet"]["status"] == "passed" and rows["shout"]["status"] == "not_selected"
+    (shout,) = [line for line in table_rows(report(state).stdout) if line.startswith("shout")]
+    assert shout.split()[1:3] == ["not", "selected"]
+    page = tmp_path / "t.html"
+    assert report(state, "--html", str(page)).returncode == 0
+    assert "not selected" in page.read_text()
+
+
+def test_a_tolerated_failure_in_a_real_run(pack: Pack, tmp_path: Path) -> None:
+    plan = pack(
+        '[[workflow.task]]\nname = "flaky"\non_failure = "continue"\n'
+        'run = "echo oops >&2; exit 3"\n',
+        edition=4,
+    )
+    state = tmp_path / "s"
+    assert dispatch(str(plan), "--state", str(state)).returncode == 0
+    out = report(state).stdout
+    assert table_rows(out)[0].split()[1:3] == ["failed", "(tolerated)"]
+    assert "    | oops" in out.splitlines()
+    (row,) = json_rows(state)
+    assert row["status"] == "failed" and row["tolerated"] is True
+    page = tmp_path / "t.html"
+    assert report(state, "--html", str(page)).returncode == 0
+    text = page.read_text()
+    assert "data-s=t" in text and "(tolerated)" in text

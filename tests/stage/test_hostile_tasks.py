@@ -69,3 +69,59 @@ def test_hostile_result_files_fail_their_attempts_and_the_run_ends(tmp_path: Pat
     assert "outside the workspace" in notes["outside"]
     retried = result(state, "retried")
     assert retried is not None and retried["status"] == "passed" and retried["attempt"] == 2
+
+
+TAMPER = """edition = 3
+
+[workflow]
+name = "tamper"
+
+[[workflow.task]]
+name = "p"
+run = "mkdir out && printf captured > out/f"
+emits_files = ["out"]
+
+[[workflow.task]]
+name = "a"
+needs = ["p"]
+run = "chmod u+w inputs/p/out/f && printf EVIL > inputs/p/out/f"
+
+[[workflow.task]]
+name = "b"
+needs = ["p"]
+emits = {{ seen = "string" }}
+run = '''printf '{{"seen": "%s"}}' "$(cat inputs/p/out/f)" > "$CRUCIBLE_OUTPUT"'''
+
+[[workflow.task]]
+name = "c"
+needs = ["p", "a"]
+join = "settled"
+emits = {{ seen = "string" }}
+run = '''printf '{{"seen": "%s"}}' "$(cat inputs/p/out/f)" > "$CRUCIBLE_OUTPUT"'''
+"""
+
+
+def test_a_consumer_writing_a_staged_file_is_named_and_the_next_sees_the_capture(
+    tmp_path: Path,
+) -> None:
+    pack = tmp_path / "pack.toml"
+    pack.write_text(TAMPER.format())
+    state = tmp_path / "st"
+    r = subprocess.run(
+        [str(DISPATCH), str(pack), "--state", str(state), "-j", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stderr
+    a = result(state, "a")
+    assert a is not None and a["status"] == "failed" and a["retryable"] is False
+    assert "inputs/p/out/f" in a["note"] and "changed while a held it" in a["note"]
+    # b may be staged ahead while a runs (dispatch stages the next unit early);
+    # what a changed is undone in b's workspace before b starts
+    b = result(state, "b")
+    assert b is not None and b["status"] == "passed" and b["output"] == {"seen": "captured"}
+    # c is staged after a was settled: it gets the restored copy
+    c = result(state, "c")
+    assert c is not None and c["status"] == "passed" and c["output"] == {"seen": "captured"}
+    assert (state / "files" / "p" / "out" / "f").read_bytes() == b"captured"

@@ -338,3 +338,40 @@ def test_a_timed_out_consumer_is_checked_when_it_is_settled(state: Path) -> None
     assert rec["note"].startswith("timed out after 1 s; staged file inputs/p/out/big")
     b = _consumer(state, p, "b")
     assert (b / "inputs/p/out/big").read_bytes() == BIG
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root unlinks from read-only directories")
+def test_restaging_never_chmods_a_shared_file(state: Path) -> None:
+    """A consumer that made its own inputs/p directory read-only: laying its
+    inputs down again removes the old tree without chmod'ing the files in it
+    (each is an inode every other consumer holds)."""
+    p = _plan()
+    _produce(state, p)
+    a = _consumer(state, p, "a")
+    _consumer(state, p, "b")
+    (a / "inputs" / "p" / "out").chmod(0o555)
+    _consumer(state, p, "a")  # the old tree is removed
+    published = state / "shared" / "p" / "tree" / "out" / "big"
+    assert published.stat().st_mode & 0o777 == 0o444
+    assert _finish(state, p, "b")["status"] == "passed"
+
+
+def test_a_consumer_staged_ahead_starts_with_the_captured_bytes(state: Path) -> None:
+    from crucible.stage import refresh_inputs
+
+    p = _plan()
+    _produce(state, p)
+    a = _consumer(state, p, "a")
+    b = _consumer(state, p, "b")  # staged ahead, while a runs
+    victim = a / "inputs" / "p" / "out" / "big"
+    if victim.stat().st_nlink == 1:
+        pytest.skip("reflinked")
+    victim.chmod(0o644)
+    victim.write_bytes(b"EVIL")
+    assert refresh_inputs(p, state, "b", b) == ["inputs/p/out/big"]  # just before b starts
+    held = b / "inputs" / "p" / "out" / "big"
+    assert held.read_bytes() == BIG and held.stat().st_mode & 0o777 == 0o444
+    assert refresh_inputs(p, state, "b", b) == []
+    ra = _finish(state, p, "a")
+    assert ra["status"] == "failed" and "changed while a held it" in ra["note"]
+    assert _finish(state, p, "b")["status"] == "passed"

@@ -119,6 +119,8 @@ def _starlark_reason(report: str) -> str:
     """First line of starlark's report, plus the ``line:col`` from its ``--> when:L:C``."""
     lines = report.splitlines()
     head = lines[0].removeprefix("error: ") if lines else "syntax error"
+    # "…, expected one of "(", "+", … or "~"": the list of tokens says little
+    head = head.split(", expected one of ")[0]
     for line in lines:
         stripped = line.strip()
         if stripped.startswith("--> when:"):

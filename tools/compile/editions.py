@@ -60,6 +60,10 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "allow_exit": 4,
     "retry": 4,
     "deadline": 4,
+    # fan-out vocabulary (issue 17)
+    "matrix": 4,
+    "key": 4,
+    "parallelism": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task
@@ -77,6 +81,9 @@ _WORKFLOW_KEYS_SINCE: dict[str, int] = {
     "params": 1,
     "source": 1,
     "task": 1,
+    # run results and published files (issue 17)
+    "outputs": 4,
+    "publish": 4,
 }
 _TOP_KEYS_SINCE: dict[str, int] = {"edition": 1, "workflow": 1}
 

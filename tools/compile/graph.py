@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from crucible.compile.fanout import describe_source, fanout_producers, is_fanout
+
 __all__ = ["FORMATS", "render"]
 
 FORMATS = ("dot", "mermaid")
@@ -21,7 +23,19 @@ FORMATS = ("dot", "mermaid")
 def _label(task: dict[str, Any]) -> str:
     label = str(task["name"])
     if "map" in task:
-        label += f"[*]\nmap {task['map']}"
+        label += f"[*]\nmap {describe_source(task['map'])}"
+        if "key" in task:
+            label += f" by {task['key']}"
+    elif "matrix" in task:
+        axes = task["matrix"]["axes"]
+        label += "[*]\nmatrix " + " × ".join(
+            f"{a['name']} ({describe_source(a['source'])})" for a in axes
+        )
+        for k in ("exclude", "include"):
+            if k in task["matrix"]:
+                label += f"\n{len(task['matrix'][k])} {k}"
+    if "parallelism" in task:
+        label += f"\nparallelism {task['parallelism']}"
     if task["kind"] != "command":
         label += f"\n({task['kind']})"
     if task["epilogue"]:
@@ -58,9 +72,9 @@ def _edges(plan: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(producer, consumer, style) with style in plain | map | settled | map+settled."""
     out = []
     for task in plan["tasks"]:
-        mapped = task["map"].rpartition(".")[0] if "map" in task else None
+        mapped = fanout_producers(task)
         for need in task["needs"]:
-            style = "map" if need == mapped else "plain"
+            style = "map" if need in mapped else "plain"
             if task["join"] == "settled":
                 style = "map+settled" if style == "map" else "settled"
             out.append((need, task["name"], style))
@@ -79,23 +93,23 @@ def _dot(plan: dict[str, Any]) -> str:
     ]
     for task in plan["tasks"]:
         attrs = [f"label={_dot_quote(_label(task))}"]
-        if "map" in task:
+        if is_fanout(task):
             attrs.append("shape=box3d")
         elif task["epilogue"]:
             attrs.append("shape=octagon")
         elif task["kind"] == "agent":
             attrs.append('style="rounded"')
-        if task["epilogue"] and "map" not in task:
+        if task["epilogue"] and not is_fanout(task):
             attrs.append("peripheries=2")
         lines.append(f"  {_dot_quote(task['name'])} [{', '.join(attrs)}];")
     by_name = {t["name"]: t for t in plan["tasks"]}
     for src, dst, style in _edges(plan):
         attrs = []
         if style.startswith("map"):
-            field = by_name[dst]["map"].rpartition(".")[2]
+            text = fanout_producers(by_name[dst])[src]
             attrs += [
                 "style=bold",
-                f"label={_dot_quote('map ' + field + (' (settled)' if 'settled' in style else ''))}",
+                f"label={_dot_quote(text + (' (settled)' if 'settled' in style else ''))}",
             ]
             if "settled" in style:
                 attrs[0] = 'style="bold,dashed"'
@@ -135,7 +149,7 @@ def _mermaid(plan: dict[str, Any]) -> str:
     for task in plan["tasks"]:
         label = _mermaid_text(_label(task))
         node = ids[task["name"]]
-        if "map" in task:
+        if is_fanout(task):
             lines.append(f"  {node}[[{label}]]")
         elif task["epilogue"]:
             lines.append(f"  {node}{{{{{label}}}}}")
@@ -149,17 +163,16 @@ def _mermaid(plan: dict[str, Any]) -> str:
         trigger = _trigger(by_name[dst], src)
         if trigger is not None:
             if style.startswith("map"):
-                field = by_name[dst]["map"].rpartition(".")[2]
-                base = f"map {field}" + (" (settled)" if "settled" in style else "") + " · "
+                text = fanout_producers(by_name[dst])[src]
+                base = text + (" (settled)" if "settled" in style else "") + " · "
                 arrow = "-.->" if "settled" in style else "==>"
             else:
                 base = "settled · " if "settled" in style else ""
                 arrow = "-.->" if "settled" in style else "-->"
             lines.append(f"  {a} {arrow}|{_mermaid_text(base + 'when ' + trigger)}| {b}")
         elif style.startswith("map"):
-            field = by_name[dst]["map"].rpartition(".")[2]
             arrow = "-.->" if "settled" in style else "==>"
-            text = f"map {field}" + (" (settled)" if "settled" in style else "")
+            text = fanout_producers(by_name[dst])[src] + (" (settled)" if "settled" in style else "")
             lines.append(f"  {a} {arrow}|{_mermaid_text(text)}| {b}")
         elif style == "settled":
             lines.append(f"  {a} -.->|settled| {b}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from crucible.compile.diagnostics import Diagnostic, Location, Locator, ValidationFailed
 from crucible.compile.editions import DEFAULT_EDITION, SUPPORTED_EDITIONS, check_edition
+from crucible.compile.fanout import check_fanout_graph
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
 from crucible.compile.rules import check_graph, check_names
@@ -162,6 +163,7 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
     check_graph(
         chk, tasks, paths, fill_input_types=True, params=workflow["params"], edition=edition
     )
+    check_fanout_graph(chk, workflow, tasks, paths)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     if resolved_from is not None:
@@ -271,6 +273,7 @@ def analyze_star(path: Path, edition: int) -> Analysis:
         check_graph(
             chk, tasks, paths, fill_input_types=True, params=workflow["params"], edition=edition
         )
+        check_fanout_graph(chk, workflow, tasks, paths)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     workflow["resolved_from"] = PurePosixPath(path.name).as_posix()

@@ -33,6 +33,8 @@ __all__ = [
 _V3_ONLY = PLAN_TASK_KEYS[3] - PLAN_TASK_KEYS[2]
 _PLAN_KEYS = ("version", "edition", "workflow", "tasks")
 _WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
+#: workflow keys of IR v3 (edition 4), omitted when empty
+_WORKFLOW_KEYS_V3 = ("outputs", "publish")
 _INPUT_KEYS = ("from", "producer", "field", "type")
 _REQUIRED_TASK_KEYS = (
     "name",
@@ -97,10 +99,11 @@ def canonical_bytes(plan: dict[str, Any]) -> bytes:
         plan["workflow"]["params"]
     ):
         return canon.dumps(plan)
-    if plan["version"] >= 3 and not all(
-        _plain_json([v for k, v in t.items() if k in _V3_ONLY]) for t in plan["tasks"]
-    ):
-        return canon.dumps(plan)  # an edition-4 member holds a float (retry delay, deadline)
+    if plan["version"] >= 3:
+        # Edition 4's members hold the author's values (retry delays, deadlines,
+        # literal fan-out items, matrix entries, outputs and publish paths), any
+        # of which may be a float or a high key: the exact path, always.
+        return canon.dumps(plan)
     return orjson.dumps(plan, option=orjson.OPT_SORT_KEYS)
 
 
@@ -181,7 +184,7 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
     if not isinstance(workflow, dict):
         chk.error("wrong-type", ("workflow",), "workflow must be an object")
     else:
-        _check_plan_workflow(chk, workflow)
+        _check_plan_workflow(chk, workflow, version)
     tasks = plan["tasks"]
     if not isinstance(tasks, list) or not tasks:
         chk.error("wrong-type", ("tasks",), "tasks must be a non-empty array")
@@ -195,16 +198,22 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
     check_graph(
         chk, tasks, paths, fill_input_types=False, params=workflow["params"], edition=edition
     )
+    if version >= 3:
+        from crucible.compile.fanout import check_fanout_graph
+
+        check_fanout_graph(chk, workflow, tasks, paths)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)
 
 
-def _check_plan_workflow(chk: Checker, workflow: dict[str, Any]) -> None:
+def _check_plan_workflow(chk: Checker, workflow: dict[str, Any], version: int) -> None:
     path = ("workflow",)
+    known = _WORKFLOW_KEYS + (_WORKFLOW_KEYS_V3 if version >= 3 else ())
     for key in workflow:
-        if key not in _WORKFLOW_KEYS:
+        if key not in known:
             chk.error("unknown-key", (*path, key), f"unknown key {key!r} in workflow")
+    _check_plan_results(chk, workflow, version)
     for key in ("name", "params"):
         if key not in workflow:
             chk.error("missing-key", path, f"workflow has no {key}")
@@ -217,6 +226,23 @@ def _check_plan_workflow(chk: Checker, workflow: dict[str, Any]) -> None:
         normalized = check_params(chk, (*path, "params"), workflow["params"])
         if not chk.failed and normalized != workflow["params"]:
             chk.error("bad-value", (*path, "params"), "params are not in normal form")
+
+
+def _check_plan_results(chk: Checker, workflow: dict[str, Any], version: int) -> None:
+    """``outputs`` and ``publish`` (v3) must be what compiling them gives (normal form)."""
+    from crucible.compile.fanout import check_outputs, check_publish
+
+    for key, check in (("outputs", check_outputs), ("publish", check_publish)):
+        if version < 3 or key not in workflow:
+            continue
+        before = len(chk.diagnostics)
+        normalized = check(chk, ("workflow", key), workflow[key])
+        if len(chk.diagnostics) == before and (not normalized or normalized != workflow[key]):
+            chk.error(
+                "not-normal-form",
+                ("workflow", key),
+                f"workflow {key} is not in normal form (empty tables are omitted)",
+            )
 
 
 def _check_plan_task(
@@ -242,6 +268,10 @@ def _check_plan_task(
     # Reuse the manifest checks on the same keys, then compare: a plan task must be
     # exactly what compiling its own fields would produce (normal form).
     raw = {k: v for k, v in task.items() if k in allowed and k != "inputs"}
+    if version >= 3:
+        from crucible.compile.fanout import task_to_manifest
+
+        raw = task_to_manifest(raw)
     inputs = task.get("inputs")
     if inputs is not None:
         if not isinstance(inputs, dict):

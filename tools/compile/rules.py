@@ -66,7 +66,7 @@ def check_graph(
                     f"task {name!r} needs {need!r}, an epilogue task "
                     "(epilogues run after every other task; nothing may need one)",
                 )
-        if "map" in task:
+        if isinstance(task.get("map"), str):  # the other sources: fanout.check_fanout_graph
             _check_map(chk, task, path, by_name, epilogue_dag=epilogue_dag)
         for input_name, spec in task.get("inputs", {}).items():
             _check_input(chk, task, path, input_name, spec, by_name, fill_input_types)

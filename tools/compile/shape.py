@@ -16,10 +16,12 @@ from typing import Any
 from crucible.compile.conditions import check_control_keys
 from crucible.compile.diagnostics import Diagnostic, Locator, Path
 from crucible.compile.editions import (
+    EDITION_CONTROL,
     RESERVED_INPUTS,
     TYPES,
     known_task_keys,
     task_key_since,
+    workflow_key_since,
 )
 from crucible.compile.names import env_problem, ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
@@ -39,7 +41,13 @@ __all__ = [
 
 KINDS: tuple[str, ...] = ("command", "evaluate", "agent")
 JOINS: tuple[str, ...] = ("all", "settled")
-WORKFLOW_KEYS: tuple[str, ...] = ("name", "description", "params", "source", "task")
+WORKFLOW_KEYS: tuple[str, ...] = tuple(
+    k for k in ("name", "description", "params", "source", "task") if workflow_key_since(k) == 1
+)
+#: ``[workflow]`` keys of edition 4 (editions.py says when each key arrived)
+WORKFLOW_KEYS_SINCE_4: tuple[str, ...] = tuple(
+    k for k in ("outputs", "publish") if workflow_key_since(k) == EDITION_CONTROL
+)
 PARAM_KEYS: tuple[str, ...] = ("type", "default", "description")
 
 
@@ -430,7 +438,12 @@ def check_task(
                 for i, f in enumerate(files)
                 if _check_relative_glob(chk, (*path, "emits_files", i), f)
             ]
-    if "map" in raw:
+    if edition >= EDITION_CONTROL:
+        # map's new sources, matrix, key, parallelism: crucible.compile.fanout
+        from crucible.compile.fanout import check_fanout_task
+
+        check_fanout_task(chk, path, raw, task, edition)
+    elif "map" in raw:
         ref = _check_ref(chk, (*path, "map"), raw["map"], "map")
         if ref is not None:
             task["map"] = ref
@@ -530,6 +543,33 @@ def check_task(
     return task
 
 
+def _check_workflow_keys(
+    chk: Checker,
+    path: Path,
+    raw: Mapping[str, Any],
+    allowed: tuple[str, ...],
+    label: str,
+    edition: int,
+) -> None:
+    """Unknown ``[workflow]`` keys; a key of a later edition names that edition."""
+    known = (*allowed, *(k for k in WORKFLOW_KEYS_SINCE_4 if edition >= EDITION_CONTROL))
+    for key in raw:
+        if key in known:
+            continue
+        since = workflow_key_since(key)
+        hint = (
+            f"; {key!r} needs edition {since} (this pack is edition {edition})"
+            if since is not None and since > edition
+            else ""
+        )
+        noun = "keyword argument" if label.endswith("()") else "key"
+        chk.error(
+            "unknown-key",
+            (*path, key),
+            f"unknown {noun} {key!r} in {label} (known: {', '.join(known)}){hint}",
+        )
+
+
 def check_workflow(
     chk: Checker,
     path: Path,
@@ -542,7 +582,7 @@ def check_workflow(
     label: str = "[workflow]",
 ) -> tuple[dict[str, Any], list[dict[str, Any]], list[Path]]:
     """A workflow table (without ``source``) → (plan workflow, plan tasks, their paths)."""
-    _check_keys(chk, path, raw, allowed, label)
+    _check_workflow_keys(chk, path, raw, allowed, label, edition)
     workflow: dict[str, Any] = {"name": "", "params": {}}
     if "name" not in raw:
         chk.error("missing-key", path, f"{label} has no name")
@@ -554,6 +594,14 @@ def check_workflow(
         workflow["description"] = raw["description"]
     if "params" in raw:
         workflow["params"] = check_params(chk, (*path, "params"), raw["params"])
+    if edition >= EDITION_CONTROL:
+        # [workflow.outputs], [workflow.publish] (omitted from the plan when empty)
+        from crucible.compile.fanout import check_outputs, check_publish
+
+        if "outputs" in raw and (outputs := check_outputs(chk, (*path, "outputs"), raw["outputs"])):
+            workflow["outputs"] = outputs
+        if "publish" in raw and (publish := check_publish(chk, (*path, "publish"), raw["publish"])):
+            workflow["publish"] = publish
     tasks: list[dict[str, Any]] = []
     paths: list[Path] = []
     raw_tasks = raw.get(tasks_key, [])

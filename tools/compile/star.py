@@ -20,8 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crucible.compile.diagnostics import Diagnostic, Location
+from crucible.compile.editions import EDITION_CONTROL
 from crucible.compile.locate import FileLocator
-from crucible.compile.shape import Checker, check_params, check_task, type_name
+from crucible.compile.shape import (
+    WORKFLOW_KEYS_SINCE_4,
+    Checker,
+    check_params,
+    check_task,
+    type_name,
+)
 from crucible.compile.starbound import MAX_EVAL_MEMORY, nesting_problem
 from crucible.core.errors import ParseError
 from crucible.core.fdio import write_all
@@ -118,13 +125,14 @@ def _evaluate_here(text: str, display: str, edition: int, timeout: float) -> Sta
                 "(the compiler needs it before evaluating the source)",
             )
         chk = Checker(quiet.locator)
+        # edition 4: outputs= and publish= (checked with the rest of the workflow)
+        known = _WORKFLOW_KWARGS + (WORKFLOW_KEYS_SINCE_4 if edition >= EDITION_CONTROL else ())
         for key in kwargs:
-            if key not in _WORKFLOW_KWARGS:
+            if key not in known:
                 chk.error(
                     "unknown-key",
                     (key,),
-                    f"unknown keyword argument {key!r} in workflow() "
-                    f"(known: {', '.join(_WORKFLOW_KWARGS)})",
+                    f"unknown keyword argument {key!r} in workflow() (known: {', '.join(known)})",
                 )
         if "params" in kwargs:
             check_params(chk, ("params",), kwargs["params"])

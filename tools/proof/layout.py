@@ -26,6 +26,7 @@ __all__ = [
     "MAX_REVISIONS",
     "MAX_SIGNATURE_BYTES",
     "PARTIAL",
+    "REQUIRED_FILES",
     "ROOT_CASE",
     "STAGE_RE",
     "TIMESTAMP_RE",
@@ -47,6 +48,9 @@ ROOT_CASE = "root-case.json"
 ADMISSION_PROOF = "admission-proof.json"
 ADMISSION_PROOF_DIGEST = "admission-proof.digest"
 PARTIAL = "partial.json"
+#: present in every bundle (workflow.md §10, "always"), in the order a reader names a
+#: missing one
+REQUIRED_FILES = (WORKFLOW, ADMISSION_PROOF, ADMISSION_PROOF_DIGEST, EXECUTION, ROOT_CASE)
 FINALIZATION_FILES = ("README.md", "trust.json", "expected-report.json", PARTIAL)
 AUX_DIR = "aux/"
 CUSTODY_SUFFIX = ".custody"

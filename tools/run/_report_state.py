@@ -29,6 +29,9 @@ _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9
 #: event kinds whose fields the report reads; other kinds (added by later
 #: versions) are skipped after their common fields are checked
 _KNOWN = ("plan_admitted", "task_started", "task_finished", "run_finished", "shutdown")
+#: the canonical JSON domain (docs/spec/canonical-json.md): integers within
+#: +-(2^53-1); a value outside it could not be printed back by --json
+_SAFE = 2**53 - 1
 
 
 def read_regular(path: Path, what: str) -> bytes | None:
@@ -79,7 +82,7 @@ def _type(value: Any) -> str:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
-        return "integer"
+        return "integer" if -_SAFE <= value <= _SAFE else "integer outside +-(2^53-1)"
     if isinstance(value, float):
         return "number"
     if isinstance(value, str):
@@ -90,7 +93,7 @@ def _type(value: Any) -> str:
 
 
 def _int(value: Any, minimum: int | None = None) -> bool:
-    return type(value) is int and (minimum is None or value >= minimum)
+    return type(value) is int and -_SAFE <= value <= _SAFE and (minimum is None or value >= minimum)
 
 
 def _load_json(data: bytes, where: str) -> Any:
@@ -125,7 +128,8 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
             )
         m = t.get("map")
         source = m.split(".", 1)[0] if isinstance(m, str) and "." in m else None
-        tasks.append((t["name"], m is not None, source))
+        # a matrix (edition 4) fans out as a map does
+        tasks.append((t["name"], m is not None or t.get("matrix") is not None, source))
     return tasks
 
 
@@ -200,7 +204,9 @@ def _check_event(value: dict[str, Any], where: str) -> Event:
                 )
             duration = value.get("duration")
             if duration is not None and (
-                isinstance(duration, bool) or not isinstance(duration, int | float) or duration < 0
+                isinstance(duration, bool)
+                or not isinstance(duration, int | float)
+                or not 0 <= duration < _SAFE
             ):
                 raise ParseError(f"duration must be a number >= 0, not {duration!r}", where=where)
             for name in _NONNEG[kind]:

@@ -23,6 +23,7 @@ from crucible.core import atomic, canon, digest
 from crucible.core.contract import EMIT_CAP_DEFAULT
 from crucible.core.errors import InputRefused, OperationalError, PlanChanged, UsageError
 from crucible.run.lock import StateLock
+from crucible.run.matrix import check_fanout_params
 from crucible.run.options import RunOptions
 from crucible.run.params import changed_param, read_params_file, resolve_params
 
@@ -227,6 +228,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     if options.resume:
         return _admit_resume(options, base, given)
     params = resolve_params(plan, given, options.params)
+    check_fanout_params(plan, params)  # a param a fan-out ranges over (IR v3)
     base.params = params
     plan_file = state / "plan.json"
     held = plan_file.exists()

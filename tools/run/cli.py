@@ -117,6 +117,18 @@ def cli() -> None:
 @click.option(
     "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
 )
+@click.option(
+    "--outputs",
+    "outputs",
+    metavar="FILE|-",
+    help="At the end, also write the run results (STATE/outputs.json) to FILE (- = stdout).",
+)
+@click.option(
+    "--publish-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    metavar="DIR",
+    help="At the end, publish the [workflow.publish] files into DIR.",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -134,6 +146,8 @@ def run_cmd(
     fail_fast: bool,
     follow: bool,
     events: str | None,
+    outputs: str | None,
+    publish_dir: Path | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
@@ -156,7 +170,13 @@ def run_cmd(
         events=events,
         # the live line and followed output would overwrite each other
         progress=sys.stderr.isatty() and not follow and not dry_run,
+        outputs=outputs,
+        publish_dir=publish_dir,
     )
+    if outputs == "-" and events == "-":
+        from crucible.core.errors import UsageError
+
+        raise UsageError("--outputs - and --events - cannot both use stdout")
     live: Any = None
     if options.progress:
         from crucible.run.progress import LiveProgress
@@ -174,6 +194,10 @@ def run_cmd(
     if dry_run:
         _print_dry_run(outcome.plan_lines, as_json)
         return outcome.exit_code
+    if outputs is not None:
+        from crucible.run.outputs import copy_outputs
+
+        copy_outputs(state, outputs, sys.stdout.buffer)
     click.echo(f"crucible-dispatch: {summary_line(outcome, state)}", err=True)
     return outcome.exit_code
 

@@ -29,7 +29,9 @@ from crucible.run import control
 from crucible.run.admit import Admission
 from crucible.run.failures import compose_note, exit_text, failure_record, write_record
 from crucible.run.graph import TaskGraph, build_graph
+from crucible.run.matrix import Fanouts
 from crucible.run.options import RunOptions
+from crucible.run.parallelism import ParallelismGate
 from crucible.run.procs import close_inherited, kill_group
 from crucible.run.selection import NOT_SELECTED, Selection
 from crucible.run.session import SessionLog
@@ -178,6 +180,9 @@ class Dispatcher:
         # No task may inherit a descriptor of ours (posix_spawn closes none).
         close_inherited()
         stage.prepare_plan(self.plan)
+        # Listed fan-outs (IR v3): static ones expand now, before plan_admitted.
+        self.fanouts = Fanouts(self.plan, admission.params, options.state)
+        self.gate: ParallelismGate[Unit] = ParallelismGate(self.graph.tasks)
         self.slots = Slots(self.jobs)
         self.runner = UnitRunner(
             plan=self.plan,
@@ -259,10 +264,9 @@ class Dispatcher:
             code = 128 + self.stop_signal
         elif all(self.status.get(n) == PASSED for n in self._expected()):
             status, code = PASSED, 0
-        elif (
-            self.plan["version"] >= 3
-            and len(self.status) == len(self.graph.tasks)
-            and all(s != FAILED or n in self.tolerated for n, s in self.status.items())
+        elif self.plan["version"] >= 3 and all(
+            n in self.status and (self.status[n] != FAILED or n in self.tolerated)
+            for n in self._expected()
         ):
             # IR v3: skips (a false condition, a tolerated producer) and tolerated
             # failures leave the run passed; any other skip follows a failure.
@@ -366,6 +370,8 @@ class Dispatcher:
         idle = self.workers.idle
         while self.ready and idle:
             unit = self.ready.popleft()
+            if not self.gate.take(unit.name, unit):
+                continue  # the task's parallelism is used up: it waits in the gate
             self._next_token += 1
             self._tokens[self._next_token] = unit
             env = unit.staged_env
@@ -382,6 +388,8 @@ class Dispatcher:
             self._started(unit, reply.payload["pid"])
             return
         unit = self._tokens.pop(reply.token)
+        if (waiting := self.gate.release(unit.name)) is not None:
+            self.ready.append(waiting)
         if reply.outcome == "error":  # a refusal the worker did not expect to meet
             if unit.pid is not None:
                 self.running -= 1
@@ -478,7 +486,7 @@ class Dispatcher:
                     self._count_settled(SKIPPED)
                     self._settle(name, SKIPPED)
                     return
-        if "map" in task:
+        if "map" in task or "matrix" in task:
             self._expand(name)
             return
         if "when" in task and self._condition_settles(name, None, control.NO_ITEM):
@@ -498,6 +506,8 @@ class Dispatcher:
         if decided is None:
             return False
         status, note = decided
+        if status == FAILED:  # a condition error: listed, and --fail-fast stops
+            self._note_failure(Unit(name, key), None)
         if key is None:
             self._record_task(name, status, note)
             self.log.emit("task_finished", task=name, status=status, note=note)
@@ -521,19 +531,30 @@ class Dispatcher:
         self.stage.record_settled(self.plan, self.state, name, status=status, note=note)
 
     def _expand(self, name: str) -> None:
+        conditional = "when" in self.graph.tasks[name]
+        item_of: dict[str, Any] = {}
         try:
-            items = self.stage.map_items(self.plan, self.state, name)
+            if self.fanouts.listed(name):
+                keys = self.fanouts.keys(name)
+                if conditional:  # a condition may read `item`
+                    item_of = self.fanouts.items(name)
+            else:
+                items = self.stage.map_items(self.plan, self.state, name)
+                keys = [key for key, _ in items]
+                self.fanouts.remember_previews(name, items)
+                if conditional:
+                    item_of = dict(items)
+                del items
         except CrucibleError as exc:
-            note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
+            if self.fanouts.listed(name):
+                note = f"cannot expand the fan-out: {exc}"
+            else:
+                note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
             self._record_task(name, FAILED, note)
             self.log.emit("task_finished", task=name, status=FAILED, note=note)
             self._count_settled(FAILED)
             self._settle(name, FAILED)
             return
-        keys = [key for key, _ in items]
-        conditional = "when" in self.graph.tasks[name]
-        item_of = dict(items) if conditional else {}
-        del items
         if not keys:
             self._fold(name, keys)
             return
@@ -614,7 +635,16 @@ class Dispatcher:
             attempt=unit.attempt,
             pid=pid,
             workspace=self._rel(self.layout.work_dir(unit.name, unit.key)),
+            **self._item_preview(unit),
         )
+
+    def _item_preview(self, unit: Unit) -> dict[str, str]:
+        """``item``: a short preview of an instance's item (report, timeline), on
+        its first attempt only (later attempts have the same item)."""
+        if unit.key is None or unit.attempt > 1:
+            return {}
+        text = self.fanouts.previews.get((unit.name, unit.key))
+        return {} if text is None else {"item": text}
 
     def _exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.running -= 1

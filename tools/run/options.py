@@ -42,3 +42,7 @@ class RunOptions:
     backoff: float = 0.5
     #: after SIGTERM to a task's group, wait this long before SIGKILL
     kill_grace: float = 3.0
+    #: ``--outputs -|FILE``: also write STATE/outputs.json there at the end
+    outputs: str | None = None
+    #: ``--publish-dir DIR``: publish ``[workflow.publish]`` files there at the end
+    publish_dir: Path | None = None

@@ -30,7 +30,15 @@ __all__ = [
 ]
 
 #: statuses in the order notes and legends list them
-STATUS_ORDER = ("passed", "failed", "skipped", "interrupted", "running", "pending")
+STATUS_ORDER = (
+    "passed",
+    "failed",
+    "skipped",
+    "interrupted",
+    "running",
+    "pending",
+    "not_selected",
+)
 #: table cells: a key is cut to this many characters (``--json`` keeps it whole)
 KEY_CELL_MAX = 40
 #: table cells: a note is cut to this many characters
@@ -95,7 +103,7 @@ class Row:
             return "failed (tolerated)"
         if self.cached and self.status == "passed":
             return "passed (cached)"
-        return self.status
+        return self.status.replace("_", " ")
 
 
 class Report(list[Row]):
@@ -242,8 +250,8 @@ def _plan_value(state: Path) -> Any:
     return orjson.loads(data or b"null")
 
 
-def _aggregate(agg: Row, instances: list[Row], open_run: bool) -> None:
-    if instances or agg.instances is None:
+def _aggregate(agg: Row, instances: list[Row]) -> None:
+    if instances:
         agg.instances = len(instances)
     agg.counts = {}
     for inst in instances:
@@ -285,12 +293,57 @@ def _unsettled_status(agg: Row, open_run: bool) -> str:
 
 def _unsettled_note(agg: Row) -> str:
     parts = [
-        f"{agg.counts[s]} {'not started' if s == 'pending' else s}"
+        f"{agg.counts[s]} {'not started' if s == 'pending' else s.replace('_', ' ')}"
         for s in STATUS_ORDER
         if agg.counts.get(s)
     ]
     parts += [f"{v} {k}" for k, v in sorted(agg.counts.items()) if k not in STATUS_ORDER]
     return f"{agg.instances} instances" + (": " + ", ".join(parts) if parts else "")
+
+
+def _replay(events: list[Event], top: dict[str, Row], inst: dict[str, dict[str, Row]]) -> None:
+    """Apply the log's task events to the rows of the units they name."""
+    for e in events:
+        if e.kind not in ("task_started", "task_finished"):
+            continue
+        name, key = e.fields["task"], e.fields.get("key")
+        if name not in top or (key is not None and name not in inst):
+            continue  # not a unit of this plan: nothing to show it under
+        if key is None:
+            _apply(top[name], e)
+            continue
+        r = inst[name].get(key)
+        if r is None:
+            r = inst[name][key] = Row(name, key)
+        _apply(r, e)
+
+
+def _instances(
+    state: Path,
+    agg: Row,
+    record: dict[str, Any] | None,
+    seen: dict[str, Row],
+    source: str | None,
+    sessions: dict[int, Session],
+) -> list[Row]:
+    """A mapped task's instance rows in item order, settled; ``agg`` gets
+    their totals (and, before its own record exists, its status and note)."""
+    members: list[Row] = []
+    for k in _item_keys(state, agg.task, source, record, list(seen)):
+        r = seen.get(k) or Row(agg.task, k)
+        _close_open_tries(r, sessions)
+        _settle(r, load_record(state, agg.task, k))
+        members.append(r)
+    if record is not None and "keys" in record:
+        agg.instances = len(record["keys"])
+    if members:
+        _aggregate(agg, members)
+        if record is None:
+            open_run = not sessions[max(sessions)].closed if sessions else False
+            agg.status = _unsettled_status(agg, open_run)
+            if agg.status != "pending" or not agg.note:
+                agg.note = _unsettled_note(agg)
+    return members
 
 
 def collect(state: Path, task: str | None = None) -> Report:
@@ -305,26 +358,11 @@ def collect(state: Path, task: str | None = None) -> Report:
     events = read_events(state)
     sessions = _sessions(events)
     by_number = {s.number: s for s in sessions}
-    open_run = bool(sessions) and not sessions[-1].closed
-    mapped = {name: is_mapped for name, is_mapped, _ in tasks}
-    sources = {name: source for name, _, source in tasks}
-    top: dict[str, Row] = {name: Row(name, None, mapped=mapped[name]) for name in names}
-    inst: dict[str, dict[str, Row]] = {name: {} for name in names if mapped[name]}
-    for e in events:
-        if e.kind not in ("task_started", "task_finished"):
-            continue
-        name, key = e.fields["task"], e.fields.get("key")
-        if name not in top or (key is not None and name not in inst):
-            continue  # not a unit of this plan: nothing to show it under
-        if key is None:
-            _apply(top[name], e)
-        else:
-            r = inst[name].get(key)
-            if r is None:
-                r = inst[name][key] = Row(name, key)
-            _apply(r, e)
+    top = {name: Row(name, None, mapped=mapped) for name, mapped, _ in tasks}
+    inst: dict[str, dict[str, Row]] = {name: {} for name, mapped, _ in tasks if mapped}
+    _replay(events, top, inst)
     rows: list[Row] = []
-    for name in names:
+    for name, mapped, source in tasks:
         if task is not None and name != task:
             continue
         agg = top[name]
@@ -332,23 +370,8 @@ def collect(state: Path, task: str | None = None) -> Report:
         record = load_record(state, name, None)
         _settle(agg, record)
         rows.append(agg)
-        if name not in inst:
-            continue
-        seen = inst[name]
-        keys = _item_keys(state, name, sources.get(name), record, list(seen))
-        members: list[Row] = []
-        for k in keys:
-            r = seen.get(k) or Row(name, k)
-            _close_open_tries(r, by_number)
-            _settle(r, load_record(state, name, k))
-            members.append(r)
-        if members or record is None:
-            _aggregate(agg, members, open_run)
-        if record is None and members:
-            agg.status = _unsettled_status(agg, open_run)
-            if agg.status != "pending" or not agg.note:
-                agg.note = _unsettled_note(agg)
-        rows.extend(members)
+        if mapped:
+            rows.extend(_instances(state, agg, record, inst[name], source, by_number))
     return Report(rows, sessions)
 
 
@@ -370,14 +393,20 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else f"{s:.3f}s"
 
 
-def display_note(r: Row, *, headline: bool = False) -> str:
-    """The note as people read it: signals named, control characters escaped.
-    ``headline``: without the end of stderr that a failed attempt's note goes on
-    with, which the table shows under the row instead."""
-    note = r.note or ""
-    if headline and r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
+def display_note(r: Row) -> str:
+    """The note as people read it: signals named, control characters escaped,
+    and without the log path and output tail it repeats when those are shown
+    under it (the dispatcher appends " (log: PATH)" and "\\n" + tail)."""
+    return escape(short_note(r))
+
+
+def short_note(r: Row) -> str:
+    note = name_signals(r.note or "", r.exit_code)
+    if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
         note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
-    return escape(name_signals(note, r.exit_code))
+    if r.log is not None and note.endswith(f" (log: {r.log})"):
+        note = note[: -len(f" (log: {r.log})")]
+    return note
 
 
 def display_name(r: Row, key_max: int = KEY_CELL_MAX) -> str:
@@ -421,15 +450,14 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
             _seconds(r.duration),
             _size(r.output_bytes),
             _size(r.files_bytes),
-            clip(display_note(r, headline=True), NOTE_CELL_MAX),
+            clip(display_note(r), NOTE_CELL_MAX),
         )
         details = _details(r)
         if r.key is None and r.mapped and not instances:
             bad = failed_members.get(r.task, [])
             for member in bad[:FAILED_SHOWN]:
                 details.append(
-                    f"    {display_name(member)}: "
-                    f"{clip(display_note(member, headline=True), NOTE_CELL_MAX)}"
+                    f"    {display_name(member)}: {clip(display_note(member), NOTE_CELL_MAX)}"
                 )
                 details += ["  " + line for line in _details(member)]
             if len(bad) > FAILED_SHOWN:

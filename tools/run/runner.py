@@ -16,6 +16,7 @@ from crucible.run.admit import Admission, admit
 from crucible.run.engine import Counts, Dispatcher, RunOutcome
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.options import RunOptions
+from crucible.run.outputs import finish_results
 from crucible.run.selection import Selection, dry_run_lines, select
 from crucible.run.selection import apply as selection_apply
 from crucible.run.session import SessionLog, read_events
@@ -114,7 +115,10 @@ def _run_admitted(
         lines = dry_run_lines(stage, options.state, admission.plan, graph, selection)
         return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
     if options.resume and not selection.to_run(graph):
-        return _nothing_to_resume(admission, graph, selection)
+        outcome = _nothing_to_resume(admission, graph, selection)
+        if options.publish_dir is not None:  # a publish an earlier session did not finish
+            finish_results(admission, options, outcome.status, on_warning)
+        return outcome
     with ExitStack() as stack:
         mirror = _open_mirror(stack, options.events)
         admission.claim(options.state)
@@ -126,10 +130,14 @@ def _run_admitted(
             admission, options, log, environ=env, on_progress=on_progress, selection=selection
         )
         stack.callback(dispatcher.close)
-        log.emit("plan_admitted", **_plan_admitted_fields(admission, options, dispatcher.jobs))
+        admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
+        dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
+        log.emit("plan_admitted", **admitted)
         log.commit()
         try:
             outcome = dispatcher.run()
+            # run results and published files (IR v3): crucible.run.outputs
+            finish_results(admission, options, outcome.status, on_warning)
         except CrucibleError as exc:
             log.emit("shutdown", reason="error", note=str(exc), exit_code=exc.exit_code)
             raise

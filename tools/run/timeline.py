@@ -13,13 +13,15 @@ stay well under 2 MiB; rows off screen skip layout (``content-visibility``).
 from __future__ import annotations
 
 import html
+import re
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from crucible.run._display import clip, escape, name_signals
+from crucible.run.report import display_note
 
 if TYPE_CHECKING:
-    from crucible.run.report import Row, Session
+    from crucible.run.report import Attempt, Row, Session
 
 __all__ = ["FAILURES_SHOWN", "render"]
 
@@ -27,7 +29,7 @@ __all__ = ["FAILURES_SHOWN", "render"]
 FAILURES_SHOWN = 50
 #: characters of a key in a row label, of a note in a tooltip
 LABEL_MAX = 40
-TIP_MAX = 160
+TIP_MAX = 120
 #: width (percent of the lane) of the cut between two sessions
 GAP = 2.0
 
@@ -40,6 +42,7 @@ STATUS_STYLE = {
     "interrupted": ("i", "#e0a526"),
     "running": ("r", "#4a7fd1"),
     "pending": ("q", "#cfd8e3"),
+    "not_selected": ("n", "#eceff3"),
 }
 
 _CSS = """
@@ -58,10 +61,10 @@ h1{font-size:1.25em;margin:.6em 0 .2em} h2{font-size:1.05em;margin:1em 0 .3em}
 .fail pre{margin:.2em 0 0;padding:.3em;background:#fbf3f2;white-space:pre-wrap;font-size:12px;max-height:9em;overflow:auto}
 .tl{position:relative}
 .r{display:flex;align-items:center;height:15px}
-.r>b,.r>span:first-child{flex:0 0 16em;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font:12px monospace;font-weight:normal}
+.r>b,.r>span:first-child{flex:0 0 200px;overflow:hidden;text-overflow:ellipsis;white-space:nowrap;font:12px monospace;font-weight:normal}
 details>.r>span:first-child{font-weight:bold}
 .r>s{position:relative;flex:1;height:11px;background:#f3f5f8;text-decoration:none}
-.r>u{flex:0 0 12em;padding-left:.6em;font:12px monospace;color:#555;white-space:nowrap;overflow:hidden;text-decoration:none}
+.r>u{flex:0 0 170px;padding-left:8px;font:12px monospace;color:#555;white-space:nowrap;overflow:hidden;text-decoration:none}
 .g>.r{height:18px;background:#eef1f6;cursor:pointer}
 .g .r>b{padding-left:1.2em}
 .i{content-visibility:auto;contain-intrinsic-size:auto 15px}
@@ -69,9 +72,9 @@ summary{list-style:none} summary::-webkit-details-marker{display:none}
 summary>span:first-child::before{content:"\\25b8 "} details[open]>summary>span:first-child::before{content:"\\25be "}
 .bar,.span{position:absolute;top:0;height:11px;min-width:2px}
 .span{top:3px;height:5px}
-.bar[data-c]{background:#9fd8ae repeating-linear-gradient(45deg,#2e9d4f 0 2px,transparent 2px 5px)}
+[data-s][data-c]{background:#9fd8ae repeating-linear-gradient(45deg,#2e9d4f 0 2px,transparent 2px 5px)}
 .bar[data-s=t]{background-image:repeating-linear-gradient(-45deg,#fff8 0 3px,transparent 3px 6px)}
-.ov{position:absolute;top:0;bottom:0;left:16em;right:12em;pointer-events:none;z-index:2}
+.ov{position:absolute;top:0;bottom:0;left:200px;right:170px;pointer-events:none;z-index:2}
 .ov i{position:absolute;top:0;bottom:0;border-left:2px dashed #333}
 .ax{height:3.2em;align-items:flex-end}
 .ax>s{background:none;height:3em;border-bottom:1px solid #888}
@@ -79,7 +82,7 @@ summary>span:first-child::before{content:"\\25b8 "} details[open]>summary>span:f
 .tk em{position:absolute;bottom:6px;left:2px;font:11px monospace;font-style:normal;color:#555;white-space:nowrap}
 .sl{position:absolute;top:0;font:11px system-ui,sans-serif;color:#222;white-space:nowrap;padding-left:3px;border-left:2px dashed #333;height:1.3em}
 [data-s=p]{background:#2e9d4f}[data-s=f]{background:#d1422f}[data-s=t]{background-color:#e8958a}
-[data-s=s]{background:#9a9a9a}[data-s=i]{background:#e0a526}[data-s=r]{background:#4a7fd1}[data-s=q]{background:#cfd8e3}
+[data-s=s]{background:#9a9a9a}[data-s=i]{background:#e0a526}[data-s=r]{background:#4a7fd1}[data-s=q]{background:#cfd8e3}[data-s=n]{background:#eceff3;outline:1px dashed #aab}
 """
 
 
@@ -166,6 +169,7 @@ def _legend() -> str:
         ("i", "interrupted", ""),
         ("r", "running", ""),
         ("q", "pending", ""),
+        ("n", "not selected", ""),
     ]
     spans = [
         f'<span><i class="sw" data-s={code}{extra}></i>{label}</span>'
@@ -185,9 +189,20 @@ def _pc(x: float) -> str:
     return (text[1:] if text.startswith("0.") else text) + "%"
 
 
+_LOG_SUFFIX = re.compile(r" \(log: [^)]*\)$")
+
+
+def _attempt_note(t: Attempt) -> str:
+    """An attempt's note for a tooltip: its first line, without the log path
+    the dispatcher appends (the failure summary and the row give those)."""
+    return _LOG_SUFFIX.sub("", name_signals(t.note, t.exit_code).split("\n", 1)[0])
+
+
 def _bars(r: Row, axis: _Axis, name: str) -> str:
     """One bar per attempt; ``name`` heads each tooltip (an instance's row
-    already shows its key: its bars say only ``#attempt``)."""
+    already shows its key: its bars say only ``#attempt``). A unit's one
+    passed attempt has no tooltip: its row says all of it (bytes: 10,000
+    instances)."""
     out = []
     cached = " data-c" if r.cached else ""
     for n, t in enumerate(r.tries, start=1):
@@ -199,15 +214,18 @@ def _bars(r: Row, axis: _Axis, name: str) -> str:
         last = n == len(r.tries)
         status = r.status if last and r.status in ("passed", "failed", "skipped") else t.status
         code = _code(status, r.tolerated and last)
-        note = name_signals(t.note, t.exit_code)
-        tip = f"{name}#{t.number or n} s{t.session}: {status}"
-        if t.end is not None:
-            tip += f" {t.end - t.start:.3f}s"
-        if note:
-            tip += " \u2014 " + escape(note)
+        title = ""
+        if not (len(r.tries) == 1 and status == "passed" and not t.note and not name):
+            tip = f"{name}#{t.number or n} s{t.session}: {status}"
+            if t.end is not None:
+                tip += f" {t.end - t.start:.3f}s"
+            note = _attempt_note(t)
+            if note:
+                tip += " \u2014 " + escape(note)
+            title = f' title="{html.escape(clip(tip, TIP_MAX))}"'
         out.append(
             f'<i class="bar" data-s={code}{cached if last else ""} style="left:{_pc(left)};'
-            f'width:{_pc(width)}" title="{html.escape(clip(tip, TIP_MAX))}"></i>'
+            f'width:{_pc(width)}"{title}></i>'
         )
     return "".join(out)
 
@@ -266,7 +284,7 @@ def _failures(rows: list[Row], ids: dict[int, str]) -> str:
     for i, r in failed[:FAILURES_SHOWN]:
         name = html.escape(clip(_name(r), 120))
         label = " (tolerated)" if r.tolerated else ""
-        note = html.escape(clip(escape(name_signals(r.note or "", r.exit_code)), 600))
+        note = html.escape(clip(display_note(r), 600))
         tail = ""
         if r.stderr_tail:
             tail = (

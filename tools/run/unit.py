@@ -323,6 +323,11 @@ class UnitRunner:
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
+        try:  # staged ahead: undo what another consumer changed meanwhile
+            self.stage.refresh_inputs(self.plan, self.state, name, workspace, key=key)
+        except CrucibleError as exc:
+            self.slots.release()
+            return {"kind": "stage_error", "message": str(exc)}
         if task.get("kind") == "agent":
             argv = ["sh", "-c", self.options.agent_cmd or "false"]
         else:

@@ -18,7 +18,9 @@ from crucible.stage._inputs import (
     INPUTS_ENV_MAX,
     RESERVED_INPUTS,
     StagedInputs,
+    instances_path,
     map_items,
+    refresh_inputs,
     stage_inputs,
 )
 from crucible.stage._layout import StateLayout
@@ -59,10 +61,12 @@ __all__ = [
     "capture",
     "clear_path",
     "escape_key",
+    "instances_path",
     "load_result",
     "map_items",
     "prepare_plan",
     "record_settled",
+    "refresh_inputs",
     "render_prompt",
     "settle_fold",
     "stage_inputs",

@@ -28,11 +28,11 @@ from crucible.stage._fsio import (
     remove_tree,
     swap_in_dir,
 )
-from crucible.stage._inputs import instance_item, utf16_order
+from crucible.stage._inputs import held_units, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
-from crucible.stage._plan import PlanView, view
+from crucible.stage._plan import view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
-from crucible.stage._share import Unit, units_of, verify_consumer
+from crucible.stage._share import verify_consumer
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -164,15 +164,6 @@ def _read_output(
     return _Output(value)
 
 
-def _held_units(pv: PlanView, state: Path, task: str) -> list[Unit]:
-    units: list[Unit] = []
-    for anc in pv.ancestors(task):
-        at = pv.tasks[anc]
-        if at.emits_files:
-            units.extend(units_of(state, anc, at.map is not None))
-    return units
-
-
 def capture(
     plan: Any,
     state: Path,
@@ -270,7 +261,7 @@ def capture(
             output = None
             measured = True
 
-    held = _held_units(pv, state, task)
+    held = held_units(plan, state, task)
     if held:
         # What this task was handed must be what every other consumer sees (3.4).
         tampering = verify_consumer(

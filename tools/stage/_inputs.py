@@ -29,7 +29,7 @@ from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
-from crucible.stage._share import stage_units, units_of
+from crucible.stage._share import Unit, refresh_held, stage_units, units_of
 
 __all__ = [
     "INDEX_FORMAT",
@@ -40,6 +40,7 @@ __all__ = [
     "VALUES_DIR",
     "StagedInputs",
     "map_items",
+    "refresh_inputs",
     "stage_inputs",
     "utf16_order",
 ]
@@ -86,6 +87,8 @@ def _items_entry(
     t = pv.task(task)
     if t.map is None:
         raise InputRefused(f"task {task!r} is not mapped")
+    if t.listed:
+        return _listed_entry(Path(state), task)
     producer, fld = t.map
     if pv.task(producer).map is not None:
         raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
@@ -126,6 +129,35 @@ def _items_entry(
     positions = {k: i for i, (k, _) in enumerate(items)}
     if ident is None:
         return None, items, positions
+    entry = (ident, items, positions)
+    _items_cache[cache_key] = entry
+    return entry
+
+
+def instances_path(state: Path, task: str) -> Path:
+    """``STATE/instances/<task>.json``: the instances the dispatcher expanded for a
+    listed fan-out (docs/spec/run.md, "Instances file")."""
+    return Path(state) / "instances" / f"{task}.json"
+
+
+def _listed_entry(state: Path, task: str) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
+    path = instances_path(state, task)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputRefused(
+            f"task {task!r} has not been expanded (no instances file)", where=str(path)
+        ) from None
+    ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    cache_key = (str(state.absolute()), f"{task}\x00@instances")
+    hit = _items_cache.get(cache_key)
+    if hit is not None and hit[0] == ident:
+        return hit
+    doc = _read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("instances"), list):
+        raise InputRefused("not an instances file", where=str(path))
+    items = [(str(e["key"]), e.get("item")) for e in doc["instances"]]
+    positions = {k: i for i, (k, _) in enumerate(items)}
     entry = (ident, items, positions)
     _items_cache[cache_key] = entry
     return entry
@@ -549,3 +581,29 @@ def stage_inputs(
         files_bytes=staging.files_bytes,
         files_staged=tuple(sorted(staging.files_staged)),
     )
+
+
+def held_units(plan: Any, state: Path, task: str) -> list[Unit]:
+    """The producer units whose captured files ``task`` is handed (3.4)."""
+    pv = view(plan)
+    units: list[Unit] = []
+    for anc in pv.ancestors(task):
+        at = pv.tasks[anc]
+        if at.emits_files:
+            StateLayout(state).files_dir(anc)  # checks the name
+            units.extend(units_of(Path(state), anc, at.map is not None))
+    return units
+
+
+def refresh_inputs(
+    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
+) -> list[str]:
+    """Call just before a staged task starts (dispatch stages a unit ahead of
+    its start): staged files another consumer changed meanwhile are restored
+    and relinked, so the task starts with what was captured (3.4). Returns the
+    workspace-relative paths replaced."""
+    check_key(plan, task, key)
+    units = held_units(plan, Path(state), task)
+    if not units:
+        return []
+    return refresh_held(Path(state), units, Path(workspace).absolute())

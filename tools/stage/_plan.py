@@ -40,6 +40,10 @@ class TaskView:
     inputs: dict[str, dict[str, Any]]
     prompt: str | None
     raw: dict[str, Any] = field(repr=False)
+    #: IR v3 fan-outs whose instances the dispatcher lists in STATE/instances/<task>.json
+    #: (a literal, param or sequence map, a matrix, a map with ``key``); ``map`` is then
+    #: ("", "") unless a producer field is the source
+    listed: bool = False
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,11 @@ def _task(raw: Any, i: int) -> TaskView:
     files = raw.get("emits_files", [])
     if not isinstance(files, list) or not all(isinstance(p, str) for p in files):
         raise InputRefused("emits_files must be a list of paths", where=f"{where}.emits_files")
-    mapped = _split_ref(raw["map"], f"{where}.map") if "map" in raw else None
+    listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
+    if "map" in raw and isinstance(raw["map"], str):
+        mapped: tuple[str, str] | None = _split_ref(raw["map"], f"{where}.map")
+    else:
+        mapped = ("", "") if listed else None
     inputs = raw.get("inputs", {})
     if not isinstance(inputs, dict):
         raise InputRefused("inputs must be an object", where=f"{where}.inputs")
@@ -130,6 +138,7 @@ def _task(raw: Any, i: int) -> TaskView:
         inputs=dict(inputs),
         prompt=prompt if isinstance(prompt, str) else None,
         raw=raw,
+        listed=listed,
     )
 
 
@@ -139,7 +148,8 @@ def build_view(plan: Any) -> PlanView:
     version = plan.get("version")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
-            f"plan version {version!r} is not supported (supported: 1, 2, 3)", where="plan:$.version"
+            f"plan version {version!r} is not supported (supported: 1, 2, 3)",
+            where="plan:$.version",
         )
     edition = plan.get("edition", 1)
     if type(edition) is not int or edition not in (1, 2, 3, 4):
@@ -157,7 +167,7 @@ def build_view(plan: Any) -> PlanView:
         for n in t.needs:
             if n not in tasks:
                 raise InputRefused(f"task {t.name!r} needs unknown task {n!r}", where="plan")
-        if t.map is not None and t.map[0] not in tasks:
+        if t.map is not None and t.map != ("", "") and t.map[0] not in tasks:
             raise InputRefused(f"task {t.name!r} maps over unknown task {t.map[0]!r}", where="plan")
         if version == 1 and t.inputs:
             raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where="plan")

@@ -103,16 +103,12 @@ def record_settled(
 def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[str]:
     """Notes for staged files the task's (default) workspace holds that were
     changed (docs/spec/inputs.md 3.4); none when it was never staged."""
-    from crucible.stage._share import units_of, verify_consumer
+    from crucible.stage._inputs import held_units
+    from crucible.stage._share import verify_consumer
 
-    pv = view(plan)
-    if key is None and pv.task(task).map is not None:
+    if key is None and view(plan).task(task).map is not None:
         return []  # an aggregate has no workspace of its own
-    units = []
-    for anc in pv.ancestors(task):
-        at = pv.tasks[anc]
-        if at.emits_files:
-            units.extend(units_of(state, anc, at.map is not None))
+    units = held_units(plan, state, task)
     if not units:
         return []
     workspace = StateLayout(state).work_dir(task, key)

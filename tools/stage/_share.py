@@ -42,6 +42,7 @@ import hashlib
 import os
 import stat
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ __all__ = [
     "Unit",
     "link_published",
     "publish",
+    "refresh_held",
     "stage_units",
     "units_of",
     "verify_consumer",
@@ -193,18 +195,20 @@ def _source_id(store: Path, record: Path) -> str:
         return f"store:{st.st_ino}:{st.st_mtime_ns}"
 
 
-def _recorded_digests(record: Path) -> dict[str, str]:
+def _recorded_files(record: Path) -> tuple[dict[str, tuple[int, str]], int | None]:
+    """(path -> (size, digest) as capture recorded them, the record's mtime)."""
     try:
         with open(record, "rb") as f:
             rec = orjson.loads(f.read())
+            mtime: int | None = os.fstat(f.fileno()).st_mtime_ns
     except (OSError, ValueError):
-        return {}
+        return {}, None
     files = rec.get("files") if isinstance(rec, dict) else None
-    out: dict[str, str] = {}
+    out: dict[str, tuple[int, str]] = {}
     for f in files if isinstance(files, list) else []:
         if isinstance(f, dict) and isinstance(f.get("digest"), str):
-            out[str(f.get("path"))] = f["digest"]
-    return out
+            out[str(f.get("path"))] = (int(f.get("size", -1)), f["digest"])
+    return out, mtime
 
 
 # -- publishing -------------------------------------------------------------------
@@ -327,7 +331,15 @@ def _build(
     try:
         tree = tmp / "tree"
         tree.mkdir()
-        recorded = _recorded_digests(record)
+        recorded, written = _recorded_files(record)
+
+        def untouched(st: os.stat_result) -> bool:
+            # Capture wrote the file, then the record; a later write or chmod
+            # moves the file's ctime to the record's mtime or past it (the same
+            # coarse clock), and no task can move a ctime back. Only then (or
+            # when both fell in one clock tick) are its bytes hashed.
+            return written is not None and st.st_ctime_ns < written
+
         dirs: list[str] = []
         files: list[list[Any]] = []
         for rel in walk_tree(str(store), max_depth=_WALK_DEPTH):
@@ -341,15 +353,19 @@ def _build(
                 fd, st = open_regular(src)
             except NotRegular as exc:
                 raise InputRefused(f"captured file {rel!r} of {label} {exc.why}") from None
+            want = recorded.get(rel)
             try:
-                size, sha = _clone_or_copy(fd, tree / rel)
+                if want is not None and untouched(st) and want[0] == st.st_size:
+                    # its capture's digest stands: copy (or clone) without a hash
+                    size, sha = _clone_or_copy(fd, tree / rel, hash_it=False), want[1]
+                else:
+                    size, sha = _clone_or_copy(fd, tree / rel, hash_it=True)
             finally:
                 os.close(fd)
-            want = recorded.get(rel)
-            if want is not None and want != sha:
+            if want is not None and want[1] != sha:
                 raise InputRefused(
                     f"captured file {rel!r} of {label} no longer matches the digest its "
-                    f"capture recorded ({want}); the store was changed",
+                    f"capture recorded ({want[1]}); the store was changed",
                     where=str(src),
                 )
             os.chmod(tree / rel, _READONLY)
@@ -377,38 +393,58 @@ def _build(
         raise
 
 
-def _clone_or_copy(src_fd: int, target: Path) -> tuple[int, str]:
+def _clone_or_copy(src_fd: int, target: Path, *, hash_it: bool) -> Any:
     """Copy ``src_fd`` to a new ``target`` — a reflink where the filesystem
-    can, else in the kernel (copy_file_range) — then hash the source, which the
-    copy just brought into the page cache: (bytes, digest)."""
+    can, else in the kernel (sendfile). With ``hash_it`` a thread hashes the
+    source meanwhile (both release the GIL) and (bytes, digest) is returned;
+    else the bytes copied."""
+    hashed: list[tuple[int, str] | BaseException] = []
+    thread = threading.Thread(target=_hash_fd, args=(src_fd, hashed), daemon=True)
+    if hash_it:
+        thread.start()
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
         if not _try_reflink(src_fd, out):
             _kernel_copy(src_fd, out)
-        h = hashlib.sha256()
-        size = 0
-        while chunk := os.pread(src_fd, 1 << 20, size):
-            h.update(chunk)
-            size += len(chunk)
-        if os.fstat(out).st_size != size:
-            raise OperationalError(f"{target} changed size while it was published")
+        copied = os.fstat(out).st_size
     except OSError as exc:
         raise OperationalError(f"cannot publish {target}: {exc.strerror or exc}") from None
     finally:
         os.close(out)
-    return size, "sha256:" + h.hexdigest()
+        if hash_it:
+            thread.join()
+    if not hash_it:
+        return copied
+    result = hashed[0]
+    if isinstance(result, BaseException):
+        raise OperationalError(f"cannot publish {target}: {result}") from None
+    if result[0] != copied:
+        raise OperationalError(f"{target} changed size while it was published")
+    return result
+
+
+def _hash_fd(fd: int, into: list[tuple[int, str] | BaseException]) -> None:
+    try:
+        h = hashlib.sha256()
+        size = 0
+        while chunk := os.pread(fd, 1 << 22, size):
+            h.update(chunk)
+            size += len(chunk)
+        into.append((size, "sha256:" + h.hexdigest()))
+    except BaseException as exc:  # handed to the caller's thread
+        into.append(exc)
 
 
 def _kernel_copy(src: int, out: int) -> None:
-    """copy_file_range to the end; a plain read/write loop where the kernel or
-    the filesystems refuse it."""
+    """sendfile to the end (as shutil.copyfile does); a plain read/write loop
+    where the kernel refuses it."""
     offset = 0
     try:
-        while n := os.copy_file_range(src, out, 1 << 30, offset, offset):
+        while n := os.sendfile(out, src, offset, 1 << 30):
             offset += n
         return
     except OSError as exc:
-        if offset or exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        if offset or exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK):
             raise
     while chunk := os.pread(src, 1 << 20, offset):
         write_all(out, chunk)
@@ -503,17 +539,22 @@ def link_published(pub: Published, dest: Path) -> int:
         src = f"{tree}/{e.rel}"
         dst = f"{dest_s}/{e.rel}"
         try:
-            if _reflink_ok.get(key) is False or not _reflink(src, dst, key):
-                try:
-                    os.link(src, dst, follow_symlinks=False)
-                except OSError as exc:
-                    if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
-                        raise
-                    _copy(src, dst)  # another filesystem, or the link limit
+            _hand_over(src, dst, key)
         except OSError as exc:
             raise OperationalError(f"cannot stage {src}: {exc.strerror or exc}") from None
         total += e.size
     return total
+
+
+def _hand_over(src: str, dst: str, key: tuple[int, int]) -> None:
+    """One file to a consumer: a reflink, else a hard link, else a copy."""
+    if _reflink_ok.get(key) is False or not _reflink(src, dst, key):
+        try:
+            os.link(src, dst, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
+                raise
+            _copy(src, dst)  # another filesystem, or the link limit
 
 
 def _reflink(src: str, dst: str, key: tuple[int, int]) -> bool:
@@ -598,6 +639,44 @@ def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path
             f"holding the same file at the same time); the published copy was restored"
         )
     return notes
+
+
+def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
+    """Just before a staged consumer starts: any file it holds whose inode was
+    changed since it was staged (by a consumer that ran meanwhile) is restored
+    and its link replaced by one to the fresh published copy, so it starts with
+    the captured bytes. Returns the workspace paths replaced."""
+    replaced: list[str] = []
+    for u in units:
+        found = _read_manifest(u.root, u.label)
+        if found is None:
+            continue
+        top = workspace / "inputs" / u.staged
+        changed = _changed_holdings(found[1], top)
+        if not changed:
+            continue
+        with _locked(state):
+            current = _read_manifest(u.root, u.label)
+            if current is not None and current[1].generation == found[1].generation:
+                _list_tampered(found[1], [e for e in found[1].files if e.rel in changed])
+            fresh = publish(state, u.store, u.record, u.root, u.label)
+            by_rel = {e.rel: e for e in fresh.files}
+            key = (fresh.dev, os.stat(top).st_dev)
+            for rel in sorted(changed):
+                if rel not in by_rel:
+                    continue
+                dst = top / rel
+                tmp = dst.with_name(f"{TMP_PREFIX}relink")
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    _hand_over(str(fresh.tree / rel), str(tmp), key)
+                    os.replace(tmp, dst)
+                except OSError as exc:
+                    raise OperationalError(f"cannot restore {dst}: {exc.strerror or exc}") from None
+                replaced.append(f"inputs/{u.staged}/{rel}")
+            _record_ctimes(fresh)
+    return replaced
 
 
 def _changed_holdings(pub: Published, top: Path) -> set[str]:

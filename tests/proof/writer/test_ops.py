@@ -51,3 +51,11 @@ def test_unreadable_log_is_operational_naming_it(tmp_path: Path) -> None:
     with pytest.raises(OperationalError, match="cannot read operations") as info:
         list(iter_operations(tmp_path))  # a directory: EISDIR at open
     assert info.value.where == str(tmp_path)
+
+
+def test_form_errors_carry_a_structured_location(tmp_path: Path) -> None:
+    log = tmp_path / "ops.ndjson"
+    log.write_text('{"op":"cancel"}\n{"op":"retry","instance":"a"}\n')
+    with pytest.raises(InputRefused) as info:
+        list(iter_operations(log))
+    assert (info.value.location.file, info.value.location.line) == (str(log), 2)

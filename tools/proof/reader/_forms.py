@@ -44,6 +44,9 @@ EPOCH_KINDS: dict[str, tuple[str, ...]] = {
     "group": ("reservation", "starts", "deferred", "cancelled", "results"),
     "retry": ("begin", "results"),
 }
+# Deliberate duplicate of the writer's LIMIT_NAMES (writer/_model.py): the reader reaches its
+# verdict from the bundle and the spec alone and imports no writer code (DESIGN.md,
+# docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
 LIMIT_NAMES = (
     "maxBytes",
     "maxFiles",
@@ -57,6 +60,24 @@ LIMIT_NAMES = (
 
 def _bad(msg: str, path: str, epoch: int | None = None, obs: int | None = None) -> Problem:
     return Problem("input-malformed", 1, msg, path=path, epoch=epoch, observation=obs)
+
+
+def _versioned(
+    value: Any,
+    what: str,
+    member: str,
+    versions: tuple[int, ...],
+    path: str,
+    label: str | None = None,
+) -> None:
+    """An object whose version selector ``member`` is one we read; checked before the
+    rest of its closed form (RFC 0024 §1)."""
+    if type(value) is not dict:
+        raise _bad(f"{what} is not an object", path)
+    v = value.get(member)
+    if type(v) is not int or v not in versions:
+        wanted = " or ".join(str(n) for n in versions)
+        raise Problem("version-unread", 1, f"{label or member} {v!r} is not {wanted}", path=path)
 
 
 def _exact(
@@ -115,15 +136,7 @@ def _text(v: Any, limit: int) -> bool:
 
 
 def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
-    if type(wf) is not dict:
-        raise _bad("the workflow is not an object", path)
-    if wf.get("workflowVersion") != 2 or type(wf.get("workflowVersion")) is not int:
-        raise Problem(
-            "version-unread",
-            1,
-            f"workflowVersion {wf.get('workflowVersion')!r} is not 2",
-            path=path,
-        )
+    _versioned(wf, "the workflow", "workflowVersion", (2,), path)
     _exact(wf, ("workflowVersion", "name", "limits", "stages"), "workflow", path)
     if not _text(wf["name"], 128):
         raise _bad("name: 1-128 characters without controls", path)
@@ -174,11 +187,7 @@ def check_proof_root(
 ) -> None:
     """The root's members (``proof`` without ``epochBlocks``) and its block sizes
     (None when ``epochBlocks`` is missing or not an array of arrays)."""
-    if type(proof) is not dict:
-        raise _bad("the proof is not an object", path)
-    v = proof.get("admissionProofVersion")
-    if type(v) is not int or v != 1:
-        raise Problem("version-unread", 1, f"admissionProofVersion {v!r} is not 1", path=path)
+    _versioned(proof, "the proof", "admissionProofVersion", (1,), path)
     _exact(
         proof,
         (
@@ -319,11 +328,7 @@ def _array(v: Any, what: str, path: str, epoch: int) -> list[Any]:
 
 def check_execution(ex: Any, path: str = layout.EXECUTION) -> None:
     """Version selector and top-level closed form; contents are compared in phase 5."""
-    if type(ex) is not dict:
-        raise _bad("the execution is not an object", path)
-    v = ex.get("executionVersion")
-    if type(v) is not int or v != 2:
-        raise Problem("version-unread", 1, f"executionVersion {v!r} is not 2", path=path)
+    _versioned(ex, "the execution", "executionVersion", (2,), path)
     _exact(
         ex,
         (
@@ -351,11 +356,7 @@ def check_execution(ex: Any, path: str = layout.EXECUTION) -> None:
 
 def check_selection(sel: Any, path: str) -> bool:
     """Closed form of a retained selection; True when it is refusal-bearing."""
-    if type(sel) is not dict:
-        raise _bad("a selection is not an object", path)
-    v = sel.get("selectionVersion")
-    if type(v) is not int or v != 1:
-        raise Problem("version-unread", 1, f"selectionVersion {v!r} is not 1", path=path)
+    _versioned(sel, "a selection", "selectionVersion", (1,), path)
     keys = ("selectionVersion", "stage", "revision", "review", "offeredDigest", "selected")
     refused = "refusal" in sel
     _exact(sel, (*keys, "refusal") if refused else keys, "selection", path)
@@ -381,11 +382,7 @@ def check_selection(sel: Any, path: str) -> bool:
 
 def check_run(run: Any, path: str) -> Any:
     """Version selector and ``finishedAt`` form of a retained run export."""
-    if type(run) is not dict:
-        raise _bad("a run export is not an object", path)
-    v = run.get("exportVersion")
-    if type(v) is not int or v not in (2, 3):
-        raise Problem("version-unread", 1, f"run exportVersion {v!r} is not 2 or 3", path=path)
+    _versioned(run, "a run export", "exportVersion", (2, 3), path, label="run exportVersion")
     if "finishedAt" not in run:
         raise _bad("a run export has finishedAt", path)
     fa = run["finishedAt"]
@@ -395,11 +392,7 @@ def check_run(run: Any, path: str) -> Any:
 
 
 def check_partial(p: Any, path: str = layout.PARTIAL) -> None:
-    if type(p) is not dict:
-        raise _bad("partial.json is not an object", path)
-    v = p.get("partialVersion")
-    if type(v) is not int or v != 1:
-        raise Problem("version-unread", 1, f"partialVersion {v!r} is not 1", path=path)
+    _versioned(p, "partial.json", "partialVersion", (1,), path)
     _exact(p, ("partialVersion", "reason", "operationLine"), "partial", path)
     if p["reason"] not in ("open-epoch", "no-finish", "recording-unavailable"):
         raise _bad("partial reason", path)

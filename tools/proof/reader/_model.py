@@ -7,6 +7,10 @@ Control structures have fixed ASCII member names and no floats, so orjson with
 sorted keys yields their RFC 8785 bytes exactly (canonical-json.md; the one
 divergence, keys at or above U+E000, cannot occur here). Sizes are cached per
 attempt, so a changed instance costs O(1) serialization, not O(attempts).
+
+``PINS``, ``control_dumps``, ``Attempt`` and ``Instance`` repeat the writer's
+(writer/_state.py) on purpose: the reader imports no writer code (DESIGN.md), so a
+defect in one side's records cannot hide the same defect in the other's verdicts.
 """
 
 from __future__ import annotations
@@ -61,6 +65,9 @@ class Attempt:
         return len(control_dumps(self.to_json()))
 
 
+# Deliberate duplicate of the writer's Instance record (writer/_state.py): the reader reaches its
+# verdict from the bundle and the spec alone and imports no writer code (DESIGN.md,
+# docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
 @dataclass(slots=True)
 class Instance:
     id: str

@@ -45,14 +45,6 @@ _FILE_BOUNDS = JsonBounds(depth=64, members=1 << 22, string_bytes=layout.MAX_REC
 CONTROL_CAP = 1 << 30
 #: a walk never visits more entries than this (our choice; far above any maxFiles we accept)
 MAX_ENTRIES = 1 << 20
-#: files present in every bundle (workflow.md §10, "always")
-_REQUIRED = (
-    layout.WORKFLOW,
-    layout.ADMISSION_PROOF,
-    layout.ADMISSION_PROOF_DIGEST,
-    layout.EXECUTION,
-    layout.ROOT_CASE,
-)
 #: attempt file name -> how it is read (workflow.md §9, §10)
 _ATTEMPT_KINDS = {
     "run.json": "run",
@@ -250,7 +242,7 @@ class _BundleRead:
             )
         if tree.bad_name is not None:
             col.note(Problem("input-malformed", 1, "not a portable file name", path=tree.bad_name))
-        for p in _REQUIRED:
+        for p in layout.REQUIRED_FILES:
             if p not in tree.sizes:
                 col.note(Problem("inventory-mismatch", 1, "a required file is missing", path=p))
         if layout.WORKFLOW not in tree.sizes or layout.ADMISSION_PROOF not in tree.sizes:

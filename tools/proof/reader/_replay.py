@@ -331,8 +331,41 @@ class Replay:
         return out
 
     def select(self, e: dict[str, Any]) -> None:
+        """A selection or fork epoch, in verify.md's order: the selection-mismatch checks,
+        the fork effects, the derivation (count rule, ids, projection, measurement),
+        then the evidence against the derived outcome."""
         k, kind, u, rev = e["number"], e["kind"], e["stage"], e["revision"]
         sel_path = layout.selection_path(u, rev)
+        sel, refused_file, index = self._check_selection(e, sel_path)
+        self.max_rev[u] = rev
+        # Fork effects come first and hold in both candidates (admission-proof.md §5).
+        if kind == "fork":
+            self._fork_effects(u)
+        core = {k2: v for k2, v in sel.items() if k2 != "refusal"}
+        core_bytes = canon.dumps(core)
+        proof_size = self.hasher.open_size(len(control_dumps(e)))
+        outcome, acceptance, children = self._derive_selection(
+            e, sel, index, core_bytes, proof_size, sel_path
+        )
+        if e["childIds"]:
+            self.used_ids.update(e["childIds"])
+        if outcome == "refused":
+            refusal_bytes = canon.dumps({**core, "refusal": "limit-exceeded"})
+            self._settle_refused_selection(
+                e, refused_file, refusal_bytes, proof_size, sel_path, acceptance
+            )
+        else:
+            self._settle_admitted_selection(e, refused_file, core_bytes, children, sel_path)
+            self._trace(k, None, kind, "admitted", acceptance, None)
+        self.hasher.close(control_dumps(e))
+
+    def _check_selection(
+        self, e: dict[str, Any], sel_path: str
+    ) -> tuple[dict[str, Any], bool, dict[tuple[str, int], dict[str, Any]]]:
+        """``selection-mismatch``: the stage, its state, the revision, the file's own
+        stage/revision and offered digest, the selected members. Returns the selection,
+        whether it is refusal-bearing, and the offered records by (instance, output)."""
+        k, kind, u, rev = e["number"], e["kind"], e["stage"], e["revision"]
 
         def bad(msg: str) -> Problem:
             return Problem("selection-mismatch", 4, msg, path=sel_path, epoch=k)
@@ -363,142 +396,163 @@ class Replay:
             if key not in index:
                 raise bad(f"selected {key} is not in the offered set")
             seen.add(key)
-        self.max_rev[u] = rev
+        return sel, refused_file, index
 
-        # Fork effects come first and hold in both candidates (admission-proof.md §5).
-        if kind == "fork":
-            for d in self._descendants(u):
-                for i in self.by_stage[d]:
-                    del self.inst[i]
-                    self.inst_total -= self.sizes.pop(i)
-                    self.inst_records.pop(i, None)
-                self.by_stage[d] = []
-                self.record_count[d] = 0
-                self.record_size[d] = 0
-                self.set_state[d] = "blocked"
-                self.selection[d] = None
+    def _fork_effects(self, u: str) -> None:
+        """Retire every strict descendant: instances leave, sets empty, blocked."""
+        for d in self._descendants(u):
+            for i in self.by_stage[d]:
+                del self.inst[i]
+                self.inst_total -= self.sizes.pop(i)
+                self.inst_records.pop(i, None)
+            self.by_stage[d] = []
+            self.record_count[d] = 0
+            self.record_size[d] = 0
+            self.set_state[d] = "blocked"
+            self.selection[d] = None
 
-        core = {k2: v for k2, v in sel.items() if k2 != "refusal"}
-        core_bytes = canon.dumps(core)
-        refusal_bytes = canon.dumps({**core, "refusal": "limit-exceeded"})
+    def _derive_selection(
+        self,
+        e: dict[str, Any],
+        sel: dict[str, Any],
+        index: dict[tuple[str, int], dict[str, Any]],
+        core_bytes: bytes,
+        proof_size: int,
+        sel_path: str,
+    ) -> tuple[str, tuple[int, int] | None, list[tuple[Instance, bytes | None]]]:
+        """The derivation: the count rule, the ids, every slot's projection, then the
+        acceptance candidate measured. Returns the outcome, the acceptance size when
+        measured, and the projected children."""
+        k, u, rev = e["number"], e["stage"], e["revision"]
         consumers = self.ctx.by_name[u].consumers
         slots = [(c, m) for c in consumers for m in sel["selected"]]
         child_ids = e["childIds"]
-        proof_size = self.hasher.open_size(len(control_dumps(e)))
-        outcome: str
-        acceptance: tuple[int, int] | None = None
         children: list[tuple[Instance, bytes | None]] = []
         if self.reserved + len(slots) > self.limits["maxInstances"]:
-            outcome = "refused"
             if child_ids is not None:
                 raise _inv("the count refusal applies: childIds must be null", k, path=sel_path)
-        else:
-            if child_ids is None:
-                raise _inv(
-                    "childIds is null although the reservation fits maxInstances", k, path=sel_path
-                )
-            if len(child_ids) != len(slots):
-                raise _inv(f"{len(child_ids)} childIds for {len(slots)} child slots", k)
-            if len(set(child_ids)) != len(child_ids):
-                raise _inv("childIds repeats an id", k)
-            for cid in child_ids:
-                if cid in self.used_ids:
-                    raise _inv(f"child id {cid!r} is not fresh across the retained history", k)
-            local_over = False
-            for cid, (c, m) in zip(child_ids, slots, strict=True):
-                inst, case = self._project(cid, c, m, u, index, k, rev)
-                children.append((inst, case))
-                if case is not None and len(case) > self.limits["maxCaseBytes"]:
-                    local_over = True
-            if local_over:
-                outcome = "refused"
-            else:
-                sel_digest = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
-                stages = self.stages_json({u: sel_digest}, {c: "closed" for c in consumers})
-                new_bytes = len(core_bytes) + sum(len(cb) for _, cb in children if cb is not None)
-                new_files = 1 + sum(1 for _, cb in children if cb is not None)
-                sizes = sum(ch.measure() for ch, _ in children)
-                ok, asize, afiles = self.fits(
-                    proof_size=proof_size,
-                    new_bytes=new_bytes,
-                    new_files=new_files,
-                    stages=stages,
-                    inst_total=self.inst_total + sizes,
-                    n_inst=len(self.inst) + len(children),
-                )
-                acceptance = (asize, afiles)
-                outcome = "admitted" if ok else "refused"
-        if child_ids:
-            self.used_ids.update(child_ids)
-
-        if outcome == "refused":
-            carrier_sel: dict[str, dict[str, Any] | None] = {u: None} if kind == "fork" else {}
-            ok, size, files = self.fits(
-                proof_size=proof_size,
-                new_bytes=len(refusal_bytes),
-                new_files=1,
-                stages=self.stages_json(carrier_sel),
+            return "refused", None, children
+        if child_ids is None:
+            raise _inv(
+                "childIds is null although the reservation fits maxInstances", k, path=sel_path
             )
-            if not ok:
-                raise _inv(
-                    f"the refusal carrier ({size} bytes, {files} files) does not fit: unrecordable",
-                    k,
-                    path=sel_path,
-                )
-            if not refused_file:
-                raise Problem(
-                    "selection-mismatch",
-                    4,
-                    "the derived outcome is a refusal but the selection is retained as admitted",
-                    path=sel_path,
-                    epoch=k,
-                )
-            if kind == "fork":
-                self.selection[u] = None
-            self.retain(sel_path, len(refusal_bytes), k)
-            self._trace(k, None, kind, "refused", acceptance, (size, files))
-        else:
-            if refused_file:
-                raise Problem(
-                    "selection-mismatch",
-                    4,
-                    "the complete acceptance candidate fits, yet the selection is retained as refused",
-                    path=sel_path,
-                    epoch=k,
-                )
-            for ch, case in children:
-                cpath = layout.case_path(ch.id)
-                if case is None:
-                    if cpath in self.tree.sizes:
-                        raise Problem(
-                            "case-mismatch",
-                            4,
-                            "a projection-invalid child has a case file",
-                            path=cpath,
-                            epoch=k,
-                        )
-                    continue
-                if cpath not in self.tree.sizes or self._read(cpath) != case:
+        if len(child_ids) != len(slots):
+            raise _inv(f"{len(child_ids)} childIds for {len(slots)} child slots", k)
+        if len(set(child_ids)) != len(child_ids):
+            raise _inv("childIds repeats an id", k)
+        for cid in child_ids:
+            if cid in self.used_ids:
+                raise _inv(f"child id {cid!r} is not fresh across the retained history", k)
+        local_over = False
+        for cid, (c, m) in zip(child_ids, slots, strict=True):
+            inst, case = self._project(cid, c, m, u, index, k, rev)
+            children.append((inst, case))
+            if case is not None and len(case) > self.limits["maxCaseBytes"]:
+                local_over = True
+        if local_over:
+            return "refused", None, children
+        sel_digest = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
+        stages = self.stages_json({u: sel_digest}, {c: "closed" for c in consumers})
+        new_bytes = len(core_bytes) + sum(len(cb) for _, cb in children if cb is not None)
+        new_files = 1 + sum(1 for _, cb in children if cb is not None)
+        sizes = sum(ch.measure() for ch, _ in children)
+        ok, asize, afiles = self.fits(
+            proof_size=proof_size,
+            new_bytes=new_bytes,
+            new_files=new_files,
+            stages=stages,
+            inst_total=self.inst_total + sizes,
+            n_inst=len(self.inst) + len(children),
+        )
+        return ("admitted" if ok else "refused"), (asize, afiles), children
+
+    def _settle_refused_selection(
+        self,
+        e: dict[str, Any],
+        refused_file: bool,
+        refusal_bytes: bytes,
+        proof_size: int,
+        sel_path: str,
+        acceptance: tuple[int, int] | None,
+    ) -> None:
+        """A refusal: its carrier must fit and the file must be refusal-bearing."""
+        k, kind, u = e["number"], e["kind"], e["stage"]
+        carrier_sel: dict[str, dict[str, Any] | None] = {u: None} if kind == "fork" else {}
+        ok, size, files = self.fits(
+            proof_size=proof_size,
+            new_bytes=len(refusal_bytes),
+            new_files=1,
+            stages=self.stages_json(carrier_sel),
+        )
+        if not ok:
+            raise _inv(
+                f"the refusal carrier ({size} bytes, {files} files) does not fit: unrecordable",
+                k,
+                path=sel_path,
+            )
+        if not refused_file:
+            raise Problem(
+                "selection-mismatch",
+                4,
+                "the derived outcome is a refusal but the selection is retained as admitted",
+                path=sel_path,
+                epoch=k,
+            )
+        if kind == "fork":
+            self.selection[u] = None
+        self.retain(sel_path, len(refusal_bytes), k)
+        self._trace(k, None, kind, "refused", acceptance, (size, files))
+
+    def _settle_admitted_selection(
+        self,
+        e: dict[str, Any],
+        refused_file: bool,
+        core_bytes: bytes,
+        children: list[tuple[Instance, bytes | None]],
+        sel_path: str,
+    ) -> None:
+        """An admission: the file must not be refusal-bearing, every case file must be
+        the projected bytes (none for a projection-invalid slot); then apply it."""
+        k, u, rev = e["number"], e["stage"], e["revision"]
+        if refused_file:
+            raise Problem(
+                "selection-mismatch",
+                4,
+                "the complete acceptance candidate fits, yet the selection is retained as refused",
+                path=sel_path,
+                epoch=k,
+            )
+        for ch, case in children:
+            cpath = layout.case_path(ch.id)
+            if case is None:
+                if cpath in self.tree.sizes:
                     raise Problem(
                         "case-mismatch",
                         4,
-                        "the retained case differs from the projected case",
+                        "a projection-invalid child has a case file",
                         path=cpath,
                         epoch=k,
                     )
-            self.retain(sel_path, len(core_bytes), k)
-            for ch, case in children:
-                if case is not None:
-                    self.retain(layout.case_path(ch.id), len(case), k)
-                self._set_instance(ch)
-                self.by_stage[ch.stage].append(ch.id)
-            for c in consumers:
-                self.set_state[c] = "closed"
-            self.selection[u] = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
-            self.reserved += len(children)
-            self.reservations[k] = [ch.id for ch, _ in children]
-            self._trace(k, None, kind, "admitted", acceptance, None)
-        self.hasher.close(control_dumps(e))
+                continue
+            if cpath not in self.tree.sizes or self._read(cpath) != case:
+                raise Problem(
+                    "case-mismatch",
+                    4,
+                    "the retained case differs from the projected case",
+                    path=cpath,
+                    epoch=k,
+                )
+        self.retain(sel_path, len(core_bytes), k)
+        for ch, case in children:
+            if case is not None:
+                self.retain(layout.case_path(ch.id), len(case), k)
+            self._set_instance(ch)
+            self.by_stage[ch.stage].append(ch.id)
+        for c in self.ctx.by_name[u].consumers:
+            self.set_state[c] = "closed"
+        self.selection[u] = {"revision": rev, "digest": digest.of_bytes(core_bytes)}
+        self.reserved += len(children)
+        self.reservations[k] = [ch.id for ch, _ in children]
 
     def _project(
         self,
@@ -660,6 +714,10 @@ class Replay:
         cutoff: set[str],
         proof_size: int,
     ) -> None:
+        """Observation j of epoch k, in verify.md's order: it names the next begin, its
+        pins follow the pin table, its sidecar belongs to one attempt; the outcome is
+        derived (an evaluated proposal measured), its candidate must fit, and the
+        retained outputs must be exactly the accepted ones."""
         if o["instance"] != begin["instance"] or o["number"] != begin["number"]:
             raise _inv(
                 f"observation names {o['instance']!r}/{o['number']} where "
@@ -673,100 +731,27 @@ class Replay:
         state, failure = o["state"], o["failure"]
         present = {p for p in PINS if o[p] is not None}
         self._check_pins(state, failure, present, k, j, o, cutoff, stage.name)
-        sig = o["auditSignaturesDigest"]
-        if sig is not None:
-            if sig in self.sig_owner:
-                owner = self.sig_owner[sig]
-                raise _inv(
-                    f"the audit signature sidecar belongs to {owner[0]!r} attempt {owner[1]}: one sidecar, one attempt",
-                    k,
-                    j,
-                    layout.attempt_file(inst.id, n, "auditSignaturesDigest"),
-                )
-            self.sig_owner[sig] = (inst.id, n)
-        new_bytes = 0
-        received: list[tuple[str, int]] = []
-        for p in PINS:
-            if o[p] is not None:
-                path = layout.attempt_file(inst.id, n, p)
-                received.append((path, self.tree.sizes[path]))
-                new_bytes += self.tree.sizes[path]
-        att = inst.attempts[-1]
+        self._claim_sidecar(o, inst.id, k, j)
+        received = [
+            (path, self.tree.sizes[path])
+            for path in (layout.attempt_file(inst.id, n, p) for p in PINS if o[p] is not None)
+        ]
+        new_bytes = sum(size for _, size in received)
         pins = {p: o[p] for p in PINS}
-        odir = f"outputs/{stage.name}/{inst.id}/{n}/"
         accepted: list[tuple[str, bytes]] = []
         acceptance: tuple[int, int] | None = None
         outcome = "recorded"
         final: tuple[str, str | None]
         if state == "evaluated":
-            proposal = self._proposal(inst.id, n, stage, k, j)
-            if proposal is None:
-                final = ("failed", "output-invalid")
-            elif stage.name in cutoff:
-                final = ("failed", "limit-exceeded")
-                outcome = "cut-off"
-            else:
-                files: list[tuple[str, bytes]] = []
-                records: list[dict[str, Any]] = []
-                for idx, payload in enumerate(proposal):
-                    pd = digest.of_bytes(payload)
-                    env = control_dumps(
-                        {
-                            "envelopeVersion": 1,
-                            "stage": stage.name,
-                            "instance": inst.id,
-                            "attempt": n,
-                            "output": idx,
-                            "payloadDigest": pd,
-                            "parent": inst.parent,
-                        }
-                    )
-                    files.append((layout.payload_path(stage.name, inst.id, n, idx), payload))
-                    files.append((layout.envelope_path(stage.name, inst.id, n, idx), env))
-                    records.append(
-                        {
-                            "instance": inst.id,
-                            "attempt": n,
-                            "output": idx,
-                            "payloadDigest": pd,
-                            "envelopeDigest": digest.of_bytes(env),
-                        }
-                    )
-                final = ("completed", None) if proposal else ("completed-zero", None)
-                local_ok = self.records_total + len(proposal) <= self.limits["maxRecords"] and all(
-                    len(pl) <= self.limits["maxPayloadBytes"] for pl in proposal
-                )
-                ok = False
-                if local_ok:
-                    att.state, att.failure, att.pins = final[0], None, pins
-                    new_size = inst.measure()
-                    rec_bytes = sum(len(control_dumps(r)) for r in records)
-                    ok, asize, afiles = self.fits(
-                        proof_size=proof_size,
-                        new_bytes=new_bytes + sum(len(b) for _, b in files),
-                        new_files=len(received) + len(files),
-                        inst_total=self.inst_total - self.sizes[inst.id] + new_size,
-                        set_extra={stage.name: (rec_bytes, len(records))},
-                    )
-                    acceptance = (asize, afiles)
-                if ok:
-                    accepted = files
-                    outcome = "accepted"
-                    if records:
-                        self.inst_records[inst.id] = records
-                        self.record_count[stage.name] += len(records)
-                        self.record_size[stage.name] += rec_bytes
-                        self.records_total += len(records)
-                else:
-                    final = ("failed", "limit-exceeded")
-                    cutoff.add(stage.name)
-                    outcome = "refused"
+            final, outcome, accepted, acceptance = self._evaluate(
+                k, j, inst, n, stage, pins, received, cutoff, proof_size
+            )
         elif state == "suppressed":
             final = ("failed", "limit-exceeded")
         else:
             final = (state, failure)
+        att = inst.attempts[-1]
         att.state, att.failure, att.pins = final[0], final[1], pins
-        old_size = inst.size
         self._set_instance(inst)
         if outcome != "accepted":
             # the one candidate for this outcome (a refusal carrier included) must fit
@@ -783,10 +768,120 @@ class Replay:
             self._trace(k, j, "observation", outcome, acceptance, (size, nfiles))
         else:
             self._trace(k, j, "observation", outcome, acceptance, None)
-        del old_size
         for path, size in received:
             self.retain(path, size, k, j)
-        # the writer's evidence must agree with the derived outcome
+        self._check_outputs(k, j, f"outputs/{stage.name}/{inst.id}/{n}/", accepted, final)
+
+    def _claim_sidecar(self, o: dict[str, Any], instance: str, k: int, j: int) -> None:
+        """One signature sidecar, one attempt (our choice, verify.md "Resolutions")."""
+        sig = o["auditSignaturesDigest"]
+        if sig is None:
+            return
+        if sig in self.sig_owner:
+            owner = self.sig_owner[sig]
+            raise _inv(
+                f"the audit signature sidecar belongs to {owner[0]!r} attempt {owner[1]}: one sidecar, one attempt",
+                k,
+                j,
+                layout.attempt_file(instance, o["number"], "auditSignaturesDigest"),
+            )
+        self.sig_owner[sig] = (instance, o["number"])
+
+    def _outputs_of(
+        self, stage: StageDef, inst: Instance, n: int, proposal: list[bytes]
+    ) -> tuple[list[tuple[str, bytes]], list[dict[str, Any]]]:
+        """Payload and envelope files of a proposal, and the set records they add."""
+        files: list[tuple[str, bytes]] = []
+        records: list[dict[str, Any]] = []
+        # the envelope form is built again here, not taken from writer/_derive.py:
+        # the reader derives every file it expects from the spec alone (DESIGN.md)
+        for idx, payload in enumerate(proposal):
+            pd = digest.of_bytes(payload)
+            env = control_dumps(
+                {
+                    "envelopeVersion": 1,
+                    "stage": stage.name,
+                    "instance": inst.id,
+                    "attempt": n,
+                    "output": idx,
+                    "payloadDigest": pd,
+                    "parent": inst.parent,
+                }
+            )
+            files.append((layout.payload_path(stage.name, inst.id, n, idx), payload))
+            files.append((layout.envelope_path(stage.name, inst.id, n, idx), env))
+            records.append(
+                {
+                    "instance": inst.id,
+                    "attempt": n,
+                    "output": idx,
+                    "payloadDigest": pd,
+                    "envelopeDigest": digest.of_bytes(env),
+                }
+            )
+        return files, records
+
+    def _evaluate(
+        self,
+        k: int,
+        j: int,
+        inst: Instance,
+        n: int,
+        stage: StageDef,
+        pins: dict[str, Any],
+        received: list[tuple[str, int]],
+        cutoff: set[str],
+        proof_size: int,
+    ) -> tuple[tuple[str, str | None], str, list[tuple[str, bytes]], tuple[int, int] | None]:
+        """An evaluated audit's outcome: output-invalid, cut off, or its acceptance
+        candidate measured (local bounds first). Returns (final state/failure, outcome,
+        the accepted files, the acceptance size when measured)."""
+        proposal = self._proposal(inst.id, n, stage, k, j)
+        if proposal is None:
+            return ("failed", "output-invalid"), "recorded", [], None
+        if stage.name in cutoff:
+            return ("failed", "limit-exceeded"), "cut-off", [], None
+        files, records = self._outputs_of(stage, inst, n, proposal)
+        final: tuple[str, str | None] = (
+            ("completed", None) if proposal else ("completed-zero", None)
+        )
+        local_ok = self.records_total + len(proposal) <= self.limits["maxRecords"] and all(
+            len(pl) <= self.limits["maxPayloadBytes"] for pl in proposal
+        )
+        ok = False
+        acceptance: tuple[int, int] | None = None
+        if local_ok:
+            att = inst.attempts[-1]
+            att.state, att.failure, att.pins = final[0], None, pins
+            new_size = inst.measure()
+            rec_bytes = sum(len(control_dumps(r)) for r in records)
+            ok, asize, afiles = self.fits(
+                proof_size=proof_size,
+                new_bytes=sum(size for _, size in received) + sum(len(b) for _, b in files),
+                new_files=len(received) + len(files),
+                inst_total=self.inst_total - self.sizes[inst.id] + new_size,
+                set_extra={stage.name: (rec_bytes, len(records))},
+            )
+            acceptance = (asize, afiles)
+        if not ok:
+            cutoff.add(stage.name)
+            return ("failed", "limit-exceeded"), "refused", [], acceptance
+        if records:
+            self.inst_records[inst.id] = records
+            self.record_count[stage.name] += len(records)
+            self.record_size[stage.name] += rec_bytes
+            self.records_total += len(records)
+        return final, "accepted", files, acceptance
+
+    def _check_outputs(
+        self,
+        k: int,
+        j: int,
+        odir: str,
+        accepted: list[tuple[str, bytes]],
+        final: tuple[str, str | None],
+    ) -> None:
+        """The writer's evidence must agree with the derived outcome (output-mismatch)."""
         have = self.output_dirs.get(odir, 0)
         if accepted and have == 0:
             raise Problem(

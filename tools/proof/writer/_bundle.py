@@ -39,14 +39,6 @@ _AT_FDCWD = -100
 #: a directory with more entries than this is not a bundle we would replace (our choice:
 #: the reader's walk bound, admission-proof.md §9)
 _MAX_TARGET_ENTRIES = 1 << 20
-#: present in every bundle the writer writes (workflow.md §10, "always")
-_REQUIRED = (
-    layout.WORKFLOW,
-    layout.ROOT_CASE,
-    layout.EXECUTION,
-    layout.ADMISSION_PROOF,
-    layout.ADMISSION_PROOF_DIGEST,
-)
 
 
 def staging_dir(out: Path, what: str = "tmp") -> Path:
@@ -177,7 +169,7 @@ def _not_a_bundle(out: Path) -> str | None:
             found.add(rel)
             if len(found) > _MAX_TARGET_ENTRIES:
                 return f"more than {_MAX_TARGET_ENTRIES} files"
-    missing = [p for p in _REQUIRED if p not in found]
+    missing = [p for p in layout.REQUIRED_FILES if p not in found]
     if found and missing:
         return f"no {missing[0]}"
     return None

@@ -61,6 +61,8 @@ def emitted_outputs(
     """Payload/envelope files (in output order) and the set records they add."""
     files: list[tuple[str, bytes]] = []
     records: list[dict[str, Any]] = []
+    # reader/_replay.py builds the same envelope form independently (the reader imports
+    # no writer code, DESIGN.md); workflow.md §5 is the one definition of both
     for k, payload in enumerate(payloads):
         payload_digest = digest.of_bytes(payload)
         envelope = control_dumps(

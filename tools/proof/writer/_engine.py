@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.proof import layout
 from crucible.proof.writer._bundle import FileSink
 from crucible.proof.writer._derive import emitted_outputs, project
@@ -140,8 +140,8 @@ class Engine:
         self._proof_root: dict[str, Any] = {}
 
     # -- helpers ---------------------------------------------------------------------
-    def _where(self, line: int) -> str:
-        return f"{self.ops_name}:{line}"
+    def _where(self, line: int) -> Location:
+        return Location(self.ops_name, line)
 
     def _forbid(self, line: int, message: str) -> Forbidden:
         return Forbidden(message, where=self._where(line))
@@ -302,12 +302,56 @@ class Engine:
 
     # -- selection and fork ----------------------------------------------------------
     def _select(self, op: Select) -> None:
+        """A selection or fork epoch (admission-proof.md §5, "Selection / fork"): the
+        rules, the count rule and ids, the epoch, the projection, then the acceptance
+        candidate or the refusal carrier."""
+        revision, offered, slots = self._selection_rules(op)
+        child_ids = self._child_ids(op, slots)
+        core = {
+            "selectionVersion": 1,
+            "stage": op.stage,
+            "revision": revision,
+            "review": op.review,
+            "offeredDigest": digest.of_json(offered),
+            "selected": [{"instance": i, "output": k} for i, k in op.selected],
+        }
+        core_bytes = canon.dumps(core)
+        # the epoch is identical whatever the decision
+        number = self.proof_chain.closed_epochs + 1
+        epoch = {
+            "number": number,
+            "previousProofDigest": self.proof_chain.previous_digest(),
+            "kind": "fork" if op.fork else "selection",
+            "stage": op.stage,
+            "revision": revision,
+            "selectionCoreDigest": digest.of_bytes(core_bytes),
+            "childIds": child_ids,
+        }
+        eb = control_dumps(epoch)
+        psize = self.proof_chain.size_with_closed(eb)
+        self._proof_size_ok(psize, op.line, number)
+        view = lambda: [*self._epoch_dicts, epoch]  # noqa: E731
+        planned = (
+            None
+            if child_ids is None
+            else self._plan_children(op, slots, child_ids, revision, number)
+        )
+        acceptance: tuple[int, int] | None = None
+        if planned is not None:
+            assert child_ids is not None
+            acceptance = self._try_admit_selection(op, epoch, core_bytes, planned, psize, view)
+            if acceptance is None:
+                return
+        self._refuse_selection(op, epoch, core, psize, view, child_ids, acceptance)
+
+    def _selection_rules(
+        self, op: Select
+    ) -> tuple[int, list[dict[str, Any]], list[tuple[Stage, dict[str, Any]]]]:
+        """Forbidden selections (§2, §3, §6); the revision, offered set and child slots."""
         st, wf = self.branch_state, self.wf
-        kind = "fork" if op.fork else "selection"
         if self.open is not None:
             raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
-        upstream = wf.stage(op.stage)
-        if upstream is None:
+        if wf.stage(op.stage) is None:
             raise self._forbid(op.line, f"unknown stage {op.stage!r}")
         if st.stage_set[op.stage] != "closed":
             raise self._forbid(op.line, f"§3: stage {op.stage!r} is blocked; it has no offered set")
@@ -336,103 +380,120 @@ class Engine:
                     f"§3: selected parent {{instance {key[0]!r}, output {key[1]}}} is not in "
                     f"the offered set of {op.stage!r}",
                 )
-        consumers = wf.consumers(op.stage)
-        slots = [(c, by_key[key]) for c in consumers for key in op.selected]
-        count_refused = st.reserved + len(slots) > wf.limits.max_instances
-        child_ids: list[str] | None = None
-        if not count_refused:
-            if op.child_ids is None:
-                raise self._forbid(
-                    op.line,
-                    f"§3: the reservation fits maxInstances, so childIds must hold {len(slots)} ids",
-                )
-            child_ids = list(op.child_ids)
-            if len(child_ids) != len(slots):
-                raise self._forbid(
-                    op.line,
-                    f"§3: childIds must hold exactly one id per child slot ({len(slots)}), "
-                    f"not {len(child_ids)}",
-                )
-            if len(set(child_ids)) != len(child_ids):
-                raise self._forbid(op.line, "§3: childIds must be distinct")
-            for cid in child_ids:
-                if cid in st.used_ids:
-                    raise self._forbid(
-                        op.line,
-                        f"§3: child id {cid!r} was already proposed in the retained history "
-                        "(ids are fresh across refused and retired reservations too)",
-                    )
-            if len(child_ids) > layout.MAX_PROOF_ARRAY:
-                raise Unrecordable(
-                    f"childIds would hold {len(child_ids)} ids, over the proof's "
-                    f"{layout.MAX_PROOF_ARRAY}-element array ceiling",
-                    op.line,
-                )
-        # the core selection and the epoch (identical whatever the decision)
-        offered_digest = digest.of_json(offered)
-        core = {
-            "selectionVersion": 1,
-            "stage": op.stage,
-            "revision": revision,
-            "review": op.review,
-            "offeredDigest": offered_digest,
-            "selected": [{"instance": i, "output": k} for i, k in op.selected],
-        }
-        core_bytes = canon.dumps(core)
-        core_digest = digest.of_bytes(core_bytes)
-        number = self.proof_chain.closed_epochs + 1
-        epoch = {
-            "number": number,
-            "previousProofDigest": self.proof_chain.previous_digest(),
-            "kind": kind,
-            "stage": op.stage,
-            "revision": revision,
-            "selectionCoreDigest": core_digest,
-            "childIds": child_ids,
-        }
-        eb = control_dumps(epoch)
-        psize = self.proof_chain.size_with_closed(eb)
-        self._proof_size_ok(psize, op.line, number)
-        view = lambda: [*self._epoch_dicts, epoch]  # noqa: E731
+        slots = [(c, by_key[key]) for c in wf.consumers(op.stage) for key in op.selected]
+        return revision, offered, slots
 
-        # projection (local bounds before any aggregate candidate)
+    def _child_ids(self, op: Select, slots: list[tuple[Stage, dict[str, Any]]]) -> list[str] | None:
+        """The count rule (§3): None when the reservation exceeds maxInstances (the
+        selection is then refused), else exactly one fresh, distinct id per slot."""
+        st = self.branch_state
+        if st.reserved + len(slots) > self.wf.limits.max_instances:
+            return None
+        if op.child_ids is None:
+            raise self._forbid(
+                op.line,
+                f"§3: the reservation fits maxInstances, so childIds must hold {len(slots)} ids",
+            )
+        child_ids = list(op.child_ids)
+        if len(child_ids) != len(slots):
+            raise self._forbid(
+                op.line,
+                f"§3: childIds must hold exactly one id per child slot ({len(slots)}), "
+                f"not {len(child_ids)}",
+            )
+        if len(set(child_ids)) != len(child_ids):
+            raise self._forbid(op.line, "§3: childIds must be distinct")
+        for cid in child_ids:
+            if cid in st.used_ids:
+                raise self._forbid(
+                    op.line,
+                    f"§3: child id {cid!r} was already proposed in the retained history "
+                    "(ids are fresh across refused and retired reservations too)",
+                )
+        if len(child_ids) > layout.MAX_PROOF_ARRAY:
+            raise Unrecordable(
+                f"childIds would hold {len(child_ids)} ids, over the proof's "
+                f"{layout.MAX_PROOF_ARRAY}-element array ceiling",
+                op.line,
+            )
+        return child_ids
+
+    def _plan_children(
+        self,
+        op: Select,
+        slots: list[tuple[Stage, dict[str, Any]]],
+        child_ids: list[str],
+        revision: int,
+        number: int,
+    ) -> list[tuple[Instance, bytes | None]] | None:
+        """Project every slot (local bounds before any aggregate candidate); None when a
+        case is over maxCaseBytes (the selection is then refused)."""
         planned: list[tuple[Instance, bytes | None]] = []
-        local_refused = False
-        if child_ids is not None:
-            for (consumer, record), cid in zip(slots, child_ids, strict=True):
-                inst, case = self._project(consumer, record, cid, op.stage, revision, number)
-                if case is not None and len(case) > wf.limits.max_case_bytes:
-                    local_refused = True
-                    break
-                planned.append((inst, case))
+        for (consumer, record), cid in zip(slots, child_ids, strict=True):
+            inst, case = self._project(consumer, record, cid, op.stage, revision, number)
+            if case is not None and len(case) > self.wf.limits.max_case_bytes:
+                return None
+            planned.append((inst, case))
+        return planned
 
-        acceptance: tuple[int, int] | None = None
-        if not count_refused and not local_refused:
-            assert child_ids is not None
-            st.begin()
-            self._fork_effects(op)
-            st.add_file(layout.selection_path(op.stage, revision), core_bytes)
-            for inst, case in planned:
-                if case is not None:
-                    st.add_file(layout.case_path(inst.id), case)
-                st.add_instance(inst)
-            st.set_stage(op.stage, "closed", {"revision": revision, "digest": core_digest})
-            for c in consumers:
-                st.set_stage(c.name, "closed", None)
-            st.set_revision(op.stage, revision)
-            st.use_ids(child_ids)
-            acceptance = self._measure(psize, view)
-            if self._fits(acceptance):
-                self._commit()
-                self._close_atomic(eb, epoch, number, kind, True)
-                self._record(Decision(op.line, number, None, kind, "admitted", acceptance, None))
-                return
-            st.rollback()
-        # refusal carrier
-        refused_bytes = canon.dumps({**core, "refusal": "limit-exceeded"})
+    def _try_admit_selection(
+        self,
+        op: Select,
+        epoch: dict[str, Any],
+        core_bytes: bytes,
+        planned: list[tuple[Instance, bytes | None]],
+        psize: int,
+        view: Callable[[], list[dict[str, Any]]],
+    ) -> tuple[int, int] | None:
+        """Commit the acceptance candidate if it fits (None); else roll back and return
+        its measured size for the refusal's Decision."""
+        st, number, revision = self.branch_state, epoch["number"], epoch["revision"]
         st.begin()
         self._fork_effects(op)
-        st.add_file(layout.selection_path(op.stage, revision), refused_bytes)
+        st.add_file(layout.selection_path(op.stage, revision), core_bytes)
+        for inst, case in planned:
+            if case is not None:
+                st.add_file(layout.case_path(inst.id), case)
+            st.add_instance(inst)
+        st.set_stage(
+            op.stage, "closed", {"revision": revision, "digest": epoch["selectionCoreDigest"]}
+        )
+        for c in self.wf.consumers(op.stage):
+            st.set_stage(c.name, "closed", None)
+        st.set_revision(op.stage, revision)
+        st.use_ids(epoch["childIds"])
+        acceptance = self._measure(psize, view)
+        if not self._fits(acceptance):
+            st.rollback()
+            return acceptance
+        self._commit()
+        self._close_atomic(control_dumps(epoch), epoch, number, epoch["kind"], True)
+        self._record(Decision(op.line, number, None, epoch["kind"], "admitted", acceptance, None))
+        return None
+
+    def _refuse_selection(
+        self,
+        op: Select,
+        epoch: dict[str, Any],
+        core: dict[str, Any],
+        psize: int,
+        view: Callable[[], list[dict[str, Any]]],
+        child_ids: list[str] | None,
+        acceptance: tuple[int, int] | None,
+    ) -> None:
+        """The refusal carrier: the refusal-bearing selection, which must fit."""
+        st, number, revision, kind = (
+            self.branch_state,
+            epoch["number"],
+            epoch["revision"],
+            epoch["kind"],
+        )
+        st.begin()
+        self._fork_effects(op)
+        st.add_file(
+            layout.selection_path(op.stage, revision),
+            canon.dumps({**core, "refusal": "limit-exceeded"}),
+        )
         if op.fork:
             st.set_stage(op.stage, "closed", None)
         st.set_revision(op.stage, revision)
@@ -446,7 +507,7 @@ class Engine:
                 op.line,
             )
         self._commit()
-        self._close_atomic(eb, epoch, number, kind, False)
+        self._close_atomic(control_dumps(epoch), epoch, number, kind, False)
         self._record(Decision(op.line, number, None, kind, "refused", acceptance, refusal))
 
     def _fork_effects(self, op: Select) -> None:
@@ -730,37 +791,24 @@ class Engine:
             self._commit_observation(Observe(op.line, instance, number, state, None, {}))
 
     def _commit_observation(self, op: Observe) -> None:
+        """Record one observation (admission-proof.md §5, "Observation"): receive and
+        check its files and pins, then the acceptance candidate of an evaluated
+        proposal, else the one candidate of its derived outcome, which must fit."""
         st, o = self.branch_state, self.open
         assert o is not None
         where = self._where(op.line)
         inst = st.instances[op.instance]
         stage = self.wf.stage(inst.stage)
         assert stage is not None
-        received: dict[str, bytes] = {}
-        try:
-            for pin, rel in op.files.items():
-                received[pin] = read_artifact(self.artifacts, rel, where)
-        except TooLarge as exc:
-            self.custody.append(
-                CustodyItem(op.line, op.instance, op.attempt, "unrecorded", self._roles(op))
-            )
-            raise Unrecordable(str(exc), op.line) from None
+        received = self._receive(op, where)
         audit = check_pins(op.state, op.failure, received, where)
         if op.state == "suppressed" and inst.stage not in o.cutoffs:
             raise self._forbid(
                 op.line,
                 f"§5: suppressed is allowed only after a cutoff of stage {inst.stage!r} in this epoch",
             )
-        pins = {p: (digest.of_bytes(received[p]) if p in received else None) for p in PINS}
-        signature_pin = pins.get("auditSignaturesDigest")
-        if signature_pin is not None:
-            if signature_pin in self._signature_pins:
-                raise self._forbid(
-                    op.line,
-                    "§9: a signature sidecar belongs to one attempt; these audit.sig bytes "
-                    "are already pinned by another observation",
-                )
-            self._signature_pins.add(signature_pin)
+        pins = self._observation_pins(op, received)
+        retry = inst.attempts[-1].retry  # the begun attempt's, before any candidate
         observation = {
             "instance": op.instance,
             "number": op.attempt,
@@ -773,59 +821,27 @@ class Engine:
         self._proof_size_ok(psize, op.line, o.number)
         j = o.next + 1
         view = lambda: self._view_with_result(observation)  # noqa: E731
-        old = inst.attempts[-1]
-
-        def base(state: str, failure: str | None) -> None:
-            for pin, data in received.items():
-                st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
-            attempt = Attempt(op.attempt, state, failure, old.retry, tuple(pins.values())).sized()
-            st.replace_last_attempt(inst, attempt)
-            st.set_status(inst, state, failure)
-
         records = (
             output_records(audit, stage.pointer, stage.cardinality)
             if op.state == "evaluated"
             else None
         )
         acceptance: tuple[int, int] | None = None
-        refusal: tuple[int, int] | None = None
-        failure: str | None
-        if op.state == "evaluated" and records is not None and inst.stage not in o.cutoffs:
-            lim = self.wf.limits
-            payloads = [canon.dumps(r) for r in records]
-            local_ok = st.records_total + len(records) <= lim.max_records and all(
-                len(p) <= lim.max_payload_bytes for p in payloads
+        measured = op.state == "evaluated" and records is not None and inst.stage not in o.cutoffs
+        if measured:
+            assert records is not None
+            accepted, acceptance = self._try_accept(
+                op, inst, received, pins, retry, records, psize, view
             )
-            if local_ok:
-                st.begin()
-                base("completed" if records else "completed-zero", None)
-                files, set_records = emitted_outputs(
-                    inst.stage, inst.id, op.attempt, inst.parent, payloads
+            if accepted:
+                self._settle(observation, rb)
+                self._record(
+                    Decision(op.line, o.number, j, "observation", "accepted", acceptance, None)
                 )
-                for path, data in files:
-                    st.add_file(path, data)
-                st.add_records(inst, set_records)
-                acceptance = self._measure(psize, view)
-                if self._fits(acceptance):
-                    self._commit()
-                    self._settle(observation, rb)
-                    self._record(
-                        Decision(op.line, o.number, j, "observation", "accepted", acceptance, None)
-                    )
-                    return
-                st.rollback()
-            outcome, state, failure = "refused", "failed", "limit-exceeded"
-        elif op.state == "evaluated" and records is not None:
-            outcome, state, failure = "cut-off", "failed", "limit-exceeded"
-        elif op.state == "evaluated":
-            outcome, state, failure = "recorded", "failed", "output-invalid"
-        elif op.state == "suppressed":
-            # no proposal was received: not an output decision (the cutoff is checked above)
-            outcome, state, failure = "recorded", "failed", "limit-exceeded"
-        else:
-            outcome, state, failure = "recorded", op.state, op.failure
+                return
+        outcome, state, failure = self._derived_outcome(op, records, measured)
         st.begin()
-        base(state, failure)
+        self._record_attempt(inst, op, received, pins, retry, state, failure)
         refusal = self._measure(psize, view)
         if not self._fits(refusal):
             st.rollback()
@@ -843,6 +859,104 @@ class Engine:
             o.cutoffs.add(inst.stage)
         self._settle(observation, rb)
         self._record(Decision(op.line, o.number, j, "observation", outcome, acceptance, refusal))
+
+    def _receive(self, op: Observe, where: Location) -> dict[str, bytes]:
+        """The observation's files (pin -> bytes); one over its local bound cannot be
+        recorded and goes to custody."""
+        received: dict[str, bytes] = {}
+        try:
+            for pin, rel in op.files.items():
+                received[pin] = read_artifact(self.artifacts, rel, where)
+        except TooLarge as exc:
+            self.custody.append(
+                CustodyItem(op.line, op.instance, op.attempt, "unrecorded", self._roles(op))
+            )
+            raise Unrecordable(str(exc), op.line) from None
+        return received
+
+    def _observation_pins(self, op: Observe, received: dict[str, bytes]) -> dict[str, str | None]:
+        """The five pins; a signature sidecar belongs to one attempt (§9)."""
+        pins = {p: (digest.of_bytes(received[p]) if p in received else None) for p in PINS}
+        signature_pin = pins.get("auditSignaturesDigest")
+        if signature_pin is not None:
+            if signature_pin in self._signature_pins:
+                raise self._forbid(
+                    op.line,
+                    "§9: a signature sidecar belongs to one attempt; these audit.sig bytes "
+                    "are already pinned by another observation",
+                )
+            self._signature_pins.add(signature_pin)
+        return pins
+
+    def _record_attempt(
+        self,
+        inst: Instance,
+        op: Observe,
+        received: dict[str, bytes],
+        pins: dict[str, str | None],
+        retry: dict[str, str] | None,
+        state: str,
+        failure: str | None,
+    ) -> None:
+        """What every outcome records: the received files and the attempt's new state
+        (``retry`` is the begun attempt's, kept)."""
+        st = self.branch_state
+        for pin, data in received.items():
+            st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
+        attempt = Attempt(op.attempt, state, failure, retry, tuple(pins.values())).sized()
+        st.replace_last_attempt(inst, attempt)
+        st.set_status(inst, state, failure)
+
+    def _try_accept(
+        self,
+        op: Observe,
+        inst: Instance,
+        received: dict[str, bytes],
+        pins: dict[str, str | None],
+        retry: dict[str, str] | None,
+        records: list[Any],
+        psize: int,
+        view: Callable[[], list[dict[str, Any]]],
+    ) -> tuple[bool, tuple[int, int] | None]:
+        """The acceptance candidate of an evaluated proposal (local bounds first):
+        (True, its size) when committed, else (False, its size if it was measured)."""
+        st, lim = self.branch_state, self.wf.limits
+        payloads = [canon.dumps(r) for r in records]
+        local_ok = st.records_total + len(records) <= lim.max_records and all(
+            len(p) <= lim.max_payload_bytes for p in payloads
+        )
+        if not local_ok:
+            return False, None
+        st.begin()
+        self._record_attempt(
+            inst, op, received, pins, retry, "completed" if records else "completed-zero", None
+        )
+        files, set_records = emitted_outputs(inst.stage, inst.id, op.attempt, inst.parent, payloads)
+        for path, data in files:
+            st.add_file(path, data)
+        st.add_records(inst, set_records)
+        acceptance = self._measure(psize, view)
+        if self._fits(acceptance):
+            self._commit()
+            return True, acceptance
+        st.rollback()
+        return False, acceptance
+
+    @staticmethod
+    def _derived_outcome(
+        op: Observe, records: list[Any] | None, measured: bool
+    ) -> tuple[str, str, str | None]:
+        """(outcome, state, failure) of an observation whose proposal is not accepted."""
+        if measured:
+            return "refused", "failed", "limit-exceeded"
+        if op.state == "evaluated" and records is not None:
+            return "cut-off", "failed", "limit-exceeded"
+        if op.state == "evaluated":
+            return "recorded", "failed", "output-invalid"
+        if op.state == "suppressed":
+            # no proposal was received: not an output decision (the cutoff is checked above)
+            return "recorded", "failed", "limit-exceeded"
+        return "recorded", op.state, op.failure
 
     def _view_with_result(self, observation: dict[str, Any]) -> list[dict[str, Any]]:
         epochs = list(self._epoch_dicts)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import ndjson
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.proof import layout
 
 __all__ = [
@@ -118,7 +118,7 @@ Op = Root | Select | Group | Retry | Observe | Recover | Stop | Finish
 
 
 class _Form:
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: Location) -> None:
         self.where = where
 
     def fail(self, message: str) -> InputRefused:
@@ -332,7 +332,7 @@ _PARSERS: dict[str, Callable[[_Form, dict[str, Any], int], Op]] = {
 }
 
 
-def parse_operation(obj: dict[str, Any], line: int, where: str) -> Op:
+def parse_operation(obj: dict[str, Any], line: int, where: Location) -> Op:
     """Check one operation object's form and return its typed value."""
     f = _Form(where)
     kind = obj.get("op")
@@ -364,6 +364,6 @@ def iter_operations(path: Path) -> Iterator[Op]:
     name = "<stdin>" if str(path) == "-" else str(path)
     try:
         for line, obj in ndjson.read_path(path):
-            yield parse_operation(obj, line, f"{name}:{line}")
+            yield parse_operation(obj, line, Location(name, line))
     except OSError as exc:
         raise OperationalError(f"cannot read operations: {exc.strerror}", where=name) from None

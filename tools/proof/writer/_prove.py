@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible.core import canon
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.proof import layout
 from crucible.proof.writer._bundle import (
     FileSink,
@@ -171,10 +171,10 @@ def _no_root(unrecordable: Unrecordable | None, last_line: int, ops_name: str) -
     if unrecordable is not None:
         raise OperationalError(
             f"recording unavailable: {unrecordable.message}; no bundle written",
-            where=f"{ops_name}:{unrecordable.line}",
+            location=Location(ops_name, unrecordable.line),
         )
     raise InputRefused(
-        "the operation log has no root operation", where=f"{ops_name}:{last_line or 1}"
+        "the operation log has no root operation", location=Location(ops_name, last_line or 1)
     )
 
 
@@ -237,7 +237,7 @@ def _final_size(
             f"finalization overflow (input-over-bound): the final export would be "
             f"{total_bytes} bytes in {total_files} files, over maxBytes {wf.limits.max_bytes} / "
             f"maxFiles {wf.limits.max_files}",
-            where=f"{ops_name}:{engine.finished.line}",
+            location=Location(ops_name, engine.finished.line),
         )
     return total_bytes, total_files
 

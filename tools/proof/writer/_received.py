@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.core.errors import InputRefused
+from crucible.core.errors import InputRefused, Location
 from crucible.proof import layout
 from crucible.proof.writer._ops import is_timestamp
 
@@ -49,7 +49,7 @@ class TooLarge(Exception):
     """A received file over its local bound: it cannot be recorded (exit 3)."""
 
 
-def read_artifact(root: Path, rel: str, where: str) -> bytes:
+def read_artifact(root: Path, rel: str, where: Location) -> bytes:
     """Bytes of ``root/rel``; the path must stay inside ``root`` and be a regular file."""
     base = root.resolve()
     target = (root / rel).resolve()
@@ -85,7 +85,7 @@ def depth_ok(value: Any, limit: int = MAX_NESTING) -> bool:
     return True
 
 
-def _json_object(data: bytes, what: str, where: str) -> dict[str, Any]:
+def _json_object(data: bytes, what: str, where: Location) -> dict[str, Any]:
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:
@@ -100,7 +100,7 @@ def _json_object(data: bytes, what: str, where: str) -> dict[str, Any]:
 
 
 def check_pins(
-    state: str, failure: str | None, files: dict[str, bytes], where: str
+    state: str, failure: str | None, files: dict[str, bytes], where: Location
 ) -> dict[str, Any]:
     """Check the pin/phase table and each file's form; return the parsed audit (or {})."""
     row = _TABLE[(state, failure)]

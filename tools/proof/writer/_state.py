@@ -65,6 +65,8 @@ class Attempt:
         return self
 
 
+# The reader keeps its own copy of this record (reader/_model.py) on purpose: it may
+# not import writer code (DESIGN.md); both follow workflow.md §4's instance form.
 @dataclass(slots=True)
 class Instance:
     id: str

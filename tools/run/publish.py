@@ -1,0 +1,239 @@
+"""``--publish-dir DIR``: chosen captured files, published when the run ends (IR v3).
+
+Each ``[workflow.publish]`` destination is a directory under DIR, built whole in a
+temporary directory and renamed into place, so a reader (or a crash) never sees a
+half-published destination: it holds the previous publication, nothing, or the
+new one with its manifest ``@publish.json`` (every
+file with its producer, instance key, status, size and SHA-256). A file is a
+hard link to the captured copy under ``STATE/files/`` when that copy is read-only
+and on DIR's file system (nobody can change the run's record through the link),
+a copy otherwise. The temporary directory is ``STATE/.publish/`` when STATE and DIR share
+a file system (a crash then leaves nothing in DIR at all), else a hidden
+``.crucible-publish-*`` sibling of the destination; either is swept by the next
+publish. A producer that did not pass is published only with ``settled = true``.
+Nothing is written outside DIR and STATE. docs/spec/run.md, "Published files".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from crucible.core import atomic, canon
+from crucible.core.errors import InputRefused, OperationalError
+
+__all__ = ["PUBLISH_FORMAT", "publish"]
+
+PUBLISH_FORMAT = "crucible.publish/1"
+_TMP = ".crucible-publish-"
+_OLD = ".crucible-old-"
+
+
+def _sha256(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return "sha256:" + h.hexdigest(), size
+
+
+def _collect(
+    plan: Mapping[str, Any], state: Path, dest: str, spec: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """Every file this destination gets: its path inside it and where it comes from."""
+    from crucible import stage
+
+    layout = stage.StateLayout(state)
+    tasks = {t["name"]: t for t in plan["tasks"]}
+    settled_ok = bool(spec.get("settled", False))
+    entries: dict[str, dict[str, Any]] = {}
+    for source in spec["from"]:
+        name, _, pattern = source.partition(":")
+        task = tasks[name]
+        record = stage.load_result(state, name)
+        if record is None:
+            continue
+        fanout = "map" in task or "matrix" in task
+        units: list[tuple[str | None, dict[str, Any] | None]]
+        if fanout:
+            units = [(k, stage.load_result(state, name, k)) for k in record.get("keys", [])]
+        else:
+            units = [(None, record)]
+        for key, rec in units:
+            if rec is None:
+                continue
+            status = rec.get("status")
+            if status != "passed" and not settled_ok:
+                continue
+            root = layout.files_dir(name, key)
+            if not root.is_dir():
+                continue
+            prefix = "" if key is None else stage.escape_key(key) + "/"
+            for match in sorted(root.glob(pattern)):
+                try:
+                    st = os.lstat(match)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                rel = prefix + match.relative_to(root).as_posix()
+                if rel in entries:
+                    raise InputRefused(
+                        f"publish {dest}/{rel} comes from both {entries[rel]['from']!r} "
+                        f"and {source!r}",
+                        where=f"$.workflow.publish[{dest!r}]",
+                    )
+                entry: dict[str, Any] = {"path": rel, "from": source, "task": name}
+                if key is not None:
+                    entry["key"] = key
+                entry.update(status=status, source=match)
+                entries[rel] = entry
+    return [entries[k] for k in sorted(entries)]
+
+
+def _place(src: Path, dst: Path) -> str:
+    """Hard link a read-only captured file, copy (fsynced) anything else; returns which."""
+    if os.stat(src).st_mode & 0o222 == 0:
+        try:
+            os.link(src, dst)
+            return "link"
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+    shutil.copyfile(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(dst, 0o444)
+    return "copy"
+
+
+def _inside(target: Path, dest: str) -> Path:
+    """``target/dest``, refusing a symlink on the way (it could lead outside)."""
+    path = target
+    for part in dest.split("/"):
+        path = path / part
+        if path.is_symlink():
+            raise OperationalError(
+                "a symlink is in the way of a publish destination", where=str(path)
+            )
+    return path
+
+
+def _sweep(parent: Path) -> None:
+    """Leftovers of an earlier publish that crashed: never a destination."""
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(parent):
+            if entry.startswith((_TMP, _OLD)):
+                _remove(parent / entry)
+
+
+def _remove(path: Path) -> None:
+    def writable(func: Any, p: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o755)
+        func(p)
+
+    shutil.rmtree(path, onerror=writable)
+
+
+def _workdir(state: Path, parent: Path) -> Path:
+    """Where a destination is built: under STATE when a rename can move it to
+    ``parent`` (the same file system), else beside the destination."""
+    scratch = state / ".publish"
+    try:
+        if os.stat(state).st_dev == os.stat(parent).st_dev:
+            scratch.mkdir(exist_ok=True)
+            return scratch
+    except OSError:
+        pass
+    return parent
+
+
+def _publish_one(
+    state: Path, target: Path, dest: str, files: list[dict[str, Any]], digest: str, settled: bool
+) -> dict[str, Any]:
+    final = _inside(target, dest)
+    parent = final.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OperationalError(f"cannot create: {exc.strerror}", where=str(parent)) from None
+    _sweep(parent)
+    workdir = _workdir(state, parent)
+    tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=workdir))
+    try:
+        listed = []
+        for entry in files:
+            src: Path = entry.pop("source")
+            dst = tmp / entry["path"]
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            entry["method"] = _place(src, dst)
+            entry["digest"], entry["size"] = _sha256(dst)
+            listed.append(entry)
+        manifest = {
+            "format": PUBLISH_FORMAT,
+            "destination": dest,
+            "plan": digest,
+            "settled": settled,
+            "files": listed,
+        }
+        atomic.write_bytes(tmp / "@publish.json", canon.dumps(manifest))
+        os.chmod(tmp, 0o755)
+        _swap(tmp, final)
+    except OSError as exc:
+        _remove(tmp)
+        raise OperationalError(
+            f"cannot publish {dest}: {exc.strerror or exc}", where=str(final)
+        ) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+    return manifest
+
+
+def _swap(built: Path, final: Path) -> None:
+    """``built`` becomes ``final``; an earlier publication is renamed aside first
+    and removed after, so ``final`` is always absent or whole."""
+    old: Path | None = None
+    try:
+        os.rename(built, final)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        old = built.parent / f"{_OLD}{os.getpid()}-{built.name[-8:]}"
+        os.replace(final, old)
+        os.replace(built, final)
+    atomic.fsync_dir(final.parent)
+    if old is not None:
+        _remove(old)
+
+
+def publish(
+    plan: Mapping[str, Any], state: Path, target: Path, digest: str
+) -> list[dict[str, Any]]:
+    """Publish every destination of ``[workflow.publish]`` into ``target``; returns
+    their manifests."""
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OperationalError(f"cannot create: {exc.strerror}", where=str(target)) from None
+    _sweep(state / ".publish")
+    manifests = []
+    for dest, spec in plan["workflow"].get("publish", {}).items():
+        files = _collect(plan, state, dest, spec)
+        settled = bool(spec.get("settled"))
+        manifests.append(_publish_one(state, target, dest, files, digest, settled))
+    return manifests
