@@ -396,7 +396,7 @@ def _seconds(s: float | None) -> str:
 def display_note(r: Row) -> str:
     """The note as people read it: signals named, control characters escaped,
     and without the log path and output tail it repeats when those are shown
-    under it (the dispatcher appends " (log: PATH)" and "\\n" + tail)."""
+    under it (the dispatcher appends " (see PATH)" and "\\n" + tail)."""
     return escape(short_note(r))
 
 
@@ -404,8 +404,10 @@ def short_note(r: Row) -> str:
     note = name_signals(r.note or "", r.exit_code)
     if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
         note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
-    if r.log is not None and note.endswith(f" (log: {r.log})"):
-        note = note[: -len(f" (log: {r.log})")]
+    if r.log is not None:
+        for suffix in (f" (see {r.log})", f" (log: {r.log})"):  # today's, and earlier runs'
+            if note.endswith(suffix):
+                note = note[: -len(suffix)]
     return note
 
 
