@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fdio import write_all
+from crucible.core.globs import GLOB_CHARS, pattern_regex
 from crucible.stage._fsio import (
     TMP_PREFIX,
     NotRegular,
@@ -46,7 +47,6 @@ FILES_RUN_MAX = 4 * 1024**3
 #: choice; PATH_MAX allows about 2,000 one-letter levels).
 CAPTURE_DEPTH_MAX = 256
 
-_GLOB_CHARS = frozenset("*?[")
 
 
 class CaptureRefused(Exception):
@@ -84,49 +84,12 @@ def check_pattern(pattern: str, where: str) -> tuple[str, ...]:
     if not parts:
         raise InputRefused(f"emits_files entry {pattern!r} names the workspace itself", where=where)
     try:
-        _pattern_regex(parts)
+        pattern_regex(parts)
     except re.error as exc:  # "[!]", "[z-a]": refused as a plan error, never raised raw
         raise InputRefused(
             f"emits_files entry {pattern!r} is not a valid glob ({exc.msg})", where=where
         ) from None
     return parts
-
-
-def _segment_regex(segment: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(segment):
-        c = segment[i]
-        if c == "*":
-            out.append("[^/]*")
-        elif c == "?":
-            out.append("[^/]")
-        elif c == "[":
-            j = segment.find("]", i + 2 if segment[i + 1 : i + 2] in ("!", "]") else i + 1)
-            if j == -1:
-                out.append(re.escape(c))
-            else:
-                body = segment[i + 1 : j]
-                if body.startswith("!"):
-                    body = "^" + body[1:]
-                out.append("[" + body.replace("\\", "\\\\") + "]")
-                i = j
-        else:
-            out.append(re.escape(c))
-        i += 1
-    return "".join(out)
-
-
-def _pattern_regex(parts: tuple[str, ...]) -> re.Pattern[str]:
-    """``**`` is any number of whole segments; ``*``/``?``/``[...]`` stay in one."""
-    pieces: list[str] = []
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if part == "**":
-            pieces.append(".*" if last else "(?:[^/]+/)*")
-        else:
-            pieces.append(_segment_regex(part) + ("" if last else "/"))
-    return re.compile("".join(pieces) + r"\Z", re.DOTALL)
 
 
 def _inside(real: str, root_real: str) -> bool:
@@ -337,7 +300,7 @@ def capture_files(
     copier = _Copier(workspace, dest, budget)
     for i, pattern in enumerate(patterns):
         parts = check_pattern(pattern, f"emits_files[{i}]")
-        glob_at = next((j for j, p in enumerate(parts) if _GLOB_CHARS & set(p)), None)
+        glob_at = next((j for j, p in enumerate(parts) if GLOB_CHARS & set(p)), None)
         if glob_at is None:
             rel = "/".join(parts)
             if not os.path.lexists(os.path.join(workspace, rel)):
@@ -352,7 +315,7 @@ def capture_files(
             raise copier._refuse_outside(base, os.path.realpath(base_path))
         if not os.path.isdir(base_path):
             continue
-        regex = _pattern_regex(parts)
+        regex = pattern_regex(parts)
         matched = sorted(r for r in _walk_rel(workspace, base) if regex.match(r))
         # A matched directory brings its whole tree; skip matches inside one.
         taken: list[str] = []
