@@ -17,6 +17,7 @@ __all__ = [
     "RESERVED_INPUTS",
     "RESERVED_PREFIX",
     "SUPPORTED_VERSIONS",
+    "json_type",
     "task_name_problems",
 ]
 
@@ -84,3 +85,22 @@ def task_name_problems(name: str) -> list[tuple[str, str]]:
             )
         )
     return problems
+
+
+def json_type(value: object) -> str:
+    """The JSON type of a value, by the one rule every tool applies: an integral
+    number is an ``integer`` wherever it was written (``2.0`` too), booleans are
+    never numbers (capture's field types, dispatch's params)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.contract import json_type
 from crucible.core.errors import InputRefused, OperationalError, ParseError, UsageError
 
 __all__ = ["changed_param", "read_params_file", "resolve_params"]
@@ -45,23 +46,6 @@ def _article(word: str) -> str:
     return f"an {word}" if word[0] in "aeiou" else f"a {word}"
 
 
-def _kind(value: Any) -> str:
-    """The JSON type of a value as capture names it (2.0 is an integer)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
-
-
 def _typed(name: str, declared: str, value: Any) -> Any:
     """``value`` as a value of the declared type, or a refusal saying what is wrong."""
     where = f"params.{name}"
@@ -71,7 +55,7 @@ def _typed(name: str, declared: str, value: Any) -> Any:
         isinstance(value, int | float)
         and not isinstance(value, bool)
         and abs(value) > canon.MAX_SAFE_INTEGER
-        and _kind(value) == "integer"
+        and json_type(value) == "integer"
     ):
         raise InputRefused(
             f"param {name!r}: {value:.0f} is outside the integers JSON carries exactly, ±(2^53−1)",
@@ -79,7 +63,7 @@ def _typed(name: str, declared: str, value: Any) -> Any:
         )
     if declared == "any":
         return value
-    actual = _kind(value)
+    actual = json_type(value)
     if declared == "integer" and actual == "integer":
         return int(value)
     if declared == "number" and actual in ("integer", "number"):

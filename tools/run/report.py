@@ -536,7 +536,8 @@ def render_outputs(state: Path, out: IO[str]) -> None:
         raise canon.CanonError(exc.message, where=str(path)) from None
     if not isinstance(value, dict):
         return
-    absent = value.get("@absent") if isinstance(value.get("@absent"), dict) else {}
+    found = value.get("@absent")
+    absent: dict[str, Any] = found if isinstance(found, dict) else {}
     names = sorted(
         {k for k in value if not k.startswith("@")} | set(absent), key=lambda k: k.encode()
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
-from crucible.core.contract import EMIT_CAP_DEFAULT
+from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.stage._files import (
     FILES_RUN_MAX,
@@ -62,22 +62,6 @@ def emit_cap_problem(value: object) -> str:
         f"the emit cap must be an integer from 1 to {EMIT_CAP_MAX} bytes, not "
         f"{value if isinstance(value, str) else repr(value)}"
     )
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def type_ok(value: Any, declared: str) -> bool:
