@@ -129,6 +129,14 @@ def cli() -> None:
     metavar="DIR",
     help="At the end, publish the [workflow.publish] files into DIR.",
 )
+@click.option(
+    "--cache",
+    "cache",
+    type=click.Path(path_type=Path),
+    envvar="CRUCIBLE_CACHE",
+    metavar="DIR",
+    help="Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -148,6 +156,7 @@ def run_cmd(
     events: str | None,
     outputs: str | None,
     publish_dir: Path | None,
+    cache: Path | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
@@ -172,6 +181,7 @@ def run_cmd(
         progress=sys.stderr.isatty() and not follow and not dry_run,
         outputs=outputs,
         publish_dir=publish_dir,
+        cache=cache or None,
     )
     if outputs == "-" and events == "-":
         from crucible.core.errors import UsageError

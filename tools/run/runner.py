@@ -111,6 +111,12 @@ def _run_admitted(
         events=earlier,
         fresh=admission.unclaimed,
     )
+    if options.cache is not None:  # checked once, before the workers fork
+        from crucible.run.unit_cache import usable_cache_dir
+
+        options = dataclasses.replace(
+            options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
+        )
     if options.dry_run:
         lines = dry_run_lines(stage, options.state, admission.plan, graph, selection)
         return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
@@ -127,7 +133,13 @@ def _run_admitted(
         log = SessionLog(log_path, session, mirror, on_warning)
         stack.callback(log.close)
         dispatcher = Dispatcher(
-            admission, options, log, environ=env, on_progress=on_progress, selection=selection
+            admission,
+            options,
+            log,
+            environ=env,
+            on_progress=on_progress,
+            selection=selection,
+            on_warning=on_warning,
         )
         stack.callback(dispatcher.close)
         admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
