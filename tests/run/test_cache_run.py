@@ -1,0 +1,255 @@
+"""``crucible-dispatch --cache DIR`` end to end, through real subprocesses
+(docs/spec/cache.md): a task process is counted by the line it appends to a file
+outside the state directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+
+# a -> b -> c, and d on its own. a's output follows the declared variable X; b
+# prints a's file; c reads b's value.
+PACK = """edition = 4
+
+[workflow]
+name = "cached"
+
+[workflow.params.n]
+type = "integer"
+default = 1
+
+[[workflow.task]]
+name = "a"
+env = ["X"]
+emits = { n = "integer" }
+emits_files = ["out/*.txt"]
+run = 'echo a >> "$COUNT"; mkdir -p out && echo "data$X" > out/a.txt && echo "{\\"n\\": ${X:-7}}" > "$CRUCIBLE_OUTPUT"'
+
+[[workflow.task]]
+name = "b"
+needs = ["a"]
+env = ["COUNT"]
+emits = { m = "integer" }
+inputs = { n = "a.n" }
+run = 'echo b >> "$COUNT"; cp inputs/a/out/a.txt seen.txt; echo "{\\"m\\": 3}" > "$CRUCIBLE_OUTPUT"'
+
+[[workflow.task]]
+name = "c"
+needs = ["b"]
+env = ["COUNT"]
+inputs = { m = "b.m" }
+run = 'echo c >> "$COUNT"'
+
+[[workflow.task]]
+name = "d"
+env = ["COUNT"]
+run = 'echo d >> "$COUNT"'
+"""
+
+
+class Runner:
+    def __init__(self, tmp: Path, pack: str = PACK) -> None:
+        self.tmp = tmp
+        self.pack = tmp / "pack.toml"
+        self.pack.write_text(pack.replace('env = ["X"]', 'env = ["X", "COUNT"]'))
+        self.cache = tmp / "cache"
+        self.count = tmp / "count"
+        self.runs = 0
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
+        env["COUNT"] = str(self.count)
+        env.update(extra)
+        return env
+
+    def run(
+        self, *args: str, env: dict[str, str] | None = None, cache: bool = True, code: int | None = 0
+    ) -> tuple[list[str], subprocess.CompletedProcess[bytes]]:
+        """One run into a new state dir; returns the tasks that were spawned."""
+        self.runs += 1
+        self.count.write_text("")
+        argv = [DISPATCH, str(self.pack), "--state", str(self.state(self.runs))]
+        if cache:
+            argv += ["--cache", str(self.cache)]
+        proc = subprocess.run(
+            [*argv, *args], capture_output=True, timeout=120, env=env or self.env()
+        )
+        assert code is None or proc.returncode == code, proc.stderr
+        return sorted(self.count.read_text().split()), proc
+
+    def state(self, n: int) -> Path:
+        return self.tmp / f"state{n}"
+
+    def finished(self, n: int) -> dict[str, dict[str, object]]:
+        lines = (self.state(n) / "session.jsonl").read_text().splitlines()
+        return {
+            e["task"]: e
+            for e in map(json.loads, lines)
+            if e["event"] == "task_finished" and "key" not in e
+        }
+
+
+def test_second_run_spawns_nothing_and_restores_everything(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    ran, _ = r.run()
+    assert ran == ["a", "b", "c", "d"]
+    ran, _ = r.run()
+    assert ran == []
+    events = r.finished(2)
+    assert all(e["cached"] is True and e["status"] == "passed" for e in events.values())
+    assert all(str(e["cache_key"]).startswith("sha256:") for e in events.values())
+    assert not any(
+        json.loads(line)["event"] == "task_started"
+        for line in (r.state(2) / "session.jsonl").read_text().splitlines()
+    )
+    # the record is the captured one, marked cached; the files are back
+    first = json.loads((r.state(1) / "results" / "a.json").read_text())
+    second = json.loads((r.state(2) / "results" / "a.json").read_text())
+    assert second.pop("cached") is True
+    assert second.pop("cache_key") == events["a"]["cache_key"]
+    assert second == first
+    assert (r.state(2) / "files" / "a" / "out" / "a.txt").read_text() == "data\n"
+    report = subprocess.run(
+        [DISPATCH, "report", str(r.state(2))], capture_output=True, check=True
+    ).stdout.decode()
+    assert report.count("passed (cached)") == 4
+
+
+def test_changed_upstream_output_reruns_only_dependants(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    r.run()
+    # X is declared by a: a misses, its output and file change, so b misses, and
+    # c too (a's files are staged for every descendant); d does not depend on a
+    ran, _ = r.run(env=r.env(X="5"))
+    assert ran == ["a", "b", "c"]
+    assert (r.state(2) / "work" / "b" / "seen.txt").read_text() == "data5\n"
+
+
+def test_changed_run_and_delivered_param_miss(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    r.run()
+    r.pack.write_text(r.pack.read_text().replace("echo d >>", "echo d  >>"))
+    ran, _ = r.run()
+    assert ran == ["d"]
+    # params are delivered to every task (the reserved input `params`)
+    ran, _ = r.run("-p", "n=2")
+    assert ran == ["a", "b", "c", "d"]
+    ran, _ = r.run("-p", "n=2")
+    assert ran == []
+
+
+def test_undeclared_host_env_hits(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    r.run(env=r.env(UNDECLARED="1"))
+    ran, _ = r.run(env=r.env(UNDECLARED="2"))
+    assert ran == []
+
+
+def test_changed_agent_cmd_misses(tmp_path: Path) -> None:
+    pack = (
+        PACK
+        + """
+[[workflow.task]]
+name = "ask"
+kind = "agent"
+prompt = "Say hello."
+env = ["COUNT"]
+"""
+    )
+    r = Runner(tmp_path, pack)
+    agent = 'echo ask >> "$COUNT"; echo "{}" > "$CRUCIBLE_OUTPUT"'
+    ran, _ = r.run("--agent-cmd", agent)
+    assert "ask" in ran
+    ran, _ = r.run("--agent-cmd", agent)
+    assert ran == []
+    ran, _ = r.run("--agent-cmd", agent + " ")
+    assert ran == ["ask"]
+
+
+def test_cache_false_always_runs(tmp_path: Path) -> None:
+    r = Runner(tmp_path, PACK.replace('name = "d"\n', 'name = "d"\ncache = false\n'))
+    r.run()
+    ran, _ = r.run()
+    assert ran == ["d"]
+    assert "cached" not in r.finished(2)["d"]
+
+
+def test_cache_key_refused_before_edition_4_and_must_be_boolean(tmp_path: Path) -> None:
+    old = PACK.replace("edition = 4", "edition = 3").replace('name = "d"\n', 'name = "d"\ncache = false\n')
+    bad = PACK.replace('name = "d"\n', 'name = "d"\ncache = "no"\n')
+    for pack, why in ((old, "cache"), (bad, "cache must be a boolean")):
+        r = Runner(tmp_path, pack)
+        ran, proc = r.run(code=None)
+        assert proc.returncode in (1, 2), proc.stderr
+        err = proc.stderr.decode()
+        assert why in err and len(err.splitlines()) == 1, err
+        assert ran == []
+
+
+def test_tampered_store_file_is_a_warned_miss(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    r.run()
+    [stored] = [p for p in (r.cache / "files" / "sha256").rglob("*") if p.is_file()]
+    stored.chmod(0o644)
+    stored.write_text("evil\n")
+    ran, proc = r.run()
+    assert ran == ["a"]  # b's inputs are a's real output again: b hits
+    err = proc.stderr.decode()
+    assert err.count("warning: cache: store file") == 1, err
+    assert (r.state(2) / "files" / "a" / "out" / "a.txt").read_text() == "data\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "under-a-file"])
+def test_unusable_cache_dir_runs_uncached_with_one_warning(tmp_path: Path, kind: str) -> None:
+    r = Runner(tmp_path)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    r.cache = blocker if kind == "file" else blocker / "sub"
+    ran, proc = r.run()
+    assert ran == ["a", "b", "c", "d"]
+    lines = [line for line in proc.stderr.decode().splitlines() if "warning" in line]
+    assert len(lines) == 1 and str(r.cache) in lines[0] and "uncached" in lines[0], lines
+    assert blocker.read_text() == "x"
+
+
+def test_missing_cache_dir_is_created_and_env_var_works(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    where = tmp_path / "deep" / "cache"
+    r.run(cache=False, env=r.env(CRUCIBLE_CACHE=str(where)))
+    assert (where / "steps.jsonl").is_file()
+    ran, _ = r.run(cache=False, env=r.env(CRUCIBLE_CACHE=str(where)))
+    assert ran == []
+
+
+def test_sigkill_of_the_dispatcher_leaves_a_cache_that_only_misses(tmp_path: Path) -> None:
+    slow = PACK.replace("echo b >>", "sleep 0.3; echo b >>").replace("echo c >>", "sleep 0.3; echo c >>")
+    r = Runner(tmp_path, slow)
+    for delay in (0.15, 0.35, 0.55, 0.75):
+        r.runs += 1
+        proc = subprocess.Popen(
+            [DISPATCH, str(r.pack), "--state", str(r.state(r.runs)), "--cache", str(r.cache)],
+            env=r.env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    ran, _ = r.run()
+    n = r.runs
+    assert (r.state(n) / "files" / "a" / "out" / "a.txt").read_text() == "data\n"
+    assert (r.state(n) / "work" / "b" / "seen.txt").exists() or "b" not in ran
+    assert json.loads((r.state(n) / "results" / "b.json").read_text())["output"] == {"m": 3}
+    # whatever was cached is right: a second run hits everything
+    ran, _ = r.run()
+    assert ran == []
