@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
@@ -118,6 +119,14 @@ def test_second_run_spawns_nothing_and_restores_everything(tmp_path: Path) -> No
     assert second.pop("cache_key") == events["a"]["cache_key"]
     assert second == first
     assert (r.state(2) / "files" / "a" / "out" / "a.txt").read_text() == "data\n"
+    schemas = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+    jsonschema.validate(
+        json.loads((r.state(2) / "results" / "a.json").read_text()),
+        json.loads((schemas / "result-record.json").read_text()),
+    )
+    event_schema = json.loads((schemas / "session-event.json").read_text())
+    for event in events.values():
+        jsonschema.validate(event, event_schema)
     report = subprocess.run(
         [DISPATCH, "report", str(r.state(2))], capture_output=True, check=True
     ).stdout.decode()
