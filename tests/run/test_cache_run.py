@@ -262,3 +262,47 @@ def test_sigkill_of_the_dispatcher_leaves_a_cache_that_only_misses(tmp_path: Pat
     # whatever was cached is right: a second run hits everything
     ran, _ = r.run()
     assert ran == []
+
+
+def _cache_cmd(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([DISPATCH, "cache", *args], capture_output=True, timeout=60)
+
+
+def test_cache_forget_drops_one_task_and_gc_frees_its_files(tmp_path: Path) -> None:
+    r = Runner(tmp_path)
+    r.run()
+    proc = _cache_cmd("forget", "a", "--cache", str(r.cache))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"forgotten": 1, "task": "a"}
+    # the store file is still there but no live record names it
+    proc = _cache_cmd("gc", "--cache", str(r.cache))
+    assert json.loads(proc.stdout)["removed"] == 0  # within the grace period
+    proc = _cache_cmd("gc", "--cache", str(r.cache), "--grace", "0")
+    assert json.loads(proc.stdout) == {"bytes": 5, "kept": 0, "removed": 1}
+    ran, proc = r.run()
+    assert ran == ["a"], proc.stderr  # b's inputs are the same again: b and c hit
+    assert "warning" not in proc.stderr.decode()
+    proc = _cache_cmd("gc", "--cache", str(r.cache), "--grace", "0")
+    assert json.loads(proc.stdout) == {"bytes": 0, "kept": 1, "removed": 0}
+    ls = subprocess.run(
+        [str(Path(sys.executable).parent / "crucible-ledger"), "ls", "--dir", str(r.cache),
+         "--scope", "dispatch"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    tasks = sorted(json.loads(line)["key"]["task"] for line in ls.stdout.splitlines())
+    assert tasks == ["a", "b", "c", "d"]
+
+
+def test_cache_commands_bad_dirs(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    assert json.loads(_cache_cmd("gc", "--cache", str(missing)).stdout)["removed"] == 0
+    assert json.loads(_cache_cmd("forget", "x", "--cache", str(missing)).stdout)["forgotten"] == 0
+    assert not missing.exists()
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    proc = _cache_cmd("gc", "--cache", str(afile))
+    assert proc.returncode == 2
+    assert proc.stderr.decode().splitlines() == [f"crucible-dispatch: error: {afile}: not a directory"]
+    proc = subprocess.run([DISPATCH, "cache", "gc"], capture_output=True, env={
+        k: v for k, v in os.environ.items() if k != "CRUCIBLE_CACHE"})
+    assert proc.returncode == 2 and b"--cache DIR" in proc.stderr
