@@ -306,3 +306,43 @@ def test_cache_commands_bad_dirs(tmp_path: Path) -> None:
     proc = subprocess.run([DISPATCH, "cache", "gc"], capture_output=True, env={
         k: v for k, v in os.environ.items() if k != "CRUCIBLE_CACHE"})
     assert proc.returncode == 2 and b"--cache DIR" in proc.stderr
+
+
+def _dry(r: Runner, *args: str, env: dict[str, str] | None = None) -> list[dict[str, object]]:
+    state = r.tmp / "dry-state"
+    proc = subprocess.run(
+        [DISPATCH, str(r.pack), "--state", str(state), "--cache", str(r.cache), "-n", "--json",
+         *args],
+        capture_output=True, timeout=60, env=env or r.env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert not state.exists()  # a dry run writes nothing
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+def test_dry_run_says_hit_or_why_it_misses(tmp_path: Path) -> None:
+    r = Runner(tmp_path, PACK.replace('name = "d"\n', 'name = "d"\ncache = false\n'))
+    r.count.write_text("")
+    assert all("cache" not in line for line in _dry(r))  # no cache dir yet: none created
+    assert not r.cache.exists()
+    r.cache.mkdir()
+    before = {line["task"]: line["cache"] for line in _dry(r)}
+    assert before == {"a": "miss", "b": "unknown", "c": "unknown", "d": "off"}
+    r.run()
+    r.count.write_text("")
+    lines = {line["task"]: line for line in _dry(r)}
+    assert [lines[t]["action"] for t in "abcd"] == ["cached", "cached", "cached", "run"]
+    lines = {line["task"]: line for line in _dry(r, env=r.env(X="9"))}
+    assert lines["a"]["cache"] == "miss"
+    assert "changed environment passed" in str(lines["a"]["reason"])
+    assert lines["b"]["cache"] == "unknown" and "'a'" in str(lines["b"]["reason"])
+    r.pack.write_text(r.pack.read_text().replace("cp inputs", "cp  inputs"))
+    lines = {line["task"]: line for line in _dry(r)}
+    assert lines["a"]["action"] == "cached"
+    assert "cache miss: changed task definition" in str(lines["b"]["reason"])
+    assert r.count.read_text() == ""  # nothing was spawned by any dry run
+    text = subprocess.run(
+        [DISPATCH, str(r.pack), "--state", str(tmp_path / "x"), "--cache", str(r.cache), "-n"],
+        capture_output=True, env=r.env(), check=True,
+    ).stdout.decode()  # fmt: skip
+    assert "cached       a" in text
