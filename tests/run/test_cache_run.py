@@ -73,7 +73,11 @@ class Runner:
         return env
 
     def run(
-        self, *args: str, env: dict[str, str] | None = None, cache: bool = True, code: int | None = 0
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cache: bool = True,
+        code: int | None = 0,
     ) -> tuple[list[str], subprocess.CompletedProcess[bytes]]:
         """One run into a new state dir; returns the tasks that were spawned."""
         self.runs += 1
@@ -193,7 +197,9 @@ def test_cache_false_always_runs(tmp_path: Path) -> None:
 
 
 def test_cache_key_refused_before_edition_4_and_must_be_boolean(tmp_path: Path) -> None:
-    old = PACK.replace("edition = 4", "edition = 3").replace('name = "d"\n', 'name = "d"\ncache = false\n')
+    old = PACK.replace("edition = 4", "edition = 3").replace(
+        'name = "d"\n', 'name = "d"\ncache = false\n'
+    )
     bad = PACK.replace('name = "d"\n', 'name = "d"\ncache = "no"\n')
     for pack, why in ((old, "cache"), (bad, "cache must be a boolean")):
         r = Runner(tmp_path, pack)
@@ -240,7 +246,9 @@ def test_missing_cache_dir_is_created_and_env_var_works(tmp_path: Path) -> None:
 
 
 def test_sigkill_of_the_dispatcher_leaves_a_cache_that_only_misses(tmp_path: Path) -> None:
-    slow = PACK.replace("echo b >>", "sleep 0.3; echo b >>").replace("echo c >>", "sleep 0.3; echo c >>")
+    slow = PACK.replace("echo b >>", "sleep 0.3; echo b >>").replace(
+        "echo c >>", "sleep 0.3; echo c >>"
+    )
     r = Runner(tmp_path, slow)
     for delay in (0.15, 0.35, 0.55, 0.75):
         r.runs += 1
@@ -302,9 +310,14 @@ def test_cache_commands_bad_dirs(tmp_path: Path) -> None:
     afile.write_text("x")
     proc = _cache_cmd("gc", "--cache", str(afile))
     assert proc.returncode == 2
-    assert proc.stderr.decode().splitlines() == [f"crucible-dispatch: error: {afile}: not a directory"]
-    proc = subprocess.run([DISPATCH, "cache", "gc"], capture_output=True, env={
-        k: v for k, v in os.environ.items() if k != "CRUCIBLE_CACHE"})
+    assert proc.stderr.decode().splitlines() == [
+        f"crucible-dispatch: error: {afile}: not a directory"
+    ]
+    proc = subprocess.run(
+        [DISPATCH, "cache", "gc"],
+        capture_output=True,
+        env={k: v for k, v in os.environ.items() if k != "CRUCIBLE_CACHE"},
+    )
     assert proc.returncode == 2 and b"--cache DIR" in proc.stderr
 
 

@@ -75,6 +75,21 @@ class CacheKey:
         )
 
 
+_TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _tasks_of(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """name -> task, built once per plan object (a unit's key is computed per
+    unit: rebuilding it each time is quadratic in the task count)."""
+    tasks_list = plan["tasks"]
+    memo = _TASKS_MEMO.get(id(plan))
+    if memo is None or memo[0] is not tasks_list:
+        memo = (tasks_list, {t["name"]: t for t in tasks_list})
+        _TASKS_MEMO.clear()
+        _TASKS_MEMO[id(plan)] = memo
+    return memo[1]
+
+
 def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
 
@@ -111,7 +126,7 @@ def _ancestor_files(
 ) -> dict[str, str]:
     """One component per ancestor that declares emits_files: what was staged
     under ``inputs/<ancestor>/`` (its captured files and their digests)."""
-    tasks = {t["name"]: t for t in plan["tasks"]}
+    tasks = _tasks_of(plan)
     seen: set[str] = set()
     stack = list(tasks[task_name].get("needs", []))
     while stack:
@@ -158,7 +173,7 @@ def unit_key(
 
     ``host_env`` is the host part of the environment the task is handed
     (``crucible.run.environ.task_environment``)."""
-    task = next(t for t in plan["tasks"] if t["name"] == task_name)
+    task = _tasks_of(plan)[task_name]
     version = int(plan["version"])
     if int(plan.get("edition", 1)) <= 1:
         env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}

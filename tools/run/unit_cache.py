@@ -80,9 +80,7 @@ class UnitCache:
         out, self.warnings = self.warnings, []
         return out
 
-    def key(
-        self, name: str, key: str | None, workspace: Path, host_env: Mapping[str, str]
-    ) -> Any:
+    def key(self, name: str, key: str | None, workspace: Path, host_env: Mapping[str, str]) -> Any:
         """The unit's CacheKey, or None when it cannot be computed (warned)."""
         from crucible.run.cache import unit_key
 
@@ -118,10 +116,14 @@ class UnitCache:
             record["cache_key"] = ck.digest
             if hit.files:
                 self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
-            # the writer unit.py uses for every record it writes (atomic, durable)
-            from crucible.run.failures import write_record
+            # Atomic, not durable: a record lost to a power cut leaves the unit
+            # unsettled and a resume looks it up again (an fsync per hit would
+            # be most of a hit's cost).
+            from crucible.core import atomic, canon
 
-            write_record(layout.result_path(ck.task, ck.key), record)
+            path = layout.result_path(ck.task, ck.key)
+            path.parent.mkdir(parents=True, exist_ok=True)  # an instance's, maybe not made yet
+            atomic.write_bytes(path, canon.dumps(record), durable=False)
             return record
         except _CACHE_ERRORS as exc:
             self.warnings.append(
