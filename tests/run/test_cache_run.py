@@ -359,3 +359,44 @@ def test_dry_run_says_hit_or_why_it_misses(tmp_path: Path) -> None:
         capture_output=True, env=r.env(), check=True,
     ).stdout.decode()  # fmt: skip
     assert "cached       a" in text
+
+
+MAPPED = """edition = 4
+
+[workflow]
+name = "mapped"
+
+[[workflow.task]]
+name = "src"
+env = ["COUNT"]
+emits = { xs = "array" }
+run = 'echo src >> "$COUNT"; echo "{\\"xs\\": [\\"p\\", \\"q\\"]}" > "$CRUCIBLE_OUTPUT"'
+
+[[workflow.task]]
+name = "each"
+needs = ["src"]
+env = ["COUNT"]
+map = "src.xs"
+emits_files = ["f.txt"]
+run = 'echo "each$CRUCIBLE_KEY" >> "$COUNT"; echo "$CRUCIBLE_KEY" > f.txt'
+
+[[workflow.task]]
+name = "after"
+needs = ["each"]
+env = ["COUNT"]
+run = 'echo after >> "$COUNT"'
+"""
+
+
+def test_mapped_instances_are_cached_one_by_one(tmp_path: Path) -> None:
+    r = Runner(tmp_path, MAPPED)
+    ran, _ = r.run()
+    assert ran == ["after", "each0", "each1", "src"]
+    ran, _ = r.run()
+    assert ran == []
+    for i, key in enumerate(("0", "1")):
+        assert (r.state(2) / "files" / "each" / key / "f.txt").read_text() == f"{i}\n"
+        rec = json.loads((r.state(2) / "results" / "each" / f"{key}.json").read_text())
+        assert rec["cached"] is True and rec["key"] == key
+    fold = json.loads((r.state(2) / "results" / "each.json").read_text())
+    assert fold["status"] == "passed" and fold["keys"] == ["0", "1"]
