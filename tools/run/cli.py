@@ -294,6 +294,8 @@ def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bo
                 sys.stdout.buffer.write(ndjson.dumps_line(report.row_json(r)))
         return
     report.render_table(rows, sys.stdout, instances=task is not None)
+    if task is None:
+        report.render_outputs(state, sys.stdout)
 
 
 @cli.group("cache")

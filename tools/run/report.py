@@ -396,7 +396,7 @@ def _seconds(s: float | None) -> str:
 def display_note(r: Row) -> str:
     """The note as people read it: signals named, control characters escaped,
     and without the log path and output tail it repeats when those are shown
-    under it (the dispatcher appends " (log: PATH)" and "\\n" + tail)."""
+    under it (the dispatcher appends " (see PATH)" and "\\n" + tail)."""
     return escape(short_note(r))
 
 
@@ -404,8 +404,10 @@ def short_note(r: Row) -> str:
     note = name_signals(r.note or "", r.exit_code)
     if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
         note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
-    if r.log is not None and note.endswith(f" (log: {r.log})"):
-        note = note[: -len(f" (log: {r.log})")]
+    if r.log is not None:
+        for suffix in (f" (see {r.log})", f" (log: {r.log})"):  # today's, and earlier runs'
+            if note.endswith(suffix):
+                note = note[: -len(suffix)]
     return note
 
 
@@ -515,3 +517,39 @@ def render_html(rows: list[Row], title: str) -> str:
 
     sessions = rows.sessions if isinstance(rows, Report) else []
     return render(rows, sessions, title)
+
+
+def render_outputs(state: Path, out: IO[str]) -> None:
+    """The run's results (``STATE/outputs.json``), under the table when the plan
+    declares any: each present one as canonical JSON (cut), each absent one with
+    its reason."""
+    from crucible.core import canon
+    from crucible.run._report_state import read_regular
+
+    path = state / "outputs.json"
+    data = read_regular(path, "outputs.json")
+    if data is None:
+        return
+    try:
+        value = canon.loads(data)
+    except canon.CanonError as exc:
+        raise canon.CanonError(exc.message, where=str(path)) from None
+    if not isinstance(value, dict):
+        return
+    absent = value.get("@absent") if isinstance(value.get("@absent"), dict) else {}
+    names = sorted(
+        {k for k in value if not k.startswith("@")} | set(absent), key=lambda k: k.encode()
+    )
+    if not names:
+        return
+    out.write("\nRESULTS\n")
+    for name in names:
+        if name in value and not name.startswith("@"):
+            shown = canon.dumps(value[name]).decode("utf-8")
+            out.write(f"  {escape(name)} = {clip(escape(shown), NOTE_CELL_MAX)}\n")
+        else:
+            why = absent[name]
+            text = why.get("reason", "absent") if isinstance(why, dict) else "absent"
+            note = why.get("note") if isinstance(why, dict) else None
+            detail = f": {note}" if isinstance(note, str) and note else ""
+            out.write(f"  {escape(name)}: absent ({escape(str(text))}{escape(detail)})\n")
