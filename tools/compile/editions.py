@@ -64,6 +64,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "matrix": 4,
     "key": 4,
     "parallelism": 4,
+    # the task cache (issue 15): false = always run (its results are state)
+    "cache": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task

@@ -443,6 +443,15 @@ def check_task(
         from crucible.compile.fanout import check_fanout_task
 
         check_fanout_task(chk, path, raw, task, edition)
+        if "cache" in raw:  # docs/spec/cache.md: false = never looked up or recorded
+            if type(raw["cache"]) is not bool:
+                chk.error(
+                    "wrong-type",
+                    (*path, "cache"),
+                    f"cache must be a boolean, not {type_name(raw['cache'])}",
+                )
+            else:
+                task["cache"] = raw["cache"]
     elif "map" in raw:
         ref = _check_ref(chk, (*path, "map"), raw["map"], "map")
         if ref is not None:

@@ -159,6 +159,7 @@ _OPTIONAL: dict[str, dict[str, tuple[str, ...]]] = {
         "log": ("string",),
         "stderr_tail": ("string",),
         "cached": ("boolean",),
+        "cache_key": ("string",),
         "tolerated": ("boolean",),
     },
     "shutdown": {"note": ("string",), "signal": ("string",), "exit_code": ("integer",)},

@@ -75,6 +75,21 @@ class CacheKey:
         )
 
 
+_TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _tasks_of(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """name -> task, built once per plan object (a unit's key is computed per
+    unit: rebuilding it each time is quadratic in the task count)."""
+    tasks_list = plan["tasks"]
+    memo = _TASKS_MEMO.get(id(plan))
+    if memo is None or memo[0] is not tasks_list:
+        memo = (tasks_list, {t["name"]: t for t in tasks_list})
+        _TASKS_MEMO.clear()
+        _TASKS_MEMO[id(plan)] = memo
+    return memo[1]
+
+
 def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
 
@@ -111,7 +126,7 @@ def _ancestor_files(
 ) -> dict[str, str]:
     """One component per ancestor that declares emits_files: what was staged
     under ``inputs/<ancestor>/`` (its captured files and their digests)."""
-    tasks = {t["name"]: t for t in plan["tasks"]}
+    tasks = _tasks_of(plan)
     seen: set[str] = set()
     stack = list(tasks[task_name].get("needs", []))
     while stack:
@@ -158,7 +173,7 @@ def unit_key(
 
     ``host_env`` is the host part of the environment the task is handed
     (``crucible.run.environ.task_environment``)."""
-    task = next(t for t in plan["tasks"] if t["name"] == task_name)
+    task = _tasks_of(plan)[task_name]
     version = int(plan["version"])
     if int(plan.get("edition", 1)) <= 1:
         env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
@@ -335,6 +350,63 @@ class TaskCache:
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic.write_bytes(path, canon.dumps(ck.components), durable=False)
+
+    # ------------------------------------------------------------ maintenance
+
+    def _live(self) -> list[dict[str, Any]]:
+        """The latest ledger record of every unit key that is still a hit candidate."""
+        out = []
+        for payload in self._open().records(CACHE_SCOPE):
+            record = canon.loads(payload)
+            if record.get("status") == "ok" and isinstance(record.get("value"), dict):
+                out.append(record)
+        return out
+
+    def forget(self, task: str, escape_key: Callable[[str], str]) -> int:
+        """Drop every cached result of ``task``: each of its live records is
+        superseded by a ``failed`` record whose value is ``{"forgotten": true}``
+        (the ledger is append-only; a lookup replays only ``ok``), and its
+        ``last/`` entries go. Returns how many records were forgotten."""
+        from crucible.ledger import Outcome
+
+        ledger = self._open()
+        n = 0
+        for record in self._live():
+            key = record.get("key")
+            if isinstance(key, dict) and key.get("task") == task:
+                ledger.record(
+                    CACHE_SCOPE, record["step"], Outcome.failed({"forgotten": True}), key=key
+                )
+                n += 1
+        last = self.directory / "last" / escape_key(task)
+        if last.is_dir() and not last.is_symlink():
+            shutil.rmtree(last)
+        return n
+
+    def gc(self, *, grace: float = 60.0) -> dict[str, int]:
+        """Remove store files no live record names. Files younger than ``grace``
+        seconds are kept: a run stores a unit's files just before it appends
+        the record that names them."""
+        import time
+
+        live = {f.get("digest") for r in self._live() for f in r["value"].get("files", [])}
+        removed = kept = freed = 0
+        now = time.time()
+        if not self.store.is_dir():
+            return {"removed": 0, "kept": 0, "bytes": 0}
+        for sub in sorted(self.store.iterdir()):
+            if not sub.is_dir() or sub.is_symlink():
+                continue
+            for path in sorted(sub.iterdir()):
+                name = f"sha256:{sub.name}{path.name}"
+                info = path.lstat()
+                if name in live or now - info.st_mtime < grace:
+                    kept += 1
+                    continue
+                path.unlink()
+                removed += 1
+                freed += info.st_size
+        return {"removed": removed, "kept": kept, "bytes": freed}
 
     def _put_file(self, src: Path, file_digest: str) -> None:
         target = self._store_path(file_digest)

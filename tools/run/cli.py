@@ -129,6 +129,14 @@ def cli() -> None:
     metavar="DIR",
     help="At the end, publish the [workflow.publish] files into DIR.",
 )
+@click.option(
+    "--cache",
+    "cache",
+    type=click.Path(path_type=Path),
+    envvar="CRUCIBLE_CACHE",
+    metavar="DIR",
+    help="Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -148,6 +156,7 @@ def run_cmd(
     events: str | None,
     outputs: str | None,
     publish_dir: Path | None,
+    cache: Path | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
@@ -177,6 +186,7 @@ def run_cmd(
         progress=sys.stderr.isatty() and not follow and not dry_run,
         outputs=outputs,
         publish_dir=publish_dir,
+        cache=cache or None,
     )
     if outputs == "-" and events == "-":
         from crucible.core.errors import UsageError
@@ -286,6 +296,86 @@ def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bo
     report.render_table(rows, sys.stdout, instances=task is not None)
     if task is None:
         report.render_outputs(state, sys.stdout)
+
+
+@cli.group("cache")
+def cache_group() -> None:
+    """Inspect and trim a task cache (docs/spec/cache.md)."""
+
+
+def _cache_dir(cache: Path | None) -> Path | None:
+    """The --cache DIR of a maintenance command: None when it does not exist yet."""
+    from crucible.core.errors import UsageError
+
+    if cache is None:
+        raise UsageError("give the cache directory: --cache DIR (or CRUCIBLE_CACHE)")
+    if not os.path.lexists(cache):
+        return None
+    if not cache.is_dir():
+        raise UsageError("not a directory", where=str(cache))
+    return cache
+
+
+_CACHE_OPTION = click.option(
+    "--cache",
+    "cache",
+    type=click.Path(path_type=Path),
+    envvar="CRUCIBLE_CACHE",
+    metavar="DIR",
+    help="The task cache directory ($CRUCIBLE_CACHE).",
+)
+
+
+@cache_group.command("forget")
+@click.argument("task")
+@_CACHE_OPTION
+def cache_forget(task: str, cache: Path | None) -> None:
+    """Drop every cached result of TASK (it runs again next time)."""
+    import json
+
+    from crucible.run.cache import TaskCache
+    from crucible.stage import escape_key
+
+    directory = _cache_dir(cache)
+    n = 0
+    if directory is not None:
+        tc = TaskCache(directory, warn=_cache_warn)
+        try:
+            n = tc.forget(task, escape_key)
+        finally:
+            tc.close()
+    click.echo(json.dumps({"forgotten": n, "task": task}, separators=(",", ":")))
+
+
+@cache_group.command("gc")
+@_CACHE_OPTION
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Keep store files younger than this (a running dispatcher's new files).",
+)
+def cache_gc(cache: Path | None, grace: float) -> None:
+    """Remove store files that no cached result names."""
+    import json
+
+    from crucible.run.cache import TaskCache
+
+    directory = _cache_dir(cache)
+    out = {"removed": 0, "kept": 0, "bytes": 0}
+    if directory is not None:
+        tc = TaskCache(directory, warn=_cache_warn)
+        try:
+            out = tc.gc(grace=grace)
+        finally:
+            tc.close()
+    click.echo(json.dumps(out, sort_keys=True, separators=(",", ":")))
+
+
+def _cache_warn(message: str) -> None:
+    click.echo(f"crucible-dispatch: warning: {message}", err=True)
 
 
 def main() -> None:

@@ -137,8 +137,12 @@ class Dispatcher:
         environ: Mapping[str, str],
         on_progress: Callable[[Counts], None] | None = None,
         selection: Selection | None = None,
+        on_warning: Callable[[str], None] | None = None,
     ) -> None:
         from crucible import stage
+
+        #: warnings the workers send (the task cache's, crucible.run.unit_cache)
+        self.warn = on_warning or (lambda _w: None)
 
         self.stage = stage
         self.admission = admission
@@ -397,18 +401,36 @@ class Dispatcher:
             return
         result = reply.payload
         kind = result["kind"]
+        for warning in result.get("cache_warnings") or ():
+            self.warn(warning)
         if result.get("staged_env") is not None:
             unit.staged_env = result["staged_env"]
         if kind == "stage_error":
             self._fail_unit(unit, f"cannot stage inputs: {result['message']}")
         elif kind == "spawn_error":
             self._fail_unit(unit, result["message"])
+        elif kind == "cached":  # restored from the task cache: nothing was started
+            self._settle_unit(
+                unit,
+                PASSED,
+                result["record"].get("note"),
+                exit_code=0,
+                fields=self._cached_fields(result),
+            )
         elif kind == "finished":
             if unit.pid is None:  # a short task: its start comes with its end
                 self._started(unit, result["pid"])
             self._exited(unit, result)
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)
+
+    @staticmethod
+    def _cached_fields(result: dict[str, Any]) -> dict[str, Any]:
+        """``task_finished`` fields of a unit restored from the task cache."""
+        fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
+        if result["record"].get("files_bytes") is not None:
+            fields["files_bytes"] = int(result["record"]["files_bytes"])
+        return fields
 
     def _release_timers(self) -> None:
         now = time.monotonic()

@@ -46,3 +46,5 @@ class RunOptions:
     outputs: str | None = None
     #: ``--publish-dir DIR``: publish ``[workflow.publish]`` files there at the end
     publish_dir: Path | None = None
+    #: ``--cache DIR``: the task cache (docs/spec/cache.md); None = off
+    cache: Path | None = None

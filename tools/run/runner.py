@@ -111,8 +111,29 @@ def _run_admitted(
         events=earlier,
         fresh=admission.unclaimed,
     )
+    if options.cache is not None and options.dry_run:  # a dry run creates nothing
+        if not options.cache.is_dir():
+            if on_warning is not None:
+                on_warning(f"cache: {options.cache}: no such directory; nothing is cached")
+            options = dataclasses.replace(options, cache=None)
+    elif options.cache is not None:  # checked once, before the workers fork
+        from crucible.run.unit_cache import usable_cache_dir
+
+        options = dataclasses.replace(
+            options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
+        )
     if options.dry_run:
         lines = dry_run_lines(stage, options.state, admission.plan, graph, selection)
+        if options.cache is not None:  # hit, or miss and why (crucible.run.cache_explain)
+            from crucible.run.cache_explain import explain_lines
+
+            lines = explain_lines(
+                lines,
+                admission=admission,
+                options=options,
+                environ=env,
+                warn=on_warning or (lambda _w: None),
+            )
         return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
     if options.resume and not selection.to_run(graph):
         outcome = _nothing_to_resume(admission, graph, selection)
@@ -127,7 +148,13 @@ def _run_admitted(
         log = SessionLog(log_path, session, mirror, on_warning)
         stack.callback(log.close)
         dispatcher = Dispatcher(
-            admission, options, log, environ=env, on_progress=on_progress, selection=selection
+            admission,
+            options,
+            log,
+            environ=env,
+            on_progress=on_progress,
+            selection=selection,
+            on_warning=on_warning,
         )
         stack.callback(dispatcher.close)
         admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)

@@ -303,6 +303,18 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[str, dict[str, str]] = {}
+        # --cache DIR (docs/spec/cache.md): looked up before spawn, saved after a pass
+        self.cache: Any = None
+        if options.cache is not None:
+            from crucible.run.unit_cache import UnitCache
+
+            self.cache = UnitCache(
+                options.cache,
+                plan=plan,
+                state=options.state,
+                agent_cmd=options.agent_cmd,
+                emit_cap=emit_cap,
+            )
 
     # ----------------------------------------------------------------- a unit
 
@@ -320,6 +332,9 @@ class UnitRunner:
             return {"kind": "stage_error", "message": str(exc)}
         if staged_env is None:
             staged_env = prepared["staged_env"]
+        cache_key, hit = self._cache_lookup(task, name, key, workspace, attempt, staged_env)
+        if hit is not None:
+            return hit
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
@@ -401,7 +416,46 @@ class UnitRunner:
         record = finished["record"]
         if record is None or record.get("status") != PASSED:
             finished["log"], finished["tail"] = log_fields()
+        elif cache_key is not None and code == 0:
+            self.cache.save(cache_key)  # store files, then the ledger line
+        if self.cache is not None:
+            finished["cache_warnings"] = self.cache.take_warnings()
         return finished
+
+    def _cache_lookup(
+        self,
+        task: dict[str, Any],
+        name: str,
+        key: str | None,
+        workspace: Path,
+        attempt: int,
+        staged_env: dict[str, str] | None,
+    ) -> tuple[Any, dict[str, Any] | None]:
+        """The task cache, between staging and spawn: (the unit's key or None, the
+        final reply of a hit or None). A hit restored the record and the files;
+        no process is started (crucible.run.unit_cache)."""
+        from crucible.run.unit_cache import cacheable
+
+        if self.cache is None or not cacheable(task):
+            return None, None
+        host_env = self._host_env.get(name)
+        if host_env is None:
+            host_env = task_environment(self.plan, task, self.environ)
+            self._host_env[name] = host_env
+        ck = self.cache.key(name, key, workspace, host_env)
+        record = None if ck is None else self.cache.lookup(ck, attempt)
+        if record is None:
+            return ck, None
+        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if record.get("files_captured"):
+            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        return ck, {
+            "kind": "cached",
+            "cache_key": ck.digest,
+            "record": summary,
+            "staged_env": staged_env,
+            "cache_warnings": self.cache.take_warnings(),
+        }
 
     def _prepare(
         self,

@@ -1,0 +1,73 @@
+"""Task-cache benchmark (issue 15): a fully cached rerun vs the uncached run.
+
+The 1,000-task pack of bench_dispatch.py (independent command tasks, each
+writing an empty result through sh), at -j 2:
+
+1. the run without --cache (the baseline);
+2. the run with --cache DIR into an empty DIR (it records every unit: reported,
+   not budgeted);
+3. the same pack again into a new state dir with the same --cache DIR: every
+   unit is a hit, no process starts. Budget: at most 25 % of (1)'s wall time.
+
+Every run writes into a fresh directory (see bench_dispatch.py on ext4 without
+a journal: nothing is deleted until the end).
+
+Run: python benchmarks/bench_cache.py [--tasks N] [--repeat R]
+Exits 1 if the budget is exceeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_dispatch import DISPATCH, write_pack
+
+BUDGET = 0.25
+
+
+def _timed(argv: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", type=int, default=1000)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    try:
+        plan = write_pack(root, args.tasks)
+        base = [DISPATCH, str(plan), "-j", "2"]
+        uncached, recording, cached = [], [], []
+        for r in range(args.repeat):
+            cache = root / f"cache{r}"
+            uncached.append(_timed([*base, "--state", str(root / f"plain{r}")]))
+            recording.append(
+                _timed([*base, "--state", str(root / f"rec{r}"), "--cache", str(cache)])
+            )
+            cached.append(_timed([*base, "--state", str(root / f"hit{r}"), "--cache", str(cache)]))
+        u, w, c = (statistics.median(x) for x in (uncached, recording, cached))
+        ratio = c / u
+        print(f"tasks: {args.tasks}, -j 2, median of {args.repeat}")
+        print(f"uncached run:          {u:8.3f} s")
+        print(f"recording run (--cache, empty): {w:8.3f} s  ({w / u:.2f}x uncached)")
+        print(f"fully cached rerun:    {c:8.3f} s")
+        print(f"cached / uncached:     {ratio:8.1%}  (budget {BUDGET:.0%})")
+        return 0 if ratio <= BUDGET else 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

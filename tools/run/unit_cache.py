@@ -1,0 +1,151 @@
+"""The task cache as a unit sees it: look up before spawn, save after a pass.
+
+Called from :class:`crucible.run.unit.UnitRunner` in a dispatcher worker (its
+two hooks, :meth:`UnitCache.lookup` and :meth:`UnitCache.save`, are the whole
+seam), on top of :mod:`crucible.run.cache` (key and store). Every problem with
+the cache is a warning and a miss: the unit runs (docs/spec/cache.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from crucible.core.errors import CrucibleError
+
+__all__ = ["UnitCache", "cacheable", "usable_cache_dir"]
+
+Warn = Callable[[str], None]
+#: what a broken cache can raise besides CrucibleError; never a failed run
+_CACHE_ERRORS = (CrucibleError, OSError, ValueError, KeyError, TypeError)
+
+
+def usable_cache_dir(path: Path | None, warn: Warn) -> Path | None:
+    """``--cache DIR`` checked once, before the workers fork: created when
+    missing; a file, an uncreatable or unwritable directory is one warning and
+    the run proceeds uncached (None)."""
+    if path is None:
+        return None
+    path = path.absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not path.is_dir():
+            raise NotADirectoryError(20, "not a directory")
+        fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except FileExistsError:
+        warn(f"cache: {path}: not a directory; running uncached")
+        return None
+    except OSError as exc:
+        warn(f"cache: {path}: {exc.strerror or exc}; running uncached")
+        return None
+    return path
+
+
+def cacheable(task: Mapping[str, Any]) -> bool:
+    """``cache = false`` (edition 4): the task's results are state, never cached."""
+    return task.get("cache", True) is not False
+
+
+class UnitCache:
+    """One worker's view of the cache directory (the ledger opens lazily, in the
+    worker, after the fork)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        plan: Mapping[str, Any],
+        state: Path,
+        agent_cmd: str | None,
+        emit_cap: int,
+    ) -> None:
+        from crucible import stage
+        from crucible.run.cache import TaskCache
+
+        self.stage = stage
+        self.plan = plan
+        self.state = state
+        self.agent_cmd = agent_cmd
+        self.emit_cap = emit_cap
+        self.warnings: list[str] = []
+        self.cache = TaskCache(directory, warn=self.warnings.append)
+
+    def take_warnings(self) -> list[str]:
+        out, self.warnings = self.warnings, []
+        return out
+
+    def key(self, name: str, key: str | None, workspace: Path, host_env: Mapping[str, str]) -> Any:
+        """The unit's CacheKey, or None when it cannot be computed (warned)."""
+        from crucible.run.cache import unit_key
+
+        try:
+            return unit_key(
+                plan=self.plan,
+                task_name=name,
+                key=key,
+                state=self.state,
+                workspace=workspace,
+                host_env=host_env,
+                agent_cmd=self.agent_cmd,
+                emit_cap=self.emit_cap,
+                escape_key=self.stage.escape_key,
+            )
+        except _CACHE_ERRORS as exc:
+            self.warnings.append(f"cache: cannot key {_label(name, key)}: {exc}; running it")
+            return None
+
+    def lookup(self, ck: Any, attempt: int) -> dict[str, Any] | None:
+        """On a hit: restore the files and the result record (as recorded, with this
+        session's attempt and ``cached``/``cache_key``); return the record."""
+        try:
+            hit = self.cache.lookup(ck)
+            if hit is None:
+                return None
+            layout = self.stage.StateLayout(self.state)
+            record = dict(hit.record)
+            if record.get("task") != ck.task or record.get("key") != ck.key:
+                return None  # a record of another unit under this key: never restored
+            record["attempt"] = attempt
+            record["cached"] = True
+            record["cache_key"] = ck.digest
+            if hit.files:
+                self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
+            # Atomic, not durable: a record lost to a power cut leaves the unit
+            # unsettled and a resume looks it up again (an fsync per hit would
+            # be most of a hit's cost).
+            from crucible.core import atomic, canon
+
+            path = layout.result_path(ck.task, ck.key)
+            path.parent.mkdir(parents=True, exist_ok=True)  # an instance's, maybe not made yet
+            atomic.write_bytes(path, canon.dumps(record), durable=False)
+            return record
+        except _CACHE_ERRORS as exc:
+            self.warnings.append(
+                f"cache: cannot restore {_label(ck.task, ck.key)}: {exc}; running it"
+            )
+            return None
+
+    def save(self, ck: Any) -> None:
+        """Record a passed unit: its record as captured, its files into the store."""
+        try:
+            record = self.stage.load_result(self.state, ck.task, ck.key)
+            if record is None or record.get("status") != "passed":
+                return
+            layout = self.stage.StateLayout(self.state)
+            self.cache.save(ck, record, layout.files_dir(ck.task, ck.key), self.stage.escape_key)
+        except _CACHE_ERRORS as exc:
+            self.warnings.append(f"cache: cannot record {_label(ck.task, ck.key)}: {exc}")
+
+    def close(self) -> None:
+        with contextlib.suppress(*_CACHE_ERRORS):
+            self.cache.close()
+
+
+def _label(name: str, key: str | None) -> str:
+    return repr(name) if key is None else f"{name!r}[{key!r}]"
