@@ -36,7 +36,9 @@ from crucible.run.procs import close_inherited, kill_group
 from crucible.run.selection import NOT_SELECTED, Selection
 from crucible.run.session import SessionLog
 from crucible.run.unit import Slots, UnitRunner
-from crucible.run.workers import Channel, Reply, WorkerPool
+from crucible.run import executor
+from crucible.run.executor import Executor
+from crucible.run.workers import Channel, Reply
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
 
@@ -198,7 +200,9 @@ class Dispatcher:
         # unit from staging to capture; the extra workers stage the next units
         # while the slots are busy.
         try:
-            self.workers = WorkerPool(self.jobs + min(self.jobs, 8) + 1, self._serve)
+            self.workers: Executor = executor.create(
+                options, jobs=self.jobs, slots=self.slots, runner=self.runner, serve=self._serve
+            )
         except BaseException:
             self.slots.close()
             raise
@@ -236,8 +240,8 @@ class Dispatcher:
         except BaseException:
             # The workers kill their tasks' groups; a task whose worker died
             # (the likely cause of getting here) has nobody else to do it.
-            self.slots.stop()
-            self.slots.kill()
+            self.workers.stop()
+            self.workers.kill()
             for unit in self._tokens.values():
                 if unit.pid is not None:
                     kill_group(unit.pid, signal.SIGKILL)
@@ -354,7 +358,7 @@ class Dispatcher:
                         while os.read(wake_r, 512):
                             pass
                     if stopping and self._escalate:
-                        self.slots.kill()
+                        self.workers.kill()
                 else:
                     for reply in self.workers.read(key.fd):
                         self._on_reply(reply)
@@ -421,7 +425,7 @@ class Dispatcher:
         group (SIGKILL after the grace period)."""
         self.ready.clear()
         self.timers.clear()
-        self.slots.stop()
+        self.workers.stop()
 
     # ---------------------------------------------------------------- resume
 

@@ -46,3 +46,12 @@ class RunOptions:
     outputs: str | None = None
     #: ``--publish-dir DIR``: publish ``[workflow.publish]`` files there at the end
     publish_dir: Path | None = None
+    #: ``--executor``: ``local`` (forked workers), ``dask`` (a running cluster at
+    #: ``scheduler``) or ``dask-local`` (a LocalCluster for the run); see run/executor.py
+    executor: str = "local"
+    #: ``--scheduler tcp://HOST:PORT`` (``--executor dask``)
+    scheduler: str | None = None
+    #: ``--workers N`` (``--executor dask-local``); None = min(-j, CPU count)
+    workers: int | None = None
+    #: ``--threads-per-worker`` (``--executor dask-local``)
+    threads_per_worker: int = 1
