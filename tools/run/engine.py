@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import CrucibleError
-from crucible.run import control
+from crucible.run import control, executor
 from crucible.run.admit import Admission
+from crucible.run.executor import Executor
 from crucible.run.failures import compose_note, exit_text, failure_record, write_record
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.matrix import Fanouts
@@ -36,8 +37,6 @@ from crucible.run.procs import close_inherited, kill_group
 from crucible.run.selection import NOT_SELECTED, Selection
 from crucible.run.session import SessionLog
 from crucible.run.unit import Slots, UnitRunner
-from crucible.run import executor
-from crucible.run.executor import Executor
 from crucible.run.workers import Channel, Reply
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
@@ -389,7 +388,7 @@ class Dispatcher:
             raise RuntimeError(f"a dispatch worker failed:\n{reply.payload}")
         if not reply.final:
             unit = self._tokens[reply.token]
-            self._started(unit, reply.payload["pid"])
+            self._started(unit, reply.payload["pid"], reply.payload.get("worker"))
             return
         unit = self._tokens.pop(reply.token)
         if (waiting := self.gate.release(unit.name)) is not None:
@@ -409,7 +408,7 @@ class Dispatcher:
             self._fail_unit(unit, result["message"])
         elif kind == "finished":
             if unit.pid is None:  # a short task: its start comes with its end
-                self._started(unit, result["pid"])
+                self._started(unit, result["pid"], result.get("worker"))
             self._exited(unit, result)
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)
@@ -628,7 +627,7 @@ class Dispatcher:
 
     # ------------------------------------------------------ a unit (main side)
 
-    def _started(self, unit: Unit, pid: int) -> None:
+    def _started(self, unit: Unit, pid: int, worker: str | None = None) -> None:
         unit.pid = pid
         if unit.first_start is None:
             unit.first_start = time.monotonic()
@@ -640,6 +639,7 @@ class Dispatcher:
             pid=pid,
             workspace=self._rel(self.layout.work_dir(unit.name, unit.key)),
             **self._item_preview(unit),
+            **({} if worker is None else {"worker": worker}),  # a Dask executor's
         )
 
     def _item_preview(self, unit: Unit) -> dict[str, str]:

@@ -32,8 +32,10 @@ class Executor(Protocol):
     ("started", payload ``{"kind": "started", "pid": ...}``) and exactly one
     final reply per submitted token, in any order across tokens."""
 
-    #: peak RSS of the executor's local helper processes (0 if none)
-    peak_rss_kib: int
+    @property
+    def peak_rss_kib(self) -> int:
+        """Peak RSS of the executor's local helper processes (0 if none)."""
+        ...
 
     @property
     def reply_fds(self) -> list[int]: ...
@@ -74,7 +76,7 @@ class LocalExecutor:
         self.slots = slots
 
     @property
-    def peak_rss_kib(self) -> int:  # type: ignore[override]
+    def peak_rss_kib(self) -> int:
         return self.pool.peak_rss_kib
 
     @property
