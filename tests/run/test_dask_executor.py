@@ -286,3 +286,49 @@ def test_a_worker_that_cannot_see_the_state_is_refused_with_exit_3(tmp_path: Pat
     assert str(shared / "bad" / "executor-token") in bad.stderr
     assert "Dask worker tcp://127.0.0.1:" in bad.stderr and "cannot see the state" in bad.stderr
     assert not (shared / "bad" / "results").exists()
+
+
+def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    # Instance 0's first attempt records its worker process ($PPID: the task's
+    # parent is the worker) and waits; the test SIGKILLs that worker.
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "lost"
+        [[workflow.task]]
+        name = "t"
+        map = {{ count = 4 }}
+        retries = 1
+        run = 'if [ "$CRUCIBLE_KEY" = 0 ] && [ "$CRUCIBLE_ATTEMPT" = 1 ]; then echo $PPID > {marks}/worker; echo $$ > {marks}/task; while [ -e {gate} ]; do sleep 0.05; done; fi; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    state = tmp_path / "state"
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (marks / "task").exists():
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os.kill(int((marks / "worker").read_text()), signal.SIGKILL)
+        assert proc.wait(timeout=90) == 0, (tmp_path / "stderr").read_text()
+    finally:
+        gate.unlink()  # the killed worker's orphaned task ends here (see run-on-a-cluster.md)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    finished = [e for e in events(state) if e["event"] == "task_finished" and e.get("key") == "0"]
+    assert finished[0]["status"] == "failed" and finished[0]["retry"] is True
+    assert finished[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
+    assert finished[1]["status"] == "passed" and finished[1]["attempt"] == 2
+    assert len(list(state.glob("results/t/*.json"))) == 4

@@ -410,6 +410,8 @@ class Dispatcher:
             if unit.pid is None:  # a short task: its start comes with its end
                 self._started(unit, result["pid"], result.get("worker"))
             self._exited(unit, result)
+        elif kind == "worker_lost":  # an executor's worker died mid-unit
+            self._worker_lost(unit, str(result["worker"]))
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)
 
@@ -787,6 +789,35 @@ class Dispatcher:
             fields=fields,
             tolerable=tolerable,
         )
+
+    def _worker_lost(self, unit: Unit, worker: str) -> None:
+        """A transient failure: retried under the task's retries (whatever its
+        ``on_exit``: there is no exit code), else a failure of the unit that no
+        exit-code tolerance covers (docs/spec/run.md, Executors)."""
+        if unit.pid is not None:
+            self.running -= 1
+            unit.pid = None
+        note = f"worker lost: {worker}"
+        task = dict(self.graph.tasks[unit.name])
+        if isinstance(task.get("retry"), dict):
+            task["retry"] = {k: v for k, v in task["retry"].items() if k != "on_exit"}
+        retry = control.Retry(None)
+        if self.stop_signal is None:
+            retry = control.next_retry(
+                task, unit.attempt, timed_out=False, exit_code=None, retryable=True,
+                backoff=self.options.backoff,
+                elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
+            )  # fmt: skip
+        if retry.delay is None:
+            self._fail_unit(unit, note if retry.why_not is None else f"{note}; {retry.why_not}")
+            return
+        self.log.emit(
+            "task_finished", **self._ids(unit), attempt=unit.attempt, status=FAILED, note=note,
+            retry=True,
+        )  # fmt: skip
+        unit.attempt += 1
+        self._timer_seq += 1
+        heapq.heappush(self.timers, (time.monotonic() + retry.delay, self._timer_seq, unit))
 
     def _fail_unit(
         self,
