@@ -332,3 +332,30 @@ def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Pat
     assert finished[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
     assert finished[1]["status"] == "passed" and finished[1]["attempt"] == 2
     assert len(list(state.glob("results/t/*.json"))) == 4
+
+
+def test_a_timeout_on_a_worker_kills_the_tasks_grandchildren(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "slow"
+        [[workflow.task]]
+        name = "t"
+        timeout = 1
+        run = 'sh -c "sleep 300 & echo \\$! >> {pids}; wait" & echo $! >> {pids}; sleep 300'
+        """,
+    )
+    state = tmp_path / "state"
+    proc = dispatch(pack, state, *LOCAL)
+    assert proc.returncode == 1, proc.stderr
+    record = json.loads((state / "results" / "t.json").read_bytes())
+    assert record["status"] == "failed" and "timeout" in record["note"]
+    grandchildren = [int(p) for p in pids.read_text().split()]
+    assert len(grandchildren) == 2
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_alive(p) for p in grandchildren):
+        time.sleep(0.05)
+    assert not [p for p in grandchildren if process_alive(p)]
