@@ -359,3 +359,30 @@ def test_a_timeout_on_a_worker_kills_the_tasks_grandchildren(tmp_path: Path) -> 
     while time.monotonic() < deadline and any(process_alive(p) for p in grandchildren):
         time.sleep(0.05)
     assert not [p for p in grandchildren if process_alive(p)]
+
+
+def test_a_resource_no_worker_offers_is_refused_at_admission(tmp_path: Path) -> None:
+    body = """
+    edition = 4
+    [workflow]
+    name = "r"
+    [[workflow.task]]
+    name = "small"
+    resources = {{ cpus = 1, memory = "1MiB" }}
+    run = 'echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+    [[workflow.task]]
+    name = "big"
+    needs = ["small"]
+    resources = {{ cpus = 1, gpu = {gpu} }}
+    run = 'echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+    """
+    pack = write_pack(tmp_path, body.format(gpu=1))
+    proc = dispatch(pack, tmp_path / "s", *LOCAL)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "task 'big' needs resources cpus=1, gpu=1; no Dask worker offers gpu" in proc.stderr
+    assert not (tmp_path / "s" / "results").exists()  # nothing ran
+    # what the workers offer (this machine's CPUs and memory) runs
+    pack = write_pack(tmp_path, body.format(gpu=0))
+    ok = dispatch(pack, tmp_path / "ok", *LOCAL)
+    assert ok.returncode == 0, ok.stderr

@@ -67,6 +67,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "matrix": 4,
     "key": 4,
     "parallelism": 4,
+    # what a unit needs on its worker (issue 19; crucible.compile.resources)
+    "resources": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task

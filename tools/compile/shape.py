@@ -435,6 +435,10 @@ def check_task(
         from crucible.compile.fanout import check_fanout_task
 
         check_fanout_task(chk, path, raw, task, edition)
+        if "resources" in raw:
+            from crucible.compile.resources import check_resources
+
+            check_resources(chk, (*path, "resources"), raw["resources"], task)
     elif "map" in raw:
         ref = _check_ref(chk, (*path, "map"), raw["map"], "map")
         if ref is not None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
-from crucible.core.errors import CrucibleError, OperationalError, UsageError
+from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
 from crucible.run.options import RunOptions
 from crucible.run.unit import Slots, UnitRunner
 from crucible.run.workers import Reply
@@ -210,6 +210,34 @@ def _check_token(path: str, expected: str) -> str | None:
 # --------------------------------------------------------------- dispatcher side
 
 
+def _local_resources() -> dict[str, float]:
+    """What each ``dask-local`` worker offers: this machine's CPUs and memory."""
+    offer: dict[str, float] = {"cpus": float(os.cpu_count() or 1)}
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        offer["memory"] = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return offer
+
+
+def _check_resources(tasks: Any, info: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each task's Dask resources; refuse (exit 1) a task no worker can run."""
+    offers = {addr: w.get("resources") or {} for addr, w in info.get("workers", {}).items()}
+    out: dict[str, dict[str, float]] = {}
+    for name, task in tasks.items():
+        need = task.get("resources") or {}
+        if not need:
+            continue
+        if not any(all(offer.get(r, 0) >= v for r, v in need.items()) for offer in offers.values()):
+            wanted = ", ".join(f"{r}={v}" for r, v in sorted(need.items()))
+            short = [r for r, v in sorted(need.items())
+                     if not any(o.get(r, 0) >= v for o in offers.values())]  # fmt: skip
+            which = ", ".join(short) if short else "that combination"
+            raise InputRefused(
+                f"task {name!r} needs resources {wanted}; no Dask worker offers {which}"
+            )
+        out[name] = {r: float(v) for r, v in need.items()}
+    return out
+
+
 class DaskExecutor:
     """The :class:`crucible.run.executor.Executor` on a Dask cluster."""
 
@@ -250,6 +278,7 @@ class DaskExecutor:
                     dashboard_address=None,
                     local_directory=self._scratch,
                     silence_logs=logging.CRITICAL,
+                    resources=_local_resources(),
                 )
                 self._client = Client(self._cluster, timeout=CONNECT_TIMEOUT)
             else:
@@ -268,6 +297,7 @@ class DaskExecutor:
                         f"the Dask scheduler {options.scheduler} has no worker"
                     ) from None
             self._prove_state(options.state)
+            self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
             self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
             self._spec = self._client.scatter(
                 _Spec(
@@ -344,6 +374,7 @@ class DaskExecutor:
             request,
             key=f"crucible-{name}-{self.run_id}-{token}",
             pure=False,
+            resources=self._resources.get(name),
         )
         self._live[token] = future
         future.add_done_callback(lambda f, t=token: self._on_done(t, f))
