@@ -218,3 +218,129 @@ def test_the_pack_shown_in_the_tour_is_the_example_file() -> None:
     lines = (REPO / "examples" / "hello" / "pack.toml").read_text().splitlines()
     body = "\n".join(line for line in lines if not line.startswith("#")).lstrip("\n") + "\n"
     assert shown.group(1) == body
+
+
+# ---- plans and command lines shown in README.md and docs/ (issue 13 item 4) ----
+
+DOCS = [README, *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def fenced_blocks(path: Path) -> list[tuple[int, str, str]]:
+    """(line number, info string, body) of every ``` fence in a Markdown file."""
+    blocks: list[tuple[int, str, str]] = []
+    lines = path.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        fence = re.match(r"^(`{3,})(.*)$", lines[i])
+        if fence:
+            start, marker = i, fence.group(1)
+            body: list[str] = []
+            i += 1
+            while i < len(lines) and not lines[i].startswith(marker):
+                body.append(lines[i])
+                i += 1
+            blocks.append((start + 1, fence.group(2).strip(), "\n".join(body)))
+        i += 1
+    return blocks
+
+
+def shown_plans() -> list[tuple[str, dict[str, object]]]:
+    """Every JSON block in the docs that parses and has a plan's top members."""
+    import json
+
+    plans = []
+    for path in DOCS:
+        for line, info, body in fenced_blocks(path):
+            if info != "json":
+                continue
+            try:
+                value = json.loads(body)
+            except ValueError:
+                continue  # a schematic example ("sha256:…", <epoch 1>, …)
+            if isinstance(value, dict) and {"version", "tasks"} <= value.keys():
+                plans.append((f"{path.relative_to(REPO)}:{line}", value))
+    return plans
+
+
+def test_the_plan_in_plan_ir_is_what_hello_compiles_to() -> None:
+    # the example used to read $CRUCIBLE_INPUTS_DIR/@values/greeting, name the input
+    # greeting (the pack's is text), show run as ["sh","-c",…] and resolved_from
+    from crucible.compile import compile_path
+
+    compiled = compile_path(REPO / "examples" / "hello" / "pack.toml")
+    shown = [plan for where, plan in shown_plans() if where.startswith("docs/spec/plan-ir.md:")]
+    assert shown == [compiled.plan]
+
+
+@pytest.mark.parametrize(
+    ("where", "plan"), shown_plans(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_every_plan_shown_is_valid(where: str, plan: dict[str, object]) -> None:
+    from crucible.compile import load_plan_bytes
+    from crucible.core import canon
+
+    load_plan_bytes(canon.dumps(plan), where)  # raises with the diagnostics if not
+
+
+TOOLS = [
+    "crucible-compile",
+    "crucible-validate",
+    "crucible-stage",
+    "crucible-dispatch",
+    "crucible-ledger",
+    "crucible-prove",
+    "crucible-verify",
+]
+
+
+def shown_command_lines() -> list[tuple[str, str]]:
+    """(where, line) of every line in a fence that starts with a crucible command,
+    and every indented command line of README's tour."""
+    found: list[tuple[str, str]] = []
+    for path in DOCS:
+        for line, _info, body in fenced_blocks(path):
+            for offset, text in enumerate(body.splitlines(), start=1):
+                stripped = text.strip().removeprefix("$ ")
+                if stripped.split(" ", 1)[0] in TOOLS:
+                    found.append((f"{path.relative_to(REPO)}:{line + offset}", stripped))
+    for commands in FIXED.values():
+        for command in commands:
+            for text in command.splitlines():
+                stripped = text.strip()
+                if stripped.split(" ", 1)[0] in TOOLS:
+                    found.append(("README.md (tour)", stripped))
+    return found
+
+
+_HELP: dict[tuple[str, ...], str] = {}
+
+
+def _help(argv: tuple[str, ...]) -> str:
+    if argv not in _HELP:
+        proc = subprocess.run([BIN / argv[0], *argv[1:], "--help"], capture_output=True, text=True)
+        _HELP[argv] = proc.stdout if proc.returncode == 0 else ""
+    return _HELP[argv]
+
+
+def test_the_docs_show_commands() -> None:
+    assert len(shown_command_lines()) >= 20
+
+
+@pytest.mark.parametrize(("where", "line"), shown_command_lines())
+def test_every_option_shown_is_an_option_of_the_command(where: str, line: str) -> None:
+    """Each ``--option`` on a command line shown in README or docs/ is one the
+    command (or its subcommand) takes: a renamed option cannot linger in the docs."""
+    words = line.split()
+    command: tuple[str, ...] = (words[0],)
+    if len(words) > 1 and re.fullmatch(r"[a-z]+", words[1]) and _help((words[0], words[1])):
+        command = (words[0], words[1])
+    elif "Commands:" in _help(command) and _help((words[0], "run")):
+        command = (words[0], "run")  # crucible-dispatch PLAN ... is `run PLAN ...`
+    text = _help(command)
+    assert text, f"{where}: {' '.join(command)} --help failed"
+    # options before a `--` (what follows is the child's argv)
+    shown = line.split(" -- ", 1)[0]
+    for option in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", shown):
+        assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text), (
+            f"{where}: {option} is not an option of {' '.join(command)}: {line}"
+        )

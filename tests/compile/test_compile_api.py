@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,8 +169,8 @@ def test_plan_unsupported_version_names_supported(write_pack: WritePack, tmp_pat
 def test_plan_files_are_checked_strictly(
     write_pack: WritePack,
     tmp_path: Path,
-    mutate,
-    code: str | None,  # type: ignore[no-untyped-def]
+    mutate: Callable[[dict[str, Any]], object],
+    code: str | None,
 ) -> None:
     plan = compile_path(write_pack(manifest(1))).plan
     mutate(plan)

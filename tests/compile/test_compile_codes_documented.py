@@ -10,7 +10,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def emitted_codes() -> set[str]:
     codes: set[str] = set()
-    for path in (REPO / "tools" / "compile").glob("*.py"):
+    # the task-name rule lives in core/contract.py, shared with stage
+    sources = [*(REPO / "tools" / "compile").glob("*.py"), REPO / "tools" / "core" / "contract.py"]
+    for path in sources:
         text = path.read_text()
         codes |= set(
             re.findall(r'(?:chk\.error|_refuse|Diagnostic)\(\s*(?:state,\s*)?"([a-z0-9-]+)"', text)

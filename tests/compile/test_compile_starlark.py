@@ -9,7 +9,7 @@ import pytest
 
 from crucible.compile import ValidationFailed, compile_path
 from crucible.compile.manifest import analyze_star
-from crucible.core.errors import OperationalError, ParseError, UsageError
+from crucible.core.errors import ParseError, UsageError
 
 WritePack = Callable[..., Path]
 
@@ -284,6 +284,7 @@ def test_empty_or_nul_source(write_pack: WritePack, source: str, code: str, mess
 def test_unreadable_source_names_the_manifest_line(write_pack: WritePack) -> None:
     path = write_pack('edition = 3\n[workflow]\nsource = "dir.star"\n')
     (path.parent / "dir.star").mkdir()
-    with pytest.raises(OperationalError, match="Is a directory") as info:
+    # a directory is the wrong kind of path: usage (2), as a manifest dir (issue 12 item 23)
+    with pytest.raises(UsageError, match="is a directory") as info:
         compile_path(path)
-    assert info.value.where == f"{path}:3:1"
+    assert info.value.where == f"{path}:3:1" and info.value.exit_code == 2

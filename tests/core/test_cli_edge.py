@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -163,10 +164,11 @@ def test_debug_after_double_dash_stays_in_the_childs_argv(tmp_path: Path) -> Non
     # issue 11 item 2: `--debug` used to be stripped from anywhere in argv
     ledger = tmp_path / "l"
     ledger.mkdir()
-    for argv in (
+    argvs: list[list[str | Path]] = [
         [BIN / "crucible-ledger", "run"],
         [BIN / "crucible", "--debug", "ledger", "run"],
-    ):
+    ]
+    for argv in argvs:
         proc = subprocess.run(
             [*argv, "--dir", ledger, "--scope", "s", "--", "echo", "hello", "--debug"],
             capture_output=True,
@@ -228,3 +230,84 @@ def test_no_subcommand_is_one_line_with_the_help_hint(argv: list[str]) -> None:
     (line,) = proc.stderr.splitlines()
     name = "crucible" if argv == ["crucible"] else f"crucible-{argv[-1].removeprefix('crucible-')}"
     assert line.startswith(f"{name}: error: missing ") and f"(see '{name} --help')" in line
+
+
+_SLOW_CLICK = '''
+import os, sys, time
+here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+open(os.environ["CRUCIBLE_TEST_READY"], "w").close()
+time.sleep(float(os.environ.get("CRUCIBLE_TEST_STALL", "3")))
+sys.path.remove(here)
+del sys.modules["click"]
+import click as _real
+sys.modules["click"] = _real
+'''
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["crucible-compile", "pack.toml"],
+        ["crucible-verify", "bundle"],
+        ["crucible-ledger", "ls", "--dir", "l"],
+        ["crucible", "ledger", "ls", "--dir", "l"],
+    ],
+)
+def test_sigint_while_the_tool_loads_is_130_with_one_line(tmp_path: Path, argv: list[str]) -> None:
+    # issue 12 item 24: a KeyboardInterrupt traceback (exit 1, or death by signal)
+    # when Ctrl-C came while click and the tool were still being imported. A click
+    # that takes 3 s to import holds the command in that window.
+    import signal
+    import time
+
+    shim = tmp_path / "shim" / "click"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text(_SLOW_CLICK)
+    ready = tmp_path / "ready"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path / "shim"),
+        "CRUCIBLE_TEST_READY": str(ready),
+    }
+    proc = subprocess.Popen(
+        [BIN / argv[0], *argv[1:]],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert ready.exists(), proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    # (the umbrella has handed over to crucible-ledger by the time it imports click)
+    prog = argv[0] if argv[0] != "crucible" else f"crucible-{argv[1]}"
+    assert err == f"{prog}: interrupted\n" and out == ""
+
+
+def test_sigint_after_the_edge_still_reaches_cleanup() -> None:
+    # the startup guard is given back to Python at the edge: a command sees
+    # KeyboardInterrupt (temp files removed, interrupted runs recorded)
+    import signal
+
+    import crucible
+
+    prior = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, crucible._interrupted_early)
+    try:
+        seen: list[object] = []
+
+        @click.command()
+        def cmd() -> None:
+            seen.append(signal.getsignal(signal.SIGINT))
+
+        with pytest.raises(SystemExit):
+            cli.run(cmd, "crucible-x", [])
+        assert seen == [signal.default_int_handler]
+    finally:
+        signal.signal(signal.SIGINT, prior)

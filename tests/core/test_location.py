@@ -86,3 +86,16 @@ def test_where_json_path_in_validate_json(tmp_path: Path) -> None:
     assert proc.returncode == 1
     record = canon.loads(proc.stdout)
     assert record["file"] == str(plan) and record["path"] == "$.version"
+
+
+def test_start_failed_carries_its_exit_code() -> None:
+    from crucible.core.errors import StartFailed
+
+    assert StartFailed("cannot start 'nope'", usage=True).exit_code == 2
+    assert StartFailed("cannot start 'x': EIO", usage=False).exit_code == 3
+
+    class CannotStart(StartFailed):  # as ledger's runner can declare it
+        pass
+
+    exc = CannotStart("cannot start 'nope'", usage=True)
+    assert isinstance(exc, CrucibleError) and exc.usage and exc.code == "cannot-start"

@@ -184,7 +184,31 @@ def test_compile_o_device_and_link_to_pipe_stay_what_they_are(tmp_path: Path) ->
     assert stat.S_ISCHR(full.lstat().st_mode)
     # -o /dev/stdout on a pipe: a link to the process's fd 1 (here: to a pipe)
     pack = tmp_path / "pack.toml"
-    script = f'ln -s /proc/self/fd/1 {tmp_path}/so; exec {BIN}/crucible-compile {pack} -o {tmp_path}/so | wc -c'
+    script = f"ln -s /proc/self/fd/1 {tmp_path}/so; exec {BIN}/crucible-compile {pack} -o {tmp_path}/so | wc -c"
     done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) > 0 and (tmp_path / "so").is_symlink()
+
+
+def test_report_html_to_a_fifo_or_device_is_never_renamed_over(tmp_path: Path) -> None:
+    # issue 12 item 3: report --html X renamed over a device and hung on a FIFO
+    pack = tmp_path / "pack.toml"
+    pack.write_text(PACK)
+    state = tmp_path / "state"
+    ran = subprocess.run(
+        [BIN / "crucible-dispatch", pack, "--state", state],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    report: list[str | Path] = [BIN / "crucible-dispatch", "report", state, "--html"]
+    done = subprocess.run([*report, fifo], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no reader" in done.stderr, done.stderr
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    null = _device(tmp_path / "null", 3)
+    done = subprocess.run([*report, null], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_ISCHR(null.lstat().st_mode)

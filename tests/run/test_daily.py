@@ -355,10 +355,10 @@ run = 'cat "$CRUCIBLE_INPUTS_DIR/outcome" > ../outcome.json'
     assert rec is not None and rec["status"] == "failed"
     assert rec["log"] == "logs/bad.log"
     assert rec["stderr_tail"] == "\n".join(f"line {i}" for i in range(6, 16))
-    assert rec["note"].startswith("exited with status 3 (log: logs/bad.log)\nline 6\n")
+    assert rec["note"].startswith("exited with status 3 (see logs/bad.log)\nline 6\n")
     slow = result(state, "slow")
     assert slow is not None
-    assert slow["note"].startswith("killed by SIGKILL after timeout 0.5s (log: logs/slow.log)")
+    assert slow["note"].startswith("killed by SIGKILL after timeout 0.5s (see logs/slow.log)")
     assert slow["exit_code"] == -9 and slow["stderr_tail"] == "waiting"
     last = r.stderr.strip().splitlines()[-1]
     assert f"failed: bad ({state}/logs/bad.log), slow ({state}/logs/slow.log)" in last
@@ -366,10 +366,10 @@ run = 'cat "$CRUCIBLE_INPUTS_DIR/outcome" > ../outcome.json'
     # producer ended (status or signal) and its log
     index = json.loads((state / "work" / "index.json").read_text())
     (bad,) = [i for i in index["inputs"] if i.get("producer") == "bad"]
-    assert bad["status"] == "failed" and "(log: logs/bad.log)" in bad["note"]
+    assert bad["status"] == "failed" and "(see logs/bad.log)" in bad["note"]
     outcome = json.loads((state / "work" / "outcome.json").read_text())
     assert outcome["tasks"]["bad"]["status"] == "failed"
-    assert "(log: logs/bad.log)" in outcome["tasks"]["bad"]["note"]
+    assert "(see logs/bad.log)" in outcome["tasks"]["bad"]["note"]
     assert "killed by SIGKILL" in outcome["tasks"]["slow"]["note"]
 
 
@@ -516,6 +516,7 @@ def test_bad_flag_combinations_are_usage_errors(pack: Pack, tmp_path: Path) -> N
         (["--retry-failed"], "--retry-failed"),
         (["--fresh", "--resume"], "--fresh"),
         (["--target", "nope"], "'nope'"),
+        (["--json"], "--dry-run"),
     ):
         r = dispatch(plan, "--state", state, *args)
         assert r.returncode == 2, r.stderr
@@ -615,3 +616,25 @@ run = 'true'
     assert "--fail-fast after 'bad' failed" in finished["long"]["note"]
     assert "later" not in finished
     assert signal.SIGTERM  # the long task was stopped by its group's SIGTERM
+
+
+def test_the_process_limit_check_counts_workers_and_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """-j against the user's process limit (RLIMIT_NPROC), checked before
+    anything is written: as a non-root user near the limit it is refused."""
+    import resource
+
+    from crucible.core.errors import UsageError
+    from crucible.run import admit
+
+    plan = {"tasks": [{"name": f"t{i}"} for i in range(50)]}
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (100, 100))
+    monkeypatch.setattr(admit, "_processes_of", lambda _uid: 60)
+    # -j 8: 8 + 8 + 1 workers and 8 tasks = 25 processes, 60 in use, limit 100
+    assert admit._jobs(8, plan) == 8
+    with pytest.raises(UsageError, match=r"-j 20 needs 49 processes; 60 .* limit of 100"):
+        admit._jobs(20, plan)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # root is not held to it
+    assert admit._jobs(20, plan) == 20

@@ -534,3 +534,24 @@ def test_combinations_agree_with_the_plain_reading_of_the_rules() -> None:
         assert combinations(axes, exclude, include) == _reference(axes, exclude, include)
 
     check()
+
+
+def test_a_plan_of_one_matrix_task_gets_the_jobs_it_asks_for(tmp_path: Path) -> None:
+    """-j is capped at the task count for plans without fan-out; a matrix is one."""
+    proc = dispatch(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "j"
+        [[workflow.task]]
+        name = "t"
+        matrix = { a = { count = 4 } }
+        run = "true"
+        """,
+        "-j",
+        "3",
+    )
+    assert proc.returncode == 0, proc.stderr
+    (event,) = [e for e in events(tmp_path / "state") if e["event"] == "plan_admitted"]
+    assert event["jobs"] == 3

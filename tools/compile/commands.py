@@ -12,6 +12,7 @@ from crucible.compile.manifest import Analysis, analyze_manifest, analyze_star, 
 from crucible.compile.plan import load_plan_path
 from crucible.core import ndjson, output
 from crucible.core.errors import EXIT_OK, EXIT_REFUSED, CrucibleError, UsageError
+from crucible.core.fdio import read_regular
 
 __all__ = ["CompileOptions", "ValidateOptions", "run_compile", "run_validate"]
 
@@ -70,7 +71,8 @@ def _star_edition(path: Path, fallback: int | None) -> int:
         target = path.resolve()
         for manifest in sorted(path.parent.glob("*.toml")):
             try:
-                doc = tomllib.loads(manifest.read_text(encoding="utf-8"))
+                # never blocks: a FIFO named *.toml beside the source is skipped
+                doc = tomllib.loads(read_regular(manifest).decode("utf-8"))
             except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
                 continue
             workflow = doc.get("workflow")
@@ -110,16 +112,19 @@ def run_validate(opts: ValidateOptions, out: BinaryIO, err: TextIO) -> int:
     worst = EXIT_OK
     for path in opts.paths:
         analysis, code = validate_one(path, opts.edition)
+        lines: list[bytes] = []
         for d in analysis.diagnostics:
             if opts.as_json:
                 record = d.record()
                 record.setdefault("file", str(path))
-                out.write(ndjson.dumps_line(record))
+                # per path, through the short-write loop (a full disk is exit 3)
+                lines.append(ndjson.dumps_line(record))
             else:
                 err.write(d.text() + "\n")
+        if lines:
+            output.write_stream(out, b"".join(lines))
         if not opts.as_json and analysis.compiled is not None and code == EXIT_OK:
             c = analysis.compiled
             err.write(f"{path}: ok (edition {c.edition}, plan version {c.version}, {c.digest})\n")
         worst = max(worst, code)
-    out.flush()
     return worst

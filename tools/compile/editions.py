@@ -7,6 +7,7 @@ to (:func:`ir_version_for`) and which keys a manifest task table, a Starlark
 
 from __future__ import annotations
 
+from crucible.core.contract import RESERVED_INPUTS, SUPPORTED_VERSIONS
 from crucible.core.errors import Location, UnsupportedVersion
 
 __all__ = [
@@ -29,16 +30,12 @@ __all__ = [
 ]
 
 SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3, 4)
-SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
 DEFAULT_EDITION = 1
 LATEST_EDITION = 4
 
 #: value types of emits fields and params
 TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")
 
-#: reserved keys of the v1 whole input object; at edition 3 they arrive as
-#: reserved inputs under their own names, undeclared.
-RESERVED_INPUTS: tuple[str, ...] = ("params", "item", "history", "revision", "kept", "outcome")
 
 # Task keys by the edition that introduced them (editions are cumulative).
 _TASK_KEYS_SINCE: dict[str, int] = {

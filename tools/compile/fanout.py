@@ -474,25 +474,12 @@ def check_fanout_graph(
     params = workflow.get("params", {})
     by_name = {t["name"]: t for t in reversed(tasks)}
     for task, path in zip(tasks, paths, strict=True):
+        # (edition 4 lets epilogues fan out too: rules.py refuses that below edition 4)
         source = task.get("map")
-        if source is not None and not isinstance(source, str):
-            if task["epilogue"]:
-                chk.error(
-                    "epilogue-map",
-                    (*path, "map"),
-                    f"epilogue task {task['name']!r} cannot fan out (map)",
-                )
-            elif "param" in source:
-                _check_param_source(chk, (*path, "map"), task, source["param"], params, axis=False)
+        if isinstance(source, dict) and "param" in source:
+            _check_param_source(chk, (*path, "map"), task, source["param"], params, axis=False)
         matrix = task.get("matrix")
         if matrix is None:
-            continue
-        if task["epilogue"]:
-            chk.error(
-                "epilogue-map",
-                (*path, "matrix"),
-                f"epilogue task {task['name']!r} cannot fan out (matrix)",
-            )
             continue
         for axis in matrix["axes"]:
             apath = (*path, "matrix", axis["name"])

@@ -23,6 +23,7 @@ from crucible.compile.plan import CompiledPlan, build_plan, finish
 from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_workflow, type_name
 from crucible.core.errors import OperationalError, ParseError, UsageError
+from crucible.core.fdio import NotRegularFile, read_regular
 
 __all__ = [
     "Analysis",
@@ -216,10 +217,20 @@ def _load_source(
         chk.error("bad-path", where, f"source {source!r} resolves outside the pack (a symlink?)")
         return None
     try:
-        text = path.read_bytes()
+        # never blocks: a FIFO (or a device) named as the source is refused
+        text = read_regular(path)
     except FileNotFoundError:
         raise UsageError(
             f"source {source!r} does not exist", location=chk.locator.locate(where)
+        ) from None
+    except IsADirectoryError:
+        raise UsageError(
+            f"source {source!r} is a directory, not a file", location=chk.locator.locate(where)
+        ) from None
+    except NotRegularFile:
+        raise UsageError(
+            f"source {source!r} is not a regular file (a FIFO, socket or device)",
+            location=chk.locator.locate(where),
         ) from None
     except OSError as exc:
         raise OperationalError(

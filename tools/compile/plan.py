@@ -149,11 +149,11 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         raise canon.CanonError(exc.message, location=exc.location.in_file(name)) from None
     chk = Checker(FileLocator(name))
     if not isinstance(plan, dict):
-        chk.error("wrong-type", (), f"a plan must be a JSON object, not {type_name(plan)}")
+        chk.error("wrong-type", (), f"not a plan: a plan is a JSON object, not {type_name(plan)}")
         raise ValidationFailed(chk.diagnostics)
     # The version is the gate: an unknown version is refused before its keys are read.
     if "version" not in plan:
-        chk.error("missing-key", (), "plan has no version")
+        chk.error("missing-key", (), "not a plan: it has no version")
         raise ValidationFailed(chk.diagnostics)
     version = check_version(plan["version"], where=Location(name, path="$.version"))
     if "edition" not in plan:

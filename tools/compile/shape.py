@@ -25,6 +25,7 @@ from crucible.compile.editions import (
 )
 from crucible.compile.names import env_problem, ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.globs import pattern_problem
 
 __all__ = [
     "JOINS",
@@ -298,6 +299,10 @@ def _check_relative_glob(chk: Checker, path: Path, pattern: str) -> bool:
             "inside the workspace (no leading /, no ..)",
         )
         return False
+    # what capture would refuse after the task ran (issue 12 item 15)
+    if (problem := pattern_problem(pattern)) is not None:
+        chk.error("bad-path", path, f"emits_files entry {pattern!r} {problem}")
+        return False
     return True
 
 
@@ -378,7 +383,10 @@ def check_task(
                 if not run:
                     chk.error("bad-value", (*path, "run"), "run must not be an empty array")
                 elif all(isinstance(a, str) for a in run):
-                    task["run"] = list(run)
+                    if run[0]:
+                        task["run"] = list(run)
+                    else:  # exec of "" fails on every attempt
+                        chk.error("bad-value", (*path, "run", 0), "run's program must not be empty")
                 else:
                     chk.error("wrong-type", (*path, "run"), "every element of run must be a string")
             else:

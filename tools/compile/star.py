@@ -11,6 +11,7 @@ fails at the call, with the call's source span.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import time
@@ -28,7 +29,9 @@ from crucible.compile.shape import (
     check_task,
     type_name,
 )
+from crucible.compile.starbound import MAX_EVAL_MEMORY, nesting_problem
 from crucible.core.errors import ParseError
+from crucible.core.fdio import write_all
 
 __all__ = ["EVAL_TIMEOUT_S", "StarResult", "evaluate_source"]
 
@@ -80,7 +83,21 @@ def _plain(value: Any) -> Any:
 def evaluate_source(
     text: str, display: str, edition: int, *, timeout: float = EVAL_TIMEOUT_S
 ) -> StarResult:
-    """Evaluate a Starlark source; its one ``workflow()`` call is the result."""
+    """Evaluate a Starlark source; its one ``workflow()`` call is the result.
+
+    The source's nesting is bounded first (:mod:`crucible.compile.starbound`,
+    a :class:`ParseError` at the line that passes the bound); the evaluation
+    runs in a forked child with bounded memory, so a crash, an abort or a panic
+    of the evaluator is a diagnostic here, never the end of this process."""
+    problem = nesting_problem(text)
+    if problem is not None:
+        location, message = problem
+        raise ParseError(message, location=location.in_file(display))
+    return _in_child(text, display, edition, timeout)
+
+
+def _evaluate_here(text: str, display: str, edition: int, timeout: float) -> StarResult:
+    """The evaluation itself (in the child). Ctrl-C is the parent's to handle."""
     import starlark as sl
 
     state: dict[str, Any] = {"workflow": None, "refused": None}
@@ -144,32 +161,18 @@ def evaluate_source(
         message, location = _split_error(str(exc), display)
         raise ParseError(f"Starlark syntax: {message}", location=location) from None
     deadline = time.monotonic() + timeout
-    # starlark-pyo3 swallows a KeyboardInterrupt raised inside its callbacks and
-    # evaluates on, so Ctrl-C is noted by our own handler and stops the evaluation.
-    interrupted: list[int] = []
+    parent = os.getppid()
+    # stop at the deadline, and when the parent is gone (killed by a signal it
+    # could not pass on): nobody would read the result
     options = sl.EvalOptions(
-        check_cancelled=lambda: bool(interrupted) or time.monotonic() > deadline
+        check_cancelled=lambda: time.monotonic() > deadline or os.getppid() != parent
     )
     try:
-        with _sigint_noted(interrupted):
-            sl.eval_with(options, module, ast, sl.Globals.standard())
-        if interrupted:
-            raise KeyboardInterrupt
+        sl.eval_with(options, module, ast, sl.Globals.standard())
     except sl.StarlarkError as exc:
-        if interrupted:
-            raise KeyboardInterrupt from None
         message, location = _split_error(str(exc), display)
         if time.monotonic() > deadline and "cancelled" in message:
-            return StarResult(
-                None,
-                [
-                    Diagnostic(
-                        "starlark-timeout",
-                        f"evaluation took longer than {timeout:g} s and was stopped",
-                        location,
-                    )
-                ],
-            )
+            return _timed_out(timeout, location)
         refused: _CallRefused | None = state["refused"]
         if refused is not None:
             return StarResult(None, [Diagnostic(refused.code, refused.message, location)])
@@ -180,6 +183,125 @@ def evaluate_source(
             [Diagnostic("no-workflow", "the source never calls workflow()", Location(display))],
         )
     return StarResult(state["workflow"])
+
+
+def _timed_out(timeout: float, location: Location) -> StarResult:
+    message = f"evaluation took longer than {timeout:g} s and was stopped"
+    return StarResult(None, [Diagnostic("starlark-timeout", message, location)])
+
+
+def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResult:
+    """Evaluate in a forked child; its result comes back pickled through a pipe."""
+    import pickle
+    import select
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (its outcome is what the tests check)
+        os.close(read_fd)
+        _child(text, display, edition, timeout, write_fd)
+    os.close(write_fd)
+    chunks: list[bytes] = []
+    interrupted: list[int] = []
+    # the child also checks the deadline between its steps; a step that never
+    # yields (a straight-line x = x + x) is cut off here, a little later
+    deadline = time.monotonic() + timeout + 2.0
+    timed_out = False
+    try:
+        with _sigint_noted(interrupted):
+            while not interrupted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                ready, _, _ = select.select([read_fd], [], [], min(left, 0.1))
+                if ready:
+                    chunk = os.read(read_fd, 1 << 20)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done == 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    if interrupted:
+        raise KeyboardInterrupt
+    where = Location(display)
+    if timed_out:
+        return _timed_out(timeout, where)
+    try:
+        outcome = pickle.loads(b"".join(chunks))
+    except Exception:
+        outcome = None
+    if isinstance(outcome, StarResult):
+        return outcome
+    if isinstance(outcome, ParseError):
+        raise outcome
+    if isinstance(outcome, str):  # an exception the evaluator raised (a Rust panic)
+        return StarResult(None, [Diagnostic("starlark-error", outcome, where)])
+    if os.WIFSIGNALED(status):
+        cause = signal.Signals(os.WTERMSIG(status)).name
+        message = (
+            f"the Starlark evaluator crashed ({cause}): the source needs more than "
+            f"{MAX_EVAL_MEMORY >> 20} MiB of memory or nests too deeply"
+        )
+    else:
+        message = "the Starlark evaluator ended without a result"
+    return StarResult(None, [Diagnostic("starlark-error", message, where)])
+
+
+def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> None:  # pragma: no cover
+    import faulthandler
+    import pickle
+
+    outcome: object
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us on Ctrl-C
+        # a Rust panic prints its backtrace on stderr; the parent reports it
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        # and with RUST_BACKTRACE=1 it symbolizes a backtrace first: seconds, and
+        # memory the child is short of by then
+        os.environ["RUST_BACKTRACE"] = "0"
+        # a crash here is reported by the parent; no dump of this child's stack
+        # (PYTHONFAULTHANDLER, pytest) on a descriptor the parent shares
+        faulthandler.disable()
+        _limit_memory()
+        try:
+            outcome = _evaluate_here(text, display, edition, timeout)
+        except ParseError as exc:
+            outcome = exc
+        except BaseException as exc:  # pyo3's PanicException is a BaseException
+            outcome = f"evaluation failed: {exc or type(exc).__name__}"
+            if isinstance(exc, MemoryError) or "memory" in str(exc):
+                outcome += f" (an evaluation may use {MAX_EVAL_MEMORY >> 20} MiB)"
+        try:
+            data = pickle.dumps(outcome)
+        except Exception as exc:
+            data = pickle.dumps(f"the source built a value crucible cannot read: {exc}")
+        write_all(fd, data)
+    finally:
+        os._exit(0)
+
+
+def _limit_memory() -> None:
+    """Cap the child's data segment at what it holds now plus MAX_EVAL_MEMORY."""
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            data_kib = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    limit = data_kib * 1024 + MAX_EVAL_MEMORY
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
 @contextlib.contextmanager

@@ -239,6 +239,12 @@ def loads(data: bytes | str) -> Any:
     try:
         orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            # the message compile gives for a manifest, not orjson's "str is not
+            # valid UTF-8: surrogates not allowed"
+            raise CanonError(f"not UTF-8 (byte {bad.start})") from None
         raise CanonError(f"invalid JSON: {exc}") from None
     try:
         return json.loads(

@@ -24,6 +24,7 @@ __all__ = [
     "OperationalError",
     "ParseError",
     "PlanChanged",
+    "StartFailed",
     "UnsupportedVersion",
     "UsageError",
     "format_where",
@@ -177,6 +178,19 @@ class OperationalError(CrucibleError):
 
     exit_code = EXIT_OPERATIONAL
     code = "operational"
+
+
+class StartFailed(CrucibleError):
+    """A child command could not be started: exit 2 when its argv names nothing
+    runnable (not found, not executable), 3 for any other OS error. The base
+    for a tool's own start failure (ledger's ``CannotStart``) to join the tree."""
+
+    code = "cannot-start"
+
+    def __init__(self, message: str, *, usage: bool, where: str | Location | None = None) -> None:
+        super().__init__(message, where=where)
+        self.usage = usage
+        self.exit_code = EXIT_USAGE if usage else EXIT_OPERATIONAL
 
 
 class Interrupted(CrucibleError):

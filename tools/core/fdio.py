@@ -7,10 +7,16 @@ here once.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from typing import IO
 
-__all__ = ["read_file", "write_all", "write_stream"]
+__all__ = ["NotRegularFile", "read_file", "read_regular", "write_all", "write_stream"]
+
+
+class NotRegularFile(OSError):
+    """The path names a FIFO, a socket or a device where a file was expected."""
 
 
 def write_all(fd: int, data: bytes) -> None:
@@ -33,6 +39,30 @@ def read_file(path: str | os.PathLike[str]) -> bytes:
         # limit: read to the end.
         chunks = [data]
         while chunk := os.read(fd, max(size - len(data), 1 << 20)):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_regular(path: str | os.PathLike[str], *, follow: bool = True) -> bytes:
+    """A regular file's bytes, opened without blocking: a FIFO, a socket or a
+    device raises :class:`NotRegularFile` instead of waiting for a writer (or
+    reading /dev/zero forever); a directory raises :class:`IsADirectoryError`.
+    ``follow=False`` refuses a symbolic link (``ELOOP``)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    if not follow:
+        flags |= os.O_NOFOLLOW
+    fd = os.open(path, flags)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "Is a directory", os.fspath(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", os.fspath(path))
+        os.set_blocking(fd, True)
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
         return b"".join(chunks)
     finally:

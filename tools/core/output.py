@@ -20,6 +20,7 @@ import os
 import stat
 from typing import BinaryIO
 
+from crucible.core import fdio
 from crucible.core.errors import OperationalError, UsageError
 from crucible.core.fdio import write_all
 
@@ -31,18 +32,13 @@ def write_stream(out: BinaryIO, data: bytes, *, name: str = "<stdout>") -> None:
     :class:`BrokenPipeError` (the edge ends quietly), any other failure is an
     :class:`OperationalError` naming ``name``."""
     try:
-        out.flush()
         try:
             fd = out.fileno()
         except (AttributeError, OSError, ValueError):
             fd = -1  # an in-memory stream (a test's BytesIO): no descriptor
-        if fd < 0:
-            written = out.write(data)
-            if written is not None and written != len(data):
-                raise OSError(errno.EIO, "short write")
-            out.flush()
-            return
-        write_all(fd, data)
+        if fd < 0 and out.write(data) not in (None, len(data)):
+            raise OSError(errno.EIO, "short write")
+        fdio.write_stream(out, b"" if fd < 0 else data)
     except BrokenPipeError:
         raise
     except OSError as exc:
@@ -108,14 +104,18 @@ def _write_through(path: str, data: bytes) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
-            raise UsageError("is a FIFO with no reader; nothing would read the output", where=path) from None
+            raise UsageError(
+                "is a FIFO with no reader; nothing would read the output", where=path
+            ) from None
         raise OperationalError(f"cannot write: {exc.strerror or exc}", where=path) from None
     try:
         # a reader exists: block on a full pipe like any writer, not spin on EAGAIN
         os.set_blocking(fd, True)
         write_all(fd, data)
     except BrokenPipeError:
-        raise OperationalError("cannot write: the reader went away (broken pipe)", where=path) from None
+        raise OperationalError(
+            "cannot write: the reader went away (broken pipe)", where=path
+        ) from None
     except OSError as exc:
         raise OperationalError(f"cannot write: {exc.strerror or exc}", where=path) from None
     finally:

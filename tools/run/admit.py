@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import atomic, canon, digest
+from crucible.core.contract import EMIT_CAP_DEFAULT
 from crucible.core.errors import InputRefused, OperationalError, PlanChanged, UsageError
 from crucible.run.lock import StateLock
 from crucible.run.matrix import check_fanout_params
@@ -28,7 +29,6 @@ from crucible.run.params import changed_param, read_params_file, resolve_params
 
 __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
 
-EMIT_CAP_DEFAULT = 65536
 #: the largest ``-j`` (documented in run.md): past it a dispatcher forks more
 #: processes than a local machine runs usefully, and as root an unbounded -j
 #: is a fork bomb
@@ -153,7 +153,7 @@ def _jobs(requested: int | None, plan: dict[str, Any]) -> int:
         raise UsageError(f"-j {requested} is over the maximum of {JOBS_MAX}", where="-j")
     jobs = min(requested or os.cpu_count() or 1, JOBS_MAX)
     tasks = plan["tasks"]
-    if tasks and not any("map" in t for t in tasks):
+    if tasks and not any("map" in t or "matrix" in t for t in tasks):
         jobs = min(jobs, len(tasks))
     jobs = max(1, jobs)
     _check_process_limit(jobs, requested)

@@ -176,6 +176,11 @@ def run_cmd(
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
 
+    if as_json and not dry_run:
+        from crucible.core.errors import UsageError
+
+        raise UsageError("--json goes with --dry-run (the events are --events -)")
+
     options = RunOptions(
         plan=plan,
         state=state,
@@ -289,7 +294,7 @@ def _print_dry_run(lines: Any, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="NDJSON rows on stdout instead of a table.")
 def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> None:
     """Summarise the run in STATE: one row per task (per instance with TASK)."""
-    from crucible.core import atomic, ndjson
+    from crucible.core import ndjson, output
     from crucible.core.errors import InputRefused
     from crucible.run import report
 
@@ -301,7 +306,7 @@ def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bo
         if html_file == "-":
             sys.stdout.write(page)
         else:
-            atomic.write_bytes(html_file, page.encode("utf-8"))
+            output.write_output(html_file, page.encode("utf-8"))  # a device/FIFO: streamed
             click.echo(f"crucible-dispatch: wrote {html_file}", err=True)
         return
     if as_json:

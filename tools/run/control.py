@@ -99,7 +99,7 @@ class Control:
         self.state = state
         self.stage = stage
         self._params: dict[str, Any] | None = None
-        self._mapped = {t["name"] for t in plan["tasks"] if "map" in t}
+        self._mapped = {t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t}
         #: a task's input values, read once: its producers settled before it was
         #: ready, so every instance of a mapped task sees the same ones
         self._input_values: dict[str, dict[str, Any]] = {}

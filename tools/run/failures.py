@@ -64,7 +64,7 @@ def compose_note(note: str, code: int | None, log: str | None, tail: str) -> str
     if code is not None and code < 0:
         note = note.replace(f"exited with status {code}", exit_text(code))
     if log is not None:
-        note += f" (log: {log})"
+        note += f" (see {log})"
     if tail:
         note += "\n" + tail
     return note

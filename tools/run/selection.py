@@ -93,7 +93,11 @@ def select(
     # A failed mapped task that is not downstream of another rerun keeps its
     # passed instances and reruns the rest.
     downstream = _closure(failed, graph.consumers) - failed if rerun else set()
-    partial = {n for n in rerun if "map" in graph.tasks[n] and n not in downstream}
+    partial = {
+        n
+        for n in rerun
+        if ("map" in graph.tasks[n] or "matrix" in graph.tasks[n]) and n not in downstream
+    }
     selected = _closure(targets, graph.waits_for) if targets else None
     kept = {n: r for n, r in records.items() if n not in rerun}
     reasons: dict[str, tuple[str, str]] = {}

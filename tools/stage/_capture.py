@@ -11,6 +11,7 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.contract import EMIT_CAP_DEFAULT
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.stage._files import (
     FILES_RUN_MAX,
@@ -45,7 +46,6 @@ __all__ = [
     "type_ok",
 ]
 
-EMIT_CAP_DEFAULT = 65536
 #: The cap is recorded in the record, so it must be a safe JSON integer; a
 #: cap of 0 would refuse every declared field (the shortest JSON is 1 byte), so
 #: the rule is dispatch's: at least 1 byte.

@@ -20,6 +20,7 @@ import orjson
 
 from crucible.core import canon, digest
 from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.stage._files import FILES_RUN_MAX
@@ -49,7 +50,6 @@ VALUES_DIR = "@values"
 INDEX_NAME = "index.json"
 V1_FILE = "@inputs.json"
 INDEX_FORMAT = "crucible.inputs-index/1"
-RESERVED_INPUTS = ("params", "item", "history", "revision", "kept", "outcome")
 
 
 def utf16_order(keys: Any) -> list[str]:

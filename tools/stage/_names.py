@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+from crucible.core.contract import NAME_MAX_BYTES as TASK_NAME_MAX
 from crucible.core.errors import InputRefused
 
 __all__ = [
@@ -24,8 +25,6 @@ __all__ = [
 #: The longest escaped key, in bytes. 250, not 255, so that ``<escaped>.json``
 #: still fits NAME_MAX (255) on every common filesystem.
 KEY_COMPONENT_MAX = 250
-#: The longest task name stage accepts, in UTF-8 bytes, for the same reason.
-TASK_NAME_MAX = 250
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _HEX = "0123456789ABCDEF"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from crucible.core.contract import SUPPORTED_VERSIONS
 from crucible.core.errors import InputRefused, UnsupportedVersion
 from crucible.stage._names import task_name_problem
 
@@ -23,7 +24,6 @@ __all__ = [
     "view",
 ]
 
-SUPPORTED_VERSIONS = (1, 2, 3)
 TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
 
 

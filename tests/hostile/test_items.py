@@ -1,0 +1,122 @@
+"""Issue 12's 32 hostile-input defects, each with the regression test that
+holds it fixed. The tests live beside the tool they exercise (tests/<tool>/);
+this table is the hostile suite's index, and it fails if a listed test is
+renamed or removed, so an item can never silently lose its guard."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+#: item -> "file::test" (a parametrized test by its function name)
+ITEMS: dict[int, list[str]] = {
+    1: [
+        "ledger/test_hostile.py::test_compact_refuses_a_symlinked_lock_and_leaves_its_target",
+        "ledger/test_hostile.py::test_quarantine_in_run_never_writes_through_a_symlinked_lock",
+        "ledger/test_hostile.py::test_a_dangling_lock_symlink_creates_nothing_outside",
+    ],
+    2: [
+        "ledger/test_hostile.py::test_a_symlinked_ledger_is_quarantined_not_written_through",
+        "ledger/test_hostile.py::test_readers_never_follow_a_symlinked_ledger",
+    ],
+    3: [
+        "core/test_output.py::test_device_is_written_through_never_renamed_over",
+        "core/test_output.py::test_fifo_without_a_reader_is_refused_at_once",
+        "core/test_output.py::test_compile_o_fifo_without_reader_is_exit_2_without_blocking",
+        "core/test_output.py::test_compile_o_device_and_link_to_pipe_stay_what_they_are",
+        "core/test_output.py::test_report_html_to_a_fifo_or_device_is_never_renamed_over",
+    ],
+    4: [
+        "core/test_output.py::test_compile_to_stdout_on_a_full_disk_is_exit_3_not_truncated",
+        "ledger/test_hostile.py::test_run_passthrough_on_a_full_disk_exits_3",
+        "ledger/test_hostile.py::test_ls_and_get_on_a_full_disk_exit_3",
+    ],
+    5: ["run/test_daily.py::test_events_to_a_full_device_keep_the_log_complete"],
+    6: [
+        "proof/writer/test_hostile_cli.py::test_dir_holding_a_proof_among_other_files_is_not_replaced",
+        "proof/writer/test_hostile_cli.py::test_bundle_with_foreign_content_is_not_replaced",
+    ],
+    7: ["run/test_daily.py::test_a_second_dispatcher_on_a_state_is_refused_naming_the_first"],
+    8: [
+        "stage/test_capture_hostile.py::test_a_fifo_result_file_fails_the_attempt_without_blocking",
+        "stage/test_hostile_tasks.py::test_hostile_result_files_fail_their_attempts_and_the_run_ends",
+    ],
+    9: [
+        "stage/test_capture_hostile.py::test_a_device_result_file_is_never_read",
+        "stage/test_capture_hostile.py::test_a_result_file_over_the_bound_is_a_measured_failure",
+    ],
+    10: [
+        "stage/test_capture_hostile.py::test_a_symlink_to_a_file_outside_the_workspace_is_refused"
+    ],
+    11: [
+        "compile/test_compile_hostile.py::test_deep_starlark_is_exit_2_with_a_location",
+        "compile/test_compile_hostile.py::test_deep_starlark_from_stdin",
+    ],
+    12: [
+        "compile/test_compile_hostile.py::test_growing_string_is_a_starlark_error_diagnostic",
+        "compile/test_compile_hostile.py::test_a_crashing_evaluator_is_a_diagnostic",
+    ],
+    13: ["run/test_daily.py::test_a_fanout_key_with_nul_runs_with_the_escaped_key"],
+    14: [
+        "stage/test_capture_hostile.py::"
+        "test_deeply_nested_directories_fail_measured_not_with_recursion_error"
+    ],
+    15: [
+        "compile/test_compile_hostile.py::test_validate_refuses_what_the_run_would",
+        "stage/test_capture_hostile.py::test_a_bad_glob_is_a_plan_error_never_re_error",
+    ],
+    16: ["stage/test_capture_hostile.py::test_a_directory_renamed_mid_capture_fails_the_attempt"],
+    17: [
+        "stage/test_capture_hostile.py::"
+        "test_a_directory_left_where_the_result_file_goes_fails_the_attempt"
+    ],
+    18: [
+        "run/test_report_state.py::test_damaged_session_line_is_one_line_exit_2",
+        "run/test_report_state.py::test_damaged_result_record_is_one_line_exit_2",
+    ],
+    19: [
+        "run/test_report_state.py::test_a_fifo_is_refused_without_waiting",
+        "compile/test_compile_hostile.py::test_source_that_is_a_fifo_is_refused_without_blocking",
+    ],
+    20: ["proof/reader/test_hostile_cli.py::test_unreadable_bundle_is_exit_3"],
+    21: ["proof/reader/test_hostile_cli.py::test_invalid_expect_is_usage_2"],
+    22: ["run/test_daily.py::test_a_bad_events_path_leaves_the_state_unclaimed"],
+    23: ["compile/test_compile_hostile.py::test_source_that_is_a_directory_is_exit_2"],
+    24: ["core/test_cli_edge.py::test_sigint_while_the_tool_loads_is_130_with_one_line"],
+    25: ["run/test_daily.py::test_jobs_are_capped_by_the_units_and_a_maximum"],
+    26: [
+        "run/test_report.py::test_long_and_hostile_keys_and_notes_are_escaped_and_cut",
+        "proof/reader/test_hostile_cli.py::test_hostile_name_in_bundle_is_one_escaped_line",
+    ],
+    27: [
+        "run/test_daily.py::test_param_messages_say_what_is_wrong",
+        "run/test_daily.py::test_an_integral_number_is_an_integer_param",
+    ],
+    28: [
+        "cli/test_stage_cli.py::test_out_of_range_numbers_name_their_option",
+        "stage/test_commands.py::test_emit_cap_has_one_rule_and_names_its_source",
+        "proof/writer/test_hostile_cli.py::test_failed_write_is_exit_3_naming_the_file",
+    ],
+    29: ["ledger/test_hostile.py::test_read_only_dir_names_the_lock_and_permission"],
+    30: ["core/test_cli_edge.py::test_no_subcommand_is_one_line_with_the_help_hint"],
+    31: ["proof/reader/test_hostile_cli.py::test_symlink_to_bundle_says_links_are_not_followed"],
+    32: ["compile/test_compile_hostile.py::test_non_utf8_and_junk_plans_say_what_they_are"],
+}
+
+
+def test_every_item_has_a_guard() -> None:
+    assert sorted(ITEMS) == list(range(1, 33))
+    assert all(ITEMS[i] for i in ITEMS)
+
+
+@pytest.mark.parametrize(
+    "node", [n for tests in ITEMS.values() for n in tests], ids=lambda n: n.split("::")[1]
+)
+def test_listed_regression_test_exists(node: str) -> None:
+    path, name = node.split("::")
+    source = (TESTS / path).read_text()
+    assert re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), node
