@@ -66,6 +66,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "parallelism": 4,
     # the task cache (issue 15): false = always run (its results are state)
     "cache": 4,
+    # what a unit needs on its worker (issue 19; crucible.compile.resources)
+    "resources": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task

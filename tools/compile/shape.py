@@ -452,6 +452,10 @@ def check_task(
                 )
             else:
                 task["cache"] = raw["cache"]
+        if "resources" in raw:
+            from crucible.compile.resources import check_resources
+
+            check_resources(chk, (*path, "resources"), raw["resources"], task)
     elif "map" in raw:
         ref = _check_ref(chk, (*path, "map"), raw["map"], "map")
         if ref is not None:

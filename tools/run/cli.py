@@ -137,6 +137,26 @@ def cli() -> None:
     metavar="DIR",
     help="Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).",
 )
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "dask", "dask-local"]),
+    default="local",
+    show_default=True,
+    help="Where units run: forked workers, a Dask cluster, or a LocalCluster for the run.",
+)
+@click.option("--scheduler", metavar="tcp://HOST:PORT", help="With --executor dask: its scheduler.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1, max=JOBS_MAX),
+    help="With --executor dask-local: worker processes (default: min(-j, CPU count)).",
+)
+@click.option(
+    "--threads-per-worker",
+    type=click.IntRange(min=1, max=JOBS_MAX),
+    default=1,
+    show_default=True,
+    help="With --executor dask-local: units each worker runs at once.",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -157,6 +177,10 @@ def run_cmd(
     outputs: str | None,
     publish_dir: Path | None,
     cache: Path | None,
+    executor: str,
+    scheduler: str | None,
+    workers: int | None,
+    threads_per_worker: int,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan
@@ -187,7 +211,15 @@ def run_cmd(
         outputs=outputs,
         publish_dir=publish_dir,
         cache=cache or None,
+        executor=executor,
+        scheduler=scheduler,
+        workers=workers,
+        threads_per_worker=threads_per_worker,
     )
+    if executor != "local" and not dry_run:
+        from crucible.run.dask_executor import check_options
+
+        check_options(options)  # before the state dir is touched
     if outputs == "-" and events == "-":
         from crucible.core.errors import UsageError
 

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import CrucibleError
-from crucible.run import control
+from crucible.run import control, executor
 from crucible.run.admit import Admission
+from crucible.run.executor import Executor
 from crucible.run.failures import compose_note, exit_text, failure_record, write_record
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.matrix import Fanouts
@@ -36,7 +37,7 @@ from crucible.run.procs import close_inherited, kill_group
 from crucible.run.selection import NOT_SELECTED, Selection
 from crucible.run.session import SessionLog
 from crucible.run.unit import Slots, UnitRunner
-from crucible.run.workers import Channel, Reply, WorkerPool
+from crucible.run.workers import Channel, Reply
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
 
@@ -202,7 +203,9 @@ class Dispatcher:
         # unit from staging to capture; the extra workers stage the next units
         # while the slots are busy.
         try:
-            self.workers = WorkerPool(self.jobs + min(self.jobs, 8) + 1, self._serve)
+            self.workers: Executor = executor.create(
+                options, jobs=self.jobs, slots=self.slots, runner=self.runner, serve=self._serve
+            )
         except BaseException:
             self.slots.close()
             raise
@@ -240,8 +243,8 @@ class Dispatcher:
         except BaseException:
             # The workers kill their tasks' groups; a task whose worker died
             # (the likely cause of getting here) has nobody else to do it.
-            self.slots.stop()
-            self.slots.kill()
+            self.workers.stop()
+            self.workers.kill()
             for unit in self._tokens.values():
                 if unit.pid is not None:
                     kill_group(unit.pid, signal.SIGKILL)
@@ -358,7 +361,7 @@ class Dispatcher:
                         while os.read(wake_r, 512):
                             pass
                     if stopping and self._escalate:
-                        self.slots.kill()
+                        self.workers.kill()
                 else:
                     for reply in self.workers.read(key.fd):
                         self._on_reply(reply)
@@ -389,7 +392,7 @@ class Dispatcher:
             raise RuntimeError(f"a dispatch worker failed:\n{reply.payload}")
         if not reply.final:
             unit = self._tokens[reply.token]
-            self._started(unit, reply.payload["pid"])
+            self._started(unit, reply.payload["pid"], reply.payload.get("worker"))
             return
         unit = self._tokens.pop(reply.token)
         if (waiting := self.gate.release(unit.name)) is not None:
@@ -419,8 +422,10 @@ class Dispatcher:
             )
         elif kind == "finished":
             if unit.pid is None:  # a short task: its start comes with its end
-                self._started(unit, result["pid"])
+                self._started(unit, result["pid"], result.get("worker"))
             self._exited(unit, result)
+        elif kind == "worker_lost":  # an executor's worker died mid-unit
+            self._worker_lost(unit, str(result["worker"]))
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)
 
@@ -443,7 +448,7 @@ class Dispatcher:
         group (SIGKILL after the grace period)."""
         self.ready.clear()
         self.timers.clear()
-        self.slots.stop()
+        self.workers.stop()
 
     # ---------------------------------------------------------------- resume
 
@@ -646,7 +651,7 @@ class Dispatcher:
 
     # ------------------------------------------------------ a unit (main side)
 
-    def _started(self, unit: Unit, pid: int) -> None:
+    def _started(self, unit: Unit, pid: int, worker: str | None = None) -> None:
         unit.pid = pid
         if unit.first_start is None:
             unit.first_start = time.monotonic()
@@ -658,6 +663,7 @@ class Dispatcher:
             pid=pid,
             workspace=self._rel(self.layout.work_dir(unit.name, unit.key)),
             **self._item_preview(unit),
+            **({} if worker is None else {"worker": worker}),  # a Dask executor's
         )
 
     def _item_preview(self, unit: Unit) -> dict[str, str]:
@@ -805,6 +811,35 @@ class Dispatcher:
             fields=fields,
             tolerable=tolerable,
         )
+
+    def _worker_lost(self, unit: Unit, worker: str) -> None:
+        """A transient failure: retried under the task's retries (whatever its
+        ``on_exit``: there is no exit code), else a failure of the unit that no
+        exit-code tolerance covers (docs/spec/run.md, Executors)."""
+        if unit.pid is not None:
+            self.running -= 1
+            unit.pid = None
+        note = f"worker lost: {worker}"
+        task = dict(self.graph.tasks[unit.name])
+        if isinstance(task.get("retry"), dict):
+            task["retry"] = {k: v for k, v in task["retry"].items() if k != "on_exit"}
+        retry = control.Retry(None)
+        if self.stop_signal is None:
+            retry = control.next_retry(
+                task, unit.attempt, timed_out=False, exit_code=None, retryable=True,
+                backoff=self.options.backoff,
+                elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
+            )  # fmt: skip
+        if retry.delay is None:
+            self._fail_unit(unit, note if retry.why_not is None else f"{note}; {retry.why_not}")
+            return
+        self.log.emit(
+            "task_finished", **self._ids(unit), attempt=unit.attempt, status=FAILED, note=note,
+            retry=True,
+        )  # fmt: skip
+        unit.attempt += 1
+        self._timer_seq += 1
+        heapq.heappush(self.timers, (time.monotonic() + retry.delay, self._timer_seq, unit))
 
     def _fail_unit(
         self,

@@ -48,3 +48,12 @@ class RunOptions:
     publish_dir: Path | None = None
     #: ``--cache DIR``: the task cache (docs/spec/cache.md); None = off
     cache: Path | None = None
+    #: ``--executor``: ``local`` (forked workers), ``dask`` (a running cluster at
+    #: ``scheduler``) or ``dask-local`` (a LocalCluster for the run); see run/executor.py
+    executor: str = "local"
+    #: ``--scheduler tcp://HOST:PORT`` (``--executor dask``)
+    scheduler: str | None = None
+    #: ``--workers N`` (``--executor dask-local``); None = min(-j, CPU count)
+    workers: int | None = None
+    #: ``--threads-per-worker`` (``--executor dask-local``)
+    threads_per_worker: int = 1

@@ -1,0 +1,388 @@
+"""``--executor dask|dask-local`` (issue 19) through real ``crucible-dispatch``
+subprocesses on real Dask clusters: a LocalCluster of 2 worker processes on
+loopback started by the dispatcher, or a ``dask scheduler`` and ``dask worker``
+processes started here. Every wait is bounded."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.run.dispatchtests import process_alive
+
+pytest.importorskip("distributed")
+
+BIN = Path(sys.executable).parent
+DISPATCH = str(BIN / "crucible-dispatch")
+DASK = str(BIN / "dask")
+LOCAL = ("--executor", "dask-local", "--workers", "2")
+
+FANOUT = """
+edition = 4
+[workflow]
+name = "fan"
+[[workflow.task]]
+name = "t"
+map = {{ count = {n} }}
+emits = {{ item = "integer", key = "string" }}
+emits_files = ["note.txt"]
+run = 'echo "n$CRUCIBLE_KEY" > note.txt; printf "{{\\"item\\": %s, \\"key\\": \\"%s\\"}}" "$(cat "$CRUCIBLE_INPUTS_DIR/item")" "$CRUCIBLE_KEY" > "$CRUCIBLE_OUTPUT"'
+[[workflow.task]]
+name = "join"
+needs = ["t"]
+inputs = {{ keys = "t.key" }}
+emits = {{ n = "integer" }}
+run = 'echo "{{\\"n\\": $(ls "$CRUCIBLE_INPUTS_DIR/keys" | wc -l)}}" > "$CRUCIBLE_OUTPUT"'
+"""
+
+
+def write_pack(tmp_path: Path, toml: str) -> Path:
+    pack = tmp_path / "pack.toml"
+    pack.write_text(textwrap.dedent(toml).lstrip())
+    return pack
+
+
+def dispatch(
+    pack: Path, state: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def events(state: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (state / "session.jsonl").read_text().splitlines()]
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+_VARYING = {"time", "pid", "worker", "duration", "max_rss_kib", "worker_max_rss_kib", "session"}
+
+
+def event_contents(state: Path) -> list[str]:
+    """The session's events without timings, pids and worker names, in a fixed order."""
+    out = []
+    for e in events(state):
+        kept = {k: v for k, v in e.items() if k not in _VARYING}
+        out.append(json.dumps(kept, sort_keys=True))
+    return sorted(out)
+
+
+def test_help_does_not_import_dask() -> None:
+    code = (
+        "import sys\n"
+        "from crucible.run.cli import main\n"
+        "sys.argv = ['crucible-dispatch', 'run', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "assert 'distributed' not in sys.modules and 'dask' not in sys.modules, 'dask imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--executor" in proc.stdout and "--threads-per-worker" in proc.stdout
+
+
+@pytest.mark.parametrize("executor", ["dask", "dask-local"])
+def test_without_dask_one_line_says_how_to_install(tmp_path: Path, executor: str) -> None:
+    pack = write_pack(tmp_path, FANOUT.format(n=2))
+    code = (
+        "import sys\n"
+        "sys.modules['distributed'] = None  # as if not installed: import raises\n"
+        "from crucible.run.cli import main\n"
+        f"sys.argv = ['crucible-dispatch', {str(pack)!r}, '--state', {str(tmp_path / 's')!r},"
+        f" '--executor', {executor!r}, '--scheduler', 'tcp://127.0.0.1:1']\n"
+        "main()\n"
+    )
+    if executor == "dask-local":
+        code = code.replace(", '--scheduler', 'tcp://127.0.0.1:1'", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "pip install 'crucible[dask]'" in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_dask_needs_a_scheduler(tmp_path: Path) -> None:
+    pack = write_pack(tmp_path, FANOUT.format(n=2))
+    proc = dispatch(pack, tmp_path / "s", "--executor", "dask")
+    assert proc.returncode == 2 and "--scheduler" in proc.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_fanout_with_a_join_gives_the_same_records_and_files_as_local(tmp_path: Path) -> None:
+    # 200 instances here; 1,000 was measured separately (see benchmarks/bench_dask.py).
+    pack = write_pack(tmp_path, FANOUT.format(n=200))
+    local = dispatch(pack, tmp_path / "local", "-j", "4")
+    assert local.returncode == 0, local.stderr
+    started = time.monotonic()
+    remote = dispatch(pack, tmp_path / "dask", "-j", "4", *LOCAL)
+    assert remote.returncode == 0, remote.stderr
+    assert time.monotonic() - started < 60
+    for sub in ("results", "output", "instances", "files"):
+        assert tree(tmp_path / "local" / sub) == tree(tmp_path / "dask" / sub), sub
+    assert (
+        json.loads((tmp_path / "dask" / "results" / "join.json").read_bytes())["status"] == "passed"
+    )
+    assert (tmp_path / "dask" / "output" / "1" / "join.json").read_text().strip() == '{"n": 200}'
+    # captured files: every instance's note.txt
+    assert len([k for k in tree(tmp_path / "dask" / "files") if k.endswith("note.txt")]) == 200
+    assert event_contents(tmp_path / "local") == event_contents(tmp_path / "dask")
+    workers = {e["worker"] for e in events(tmp_path / "dask") if e["event"] == "task_started"}
+    assert len(workers) == 2 and all(w.startswith("tcp://127.0.0.1:") for w in workers)
+    assert not any("worker" in e for e in events(tmp_path / "local"))
+
+
+def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "slow"
+        [[workflow.task]]
+        name = "t"
+        map = {{ count = 4 }}
+        run = 'echo $$ > {pids}/$CRUCIBLE_KEY; sleep 300 & echo $! > {pids}/$CRUCIBLE_KEY.child; while [ -e {gate} ]; do sleep 0.05; done; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    state = tmp_path / "state"
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [DISPATCH, str(pack), "--state", str(state), "-j", "4", *LOCAL,
+             "--threads-per-worker", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(list(pids.glob("*.child"))) < 4:
+            time.sleep(0.05)
+        assert len(list(pids.glob("*.child"))) == 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143, (tmp_path / "stderr").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    task_pids = [int(p.read_text()) for p in pids.iterdir()]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_alive(p) for p in task_pids):
+        time.sleep(0.05)
+    assert not [p for p in task_pids if process_alive(p)]
+    assert not list(state.glob("results/t/*.json"))  # interrupted units stay unsettled
+    gate.unlink()
+    again = dispatch(pack, state, "--resume", *LOCAL)
+    assert again.returncode == 0, again.stderr
+    assert len(list((state / "results" / "t").glob("*.json"))) == 4
+
+
+@contextlib.contextmanager
+def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A ``dask scheduler`` on loopback; yields its address and a list the test
+    adds its worker processes to (all stopped at the end)."""
+    sched_file = tmp_path / "scheduler.json"
+    procs: list[subprocess.Popen[bytes]] = []
+    procs.append(
+        subprocess.Popen(
+            [
+                DASK,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not sched_file.exists():
+            time.sleep(0.05)
+        address = json.loads(sched_file.read_text())["address"]
+        yield address, procs
+    finally:
+        for p in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+
+
+def start_worker(address: str, hide: Path | None = None) -> subprocess.Popen[bytes]:
+    """A ``dask worker`` process; with ``hide``, in its own mount namespace where
+    an empty tmpfs covers that directory."""
+    argv = [DASK, "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
+            "--host", "127.0.0.1"]  # fmt: skip
+    if hide is not None:
+        script = f'mount -t tmpfs none "{hide}" && exec "$@"'
+        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def wait_workers(address: str, n: int) -> None:
+    code = (
+        "from distributed import Client\n"
+        f"c = Client({address!r}, timeout=30)\n"
+        f"c.wait_for_workers({n}, timeout=60)\n"
+        "c.close()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=90, capture_output=True)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
+)
+def test_a_worker_that_cannot_see_the_state_is_refused_with_exit_3(tmp_path: Path) -> None:
+    """A real worker in another mount namespace, where a tmpfs hides the
+    directory holding the state (what a worker without the shared mount sees)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    pack = write_pack(tmp_path, FANOUT.format(n=3))
+    with cluster(tmp_path) as (address, procs):
+        procs.append(start_worker(address))
+        wait_workers(address, 1)
+        ok = dispatch(pack, shared / "ok", "--executor", "dask", "--scheduler", address)
+        assert ok.returncode == 0, ok.stderr
+        assert {e.get("worker") for e in events(shared / "ok") if e["event"] == "task_started"}
+        procs.append(start_worker(address, hide=shared))
+        wait_workers(address, 2)
+        bad = dispatch(pack, shared / "bad", "--executor", "dask", "--scheduler", address)
+    assert bad.returncode == 3, bad.stderr
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert str(shared / "bad" / "executor-token") in bad.stderr
+    assert "Dask worker tcp://127.0.0.1:" in bad.stderr and "cannot see the state" in bad.stderr
+    assert not (shared / "bad" / "results").exists()
+
+
+def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    gate = tmp_path / "gate"
+    gate.write_text("closed")
+    # Instance 0's first attempt records its worker process ($PPID: the task's
+    # parent is the worker) and waits; the test SIGKILLs that worker.
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "lost"
+        [[workflow.task]]
+        name = "t"
+        map = {{ count = 4 }}
+        retries = 1
+        run = 'if [ "$CRUCIBLE_KEY" = 0 ] && [ "$CRUCIBLE_ATTEMPT" = 1 ]; then echo $PPID > {marks}/worker; echo $$ > {marks}/task; while [ -e {gate} ]; do sleep 0.05; done; fi; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    state = tmp_path / "state"
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (marks / "task").exists():
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os.kill(int((marks / "worker").read_text()), signal.SIGKILL)
+        assert proc.wait(timeout=90) == 0, (tmp_path / "stderr").read_text()
+    finally:
+        gate.unlink()  # the killed worker's orphaned task ends here (see run-on-a-cluster.md)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    finished = [e for e in events(state) if e["event"] == "task_finished" and e.get("key") == "0"]
+    assert finished[0]["status"] == "failed" and finished[0]["retry"] is True
+    assert finished[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
+    assert finished[1]["status"] == "passed" and finished[1]["attempt"] == 2
+    assert len(list(state.glob("results/t/*.json"))) == 4
+
+
+def test_a_timeout_on_a_worker_kills_the_tasks_grandchildren(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "slow"
+        [[workflow.task]]
+        name = "t"
+        timeout = 1
+        run = 'sh -c "sleep 300 & echo \\$! >> {pids}; wait" & echo $! >> {pids}; sleep 300'
+        """,
+    )
+    state = tmp_path / "state"
+    proc = dispatch(pack, state, *LOCAL)
+    assert proc.returncode == 1, proc.stderr
+    record = json.loads((state / "results" / "t.json").read_bytes())
+    assert record["status"] == "failed" and "timeout" in record["note"]
+    grandchildren = [int(p) for p in pids.read_text().split()]
+    assert len(grandchildren) == 2
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(process_alive(p) for p in grandchildren):
+        time.sleep(0.05)
+    assert not [p for p in grandchildren if process_alive(p)]
+
+
+def test_a_resource_no_worker_offers_is_refused_at_admission(tmp_path: Path) -> None:
+    body = """
+    edition = 4
+    [workflow]
+    name = "r"
+    [[workflow.task]]
+    name = "small"
+    resources = {{ cpus = 1, memory = "1MiB" }}
+    run = 'echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+    [[workflow.task]]
+    name = "big"
+    needs = ["small"]
+    resources = {{ cpus = 1, gpu = {gpu} }}
+    run = 'echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+    """
+    pack = write_pack(tmp_path, body.format(gpu=1))
+    proc = dispatch(pack, tmp_path / "s", *LOCAL)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "task 'big' needs resources cpus=1, gpu=1; no Dask worker offers gpu" in proc.stderr
+    assert not (tmp_path / "s" / "results").exists()  # nothing ran
+    # what the workers offer (this machine's CPUs and memory) runs
+    pack = write_pack(tmp_path, body.format(gpu=0))
+    ok = dispatch(pack, tmp_path / "ok", *LOCAL)
+    assert ok.returncode == 0, ok.stderr
