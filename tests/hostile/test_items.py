@@ -104,7 +104,10 @@ ITEMS: dict[int, list[str]] = {
     29: ["ledger/test_hostile.py::test_read_only_dir_names_the_lock_and_permission"],
     30: ["core/test_cli_edge.py::test_no_subcommand_is_one_line_with_the_help_hint"],
     31: ["proof/reader/test_hostile_cli.py::test_symlink_to_bundle_says_links_are_not_followed"],
-    32: ["compile/test_compile_hostile.py::test_non_utf8_and_junk_plans_say_what_they_are"],
+    32: [
+        "compile/test_compile_hostile.py::test_non_utf8_and_junk_plans_say_what_they_are",
+        "run/test_daily.py::test_a_junk_plan_json_in_the_state_is_said_to_be_no_plan",
+    ],
 }
 
 

@@ -638,3 +638,20 @@ def test_the_process_limit_check_counts_workers_and_tasks(
         admit._jobs(20, plan)
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # root is not held to it
     assert admit._jobs(20, plan) == 20
+
+
+@pytest.mark.parametrize("junk", [b'{"junk": 1}\n', b"garbage\n", b"[]"])
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_junk_plan_json_in_the_state_is_said_to_be_no_plan(
+    tmp_path: Path, junk: bytes, resume: bool
+) -> None:
+    # issue 12 item 32: it used to read "holds a run of another plan (sha256:...)"
+    state = tmp_path / "s"
+    state.mkdir()
+    (state / "plan.json").write_bytes(junk)
+    hello = Path(__file__).resolve().parents[2] / "examples" / "hello" / "pack.toml"
+    proc = dispatch(hello, "--state", state, *(["--resume"] if resume else []))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert f"{state / 'plan.json'}: not a plan" in line
+    assert (state / "plan.json").read_bytes() == junk  # nothing overwritten

@@ -21,7 +21,13 @@ from typing import Any
 
 from crucible.core import atomic, canon, digest
 from crucible.core.contract import EMIT_CAP_DEFAULT
-from crucible.core.errors import InputRefused, OperationalError, PlanChanged, UsageError
+from crucible.core.errors import (
+    InputRefused,
+    OperationalError,
+    ParseError,
+    PlanChanged,
+    UsageError,
+)
 from crucible.run.lock import StateLock
 from crucible.run.matrix import check_fanout_params
 from crucible.run.options import RunOptions
@@ -233,7 +239,9 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     plan_file = state / "plan.json"
     held = plan_file.exists()
     if held and not options.fresh:
-        admitted_digest = digest.of_bytes(_read(plan_file))
+        held_bytes = _read(plan_file)
+        _check_is_a_plan(plan_file, held_bytes)
+        admitted_digest = digest.of_bytes(held_bytes)
         if admitted_digest != plan_digest:
             raise InputRefused(
                 f"the state dir holds a run of another plan ({admitted_digest}, this plan {plan_digest}): use a fresh --state or pass --fresh",
@@ -261,6 +269,23 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     return base
 
 
+def _check_is_a_plan(path: Path, data: bytes) -> None:
+    """A state's plan.json that is no plan at all (hand-edited, damaged) is said
+    to be so, not reported as another plan's run (issue 12 item 32)."""
+    from crucible.core import canon
+
+    try:
+        value = canon.loads(data)
+    except canon.CanonError as exc:
+        raise ParseError(f"not a plan: {exc.message}", where=str(path)) from None
+    if not (
+        isinstance(value, dict)
+        and isinstance(value.get("version"), int)
+        and isinstance(value.get("tasks"), list)
+    ):
+        raise ParseError("not a plan (no version and tasks)", where=str(path))
+
+
 def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -> Admission:
     state = options.state
     plan_file = state / "plan.json"
@@ -269,7 +294,9 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
     if not options.dry_run:
         base.lock = StateLock(state)
     try:
-        admitted_digest = digest.of_bytes(_read(plan_file))
+        held_bytes = _read(plan_file)
+        _check_is_a_plan(plan_file, held_bytes)
+        admitted_digest = digest.of_bytes(held_bytes)
         if admitted_digest != base.digest:
             raise PlanChanged(
                 f"the plan changed since the run started: run {admitted_digest}, now {base.digest}",
