@@ -30,7 +30,7 @@ from crucible.core.errors import (
 )
 from crucible.run.lock import StateLock
 from crucible.run.matrix import check_fanout_params
-from crucible.run.options import RunOptions
+from crucible.run.options import JOBS_MAX, RunOptions
 from crucible.run.params import changed_param, read_params_file, resolve_params
 
 __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
@@ -38,7 +38,6 @@ __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
 #: the largest ``-j`` (documented in run.md): past it a dispatcher forks more
 #: processes than a local machine runs usefully, and as root an unbounded -j
 #: is a fork bomb
-JOBS_MAX = 256
 
 
 def worker_count(jobs: int) -> int:

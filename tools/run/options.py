@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RunOptions"]
+#: the most task slots (-j) a run may ask for (run.md); here, not in admit, so
+#: the command line reads it without importing admission at start-up
+JOBS_MAX = 256
+
+__all__ = ["JOBS_MAX", "RunOptions"]
 
 
 @dataclass(frozen=True)
