@@ -39,7 +39,9 @@ __all__ = [
     "Hit",
     "Miss",
     "TaskCache",
+    "ancestor_files",
     "explain_miss",
+    "fixed_components",
     "unit_key",
 ]
 
@@ -121,7 +123,7 @@ def _record_files(record: Mapping[str, Any], files_dir: Path) -> list[dict[str, 
     return out
 
 
-def _ancestor_files(
+def ancestor_files(
     plan: Mapping[str, Any], task_name: str, state: Path, escape_key: Callable[[str], str]
 ) -> dict[str, str]:
     """One component per ancestor that declares emits_files: what was staged
@@ -157,6 +159,41 @@ def _ancestor_files(
     return out
 
 
+_ENV_DIGESTS: dict[tuple[tuple[str, str], ...], str] = {}
+
+
+def _env_digest(env: dict[str, str]) -> str:
+    """Most tasks of a plan are handed the same variables: hashed once."""
+    ident = tuple(env.items())
+    found = _ENV_DIGESTS.get(ident)
+    if found is None:
+        if len(_ENV_DIGESTS) > 64:
+            _ENV_DIGESTS.clear()
+        found = _ENV_DIGESTS[ident] = _digest_of(env)
+    return found
+
+
+def fixed_components(
+    plan: Mapping[str, Any],
+    task: Mapping[str, Any],
+    host_env: Mapping[str, str],
+    agent_cmd: str | None,
+    emit_cap: int,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The components that depend on the task alone, as (those before
+    ``instance``, those after it) in key order."""
+    version = int(plan["version"])
+    if int(plan.get("edition", 1)) <= 1:
+        env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
+    else:
+        env = dict(host_env)
+    head = {"plan_version": _digest_of(version), "task": _digest_of(_task_definition(task))}
+    tail = {"env": _env_digest(env), "emit_cap": _digest_of(emit_cap)}
+    if task.get("kind") == "agent":
+        tail["agent_cmd"] = _digest_of(agent_cmd)
+    return head, tail
+
+
 def unit_key(
     *,
     plan: Mapping[str, Any],
@@ -169,27 +206,17 @@ def unit_key(
     emit_cap: int,
     escape_key: Callable[[str], str],
 ) -> CacheKey:
-    """The cache key of one unit, computed after its inputs were staged.
+    """The cache key of one unit, read from its staged workspace: the definition
+    of the key. A run keys units before staging them
+    (:class:`crucible.run.cache_keyer.Keyer`, equal to this by test).
 
     ``host_env`` is the host part of the environment the task is handed
     (``crucible.run.environ.task_environment``)."""
     task = _tasks_of(plan)[task_name]
-    version = int(plan["version"])
-    if int(plan.get("edition", 1)) <= 1:
-        env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
-    else:
-        env = dict(host_env)
-    components: dict[str, str] = {
-        "plan_version": _digest_of(version),
-        "task": _digest_of(_task_definition(task)),
-        "instance": _digest_of(key),
-        "env": _digest_of(env),
-        "emit_cap": _digest_of(emit_cap),
-    }
-    if task.get("kind") == "agent":
-        components["agent_cmd"] = _digest_of(agent_cmd)
-    components.update(_staged_inputs(workspace, version))
-    components.update(_ancestor_files(plan, task_name, state, escape_key))
+    head, tail = fixed_components(plan, task, host_env, agent_cmd, emit_cap)
+    components = {**head, "instance": _digest_of(key), **tail}
+    components.update(_staged_inputs(workspace, int(plan["version"])))
+    components.update(ancestor_files(plan, task_name, state, escape_key))
     return CacheKey(task_name, key, components)
 
 

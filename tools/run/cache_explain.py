@@ -1,11 +1,11 @@
 """``--dry-run --cache DIR``: per unit, hit or miss and why (docs/spec/cache.md).
 
-A unit's key needs its staged inputs, which need its producers' results. The
-dry run builds them in a throw-away shadow state in a temporary directory (the
-state dir is never written): the admitted plan and params, the real state's
-settled records and files, and, in plan order, each unit staged and looked up;
-a hit's record and files are restored into the shadow so its consumers can be
-keyed in turn. A unit downstream of one that will run cannot be keyed before
+A unit's key follows from its producers' results (crucible.run.cache_keyer).
+The dry run keys units in a throw-away shadow state in a temporary directory
+(the state dir is never written): the admitted plan and params, the real
+state's settled records, files, reserved inputs and instance lists, and, in
+plan order, each unit keyed and looked up; a hit's record and files are
+restored into the shadow so its consumers can be keyed in turn. A unit downstream of one that will run cannot be keyed before
 that run: it says so.
 """
 
@@ -39,7 +39,7 @@ def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
 
     shadow = root / "state"
     shadow.mkdir()
-    for part in ("results", "files"):
+    for part in ("results", "files", "reserved", "instances"):
         src = state / part
         if src.is_dir() and not src.is_symlink():
             shutil.copytree(src, shadow / part, symlinks=True)
@@ -60,7 +60,6 @@ def explain_lines(
     off, unknown) on each unit that would run; a hit's action is ``cached``."""
     from crucible import stage
     from crucible.run.cache import explain_miss
-    from crucible.run.environ import task_environment
     from crucible.run.unit_cache import UnitCache, cacheable
 
     plan = admission.plan
@@ -77,6 +76,7 @@ def explain_lines(
             options.cache,
             plan=plan,
             state=shadow,
+            environ=environ,
             agent_cmd=options.agent_cmd,
             emit_cap=admission.emit_cap,
         )
@@ -117,16 +117,19 @@ def explain_lines(
                     unknown.add(name)
                     line["reason"] += f"; {why}"
                     continue
-                workspace = stage.StateLayout(shadow).work_dir(name, key)
                 try:
-                    stage.stage_inputs(plan, shadow, name, workspace, key=key)
+                    ck = cache.keyer.key(name, key)
                 except CrucibleError as exc:
                     unknown.add(name)
                     line["cache"] = "unknown"
                     line["reason"] += f"; cache: cannot stage its inputs ({exc})"
                     continue
-                ck = cache.key(name, key, workspace, task_environment(plan, task, environ))
-                record = None if ck is None else cache.lookup(ck, 1)
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    warn(f"cache: cannot key {name!r}: {exc}")
+                    unknown.add(name)
+                    line["cache"] = "unknown"
+                    continue
+                record = cache.lookup(ck, 1)
                 for w in cache.take_warnings():
                     warn(w)
                 if record is not None:
@@ -137,10 +140,9 @@ def explain_lines(
                 if key is None:
                     unknown.add(name)
                 line["cache"] = "miss"
-                if ck is not None:
-                    line["cache_key"] = ck.digest
-                    last = cache.cache.last_components(name, key, stage.escape_key)
-                    line["reason"] += f"; cache miss: {explain_miss(last, ck.components)}"
+                line["cache_key"] = ck.digest
+                last = cache.cache.last_components(name, key, stage.escape_key)
+                line["reason"] += f"; cache miss: {explain_miss(last, ck.components)}"
         finally:
             cache.close()
     return out

@@ -198,6 +198,17 @@ class Dispatcher:
             slots=self.slots,
             pack_dir=admission.pack_dir,
         )
+        # --cache (crucible.run.cache_hits): a ready unit that hits is restored and
+        # settled on this thread, with no worker, slot or staging
+        self.hits: Any = None
+        if options.cache is not None:
+            from crucible.run.cache_hits import CacheHits
+
+            self.hits = CacheHits(
+                options.cache, plan=self.plan, tasks=self.graph.tasks, state=options.state,
+                environ=environ, agent_cmd=options.agent_cmd, emit_cap=admission.emit_cap,
+                warn=self.warn,
+            )  # fmt: skip
         # Fork the workers now, before any thread exists in this process (the
         # session log's writer starts at its first commit). A worker holds one
         # unit from staging to capture; the extra workers stage the next units
@@ -256,6 +267,8 @@ class Dispatcher:
             os.close(wake_w)
             self.workers.close()
             self.slots.close()
+            if self.hits is not None:
+                self.hits.close()
         duration = time.monotonic() - started
         counts = {
             "tasks": len(self.graph.tasks),
@@ -374,6 +387,8 @@ class Dispatcher:
         return None
 
     def _fill(self) -> None:
+        if self.hits is not None:  # --cache: hits settle here, consumers' hits too
+            self.hits.take(self.ready, self._settle_cached)
         idle = self.workers.idle
         while self.ready and idle:
             unit = self.ready.popleft()
@@ -412,14 +427,6 @@ class Dispatcher:
             self._fail_unit(unit, f"cannot stage inputs: {result['message']}")
         elif kind == "spawn_error":
             self._fail_unit(unit, result["message"])
-        elif kind == "cached":  # restored from the task cache: nothing was started
-            self._settle_unit(
-                unit,
-                PASSED,
-                result["record"].get("note"),
-                exit_code=0,
-                fields=self._cached_fields(result),
-            )
         elif kind == "finished":
             if unit.pid is None:  # a short task: its start comes with its end
                 self._started(unit, result["pid"], result.get("worker"))
@@ -429,13 +436,13 @@ class Dispatcher:
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)
 
-    @staticmethod
-    def _cached_fields(result: dict[str, Any]) -> dict[str, Any]:
-        """``task_finished`` fields of a unit restored from the task cache."""
+    def _settle_cached(self, unit: Unit, result: dict[str, Any]) -> None:
+        """A unit restored from the task cache (crucible.run.cache_hits): nothing
+        was started."""
         fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
         if result["record"].get("files_bytes") is not None:
             fields["files_bytes"] = int(result["record"]["files_bytes"])
-        return fields
+        self._settle_unit(unit, PASSED, result["record"].get("note"), exit_code=0, fields=fields)
 
     def _release_timers(self) -> None:
         now = time.monotonic()

@@ -43,6 +43,7 @@ from crucible.run.environ import task_environment
 from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail_text, write_record
 from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
+from crucible.run.unit_cache import cacheable
 from crucible.run.workers import Channel
 
 __all__ = ["Slots", "UnitPaths", "UnitRunner"]
@@ -303,7 +304,9 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[str, dict[str, str]] = {}
-        # --cache DIR (docs/spec/cache.md): looked up before spawn, saved after a pass
+        # --cache DIR (docs/spec/cache.md): the scheduling thread restored the hits
+        # (crucible.run.cache_hits); a unit that reaches a worker is keyed and, once
+        # it passed, saved
         self.cache: Any = None
         if options.cache is not None:
             from crucible.run.unit_cache import UnitCache
@@ -312,6 +315,7 @@ class UnitRunner:
                 options.cache,
                 plan=plan,
                 state=options.state,
+                environ=environ,
                 agent_cmd=options.agent_cmd,
                 emit_cap=emit_cap,
             )
@@ -332,9 +336,9 @@ class UnitRunner:
             return {"kind": "stage_error", "message": str(exc)}
         if staged_env is None:
             staged_env = prepared["staged_env"]
-        cache_key, hit = self._cache_lookup(task, name, key, workspace, attempt, staged_env)
-        if hit is not None:
-            return hit
+        cache_key = None
+        if self.cache is not None and cacheable(task):
+            cache_key = self.cache.key(name, key)  # from what was just staged: its records
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
@@ -421,41 +425,6 @@ class UnitRunner:
         if self.cache is not None:
             finished["cache_warnings"] = self.cache.take_warnings()
         return finished
-
-    def _cache_lookup(
-        self,
-        task: dict[str, Any],
-        name: str,
-        key: str | None,
-        workspace: Path,
-        attempt: int,
-        staged_env: dict[str, str] | None,
-    ) -> tuple[Any, dict[str, Any] | None]:
-        """The task cache, between staging and spawn: (the unit's key or None, the
-        final reply of a hit or None). A hit restored the record and the files;
-        no process is started (crucible.run.unit_cache)."""
-        from crucible.run.unit_cache import cacheable
-
-        if self.cache is None or not cacheable(task):
-            return None, None
-        host_env = self._host_env.get(name)
-        if host_env is None:
-            host_env = task_environment(self.plan, task, self.environ)
-            self._host_env[name] = host_env
-        ck = self.cache.key(name, key, workspace, host_env)
-        record = None if ck is None else self.cache.lookup(ck, attempt)
-        if record is None:
-            return ck, None
-        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
-        if record.get("files_captured"):
-            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
-        return ck, {
-            "kind": "cached",
-            "cache_key": ck.digest,
-            "record": summary,
-            "staged_env": staged_env,
-            "cache_warnings": self.cache.take_warnings(),
-        }
 
     def _prepare(
         self,

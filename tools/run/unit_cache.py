@@ -1,9 +1,13 @@
-"""The task cache as a unit sees it: look up before spawn, save after a pass.
+"""The task cache as a unit sees it: keyed before staging, restored on a hit,
+saved after a pass.
 
-Called from :class:`crucible.run.unit.UnitRunner` in a dispatcher worker (its
-two hooks, :meth:`UnitCache.lookup` and :meth:`UnitCache.save`, are the whole
-seam), on top of :mod:`crucible.run.cache` (key and store). Every problem with
-the cache is a warning and a miss: the unit runs (docs/spec/cache.md).
+Used on the scheduling thread to look units up and restore hits
+(:mod:`crucible.run.cache_hits`), in a dispatcher worker to key a unit that
+missed and save it once it passed (:class:`crucible.run.unit.UnitRunner`), and
+by the dry run (:mod:`crucible.run.cache_explain`), on top of
+:mod:`crucible.run.cache` (key and store) and :mod:`crucible.run.cache_keyer`
+(the key from the plan and the settled records). Every problem with the cache
+is a warning and a miss: the unit runs (docs/spec/cache.md).
 """
 
 from __future__ import annotations
@@ -53,8 +57,8 @@ def cacheable(task: Mapping[str, Any]) -> bool:
 
 
 class UnitCache:
-    """One worker's view of the cache directory (the ledger opens lazily, in the
-    worker, after the fork)."""
+    """One process's view of the cache directory (the ledger opens lazily, at the
+    first lookup or save: in a worker, after the fork)."""
 
     def __init__(
         self,
@@ -62,40 +66,34 @@ class UnitCache:
         *,
         plan: Mapping[str, Any],
         state: Path,
+        environ: Mapping[str, str],
         agent_cmd: str | None,
         emit_cap: int,
     ) -> None:
         from crucible import stage
         from crucible.run.cache import TaskCache
+        from crucible.run.cache_keyer import Keyer
 
         self.stage = stage
         self.plan = plan
         self.state = state
-        self.agent_cmd = agent_cmd
-        self.emit_cap = emit_cap
         self.warnings: list[str] = []
         self.cache = TaskCache(directory, warn=self.warnings.append)
+        self.keyer = Keyer(plan, state, environ=environ, agent_cmd=agent_cmd, emit_cap=emit_cap)
+        self._made_dirs: set[Path] = set()
 
     def take_warnings(self) -> list[str]:
         out, self.warnings = self.warnings, []
         return out
 
-    def key(self, name: str, key: str | None, workspace: Path, host_env: Mapping[str, str]) -> Any:
-        """The unit's CacheKey, or None when it cannot be computed (warned)."""
-        from crucible.run.cache import unit_key
-
+    def key(self, name: str, key: str | None) -> Any:
+        """The unit's CacheKey from the plan and the settled records (nothing is
+        staged), or None when it cannot be computed: a refusal staging will
+        report (silent), or a broken cache (warned)."""
         try:
-            return unit_key(
-                plan=self.plan,
-                task_name=name,
-                key=key,
-                state=self.state,
-                workspace=workspace,
-                host_env=host_env,
-                agent_cmd=self.agent_cmd,
-                emit_cap=self.emit_cap,
-                escape_key=self.stage.escape_key,
-            )
+            return self.keyer.key(name, key)
+        except CrucibleError:
+            return None  # stage refuses it too, and says why
         except _CACHE_ERRORS as exc:
             self.warnings.append(f"cache: cannot key {_label(name, key)}: {exc}; running it")
             return None
@@ -122,7 +120,9 @@ class UnitCache:
             from crucible.core import atomic, canon
 
             path = layout.result_path(ck.task, ck.key)
-            path.parent.mkdir(parents=True, exist_ok=True)  # an instance's, maybe not made yet
+            if path.parent not in self._made_dirs:  # an instance's, maybe not made yet
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._made_dirs.add(path.parent)
             atomic.write_bytes(path, canon.dumps(record), durable=False)
             return record
         except _CACHE_ERRORS as exc:
@@ -130,6 +130,14 @@ class UnitCache:
                 f"cache: cannot restore {_label(ck.task, ck.key)}: {exc}; running it"
             )
             return None
+
+    def hit_reply(self, ck: Any, record: Mapping[str, Any]) -> dict[str, Any]:
+        """What the scheduling thread settles a restored unit with (the shape of
+        a worker's reply: kind ``cached``)."""
+        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if record.get("files_captured"):
+            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        return {"kind": "cached", "cache_key": ck.digest, "record": summary}
 
     def save(self, ck: Any) -> None:
         """Record a passed unit: its record as captured, its files into the store."""

@@ -1,0 +1,149 @@
+"""A unit keyed before staging (crucible.run.cache_keyer) gets the key its
+staged workspace defines (crucible.run.cache.unit_key): same components, same
+digests, for every kind of input every example pack stages — declared values,
+folds, reserved inputs (params, item, outcome), ancestors' files (mapped and
+not), v1 delivery, agents, failed and skipped producers under settled joins."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crucible.core import canon
+from crucible.run.cache import unit_key
+from crucible.run.cache_keyer import Keyer
+from crucible.run.environ import task_environment
+from crucible.stage import escape_key, unescape_key
+
+REPO = Path(__file__).resolve().parents[2]
+DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+STAND_IN = str(REPO / "examples" / "agent" / "stand-in.sh")
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "X": "1"}
+
+CASES = {
+    "fanout": ("examples/fanout/pack.toml", []),
+    "fanout-failing": ("examples/fanout/pack.toml", ["-p", "fail_on=gamma"]),
+    "legacy-v1": ("examples/legacy-v1/pack.toml", []),
+    "edition2": ("examples/edition2/pack.toml", []),
+    "matrix": ("examples/matrix/pack.toml", []),
+    "enrich": ("examples/enrich/pack.toml", []),
+    "release": ("examples/release/pack.toml", []),
+    "agent": ("examples/agent/pack.toml", []),
+    "daily": ("examples/daily/pack.toml", []),
+}
+
+
+def units(state: Path) -> list[tuple[str, str | None, Path]]:
+    """Every unit that was staged: (task, raw key, workspace)."""
+    out: list[tuple[str, str | None, Path]] = []
+    plan = canon.loads((state / "plan.json").read_bytes())
+    mapped = {t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t}
+    for ws in sorted((state / "work").iterdir()):
+        if ws.name not in mapped:
+            out.append((ws.name, None, ws))
+            continue
+        for inst in sorted(ws.iterdir()):
+            out.append((ws.name, unescape_key(inst.name), inst))
+    return [u for u in out if (u[2] / "inputs").is_dir()]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_keyed_before_staging_equals_the_staged_key(tmp_path: Path, case: str) -> None:
+    pack, args = CASES[case]
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [DISPATCH, pack, "--state", str(state), "--agent-cmd", STAND_IN, *args],
+        cwd=REPO,
+        env={**os.environ, **ENV},
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode in (0, 1), proc.stderr
+    plan = canon.loads((state / "plan.json").read_bytes())
+    tasks = {t["name"]: t for t in plan["tasks"]}
+    agent_cmd = STAND_IN
+    keyer = Keyer(plan, state, environ=ENV, agent_cmd=agent_cmd, emit_cap=65536)
+    found = units(state)
+    assert found
+    for name, key, workspace in found:
+        staged = unit_key(
+            plan=plan,
+            task_name=name,
+            key=key,
+            state=state,
+            workspace=workspace,
+            host_env=task_environment(plan, tasks[name], ENV),
+            agent_cmd=agent_cmd,
+            emit_cap=65536,
+            escape_key=escape_key,
+        )
+        early = keyer.key(name, key)
+        assert early.components == staged.components, (name, key)
+        assert list(early.components) == list(staged.components), (name, key)
+        assert early.digest == staged.digest
+
+
+def test_a_refused_staging_is_refused_before_staging(tmp_path: Path) -> None:
+    """A producer that passed without its declared field cannot be keyed: the
+    unit goes to staging, which names the mismatch."""
+    from crucible.core.errors import CrucibleError
+
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [DISPATCH, "examples/fanout/pack.toml", "--state", str(state)],
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    record_path = state / "results" / "list.json"
+    record = canon.loads(record_path.read_bytes())
+    del record["output"]["fail_on"]
+    os.chmod(record_path, 0o644)
+    record_path.write_bytes(canon.dumps(record))
+    plan = canon.loads((state / "plan.json").read_bytes())
+    keyer = Keyer(plan, state, environ=ENV, agent_cmd=None, emit_cap=65536)
+    with pytest.raises(CrucibleError, match="without its declared field 'fail_on'"):
+        keyer.key("measure", "0")
+
+
+def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
+    """Reserved inputs an outer loop leaves in STATE/reserved/ (and params that
+    changed) are in the key exactly as staging hands them."""
+    from crucible import stage
+
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [DISPATCH, "examples/fanout/pack.toml", "--state", str(state)],
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (state / "reserved").mkdir()
+    (state / "reserved" / "history.json").write_text('[{"score": 1.5}]')
+    (state / "reserved" / "revision.json").write_text('"r2"')
+    plan = canon.loads((state / "plan.json").read_bytes())
+    tasks = {t["name"]: t for t in plan["tasks"]}
+    keyer = Keyer(plan, state, environ=ENV, agent_cmd=None, emit_cap=65536)
+    before = keyer.key("list", None)
+    for round_ in ("first", "params changed"):
+        for name, key in [("list", None), ("measure", "1"), ("total", None), ("summary", None)]:
+            workspace = tmp_path / f"ws-{round_}-{name}"
+            stage.stage_inputs(plan, state, name, workspace, key=key)
+            staged = unit_key(
+                plan=plan, task_name=name, key=key, state=state, workspace=workspace,
+                host_env=task_environment(plan, tasks[name], ENV), agent_cmd=None,
+                emit_cap=65536, escape_key=escape_key,
+            )  # fmt: skip
+            assert keyer.key(name, key).components == staged.components, (round_, name)
+        params = canon.loads((state / "params.json").read_bytes())
+        params["fail_on"] = "beta"
+        os.chmod(state / "params.json", 0o644)
+        (state / "params.json").write_bytes(canon.dumps(params))
+    assert keyer.key("list", None).components["input:params"] != before.components["input:params"]
+    assert "input:history" in before.components and "input:revision" in before.components

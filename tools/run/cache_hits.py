@@ -1,0 +1,95 @@
+"""Cache hits on the scheduling thread (docs/spec/cache.md, "When a unit is keyed").
+
+A unit is keyed from the plan and the settled records before anything is done
+for it (:mod:`crucible.run.cache_keyer`), so a hit needs no workspace, no
+staging, no worker and no slot: the dispatcher's own thread looks each ready
+unit up in the cache's ledger (opened once per run, lookups through its on-disk
+index), lays the stored files back by hard link, writes the result record and
+settles the unit, all in the same turn of its loop, whose events are then
+written as one batch. Only the units that miss go on to a worker, which stages
+and runs them and records the ones that pass.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from crucible.run.unit_cache import UnitCache, cacheable
+
+__all__ = ["CacheHits"]
+
+
+class _Unit(Protocol):
+    name: str
+    key: str | None
+    attempt: int
+
+
+class CacheHits:
+    """The hit path of one dispatcher session."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        plan: Mapping[str, Any],
+        tasks: Mapping[str, Mapping[str, Any]],
+        state: Path,
+        environ: Mapping[str, str],
+        agent_cmd: str | None,
+        emit_cap: int,
+        warn: Callable[[str], None],
+    ) -> None:
+        self.tasks = tasks
+        self.warn = warn
+        self.cache = UnitCache(
+            directory,
+            plan=plan,
+            state=state,
+            environ=environ,
+            agent_cmd=agent_cmd,
+            emit_cap=emit_cap,
+        )
+        #: units looked up already: a unit that missed is not looked up again when
+        #: it comes back to the ready queue (from a task's parallelism gate)
+        self._tried: set[tuple[str, str | None]] = set()
+
+    def take(self, ready: deque[Any], settle: Callable[[Any, dict[str, Any]], None]) -> int:
+        """Settle every unit of ``ready`` that hits, through ``settle(unit, reply)``
+        (which may queue its consumers: they are looked up in the same pass);
+        the units that miss stay in ``ready``, in order. Returns the hits."""
+        missed: list[Any] = []
+        hits = 0
+        while ready:
+            unit = ready.popleft()
+            reply = self._look_up(unit)
+            if reply is None:
+                missed.append(unit)
+            else:
+                hits += 1
+                settle(unit, reply)
+        ready.extend(missed)
+        return hits
+
+    def _look_up(self, unit: _Unit) -> dict[str, Any] | None:
+        ident = (unit.name, unit.key)
+        # A retry follows a failure: only passed results are cached.
+        if unit.attempt != 1 or ident in self._tried:
+            return None
+        self._tried.add(ident)
+        if not cacheable(self.tasks[unit.name]):
+            return None
+        cache = self.cache
+        ck = cache.key(unit.name, unit.key)
+        record = None if ck is None else cache.lookup(ck, unit.attempt)
+        for warning in cache.take_warnings():
+            self.warn(warning)
+        if record is None:
+            return None
+        return cache.hit_reply(ck, record)
+
+    def close(self) -> None:
+        self.cache.close()

@@ -1,0 +1,269 @@
+"""A unit's cache key before it is staged (docs/spec/cache.md, "When a unit is keyed").
+
+Every component of the key (:func:`crucible.run.cache.unit_key`, computed from a
+staged workspace) follows from the plan and from what is settled in the state
+directory: the producers' records, the params, the reserved inputs, the
+ancestors' captured files. :class:`Keyer` computes the same components from
+those, with stage's own readers, without writing anything: an ``inputs/``
+entry of ``index.json`` is built as stage builds it, minus the ``path`` and
+``size`` the key leaves out, and each value's digest is taken over the bytes
+stage would write. A hit then needs no workspace, no staging and no worker;
+only a miss is staged. ``tests/run/test_cache_perf_key.py`` holds the two
+equal over every kind of input.
+
+Anything stage would refuse (a plan/state mismatch, a producer that passed
+without its field) raises :class:`crucible.core.errors.CrucibleError` here too:
+the unit is then not keyed, and staging reports the refusal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon, digest
+from crucible.core.errors import InputRefused, OperationalError
+from crucible.run.cache import CacheKey, ancestor_files, fixed_components
+from crucible.run.environ import task_environment
+
+# Stage's own readers, so a value is read exactly as staging reads it (a fold's
+# instances with the fast reader, a declared value with the strict one).
+from crucible.stage._inputs import (
+    RESERVED_INPUTS,
+    VALUES_DIR,
+    _check_join,
+    _input_name_problem,
+    _read_json,
+    _scalar_bytes,
+    _v1_dep_value,
+    build_outcome,
+    instance_item,
+    load_params,
+    utf16_order,
+)
+from crucible.stage._layout import RESERVED_STATE_NAMES
+from crucible.stage._names import escape_key
+from crucible.stage._plan import PlanView, TaskView, view
+from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._share import units_of
+
+__all__ = ["Keyer"]
+
+_EMPTY = {"value_staged": False, "digest": None}
+
+
+def _digest_of(value: Any) -> str:
+    return digest.of_bytes(canon.dumps(value))
+
+
+def _value_digest(value: Any) -> str:
+    """The digest of the bytes stage writes for ``value``."""
+    return digest.of_bytes(_scalar_bytes(value) or canon.dumps(value))
+
+
+class Keyer:
+    """Keys units of one plan in one state directory (one per process)."""
+
+    def __init__(
+        self,
+        plan: Mapping[str, Any],
+        state: Path,
+        *,
+        environ: Mapping[str, str],
+        agent_cmd: str | None,
+        emit_cap: int,
+    ) -> None:
+        self.plan = plan
+        self.state = Path(state)
+        self.environ = environ
+        self.agent_cmd = agent_cmd
+        self.emit_cap = emit_cap
+        #: task -> its components that do not depend on the instance or the state
+        self._fixed: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self._params: tuple[tuple[int, ...] | None, str] | None = None
+
+    def key(self, name: str, key: str | None) -> CacheKey:
+        pv = view(self.plan)
+        t = pv.task(name)
+        check_key(self.plan, name, key)
+        head, tail = self._fixed_of(t)
+        components = {**head, "instance": _digest_of(key), **tail}
+        if pv.version >= 2:
+            components.update(self._inputs_v2(pv, t, key))
+        else:
+            components.update(self._inputs_v1(pv, t, key))
+        components.update(ancestor_files(self.plan, name, self.state, escape_key))
+        return CacheKey(name, key, components)
+
+    def _fixed_of(self, t: TaskView) -> tuple[dict[str, str], dict[str, str]]:
+        fixed = self._fixed.get(t.name)
+        if fixed is None:
+            host_env = task_environment(dict(self.plan), t.raw, self.environ)
+            fixed = fixed_components(self.plan, t.raw, host_env, self.agent_cmd, self.emit_cap)
+            self._fixed[t.name] = fixed
+        return fixed
+
+    # ----------------------------------------------------------------- IR v2
+
+    def _inputs_v2(self, pv: PlanView, t: TaskView, key: str | None) -> dict[str, str]:
+        staged = self._files_staged(pv, t)
+        out: dict[str, str] = {}
+        for name in utf16_order(t.inputs):
+            problem = _input_name_problem(name)
+            if problem is not None:
+                raise InputRefused(problem, where=f"plan:task {t.name}")
+            entry = self._declared(pv, t, name, t.inputs[name], staged)
+            out[f"input:{name}"] = _digest_of(entry)
+        for name, value_digest in self._reserved(t, key).items():
+            entry = {
+                "name": name,
+                "kind": "reserved",
+                "producer": None,
+                "field": None,
+                "type": "object" if name in ("params", "outcome") else "any",
+                "status": "passed",
+                "note": "",
+                "fold": False,
+                "files_staged": False,
+                "value_staged": True,
+                "digest": value_digest,
+            }
+            out[f"input:{name}"] = _digest_of(entry)
+        return out
+
+    def _reserved(self, t: TaskView, key: str | None) -> dict[str, str]:
+        """The digests of the reserved inputs stage hands ``t`` (in its order:
+        stage._inputs.reserved_values), params read once per run."""
+        out: dict[str, str] = {}
+        if t.kind in ("command", "evaluate"):  # agents never receive params
+            out["params"] = self._params_digest()
+        if key is not None:
+            out["item"] = _value_digest(instance_item(self.plan, self.state, t.name, key))
+        try:
+            present = set(os.listdir(self.state / "reserved"))
+        except (FileNotFoundError, NotADirectoryError):
+            present = set()
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot list: {exc.strerror}", where=str(self.state / "reserved")
+            ) from None
+        for name in RESERVED_STATE_NAMES:
+            if f"{name}.json" in present:
+                out[name] = _value_digest(_read_json(self.state / "reserved" / f"{name}.json"))
+        if t.epilogue:
+            out["outcome"] = _value_digest(build_outcome(self.plan, self.state, t.name))
+        return out
+
+    def _params_digest(self) -> str:
+        """The params' digest, read again only when params.json changed (it is
+        written once, at admission: most runs read it once)."""
+        try:
+            st = os.stat(self.state / "params.json")
+            ident: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            ident = None  # the plan's defaults
+        if self._params is None or self._params[0] != ident:
+            self._params = (ident, _value_digest(load_params(self.plan, self.state)))
+        return self._params[1]
+
+    def _files_staged(self, pv: PlanView, t: TaskView) -> set[str]:
+        """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped key>``."""
+        staged: set[str] = set()
+        for anc in pv.ancestors(t.name):
+            at = pv.tasks[anc]
+            if at.emits_files:
+                staged.update(u.staged for u in units_of(self.state, anc, at.map is not None))
+        return staged
+
+    def _declared(
+        self, pv: PlanView, t: TaskView, name: str, spec: dict[str, Any], staged: set[str]
+    ) -> dict[str, Any]:
+        """The index entry stage writes for a declared input, minus path and size."""
+        producer, fld = spec["from"].rpartition(".")[::2]
+        producer = spec.get("producer", producer)
+        fld = spec.get("field", fld)
+        if producer not in t.needs:
+            raise InputRefused(
+                f"input {name!r} of task {t.name!r} reads {producer!r}, not a direct dependency"
+            )
+        pt = pv.task(producer)
+        rec = load_result(self.state, producer)
+        status = _check_join(t, producer, rec)
+        entry: dict[str, Any] = {
+            "name": name,
+            "kind": "declared",
+            "producer": producer,
+            "field": fld,
+            "type": spec.get("type", pt.emits.get(fld, "any")),
+            "status": status,
+            "note": rec["note"] if rec else "",
+            "fold": pt.map is not None,
+        }
+        if pt.map is None:
+            entry["files_staged"] = producer in staged
+            output = rec.get("output") if rec else None
+            if isinstance(output, dict) and fld in output:
+                entry.update(value_staged=True, digest=_value_digest(output[fld]))
+            elif status == "passed":
+                raise InputRefused(
+                    f"producer {producer!r} passed without its declared field {fld!r} "
+                    "(plan/state mismatch)"
+                )
+            else:
+                entry.update(_EMPTY)
+            return entry
+        entry["files_staged"] = any(f.startswith(producer + "/") for f in staged)
+        if rec is None:
+            entry.update(_EMPTY, entries=[])
+            return entry
+        rel = f"inputs/{VALUES_DIR}/{name}"
+        instances = str(self.state / "results" / producer)
+        entries = []
+        for k in rec.get("keys", []):
+            esc = escape_key(k)
+            irec = load_record_fast(f"{instances}/{esc}.json", producer, k)
+            istatus = irec["status"] if irec else "absent"
+            e: dict[str, Any] = {
+                "key": k,
+                "name": esc,
+                "status": istatus,
+                "note": irec["note"] if irec else "",
+                "files_staged": f"{producer}/{esc}" in staged,
+            }
+            output = irec.get("output") if irec else None
+            if isinstance(output, dict) and fld in output:
+                data = _scalar_bytes(output[fld]) or canon.dumps(output[fld])
+                e.update(
+                    value_staged=True,
+                    size=len(data),
+                    digest=digest.of_bytes(data),
+                    path=f"{rel}/{esc}",
+                )
+            elif istatus == "passed":
+                raise InputRefused(
+                    f"instance {k!r} of {producer!r} passed without its declared field {fld!r}"
+                )
+            else:
+                e.update(value_staged=False, size=None, digest=None, path=None)
+            entries.append(e)
+        entry.update(value_staged=True, digest=None, entries=entries)
+        return entry
+
+    # ----------------------------------------------------------------- IR v1
+
+    def _inputs_v1(self, pv: PlanView, t: TaskView, key: str | None) -> dict[str, str]:
+        obj: dict[str, Any] = {}
+        for dep in t.needs:
+            if dep in RESERVED_INPUTS:
+                raise InputRefused(
+                    f"task {t.name!r} needs a task named {dep!r}, which collides with the "
+                    "reserved input of that name in v1 delivery"
+                )
+            obj[dep] = _v1_dep_value(pv, self.state, t, dep)
+        digests = {name: _digest_of(value) for name, value in obj.items()}
+        # a reserved value's bytes are the canonical JSON of it, as a member's are
+        digests.update(self._reserved(t, key))
+        # in the order of the staged file's members (canonical JSON: UTF-16 order)
+        return {f"input:{name}": digests[name] for name in utf16_order(digests)}
