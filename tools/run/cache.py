@@ -22,6 +22,7 @@ reported.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -29,6 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from crucible.core import canon, digest
 
@@ -42,6 +45,7 @@ __all__ = [
     "ancestor_files",
     "explain_miss",
     "fixed_components",
+    "scalar_digest",
     "unit_key",
 ]
 
@@ -61,6 +65,27 @@ def _digest_of(value: Any) -> str:
     return digest.of_bytes(canon.dumps(value))
 
 
+@functools.lru_cache(maxsize=1024, typed=True)
+def scalar_digest(value: str | int | None) -> str:
+    """:func:`_digest_of` of a string, an integer or null, remembered: a run
+    keys every unit on the same plan version, emit cap and agent command."""
+    return _digest_of(value)
+
+
+def _components_digest(components: dict[str, str]) -> str:
+    """The key's digest: canonical JSON of ``{"components", "format"}``. The
+    values are ``sha256:`` digests, so orjson's sorted output is RFC 8785's
+    whenever every name sorts the same in UTF-16 as in code points (no name
+    holds a character at or above U+E000, as canon's own fast path checks)."""
+    doc = {"components": components, "format": KEY_FORMAT}
+    if all(not k or max(k) < "\ue000" for k in components):
+        try:
+            return digest.of_bytes(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        except TypeError:  # a lone surrogate: canon says so
+            pass
+    return _digest_of(doc)
+
+
 @dataclass(frozen=True)
 class CacheKey:
     """A unit's key: ``digest`` over the canonical JSON of ``components`` (name →
@@ -72,9 +97,7 @@ class CacheKey:
     digest: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "digest", _digest_of({"format": KEY_FORMAT, "components": self.components})
-        )
+        object.__setattr__(self, "digest", _components_digest(self.components))
 
 
 _TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -187,10 +210,10 @@ def fixed_components(
         env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
     else:
         env = dict(host_env)
-    head = {"plan_version": _digest_of(version), "task": _digest_of(_task_definition(task))}
-    tail = {"env": _env_digest(env), "emit_cap": _digest_of(emit_cap)}
+    head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
+    tail = {"env": _env_digest(env), "emit_cap": scalar_digest(emit_cap)}
     if task.get("kind") == "agent":
-        tail["agent_cmd"] = _digest_of(agent_cmd)
+        tail["agent_cmd"] = scalar_digest(agent_cmd)
     return head, tail
 
 
@@ -214,7 +237,7 @@ def unit_key(
     (``crucible.run.environ.task_environment``)."""
     task = _tasks_of(plan)[task_name]
     head, tail = fixed_components(plan, task, host_env, agent_cmd, emit_cap)
-    components = {**head, "instance": _digest_of(key), **tail}
+    components = {**head, "instance": scalar_digest(key), **tail}
     components.update(_staged_inputs(workspace, int(plan["version"])))
     components.update(ancestor_files(plan, task_name, state, escape_key))
     return CacheKey(task_name, key, components)

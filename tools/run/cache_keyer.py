@@ -25,7 +25,7 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.run.cache import CacheKey, ancestor_files, fixed_components
+from crucible.run.cache import CacheKey, ancestor_files, fixed_components, scalar_digest
 from crucible.run.environ import task_environment
 
 # Stage's own readers, so a value is read exactly as staging reads it (a fold's
@@ -83,13 +83,16 @@ class Keyer:
         #: task -> its components that do not depend on the instance or the state
         self._fixed: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._params: tuple[tuple[int, ...] | None, str] | None = None
+        self._reserved_entries: dict[tuple[str, str], str] = {}
+        self._reserved_root = str(self.state / "reserved")
+        self._params_path = str(self.state / "params.json")
 
     def key(self, name: str, key: str | None) -> CacheKey:
         pv = view(self.plan)
         t = pv.task(name)
         check_key(self.plan, name, key)
         head, tail = self._fixed_of(t)
-        components = {**head, "instance": _digest_of(key), **tail}
+        components = {**head, "instance": scalar_digest(key), **tail}
         if pv.version >= 2:
             components.update(self._inputs_v2(pv, t, key))
         else:
@@ -117,6 +120,10 @@ class Keyer:
             entry = self._declared(pv, t, name, t.inputs[name], staged)
             out[f"input:{name}"] = _digest_of(entry)
         for name, value_digest in self._reserved(t, key).items():
+            found = self._reserved_entries.get((name, value_digest))
+            if found is not None:  # the same params for every unit: one digest
+                out[f"input:{name}"] = found
+                continue
             entry = {
                 "name": name,
                 "kind": "reserved",
@@ -131,6 +138,8 @@ class Keyer:
                 "digest": value_digest,
             }
             out[f"input:{name}"] = _digest_of(entry)
+            if len(self._reserved_entries) < 4096:
+                self._reserved_entries[(name, value_digest)] = out[f"input:{name}"]
         return out
 
     def _reserved(self, t: TaskView, key: str | None) -> dict[str, str]:
@@ -142,12 +151,12 @@ class Keyer:
         if key is not None:
             out["item"] = _value_digest(instance_item(self.plan, self.state, t.name, key))
         try:
-            present = set(os.listdir(self.state / "reserved"))
+            present = set(os.listdir(self._reserved_root))
         except (FileNotFoundError, NotADirectoryError):
             present = set()
         except OSError as exc:
             raise OperationalError(
-                f"cannot list: {exc.strerror}", where=str(self.state / "reserved")
+                f"cannot list: {exc.strerror}", where=self._reserved_root
             ) from None
         for name in RESERVED_STATE_NAMES:
             if f"{name}.json" in present:
@@ -160,7 +169,7 @@ class Keyer:
         """The params' digest, read again only when params.json changed (it is
         written once, at admission: most runs read it once)."""
         try:
-            st = os.stat(self.state / "params.json")
+            st = os.stat(self._params_path)
             ident: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             ident = None  # the plan's defaults
