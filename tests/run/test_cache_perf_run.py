@@ -120,3 +120,43 @@ def test_instances_under_a_parallelism_limit_all_hit(tmp_path: Path) -> None:
     # a changed instance body reruns both instances, one at a time, then `after`
     r.pack.write_text(r.pack.read_text().replace("> f.txt", ">  f.txt"))
     assert r.run()[0] == ["each0", "each1"]
+
+
+# `a` captures a file larger than the scheduling thread checks itself
+BIG = 5 << 20
+BIG_PACK = PACK.replace(
+    'echo "data$X" > out/a.txt',
+    f'echo "data$X" > out/a.txt && head -c {BIG} /dev/zero > out/big.txt',
+)
+
+
+def test_a_hit_with_large_files_is_restored_by_a_worker_without_staging(tmp_path: Path) -> None:
+    from crucible.run.cache_hits import INLINE_BYTES
+
+    assert BIG > INLINE_BYTES
+    r = Runner(tmp_path, BIG_PACK)
+    r.run()
+    ran, _ = r.run()
+    assert ran == []
+    state = r.state(2)
+    assert (state / "files" / "a" / "out" / "big.txt").stat().st_size == BIG
+    assert not (state / "work").exists()
+    finished = {e["task"]: e for e in _events(state) if e["event"] == "task_finished"}
+    assert all(e["cached"] is True for e in finished.values())
+    assert finished["a"]["files_bytes"] == BIG + len("data\n")
+    # altered in the store: one warning (the worker checks it, not both), a runs
+    [stored] = [
+        p
+        for p in (r.cache / "files" / "sha256").rglob("*")
+        if p.is_file() and p.stat().st_size == BIG
+    ]
+    stored.chmod(0o644)
+    with stored.open("r+b") as f:
+        f.write(b"x")
+    ran, proc = r.run()
+    assert ran == ["a"]
+    err = proc.stderr.decode()
+    assert err.count("warning: cache: store file") == 1, err
+    # the rerun stored its file again over the altered one: the next run hits
+    ran, proc = r.run()
+    assert ran == [] and b"warning" not in proc.stderr, proc.stderr

@@ -256,6 +256,11 @@ class Hit:
     record: dict[str, Any]
     files: list[dict[str, Any]]
 
+    @property
+    def files_bytes(self) -> int:
+        """What restoring it reads to check the store (recorded sizes)."""
+        return sum(int(f.get("size") or 0) for f in self.files)
+
 
 @dataclass(frozen=True)
 class Miss:
@@ -335,14 +340,22 @@ class TaskCache:
     def lookup(self, ck: CacheKey) -> Hit | None:
         """The recorded result for ``ck``, or None. A record whose store files are
         missing or altered is a miss (warned), never restored."""
+        hit = self.find(ck)
+        return hit if hit is not None and self.verify(ck, hit) else None
+
+    def find(self, ck: CacheKey) -> Hit | None:
+        """The ledger's record for ``ck``, its store files not checked yet."""
         reply = self._open().lookup(CACHE_SCOPE, _step(ck))
         if reply is None or reply.status != "ok":
             return None
         value = reply.value
         if not isinstance(value, dict) or not isinstance(value.get("record"), dict):
             return None
-        files = value.get("files", [])
-        for entry in files:
+        return Hit(value["record"], value.get("files", []))
+
+    def verify(self, ck: CacheKey, hit: Hit) -> bool:
+        """Every store file of ``hit`` holds its recorded digest; else warned."""
+        for entry in hit.files:
             path = self._store_path(entry["digest"])
             try:
                 ok = digest.of_file(path) == entry["digest"]
@@ -353,17 +366,20 @@ class TaskCache:
                     f"cache: store file {path} for {ck.task}: {entry['path']} is missing or "
                     "altered; running the task instead"
                 )
-                return None
-        return Hit(value["record"], files)
+                return False
+        return True
 
     def restore(self, hit: Hit, files_dir: Path) -> None:
         """Lay the hit's captured files under ``files_dir`` (hard links from the
         store, read-only; copies across filesystems)."""
         if files_dir.exists():
             shutil.rmtree(files_dir)
+        made: set[Path] = set()
         for entry in hit.files:
             target = files_dir / entry["path"]
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in made:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
             src = self._store_path(entry["digest"])
             try:
                 os.link(src, target)
@@ -461,7 +477,11 @@ class TaskCache:
     def _put_file(self, src: Path, file_digest: str) -> None:
         target = self._store_path(file_digest)
         if target.exists():
-            return
+            # Stored before: kept when it still holds that content, replaced when
+            # it was altered meanwhile (else every later lookup would miss on it).
+            with contextlib.suppress(OSError):
+                if digest.of_file(target) == file_digest:
+                    return
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f"@tmp-{os.getpid()}-{target.name}")
         h = hashlib.sha256()

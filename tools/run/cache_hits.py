@@ -7,7 +7,8 @@ unit up in the cache's ledger (opened once per run, lookups through its on-disk
 index), lays the stored files back by hard link, writes the result record and
 settles the unit, all in the same turn of its loop, whose events are then
 written as one batch. Only the units that miss go on to a worker, which stages
-and runs them and records the ones that pass.
+and runs them and records the ones that pass — and the hits whose files are
+large, which a worker checks and restores without staging them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from typing import Any, Protocol
 
 from crucible.run.unit_cache import UnitCache, cacheable
 
-__all__ = ["CacheHits"]
+__all__ = ["INLINE_BYTES", "CacheHits"]
+
+#: A hit whose store files total more than this is checked (every file hashed)
+#: and restored by a worker, before it stages anything: hashing them here would
+#: hold up every other unit's start and settlement meanwhile.
+INLINE_BYTES = 4 << 20
 
 
 class _Unit(Protocol):
@@ -56,6 +62,8 @@ class CacheHits:
         #: units looked up already: a unit that missed is not looked up again when
         #: it comes back to the ready queue (from a task's parallelism gate)
         self._tried: set[tuple[str, str | None]] = set()
+        #: hits whose files are too large to check on this thread
+        self._in_worker: set[tuple[str, str | None]] = set()
 
     def take(self, ready: deque[Any], settle: Callable[[Any, dict[str, Any]], None]) -> int:
         """Settle every unit of ``ready`` that hits, through ``settle(unit, reply)``
@@ -84,12 +92,20 @@ class CacheHits:
             return None
         cache = self.cache
         ck = cache.key(unit.name, unit.key)
-        record = None if ck is None else cache.lookup(ck, unit.attempt)
+        hit = None if ck is None else cache.find(ck)
+        record = None
+        if hit is not None:
+            if hit.files_bytes > INLINE_BYTES:
+                self._in_worker.add(ident)  # checked and restored there, before staging
+            else:
+                record = cache.restore(ck, hit, unit.attempt)
         for warning in cache.take_warnings():
             self.warn(warning)
-        if record is None:
-            return None
-        return cache.hit_reply(ck, record)
+        return None if record is None else cache.hit_reply(ck, record)
+
+    def in_worker(self, unit: _Unit) -> bool:
+        """Whether ``unit`` is a hit to restore in a worker (crucible.run.unit)."""
+        return (unit.name, unit.key) in self._in_worker
 
     def close(self) -> None:
         self.cache.close()

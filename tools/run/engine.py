@@ -399,7 +399,10 @@ class Dispatcher:
             env = unit.staged_env
             if unit.last_env is not None and env is not None:
                 env = {**env, **unit.last_env}  # a retry: what the last attempt did
-            self.workers.submit(self._next_token, ("unit", unit.name, unit.key, unit.attempt, env))
+            request: tuple[Any, ...] = ("unit", unit.name, unit.key, unit.attempt, env)
+            if self.hits is not None and self.hits.in_worker(unit):
+                request += (True,)  # a hit with large files: restored there
+            self.workers.submit(self._next_token, request)
             idle -= 1
 
     def _on_reply(self, reply: Reply) -> None:
@@ -427,6 +430,8 @@ class Dispatcher:
             self._fail_unit(unit, f"cannot stage inputs: {result['message']}")
         elif kind == "spawn_error":
             self._fail_unit(unit, result["message"])
+        elif kind == "cached":  # a hit with large files, restored by the worker
+            self._settle_cached(unit, result)
         elif kind == "finished":
             if unit.pid is None:  # a short task: its start comes with its end
                 self._started(unit, result["pid"], result.get("worker"))

@@ -323,11 +323,17 @@ class UnitRunner:
     # ----------------------------------------------------------------- a unit
 
     def run(self, request: tuple[Any, ...], channel: Channel) -> dict[str, Any]:
-        """``("unit", name, key, attempt, staged_env)``: one attempt of one unit.
-        ``staged_env`` is None on a first attempt (stage now), else what staging
-        returned then (a retry keeps its workspace and inputs)."""
-        _, name, key, attempt, staged_env = request
+        """``("unit", name, key, attempt, staged_env[, cache_hit])``: one attempt of
+        one unit. ``staged_env`` is None on a first attempt (stage now), else what
+        staging returned then (a retry keeps its workspace and inputs); with
+        ``cache_hit``, restore it from the task cache if it still hits."""
+        _, name, key, attempt, staged_env, *cache_hit = request
         task = self.tasks[name]
+        cache_key = None
+        if self.cache is not None and cacheable(task):
+            cache_key = self.cache.key(name, key)  # from the settled records
+            if cache_hit and cache_hit[0] and (hit := self._cache_hit(cache_key, attempt)):
+                return hit  # a hit with large files (crucible.run.cache_hits)
         workspace = self.layout.work_dir(name, key)
         output = self.paths.output(name, key, attempt)
         try:
@@ -336,9 +342,6 @@ class UnitRunner:
             return {"kind": "stage_error", "message": str(exc)}
         if staged_env is None:
             staged_env = prepared["staged_env"]
-        cache_key = None
-        if self.cache is not None and cacheable(task):
-            cache_key = self.cache.key(name, key)  # from what was just staged: its records
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
@@ -425,6 +428,13 @@ class UnitRunner:
         if self.cache is not None:
             finished["cache_warnings"] = self.cache.take_warnings()
         return finished
+
+    def _cache_hit(self, ck: Any, attempt: int) -> dict[str, Any] | None:
+        """The final reply of a hit restored here, or None (it runs)."""
+        record = None if ck is None else self.cache.lookup(ck, attempt)
+        if record is None:
+            return None
+        return {**self.cache.hit_reply(ck, record), "cache_warnings": self.cache.take_warnings()}
 
     def _prepare(
         self,

@@ -101,14 +101,29 @@ class UnitCache:
     def lookup(self, ck: Any, attempt: int) -> dict[str, Any] | None:
         """On a hit: restore the files and the result record (as recorded, with this
         session's attempt and ``cached``/``cache_key``); return the record."""
+        hit = self.find(ck)
+        return None if hit is None else self.restore(ck, hit, attempt)
+
+    def find(self, ck: Any) -> Any:
+        """The cache's record for ``ck`` (a :class:`crucible.run.cache.Hit`, its
+        store files not checked yet), or None."""
         try:
-            hit = self.cache.lookup(ck)
-            if hit is None:
+            hit = self.cache.find(ck)
+        except _CACHE_ERRORS as exc:
+            self.warnings.append(f"cache: cannot look up {_label(ck.task, ck.key)}: {exc}")
+            return None
+        if hit is None or hit.record.get("task") != ck.task or hit.record.get("key") != ck.key:
+            return None  # a record of another unit under this key: never restored
+        return hit
+
+    def restore(self, ck: Any, hit: Any, attempt: int) -> dict[str, Any] | None:
+        """Check the store files of ``hit`` (a miss, warned, when one is missing
+        or altered), lay them back, write the record; return it."""
+        try:
+            if not self.cache.verify(ck, hit):
                 return None
             layout = self.stage.StateLayout(self.state)
             record = dict(hit.record)
-            if record.get("task") != ck.task or record.get("key") != ck.key:
-                return None  # a record of another unit under this key: never restored
             record["attempt"] = attempt
             record["cached"] = True
             record["cache_key"] = ck.digest
