@@ -6,9 +6,9 @@ staging, no worker and no slot: the dispatcher's own thread looks each ready
 unit up in the cache's ledger (opened once per run, lookups through its on-disk
 index), lays the stored files back by hard link, writes the result record and
 settles the unit, all in the same turn of its loop, whose events are then
-written as one batch. Only the units that miss go on to a worker, which stages
-and runs them and records the ones that pass — and the hits whose files are
-large, which a worker checks and restores without staging them.
+written as one batch. Only the units that miss go on to a worker, with their
+key, which stages and runs them and records the ones that pass — and the hits
+whose files are large, which a worker checks and restores without staging.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ class CacheHits:
         #: units looked up already: a unit that missed is not looked up again when
         #: it comes back to the ready queue (from a task's parallelism gate)
         self._tried: set[tuple[str, str | None]] = set()
-        #: hits whose files are too large to check on this thread
-        self._in_worker: set[tuple[str, str | None]] = set()
+        #: keyed units on their way to a worker: their key, and whether they hit
+        #: (with files too large to check on this thread)
+        self._handoff: dict[tuple[str, str | None], tuple[str, Any]] = {}
 
     def take(self, ready: deque[Any], settle: Callable[[Any, dict[str, Any]], None]) -> int:
         """Settle every unit of ``ready`` that hits, through ``settle(unit, reply)``
@@ -94,18 +95,20 @@ class CacheHits:
         ck = cache.key(unit.name, unit.key)
         hit = None if ck is None else cache.find(ck)
         record = None
-        if hit is not None:
-            if hit.files_bytes > INLINE_BYTES:
-                self._in_worker.add(ident)  # checked and restored there, before staging
-            else:
-                record = cache.restore(ck, hit, unit.attempt)
+        if hit is not None and hit.files_bytes > INLINE_BYTES:
+            self._handoff[ident] = ("hit", ck)  # checked and restored there, unstaged
+        elif hit is not None:
+            record = cache.restore(ck, hit, unit.attempt)
+        if record is None and ck is not None and ident not in self._handoff:
+            self._handoff[ident] = ("key", ck)  # the worker need not key it again
         for warning in cache.take_warnings():
             self.warn(warning)
         return None if record is None else cache.hit_reply(ck, record)
 
-    def in_worker(self, unit: _Unit) -> bool:
-        """Whether ``unit`` is a hit to restore in a worker (crucible.run.unit)."""
-        return (unit.name, unit.key) in self._in_worker
+    def handoff(self, unit: _Unit) -> tuple[str, Any] | None:
+        """What a worker is told about ``unit`` (crucible.run.unit): ``("hit", key)``
+        to restore it there, ``("key", key)`` for a miss, None when not keyed."""
+        return self._handoff.pop((unit.name, unit.key), None)
 
     def close(self) -> None:
         self.cache.close()

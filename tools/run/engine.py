@@ -400,8 +400,8 @@ class Dispatcher:
             if unit.last_env is not None and env is not None:
                 env = {**env, **unit.last_env}  # a retry: what the last attempt did
             request: tuple[Any, ...] = ("unit", unit.name, unit.key, unit.attempt, env)
-            if self.hits is not None and self.hits.in_worker(unit):
-                request += (True,)  # a hit with large files: restored there
+            if self.hits is not None:  # --cache: its key, or a hit to restore there
+                request += (self.hits.handoff(unit),)
             self.workers.submit(self._next_token, request)
             idle -= 1
 

@@ -323,17 +323,20 @@ class UnitRunner:
     # ----------------------------------------------------------------- a unit
 
     def run(self, request: tuple[Any, ...], channel: Channel) -> dict[str, Any]:
-        """``("unit", name, key, attempt, staged_env[, cache_hit])``: one attempt of
-        one unit. ``staged_env`` is None on a first attempt (stage now), else what
-        staging returned then (a retry keeps its workspace and inputs); with
-        ``cache_hit``, restore it from the task cache if it still hits."""
-        _, name, key, attempt, staged_env, *cache_hit = request
+        """``("unit", name, key, attempt, staged_env[, cache])``: one attempt of one
+        unit. ``staged_env`` is None on a first attempt (stage now), else what
+        staging returned then (a retry keeps its workspace and inputs). With
+        --cache, ``cache`` is ``("key", CacheKey)``, ``("hit", CacheKey)`` (restore
+        it from the cache if it still hits) or None (key it here)."""
+        _, name, key, attempt, staged_env, *cached = request
         task = self.tasks[name]
         cache_key = None
         if self.cache is not None and cacheable(task):
-            cache_key = self.cache.key(name, key)  # from the settled records
-            if cache_hit and cache_hit[0] and (hit := self._cache_hit(cache_key, attempt)):
-                return hit  # a hit with large files (crucible.run.cache_hits)
+            # keyed on the scheduling thread (crucible.run.cache_hits), else here
+            how, cache_key = cached[0] if cached and cached[0] else ("", None)
+            cache_key = cache_key or self.cache.key(name, key)
+            if how == "hit" and (hit := self._cache_hit(cache_key, attempt)):
+                return hit  # a hit with large files
         workspace = self.layout.work_dir(name, key)
         output = self.paths.output(name, key, attempt)
         try:
