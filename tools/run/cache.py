@@ -47,6 +47,7 @@ __all__ = [
     "fixed_components",
     "scalar_digest",
     "unit_key",
+    "write_quick",
 ]
 
 CACHE_SCOPE = "dispatch"
@@ -98,6 +99,36 @@ class CacheKey:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "digest", _components_digest(self.components))
+
+
+def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
+    """Replace ``path`` with ``data`` atomically, not durably (what it writes is
+    found again or rebuilt after a power cut: a hit's record, the last key),
+    creating its directory once per process (``made_dirs``). The temporary name
+    is fixed per process — one thread of a process writes these — so there is no
+    random name to draw and no retry."""
+    from crucible.core.atomic import TMP_PREFIX
+    from crucible.core.fdio import write_all
+
+    parent = path.parent
+    if parent not in made_dirs:
+        parent.mkdir(parents=True, exist_ok=True)
+        made_dirs.add(parent)
+    tmp = f"{parent}/{TMP_PREFIX}q-{os.getpid()}"
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
+        )
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 _TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -305,6 +336,7 @@ class TaskCache:
         self.warn = warn
         self.store = directory / "files" / "sha256"
         self._ledger: Any = None
+        self._made_dirs: set[Path] = set()
 
     # The ledger is opened lazily so a run whose units all miss early still
     # pays for opening it once, in the process that looks up.
@@ -410,12 +442,9 @@ class TaskCache:
         self._write_last(ck, escape_key)
 
     def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
-        from crucible.core import atomic
-
         path = self._last_path(ck.task, ck.key, escape_key)
         with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic.write_bytes(path, canon.dumps(ck.components), durable=False)
+            write_quick(path, canon.dumps(ck.components), self._made_dirs)
 
     # ------------------------------------------------------------ maintenance
 

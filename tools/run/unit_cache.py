@@ -130,43 +130,19 @@ class UnitCache:
             if hit.files:
                 self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
             from crucible.core import canon
+            from crucible.run.cache import write_quick
 
-            self._write_record(layout.result_path(ck.task, ck.key), canon.dumps(record))
+            # Atomic, not durable: a record lost to a power cut leaves the unit
+            # unsettled and a resume looks it up again (an fsync per hit would
+            # be most of a hit's cost).
+            path = layout.result_path(ck.task, ck.key)
+            write_quick(path, canon.dumps(record), self._made_dirs)
             return record
         except _CACHE_ERRORS as exc:
             self.warnings.append(
                 f"cache: cannot restore {_label(ck.task, ck.key)}: {exc}; running it"
             )
             return None
-
-    def _write_record(self, path: Path, data: bytes) -> None:
-        """Atomic, not durable: a record lost to a power cut leaves the unit
-        unsettled and a resume looks it up again (an fsync per hit would be most
-        of a hit's cost). One process writes hit records (the scheduling
-        thread, or a dry run), so its temporary name is fixed: no random name
-        to draw, no retry."""
-        from crucible.core.atomic import TMP_PREFIX
-        from crucible.core.fdio import write_all
-
-        parent = path.parent
-        if parent not in self._made_dirs:  # an instance's, maybe not made yet
-            parent.mkdir(parents=True, exist_ok=True)
-            self._made_dirs.add(parent)
-        tmp = f"{parent}/{TMP_PREFIX}hit-{os.getpid()}"
-        try:
-            fd = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
-            )
-            try:
-                write_all(fd, data)
-                os.fchmod(fd, 0o644)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
 
     def hit_reply(self, ck: Any, record: Mapping[str, Any]) -> dict[str, Any]:
         """What the scheduling thread settles a restored unit with (the shape of
