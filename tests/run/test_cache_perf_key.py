@@ -147,3 +147,25 @@ def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
         (state / "params.json").write_bytes(canon.dumps(params))
     assert keyer.key("list", None).components["input:params"] != before.components["input:params"]
     assert "input:history" in before.components and "input:revision" in before.components
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["task", "input:n", "files:make"],
+        ["input:é", "input:z", "input:\u00ff"],
+        ["input:\ue001", "input:\uffff", "input:a"],  # above U+E000: UTF-16 order
+        ["input:\U0001d11e", "input:\ufb01", "input:b"],  # an astral name sorts first
+        [""],
+    ],
+)
+def test_the_keys_digest_is_the_canonical_one(names: list[str]) -> None:
+    """The key's digest takes orjson's sorted output only where it equals
+    RFC 8785 (crucible.run.cache._components_digest): the same digest as the
+    canonical bytes, whatever the component names."""
+    from crucible.core import digest
+    from crucible.run.cache import KEY_FORMAT, CacheKey
+
+    components = {n: f"sha256:{i:064x}" for i, n in enumerate(names)}
+    expected = digest.of_bytes(canon.dumps({"format": KEY_FORMAT, "components": components}))
+    assert CacheKey("t", None, components).digest == expected
