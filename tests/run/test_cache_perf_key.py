@@ -169,3 +169,22 @@ def test_the_keys_digest_is_the_canonical_one(names: list[str]) -> None:
     components = {n: f"sha256:{i:064x}" for i, n in enumerate(names)}
     expected = digest.of_bytes(canon.dumps({"format": KEY_FORMAT, "components": components}))
     assert CacheKey("t", None, components).digest == expected
+
+
+def test_a_replaced_ancestor_record_is_read_again(tmp_path: Path) -> None:
+    """The keyer remembers each ancestor's files component by its record file's
+    identity: a record replaced since is read again."""
+    from tests.run.test_cache_key import dispatched
+
+    state = dispatched(tmp_path)
+    plan = canon.loads((state / "plan.json").read_bytes())
+    keyer = Keyer(plan, state, environ=ENV, agent_cmd=None, emit_cap=65536)
+    first = keyer.key("use", None).components["files:make"]
+    assert keyer.key("use", None).components["files:make"] == first
+    path = state / "results" / "make.json"
+    record = canon.loads(path.read_bytes())
+    record["files"][0]["digest"] = "sha256:" + "0" * 64
+    tmp = path.with_name("make.json.new")
+    tmp.write_bytes(canon.dumps(record))
+    os.replace(tmp, path)
+    assert keyer.key("use", None).components["files:make"] != first

@@ -177,11 +177,25 @@ def _record_files(record: Mapping[str, Any], files_dir: Path) -> list[dict[str, 
     return out
 
 
+#: ancestor -> (its record's (inode, size, mtime), its files component)
+FilesMemo = dict[str, tuple[tuple[int, int, int], str]]
+
+
 def ancestor_files(
-    plan: Mapping[str, Any], task_name: str, state: Path, escape_key: Callable[[str], str]
+    plan: Mapping[str, Any],
+    task_name: str,
+    state: Path,
+    escape_key: Callable[[str], str],
+    memo: FilesMemo | None = None,
 ) -> dict[str, str]:
     """One component per ancestor that declares emits_files: what was staged
-    under ``inputs/<ancestor>/`` (its captured files and their digests)."""
+    under ``inputs/<ancestor>/`` (its captured files and their digests).
+
+    With ``memo`` (one per run), an ancestor whose record file is the one read
+    before is not read again: every instance of a wide fan-out below it would
+    otherwise re-read it (and, for a fold, every instance record of it). A
+    settled record is replaced, never changed in place, so its identity says
+    whether it changed; a fold's record is written after its instances'."""
     tasks = _tasks_of(plan)
     seen: set[str] = set()
     stack = list(tasks[task_name].get("needs", []))
@@ -196,8 +210,15 @@ def ancestor_files(
         if not tasks[name].get("emits_files"):
             continue
         rec_path = state / "results" / f"{name}.json"
-        if not rec_path.exists():
+        try:
+            st = os.stat(rec_path)
+        except FileNotFoundError:
             out[f"files:{name}"] = _digest_of(None)
+            continue
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+        known = None if memo is None else memo.get(name)
+        if known is not None and known[0] == ident:
+            out[f"files:{name}"] = known[1]
             continue
         record = canon.loads(rec_path.read_bytes())
         if "keys" in record:  # a fold: every instance's files
@@ -207,9 +228,12 @@ def ancestor_files(
                 if ipath.exists():
                     irec = canon.loads(ipath.read_bytes())
                     per[k] = _record_files(irec, state / "files" / name / escape_key(k))
-            out[f"files:{name}"] = _digest_of(per)
+            component = _digest_of(per)
         else:
-            out[f"files:{name}"] = _digest_of(_record_files(record, state / "files" / name))
+            component = _digest_of(_record_files(record, state / "files" / name))
+        out[f"files:{name}"] = component
+        if memo is not None:
+            memo[name] = (ident, component)
     return out
 
 

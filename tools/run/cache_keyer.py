@@ -25,7 +25,13 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.run.cache import CacheKey, ancestor_files, fixed_components, scalar_digest
+from crucible.run.cache import (
+    CacheKey,
+    FilesMemo,
+    ancestor_files,
+    fixed_components,
+    scalar_digest,
+)
 from crucible.run.environ import task_environment
 
 # Stage's own readers, so a value is read exactly as staging reads it (a fold's
@@ -84,6 +90,7 @@ class Keyer:
         self._fixed: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
         self._params: tuple[tuple[int, ...] | None, str] | None = None
         self._reserved_entries: dict[tuple[str, str], str] = {}
+        self._files_memo: FilesMemo = {}
         self._reserved_root = str(self.state / "reserved")
         self._params_path = str(self.state / "params.json")
 
@@ -97,7 +104,7 @@ class Keyer:
             components.update(self._inputs_v2(pv, t, key))
         else:
             components.update(self._inputs_v1(pv, t, key))
-        components.update(ancestor_files(self.plan, name, self.state, escape_key))
+        components.update(ancestor_files(self.plan, name, self.state, escape_key, self._files_memo))
         return CacheKey(name, key, components)
 
     def _fixed_of(self, t: TaskView) -> tuple[dict[str, str], dict[str, str]]:
