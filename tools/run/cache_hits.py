@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from crucible.run.unit_cache import UnitCache, cacheable
 
-__all__ = ["INLINE_BYTES", "CacheHits"]
+__all__ = ["INLINE_BYTES", "CacheHits", "ReadyQueue"]
 
 #: A hit whose store files total more than this is checked (every file hashed)
 #: and restored by a worker, before it stages anything: hashing them here would
@@ -32,6 +32,42 @@ class _Unit(Protocol):
     name: str
     key: str | None
     attempt: int
+
+
+class ReadyQueue(deque[Any]):
+    """The dispatcher's ready queue, counting the units appended at its right end
+    since the hit path last looked (``fresh``), so that each ready unit is looked
+    up once, however long it then waits for a worker: rescanning every waiting
+    unit on every turn would make a wide fan-out quadratic. The dispatcher
+    appends at the right and pops at the left only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fresh = 0
+
+    def append(self, unit: Any) -> None:
+        super().append(unit)
+        self.fresh += 1
+
+    def popleft(self) -> Any:
+        unit = super().popleft()
+        self.fresh = min(self.fresh, len(self))
+        return unit
+
+    def clear(self) -> None:
+        super().clear()
+        self.fresh = 0
+
+    def take_fresh(self) -> list[Any]:
+        """Remove and return the fresh units, in the order they came."""
+        n, self.fresh = self.fresh, 0
+        out = [self.pop() for _ in range(n)]
+        out.reverse()
+        return out
+
+    def put_back(self, units: list[Any]) -> None:
+        """Append ``units`` as looked at already."""
+        self.extend(units)
 
 
 class CacheHits:
@@ -66,21 +102,23 @@ class CacheHits:
         #: (with files too large to check on this thread)
         self._handoff: dict[tuple[str, str | None], tuple[str, Any]] = {}
 
-    def take(self, ready: deque[Any], settle: Callable[[Any, dict[str, Any]], None]) -> int:
-        """Settle every unit of ``ready`` that hits, through ``settle(unit, reply)``
-        (which may queue its consumers: they are looked up in the same pass);
-        the units that miss stay in ``ready``, in order. Returns the hits."""
-        missed: list[Any] = []
+    def take(self, ready: ReadyQueue, settle: Callable[[Any, dict[str, Any]], None]) -> int:
+        """Settle every fresh unit of ``ready`` that hits, through ``settle(unit,
+        reply)`` (which may queue its consumers: they are looked up in the same
+        pass); the units that miss stay in ``ready``, in order. Returns the hits."""
         hits = 0
-        while ready:
-            unit = ready.popleft()
-            reply = self._look_up(unit)
-            if reply is None:
-                missed.append(unit)
-            else:
-                hits += 1
-                settle(unit, reply)
-        ready.extend(missed)
+        batch = ready.take_fresh()
+        while batch:
+            missed: list[Any] = []
+            for unit in batch:
+                reply = self._look_up(unit)
+                if reply is None:
+                    missed.append(unit)
+                else:
+                    hits += 1
+                    settle(unit, reply)
+            batch = ready.take_fresh()  # what those hits made ready, after the misses
+            ready.put_back(missed)
         return hits
 
     def _look_up(self, unit: _Unit) -> dict[str, Any] | None:
@@ -109,6 +147,10 @@ class CacheHits:
         """What a worker is told about ``unit`` (crucible.run.unit): ``("hit", key)``
         to restore it there, ``("key", key)`` for a miss, None when not keyed."""
         return self._handoff.pop((unit.name, unit.key), None)
+
+    def ready_queue(self) -> ReadyQueue:
+        """The ready queue the dispatcher must use with this hit path."""
+        return ReadyQueue()
 
     def close(self) -> None:
         self.cache.close()

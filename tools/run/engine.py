@@ -209,6 +209,7 @@ class Dispatcher:
                 environ=environ, agent_cmd=options.agent_cmd, emit_cap=admission.emit_cap,
                 warn=self.warn,
             )  # fmt: skip
+            self.ready = self.hits.ready_queue()  # each unit looked up once
         # Fork the workers now, before any thread exists in this process (the
         # session log's writer starts at its first commit). A worker holds one
         # unit from staging to capture; the extra workers stage the next units
