@@ -160,3 +160,21 @@ def test_a_hit_with_large_files_is_restored_by_a_worker_without_staging(tmp_path
     # the rerun stored its file again over the altered one: the next run hits
     ran, proc = r.run()
     assert ran == [] and b"warning" not in proc.stderr, proc.stderr
+
+
+def test_a_record_of_the_wrong_shape_is_a_warned_miss(tmp_path: Path) -> None:
+    """A ledger record for the key whose files are not a list of entries (a
+    hand-edited ledger) is one warning, and the unit runs."""
+    from crucible.ledger import Ledger, Outcome
+
+    r = Runner(tmp_path)
+    r.run()
+    r.run()
+    step = "unit:" + str(r.finished(2)["d"]["cache_key"])
+    record = json.loads((r.state(1) / "results" / "d.json").read_text())
+    with Ledger(r.cache) as ledger:
+        ledger.record("dispatch", step, Outcome.ok({"record": record, "files": "junk"}))
+    ran, proc = r.run()
+    assert ran == ["d"]
+    err = proc.stderr.decode()
+    assert err.count("warning: cache: cannot use the record of 'd'") == 1, err

@@ -26,6 +26,8 @@ __all__ = ["INLINE_BYTES", "CacheHits", "ReadyQueue"]
 #: and restored by a worker, before it stages anything: hashing them here would
 #: hold up every other unit's start and settlement meanwhile.
 INLINE_BYTES = 4 << 20
+#: what a ledger record of the wrong shape makes the hit path raise
+_BROKEN = (AttributeError, KeyError, TypeError, ValueError)
 
 
 class _Unit(Protocol):
@@ -131,17 +133,20 @@ class CacheHits:
             return None
         cache = self.cache
         ck = cache.key(unit.name, unit.key)
-        hit = None if ck is None else cache.find(ck)
-        record = None
-        if hit is not None and hit.files_bytes > INLINE_BYTES:
-            self._handoff[ident] = ("hit", ck)  # checked and restored there, unstaged
-        elif hit is not None:
-            record = cache.restore(ck, hit, unit.attempt)
-        if record is None and ck is not None and ident not in self._handoff:
+        reply = None
+        try:
+            hit = None if ck is None else cache.find(ck)
+            if hit is not None and hit.files_bytes > INLINE_BYTES:
+                self._handoff[ident] = ("hit", ck)  # checked and restored there, unstaged
+            elif hit is not None and (record := cache.restore(ck, hit, unit.attempt)):
+                reply = cache.hit_reply(ck, record)
+        except _BROKEN as exc:  # a record of the wrong shape (a hand-edited ledger)
+            self.warn(f"cache: cannot use the record of {unit.name!r}: {exc}; running it")
+        if reply is None and ck is not None and ident not in self._handoff:
             self._handoff[ident] = ("key", ck)  # the worker need not key it again
         for warning in cache.take_warnings():
             self.warn(warning)
-        return None if record is None else cache.hit_reply(ck, record)
+        return reply
 
     def handoff(self, unit: _Unit) -> tuple[str, Any] | None:
         """What a worker is told about ``unit`` (crucible.run.unit): ``("hit", key)``

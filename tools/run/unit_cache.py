@@ -149,7 +149,8 @@ class UnitCache:
         a worker's reply: kind ``cached``)."""
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
-            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+            with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):  # junk
+                summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record["files"])
         return {"kind": "cached", "cache_key": ck.digest, "record": summary}
 
     def save(self, ck: Any) -> None:
