@@ -70,7 +70,7 @@ def improved(loop: dict[str, Any], score: float, kept: float | None) -> bool:
 
 
 def reached(loop: dict[str, Any], kept: float) -> bool:
-    target = loop.get("target")
+    target: float | None = loop.get("target")
     if target is None:
         return False
     return kept >= target if loop["direction"] == "max" else kept <= target
