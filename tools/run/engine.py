@@ -210,6 +210,11 @@ class Dispatcher:
             self.slots.close()
             raise
         self.selector = selectors.DefaultSelector()
+        # -- scored loop (docs/spec/loop.md): revisions of the body, run/loop_engine.py
+        from crucible.run import loop_engine
+
+        self.loop = loop_engine.attach(self)
+        # -- end scored loop
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -239,7 +244,11 @@ class Dispatcher:
             for name in self.graph.order:
                 if name not in self.status and self.remaining[name] == 0:
                     self._on_ready(name)
+            if self.loop is not None:  # scored loop: its before tasks may all be settled
+                self.loop.maybe_start()
             self._loop(wake_r)
+            if self.loop is not None:
+                self.loop.at_end()
         except BaseException:
             # The workers kill their tasks' groups; a task whose worker died
             # (the likely cause of getting here) has nobody else to do it.
@@ -269,6 +278,8 @@ class Dispatcher:
         if self.stop_signal is not None:
             status = INTERRUPTED
             code = 128 + self.stop_signal
+        elif self.loop is not None and self.loop.fails_run:  # scored loop: body_failed
+            status, code = FAILED, 1
         elif all(self.status.get(n) == PASSED for n in self._expected()):
             status, code = PASSED, 0
         elif self.plan["version"] >= 3 and all(
@@ -497,6 +508,16 @@ class Dispatcher:
         """Every task ``name`` waits for has settled: skip it, expand it, or queue it."""
         if self.selected is not None and name not in self.selected:
             return  # recorded as not selected at the start
+        if self.loop is not None:  # scored loop: the body runs by revisions
+            if name in self.loop.body:
+                self.loop.maybe_start()
+                return
+            if (note := self.loop.skip_note(name)) is not None:
+                self._record_task(name, SKIPPED, note)
+                self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
+                self._count_settled(SKIPPED)
+                self._settle(name, SKIPPED)
+                return
         task = self.graph.tasks[name]
         if task.get("join", "all") == "all":
             epilogue = task.get("epilogue", False)
@@ -640,6 +661,8 @@ class Dispatcher:
             self.remaining[consumer] -= 1
             if self.remaining[consumer] == 0 and consumer not in self.status:
                 self._on_ready(consumer)
+        if self.loop is not None and name in self.loop.phases.before:  # scored loop
+            self.loop.maybe_start()
 
     # ---------------------------------------------------- a unit (worker side)
 
@@ -870,6 +893,8 @@ class Dispatcher:
 
     def _note_failure(self, unit: Unit, log: str | None) -> None:
         """A unit settled failed: keep it for the last line; --fail-fast stops."""
+        if self.loop is not None and self.loop.forgives(unit.name, unit.key):
+            return  # a failed scoring unit fails its revision, not the run
         label = unit.name if unit.key is None else f"{unit.name}[{unit.key}]"
         if len(self.failures) < FAILURES_SHOWN:
             self.failures.append((label, log))
@@ -906,6 +931,9 @@ class Dispatcher:
         self._count_settled(status)
         if unit.key is None:
             self._settle(unit.name, status)
+            return
+        if self.loop is not None and unit.name in self.loop.body:  # a revision's unit
+            self.loop.unit_settled(unit.name, status)
             return
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
