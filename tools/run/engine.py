@@ -395,7 +395,10 @@ class Dispatcher:
             env = unit.staged_env
             if unit.last_env is not None and env is not None:
                 env = {**env, **unit.last_env}  # a retry: what the last attempt did
-            self.workers.submit(self._next_token, ("unit", unit.name, unit.key, unit.attempt, env))
+            request: tuple[Any, ...] = ("unit", unit.name, unit.key, unit.attempt, env)
+            if self.loop is not None:  # scored loop: the time budget bounds a revision
+                request += self.loop.stop_by(unit.name, unit.key)
+            self.workers.submit(self._next_token, request)
             idle -= 1
 
     def _on_reply(self, reply: Reply) -> None:
@@ -757,21 +760,27 @@ class Dispatcher:
         task = self.graph.tasks[unit.name]
         record = finished.record
         note: str | None
+        cut = False  # stopped by the scored loop's time budget: failed, never retried
         if finished.stop_reason == "timeout":
             how = exit_text(finished.code)
             note = compose_note(
                 f"{how} after timeout {task.get('timeout')}s", None, finished.log, finished.tail
             )
             status, retryable = FAILED, True
+            if self.loop is not None and self.loop.budget_cut(unit.name, unit.key):
+                note = compose_note(
+                    f"{how}: the loop's time budget ran out", None, finished.log, finished.tail
+                )
+                cut = True
         else:
             assert record is not None
             status = record.get("status", FAILED)
             note = record.get("note")
             retryable = bool(record.get("retryable", status != PASSED))
         fields = finished.fields
-        timed_out = finished.stop_reason == "timeout"
+        timed_out = finished.stop_reason == "timeout" and not cut
         retry = control.Retry(None)
-        if status != PASSED and self.stop_signal is None:
+        if status != PASSED and self.stop_signal is None and not cut:
             retry = control.next_retry(
                 task,
                 unit.attempt,

@@ -75,6 +75,8 @@ class LoopRun:
         self.rev_status: dict[str, str] = {}
         self.pending = 0
         self.abort: str | None = None
+        #: the time budget stopped a unit of the running revision
+        self.cut = False
         self._load()
 
     # ------------------------------------------------------------ state file
@@ -193,6 +195,7 @@ class LoopRun:
         self.rev_left = {t: len(self.body_needs[t]) for t in self.order}
         self.rev_status = {}
         self.abort = None
+        self.cut = False
         self.pending = 0
         d.counts.total += len(self.body)
         d.log.emit("revision_started", revision=n)
@@ -209,8 +212,29 @@ class LoopRun:
     # ------------------------------------------------------------ settling
 
     def forgives(self, name: str, key: str | None) -> bool:
-        """A failed scoring unit fails its revision, not the run."""
-        return key is not None and name == self.spec.score and key.startswith("@rev")
+        """A failed scoring unit fails its revision, not the run; so does a unit
+        the time budget stopped."""
+        if key is None or name not in self.body:
+            return False
+        return name == self.spec.score or self.cut
+
+    def stop_by(self, name: str, key: str | None) -> tuple[float, ...]:
+        """What a revision unit's request carries: the wall-clock time its loop's
+        time budget ends (the worker stops the task then), or nothing."""
+        budget = self.spec.time_budget
+        if budget is None or name not in self.body or key is None:
+            return ()
+        return (time.time() + max(0.0, budget - self.elapsed()),)
+
+    def budget_cut(self, name: str, key: str | None) -> bool:
+        """Was this revision unit's timeout the loop's time budget running out?"""
+        budget = self.spec.time_budget
+        # 50 ms of slack: the worker's wall-clock deadline and this monotonic
+        # clock may disagree by a little
+        if name in self.body and key is not None and budget is not None:
+            if self.elapsed() >= budget - 0.05:
+                self.cut = True
+        return self.cut and name in self.body
 
     def unit_settled(self, name: str, status: str) -> None:
         """A body unit of the running revision settled (its last attempt)."""
@@ -220,7 +244,7 @@ class LoopRun:
         assert self.current is not None
         self.rev_status[name] = status
         self.pending -= 1
-        if status != PASSED and name != self.spec.score and self.abort is None:
+        if status != PASSED and name != self.spec.score and self.abort is None and not self.cut:
             self.abort = f"body task {name!r} {status}"
         if status == PASSED and self.abort is None and not self._out_of_time():
             for c in self.body_consumers[name]:
@@ -254,7 +278,7 @@ class LoopRun:
         score: Any = None
         if self.abort is not None:
             reason = self.abort
-        elif len(self.rev_status) < len(self.body):
+        elif self.cut or len(self.rev_status) < len(self.body):
             reason = f"the time budget of {spec.time_budget:g}s ran out mid-revision"
         elif self.rev_status.get(spec.score) != PASSED:
             reason = f"score task {spec.score!r} {self.rev_status.get(spec.score)}"
