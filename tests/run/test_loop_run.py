@@ -320,9 +320,7 @@ def test_plan_changed_refuses_an_edited_loop(pack_dir: Path, tmp_path: Path) -> 
     assert "PlanChanged" in resumed.stderr or "plan changed" in resumed.stderr.lower()
 
 
-def test_reserved_inputs_are_written_before_each_revision(
-    pack_dir: Path, tmp_path: Path
-) -> None:
+def test_reserved_inputs_are_written_before_each_revision(pack_dir: Path, tmp_path: Path) -> None:
     plan = make_pack(pack_dir, [0.2, 0.1, 0.3], "max_revisions = 3\n")
     state = tmp_path / "s"
     assert dispatch(plan, "--state", state).returncode == 0
@@ -350,3 +348,22 @@ def test_revision_keys_and_env(pack_dir: Path, tmp_path: Path) -> None:
     keys = {e.get("key") for e in evs if e["event"] == "task_started" and e["task"] == "evaluate"}
     assert keys == {"@rev1"}
     assert os.path.isdir(state / "work" / "evaluate" / "%40rev1")
+
+
+def test_outputs_and_published_files_are_the_kept_revisions(
+    pack_dir: Path, tmp_path: Path
+) -> None:
+    plan = make_pack(pack_dir, [0.6, 0.2], "max_revisions = 2\n")
+    plan.write_text(
+        plan.read_text().replace(
+            'name = "loop-test"\n',
+            'name = "loop-test"\n[workflow.outputs]\nbest = "evaluate.score"\n'
+            '[workflow.publish]\n"kept/" = "propose:*.txt"\n',
+        )
+    )
+    state, dest = tmp_path / "s", tmp_path / "pub"
+    proc = dispatch(plan, "--state", state, "--publish-dir", dest, "--outputs", "-")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["best"] == 0.6
+    assert (dest / "kept" / "out.txt").read_text() == "revision 1 proposes 0.6\n"
+    assert sorted(p.name for p in (dest / "kept").iterdir()) == ["@publish.json", "out.txt"]

@@ -24,7 +24,9 @@ def _kept_outputs(d: Dispatcher, spec: LoopSpec, kept: int) -> dict[str, Any]:
         rec = d.stage.load_result(d.state, t, revision_key(kept))
         output = rec.get("output") if rec is not None else None
         emits = d.graph.tasks[t].get("emits", {})
-        outputs[t] = {f: output[f] for f in sorted(emits) if isinstance(output, dict) and f in output}
+        outputs[t] = {
+            f: output[f] for f in sorted(emits) if isinstance(output, dict) and f in output
+        }
     return outputs
 
 
@@ -56,7 +58,7 @@ def write(
     except ImportError:
         loop_inputs = None
     if loop_inputs is not None:  # pragma: no cover - once the stage side has landed
-        history, dropped = loop_inputs.history_value(revisions, spec.history_bytes)
+        history, _dropped = loop_inputs.history_value(revisions, spec.history_bytes)
         loop_inputs.write_reserved(d.layout, n, history, kept_entry)
         return
     history, _dropped = _history(revisions, spec.history_bytes)

@@ -77,6 +77,9 @@ class LoopRun:
         self.abort: str | None = None
         #: the time budget stopped a unit of the running revision
         self.cut = False
+        if dispatcher.selected is not None and dispatcher.selected & self.body:
+            # --target: a body task brings the whole loop (a revision is the body)
+            dispatcher.selected = dispatcher.selected | self.body | self.phases.before
         self._load()
 
     # ------------------------------------------------------------ state file
@@ -97,7 +100,9 @@ class LoopRun:
             raise InputRefused("not a loop state file: no revisions list", where=where)
         for i, r in enumerate(revisions):
             if r.get("revision") != i + 1:
-                raise InputRefused(f"revision {i + 1} is out of order", where=f"{where}:$.revisions[{i}]")
+                raise InputRefused(
+                    f"revision {i + 1} is out of order", where=f"{where}:$.revisions[{i}]"
+                )
             self._account(r)
         self.revisions = revisions
         self.earlier_s = sum(int(r.get("duration_ms", 0)) for r in revisions) / 1000
@@ -231,9 +236,13 @@ class LoopRun:
         budget = self.spec.time_budget
         # 50 ms of slack: the worker's wall-clock deadline and this monotonic
         # clock may disagree by a little
-        if name in self.body and key is not None and budget is not None:
-            if self.elapsed() >= budget - 0.05:
-                self.cut = True
+        if (
+            name in self.body
+            and key is not None
+            and budget is not None
+            and self.elapsed() >= budget - 0.05
+        ):
+            self.cut = True
         return self.cut and name in self.body
 
     def unit_settled(self, name: str, status: str) -> None:
@@ -270,7 +279,9 @@ class LoopRun:
         key = revision_key(n)
         duration_ms = int((time.monotonic() - self.rev_started) * 1000)
         spec = self.spec
-        record = d.stage.load_result(d.state, spec.score, key) if spec.score in self.rev_status else None
+        record = (
+            d.stage.load_result(d.state, spec.score, key) if spec.score in self.rev_status else None
+        )
         output = record.get("output") if record is not None else None
         output = output if isinstance(output, dict) else {}
         emits = d.graph.tasks[spec.score].get("emits", {})
@@ -382,7 +393,9 @@ class LoopRun:
             else:
                 rec = d.stage.load_result(d.state, t, revision_key(self.kept))
                 if rec is None:  # the kept revision was kept because its units settled
-                    raise InputRefused(f"kept revision {self.kept} of {t!r} has no record", where=str(path))
+                    raise InputRefused(
+                        f"kept revision {self.kept} of {t!r} has no record", where=str(path)
+                    )
                 plain = {k: v for k, v in rec.items() if k != "key"}
                 plain["extra"] = {**(rec.get("extra") or {}), "revision": self.kept}
                 write_record(path, plain)
@@ -395,9 +408,12 @@ class LoopRun:
 
     def skip_note(self, name: str) -> str | None:
         """A task right after the loop is skipped, saying why, when nothing was kept."""
-        if self.finished and self.kept is None and self.revisions and name in self.phases.after:
-            if any(n in self.body for n in self.d.graph.tasks[name].get("needs", ())):
-                return NO_KEPT
+        if not (self.finished and self.kept is None and self.revisions):
+            return None
+        if name in self.phases.after and any(
+            n in self.body for n in self.d.graph.tasks[name].get("needs", ())
+        ):
+            return NO_KEPT
         return None
 
     def at_end(self) -> None:

@@ -14,7 +14,14 @@ from typing import Any
 
 import orjson
 
-__all__ = ["REV_PREFIX", "is_revision", "kept_revision", "loop_outcome", "producer_key", "revision_units"]
+__all__ = [
+    "REV_PREFIX",
+    "is_revision",
+    "kept_revision",
+    "loop_outcome",
+    "producer_key",
+    "revision_units",
+]
 
 REV_PREFIX = "@rev"
 
@@ -63,7 +70,9 @@ def loop_body(plan: Any) -> frozenset[str]:
     return frozenset(b for b in body if isinstance(b, str))
 
 
-def revision_units(state: Path, task: str, consumer_key: str | None, body: frozenset[str]) -> list[Any]:
+def revision_units(
+    state: Path, task: str, consumer_key: str | None, body: frozenset[str]
+) -> list[Any]:
     """The one revision unit of body task ``task`` whose captured files the
     consumer is handed, staged as ``inputs/<task>/`` like an unmapped producer's."""
     from crucible.stage._names import escape_key
