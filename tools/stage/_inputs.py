@@ -29,7 +29,6 @@ from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
-from crucible.stage._revision import is_revision, loop_outcome, producer_key, revision_units
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of
 
 __all__ = [
@@ -263,10 +262,7 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
             e["status"] == "failed" and not e.get("tolerated") and not pv.tasks[n].epilogue
             for n, e in tasks.items()
         )
-        out: dict[str, Any] = {"status": "failed" if failed else "passed", "tasks": tasks}
-        if pv.loop_body:  # the scored loop's outcome (docs/spec/loop.md)
-            out["loop"] = loop_outcome(state)
-        return out
+        return {"status": "failed" if failed else "passed", "tasks": tasks}
     return {"tasks": tasks}
 
 
@@ -277,7 +273,7 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     out: dict[str, Any] = {}
     if t.kind in ("command", "evaluate"):  # agents never receive params
         out["params"] = load_params(plan, state)
-    if key is not None and not is_revision(key):  # a loop revision has no item
+    if key is not None:
         out["item"] = instance_item(plan, state, task, key)
     # One listing instead of a stat per name: most runs have no reserved/ at all.
     try:
@@ -311,10 +307,8 @@ def _check_join(t: TaskView, producer: str, rec: dict[str, Any] | None) -> str:
     return status
 
 
-def _v1_dep_value(
-    pv: PlanView, state: Path, t: TaskView, dep: str, key: str | None = None
-) -> Any:
-    rec = load_result(state, dep, producer_key(pv.loop_body, state, key, dep))
+def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str) -> Any:
+    rec = load_result(state, dep)
     _check_join(t, dep, rec)
     if rec is None:
         return None
@@ -380,12 +374,8 @@ def _input_name_problem(name: str) -> str | None:
 
 
 class _Staging:
-    def __init__(
-        self, pv: PlanView, state: Path, t: TaskView, tmp: Path, key: str | None = None
-    ) -> None:
+    def __init__(self, pv: PlanView, state: Path, t: TaskView, tmp: Path) -> None:
         self.pv = pv
-        #: the consumer unit's key (a loop revision reads its body producers' units)
-        self.key = key
         self.state = state
         self.t = t
         self.tmp = tmp
@@ -400,11 +390,6 @@ class _Staging:
             if not at.emits_files:
                 continue
             StateLayout(self.state).files_dir(anc)  # checks the name
-            if anc in self.pv.loop_body:  # one revision's unit (docs/spec/loop.md)
-                units = revision_units(self.state, anc, self.key, self.pv.loop_body)
-                self.files_bytes = stage_units(self.state, units, self.tmp, self.files_bytes, bound)
-                self.files_staged.update(u.staged for u in units)
-                continue
             mapped = at.map is not None
             if mapped and (self.state / "files" / anc).is_dir():
                 (self.tmp / anc).mkdir()
@@ -431,9 +416,7 @@ class _Staging:
                 f"input {name!r} of task {self.t.name!r} reads {producer!r}, not a direct dependency"
             )
         pt = self.pv.task(producer)
-        rec = load_result(
-            self.state, producer, producer_key(self.pv.loop_body, self.state, self.key, producer)
-        )
+        rec = load_result(self.state, producer)
         status = _check_join(self.t, producer, rec)
         rel = f"inputs/{VALUES_DIR}/{name}"
         entry: dict[str, Any] = {
@@ -528,7 +511,7 @@ def stage_inputs(
         ) from None
     inputs_dir = workspace / "inputs"
     try:
-        staging = _Staging(pv, state, t, tmp, key)
+        staging = _Staging(pv, state, t, tmp)
         staging.stage_files(files_max)
         reserved = reserved_values(plan, state, task, key)
         env: dict[str, str] = {}
@@ -574,7 +557,7 @@ def stage_inputs(
                         f"task {task!r} needs a task named {dep!r}, which collides with the "
                         f"reserved input of that name in v1 delivery"
                     )
-                obj[dep] = _v1_dep_value(pv, state, t, dep, key)
+                obj[dep] = _v1_dep_value(pv, state, t, dep)
             obj.update(reserved)
             data = canon.dumps(obj)
             _write_readonly(tmp / V1_FILE, data)
@@ -600,17 +583,14 @@ def stage_inputs(
     )
 
 
-def held_units(plan: Any, state: Path, task: str, *, key: str | None = None) -> list[Unit]:
-    """The producer units whose captured files ``task`` (unit ``key``) is handed (3.4)."""
+def held_units(plan: Any, state: Path, task: str) -> list[Unit]:
+    """The producer units whose captured files ``task`` is handed (3.4)."""
     pv = view(plan)
     units: list[Unit] = []
     for anc in pv.ancestors(task):
         at = pv.tasks[anc]
         if at.emits_files:
             StateLayout(state).files_dir(anc)  # checks the name
-            if anc in pv.loop_body:
-                units.extend(revision_units(Path(state), anc, key, pv.loop_body))
-                continue
             units.extend(units_of(Path(state), anc, at.map is not None))
     return units
 
@@ -623,7 +603,7 @@ def refresh_inputs(
     and relinked, so the task starts with what was captured (3.4). Returns the
     workspace-relative paths replaced."""
     check_key(plan, task, key)
-    units = held_units(plan, Path(state), task, key=key)
+    units = held_units(plan, Path(state), task)
     if not units:
         return []
     return refresh_held(Path(state), units, Path(workspace).absolute())

@@ -52,8 +52,6 @@ class PlanView:
     edition: int
     tasks: dict[str, TaskView]
     order: tuple[str, ...]
-    #: the scored loop's body tasks (IR v3 ``loop``; empty without one)
-    loop_body: frozenset[str] = frozenset()
 
     def task(self, name: str) -> TaskView:
         try:
@@ -173,15 +171,7 @@ def build_view(plan: Any) -> PlanView:
             raise InputRefused(f"task {t.name!r} maps over unknown task {t.map[0]!r}", where="plan")
         if version == 1 and t.inputs:
             raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where="plan")
-    from crucible.stage._revision import loop_body
-
-    return PlanView(
-        version=version,
-        edition=edition,
-        tasks=tasks,
-        order=tuple(tasks),
-        loop_body=loop_body(plan),
-    )
+    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks))
 
 
 # One-entry identity cache: dispatch hands the same plan dict for every task of

@@ -14,7 +14,6 @@ from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.stage._fsio import write_atomic
 from crucible.stage._layout import StateLayout
 from crucible.stage._plan import view
-from crucible.stage._revision import is_revision
 
 __all__ = [
     "RESULT_FORMAT",
@@ -38,9 +37,7 @@ def check_key(plan: Any, task: str, key: str | None) -> None:
     t = view(plan).task(task)
     if key is None and t.map is not None:
         raise InputRefused(f"task {task!r} is mapped over {'.'.join(t.map)}: give the instance key")
-    if key is not None and t.map is None and not (
-        task in view(plan).loop_body and is_revision(key)
-    ):
+    if key is not None and t.map is None:
         raise InputRefused(f"task {task!r} is not mapped: it has no instance {key!r}")
     if key is not None and not isinstance(key, str):
         raise InputRefused(f"a fan-out key is a string, not {type(key).__name__}")
@@ -111,7 +108,7 @@ def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[
 
     if key is None and view(plan).task(task).map is not None:
         return []  # an aggregate has no workspace of its own
-    units = held_units(plan, state, task, key=key)
+    units = held_units(plan, state, task)
     if not units:
         return []
     workspace = StateLayout(state).work_dir(task, key)
