@@ -212,7 +212,7 @@ class LoopRun:
     def _write_reserved(self, n: int) -> None:
         from crucible.run import _loop_reserved
 
-        _loop_reserved.write(self.d, self.spec, n, self.revisions, self.kept)
+        _loop_reserved.write(self.d, n, self.revisions)
 
     # ------------------------------------------------------------ settling
 
@@ -368,7 +368,8 @@ class LoopRun:
         self.stop_reason = reason
         self.finished = True
         self._write()
-        self._write_reserved(len(self.revisions))  # after tasks see the final values
+        if self.revisions:  # the tasks after the loop see the final values
+            self._write_reserved(len(self.revisions))
         self.d.log.emit(
             "loop_finished",
             stop_reason=reason,

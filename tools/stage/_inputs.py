@@ -274,7 +274,12 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
             e["status"] == "failed" and not e.get("tolerated") and not pv.tasks[n].epilogue
             for n, e in tasks.items()
         )
-        return {"status": "failed" if failed else "passed", "tasks": tasks}
+        out: dict[str, Any] = {"status": "failed" if failed else "passed", "tasks": tasks}
+        if loop_of(plan, pv) is not None:  # the scored loop's end (docs/spec/loop.md)
+            from crucible.stage._loop_outcome import loop_outcome
+
+            out["loop"] = loop_outcome(state)
+        return out
     return {"tasks": tasks}
 
 
