@@ -226,3 +226,37 @@ def test_a_starlark_pack_takes_a_loop_beside_its_source(tmp_path: Path) -> None:
         ("loop-score-not-evaluate", "pack.toml:6:1"),
         ("loop-metric-undeclared", "pack.toml:7:1"),
     ]
+
+
+def test_graph_draws_the_body_as_one_labelled_cluster(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pack = tmp_path / "pack.toml"
+    pack.write_bytes(source(FULL))
+    compile_ = str(Path(sys.executable).parent / "crucible-compile")
+    label = (
+        "loop: max evaluate.score, at most 10 revisions, target 0.95, patience 3, "
+        "min_delta 0.01, time budget 600 s"
+    )
+    dot = subprocess.run(
+        [compile_, str(pack), "--graph", "dot"], capture_output=True, text=True, timeout=60
+    )
+    assert dot.returncode == 0, dot.stderr
+    cluster = dot.stdout.split('subgraph "cluster_loop" {\n', 1)[1].split("  }\n", 1)[0]
+    assert cluster.splitlines() == [
+        f'    label="{label}"; style=dashed;',
+        '    "evaluate";',
+        '    "propose";',
+    ]
+    mermaid = subprocess.run(
+        [compile_, str(pack), "--graph", "mermaid"], capture_output=True, text=True, timeout=60
+    )
+    assert mermaid.returncode == 0, mermaid.stderr
+    assert f'  subgraph loop_body["{label}"]\n    t2\n    t1\n  end\n' in mermaid.stdout
+    # a pack without a loop draws no cluster
+    pack.write_bytes(source(""))
+    plain = subprocess.run(
+        [compile_, str(pack), "--graph", "dot"], capture_output=True, text=True, timeout=60
+    )
+    assert "cluster" not in plain.stdout

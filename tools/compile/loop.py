@@ -28,6 +28,7 @@ __all__ = [
     "MAX_REVISIONS_CAP",
     "check_loop_graph",
     "check_loop_table",
+    "describe_loop",
 ]
 
 LOOP_KEYS: tuple[str, ...] = (
@@ -348,3 +349,20 @@ def _check_convex(
                     came_from[user] = node
                     nxt.append(user)
         frontier = nxt
+
+
+def describe_loop(loop: Mapping[str, Any]) -> str:
+    """One line for people (``--graph``): what the loop optimizes and when it stops."""
+    parts = [
+        f"loop: {loop['direction']} {loop['score']}.{loop['metric']}",
+        f"at most {loop['max_revisions']} revisions",
+    ]
+    if "target" in loop:
+        parts.append(f"target {loop['target']}")
+    if "patience" in loop:
+        parts.append(f"patience {loop['patience']}")
+    if loop.get("min_delta"):
+        parts.append(f"min_delta {loop['min_delta']}")
+    if "time_budget" in loop:
+        parts.append(f"time budget {loop['time_budget']} s")
+    return ", ".join(parts)
