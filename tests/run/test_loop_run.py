@@ -367,3 +367,18 @@ def test_outputs_and_published_files_are_the_kept_revisions(
     assert json.loads(proc.stdout)["best"] == 0.6
     assert (dest / "kept" / "out.txt").read_text() == "revision 1 proposes 0.6\n"
     assert sorted(p.name for p in (dest / "kept").iterdir()) == ["@publish.json", "out.txt"]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("example", "reason", "kept"), [("loop", "target", 4), ("loop-patience", "patience", 4)]
+)
+def test_the_example_packs_run(example: str, reason: str, kept: int, tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    proc = dispatch(REPO / "examples" / example / "pack.toml", "--state", state)
+    assert proc.returncode == 0, proc.stderr
+    doc = loop_doc(state)
+    assert doc["stop_reason"] == reason and doc["kept_revision"] == kept
+    assert doc["revisions"][kept - 1]["kept"] is True
