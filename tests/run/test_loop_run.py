@@ -382,3 +382,31 @@ def test_the_example_packs_run(example: str, reason: str, kept: int, tmp_path: P
     doc = loop_doc(state)
     assert doc["stop_reason"] == reason and doc["kept_revision"] == kept
     assert doc["revisions"][kept - 1]["kept"] is True
+
+
+@pytest.mark.parametrize(
+    ("scores_", "loop"),
+    [
+        ([0.2, "fail", 0.9], "max_revisions = 3\ntarget = 0.5\n"),
+        (["fail"], "max_revisions = 1\n"),
+        ([0.4, "crash"], "max_revisions = 3\n"),
+    ],
+)
+def test_loop_json_and_events_match_their_schemas(
+    scores_: list[object], loop: str, pack_dir: Path, tmp_path: Path
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    plan = make_pack(pack_dir, scores_, loop)
+    state = tmp_path / "s"
+    dispatch(plan, "--state", state)
+    schemas = REPO / "docs" / "schemas"
+    jsonschema.validate(loop_doc(state), json.loads((schemas / "loop.json").read_bytes()))
+    event_schema = json.loads((schemas / "session-event.json").read_bytes())
+    kinds = set()
+    for event in events(state):
+        jsonschema.validate(event, event_schema)
+        kinds.add(event["event"])
+    assert {"revision_started", "revision_finished", "loop_finished"} <= kinds
+    record_schema = json.loads((schemas / "result-record.json").read_bytes())
+    for path in (state / "results").rglob("*.json"):
+        jsonschema.validate(json.loads(path.read_bytes()), record_schema)
