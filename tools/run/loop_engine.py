@@ -131,8 +131,11 @@ class LoopRun:
             "finished": self.finished,
         }
 
-    def _write(self) -> None:
-        atomic.write_bytes(self.path, canon.dumps(self._doc()))
+    def _write(self, *, durable: bool = False) -> None:
+        """Atomic always; durable when the loop stops (before the body's plain
+        records are written, which a resume takes as the loop being over). A
+        revision's entry lost to a crash only reruns that revision on resume."""
+        atomic.write_bytes(self.path, canon.dumps(self._doc()), durable=durable)
 
     # ------------------------------------------------------------- starting
 
@@ -197,7 +200,7 @@ class LoopRun:
     def _skip_body(self, note: str) -> None:
         d = self.d
         self.finished = True
-        self._write()
+        self._write(durable=True)
         for t in self.order:
             d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note)
             d.log.emit("task_finished", task=t, status=SKIPPED, note=note)
@@ -416,7 +419,7 @@ class LoopRun:
     def _stop(self, reason: str | None) -> None:
         self.stop_reason = reason
         self.finished = True
-        self._write()
+        self._write(durable=True)
         if self.revisions:  # the tasks after the loop see the final values
             self._write_reserved(len(self.revisions))
         self.d.log.emit(

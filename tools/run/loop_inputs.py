@@ -169,6 +169,7 @@ def write_reserved(
     kept: dict[str, Any] | None,
     *,
     budget: int | None = None,
+    durable: bool = True,
 ) -> None:
     """Write ``STATE/reserved/{revision,history,kept,meta}.json``, each
     atomically (canonical JSON). ``history`` is the ``(records, dropped)``
@@ -192,7 +193,7 @@ def write_reserved(
         ("kept.json", canon.dumps(kept)),
     ]
     for name, data in blobs:
-        write_bytes(root / name, data)
+        write_bytes(root / name, data, durable=durable)
 
 
 def reserve(
@@ -200,6 +201,8 @@ def reserve(
     plan: Mapping[str, Any],
     revision: int,
     revisions: Sequence[Mapping[str, Any]],
+    *,
+    durable: bool = True,
 ) -> tuple[list[dict[str, Any]], int, dict[str, Any] | None]:
     """Everything before revision ``revision`` in one call: ``revisions`` are
     ``STATE/loop.json``'s entries of the earlier revisions (after the loop: all
@@ -216,5 +219,5 @@ def reserve(
         if kept_entry is None
         else kept_from_state(layout, plan, int(kept_entry["revision"]), kept_entry.get("score"))
     )
-    write_reserved(layout, revision, (records, dropped), kept, budget=budget)
+    write_reserved(layout, revision, (records, dropped), kept, budget=budget, durable=durable)
     return records, dropped, kept
