@@ -154,10 +154,13 @@ def test_write_reserved_writes_the_four_files(tmp_path: Path) -> None:
         "meta.json",
         "revision.json",
     ]
-    # a bare list: nothing dropped; a path works as the layout; null kept
-    li.write_reserved(state, 1, [], None)
+    # a path works as the layout; null kept; the pair with nothing dropped
+    li.write_reserved(state, 1, ([], 0), None)
     assert read(state, "kept") is None and read(state, "history") == []
     assert read(state, "meta")["history"] == {"dropped": 0, "total": 0}
+    # a bare list: the drop is unknown, so meta.json states none (no stale one left)
+    li.write_reserved(state, 2, [li.history_record(entry(1))], None)
+    assert read(state, "meta") == {"format": li.META_FORMAT}
 
 
 def test_write_reserved_refuses_before_writing_anything(tmp_path: Path) -> None:

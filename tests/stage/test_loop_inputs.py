@@ -182,6 +182,9 @@ def test_a_history_without_meta_stages_as_before(state: Path, ws: Path) -> None:
     (state / "reserved" / "history.json").write_bytes(canon.dumps([1]))
     staged = stage_inputs(p, state, "b", ws)
     assert staged.index is not None and "dropped" not in entries(staged.index)["history"]
+    li.write_reserved(state, 1, [1], None)  # a bare list: the drop is not known
+    staged = stage_inputs(p, state, "b", ws)
+    assert staged.index is not None and "dropped" not in entries(staged.index)["history"]
 
 
 def test_a_bad_meta_file_is_named(state: Path, ws: Path) -> None:
