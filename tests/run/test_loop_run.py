@@ -452,3 +452,20 @@ max_revisions = 3
     rec = result(state, "never", "@rev2")
     assert rec is not None and rec["status"] == "skipped"
     assert rec["note"].startswith("condition false")
+
+
+def test_retry_failed_after_a_loop_that_kept_nothing_reruns_no_revision(
+    pack_dir: Path, tmp_path: Path
+) -> None:
+    plan = make_pack(pack_dir, ["fail", "fail", 0.5], "max_revisions = 2\n")
+    state = tmp_path / "s"
+    assert dispatch(plan, "--state", state).returncode == 1
+    resumed = dispatch(plan, "--state", state, "--resume", "--retry-failed")
+    assert resumed.returncode == 1, resumed.stderr
+    evs = events(state)
+    assert [e["revision"] for e in evs if e["event"] == "revision_started"] == [1, 2]
+    assert len([e for e in evs if e["event"] == "loop_finished"]) == 1
+    body = result(state, "evaluate")
+    assert body is not None and body["note"] == "loop kept no revision"
+    final = result(state, "final")
+    assert final is not None and final["note"] == "loop kept no revision"
