@@ -209,7 +209,6 @@ class LoopRun:
             d._settle(t, SKIPPED)
 
     def _start_revision(self, n: int) -> None:
-
         d = self.d
         key = revision_key(n)
         for t in self.order:  # an interrupted revision reruns whole
