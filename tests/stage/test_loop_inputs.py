@@ -504,3 +504,17 @@ def test_a_compiled_loop_through_the_stage_commands(tmp_path: Path) -> None:
     meta = json.loads((state / "reserved" / "meta.json").read_text())["history"]
     assert meta["dropped"] > 0 and meta["total"] == 5 and meta["budget"] == 300
     assert best == 2
+
+
+def test_an_after_task_of_a_plain_run_reads_the_plain_records(state: Path) -> None:
+    """A loop plan run once as a plain DAG (a driver simulating the loop writes
+    kept.json itself): no revision records, so the after task reads the plain ones."""
+    p = loop_plan()
+    settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
+    settle(p, state, "propose", {"x": 5}, files={"work/x.txt": b"5\n"})
+    settle(p, state, "evaluate", {"score": 0.5})
+    li.write_reserved(state, 3, [], li.kept_value(2, 0.4, {"propose": {"x": 4}}))
+    ws = StateLayout(state).work_dir("report")
+    stage_inputs(p, state, "report", ws)
+    assert canon.loads((ws / "inputs" / "@values" / "score").read_bytes()) == 0.5
+    assert (ws / "inputs" / "propose" / "work" / "x.txt").read_text() == "5\n"

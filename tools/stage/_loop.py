@@ -201,12 +201,17 @@ def producer_key(
     """The instance key at which ``consumer`` (instance ``key``) reads
     ``producer``: a body producer is read in the consumer's own revision by a
     body task, and at the kept revision by a task after the loop (from
-    ``STATE/reserved/kept.json``; without one, its plain record). Anything else:
-    None, the plain record."""
+    ``STATE/reserved/kept.json``; without one, or without that revision's
+    record, its plain record). Anything else: None, the plain record."""
     lv = loop_of(plan, pv)
     if lv is None or producer not in lv.body:
         return None
     if consumer in lv.body:
         return key if revision_of(key) is not None else None
     rev = kept_revision(read_reserved(state, "kept"))
-    return revision_key(rev) if rev is not None else None
+    if rev is None:
+        return None
+    kept = revision_key(rev)
+    # a state without that revision's record (the body run as a plain DAG, as a
+    # driver that simulates the loop does) keeps the plain record
+    return kept if StateLayout(state).result_path(producer, kept).is_file() else None
