@@ -140,7 +140,10 @@ class LoopSpec:
         if kept is None:
             return True
         gain = score - kept if self.direction == "max" else kept - score
-        return gain > 0 and gain >= self.min_delta
+        # 0.6 - 0.5 is 0.0999…98 in binary floating point: a gain that equals
+        # min_delta up to rounding counts as reaching it
+        slack = 1e-12 * max(1.0, abs(score), abs(kept))
+        return gain > 0 and gain + slack >= self.min_delta
 
     def reached(self, score: float) -> bool:
         """Has ``score`` reached the target (>= for max, <= for min)?"""
