@@ -13,7 +13,11 @@ from crucible.run.loop_spec import LoopSpec, revision_key, revision_of
 
 def plan(**loop: Any) -> dict[str, Any]:
     tasks = [{"name": n} for n in ("seed", "propose", "evaluate", "report", "side")]
-    member = {"body": ["propose", "evaluate"], "score": "evaluate", "metric": "score"}
+    member: dict[str, Any] = {
+        "body": ["propose", "evaluate"],
+        "score": "evaluate",
+        "metric": "score",
+    }
     member.update({"max_revisions": 5, **loop})
     return {"tasks": tasks, "loop": member}
 
