@@ -469,3 +469,21 @@ def test_retry_failed_after_a_loop_that_kept_nothing_reruns_no_revision(
     assert body is not None and body["note"] == "loop kept no revision"
     final = result(state, "final")
     assert final is not None and final["note"] == "loop kept no revision"
+
+
+@pytest.mark.parametrize(("junk", "code"), [(b"junk\n", 2), (b'{"revisions": 3}', 1)])
+def test_a_damaged_loop_json_is_named_on_resume(
+    junk: bytes, code: int, pack_dir: Path, tmp_path: Path
+) -> None:
+    plan = make_pack(pack_dir, [0.1, 0.2], "max_revisions = 2\n")
+    state = tmp_path / "s"
+    assert dispatch(plan, "--state", state).returncode == 0
+    for task in ("propose", "evaluate", "final", "summary"):
+        (state / "results" / f"{task}.json").unlink()
+    (state / "loop.json").write_bytes(junk)
+    before = (state / "session.jsonl").read_bytes()
+    resumed = dispatch(plan, "--state", state, "--resume")
+    assert resumed.returncode == code
+    assert resumed.stderr.count("\n") == 1 and "loop.json" in resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert (state / "session.jsonl").read_bytes() == before

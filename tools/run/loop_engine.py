@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic, canon
-from crucible.core.errors import InputRefused
+from crucible.core.errors import InputRefused, ParseError
 from crucible.run.failures import write_record
 from crucible.run.loop_spec import LoopSpec, revision_key
 
@@ -96,7 +96,7 @@ class LoopRun:
         try:
             doc = canon.loads(data)
         except canon.CanonError as exc:
-            raise InputRefused(f"not a loop state file: {exc.message}", where=where) from None
+            raise ParseError(f"not a loop state file: {exc.message}", where=where) from None
         revisions = doc.get("revisions") if isinstance(doc, dict) else None
         if not isinstance(revisions, list) or not all(isinstance(r, dict) for r in revisions):
             raise InputRefused("not a loop state file: no revisions list", where=where)
