@@ -518,3 +518,19 @@ def test_an_after_task_of_a_plain_run_reads_the_plain_records(state: Path) -> No
     stage_inputs(p, state, "report", ws)
     assert canon.loads((ws / "inputs" / "@values" / "score").read_bytes()) == 0.5
     assert (ws / "inputs" / "propose" / "work" / "x.txt").read_text() == "5\n"
+
+
+def test_a_kept_value_naming_strange_tasks_stages_no_files(state: Path) -> None:
+    p = loop_plan()
+    settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
+    for kept in (
+        {"revision": 1, "score": 1, "outputs": {"../etc": {}, "nope": {}, "before": {}}},
+        {"revision": True, "score": 1, "outputs": {"propose": {}}},
+        {"revision": 9, "score": 1, "outputs": "propose"},
+        [1, 2],
+    ):
+        li.write_reserved(state, 2, [], kept)  # type: ignore[arg-type]
+        ws = StateLayout(state).work_dir("propose", "@rev2")
+        staged = stage_inputs(p, state, "propose", ws, key="@rev2")
+        assert not (ws / "inputs" / "@kept").exists(), kept
+        assert staged.index is not None and "kept_files" not in entries(staged.index)["kept"]
