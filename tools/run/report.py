@@ -111,10 +111,13 @@ class Report(list[Row]):
     task), plus the sessions of the run."""
 
     sessions: list[Session]
+    #: the scored loop's revisions (STATE/loop.json; crucible.run.loop_view), or None
+    loop: Any
 
-    def __init__(self, rows: list[Row], sessions: list[Session]) -> None:
+    def __init__(self, rows: list[Row], sessions: list[Session], loop: Any = None) -> None:
         super().__init__(rows)
         self.sessions = sessions
+        self.loop = loop
 
 
 def _sessions(events: list[Event]) -> list[Session]:
@@ -372,7 +375,12 @@ def collect(state: Path, task: str | None = None) -> Report:
         rows.append(agg)
         if mapped:
             rows.extend(_instances(state, agg, record, inst[name], source, by_number))
-    return Report(rows, sessions)
+    loop = None
+    if task is None:  # the loop's revisions, under the whole run's table only
+        from crucible.run import loop_view
+
+        loop = loop_view.load(state)
+    return Report(rows, sessions, loop)
 
 
 # -- table ----------------------------------------------------------------------
@@ -477,6 +485,10 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
         out.write(f"{padded}  {row_cells[-1]}".rstrip(" ") + "\n")
         for line in details:
             out.write(line + "\n")
+    if isinstance(rows, Report) and rows.loop is not None:  # a scored loop's revisions
+        from crucible.run import loop_view
+
+        loop_view.render_table(rows.loop, out)
 
 
 # -- NDJSON rows ----------------------------------------------------------------
@@ -516,7 +528,8 @@ def render_html(rows: list[Row], title: str) -> str:
     from crucible.run.timeline import render
 
     sessions = rows.sessions if isinstance(rows, Report) else []
-    return render(rows, sessions, title)
+    loop = rows.loop if isinstance(rows, Report) else None
+    return render(rows, sessions, title, loop=loop)
 
 
 def render_outputs(state: Path, out: IO[str]) -> None:
