@@ -320,10 +320,11 @@ class UnitRunner:
     # ----------------------------------------------------------------- a unit
 
     def run(self, request: tuple[Any, ...], channel: Channel) -> dict[str, Any]:
-        """``("unit", name, key, attempt, staged_env)``: one attempt of one unit.
+        """``("unit", name, key, attempt, staged_env[, stop_by])``: one attempt of one
+        unit (``stop_by``: a loop revision's time budget, as a wall-clock time).
         ``staged_env`` is None on a first attempt (stage now), else what staging
         returned then (a retry keeps its workspace and inputs)."""
-        _, name, key, attempt, staged_env = request
+        _, name, key, attempt, staged_env, *stop_by = request
         task = self.tasks[name]
         workspace = self.layout.work_dir(name, key)
         output = self.paths.output(name, key, attempt)
@@ -352,6 +353,9 @@ class UnitRunner:
         env = self._environment(task, name, key, attempt, staged_env, prepared, output)
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
+        if stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
+            left = max(0.0, float(stop_by[0]) - time.time())
+            timeout = left if timeout is None else min(float(timeout), left)
         # --- agent streams (crucible.run.agent_io): prompt on stdin, own stdout pipe
         stdin = stdin_source(task, prepared["prompt_file"])
         agent_out: AgentStdout | None = None
