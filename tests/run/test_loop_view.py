@@ -81,6 +81,7 @@ def loop_doc(
 ) -> dict[str, Any]:
     kept = [r for r in revisions if r["kept"]]
     return {
+        "format": "crucible.loop/1",
         "direction": direction,
         "metric": "score",
         "max_revisions": max_revisions,
@@ -470,3 +471,115 @@ def test_page_without_loop_has_no_chart(state: Path, tmp_path: Path) -> None:
     page = tmp_path / "p.html"
     assert report(state, "--html", str(page)).returncode == 0
     assert "svg" not in page.read_text()
+
+
+# -- the hand-written files are the engine's format ---------------------------------------
+
+
+def test_fixtures_match_the_loop_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "docs/schemas/loop.json").read_text())
+    for doc in (
+        loop_doc(simulate(SCORES)),
+        loop_doc(simulate([3, 2, 5], direction="min"), direction="min", stop=None, finished=False),
+        loop_doc(simulate([None, None]), stop="body_failed"),
+    ):
+        jsonschema.validate(doc, schema)
+
+
+def test_unknown_format_refused(state: Path) -> None:
+    write_loop(state, {**loop_doc(simulate([1.0])), "format": "crucible.loop/9"})
+    done = report(state)
+    assert done.returncode == 2 and "loop.json:$.format" in done.stderr, done.stderr
+    assert "crucible.loop/9" in done.stderr
+
+
+# -- real runs ------------------------------------------------------------------------------
+
+#: a one-task body (the score task) whose revision 2 fails and whose score
+#: otherwise grows: revision N scores N / 10
+FAILING = """edition = 4
+
+[workflow]
+name = "lv"
+
+[[workflow.task]]
+name = "score"
+kind = "evaluate"
+emits = { score = "number" }
+run = '''
+n=$(cat "$CRUCIBLE_INPUTS_DIR/revision")
+if [ "$n" = 2 ]; then echo "revision 2 breaks" >&2; exit 1; fi
+printf '{"verdict": "pass", "score": 0.%s}\\n' "$n" > "$CRUCIBLE_OUTPUT"
+'''
+
+[loop]
+body = ["score"]
+score = "score"
+metric = "score"
+max_revisions = 4
+"""
+
+
+def dispatch_run(pack: Path, state: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_real_loop_report_table_json_and_timeline(tmp_path: Path) -> None:
+    state = tmp_path / "s"
+    done = dispatch_run(REPO / "examples/loop/pack.toml", state)
+    assert done.returncode == 0, done.stderr
+    text = report(state)
+    assert text.returncode == 0, text.stderr
+    # the body tasks count their revisions' attempts (instances @rev1..@rev4)
+    assert re.search(r"^propose\s+passed\s+4\s", text.stdout, re.M), text.stdout
+    assert re.search(r"^evaluate\s+passed\s+4\s", text.stdout, re.M), text.stdout
+    assert "stopped: target; kept revision 4 (*), score 1; target 0.95" in text.stdout
+    table = text.stdout.split("\nLOOP  ", 1)[1]
+    assert [line.split()[0] for line in table.splitlines()[2:]] == ["1", "2", "3", "4"]
+    one = report(state, "propose")
+    assert re.findall(r"^propose\[(@rev[0-9]+)\]", one.stdout, re.M) == [
+        "@rev1",
+        "@rev2",
+        "@rev3",
+        "@rev4",
+    ]
+    lines = [json.loads(x) for x in report(state, "--json").stdout.splitlines()]
+    loop = lines[-1]["loop"]
+    assert [r["score"] for r in loop["revisions"]] == [0.1, 0.4, 0.7, 1]
+    assert next(x for x in lines if x.get("task") == "propose")["instances"] == 4
+    jsonschema = pytest.importorskip("jsonschema")
+    rows = json.loads((REPO / "docs/schemas/report-row.json").read_text())
+    for line in lines:
+        jsonschema.validate(line, rows)
+    page = tmp_path / "p.html"
+    assert report(state, "--html", str(page)).returncode == 0
+    html_text = page.read_text()
+    assert html_text.count('class="pt kept" data-rev') == 4 and 'class="final"' in html_text
+    assert 'class="tgt"' in html_text
+    # each body task is a group of its revisions on the timeline
+    assert html_text.count('<details class="g"') == 2 and html_text.count("@rev") >= 8
+
+
+def test_real_loop_with_a_failed_revision(tmp_path: Path) -> None:
+    pack = tmp_path / "pack.toml"
+    pack.write_text(FAILING)
+    state = tmp_path / "s"
+    done = dispatch_run(pack, state)
+    assert done.returncode in (0, 1), done.stderr
+    text = report(state)
+    assert text.returncode == 0, text.stderr
+    table = text.stdout.split("\nLOOP  ", 1)[1]
+    head, _, *rows = table.splitlines()
+    assert "4 of 4 revisions; 1 failed; stopped: max revisions; kept revision 4 (*)" in head
+    cells = [re.split(r"\s{2,}", r.strip()) for r in rows]
+    assert cells[1][:3] == ["2", "failed", "-"] and cells[1][3] == "0.1"
+    assert cells[2][:5] == ["3", "passed", "0.3", "0.3", "+0.2"]
+    page = tmp_path / "p.html"
+    assert report(state, "--html", str(page)).returncode == 0
+    html_text = page.read_text()
+    assert html_text.count('class="fail" data-rev') == 1 and 'data-rev="2"' in html_text
+    # the failed revision's unit is open in its group on the timeline
+    assert '<details class="g" open>' in html_text

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from crucible.core.errors import ParseError
+from crucible.core.errors import CrucibleError, ParseError
 from crucible.run._display import clip, escape
 
 __all__ = ["LoopView", "Revision", "load", "render_html", "render_table", "to_json"]
@@ -30,6 +30,8 @@ _STATUSES = ("passed", "failed")
 _VERDICTS = ("improved", "not_improved", "failed")
 _STOPS = ("target", "max_revisions", "patience", "time_budget", "body_failed", "interrupted")
 _SAFE = 2**53 - 1
+#: docs/schemas/loop.json ``format``
+LOOP_FORMAT = "crucible.loop/1"
 
 
 @dataclass(slots=True)
@@ -130,18 +132,33 @@ def _revision(value: Any, where: str, i: int) -> Revision:
     )
 
 
-def _target(state: Path) -> float | None:
-    """The plan's ``loop.target``, if any (only for drawing: never an error)."""
+def plan_loop(state: Path) -> dict[str, Any]:
+    """The plan's ``loop`` member (plan.json; the report read the plan through
+    its rules already), or an empty dict: what is drawn or grouped from it is
+    never an error of its own."""
     import orjson
 
     from crucible.run._report_state import read_regular
 
     try:
         plan = orjson.loads(read_regular(state / "plan.json", "plan.json") or b"null")
-    except (orjson.JSONDecodeError, ParseError):
-        return None
+    except (orjson.JSONDecodeError, CrucibleError):
+        return {}
     loop = plan.get("loop") if isinstance(plan, dict) else None
-    target = loop.get("target") if isinstance(loop, dict) else None
+    return loop if isinstance(loop, dict) else {}
+
+
+def body_tasks(state: Path) -> frozenset[str]:
+    """The loop body's task names: the report shows each as a group of its
+    revisions (instance keys ``@rev<N>``), as a mapped task of its instances."""
+    body = plan_loop(state).get("body")
+    if not isinstance(body, list):
+        return frozenset()
+    return frozenset(b for b in body if isinstance(b, str))
+
+
+def _target(state: Path) -> float | None:
+    target = plan_loop(state).get("target")
     return float(target) if target is not None and _number(target) else None
 
 
@@ -164,6 +181,11 @@ def load(state: Path) -> LoopView | None:
         raise ParseError(f"loop.json must hold a JSON object, not {_type(value)}", where=where)
     if "revisions" not in value:
         raise ParseError("missing required field 'revisions'", where=where)
+    if value.get("format", LOOP_FORMAT) != LOOP_FORMAT:
+        raise ParseError(
+            f"unknown loop state format {value['format']!r} (expected {LOOP_FORMAT})",
+            where=f"{where}:$.format",
+        )
 
     def get(name: str, ok: Any, what: str, default: Any = None) -> Any:
         return _member(value, name, where, "", ok, what, default)

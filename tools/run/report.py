@@ -353,6 +353,12 @@ def collect(state: Path, task: str | None = None) -> Report:
     """Rows in plan order: one per task, each mapped task followed by its
     instances in item order (only ``task``'s rows when given)."""
     tasks = load_plan(state)
+    # A scored loop's body task is shown as a group of its revisions (@rev<N>).
+    from crucible.run.loop_view import body_tasks
+
+    body = body_tasks(state)
+    if body:
+        tasks = [(name, mapped or name in body, source) for name, mapped, source in tasks]
     names = [name for name, _, _ in tasks]
     if task is not None and task not in names:
         raise InputRefused(
