@@ -148,22 +148,24 @@ def plan_loop(state: Path) -> dict[str, Any]:
     return loop if isinstance(loop, dict) else {}
 
 
-def body_tasks(state: Path) -> frozenset[str]:
-    """The loop body's task names: the report shows each as a group of its
-    revisions (instance keys ``@rev<N>``), as a mapped task of its instances."""
-    body = plan_loop(state).get("body")
+def body_tasks(loop: dict[str, Any]) -> frozenset[str]:
+    """The loop body's task names (of :func:`plan_loop`'s member): the report
+    shows each as a group of its revisions (instance keys ``@rev<N>``), as a
+    mapped task of its instances."""
+    body = loop.get("body")
     if not isinstance(body, list):
         return frozenset()
     return frozenset(b for b in body if isinstance(b, str))
 
 
-def _target(state: Path) -> float | None:
-    target = plan_loop(state).get("target")
+def _target(loop: dict[str, Any]) -> float | None:
+    target = loop.get("target")
     return float(target) if target is not None and _number(target) else None
 
 
-def load(state: Path) -> LoopView | None:
-    """``STATE/loop.json`` checked, or None when the run has no loop."""
+def load(state: Path, loop: dict[str, Any] | None = None) -> LoopView | None:
+    """``STATE/loop.json`` checked, or None when the run has no loop; ``loop``
+    is the plan's member (:func:`plan_loop`, read when not given)."""
     import orjson
 
     from crucible.run._report_state import read_regular
@@ -210,7 +212,7 @@ def load(state: Path) -> LoopView | None:
         best_score=get("best_score", _nullable(_number), "a number or null"),
         stop_reason=get("stop_reason", _nullable(lambda v: v in _STOPS), "a known stop reason"),
         finished=get("finished", lambda v: isinstance(v, bool), "a boolean", False),
-        target=_target(state),
+        target=_target(plan_loop(state) if loop is None else loop),
     )
     _running_best(view)
     return view

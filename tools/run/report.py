@@ -354,9 +354,10 @@ def collect(state: Path, task: str | None = None) -> Report:
     instances in item order (only ``task``'s rows when given)."""
     tasks = load_plan(state)
     # A scored loop's body task is shown as a group of its revisions (@rev<N>).
-    from crucible.run.loop_view import body_tasks
+    from crucible.run import loop_view
 
-    body = body_tasks(state)
+    plan_loop = loop_view.plan_loop(state)
+    body = loop_view.body_tasks(plan_loop)
     if body:
         tasks = [(name, mapped or name in body, source) for name, mapped, source in tasks]
     names = [name for name, _, _ in tasks]
@@ -383,9 +384,7 @@ def collect(state: Path, task: str | None = None) -> Report:
             rows.extend(_instances(state, agg, record, inst[name], source, by_number))
     loop = None
     if task is None:  # the loop's revisions, under the whole run's table only
-        from crucible.run import loop_view
-
-        loop = loop_view.load(state)
+        loop = loop_view.load(state, plan_loop)
     return Report(rows, sessions, loop)
 
 
