@@ -260,3 +260,27 @@ def test_graph_draws_the_body_as_one_labelled_cluster(tmp_path: Path) -> None:
         [compile_, str(pack), "--graph", "dot"], capture_output=True, text=True, timeout=60
     )
     assert "cluster" not in plain.stdout
+
+
+def test_the_schemas_take_the_loop_and_refuse_it_below_edition_4() -> None:
+    import tomllib
+
+    jsonschema = pytest.importorskip("jsonschema")
+    schemas = Path(__file__).resolve().parents[2] / "docs" / "schemas"
+    manifest = jsonschema.Draft202012Validator(json.loads((schemas / "manifest.json").read_text()))
+    plan_v3 = jsonschema.Draft202012Validator(json.loads((schemas / "plan-v3.json").read_text()))
+    assert manifest.is_valid(tomllib.loads(source(FULL).decode()))
+    assert plan_v3.is_valid(compiled(FULL).plan) and plan_v3.is_valid(compiled(MINIMAL).plan)
+    for edition in (1, 2, 3):
+        assert not manifest.is_valid(tomllib.loads(source(FULL, edition=edition).decode()))
+    assert not manifest.is_valid(tomllib.loads(TASKS + FULL))  # no edition: 1
+    for edit in ({"colour": 1}, {"max_revisions": 0}, {"min_delta": -1}, {"direction": "up"}):
+        doc = tomllib.loads(source(FULL).decode())
+        doc["loop"].update(edit)
+        assert not manifest.is_valid(doc), edit
+        plan = compiled(FULL).plan
+        plan["loop"].update(edit)
+        assert not plan_v3.is_valid(plan), edit
+    plan = compiled(MINIMAL).plan
+    del plan["loop"]["direction"]  # the plan form writes defaults out
+    assert not plan_v3.is_valid(plan)

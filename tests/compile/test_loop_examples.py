@@ -3,15 +3,18 @@ validate cleanly now, carry the loop their header describes, and their stand-ins
 produce the documented scores when handed the reserved inputs the contract fixes.
 
 The last part drives each pack revision by revision without the loop engine: a
-plain ``crucible-dispatch`` run per revision, with ``STATE/reserved/revision.json``,
-``history.json`` and ``kept.json`` written as the engine will write them (stage
-already delivers them), and the contract's keep/stop rules applied here. It checks
-the examples' numbers, not the engine."""
+plain ``crucible-dispatch`` run per revision of the plan less its ``loop`` member,
+with ``STATE/reserved/revision.json``, ``history.json`` and ``kept.json`` written as
+the engine writes them (stage delivers them), and the contract's keep/stop rules
+applied here. It checks the examples' numbers, not the engine; once the engine is
+in the tree (``crucible.run.loop_spec``), a real run must agree with it."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +24,7 @@ import pytest
 
 from crucible.compile import compile_path
 from crucible.compile.manifest import analyze_manifest
+from crucible.core import canon
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -86,6 +90,12 @@ def drive(name: str, tmp_path: Path) -> tuple[str, list[dict[str, Any]], dict[st
     manifest = REPO / "examples" / name / "pack.toml"
     plan = compile_path(manifest).plan
     loop = plan["loop"]
+    # the same plan without its loop member runs as a plain DAG whatever the engine
+    # knows; beside a copy of the pack's files, so CRUCIBLE_PACK_DIR finds them
+    pack = tmp_path / "pack"
+    shutil.copytree(manifest.parent, pack)
+    plain = pack / "plain.plan.json"
+    plain.write_bytes(canon.dumps({k: v for k, v in plan.items() if k != "loop"}))
     history: list[dict[str, Any]] = []
     kept: dict[str, Any] | None = None
     stale = 0
@@ -95,7 +105,7 @@ def drive(name: str, tmp_path: Path) -> tuple[str, list[dict[str, Any]], dict[st
         for key, value in (("revision", revision), ("history", history), ("kept", kept)):
             (state / "reserved" / f"{key}.json").write_text(json.dumps(value))
         proc = subprocess.run(
-            [str(BIN / "crucible-dispatch"), str(manifest), "--state", str(state)],
+            [str(BIN / "crucible-dispatch"), str(plain), "--state", str(state)],
             cwd=REPO,
             env=dict(os.environ),
             capture_output=True,
@@ -160,3 +170,32 @@ def test_the_patience_example_stops_on_patience_below_min_delta(tmp_path: Path) 
     # revisions 5 and 6 are better than the kept one, but by less than min_delta
     assert [h["kept"] for h in history] == [True, True, True, True, False, False]
     assert kept["revision"] == 4 and kept["score"] == 0.0625
+
+
+ENGINE = importlib.util.find_spec("crucible.run.loop_spec") is not None
+
+
+@pytest.mark.skipif(not ENGINE, reason="the loop engine (crucible.run.loop_spec) is not merged")
+@pytest.mark.parametrize(
+    ("name", "reason", "kept", "revisions"),
+    [("loop", "target", 4, 4), ("loop-patience", "patience", 4, 6)],
+)
+def test_the_engine_runs_the_examples_as_documented(
+    name: str, reason: str, kept: int, revisions: int, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    proc = subprocess.run(
+        [str(BIN / "crucible-dispatch"), f"examples/{name}/pack.toml", "--state", str(state)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    loop = json.loads((state / "loop.json").read_bytes())
+    assert (loop["stop_reason"], loop["kept_revision"], len(loop["revisions"])) == (
+        reason,
+        kept,
+        revisions,
+    )
+    assert loop["finished"] is True

@@ -154,10 +154,13 @@ def test_write_reserved_writes_the_four_files(tmp_path: Path) -> None:
         "meta.json",
         "revision.json",
     ]
-    # a bare list: nothing dropped; a path works as the layout; null kept
-    li.write_reserved(state, 1, [], None)
+    # a path works as the layout; null kept; the pair with nothing dropped
+    li.write_reserved(state, 1, ([], 0), None)
     assert read(state, "kept") is None and read(state, "history") == []
     assert read(state, "meta")["history"] == {"dropped": 0, "total": 0}
+    # a bare list: the drop is unknown, so meta.json states none (no stale one left)
+    li.write_reserved(state, 2, [li.history_record(entry(1))], None)
+    assert read(state, "meta") == {"format": li.META_FORMAT}
 
 
 def test_write_reserved_refuses_before_writing_anything(tmp_path: Path) -> None:
@@ -224,3 +227,22 @@ def test_the_meta_format_is_the_one_stage_reads() -> None:
     assert li.revision_key(12) == "@rev12" and stage.revision_of("@rev12") == 12
     for bad in ("@rev0", "@rev01", "@rev", "rev1", "@rev1x", None, 3):
         assert stage.revision_of(bad) is None
+
+
+def test_meta_json_matches_its_schema(tmp_path: Path) -> None:
+    import json
+
+    jsonschema = pytest.importorskip("jsonschema")
+    schema_path = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "reserved-meta.json"
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path.read_text()))
+    state = tmp_path / "s"
+    state.mkdir()
+    revs = [entry(i, score=i, note="z" * 50) for i in range(1, 30)]
+    li.write_reserved(state, 30, li.history_value(revs, 600), None, budget=600)
+    meta = read(state, "meta")
+    assert meta["history"]["dropped"] > 0
+    validator.validate(meta)
+    li.write_reserved(state, 1, [], None)
+    validator.validate(read(state, "meta"))
+    with pytest.raises(jsonschema.ValidationError):
+        validator.validate({"format": li.META_FORMAT, "history": {"dropped": -1, "total": 0}})

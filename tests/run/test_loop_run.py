@@ -350,9 +350,7 @@ def test_revision_keys_and_env(pack_dir: Path, tmp_path: Path) -> None:
     assert os.path.isdir(state / "work" / "evaluate" / "%40rev1")
 
 
-def test_outputs_and_published_files_are_the_kept_revisions(
-    pack_dir: Path, tmp_path: Path
-) -> None:
+def test_outputs_and_published_files_are_the_kept_revisions(pack_dir: Path, tmp_path: Path) -> None:
     plan = make_pack(pack_dir, [0.6, 0.2], "max_revisions = 2\n")
     plan.write_text(
         plan.read_text().replace(
@@ -410,3 +408,64 @@ def test_loop_json_and_events_match_their_schemas(
     record_schema = json.loads((schemas / "result-record.json").read_bytes())
     for path in (state / "results").rglob("*.json"):
         jsonschema.validate(json.loads(path.read_bytes()), record_schema)
+
+
+def test_conditions_and_joins_inside_a_revision(tmp_path: Path) -> None:
+    """A body task's `when` sees its needs' statuses in the same revision; a
+    false one skips its unit (and its join-all consumers), which does not stop
+    the loop; a revision whose score task was skipped is a failed revision."""
+    root = tmp_path / "pack"
+    root.mkdir()
+    plan = root / "pack.toml"
+    plan.write_text(
+        """edition = 4
+[workflow]
+name = "cond"
+[[workflow.task]]
+name = "propose"
+run = '''r=$(cat "$CRUCIBLE_INPUTS_DIR/revision"); printf '{"n": %s}' "$r" > "$CRUCIBLE_OUTPUT"'''
+emits = { n = "integer" }
+[[workflow.task]]
+name = "never"
+needs = ["propose"]
+when = "needs.propose.status == 'failed'"
+run = "echo '{}' > \\"$CRUCIBLE_OUTPUT\\""
+[[workflow.task]]
+name = "evaluate"
+kind = "evaluate"
+needs = ["propose"]
+inputs = { n = "propose.n" }
+run = '''n=$(cat "$CRUCIBLE_INPUTS_DIR/n"); printf '{"score": %s, "verdict": "pass"}' "$n" > "$CRUCIBLE_OUTPUT"'''
+emits = { score = "integer" }
+[loop]
+body = ["propose", "never", "evaluate"]
+score = "evaluate"
+metric = "score"
+max_revisions = 3
+"""
+    )
+    state = tmp_path / "s"
+    proc = dispatch(plan, "--state", state)
+    assert proc.returncode == 0, proc.stderr
+    doc = loop_doc(state)
+    assert scores(doc) == [1, 2, 3] and doc["kept_revision"] == 3
+    rec = result(state, "never", "@rev2")
+    assert rec is not None and rec["status"] == "skipped"
+    assert rec["note"].startswith("condition false")
+
+
+def test_retry_failed_after_a_loop_that_kept_nothing_reruns_no_revision(
+    pack_dir: Path, tmp_path: Path
+) -> None:
+    plan = make_pack(pack_dir, ["fail", "fail", 0.5], "max_revisions = 2\n")
+    state = tmp_path / "s"
+    assert dispatch(plan, "--state", state).returncode == 1
+    resumed = dispatch(plan, "--state", state, "--resume", "--retry-failed")
+    assert resumed.returncode == 1, resumed.stderr
+    evs = events(state)
+    assert [e["revision"] for e in evs if e["event"] == "revision_started"] == [1, 2]
+    assert len([e for e in evs if e["event"] == "loop_finished"]) == 1
+    body = result(state, "evaluate")
+    assert body is not None and body["note"] == "loop kept no revision"
+    final = result(state, "final")
+    assert final is not None and final["note"] == "loop kept no revision"

@@ -182,6 +182,9 @@ def test_a_history_without_meta_stages_as_before(state: Path, ws: Path) -> None:
     (state / "reserved" / "history.json").write_bytes(canon.dumps([1]))
     staged = stage_inputs(p, state, "b", ws)
     assert staged.index is not None and "dropped" not in entries(staged.index)["history"]
+    li.write_reserved(state, 1, [1], None)  # a bare list: the drop is not known
+    staged = stage_inputs(p, state, "b", ws)
+    assert staged.index is not None and "dropped" not in entries(staged.index)["history"]
 
 
 def test_a_bad_meta_file_is_named(state: Path, ws: Path) -> None:
@@ -395,3 +398,109 @@ def test_stage_inputs_command_takes_a_revision_key(state: Path, tmp_path: Path) 
     )
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
     assert "loop body" in proc.stderr and "Traceback" not in proc.stderr
+
+
+LOOP_PACK = """edition = 4
+
+[workflow]
+name = "k"
+
+[[workflow.task]]
+name = "propose"
+emits = { x = "integer" }
+emits_files = ["draft/**"]
+run = "true"
+
+[[workflow.task]]
+name = "evaluate"
+kind = "evaluate"
+needs = ["propose"]
+inputs = { x = "propose.x" }
+emits = { score = "number" }
+run = "true"
+
+[loop]
+body = ["propose", "evaluate"]
+score = "evaluate"
+metric = "score"
+max_revisions = 20
+history_bytes = 300
+"""
+
+
+def test_a_compiled_loop_through_the_stage_commands(tmp_path: Path) -> None:
+    """crucible-compile's plan, then crucible-stage inputs/capture per revision as the
+    engine calls them: the kept revision's draft reaches the next revision, and the
+    history budget's drop is in the index."""
+    from crucible.compile import compile_path
+
+    manifest = tmp_path / "pack.toml"
+    manifest.write_text(LOOP_PACK)
+    p = compile_path(manifest).plan
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "plan.json").write_bytes(canon.dumps(p))
+    exe = str(Path(sys.executable).parent / "crucible-stage")
+
+    def stage(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([exe, *args, "--state", str(state)], capture_output=True, text=True)
+
+    revs: list[dict[str, Any]] = []
+    best = None
+    for n, score in enumerate([0.2, 0.6, 0.4, 0.3, 0.5, 0.1], start=1):
+        li.reserve(state, p, n, revs)
+        key = li.revision_key(n)
+        proc = stage("inputs", "--task", "propose", "--key", key, "--json")
+        assert proc.returncode == 0, proc.stderr
+        ws = state / "work" / "propose" / f"%40rev{n}"
+        kept_draft = ws / "inputs" / "@kept" / "propose" / "draft" / "d.txt"
+        if best is None:
+            assert not kept_draft.exists()
+        else:
+            assert kept_draft.read_text() == f"draft {best}"
+        (ws / "draft").mkdir()
+        (ws / "draft" / "d.txt").write_text(f"draft {n}")
+        (ws / "out.json").write_text(json.dumps({"x": n}))
+        proc = stage(
+            "capture",
+            "--task",
+            "propose",
+            "--key",
+            key,
+            "--exit-code",
+            "0",
+            "--output",
+            str(ws / "out.json"),
+        )
+        assert proc.returncode == 0, proc.stderr
+        proc = stage("inputs", "--task", "evaluate", "--key", key, "--json")
+        assert proc.returncode == 0, proc.stderr
+        values = Path(json.loads(proc.stdout)["CRUCIBLE_INPUTS_DIR"])
+        assert (values / "x").read_text() == str(n)
+        index = json.loads((values / "index.json").read_text())
+        assert (
+            entries(index)["history"]["dropped"]
+            == json.loads((state / "reserved" / "meta.json").read_text())["history"]["dropped"]
+        )
+        _validate(index)
+        ews = values.parent.parent
+        (ews / "out.json").write_text(json.dumps({"score": score}))
+        proc = stage(
+            "capture",
+            "--task",
+            "evaluate",
+            "--key",
+            key,
+            "--exit-code",
+            "0",
+            "--output",
+            str(ews / "out.json"),
+        )
+        assert proc.returncode == 0, proc.stderr
+        kept = best is None or score > next(r["score"] for r in revs if r["revision"] == best)
+        if kept:
+            best = n
+        revs.append(rev_entry(n, score, kept=kept))
+    meta = json.loads((state / "reserved" / "meta.json").read_text())["history"]
+    assert meta["dropped"] > 0 and meta["total"] == 5 and meta["budget"] == 300
+    assert best == 2

@@ -8,6 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crucible.core import canon
 from crucible.run import loop_inputs as li
 from crucible.stage import (
@@ -156,3 +159,24 @@ def test_the_body_agent_sees_revision_kept_and_history(state: Path) -> None:
         }
     ]
     assert (ws / "inputs" / "@kept" / "propose" / "work" / "x.txt").read_text() == "10\n"
+    assert "  files: inputs/@kept/propose/ (propose of revision 1, read-only)\n" in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text(max_size=3000), max_size=60),
+    st.integers(0, INLINE_TOTAL_MAX),
+)
+def test_the_shown_history_is_the_newest_suffix_within_budget(
+    notes: list[str], budget: int
+) -> None:
+    from crucible.stage._prompt import _shown_history
+
+    history = [{"revision": i, "note": n} for i, n in enumerate(notes, 1)]
+    shown, omitted = _shown_history(history, budget)
+    assert shown == history[len(history) - len(shown) :] and omitted + len(shown) == len(history)
+    sizes = [len(canon.dumps(r)) for r in shown]
+    assert sum(sizes) <= budget and all(s <= INLINE_VALUE_MAX for s in sizes)
+    if omitted:  # the next older record would not fit
+        nxt = len(canon.dumps(history[omitted - 1]))
+        assert nxt > INLINE_VALUE_MAX or sum(sizes) + nxt > budget

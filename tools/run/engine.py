@@ -942,7 +942,7 @@ class Dispatcher:
             self._settle(unit.name, status)
             return
         if self.loop is not None and unit.name in self.loop.body:  # a revision's unit
-            self.loop.unit_settled(unit.name, status)
+            self.loop.unit_settled(unit.name, status, tolerable)
             return
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:

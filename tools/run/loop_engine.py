@@ -77,6 +77,8 @@ class LoopRun:
         self.abort: str | None = None
         #: the time budget stopped a unit of the running revision
         self.cut = False
+        self._starting = False
+        self._queued: int | None = None
         if dispatcher.selected is not None and dispatcher.selected & self.body:
             # --target: a body task brings the whole loop (a revision is the body)
             dispatcher.selected = dispatcher.selected | self.body | self.phases.before
@@ -129,8 +131,11 @@ class LoopRun:
             "finished": self.finished,
         }
 
-    def _write(self) -> None:
-        atomic.write_bytes(self.path, canon.dumps(self._doc()))
+    def _write(self, *, durable: bool = False) -> None:
+        """Atomic always; durable when the loop stops (before the body's plain
+        records are written, which a resume takes as the loop being over). A
+        revision's entry lost to a crash only reruns that revision on resume."""
+        atomic.write_bytes(self.path, canon.dumps(self._doc()), durable=durable)
 
     # ------------------------------------------------------------- starting
 
@@ -160,7 +165,24 @@ class LoopRun:
         if self._stop_reason() is not None:
             self._stop(self._stop_reason())
             return
-        self._start_revision(len(self.revisions) + 1)
+        self._start(len(self.revisions) + 1)
+
+    def _start(self, n: int) -> None:
+        """Start revision ``n``. A revision whose units all settle at once (false
+        conditions) finishes inside its own start: the next one starts after it
+        returns, not inside it (no recursion per revision)."""
+        if self._starting:
+            self._queued = n
+            return
+        self._starting = True
+        try:
+            next_n: int | None = n
+            while next_n is not None:
+                self._queued = None
+                self._start_revision(next_n)
+                next_n = self._queued
+        finally:
+            self._starting = False
 
     def _blocked_by(self) -> str | None:
         """A task before the loop that did not pass, needed by a body task that
@@ -178,7 +200,7 @@ class LoopRun:
     def _skip_body(self, note: str) -> None:
         d = self.d
         self.finished = True
-        self._write()
+        self._write(durable=True)
         for t in self.order:
             d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note)
             d.log.emit("task_finished", task=t, status=SKIPPED, note=note)
@@ -187,7 +209,6 @@ class LoopRun:
             d._settle(t, SKIPPED)
 
     def _start_revision(self, n: int) -> None:
-        from crucible.run.engine import Unit
 
         d = self.d
         key = revision_key(n)
@@ -204,10 +225,10 @@ class LoopRun:
         self.pending = 0
         d.counts.total += len(self.body)
         d.log.emit("revision_started", revision=n)
-        for t in self.order:
-            if self.rev_left[t] == 0:
-                self.pending += 1
-                d.ready.append(Unit(t, key))
+        roots = [t for t in self.order if self.rev_left[t] == 0]
+        self.pending += len(roots)  # before any settles at once (a false condition)
+        for t in roots:
+            self._ready(t)
 
     def _write_reserved(self, n: int) -> None:
         from crucible.run import _loop_reserved
@@ -245,24 +266,55 @@ class LoopRun:
             self.cut = True
         return self.cut and name in self.body
 
-    def unit_settled(self, name: str, status: str) -> None:
-        """A body unit of the running revision settled (its last attempt)."""
+    def unit_settled(self, name: str, status: str, tolerated: bool = False) -> None:
+        """A body unit of the running revision settled (its last attempt, or
+        skipped by its join or condition)."""
+        assert self.current is not None
+        self.rev_status[name] = status
+        self.pending -= 1
+        failed = status == FAILED and not tolerated
+        if failed and name != self.spec.score and self.abort is None and not self.cut:
+            self.abort = f"body task {name!r} failed"
+        if self.abort is None and not self._out_of_time():
+            woken = []
+            for c in self.body_consumers[name]:
+                self.rev_left[c] -= 1
+                if self.rev_left[c] == 0:
+                    woken.append(c)
+            self.pending += len(woken)  # all counted before any can settle at once
+            for c in woken:
+                self._ready(c)
+        if self.pending == 0:
+            self._finish_revision()
+
+    def _ready(self, name: str) -> None:
+        """Every body need of ``name`` settled in this revision: queue its unit,
+        or settle it skipped (its join, a false condition) or failed (a condition
+        error) as the dispatcher does any task (pending already counts it)."""
+        from crucible.run import control
         from crucible.run.engine import Unit
 
         d = self.d
         assert self.current is not None
-        self.rev_status[name] = status
-        self.pending -= 1
-        if status != PASSED and name != self.spec.score and self.abort is None and not self.cut:
-            self.abort = f"body task {name!r} {status}"
-        if status == PASSED and self.abort is None and not self._out_of_time():
-            for c in self.body_consumers[name]:
-                self.rev_left[c] -= 1
-                if self.rev_left[c] == 0:
-                    self.pending += 1
-                    d.ready.append(Unit(c, revision_key(self.current)))
-        if self.pending == 0:
-            self._finish_revision()
+        key = revision_key(self.current)
+        task = d.graph.tasks[name]
+        decided: tuple[str, str] | None = None
+        if task.get("join", "all") == "all":
+            for n in self.body_needs[name]:
+                if self.rev_status.get(n) != PASSED:
+                    how = "was skipped" if self.rev_status.get(n) == SKIPPED else "failed"
+                    decided = (SKIPPED, f"skipped: needs {n!r}, which {how}")
+                    break
+        if decided is None and "when" in task:
+            decided = d.control.decide(task, {**d.status, **self.rev_status}, item=control.NO_ITEM)
+        if decided is None:
+            d.ready.append(Unit(name, key))
+            return
+        status, note = decided
+        d.stage.record_settled(d.plan, d.state, name, status=status, note=note, key=key)
+        d.log.emit("task_finished", task=name, key=key, status=status, note=note)
+        d._count_settled(status)
+        self.unit_settled(name, status)
 
     def _out_of_time(self) -> bool:
         budget = self.spec.time_budget
@@ -290,7 +342,7 @@ class LoopRun:
         if self.abort is not None:
             reason = self.abort
         elif self.cut or len(self.rev_status) < len(self.body):
-            reason = f"the time budget of {spec.time_budget:g}s ran out mid-revision"
+            reason = f"the time budget of {spec.time_budget or 0:g}s ran out mid-revision"
         elif self.rev_status.get(spec.score) != PASSED:
             reason = f"score task {spec.score!r} {self.rev_status.get(spec.score)}"
             if record is not None and record.get("note"):
@@ -344,7 +396,7 @@ class LoopRun:
         if why is not None:
             self._stop(why)
         elif d.stop_signal is None and d.fail_fast_by is None:
-            self._start_revision(n + 1)
+            self._start(n + 1)
         # else: interrupted between revisions; at_end records it
 
     def _stop_reason(self) -> str | None:
@@ -367,7 +419,7 @@ class LoopRun:
     def _stop(self, reason: str | None) -> None:
         self.stop_reason = reason
         self.finished = True
-        self._write()
+        self._write(durable=True)
         if self.revisions:  # the tasks after the loop see the final values
             self._write_reserved(len(self.revisions))
         self.d.log.emit(

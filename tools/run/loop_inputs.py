@@ -150,15 +150,15 @@ def kept_from_state(
     return kept_value(revision, score, outputs)
 
 
-def _history_parts(history: Any) -> tuple[list[Any], int]:
-    """``history`` as :func:`history_value` returns it, or a bare list (nothing dropped)."""
+def _history_parts(history: Any) -> tuple[list[Any], int | None]:
+    """``history`` as :func:`history_value` returns it, or a bare list (drop unknown)."""
     if isinstance(history, tuple) and len(history) == 2 and isinstance(history[0], list):
         records, dropped = history
         if type(dropped) is not int or dropped < 0:
             raise ValueError(f"dropped is an integer >= 0, not {dropped!r}")
         return records, dropped
     if isinstance(history, list):
-        return history, 0
+        return history, None
     raise TypeError("history is a list, or the (records, dropped) pair history_value returns")
 
 
@@ -169,10 +169,12 @@ def write_reserved(
     kept: dict[str, Any] | None,
     *,
     budget: int | None = None,
+    durable: bool = True,
 ) -> None:
     """Write ``STATE/reserved/{revision,history,kept,meta}.json``, each
     atomically (canonical JSON). ``history`` is the ``(records, dropped)``
-    pair :func:`history_value` returns, or a bare list. Call it before the
+    pair :func:`history_value` returns, or a bare list — then ``meta.json``
+    says nothing of a drop (it does not know of one), so pass the pair. Call it before the
     revision's body is staged: stage reads the four files then, never while
     they are written."""
     if type(revision) is not int or revision < 1:
@@ -180,19 +182,21 @@ def write_reserved(
     records, dropped = _history_parts(history)
     root = _state_of(layout) / "reserved"
     root.mkdir(parents=True, exist_ok=True)
-    meta: dict[str, Any] = {"dropped": dropped, "total": dropped + len(records)}
-    if budget is not None:
-        meta["budget"] = budget
+    meta: dict[str, Any] = {"format": META_FORMAT}
+    if dropped is not None:
+        meta["history"] = {"dropped": dropped, "total": dropped + len(records)}
+        if budget is not None:
+            meta["history"]["budget"] = budget
     # canon.dumps first, all of them: a value outside the domain refuses
     # before anything is written
     blobs = [
-        (META_NAME, canon.dumps({"format": META_FORMAT, "history": meta})),
+        (META_NAME, canon.dumps(meta)),
         ("revision.json", canon.dumps(revision)),
         ("history.json", canon.dumps(records)),
         ("kept.json", canon.dumps(kept)),
     ]
     for name, data in blobs:
-        write_bytes(root / name, data)
+        write_bytes(root / name, data, durable=durable)
 
 
 def reserve(
@@ -200,6 +204,8 @@ def reserve(
     plan: Mapping[str, Any],
     revision: int,
     revisions: Sequence[Mapping[str, Any]],
+    *,
+    durable: bool = True,
 ) -> tuple[list[dict[str, Any]], int, dict[str, Any] | None]:
     """Everything before revision ``revision`` in one call: ``revisions`` are
     ``STATE/loop.json``'s entries of the earlier revisions (after the loop: all
@@ -216,5 +222,5 @@ def reserve(
         if kept_entry is None
         else kept_from_state(layout, plan, int(kept_entry["revision"]), kept_entry.get("score"))
     )
-    write_reserved(layout, revision, (records, dropped), kept, budget=budget)
+    write_reserved(layout, revision, (records, dropped), kept, budget=budget, durable=durable)
     return records, dropped, kept

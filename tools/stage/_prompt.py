@@ -105,6 +105,11 @@ def _v2_section(workspace: Path, index: dict[str, Any]) -> tuple[str, str | None
         if entry["status"] != "passed":
             note = f": {entry['note']}" if entry["note"] else ""
             lines.append(f"  producer {entry['status']}{note}")
+        for kf in entry.get("kept_files", ()) if entry["kind"] == "reserved" else ():
+            # the kept revision's files: the agent's starting point (copy, never edit in place)
+            lines.append(
+                f"  files: {kf['path']}/ ({kf['producer']} of revision {kf['key'][4:]}, read-only)"
+            )
         if name == "history" and entry["kind"] == "reserved":
             history = entry  # rendered last, in what the inline budget has left
             lines.append("  shown in the history region below")
