@@ -98,3 +98,52 @@ def test_any_mutated_loop_member_is_loaded_or_refused(edits: list[tuple[str, Any
         assert str(exc) and "\n" not in str(exc)
         return
     assert loaded.plan == plan
+
+
+@st.composite
+def dags_and_bodies(draw: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """A random DAG (edges only from earlier to later tasks) and a non-empty body."""
+    n = draw(st.integers(min_value=1, max_value=9))
+    names = [f"t{i}" for i in range(n)]
+    tasks = [
+        {
+            "name": name,
+            "needs": draw(st.lists(st.sampled_from(names[:i]), unique=True)) if i else [],
+            "kind": "evaluate",
+            "epilogue": False,
+            "emits": {"s": "number"},
+        }
+        for i, name in enumerate(names)
+    ]
+    body = draw(st.lists(st.sampled_from(names), min_size=1, unique=True))
+    return tasks, body
+
+
+@settings(max_examples=400, deadline=None)
+@given(dags_and_bodies())
+def test_the_sub_dag_rule_is_convexity(case: tuple[list[dict[str, Any]], list[str]]) -> None:
+    """loop-not-subdag exactly when some task outside the body has a body task
+    among its ancestors and another among its descendants (networkx decides)."""
+    import networkx as nx
+
+    from crucible.compile.loop import check_loop_graph
+    from crucible.compile.shape import Checker
+
+    tasks, body = case
+    graph = nx.DiGraph()
+    graph.add_nodes_from(t["name"] for t in tasks)
+    graph.add_edges_from((need, t["name"]) for t in tasks for need in t["needs"])
+    between = [
+        x
+        for x in graph
+        if x not in body
+        and nx.ancestors(graph, x) & set(body)
+        and nx.descendants(graph, x) & set(body)
+    ]
+    chk = Checker(FileLocator("plan.json"))
+    loop = {"body": sorted(body), "score": body[0], "metric": "s"}
+    check_loop_graph(chk, loop, tasks)
+    codes = [d.code for d in chk.diagnostics]
+    assert codes == (["loop-not-subdag"] if between else [])
+    if between:
+        assert any(f"{x!r} is outside the body" in chk.diagnostics[0].message for x in between)
