@@ -178,3 +178,22 @@ def test_a_record_of_the_wrong_shape_is_a_warned_miss(tmp_path: Path) -> None:
     assert ran == ["d"]
     err = proc.stderr.decode()
     assert err.count("warning: cache: cannot use the record of 'd'") == 1, err
+
+
+def test_a_plan_with_a_loop_runs_uncached(tmp_path: Path) -> None:
+    """A scored loop's revisions are not keyed before staging (docs/spec/cache.md):
+    with --cache, such a plan runs as without it, twice, and nothing is a hit."""
+    import subprocess
+
+    from tests.run.test_cache_run import DISPATCH
+
+    repo = Path(__file__).resolve().parents[2]
+    for n in (1, 2):
+        state = tmp_path / f"state{n}"
+        proc = subprocess.run(
+            [DISPATCH, str(repo / "examples" / "loop" / "pack.toml"), "--state", str(state),
+             "--cache", str(tmp_path / "cache")],
+            capture_output=True, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert not any(e.get("cached") for e in _events(state)), n

@@ -50,6 +50,7 @@ from crucible.stage._inputs import (
     utf16_order,
 )
 from crucible.stage._layout import RESERVED_STATE_NAMES
+from crucible.stage._loop import loop_of
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
@@ -98,6 +99,11 @@ class Keyer:
         pv = view(self.plan)
         t = pv.task(name)
         check_key(self.plan, name, key)
+        if loop_of(self.plan, pv) is not None:
+            # A scored loop's revisions are staged by rules of their own (the
+            # revision each producer is read at, kept files, the history budget):
+            # such a plan is not cached yet (docs/spec/cache.md).
+            raise InputRefused("a plan with a [loop] is not keyed before staging")
         head, tail = self._fixed_of(t)
         components = {**head, "instance": scalar_digest(key), **tail}
         if pv.version >= 2:
@@ -277,7 +283,7 @@ class Keyer:
                     f"task {t.name!r} needs a task named {dep!r}, which collides with the "
                     "reserved input of that name in v1 delivery"
                 )
-            obj[dep] = _v1_dep_value(pv, self.state, t, dep)
+            obj[dep] = _v1_dep_value(pv, self.state, t, dep, None)  # no loop: no revision
         digests = {name: _digest_of(value) for name, value in obj.items()}
         # a reserved value's bytes are the canonical JSON of it, as a member's are
         digests.update(self._reserved(t, key))
