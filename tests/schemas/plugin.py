@@ -1,0 +1,86 @@
+"""pytest plugin: at the end of a session, every file the tools wrote matches its schema.
+
+Each test's ``tmp_path`` is noted with the test that owned it; when the session
+ends, :func:`tests.schemas.walker.check_tree` walks pytest's base temporary
+directory (state dirs, result records, session logs, inputs indexes, ledgers,
+... see walker.py) and a file that does not match its schema fails the run,
+named with its test. Files a test broke on purpose (hostile and fuzz tests
+corrupt state to check the tools refuse it) are left out by :data:`EXEMPT`, by
+test, each with its reason — never silently.
+
+``CRUCIBLE_SCHEMA_WALK=0`` turns the check off (for a quick local loop).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+from tests.schemas.walker import Problem, check_tree
+
+#: test node-id prefixes whose files are damaged on purpose -> why
+EXEMPT: dict[str, str] = {}
+
+_owners: dict[str, str] = {}
+
+
+def exempt_reason(nodeid: str) -> str | None:
+    for prefix, why in EXEMPT.items():
+        if nodeid.startswith(prefix):
+            return why
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    yield
+    funcargs = getattr(item, "funcargs", {})
+    tmp = funcargs.get("tmp_path")
+    if isinstance(tmp, Path):
+        _owners[str(tmp)] = item.nodeid
+
+
+def owner_of(path: Path, basetemp: Path) -> str:
+    """The test whose ``tmp_path`` holds ``path`` (else the fixture directory's name)."""
+    try:
+        top = path.relative_to(basetemp).parts[0]
+    except (ValueError, IndexError):
+        return str(path)
+    return _owners.get(str(basetemp / top), f"a fixture's directory {top}")
+
+
+def _basetemp() -> Path | None:
+    # every tmp_path is <basetemp>/<test name><n>
+    for tmp in _owners:
+        return Path(tmp).parent
+    return None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("CRUCIBLE_SCHEMA_WALK") == "0":
+        return
+    basetemp = _basetemp()
+    if basetemp is None or not basetemp.is_dir():
+        return
+    start = time.monotonic()
+    checked, problems = check_tree([basetemp])
+    kept: list[tuple[str, Problem]] = []
+    for problem in problems:
+        owner = owner_of(problem.path, basetemp)
+        if exempt_reason(owner) is None:
+            kept.append((owner, problem))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    elapsed = time.monotonic() - start
+    if reporter is not None:
+        reporter.write_line(
+            f"schemas: {checked} files the tools wrote checked in {elapsed:.1f} s, "
+            f"{len(kept)} not matching their schema"
+        )
+        for owner, problem in kept[:50]:
+            reporter.write_line(f"  {problem}  (test {owner})", red=True)
+    if kept:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
