@@ -13,6 +13,7 @@ from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fsio import NotRegular, open_regular, read_at_most, remove_tree
 from crucible.stage._files import (
     FILES_RUN_MAX,
     CaptureRefused,
@@ -20,14 +21,7 @@ from crucible.stage._files import (
     capture_files,
     check_pattern,
 )
-from crucible.stage._fsio import (
-    TMP_PREFIX,
-    NotRegular,
-    open_regular,
-    read_at_most,
-    remove_tree,
-    swap_in_dir,
-)
+from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._inputs import held_units, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
 from crucible.stage._plan import view

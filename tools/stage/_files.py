@@ -18,15 +18,9 @@ from pathlib import Path, PurePosixPath
 
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fdio import write_all
+from crucible.core.fsio import NotRegular, TooDeep, kind_of, open_regular, walk_tree
 from crucible.core.globs import GLOB_CHARS, pattern_regex
-from crucible.stage._fsio import (
-    TMP_PREFIX,
-    NotRegular,
-    TooDeep,
-    kind_of,
-    open_regular,
-    walk_tree,
-)
+from crucible.stage._fsio import TMP_PREFIX
 
 __all__ = [
     "CAPTURE_DEPTH_MAX",

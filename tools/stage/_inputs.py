@@ -23,8 +23,9 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
+from crucible.core.fsio import remove_tree
 from crucible.stage._files import FILES_RUN_MAX
-from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
+from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
