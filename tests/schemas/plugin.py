@@ -22,8 +22,24 @@ import pytest
 
 from tests.schemas.walker import Problem, check_tree
 
-#: test node-id prefixes whose files are damaged on purpose -> why
-EXEMPT: dict[str, str] = {}
+_DAMAGED = "damages the file on purpose, to check the reader refuses or skips it"
+_SPLICED = "splices junk or a torn line into steps.jsonl, to check the readers count it"
+
+#: owners whose files are left out -> why: a test node-id prefix, or
+#: ``fixture:<directory name prefix>`` for a fixture's tmp_path_factory directory
+EXEMPT: dict[str, str] = {
+    "tests/run/test_report_state.py::test_damaged_": _DAMAGED,
+    "tests/run/test_report_state.py::test_unparseable_state_files": _DAMAGED,
+    "tests/run/test_report_state.py::test_unknown_event_kinds_are_skipped": _DAMAGED,
+    "tests/ledger/test_index.py::test_appends_the_index_missed_are_caught_up": _SPLICED,
+    "tests/ledger/test_index.py::test_torn_tail_then_append_keeps_the_index_right": _SPLICED,
+    "tests/ledger/test_ledger.py::test_readonly_open_never_quarantines": _SPLICED,
+    "tests/ledger/test_maintenance.py::test_verify_": _SPLICED,
+    "tests/ledger/test_hostile.py::test_quarantine_": _SPLICED,
+    "tests/ledger/test_golden.py::test_verify_report_is_byte_exact": _SPLICED,
+    "fixture:big-": "tests/run/test_timeline.py's write_big_state writes a session log by "
+    "hand (only what the page reads), not through the tools",
+}
 
 _owners: dict[str, str] = {}
 
@@ -45,12 +61,13 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
 
 
 def owner_of(path: Path, basetemp: Path) -> str:
-    """The test whose ``tmp_path`` holds ``path`` (else the fixture directory's name)."""
+    """The test whose ``tmp_path`` holds ``path``, else ``fixture:<directory>`` (a
+    directory a fixture made with ``tmp_path_factory``)."""
     try:
         top = path.relative_to(basetemp).parts[0]
     except (ValueError, IndexError):
         return str(path)
-    return _owners.get(str(basetemp / top), f"a fixture's directory {top}")
+    return _owners.get(str(basetemp / top), f"fixture:{top}")
 
 
 def _basetemp() -> Path | None:
@@ -81,6 +98,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"{len(kept)} not matching their schema"
         )
         for owner, problem in kept[:50]:
-            reporter.write_line(f"  {problem}  (test {owner})", red=True)
+            reporter.write_line(f"  {problem}  ({owner})", red=True)
     if kept:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -24,7 +24,7 @@ from crucible.stage._files import (
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._inputs import held_units, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
-from crucible.stage._plan import view
+from crucible.stage._plan import in_plan, view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 from crucible.stage._share import verify_consumer
 
@@ -178,7 +178,7 @@ def capture(
     if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
         raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
     for i, pattern in enumerate(t.emits_files):
-        check_pattern(pattern, f"plan:task {task}:emits_files[{i}]")
+        check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     ex = _extra(extra)
     state = Path(state)
     if key is not None:
