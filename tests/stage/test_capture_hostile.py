@@ -200,7 +200,7 @@ def test_a_directory_renamed_mid_capture_fails_the_attempt(
     def renaming_scandir(path: object) -> object:
         if str(path).endswith("/b"):  # a daemon moved it between listing and entering
             os.rename(str(path), str(path) + "-moved")
-        return real_scandir(path)  # type: ignore[arg-type]
+        return real_scandir(path)  # type: ignore[call-overload]
 
     monkeypatch.setattr(os, "scandir", renaming_scandir)
     for pattern in ("out", "out/**"):
