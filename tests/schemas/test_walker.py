@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,7 @@ def test_a_file_off_its_schema_is_named(tmp_path: Path) -> None:
     problems = walker.check_tree([tmp_path])[1]
     assert sorted(p.path.name for p in problems) == ["k.json", "params.json"]
     assert any("'task' is a required property" in p.message for p in problems)
+    shutil.rmtree(state)  # not for the end-of-session walk to find again
 
 
 def test_an_unknown_state_file_is_a_problem_until_it_has_a_schema(
@@ -83,6 +85,7 @@ def test_an_unknown_state_file_is_a_problem_until_it_has_a_schema(
     assert messages(tmp_path) == []  # allowed, by name, while its schema is not written
     monkeypatch.setattr(walker, "PENDING", {"loop.json": "instances.json"})
     assert len(messages(tmp_path)) == 1  # once it exists, it is checked
+    shutil.rmtree(state)
 
 
 def test_the_plugin_leaves_out_only_the_tests_it_names(
