@@ -44,7 +44,8 @@ def dispatch(
 def rows(state: Path) -> dict[str, dict[str, Any]]:
     proc = dispatch(["report", str(state), "--json"])
     assert proc.returncode == 0, proc.stderr
-    return {r["task"]: r for r in map(json.loads, proc.stdout.splitlines())}
+    # task rows only: a scored loop adds a last line {"loop": ...} (loop.md, "Report")
+    return {r["task"]: r for r in map(json.loads, proc.stdout.splitlines()) if "task" in r}
 
 
 def result(state: Path, task: str) -> dict[str, Any]:

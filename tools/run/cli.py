@@ -323,6 +323,10 @@ def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bo
         for r in rows:
             if r.key is None or instances:
                 sys.stdout.buffer.write(ndjson.dumps_line(report.row_json(r)))
+        if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
+            from crucible.run import loop_view
+
+            sys.stdout.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
         return
     report.render_table(rows, sys.stdout, instances=task is not None)
     if task is None:

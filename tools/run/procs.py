@@ -12,7 +12,8 @@ Why ``posix_spawn`` and not ``subprocess``: it starts the child with one
 dispatcher's own thread: no second thread, so no GIL hand-offs per task.
 What ``Popen`` would do for us is done here by hand: the working directory
 (the calling thread changes into it around the spawn: ``posix_spawn`` has no
-chdir action before Python 3.13), stdin from ``/dev/null``, every signal
+chdir action before Python 3.13), stdin from ``/dev/null`` (an agent's:
+its prompt file), every signal
 back to its default and none blocked, and no inherited descriptors (every
 descriptor the dispatcher holds is close-on-exec: :func:`close_inherited`).
 """
@@ -118,14 +119,18 @@ def spawn(
     log_fd: int,
     started: float,
     deadline: float | None,
+    stdin: str = os.devnull,
+    stdout_fd: int | None = None,
 ) -> TaskProcess:
-    """Start ``argv`` in a new session in ``cwd``, with stdin from /dev/null and
-    stdout+stderr appended to ``log_fd``. Raises OSError when the program cannot
+    """Start ``argv`` in a new session in ``cwd``, with stdin opened read-only
+    from ``stdin`` (an absolute path: /dev/null, or an agent's prompt file) and
+    stdout+stderr on ``log_fd`` (stdout on ``stdout_fd`` when given: an
+    agent's, see crucible.run.agent_io). Raises OSError when the program cannot
     be started (ValueError for a NUL in argv or env: a bug of the caller)."""
     executable = _executable(argv[0], env.get("PATH"))
     actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_DUP2, log_fd, 1),
+        (os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_DUP2, log_fd if stdout_fd is None else stdout_fd, 1),
         (os.POSIX_SPAWN_DUP2, log_fd, 2),
     ]
     # O_PATH: coming back needs no read permission on the directory we left

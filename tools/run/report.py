@@ -111,10 +111,13 @@ class Report(list[Row]):
     task), plus the sessions of the run."""
 
     sessions: list[Session]
+    #: the scored loop's revisions (STATE/loop.json; crucible.run.loop_view), or None
+    loop: Any
 
-    def __init__(self, rows: list[Row], sessions: list[Session]) -> None:
+    def __init__(self, rows: list[Row], sessions: list[Session], loop: Any = None) -> None:
         super().__init__(rows)
         self.sessions = sessions
+        self.loop = loop
 
 
 def _sessions(events: list[Event]) -> list[Session]:
@@ -350,6 +353,13 @@ def collect(state: Path, task: str | None = None) -> Report:
     """Rows in plan order: one per task, each mapped task followed by its
     instances in item order (only ``task``'s rows when given)."""
     tasks = load_plan(state)
+    # A scored loop's body task is shown as a group of its revisions (@rev<N>).
+    from crucible.run import loop_view
+
+    plan_loop = loop_view.plan_loop(state)
+    body = loop_view.body_tasks(plan_loop)
+    if body:
+        tasks = [(name, mapped or name in body, source) for name, mapped, source in tasks]
     names = [name for name, _, _ in tasks]
     if task is not None and task not in names:
         raise InputRefused(
@@ -372,7 +382,10 @@ def collect(state: Path, task: str | None = None) -> Report:
         rows.append(agg)
         if mapped:
             rows.extend(_instances(state, agg, record, inst[name], source, by_number))
-    return Report(rows, sessions)
+    loop = None
+    if task is None:  # the loop's revisions, under the whole run's table only
+        loop = loop_view.load(state, plan_loop)
+    return Report(rows, sessions, loop)
 
 
 # -- table ----------------------------------------------------------------------
@@ -477,6 +490,10 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
         out.write(f"{padded}  {row_cells[-1]}".rstrip(" ") + "\n")
         for line in details:
             out.write(line + "\n")
+    if isinstance(rows, Report) and rows.loop is not None:  # a scored loop's revisions
+        from crucible.run import loop_view
+
+        loop_view.render_table(rows.loop, out)
 
 
 # -- NDJSON rows ----------------------------------------------------------------
@@ -516,7 +533,8 @@ def render_html(rows: list[Row], title: str) -> str:
     from crucible.run.timeline import render
 
     sessions = rows.sessions if isinstance(rows, Report) else []
-    return render(rows, sessions, title)
+    loop = rows.loop if isinstance(rows, Report) else None
+    return render(rows, sessions, title, loop=loop)
 
 
 def render_outputs(state: Path, out: IO[str]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import re
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from crucible.run._display import clip, escape, name_signals
 from crucible.run.report import display_note
@@ -305,8 +305,18 @@ def _failures(rows: list[Row], ids: dict[int, str]) -> str:
     return "".join(parts)
 
 
-def render(rows: list[Row], sessions: list[Session], title: str) -> str:
-    """The page for ``rows`` (as :func:`crucible.run.report.collect` returns them)."""
+def _loop_section(loop: Any) -> str:
+    """A scored loop's chart and revisions (crucible.run.loop_view), before the timeline."""
+    if loop is None:
+        return ""
+    from crucible.run import loop_view
+
+    return loop_view.render_html(loop)
+
+
+def render(rows: list[Row], sessions: list[Session], title: str, loop: Any = None) -> str:
+    """The page for ``rows`` (as :func:`crucible.run.report.collect` returns them);
+    ``loop`` (a :class:`crucible.run.loop_view.LoopView`) adds its chart."""
     axis = _Axis(sessions)
     ids: dict[int, str] = {}
     for i, r in enumerate(rows):
@@ -368,6 +378,7 @@ def render(rows: list[Row], sessions: list[Session], title: str) -> str:
         f"{drawn} attempts drawn over {axis.busy:.3f} s busy in {len(sessions)} "
         f"session{'s' if len(sessions) != 1 else ''}.</p>",
         _failures(rows, ids),
+        _loop_section(loop),
         f'<div class="top">{_legend()}{_axis_row(axis)}</div>',
         f'<div class="tl"><div class="ov">{overlay}</div>',
         "\n".join(body),

@@ -39,6 +39,7 @@ from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.core.fdio import write_all
 from crucible.run import verdict as verdict_rules
+from crucible.run.agent_io import AgentStdout, stdin_source
 from crucible.run.environ import task_environment
 from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail_text, write_record
 from crucible.run.options import RunOptions
@@ -319,10 +320,11 @@ class UnitRunner:
     # ----------------------------------------------------------------- a unit
 
     def run(self, request: tuple[Any, ...], channel: Channel) -> dict[str, Any]:
-        """``("unit", name, key, attempt, staged_env)``: one attempt of one unit.
+        """``("unit", name, key, attempt, staged_env[, stop_by])``: one attempt of one
+        unit (``stop_by``: a loop revision's time budget, as a wall-clock time).
         ``staged_env`` is None on a first attempt (stage now), else what staging
         returned then (a retry keeps its workspace and inputs)."""
-        _, name, key, attempt, staged_env = request
+        _, name, key, attempt, staged_env, *stop_by = request
         task = self.tasks[name]
         workspace = self.layout.work_dir(name, key)
         output = self.paths.output(name, key, attempt)
@@ -351,10 +353,19 @@ class UnitRunner:
         env = self._environment(task, name, key, attempt, staged_env, prepared, output)
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
+        if stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
+            left = max(0.0, float(stop_by[0]) - time.time())
+            timeout = left if timeout is None else min(float(timeout), left)
+        # --- agent streams (crucible.run.agent_io): prompt on stdin, own stdout pipe
+        stdin = stdin_source(task, prepared["prompt_file"])
+        agent_out: AgentStdout | None = None
+        # --- end agent streams
         try:
             started_at = time.time()
             try:
-                proc, out_r = self._launch(argv, env, workspace, timeout)
+                proc, out_r, agent_out = self._launch(
+                    argv, env, workspace, timeout, stdin, task.get("kind") == "agent"
+                )
             except (OSError, ValueError) as exc:
                 # ValueError: a NUL in argv or the environment (none should get
                 # this far; a failed start, never a crashed worker)
@@ -372,13 +383,22 @@ class UnitRunner:
             follow = _Follow(follow_prefix(name, key)) if self.options.follow else None
             sink = _LogSink(self.paths, name, key, attempt, header, follow)
             try:
-                code, stop_reason, gone = self._wait(proc, channel, out_r, sink)
+                code, stop_reason, gone = self._wait(proc, channel, out_r, sink, agent_out)
             finally:
                 os.close(out_r)
+                if agent_out is not None:
+                    agent_out.close()
                 sink.close()
             log_error = sink.error
         finally:
             self.slots.release()
+        # An agent that exited 0 without a result file: its stdout is `response`.
+        response_problem = None
+        if agent_out is not None and code == 0 and stop_reason in (None, "interrupt"):
+            try:
+                response_problem = agent_out.substitute(output)
+            except CrucibleError as exc:
+                response_problem = str(exc)
 
         # The log fields cost a stat and a split: only a failure pays for them.
         def log_fields() -> tuple[str | None, str]:
@@ -409,7 +429,7 @@ class UnitRunner:
         if stop_reason is None or (stop_reason == "interrupt" and code == 0):
             try:
                 finished["record"] = self._capture(
-                    task, name, key, workspace, attempt, output, code, log_fields
+                    task, name, key, workspace, attempt, output, code, log_fields, response_problem
                 )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
@@ -527,10 +547,14 @@ class UnitRunner:
         env: dict[str, str],
         workspace: Path,
         timeout: Any,
-    ) -> tuple[TaskProcess, int]:
-        """Start the task with stdout+stderr on a pipe; return it and the pipe's
-        read end (non-blocking)."""
+        stdin: str,
+        agent: bool,
+    ) -> tuple[TaskProcess, int, AgentStdout | None]:
+        """Start the task with stdout+stderr on a pipe (an agent's stdout on a
+        second one); return it, the pipe's read end (non-blocking) and the
+        agent's stdout."""
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
+        resp_r, resp_w = os.pipe2(os.O_CLOEXEC) if agent else (-1, -1)
         try:
             now = time.monotonic()
             proc = spawn(
@@ -540,17 +564,31 @@ class UnitRunner:
                 log_fd=out_w,
                 started=now,
                 deadline=None if timeout is None else now + float(timeout),
+                stdin=stdin,
+                stdout_fd=resp_w if agent else None,
             )
         except BaseException:
             os.close(out_r)
+            if agent:
+                os.close(resp_r)
             raise
         finally:
             os.close(out_w)
+            if agent:
+                os.close(resp_w)
         os.set_blocking(out_r, False)
-        return proc, out_r
+        if not agent:
+            return proc, out_r, None
+        os.set_blocking(resp_r, False)
+        return proc, out_r, AgentStdout(resp_r)
 
     def _wait(
-        self, proc: TaskProcess, channel: Channel, out_r: int, sink: _LogSink
+        self,
+        proc: TaskProcess,
+        channel: Channel,
+        out_r: int,
+        sink: _LogSink,
+        agent_out: AgentStdout | None = None,
     ) -> tuple[int, str | None, bool]:
         """Wait for the leader to exit, copying its output to the log and
         enforcing its timeout and the run's stop and kill requests. Returns
@@ -568,6 +606,8 @@ class UnitRunner:
         poller.register(self.slots.stop_r, _POLL_IN)
         poller.register(self.slots.kill_r, _POLL_IN)
         poller.register(requests_fd, 0)  # POLLHUP only
+        if agent_out is not None:
+            poller.register(agent_out.fd, _POLL_IN)
         grace = self.options.kill_grace
         gone = False
         while True:
@@ -581,6 +621,8 @@ class UnitRunner:
             ready = dict(poller.poll(timeout_ms))
             if out_r in ready and not sink.drain(out_r):
                 poller.unregister(out_r)  # every writer closed it
+            if agent_out is not None and agent_out.fd in ready and not agent_out.drain(sink._write):
+                poller.unregister(agent_out.fd)
             if proc.pidfd in ready:
                 break
             now = time.monotonic()
@@ -616,6 +658,8 @@ class UnitRunner:
         # A process that left the group may still hold the pipe: take what is
         # there, never wait for it.
         sink.drain(out_r)
+        if agent_out is not None:
+            agent_out.drain(sink._write)
         return code, proc.stop_reason, gone
 
     def _capture(
@@ -628,6 +672,7 @@ class UnitRunner:
         output: Path,
         code: int,
         log_fields: Callable[[], tuple[str | None, str]],
+        response_problem: str | None = None,
     ) -> dict[str, Any]:
         """Capture one attempt's result; reply with what the scheduler needs (never
         the output itself, which may be large). A failed record gains the log
@@ -645,6 +690,11 @@ class UnitRunner:
         )
         if record.get("status") == PASSED and task.get("kind") == "evaluate":
             record = self._apply_verdict(name, key, record, output)
+        if response_problem is not None:  # an agent's stdout over RESPONSE_MAX
+            note = "; ".join(n for n in (response_problem, record.get("note")) if n)
+            record = self.stage.amend_result(
+                self.plan, self.state, name, key=key, status=FAILED, note=note, retryable=False
+            )
         if record.get("status") != PASSED:
             log, tail = log_fields()
             record = dict(record)
