@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crucible.core import canon
+from crucible.core.fsio import remove_tree
 from crucible.stage import capture, stage_inputs
-from crucible.stage._fsio import remove_tree
 from crucible.stage._records import RESULT_FORMAT
 
 FOLD_WIDTH = 10_000

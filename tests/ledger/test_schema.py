@@ -71,6 +71,11 @@ def errors(value: Any, schema: dict[str, Any], root: dict[str, Any], path: str =
         elif keyword == "allOf":
             for sub in arg:
                 out += errors(value, sub, root, path)
+        elif keyword == "if":  # then applies where if holds (a command step's key)
+            if not errors(value, arg, root, path):
+                out += errors(value, schema.get("then", {}), root, path)
+        elif keyword == "then":
+            continue
         elif keyword == "oneOf":
             passing = sum(1 for sub in arg if not errors(value, sub, root, path))
             out += [] if passing == 1 else [f"{path}: {passing} of oneOf match"]

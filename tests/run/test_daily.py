@@ -11,39 +11,12 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.run.dispatchtests import events, result
-
-Pack = Callable[..., Path]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
-
-
-def dispatch(*args: object, cwd: Path | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DISPATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120, **kw
-    )
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
-def one_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    return lines[0]
-
+from tests.run.dispatchtests import DISPATCH, Pack, dispatch, events, one_line, result
+from tests.run.dispatchtests import wait_for as _wait_for
 
 # ------------------------------------------------------------ item 6: a typo
 

@@ -5,17 +5,15 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused, PlanChanged, UsageError
-from crucible.run import RunOptions, run_plan
-from tests.run.dispatchtests import events, result, run
-
-Pack = Callable[..., Path]
+from crucible.run import RunOptions
+from crucible.run.runner import run_plan  # typed (crucible.run loads it lazily)
+from tests.run.dispatchtests import Pack, events, process_alive, result, run
 
 
 def test_parallel_tasks_overlap_and_j1_serialises(pack: Pack, tmp_path: Path) -> None:
@@ -134,15 +132,7 @@ run = 'sleep 60 & echo $! > gc.pid; sh -c "sleep 60" & echo $! >> gc.pid; wait'
     pids = [int(p) for p in (state / "work" / "hang" / "gc.pid").read_text().split()]
     assert len(pids) == 2
     for pid in pids:
-        assert not _running(pid), f"grandchild {pid} survived the timeout"
-
-
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        assert not process_alive(pid), f"grandchild {pid} survived the timeout"
 
 
 def test_retries_keep_workspace_fresh_output_and_count_attempts(pack: Pack, tmp_path: Path) -> None:

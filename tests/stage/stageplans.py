@@ -66,7 +66,8 @@ def plan(
     for t in tasks:
         for spec in t.get("inputs", {}).values():
             spec["type"] = by_name[spec["producer"]]["emits"].get(spec["field"], "any")
-    return canon.loads(canon.dumps(p))  # a plain JSON-shaped dict, as tools receive
+    plain: dict[str, Any] = canon.loads(canon.dumps(p))  # JSON-shaped, as tools receive
+    return plain
 
 
 def settle(

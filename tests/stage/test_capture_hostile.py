@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fsio import NotRegular, open_regular, read_at_most, walk_tree
 from crucible.stage import capture, clear_path
 from crucible.stage._capture import RESULT_FILE_MAX
 from crucible.stage._files import CAPTURE_DEPTH_MAX
-from crucible.stage._fsio import NotRegular, open_regular, read_at_most, walk_tree
 from tests.stage.stageplans import plan, task
 
 P = plan(task("p", emits={"n": "integer"}), version=2)
@@ -200,7 +200,7 @@ def test_a_directory_renamed_mid_capture_fails_the_attempt(
     def renaming_scandir(path: object) -> object:
         if str(path).endswith("/b"):  # a daemon moved it between listing and entering
             os.rename(str(path), str(path) + "-moved")
-        return real_scandir(path)  # type: ignore[arg-type]
+        return real_scandir(path)  # type: ignore[call-overload]
 
     monkeypatch.setattr(os, "scandir", renaming_scandir)
     for pattern in ("out", "out/**"):
@@ -272,7 +272,7 @@ def test_open_regular_and_read_at_most(tmp_path: Path) -> None:
 
 def test_walk_tree_is_iterative_and_bounded(tmp_path: Path, nest: Any) -> None:
     nest(tmp_path / "t", 1500)
-    from crucible.stage._fsio import TooDeep
+    from crucible.core.fsio import TooDeep
 
     with pytest.raises(TooDeep):
         walk_tree(str(tmp_path / "t"), max_depth=256)

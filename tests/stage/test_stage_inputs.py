@@ -4,6 +4,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,8 +93,9 @@ def test_v1_reserved_name_collision_is_refused(state: Path, ws: Path) -> None:
 # -- IR v2 ---------------------------------------------------------------------
 
 
-def _index(ws: Path) -> dict:  # type: ignore[type-arg]
-    return json.loads((ws / "inputs" / "@values" / "index.json").read_bytes())
+def _index(ws: Path) -> dict[str, Any]:
+    index: dict[str, Any] = json.loads((ws / "inputs" / "@values" / "index.json").read_bytes())
+    return index
 
 
 def test_v2_one_file_per_declared_input_and_nothing_undeclared(state: Path, ws: Path) -> None:

@@ -18,7 +18,8 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
 def _schema(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS / name).read_text())
+    schema: dict[str, Any] = json.loads((SCHEMAS / name).read_text())
+    return schema
 
 
 def _structural(value: dict[str, Any], schema: dict[str, Any], root: dict[str, Any]) -> None:

@@ -10,7 +10,8 @@ says why).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from crucible.compile.conditions import check_control_keys
@@ -306,6 +307,305 @@ def _check_relative_glob(chk: Checker, path: Path, pattern: str) -> bool:
     return True
 
 
+@dataclass
+class _TaskCheck:
+    """One task table under check: what every step of :data:`_TASK_STEPS` reads and
+    the plan-shaped ``task`` it fills in."""
+
+    chk: Checker
+    path: Path
+    raw: Mapping[str, Any]
+    task: dict[str, Any]
+    edition: int
+    known: frozenset[str]
+    label: str
+
+    def at(self, *parts: str | int) -> Path:
+        return (*self.path, *parts)
+
+    @property
+    def who(self) -> str:
+        name = self.task["name"]
+        return f"task {name!r}" if name else self.label
+
+
+#: a step of the task check: it reads a key's value (or, for a whole-table step,
+#: the table itself) and records diagnostics and normal forms on the _TaskCheck
+_Step = Callable[[_TaskCheck, Any], None]
+
+
+def _check_unknown_task_keys(t: _TaskCheck) -> None:
+    for key in t.raw:
+        if key not in t.known:
+            since = task_key_since(key)
+            hint = (
+                f"; {key!r} needs edition {since} (this pack is edition {t.edition})"
+                if since is not None
+                else ""
+            )
+            noun = "keyword argument" if t.label.endswith("()") else "key"
+            t.chk.error("unknown-key", t.at(key), f"unknown {noun} {key!r} in {t.label}{hint}")
+
+
+def _task_name(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    if "name" not in raw:
+        t.chk.error("missing-key", t.path, f"{t.label} has no name")
+    elif isinstance(raw["name"], str):
+        t.task["name"] = raw["name"]
+    else:
+        t.chk.error(
+            "wrong-type", t.at("name"), f"name must be a string, not {type_name(raw['name'])}"
+        )
+
+
+def _task_kind(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    kind = raw.get("kind", "command")
+    if kind not in KINDS:
+        t.chk.error(
+            "bad-value", t.at("kind"), f"kind must be one of {', '.join(KINDS)}, not {kind!r}"
+        )
+        kind = "command"
+    t.task["kind"] = kind
+
+
+def _task_body(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    """An agent takes a prompt, every other kind a run."""
+    kind = t.task["kind"]
+    if kind == "agent":
+        if "run" in raw:
+            t.chk.error(
+                "agent-run", t.at("run"), f"{t.who} is an agent: it takes a prompt, not run"
+            )
+        if "prompt" not in raw:
+            t.chk.error("missing-key", t.path, f"{t.who} is an agent and has no prompt")
+        elif _check_str(t.chk, t.at("prompt"), raw["prompt"], "prompt", nonempty=True):
+            t.task["prompt"] = raw["prompt"]
+        return
+    if "prompt" in raw:
+        t.chk.error(
+            "prompt-not-agent", t.at("prompt"), f"{t.who} is a {kind} task: prompt is for agents"
+        )
+    if "run" not in raw:
+        t.chk.error("missing-key", t.path, f"{t.who} has no run (an argv array or a shell string)")
+    else:
+        _task_run(t, raw["run"])
+
+
+def _task_run(t: _TaskCheck, run: object) -> None:
+    if isinstance(run, str):
+        if _check_str(t.chk, t.at("run"), run, "run", nonempty=True):
+            t.task["run"] = run
+    elif isinstance(run, list | tuple):
+        if not run:
+            t.chk.error("bad-value", t.at("run"), "run must not be an empty array")
+        elif all(isinstance(a, str) for a in run):
+            if run[0]:
+                t.task["run"] = list(run)
+            else:  # exec of "" fails on every attempt
+                t.chk.error("bad-value", t.at("run", 0), "run's program must not be empty")
+        else:
+            t.chk.error("wrong-type", t.at("run"), "every element of run must be a string")
+    else:
+        t.chk.error(
+            "wrong-type",
+            t.at("run"),
+            f"run must be an argv array or a shell string, not {type_name(run)}",
+        )
+    if "run" in t.task and "\x00" in "".join(t.task["run"]):
+        # no command line can carry NUL: exec would fail on every attempt
+        del t.task["run"]
+        t.chk.error("bad-value", t.at("run"), "run must not contain a NUL character")
+
+
+def _task_needs(t: _TaskCheck, value: object) -> None:
+    needs = _check_str_list(t.chk, t.at("needs"), value, "needs")
+    if needs is not None:
+        t.task["needs"] = needs
+
+
+def _task_join(t: _TaskCheck, value: object) -> None:
+    if value in JOINS:
+        t.task["join"] = value
+    else:
+        t.chk.error(
+            "bad-value", t.at("join"), f"join must be one of {', '.join(JOINS)}, not {value!r}"
+        )
+
+
+def _task_emits(t: _TaskCheck, emits: object) -> None:
+    if not isinstance(emits, dict):
+        t.chk.error(
+            "wrong-type",
+            t.at("emits"),
+            f"emits must be a table of field = type, not {type_name(emits)}",
+        )
+        return
+    for field, type_ in emits.items():
+        fpath = t.at("emits", field)
+        if (problem := ident_problem("field", field)) is not None:
+            t.chk.error("bad-name", fpath, problem)
+            continue
+        checked = _check_type(t.chk, fpath, type_, f"type of emits field {field!r}")
+        if checked is not None:
+            t.task["emits"][field] = checked
+
+
+def _task_emits_files(t: _TaskCheck, value: object) -> None:
+    files = _check_str_list(t.chk, t.at("emits_files"), value, "emits_files")
+    if files is not None:
+        t.task["emits_files"] = [
+            f for i, f in enumerate(files) if _check_relative_glob(t.chk, t.at("emits_files", i), f)
+        ]
+
+
+def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    """Edition 4's map sources, matrix, key, parallelism (crucible.compile.fanout);
+    before it, map is a "producer.field" reference."""
+    if t.edition >= EDITION_CONTROL:
+        from crucible.compile.fanout import check_fanout_task
+
+        check_fanout_task(t.chk, t.path, raw, t.task, t.edition)
+    elif "map" in raw:
+        ref = _check_ref(t.chk, t.at("map"), raw["map"], "map")
+        if ref is not None:
+            t.task["map"] = ref
+
+
+def _task_cache(t: _TaskCheck, value: object) -> None:
+    # docs/spec/cache.md: false = never looked up or recorded
+    if type(value) is not bool:
+        t.chk.error("wrong-type", t.at("cache"), f"cache must be a boolean, not {type_name(value)}")
+    else:
+        t.task["cache"] = value
+
+
+def _task_resources(t: _TaskCheck, value: object) -> None:
+    from crucible.compile.resources import check_resources
+
+    check_resources(t.chk, t.at("resources"), value, t.task)
+
+
+def _task_retries(t: _TaskCheck, retries: object) -> None:
+    if type(retries) is not int:
+        t.chk.error(
+            "wrong-type", t.at("retries"), f"retries must be an integer, not {type_name(retries)}"
+        )
+    elif not 0 <= retries <= 1000:
+        t.chk.error(
+            "bad-value", t.at("retries"), f"retries must be between 0 and 1000, not {retries}"
+        )
+    else:
+        t.task["retries"] = retries
+
+
+def _task_timeout(t: _TaskCheck, timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        t.chk.error(
+            "wrong-type",
+            t.at("timeout"),
+            f"timeout must be a number of seconds, not {type_name(timeout)}",
+        )
+    elif not (math.isfinite(timeout) and 0 < timeout <= MAX_SAFE_INTEGER):
+        t.chk.error(
+            "bad-value",
+            t.at("timeout"),
+            f"timeout must be a positive number of seconds, not {timeout}",
+        )
+    else:
+        t.task["timeout"] = timeout
+
+
+def _task_description(t: _TaskCheck, value: object) -> None:
+    if _check_str(t.chk, t.at("description"), value, "description", nonempty=False):
+        t.task["description"] = value
+
+
+def _task_epilogue(t: _TaskCheck, value: object) -> None:
+    if isinstance(value, bool):
+        t.task["epilogue"] = value
+    else:
+        t.chk.error(
+            "wrong-type", t.at("epilogue"), f"epilogue must be a boolean, not {type_name(value)}"
+        )
+
+
+def _task_env(t: _TaskCheck, value: object) -> None:
+    env = _check_str_list(t.chk, t.at("env"), value, "env")
+    if env is None:
+        return
+    good = []
+    for i, name in enumerate(env):
+        if (problem := env_problem(name)) is not None:
+            t.chk.error("bad-name", t.at("env", i), problem)
+        else:
+            good.append(name)
+    if good:
+        t.task["env"] = good
+
+
+def _task_inputs(t: _TaskCheck, inputs: object) -> None:
+    if not isinstance(inputs, dict):
+        t.chk.error(
+            "wrong-type",
+            t.at("inputs"),
+            f'inputs must be a table of name = "producer.field", not {type_name(inputs)}',
+        )
+        return
+    declared: dict[str, Any] = {}
+    for name, source in inputs.items():
+        ipath = t.at("inputs", name)
+        if (problem := ident_problem("input", name)) is not None:
+            t.chk.error("bad-name", ipath, problem)
+            continue
+        if name in RESERVED_INPUTS:
+            t.chk.error(
+                "input-reserved-name",
+                ipath,
+                f"input name {name!r} is reserved: {name} arrives undeclared "
+                "where it applies; choose another name",
+            )
+            continue
+        ref = _check_ref(t.chk, ipath, source, f"input {name!r}")
+        if ref is None:
+            continue
+        split = split_ref(ref)
+        assert split is not None
+        declared[name] = {"from": ref, "producer": split[0], "field": split[1], "type": None}
+    if declared:
+        t.task["inputs"] = declared
+
+
+def _task_control(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    # when, on_failure, allow_exit, retry, deadline: crucible.compile.conditions
+    check_control_keys(t.chk, t.path, raw, t.task, t.known)
+
+
+#: The task check, in the order its diagnostics are reported: ``(key, step)`` runs
+#: the step on the key's value when the table has the key and the edition knows
+#: it (a key it does not know was already refused as unknown); ``(None, step)``
+#: runs on the whole table, for checks that read several keys or report a
+#: missing one. A new task key is one entry here and one in editions.py.
+_TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
+    (None, _task_name),
+    (None, _task_kind),
+    (None, _task_body),  # run / prompt, by kind
+    ("needs", _task_needs),
+    ("join", _task_join),
+    ("emits", _task_emits),
+    ("emits_files", _task_emits_files),
+    (None, _task_fanout),  # map, matrix, key, parallelism
+    ("cache", _task_cache),
+    ("resources", _task_resources),
+    ("retries", _task_retries),
+    ("timeout", _task_timeout),
+    ("description", _task_description),
+    ("epilogue", _task_epilogue),
+    ("env", _task_env),
+    ("inputs", _task_inputs),
+    (None, _task_control),  # when, on_failure, allow_exit, retry, deadline
+)
+
+
 def check_task(
     chk: Checker,
     path: Path,
@@ -318,18 +618,6 @@ def check_task(
 
     ``inputs`` entries carry ``"type": None`` until the graph rules fill it in.
     """
-    known = known_task_keys(edition)
-    for key in raw:
-        if key not in known:
-            since = task_key_since(key)
-            hint = (
-                f"; {key!r} needs edition {since} (this pack is edition {edition})"
-                if since is not None
-                else ""
-            )
-            noun = "keyword argument" if label.endswith("()") else "key"
-            chk.error("unknown-key", (*path, key), f"unknown {noun} {key!r} in {label}{hint}")
-
     task: dict[str, Any] = {
         "name": None,
         "kind": "command",
@@ -340,219 +628,13 @@ def check_task(
         "retries": 0,
         "epilogue": False,
     }
-    if "name" not in raw:
-        chk.error("missing-key", path, f"{label} has no name")
-    elif isinstance(raw["name"], str):
-        task["name"] = raw["name"]
-    else:
-        chk.error(
-            "wrong-type", (*path, "name"), f"name must be a string, not {type_name(raw['name'])}"
-        )
-    who = f"task {task['name']!r}" if task["name"] else label
-
-    kind = raw.get("kind", "command")
-    if kind not in KINDS:
-        chk.error(
-            "bad-value", (*path, "kind"), f"kind must be one of {', '.join(KINDS)}, not {kind!r}"
-        )
-        kind = "command"
-    task["kind"] = kind
-
-    if kind == "agent":
-        if "run" in raw:
-            chk.error("agent-run", (*path, "run"), f"{who} is an agent: it takes a prompt, not run")
-        if "prompt" not in raw:
-            chk.error("missing-key", path, f"{who} is an agent and has no prompt")
-        elif _check_str(chk, (*path, "prompt"), raw["prompt"], "prompt", nonempty=True):
-            task["prompt"] = raw["prompt"]
-    else:
-        if "prompt" in raw:
-            chk.error(
-                "prompt-not-agent",
-                (*path, "prompt"),
-                f"{who} is a {kind} task: prompt is for agents",
-            )
-        if "run" not in raw:
-            chk.error("missing-key", path, f"{who} has no run (an argv array or a shell string)")
-        else:
-            run = raw["run"]
-            if isinstance(run, str):
-                if _check_str(chk, (*path, "run"), run, "run", nonempty=True):
-                    task["run"] = run
-            elif isinstance(run, list | tuple):
-                if not run:
-                    chk.error("bad-value", (*path, "run"), "run must not be an empty array")
-                elif all(isinstance(a, str) for a in run):
-                    if run[0]:
-                        task["run"] = list(run)
-                    else:  # exec of "" fails on every attempt
-                        chk.error("bad-value", (*path, "run", 0), "run's program must not be empty")
-                else:
-                    chk.error("wrong-type", (*path, "run"), "every element of run must be a string")
-            else:
-                chk.error(
-                    "wrong-type",
-                    (*path, "run"),
-                    f"run must be an argv array or a shell string, not {type_name(run)}",
-                )
-            if "run" in task and "\x00" in "".join(task["run"]):
-                # no command line can carry NUL: exec would fail on every attempt
-                del task["run"]
-                chk.error("bad-value", (*path, "run"), "run must not contain a NUL character")
-
-    if "needs" in raw:
-        needs = _check_str_list(chk, (*path, "needs"), raw["needs"], "needs")
-        if needs is not None:
-            task["needs"] = needs
-    if "join" in raw:
-        if raw["join"] in JOINS:
-            task["join"] = raw["join"]
-        else:
-            chk.error(
-                "bad-value",
-                (*path, "join"),
-                f"join must be one of {', '.join(JOINS)}, not {raw['join']!r}",
-            )
-    if "emits" in raw:
-        emits = raw["emits"]
-        if not isinstance(emits, dict):
-            chk.error(
-                "wrong-type",
-                (*path, "emits"),
-                f"emits must be a table of field = type, not {type_name(emits)}",
-            )
-        else:
-            for field, type_ in emits.items():
-                fpath = (*path, "emits", field)
-                if (problem := ident_problem("field", field)) is not None:
-                    chk.error("bad-name", fpath, problem)
-                    continue
-                checked = _check_type(chk, fpath, type_, f"type of emits field {field!r}")
-                if checked is not None:
-                    task["emits"][field] = checked
-    if "emits_files" in raw:
-        files = _check_str_list(chk, (*path, "emits_files"), raw["emits_files"], "emits_files")
-        if files is not None:
-            task["emits_files"] = [
-                f
-                for i, f in enumerate(files)
-                if _check_relative_glob(chk, (*path, "emits_files", i), f)
-            ]
-    if edition >= EDITION_CONTROL:
-        # map's new sources, matrix, key, parallelism: crucible.compile.fanout
-        from crucible.compile.fanout import check_fanout_task
-
-        check_fanout_task(chk, path, raw, task, edition)
-        if "cache" in raw:  # docs/spec/cache.md: false = never looked up or recorded
-            if type(raw["cache"]) is not bool:
-                chk.error(
-                    "wrong-type",
-                    (*path, "cache"),
-                    f"cache must be a boolean, not {type_name(raw['cache'])}",
-                )
-            else:
-                task["cache"] = raw["cache"]
-        if "resources" in raw:
-            from crucible.compile.resources import check_resources
-
-            check_resources(chk, (*path, "resources"), raw["resources"], task)
-    elif "map" in raw:
-        ref = _check_ref(chk, (*path, "map"), raw["map"], "map")
-        if ref is not None:
-            task["map"] = ref
-    if "retries" in raw:
-        retries = raw["retries"]
-        if type(retries) is not int:
-            chk.error(
-                "wrong-type",
-                (*path, "retries"),
-                f"retries must be an integer, not {type_name(retries)}",
-            )
-        elif not 0 <= retries <= 1000:
-            chk.error(
-                "bad-value",
-                (*path, "retries"),
-                f"retries must be between 0 and 1000, not {retries}",
-            )
-        else:
-            task["retries"] = retries
-    if "timeout" in raw:
-        timeout = raw["timeout"]
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            chk.error(
-                "wrong-type",
-                (*path, "timeout"),
-                f"timeout must be a number of seconds, not {type_name(timeout)}",
-            )
-        elif not (math.isfinite(timeout) and 0 < timeout <= MAX_SAFE_INTEGER):
-            chk.error(
-                "bad-value",
-                (*path, "timeout"),
-                f"timeout must be a positive number of seconds, not {timeout}",
-            )
-        else:
-            task["timeout"] = timeout
-    if "description" in raw and _check_str(
-        chk, (*path, "description"), raw["description"], "description", nonempty=False
-    ):
-        task["description"] = raw["description"]
-    if "epilogue" in raw:
-        if isinstance(raw["epilogue"], bool):
-            task["epilogue"] = raw["epilogue"]
-        else:
-            chk.error(
-                "wrong-type",
-                (*path, "epilogue"),
-                f"epilogue must be a boolean, not {type_name(raw['epilogue'])}",
-            )
-    if "env" in raw and "env" in known:
-        env = _check_str_list(chk, (*path, "env"), raw["env"], "env")
-        if env is not None:
-            good = []
-            for i, name in enumerate(env):
-                if (problem := env_problem(name)) is not None:
-                    chk.error("bad-name", (*path, "env", i), problem)
-                else:
-                    good.append(name)
-            if good:
-                task["env"] = good
-    if "inputs" in raw and "inputs" in known:
-        inputs = raw["inputs"]
-        if not isinstance(inputs, dict):
-            chk.error(
-                "wrong-type",
-                (*path, "inputs"),
-                f'inputs must be a table of name = "producer.field", not {type_name(inputs)}',
-            )
-        else:
-            declared: dict[str, Any] = {}
-            for name, source in inputs.items():
-                ipath = (*path, "inputs", name)
-                if (problem := ident_problem("input", name)) is not None:
-                    chk.error("bad-name", ipath, problem)
-                    continue
-                if name in RESERVED_INPUTS:
-                    chk.error(
-                        "input-reserved-name",
-                        ipath,
-                        f"input name {name!r} is reserved: {name} arrives undeclared "
-                        "where it applies; choose another name",
-                    )
-                    continue
-                ref = _check_ref(chk, ipath, source, f"input {name!r}")
-                if ref is None:
-                    continue
-                split = split_ref(ref)
-                assert split is not None
-                declared[name] = {
-                    "from": ref,
-                    "producer": split[0],
-                    "field": split[1],
-                    "type": None,
-                }
-            if declared:
-                task["inputs"] = declared
-    check_control_keys(chk, path, raw, task, known)
+    t = _TaskCheck(chk, path, raw, task, edition, known_task_keys(edition), label)
+    _check_unknown_task_keys(t)
+    for key, step in _TASK_STEPS:
+        if key is None:
+            step(t, raw)
+        elif key in raw and key in t.known:
+            step(t, raw[key])
     return task
 
 

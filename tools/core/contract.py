@@ -16,6 +16,7 @@ __all__ = [
     "RESERVED_ENV_PREFIX",
     "RESERVED_INPUTS",
     "RESERVED_PREFIX",
+    "RESULT_STATUSES",
     "SUPPORTED_VERSIONS",
     "json_type",
     "task_name_problems",
@@ -39,6 +40,10 @@ RESERVED_PREFIX = "@"
 #: host variables with this prefix never reach a task (run.md); a pack cannot
 #: ask for one in env
 RESERVED_ENV_PREFIX = "CRUCIBLE_"
+
+#: the status of a settled result record: stage writes them, dispatch and its
+#: report read them (docs/schemas/result-record.json)
+RESULT_STATUSES: tuple[str, ...] = ("passed", "failed", "skipped")
 
 #: bytes of a task's emitted result object (--emit-cap / CRUCIBLE_EMIT_CAP)
 EMIT_CAP_DEFAULT = 65536

@@ -2,7 +2,8 @@
 
 ``os.write`` may write less than it is given (a pipe, a signal, a full disk
 reached mid-way); every writer in the toolkit needs the same loop, so it lives
-here once.
+here once. Writing to an open stream (stdout) is :func:`crucible.core.output.write_stream`,
+over :func:`write_all`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import IO
 
-__all__ = ["NotRegularFile", "read_file", "read_regular", "write_all", "write_stream"]
+__all__ = ["NotRegularFile", "read_file", "read_regular", "write_all"]
 
 
 class NotRegularFile(OSError):
@@ -67,23 +67,3 @@ def read_regular(path: str | os.PathLike[str], *, follow: bool = True) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def write_stream(stream: IO[bytes], data: bytes) -> None:
-    """Write all of ``data`` to a binary stream, or raise OSError.
-
-    ``BufferedWriter.write`` hands a buffer larger than its own straight to one
-    ``write(2)`` and returns that call's short count (a full disk, a file-size
-    limit) without raising: ``> f`` would end truncated and exit 0. So the
-    stream's buffer is flushed and the bytes go through :func:`write_all` on its
-    descriptor; a stream without one (a test's BytesIO) is written as it is."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
-        fd = -1
-    if fd < 0:
-        stream.write(data)
-        stream.flush()
-        return
-    stream.flush()
-    write_all(fd, data)

@@ -18,27 +18,37 @@ import contextlib
 import errno
 import os
 import stat
-from typing import BinaryIO
+from typing import IO
 
-from crucible.core import fdio
 from crucible.core.errors import OperationalError, UsageError
 from crucible.core.fdio import write_all
 
 __all__ = ["write_output", "write_stream"]
 
 
-def write_stream(out: BinaryIO, data: bytes, *, name: str = "<stdout>") -> None:
+def write_stream(out: IO[bytes], data: bytes, *, name: str = "<stdout>") -> None:
     """Write all of ``data`` to ``out`` or raise: EPIPE stays a
     :class:`BrokenPipeError` (the edge ends quietly), any other failure is an
-    :class:`OperationalError` naming ``name``."""
+    :class:`OperationalError` naming ``name``.
+
+    ``BufferedWriter.write`` hands a buffer larger than its own straight to one
+    ``write(2)`` and returns that call's short count (a full disk, a file-size
+    limit) without raising: ``> f`` would end truncated and exit 0. So the
+    stream's buffer is flushed and the bytes go through :func:`fdio.write_all`
+    on its descriptor; a stream without one (a test's BytesIO) is written as it
+    is, and a short count from it is a failure too."""
     try:
         try:
             fd = out.fileno()
-        except (AttributeError, OSError, ValueError):
-            fd = -1  # an in-memory stream (a test's BytesIO): no descriptor
-        if fd < 0 and out.write(data) not in (None, len(data)):
-            raise OSError(errno.EIO, "short write")
-        fdio.write_stream(out, b"" if fd < 0 else data)
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            fd = -1
+        if fd < 0:
+            if out.write(data) not in (None, len(data)):
+                raise OSError(errno.EIO, "short write")
+            out.flush()
+        else:
+            out.flush()
+            write_all(fd, data)
     except BrokenPipeError:
         raise
     except OSError as exc:

@@ -11,7 +11,7 @@ from typing import IO, Any
 
 from crucible.core import canon
 from crucible.core.errors import OperationalError, UsageError
-from crucible.core.fdio import write_stream
+from crucible.core.output import write_stream
 from crucible.ledger.identity import command_key, content_step, parse_key_specs, read_key_files
 from crucible.ledger.ledger import Ledger, Outcome, Reply, Warn, stderr_warn
 from crucible.ledger.maintenance import compact, verify
@@ -131,7 +131,7 @@ def do_run(
         if hit is not None and replay is not None:
             code, out, err = replay
             _write(stdout, out)
-            _write(stderr, err)
+            _write(stderr, err, name="<stderr>")
             stderr.write(
                 f"{PROG}: cached: replayed {options.argv[0]} (exit {code}, "
                 f"recorded {hit.at}; step {hit.step})\n".encode()
@@ -193,9 +193,9 @@ def _replayable(
     return replay
 
 
-def _write(stream: IO[bytes], data: bytes) -> None:
-    """All of ``data`` or OSError (exit 3): never a silently short write."""
-    write_stream(stream, data)
+def _write(stream: IO[bytes], data: bytes, *, name: str = "<stdout>") -> None:
+    """All of ``data`` or an OperationalError (exit 3): never a silently short write."""
+    write_stream(stream, data, name=name)
 
 
 def do_get(

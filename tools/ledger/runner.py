@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
-from crucible.core.fdio import write_stream
+from crucible.core.errors import OperationalError
+from crucible.core.output import write_stream
 from crucible.ledger.ledger import Outcome
 
 __all__ = [
@@ -82,8 +83,8 @@ def _pass_through(
         write_stream(out, chunk)  # a short write raises, never truncates silently
     except (BrokenPipeError, ValueError):
         return None
-    except OSError as exc:
-        errors.append(f"cannot write the command's {name}: {exc.strerror or exc}")
+    except OperationalError as exc:
+        errors.append(f"cannot write the command's {name}: {exc.message}")
         return None
     return out
 

@@ -271,8 +271,8 @@ _RECORD_TYPES: dict[str, tuple[str, ...]] = {
 
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
     """The settled record of a unit, checked, or None when there is none."""
+    from crucible.core.contract import RESULT_STATUSES as STATUSES
     from crucible.stage import RESULT_FORMAT, StateLayout
-    from crucible.stage._records import STATUSES
 
     path = StateLayout(state).result_path(task, key)
     data = read_regular(path, "result record")

@@ -10,9 +10,9 @@ docs/spec/inputs.md.
 
 from __future__ import annotations
 
+from crucible.core.fsio import clear_path
 from crucible.stage._capture import EMIT_CAP_DEFAULT, capture
 from crucible.stage._files import FILES_RUN_MAX
-from crucible.stage._fsio import clear_path
 from crucible.stage._inputs import (
     INDEX_FORMAT,
     INPUTS_ENV_MAX,

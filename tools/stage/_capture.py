@@ -13,6 +13,7 @@ from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fsio import NotRegular, open_regular, read_at_most, remove_tree
 from crucible.stage._files import (
     FILES_RUN_MAX,
     CaptureRefused,
@@ -20,18 +21,11 @@ from crucible.stage._files import (
     capture_files,
     check_pattern,
 )
-from crucible.stage._fsio import (
-    TMP_PREFIX,
-    NotRegular,
-    open_regular,
-    read_at_most,
-    remove_tree,
-    swap_in_dir,
-)
+from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._inputs import held_units, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import revision_of
-from crucible.stage._plan import view
+from crucible.stage._plan import in_plan, view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 from crucible.stage._share import verify_consumer
 
@@ -185,7 +179,7 @@ def capture(
     if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
         raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
     for i, pattern in enumerate(t.emits_files):
-        check_pattern(pattern, f"plan:task {task}:emits_files[{i}]")
+        check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     ex = _extra(extra)
     state = Path(state)
     if key is not None and revision_of(key) is None:

@@ -16,17 +16,11 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.core.fdio import write_all
+from crucible.core.fsio import NotRegular, TooDeep, kind_of, open_regular, walk_tree
 from crucible.core.globs import GLOB_CHARS, pattern_regex
-from crucible.stage._fsio import (
-    TMP_PREFIX,
-    NotRegular,
-    TooDeep,
-    kind_of,
-    open_regular,
-    walk_tree,
-)
+from crucible.stage._fsio import TMP_PREFIX
 
 __all__ = [
     "CAPTURE_DEPTH_MAX",
@@ -67,7 +61,7 @@ class FileCapture:
     total: int = 0
 
 
-def check_pattern(pattern: str, where: str) -> tuple[str, ...]:
+def check_pattern(pattern: str, where: str | Location) -> tuple[str, ...]:
     """The normalized parts of a declared emits_files entry; plan errors refused."""
     if not isinstance(pattern, str) or pattern.strip() == "":
         raise InputRefused("an emits_files entry must be a non-empty path", where=where)

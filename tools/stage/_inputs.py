@@ -23,8 +23,9 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
+from crucible.core.fsio import remove_tree
 from crucible.stage._files import FILES_RUN_MAX
-from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
+from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._loop import (
     kept_revision,
@@ -37,7 +38,7 @@ from crucible.stage._loop import (
     revision_unit,
 )
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, TaskView, view
+from crucible.stage._plan import PlanView, TaskView, in_plan, view
 from crucible.stage._records import check_key, load_record_fast, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of
 
@@ -588,7 +589,7 @@ def stage_inputs(
             for name in utf16_order(t.inputs):
                 problem = _input_name_problem(name)
                 if problem is not None:
-                    raise InputRefused(problem, where=f"plan:task {task}")
+                    raise InputRefused(problem, where=in_plan(f"task {task}"))
                 entries.append(staging.declared(name, t.inputs[name], values_dir))
             for name, value in reserved.items():
                 entry: dict[str, Any] = {

@@ -12,17 +12,30 @@ from functools import cached_property
 from typing import Any
 
 from crucible.core.contract import SUPPORTED_VERSIONS
-from crucible.core.errors import InputRefused, UnsupportedVersion
+from crucible.core.errors import InputRefused, Location, UnsupportedVersion
 from crucible.stage._names import task_name_problem
 
 __all__ = [
+    "PLAN",
     "SUPPORTED_VERSIONS",
     "TYPES",
     "PlanView",
     "TaskView",
+    "in_plan",
     "prepare_plan",
     "view",
 ]
+
+#: the display name of the plan in the library's errors: the library is handed
+#: the plan's value, not its file, so the command edge names the file
+#: (``CrucibleError.name_source(name, placeholder=PLAN)``)
+PLAN = "plan"
+
+
+def in_plan(path: str | None = None) -> Location:
+    """A location in the plan: its JSON path, or ``task NAME`` where no path is kept."""
+    return Location(PLAN, path=path)
+
 
 TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
 
@@ -57,7 +70,7 @@ class PlanView:
         try:
             return self.tasks[name]
         except KeyError:
-            raise InputRefused(f"task {name!r} is not in the plan", where="plan") from None
+            raise InputRefused(f"task {name!r} is not in the plan", where=in_plan()) from None
 
     def ancestors(self, name: str) -> list[str]:
         """Every transitive dependency of ``name``, in plan declaration order."""
@@ -80,33 +93,35 @@ class PlanView:
 
 def _split_ref(ref: object, where: str) -> tuple[str, str]:
     if not isinstance(ref, str) or "." not in ref:
-        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=where)
+        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=in_plan(where))
     producer, _, fld = ref.rpartition(".")
     if not producer or not fld:
-        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=where)
+        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=in_plan(where))
     return producer, fld
 
 
 def _task(raw: Any, i: int) -> TaskView:
-    where = f"plan:$.tasks[{i}]"
+    where = f"$.tasks[{i}]"  # a JSON path in the plan
     if not isinstance(raw, dict):
-        raise InputRefused("a task must be an object", where=where)
+        raise InputRefused("a task must be an object", where=in_plan(where))
     problem = task_name_problem(raw.get("name"))
     if problem is not None:
-        raise InputRefused(problem, where=f"{where}.name")
+        raise InputRefused(problem, where=in_plan(f"{where}.name"))
     name: str = raw["name"]
     kind = raw.get("kind")
     if kind not in ("command", "evaluate", "agent"):
-        raise InputRefused(f"unknown kind {kind!r}", where=f"{where}.kind")
+        raise InputRefused(f"unknown kind {kind!r}", where=in_plan(f"{where}.kind"))
     needs = raw.get("needs", [])
     if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
-        raise InputRefused("needs must be a list of task names", where=f"{where}.needs")
+        raise InputRefused("needs must be a list of task names", where=in_plan(f"{where}.needs"))
     emits = raw.get("emits", {})
     if not isinstance(emits, dict) or not all(t in TYPES for t in emits.values()):
-        raise InputRefused("emits must map fields to known types", where=f"{where}.emits")
+        raise InputRefused("emits must map fields to known types", where=in_plan(f"{where}.emits"))
     files = raw.get("emits_files", [])
     if not isinstance(files, list) or not all(isinstance(p, str) for p in files):
-        raise InputRefused("emits_files must be a list of paths", where=f"{where}.emits_files")
+        raise InputRefused(
+            "emits_files must be a list of paths", where=in_plan(f"{where}.emits_files")
+        )
     listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
     if "map" in raw and isinstance(raw["map"], str):
         mapped: tuple[str, str] | None = _split_ref(raw["map"], f"{where}.map")
@@ -114,17 +129,17 @@ def _task(raw: Any, i: int) -> TaskView:
         mapped = ("", "") if listed else None
     inputs = raw.get("inputs", {})
     if not isinstance(inputs, dict):
-        raise InputRefused("inputs must be an object", where=f"{where}.inputs")
+        raise InputRefused("inputs must be an object", where=in_plan(f"{where}.inputs"))
     for input_name, spec in inputs.items():
         iw = f"{where}.inputs.{input_name}"
         if not isinstance(spec, dict):
-            raise InputRefused("an input must be an object", where=iw)
+            raise InputRefused("an input must be an object", where=in_plan(iw))
         producer, fld = _split_ref(spec.get("from"), f"{iw}.from")
         if spec.get("producer", producer) != producer or spec.get("field", fld) != fld:
-            raise InputRefused("producer/field disagree with 'from'", where=iw)
+            raise InputRefused("producer/field disagree with 'from'", where=in_plan(iw))
     join = raw.get("join", "all")
     if join not in ("all", "settled"):
-        raise InputRefused(f"unknown join {join!r}", where=f"{where}.join")
+        raise InputRefused(f"unknown join {join!r}", where=in_plan(f"{where}.join"))
     prompt = raw.get("prompt")
     return TaskView(
         name=name,
@@ -144,33 +159,37 @@ def _task(raw: Any, i: int) -> TaskView:
 
 def build_view(plan: Any) -> PlanView:
     if not isinstance(plan, dict):
-        raise InputRefused("a plan must be a JSON object", where="plan")
+        raise InputRefused("a plan must be a JSON object", where=in_plan())
     version = plan.get("version")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
             f"plan version {version!r} is not supported (supported: 1, 2, 3)",
-            where="plan:$.version",
+            where=in_plan("$.version"),
         )
     edition = plan.get("edition", 1)
     if type(edition) is not int or edition not in (1, 2, 3, 4):
-        raise UnsupportedVersion(f"edition {edition!r} is not supported", where="plan:$.edition")
+        raise UnsupportedVersion(
+            f"edition {edition!r} is not supported", where=in_plan("$.edition")
+        )
     raw_tasks = plan.get("tasks")
     if not isinstance(raw_tasks, list):
-        raise InputRefused("tasks must be a list", where="plan:$.tasks")
+        raise InputRefused("tasks must be a list", where=in_plan("$.tasks"))
     tasks: dict[str, TaskView] = {}
     for i, raw in enumerate(raw_tasks):
         t = _task(raw, i)
         if t.name in tasks:
-            raise InputRefused(f"task {t.name!r} is declared twice", where=f"plan:$.tasks[{i}]")
+            raise InputRefused(f"task {t.name!r} is declared twice", where=in_plan(f"$.tasks[{i}]"))
         tasks[t.name] = t
     for t in tasks.values():
         for n in t.needs:
             if n not in tasks:
-                raise InputRefused(f"task {t.name!r} needs unknown task {n!r}", where="plan")
+                raise InputRefused(f"task {t.name!r} needs unknown task {n!r}", where=in_plan())
         if t.map is not None and t.map != ("", "") and t.map[0] not in tasks:
-            raise InputRefused(f"task {t.name!r} maps over unknown task {t.map[0]!r}", where="plan")
+            raise InputRefused(
+                f"task {t.name!r} maps over unknown task {t.map[0]!r}", where=in_plan()
+            )
         if version == 1 and t.inputs:
-            raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where="plan")
+            raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where=in_plan())
     return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.stage._fsio import write_atomic
 from crucible.stage._layout import StateLayout
@@ -30,7 +31,7 @@ __all__ = [
 RESULT_FORMAT = "crucible.result/1"
 #: What a settled record can say. ``absent`` is not a record status: the index
 #: uses it for a producer with no record.
-STATUSES = ("passed", "failed", "skipped")
+STATUSES = RESULT_STATUSES
 
 
 def check_key(plan: Any, task: str, key: str | None) -> None:

@@ -51,15 +51,9 @@ import orjson
 
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fdio import write_all
+from crucible.core.fsio import NotRegular, open_regular, remove_tree, walk_tree
 from crucible.stage._files import copy_fd_hashed
-from crucible.stage._fsio import (
-    TMP_PREFIX,
-    NotRegular,
-    open_regular,
-    remove_tree,
-    swap_in_dir,
-    walk_tree,
-)
+from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 
 __all__ = [
     "MANIFEST_FORMAT",

@@ -84,13 +84,14 @@ class Target:
 
 @contextlib.contextmanager
 def naming_plan(name: str) -> Iterator[None]:
-    """The library locates plan problems as ``plan[:…]``; say which file that is."""
+    """The library locates plan problems in the plan it was handed
+    (:func:`crucible.stage._plan.in_plan`); say which file that is."""
+    from crucible.stage._plan import PLAN
+
     try:
         yield
     except CrucibleError as exc:
-        where = exc.where or ""
-        if where == "plan" or where.startswith("plan:"):
-            exc.where = name + where[4:]
+        exc.name_source(name, placeholder=PLAN)
         raise
 
 
@@ -139,7 +140,7 @@ def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None)
         with naming_plan(name):
             build_view(plan)
     except CrucibleError as exc:
-        if not (exc.where or "").startswith(name):
+        if exc.location.file != name:  # a problem of the plan, wherever it was found
             exc.where = name
         raise
     admitted = state / "plan.json"
