@@ -351,6 +351,7 @@ class UnitRunner:
         env = self._environment(task, name, key, attempt, staged_env, prepared, output)
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
+        held_notes: list[str] | None = None
         try:
             started_at = time.time()
             try:
@@ -377,6 +378,14 @@ class UnitRunner:
                 os.close(out_r)
                 sink.close()
             log_error = sink.error
+            # Check what it was handed before its slot is given back: a changed
+            # staged file is restored before the next consumer can start (at -j 1
+            # no other consumer ever reads it; docs/spec/inputs.md 3.4).
+            if not gone:
+                with contextlib.suppress(CrucibleError):  # capture checks again, and says why
+                    held_notes = self.stage.check_inputs(
+                        self.plan, self.state, name, workspace, key=key
+                    )
         finally:
             self.slots.release()
 
@@ -409,7 +418,7 @@ class UnitRunner:
         if stop_reason is None or (stop_reason == "interrupt" and code == 0):
             try:
                 finished["record"] = self._capture(
-                    task, name, key, workspace, attempt, output, code, log_fields
+                    task, name, key, workspace, attempt, output, code, log_fields, held_notes
                 )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
@@ -628,6 +637,7 @@ class UnitRunner:
         output: Path,
         code: int,
         log_fields: Callable[[], tuple[str | None, str]],
+        held_notes: list[str] | None = None,
     ) -> dict[str, Any]:
         """Capture one attempt's result; reply with what the scheduler needs (never
         the output itself, which may be large). A failed record gains the log
@@ -642,6 +652,7 @@ class UnitRunner:
             key=key,
             attempt=attempt,
             emit_cap=self.emit_cap,
+            held_notes=held_notes,
         )
         if record.get("status") == PASSED and task.get("kind") == "evaluate":
             record = self._apply_verdict(name, key, record, output)

@@ -29,7 +29,7 @@ from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
-from crucible.stage._share import Unit, refresh_held, stage_units, units_of
+from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 
 __all__ = [
     "INDEX_FORMAT",
@@ -39,6 +39,7 @@ __all__ = [
     "V1_FILE",
     "VALUES_DIR",
     "StagedInputs",
+    "check_inputs",
     "map_items",
     "refresh_inputs",
     "stage_inputs",
@@ -607,3 +608,19 @@ def refresh_inputs(
     if not units:
         return []
     return refresh_held(Path(state), units, Path(workspace).absolute())
+
+
+def check_inputs(
+    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
+) -> list[str]:
+    """Call once the task's processes are gone and before its slot is given back
+    (3.4): every staged file it holds must be unchanged. A changed one has its
+    published copy restored now, before any other consumer can start, and is
+    named in the returned notes (pass them to :func:`capture` as
+    ``held_notes``)."""
+    check_key(plan, task, key)
+    units = held_units(plan, Path(state), task)
+    if not units:
+        return []
+    label = task if key is None else f"{task}[{key}]"
+    return verify_consumer(Path(state), label, units, Path(workspace).absolute())
