@@ -23,6 +23,7 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
+from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
@@ -503,6 +504,19 @@ def stage_inputs(
     check_key(plan, task, key)
     state = Path(state)
     workspace = Path(workspace).absolute()
+    inputs_dir = workspace / "inputs"
+    reserved: dict[str, Any] | None = None
+    if pv.version >= 2 and not t.inputs and t.kind != "agent":
+        reserved = reserved_values(plan, state, task, key)
+        if nothing_to_stage(pv, t, reserved):  # 3.6: no tree (nothing it would say)
+            try:
+                workspace.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OperationalError(
+                    f"cannot create workspace: {exc.strerror}", where=str(workspace)
+                ) from None
+            drop_old_tree(inputs_dir)
+            return _nothing_staged(state, inputs_dir)
     try:
         workspace.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}inputs-", dir=workspace))
@@ -510,11 +524,11 @@ def stage_inputs(
         raise OperationalError(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
         ) from None
-    inputs_dir = workspace / "inputs"
     try:
         staging = _Staging(pv, state, t, tmp)
         staging.stage_files(files_max)
-        reserved = reserved_values(plan, state, task, key)
+        if reserved is None:
+            reserved = reserved_values(plan, state, task, key)
         env: dict[str, str] = {}
         if pv.version >= 2:
             values_dir = tmp / VALUES_DIR
@@ -581,6 +595,19 @@ def stage_inputs(
         value=result_value,
         files_bytes=staging.files_bytes,
         files_staged=tuple(sorted(staging.files_staged)),
+    )
+
+
+def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:
+    return StagedInputs(
+        env={"CRUCIBLE_INPUTS_DIR": str(empty_values_dir(state))},
+        inputs_dir=inputs_dir,
+        values_dir=None,
+        index=None,
+        inputs_file=None,
+        value=None,
+        files_bytes=0,
+        files_staged=(),
     )
 
 
