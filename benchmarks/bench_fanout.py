@@ -24,7 +24,6 @@ entry (``work``, ``results``, ``output``, ...). Budget: at most 4 inodes and
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import json
 import os
@@ -32,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from _tmpfs import tmpfs_dir
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 RSS_BUDGET_MIB = 300.0
@@ -121,29 +121,6 @@ def state_usage(state: Path) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in sorted(usage.items())}
 
 
-@contextlib.contextmanager
-def tmpfs_dir() -> Iterator[tuple[Path, str]]:
-    """A directory on a tmpfs: one mounted for the run when allowed (root in
-    its own mount namespace), else under /dev/shm. Yields (path, where)."""
-    with tempfile.TemporaryDirectory(prefix="bench-fanout-tmpfs-") as tmp:
-        mounted = (
-            subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", "size=8g", "bench-fanout", tmp],
-                capture_output=True,
-                check=False,
-            ).returncode
-            == 0
-        )
-        if mounted:
-            try:
-                yield Path(tmp), "tmpfs mounted for the run"
-            finally:
-                subprocess.run(["umount", "-l", tmp], capture_output=True, check=False)
-            return
-    with tempfile.TemporaryDirectory(prefix="bench-fanout-", dir="/dev/shm") as tmp:
-        yield Path(tmp), "/dev/shm"
-
-
 def no_op_fanout(root: Path, n: int, where: str) -> bool:
     """One no-op fan-out of n instances under root; prints its figures and
     returns whether they are within the per-instance budget."""
@@ -168,7 +145,7 @@ def instances_main(n: int, budget: bool) -> int:
     ok = True
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
         ok &= no_op_fanout(Path(tmp), n, f"disk ({Path(tmp).parent})")
-    with tmpfs_dir() as (tmp, where):
+    with tmpfs_dir("bench-fanout-") as (tmp, where):
         ok &= no_op_fanout(tmp, n, where)
     verdict = "within" if ok else "OVER"
     print(
