@@ -33,7 +33,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
@@ -44,6 +44,9 @@ from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail
 from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
 from crucible.run.workers import Channel
+
+if TYPE_CHECKING:
+    from crucible.stage import StateLayout
 
 __all__ = ["Slots", "UnitPaths", "UnitRunner"]
 
@@ -106,18 +109,15 @@ class Slots:
 
 
 class UnitPaths:
-    """Where a unit's files go under STATE (parents created once per process)."""
+    """Where a unit's files go under STATE, as :class:`crucible.stage.StateLayout`
+    spells them; their parent directories are created once per process."""
 
-    def __init__(self, state: Path, escape_key: Any) -> None:
+    def __init__(self, state: Path, layout: StateLayout) -> None:
         self.state = state
-        self._escape_key = escape_key
+        self.layout = layout
         self._made_dirs: set[Path] = set()
 
-    def unit_path(self, top: str, name: str, key: str | None, suffix: str) -> Path:
-        if key is None:
-            path = self.state / top / f"{name}{suffix}"
-        else:
-            path = self.state / top / name / f"{self._escape_key(key)}{suffix}"
+    def _made(self, path: Path) -> Path:
         parent = path.parent
         if parent not in self._made_dirs:
             parent.mkdir(parents=True, exist_ok=True)
@@ -125,16 +125,17 @@ class UnitPaths:
         return path
 
     def output(self, name: str, key: str | None, attempt: int) -> Path:
-        return self.unit_path(f"output/{attempt}", name, key, ".json")
+        return self._made(self.layout.output_path(name, key, attempt))
 
     def log(self, name: str, key: str | None) -> Path:
-        return self.unit_path("logs", name, key, ".log")
+        return self._made(self.layout.log_path(name, key))
+
+    def prompt(self, name: str, key: str | None) -> Path:
+        return self._made(self.layout.prompt_path(name, key))
 
     def log_path(self, name: str, key: str | None) -> Path:
         """Where the unit's log is (creating nothing)."""
-        if key is None:
-            return self.state / "logs" / f"{name}.log"
-        return self.state / "logs" / name / f"{self._escape_key(key)}.log"
+        return self.layout.log_path(name, key)
 
 
 class _LogSink:
@@ -297,7 +298,7 @@ class UnitRunner:
         self.options = options
         self.state = options.state
         self.layout = stage.StateLayout(options.state)
-        self.paths = UnitPaths(options.state, stage.escape_key)
+        self.paths = UnitPaths(options.state, self.layout)
         self.emit_cap = emit_cap
         self.environ = environ
         self.slots = slots
@@ -487,7 +488,7 @@ class UnitRunner:
         prompt_env: str | None = None
         if task.get("kind") == "agent":
             prompt = stage.render_prompt(self.plan, self.state, name, workspace, key=key)
-            path = self.paths.unit_path("prompts", name, key, ".txt")
+            path = self.paths.prompt(name, key)
             data = prompt.encode("utf-8")
             # Rewritten on every attempt: atomic, not durable. A short "@tmp-"
             # temp name, as the path may end in a 250-byte escaped key.

@@ -139,7 +139,7 @@ def _items_entry(
 def instances_path(state: Path, task: str) -> Path:
     """``STATE/instances/<task>.json``: the instances the dispatcher expanded for a
     listed fan-out (docs/spec/run.md, "Instances file")."""
-    return Path(state) / "instances" / f"{task}.json"
+    return StateLayout(Path(state)).instances_path(task)
 
 
 def _listed_entry(state: Path, task: str) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
