@@ -22,7 +22,7 @@ ago (300 s more while its inode-table block is dirty): ext4's recently_deleted()
 seen in a kernel profile. Each new inode then costs a scan over every recently
 freed one, up to ~400 us instead of ~15 us. A dispatched task of this workload
 creates 3 inodes (workspace, output, record; a log only when it prints; no
-inputs/ tree, as it has nothing to stage: inputs.md 3.6) where a make recipe
+inputs/ tree, as it has nothing to stage: inputs.md 3.7) where a make recipe
 creates one, so deleting one repetition's outputs right before the
 next would measure the filesystem's penalty for the previous run, not either
 tool. So the benchmark first waits (up to --settle seconds, 420 by default)

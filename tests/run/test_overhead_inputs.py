@@ -1,5 +1,5 @@
 """A unit with nothing to stage gets no inputs/ tree (issue 14; docs/spec/
-inputs.md 3.6): three inodes per no-op task (workspace, result file, record)
+inputs.md 3.7): three inodes per no-op task (workspace, result file, record)
 instead of seven, and every unit that has something to stage is unchanged."""
 
 from __future__ import annotations

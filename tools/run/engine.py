@@ -210,6 +210,11 @@ class Dispatcher:
             self.slots.close()
             raise
         self.selector = selectors.DefaultSelector()
+        # -- scored loop (docs/spec/loop.md): revisions of the body, run/loop_engine.py
+        from crucible.run import loop_engine
+
+        self.loop = loop_engine.attach(self)
+        # -- end scored loop
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -239,7 +244,11 @@ class Dispatcher:
             for name in self.graph.order:
                 if name not in self.status and self.remaining[name] == 0:
                     self._on_ready(name)
+            if self.loop is not None:  # scored loop: its before tasks may all be settled
+                self.loop.maybe_start()
             self._loop(wake_r)
+            if self.loop is not None:
+                self.loop.at_end()
         except BaseException:
             # The workers kill their tasks' groups; a task whose worker died
             # (the likely cause of getting here) has nobody else to do it.
@@ -269,6 +278,8 @@ class Dispatcher:
         if self.stop_signal is not None:
             status = INTERRUPTED
             code = 128 + self.stop_signal
+        elif self.loop is not None and self.loop.fails_run:  # scored loop: body_failed
+            status, code = FAILED, 1
         elif all(self.status.get(n) == PASSED for n in self._expected()):
             status, code = PASSED, 0
         elif self.plan["version"] >= 3 and all(
@@ -384,7 +395,10 @@ class Dispatcher:
             env = unit.staged_env
             if unit.last_env is not None and env is not None:
                 env = {**env, **unit.last_env}  # a retry: what the last attempt did
-            self.workers.submit(self._next_token, ("unit", unit.name, unit.key, unit.attempt, env))
+            request: tuple[Any, ...] = ("unit", unit.name, unit.key, unit.attempt, env)
+            if self.loop is not None:  # scored loop: the time budget bounds a revision
+                request += self.loop.stop_by(unit.name, unit.key)
+            self.workers.submit(self._next_token, request)
             idle -= 1
 
     def _on_reply(self, reply: Reply) -> None:
@@ -497,6 +511,16 @@ class Dispatcher:
         """Every task ``name`` waits for has settled: skip it, expand it, or queue it."""
         if self.selected is not None and name not in self.selected:
             return  # recorded as not selected at the start
+        if self.loop is not None:  # scored loop: the body runs by revisions
+            if name in self.loop.body:
+                self.loop.maybe_start()
+                return
+            if (note := self.loop.skip_note(name)) is not None:
+                self._record_task(name, SKIPPED, note)
+                self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
+                self._count_settled(SKIPPED)
+                self._settle(name, SKIPPED)
+                return
         task = self.graph.tasks[name]
         if task.get("join", "all") == "all":
             epilogue = task.get("epilogue", False)
@@ -640,6 +664,8 @@ class Dispatcher:
             self.remaining[consumer] -= 1
             if self.remaining[consumer] == 0 and consumer not in self.status:
                 self._on_ready(consumer)
+        if self.loop is not None and name in self.loop.phases.before:  # scored loop
+            self.loop.maybe_start()
 
     # ---------------------------------------------------- a unit (worker side)
 
@@ -734,21 +760,27 @@ class Dispatcher:
         task = self.graph.tasks[unit.name]
         record = finished.record
         note: str | None
+        cut = False  # stopped by the scored loop's time budget: failed, never retried
         if finished.stop_reason == "timeout":
             how = exit_text(finished.code)
             note = compose_note(
                 f"{how} after timeout {task.get('timeout')}s", None, finished.log, finished.tail
             )
             status, retryable = FAILED, True
+            if self.loop is not None and self.loop.budget_cut(unit.name, unit.key):
+                note = compose_note(
+                    f"{how}: the loop's time budget ran out", None, finished.log, finished.tail
+                )
+                cut = True
         else:
             assert record is not None
             status = record.get("status", FAILED)
             note = record.get("note")
             retryable = bool(record.get("retryable", status != PASSED))
         fields = finished.fields
-        timed_out = finished.stop_reason == "timeout"
+        timed_out = finished.stop_reason == "timeout" and not cut
         retry = control.Retry(None)
-        if status != PASSED and self.stop_signal is None:
+        if status != PASSED and self.stop_signal is None and not cut:
             retry = control.next_retry(
                 task,
                 unit.attempt,
@@ -870,6 +902,8 @@ class Dispatcher:
 
     def _note_failure(self, unit: Unit, log: str | None) -> None:
         """A unit settled failed: keep it for the last line; --fail-fast stops."""
+        if self.loop is not None and self.loop.forgives(unit.name, unit.key):
+            return  # a failed scoring unit fails its revision, not the run
         label = unit.name if unit.key is None else f"{unit.name}[{unit.key}]"
         if len(self.failures) < FAILURES_SHOWN:
             self.failures.append((label, log))
@@ -906,6 +940,9 @@ class Dispatcher:
         self._count_settled(status)
         if unit.key is None:
             self._settle(unit.name, status)
+            return
+        if self.loop is not None and unit.name in self.loop.body:  # a revision's unit
+            self.loop.unit_settled(unit.name, status, tolerable)
             return
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:

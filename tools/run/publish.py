@@ -76,6 +76,9 @@ def _collect(
             if status != "passed" and not settled_ok:
                 continue
             root = layout.files_dir(name, key)
+            revision = (rec.get("extra") or {}).get("revision")
+            if key is None and type(revision) is int:  # a loop body task: the kept revision's
+                root = layout.files_dir(name, f"@rev{revision}")
             if not root.is_dir():
                 continue
             prefix = "" if key is None else stage.escape_key(key) + "/"

@@ -320,10 +320,11 @@ class UnitRunner:
     # ----------------------------------------------------------------- a unit
 
     def run(self, request: tuple[Any, ...], channel: Channel) -> dict[str, Any]:
-        """``("unit", name, key, attempt, staged_env)``: one attempt of one unit.
+        """``("unit", name, key, attempt, staged_env[, stop_by])``: one attempt of one
+        unit (``stop_by``: a loop revision's time budget, as a wall-clock time).
         ``staged_env`` is None on a first attempt (stage now), else what staging
         returned then (a retry keeps its workspace and inputs)."""
-        _, name, key, attempt, staged_env = request
+        _, name, key, attempt, staged_env, *stop_by = request
         task = self.tasks[name]
         workspace = self.layout.work_dir(name, key)
         output = self.paths.output(name, key, attempt)
@@ -353,6 +354,9 @@ class UnitRunner:
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
         held_notes: list[str] | None = None
+        if stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
+            left = max(0.0, float(stop_by[0]) - time.time())
+            timeout = left if timeout is None else min(float(timeout), left)
         try:
             started_at = time.time()
             try:

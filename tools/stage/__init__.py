@@ -25,6 +25,7 @@ from crucible.stage._inputs import (
     stage_inputs,
 )
 from crucible.stage._layout import StateLayout
+from crucible.stage._loop import KEPT_DIR, META_FORMAT, revision_key, revision_of
 from crucible.stage._names import KEY_COMPONENT_MAX, escape_key, unescape_key
 from crucible.stage._plan import prepare_plan
 from crucible.stage._prompt import (
@@ -52,7 +53,9 @@ __all__ = [
     "INLINE_TOTAL_MAX",
     "INLINE_VALUE_MAX",
     "INPUTS_ENV_MAX",
+    "KEPT_DIR",
     "KEY_COMPONENT_MAX",
+    "META_FORMAT",
     "PROMPT_ENV_MAX",
     "RESERVED_INPUTS",
     "RESULT_FORMAT",
@@ -70,6 +73,8 @@ __all__ = [
     "record_settled",
     "refresh_inputs",
     "render_prompt",
+    "revision_key",
+    "revision_of",
     "settle_fold",
     "stage_inputs",
     "unescape_key",

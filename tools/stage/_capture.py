@@ -30,6 +30,7 @@ from crucible.stage._fsio import (
 )
 from crucible.stage._inputs import held_units, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
+from crucible.stage._loop import revision_of
 from crucible.stage._plan import view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 from crucible.stage._share import verify_consumer
@@ -190,7 +191,7 @@ def capture(
         check_pattern(pattern, f"plan:task {task}:emits_files[{i}]")
     ex = _extra(extra)
     state = Path(state)
-    if key is not None:
+    if key is not None and revision_of(key) is None:
         instance_item(plan, state, task, key)  # the key must be one of the map's items
     workspace = Path(workspace).absolute()
     if not workspace.is_dir():
@@ -248,7 +249,7 @@ def capture(
             output = None
             measured = True
 
-    held = held_units(plan, state, task) if held_notes is None else []
+    held = held_units(plan, state, task, key) if held_notes is None else []
     tampering = list(held_notes or [])
     if held:
         # What this task was handed must be what every other consumer sees (3.4).

@@ -1,4 +1,4 @@
-"""A unit with nothing to stage (docs/spec/inputs.md 3.6): no ``inputs/`` tree.
+"""A unit with nothing to stage (docs/spec/inputs.md 3.7): no ``inputs/`` tree.
 
 A command or evaluate task (IR v2) that declares no inputs, is handed no
 ancestor's files and has no reserved input but an empty ``params`` object gets

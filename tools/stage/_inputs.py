@@ -27,6 +27,16 @@ from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_st
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, remove_tree, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
+from crucible.stage._loop import (
+    kept_revision,
+    kept_units,
+    loop_of,
+    producer_key,
+    read_meta,
+    revision_key,
+    revision_of,
+    revision_unit,
+)
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
 from crucible.stage._records import check_key, load_record_fast, load_result
@@ -51,6 +61,8 @@ INPUTS_ENV_MAX = 65536
 VALUES_DIR = "@values"
 INDEX_NAME = "index.json"
 V1_FILE = "@inputs.json"
+#: v1's member for what the history budget dropped (a task name never starts with "@")
+V1_HISTORY = "@history"
 INDEX_FORMAT = "crucible.inputs-index/1"
 
 
@@ -264,34 +276,48 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
             e["status"] == "failed" and not e.get("tolerated") and not pv.tasks[n].epilogue
             for n, e in tasks.items()
         )
-        return {"status": "failed" if failed else "passed", "tasks": tasks}
+        out: dict[str, Any] = {"status": "failed" if failed else "passed", "tasks": tasks}
+        if loop_of(plan, pv) is not None:  # the scored loop's end (docs/spec/loop.md)
+            from crucible.stage._loop_outcome import loop_outcome
+
+            out["loop"] = loop_outcome(state)
+        return out
     return {"tasks": tasks}
 
 
 def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[str, Any]:
     """The reserved inputs that apply to this task, by name, in RESERVED_INPUTS order."""
-    t = view(plan).task(task)
+    pv = view(plan)
+    t = pv.task(task)
     layout = StateLayout(state)
     out: dict[str, Any] = {}
     if t.kind in ("command", "evaluate"):  # agents never receive params
         out["params"] = load_params(plan, state)
-    if key is not None:
+    if key is not None and revision_of(key) is None:  # a revision of a loop body has no item
         out["item"] = instance_item(plan, state, task, key)
-    # One listing instead of a stat per name: most runs have no reserved/ at all.
-    try:
-        present = set(os.listdir(layout.reserved_root))
-    except (FileNotFoundError, NotADirectoryError):
-        present = set()
-    except OSError as exc:
-        raise OperationalError(
-            f"cannot list: {exc.strerror}", where=str(layout.reserved_root)
-        ) from None
+    lv = loop_of(plan, pv)
+    if lv is not None and not lv.sees_reserved(pv, task):
+        present: set[str] = set()  # before or beside the loop: not its inputs
+    else:
+        present = _listing(layout)
     for name in RESERVED_STATE_NAMES:
         if f"{name}.json" in present:
             out[name] = _read_json(layout.reserved_path(name))
     if t.epilogue:
         out["outcome"] = build_outcome(plan, state, task)
     return out
+
+
+def _listing(layout: StateLayout) -> set[str]:
+    # One listing instead of a stat per name: most runs have no reserved/ at all.
+    try:
+        return set(os.listdir(layout.reserved_root))
+    except (FileNotFoundError, NotADirectoryError):
+        return set()
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot list: {exc.strerror}", where=str(layout.reserved_root)
+        ) from None
 
 
 # -- producers -----------------------------------------------------------------
@@ -309,8 +335,8 @@ def _check_join(t: TaskView, producer: str, rec: dict[str, Any] | None) -> str:
     return status
 
 
-def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str) -> Any:
-    rec = load_result(state, dep)
+def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str, key: str | None) -> Any:
+    rec = load_result(state, dep, key)
     _check_join(t, dep, rec)
     if rec is None:
         return None
@@ -375,14 +401,37 @@ def _input_name_problem(name: str) -> str | None:
     return None
 
 
+def _ancestor_units(
+    plan: Any, pv: PlanView, state: Path, task: str, key: str | None, anc: str
+) -> list[Unit]:
+    """``anc``'s captured units as ``task`` (instance ``key``) is handed them:
+    a loop body producer's are those of the revision it reads (3.6)."""
+    at = pv.tasks[anc]
+    StateLayout(state).files_dir(anc)  # checks the name
+    pkey = producer_key(plan, pv, state, task, key, anc)
+    if pkey is not None:
+        unit = revision_unit(state, anc, pkey, anc)
+        return [unit] if unit.store.is_dir() else []
+    return units_of(state, anc, at.map is not None)
+
+
 class _Staging:
-    def __init__(self, pv: PlanView, state: Path, t: TaskView, tmp: Path) -> None:
+    def __init__(
+        self, plan: Any, pv: PlanView, state: Path, t: TaskView, key: str | None, tmp: Path
+    ) -> None:
+        self.plan = plan
         self.pv = pv
         self.state = state
         self.t = t
+        self.key = key
         self.tmp = tmp
         self.files_bytes = 0
         self.files_staged: set[str] = set()  # "producer" or "producer/<escaped key>"
+        self.kept_files: list[dict[str, Any]] = []
+
+    def pkey(self, producer: str) -> str | None:
+        """The instance key at which this task reads unmapped ``producer``."""
+        return producer_key(self.plan, self.pv, self.state, self.t.name, self.key, producer)
 
     def stage_files(self, bound: int) -> None:
         """Every ancestor's captured files under ``inputs/<ancestor>/``, from
@@ -391,13 +440,27 @@ class _Staging:
             at = self.pv.tasks[anc]
             if not at.emits_files:
                 continue
-            StateLayout(self.state).files_dir(anc)  # checks the name
-            mapped = at.map is not None
-            if mapped and (self.state / "files" / anc).is_dir():
+            units = _ancestor_units(self.plan, self.pv, self.state, self.t.name, self.key, anc)
+            if at.map is not None and (self.state / "files" / anc).is_dir():
                 (self.tmp / anc).mkdir()
-            units = units_of(self.state, anc, mapped)
             self.files_bytes = stage_units(self.state, units, self.tmp, self.files_bytes, bound)
             self.files_staged.update(u.staged for u in units)
+
+    def stage_kept(self, kept: Any, bound: int) -> None:
+        """The kept revision's captured files under ``inputs/@kept/<task>/`` (3.6)."""
+        units = kept_units(self.pv, self.state, kept)
+        key = revision_key(kept_revision(kept) or 1)
+        for u in units:
+            before = self.files_bytes
+            self.files_bytes = stage_units(self.state, [u], self.tmp, self.files_bytes, bound)
+            self.kept_files.append(
+                {
+                    "producer": u.staged.split("/", 1)[1],
+                    "key": key,
+                    "path": f"inputs/{u.staged}",
+                    "size": self.files_bytes - before,
+                }
+            )
 
     def value_entry(self, rel: str, value: Any, path: Path | str) -> dict[str, Any]:
         data = _scalar_bytes(value) or canon.dumps(value)
@@ -418,7 +481,7 @@ class _Staging:
                 f"input {name!r} of task {self.t.name!r} reads {producer!r}, not a direct dependency"
             )
         pt = self.pv.task(producer)
-        rec = load_result(self.state, producer)
+        rec = load_result(self.state, producer, self.pkey(producer) if pt.map is None else None)
         status = _check_join(self.t, producer, rec)
         rel = f"inputs/{VALUES_DIR}/{name}"
         entry: dict[str, Any] = {
@@ -508,7 +571,7 @@ def stage_inputs(
     reserved: dict[str, Any] | None = None
     if pv.version >= 2 and not t.inputs and t.kind != "agent":
         reserved = reserved_values(plan, state, task, key)
-        if nothing_to_stage(pv, t, reserved):  # 3.6: no tree (nothing it would say)
+        if nothing_to_stage(pv, t, reserved):  # 3.7: no tree (nothing it would say)
             try:
                 workspace.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -525,10 +588,13 @@ def stage_inputs(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
         ) from None
     try:
-        staging = _Staging(pv, state, t, tmp)
+        staging = _Staging(plan, pv, state, t, key, tmp)
         staging.stage_files(files_max)
         if reserved is None:
             reserved = reserved_values(plan, state, task, key)
+        if "kept" in reserved:
+            staging.stage_kept(reserved["kept"], files_max)
+        history_meta = read_meta(state).get("history") if "history" in reserved else None
         env: dict[str, str] = {}
         if pv.version >= 2:
             values_dir = tmp / VALUES_DIR
@@ -553,6 +619,11 @@ def stage_inputs(
                 }
                 rel = f"inputs/{VALUES_DIR}/{name}"
                 entry.update(staging.value_entry(rel, value, values_dir / name))
+                if name == "history" and isinstance(history_meta, dict):
+                    entry["dropped"] = history_meta["dropped"]  # the budget's oldest-first drop
+                if name == "kept" and staging.kept_files:
+                    entry["files_staged"] = True
+                    entry["kept_files"] = staging.kept_files
                 entries.append(entry)
             index = {
                 "format": INDEX_FORMAT,
@@ -572,8 +643,10 @@ def stage_inputs(
                         f"task {task!r} needs a task named {dep!r}, which collides with the "
                         f"reserved input of that name in v1 delivery"
                     )
-                obj[dep] = _v1_dep_value(pv, state, t, dep)
+                obj[dep] = _v1_dep_value(pv, state, t, dep, staging.pkey(dep))
             obj.update(reserved)
+            if isinstance(history_meta, dict):
+                obj[V1_HISTORY] = {"dropped": history_meta["dropped"]}
             data = canon.dumps(obj)
             _write_readonly(tmp / V1_FILE, data)
             inputs_file = inputs_dir / V1_FILE
@@ -611,15 +684,18 @@ def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:
     )
 
 
-def held_units(plan: Any, state: Path, task: str) -> list[Unit]:
-    """The producer units whose captured files ``task`` is handed (3.4)."""
+def held_units(plan: Any, state: Path, task: str, key: str | None = None) -> list[Unit]:
+    """The producer units whose captured files ``task`` is handed (3.4, 3.6)."""
     pv = view(plan)
+    state = Path(state)
     units: list[Unit] = []
     for anc in pv.ancestors(task):
-        at = pv.tasks[anc]
-        if at.emits_files:
-            StateLayout(state).files_dir(anc)  # checks the name
-            units.extend(units_of(Path(state), anc, at.map is not None))
+        if pv.tasks[anc].emits_files:
+            units.extend(_ancestor_units(plan, pv, state, task, key, anc))
+    reserved = StateLayout(state).reserved_path("kept")
+    lv = loop_of(plan, pv)
+    if (lv is None or lv.sees_reserved(pv, task)) and reserved.is_file():
+        units.extend(kept_units(pv, state, _read_json(reserved)))
     return units
 
 
@@ -631,7 +707,7 @@ def refresh_inputs(
     and relinked, so the task starts with what was captured (3.4). Returns the
     workspace-relative paths replaced."""
     check_key(plan, task, key)
-    units = held_units(plan, Path(state), task)
+    units = held_units(plan, Path(state), task, key)
     if not units:
         return []
     return refresh_held(Path(state), units, Path(workspace).absolute())
@@ -646,7 +722,7 @@ def check_inputs(
     named in the returned notes (pass them to :func:`capture` as
     ``held_notes``)."""
     check_key(plan, task, key)
-    units = held_units(plan, Path(state), task)
+    units = held_units(plan, Path(state), task, key)
     if not units:
         return []
     label = task if key is None else f"{task}[{key}]"

@@ -15,7 +15,7 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused, ParseError
-from crucible.stage._inputs import INDEX_NAME, V1_FILE, VALUES_DIR, stage_inputs
+from crucible.stage._inputs import INDEX_NAME, V1_FILE, V1_HISTORY, VALUES_DIR, stage_inputs
 from crucible.stage._plan import view
 from crucible.stage._records import check_key
 
@@ -43,6 +43,41 @@ def _history_region(history: Any) -> str:
     return f"{HISTORY_BEGIN}\n{_pretty(history)}\n{HISTORY_END}\n"
 
 
+def _shown_history(history: Any, budget: int) -> tuple[Any, int]:
+    """What of ``history`` the prompt shows within ``budget`` inline bytes, and
+    how many records it leaves to the file. A list keeps its newest suffix in
+    which every record is at most INLINE_VALUE_MAX bytes of canonical JSON and
+    the records together at most ``budget`` (the oldest go first, as the loop's
+    own budget drops them); any other value is shown whole or not at all."""
+    if not isinstance(history, list):
+        return (history, 0) if len(canon.dumps(history)) <= budget else (_NO_HISTORY, 1)
+    used = 0
+    keep = 0
+    for record in reversed(history):
+        size = len(canon.dumps(record))
+        if size > INLINE_VALUE_MAX or used + size > budget:
+            break
+        used += size
+        keep += 1
+    return history[len(history) - keep :], len(history) - keep
+
+
+def _history_text(history: Any, budget: int | None, dropped: int, path: str) -> str:
+    """The history's marked region (v2: under the inline budget left by the
+    other inputs; v1: whole), after a line saying what is not in it."""
+    shown, omitted = (history, 0) if budget is None else _shown_history(history, budget)
+    notes = []
+    if omitted:
+        what = f"the {omitted} oldest records are" if isinstance(history, list) else "it is"
+        notes.append(f"{what} not shown here (over the inline budget): read {path}")
+    if dropped:
+        notes.append(f"the {dropped} oldest revisions were dropped by the loop's history budget")
+    head = f"History: {'; '.join(notes)}.\n" if notes else ""
+    if shown is _NO_HISTORY:
+        return f"{head}{HISTORY_BEGIN}\n{HISTORY_END}\n"
+    return head + _history_region(shown)
+
+
 def _load(path: Path) -> Any:
     try:
         return canon.loads(path.read_bytes())
@@ -50,7 +85,7 @@ def _load(path: Path) -> Any:
         raise ParseError(exc.message, where=str(path)) from None
 
 
-def _v2_section(workspace: Path, index: dict[str, Any]) -> tuple[str, Any]:
+def _v2_section(workspace: Path, index: dict[str, Any]) -> tuple[str, str | None]:
     lines = [
         "## Inputs",
         "",
@@ -59,8 +94,7 @@ def _v2_section(workspace: Path, index: dict[str, Any]) -> tuple[str, Any]:
         "",
     ]
     inlined = 0
-    history: Any = None
-    has_history = False
+    history: dict[str, Any] | None = None
     for entry in index["inputs"]:
         name, size, path = entry["name"], entry["size"], entry["path"]
         source = f", from {entry['producer']}.{entry['field']}" if entry["producer"] else ""
@@ -71,9 +105,13 @@ def _v2_section(workspace: Path, index: dict[str, Any]) -> tuple[str, Any]:
         if entry["status"] != "passed":
             note = f": {entry['note']}" if entry["note"] else ""
             lines.append(f"  producer {entry['status']}{note}")
+        for kf in entry.get("kept_files", ()) if entry["kind"] == "reserved" else ():
+            # the kept revision's files: the agent's starting point (copy, never edit in place)
+            lines.append(
+                f"  files: {kf['path']}/ ({kf['producer']} of revision {kf['key'][4:]}, read-only)"
+            )
         if name == "history" and entry["kind"] == "reserved":
-            has_history = True
-            history = _load(workspace / path)
+            history = entry  # rendered last, in what the inline budget has left
             lines.append("  shown in the history region below")
             continue
         if not entry["value_staged"] or entry["fold"]:
@@ -86,7 +124,15 @@ def _v2_section(workspace: Path, index: dict[str, Any]) -> tuple[str, Any]:
             lines.append(f"  value: {text}")
         else:
             lines.append("  not inlined: read the file")
-    return "\n".join(lines) + "\n", (history if has_history else _NO_HISTORY)
+    region = None
+    if history is not None:
+        region = _history_text(
+            _load(workspace / history["path"]),
+            INLINE_TOTAL_MAX - inlined,
+            int(history.get("dropped", 0)),
+            history["path"],
+        )
+    return "\n".join(lines) + "\n", region
 
 
 _NO_HISTORY = object()
@@ -108,7 +154,7 @@ def render_prompt(
     if not marker.exists():
         stage_inputs(plan, Path(state), task, workspace, key=key)
     head = (t.prompt or "").rstrip("\n") + "\n\n"
-    history: Any = _NO_HISTORY
+    region: str | None = None
     if pv.version >= 2:
         index = _load(marker)
         if not isinstance(index, dict) or index.get("task") != task or index.get("key") != key:
@@ -116,16 +162,19 @@ def render_prompt(
                 "the staged inputs belong to another task or instance (stage them again)",
                 where=str(marker),
             )
-        body, history = _v2_section(workspace, index)
+        body, region = _v2_section(workspace, index)
     else:
         obj = _load(marker)
         if not isinstance(obj, dict):
             raise ParseError("the staged inputs are not a JSON object", where=str(marker))
         obj.pop("params", None)  # never reaches an agent, whatever was staged
+        meta = obj.pop(V1_HISTORY, None)
         if "history" in obj:
-            history = obj.pop("history")
+            dropped = meta.get("dropped", 0) if isinstance(meta, dict) else 0
+            path = f"inputs/{V1_FILE}"
+            region = _history_text(obj.pop("history"), None, int(dropped), path)
         body = "## Inputs\n\n```json\n" + _pretty(obj) + "\n```\n"
     text = head + body
-    if history is not _NO_HISTORY:
-        text += "\n" + _history_region(history)
+    if region is not None:
+        text += "\n" + region
     return text

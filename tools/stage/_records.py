@@ -13,6 +13,7 @@ from crucible.core import canon
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.stage._fsio import write_atomic
 from crucible.stage._layout import StateLayout
+from crucible.stage._loop import loop_of, revision_of
 from crucible.stage._plan import view
 
 __all__ = [
@@ -34,9 +35,16 @@ STATUSES = ("passed", "failed", "skipped")
 
 def check_key(plan: Any, task: str, key: str | None) -> None:
     """A key is required for, and only for, an instance of a mapped task."""
-    t = view(plan).task(task)
+    pv = view(plan)
+    t = pv.task(task)
     if key is None and t.map is not None:
         raise InputRefused(f"task {task!r} is mapped over {'.'.join(t.map)}: give the instance key")
+    if key is not None and t.map is None and revision_of(key) is not None:
+        # a loop body task's unit in one revision (inputs.md, "Reserved inputs of the scored loop")
+        lv = loop_of(plan, pv)
+        if lv is None or task not in lv.body:
+            raise InputRefused(f"task {task!r} is not in the plan's loop body: it has no revision {key!r}")
+        return
     if key is not None and t.map is None:
         raise InputRefused(f"task {task!r} is not mapped: it has no instance {key!r}")
     if key is not None and not isinstance(key, str):
@@ -108,7 +116,7 @@ def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[
 
     if key is None and view(plan).task(task).map is not None:
         return []  # an aggregate has no workspace of its own
-    units = held_units(plan, state, task)
+    units = held_units(plan, state, task, key)
     if not units:
         return []
     workspace = StateLayout(state).work_dir(task, key)
