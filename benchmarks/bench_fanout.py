@@ -10,6 +10,15 @@ with ``itertools.product`` (the floor of any expansion).
 
     python benchmarks/bench_fanout.py            # 100 x 100 = 10,000 instances
     python benchmarks/bench_fanout.py --side 20  # a quick run
+
+With ``--instances N`` (issue 14: ``--instances 100000``) it runs instead one
+no-op fan-out of N instances (``map = "items.items"``), on the disk and on a
+tmpfs (one mounted for the run where that is allowed, else ``/dev/shm``), and
+prints for each the wall time, the dispatcher's peak RSS and what the run left
+in its state directory: inodes and bytes allocated (``os.walk`` + ``lstat``,
+``st_blocks * 512``; a hard link counted once), per instance and by top-level
+entry (``work``, ``results``, ``output``, ...). Budget: at most 4 inodes and
+4 KiB per no-op instance (``--budget`` to exit 1 when over).
 """
 
 from __future__ import annotations
@@ -17,14 +26,20 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _tmpfs import tmpfs_dir
+
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 RSS_BUDGET_MIB = 300.0
+#: per no-op instance, what a run may leave in its state (issue 14)
+INODES_PER_INSTANCE = 4.0
+BYTES_PER_INSTANCE = 4096.0
 
 
 def matrix_pack(root: Path, side: int) -> Path:
@@ -81,10 +96,79 @@ def expansion(side: int) -> tuple[float, float]:
     return ours, base
 
 
+def state_usage(state: Path) -> dict[str, tuple[int, int]]:
+    """(inodes, bytes allocated) under ``state`` by top-level entry; the state
+    directory itself counts under ".". A hard-linked inode is counted once."""
+    seen: set[tuple[int, int]] = set()
+    usage: dict[str, list[int]] = {}
+
+    def add(top: str, path: str) -> None:
+        st = os.lstat(path)
+        if (st.st_dev, st.st_ino) in seen:
+            return
+        seen.add((st.st_dev, st.st_ino))
+        u = usage.setdefault(top, [0, 0])
+        u[0] += 1
+        u[1] += st.st_blocks * 512
+
+    add(".", str(state))
+    for entry in os.scandir(state):
+        add(entry.name, entry.path)
+        if entry.is_dir(follow_symlinks=False):
+            for root, dirs, files in os.walk(entry.path):
+                for name in dirs + files:
+                    add(entry.name, os.path.join(root, name))
+    return {k: (v[0], v[1]) for k, v in sorted(usage.items())}
+
+
+def no_op_fanout(root: Path, n: int, where: str) -> bool:
+    """One no-op fan-out of n instances under root; prints its figures and
+    returns whether they are within the per-instance budget."""
+    wall, rss = run(map_pack(root, n), root / "state", n + 1)
+    usage = state_usage(root / "state")
+    inodes = sum(u[0] for u in usage.values())
+    nbytes = sum(u[1] for u in usage.values())
+    print(
+        f"{where}: {n} no-op instances in {wall:.2f} s ({wall / n * 1e3:.3f} ms each), "
+        f"dispatcher peak RSS {rss:.1f} MiB"
+    )
+    print(
+        f"  state: {inodes} inodes, {nbytes / 1e6:.1f} MB; per instance "
+        f"{inodes / n:.2f} inodes, {nbytes / n / 1024:.2f} KiB"
+    )
+    for top, (i, b) in usage.items():
+        print(f"    {top:<14} {i:>9} inodes {i / n:6.2f}/instance {b / n / 1024:8.2f} KiB/instance")
+    return inodes / n <= INODES_PER_INSTANCE and nbytes / n <= BYTES_PER_INSTANCE
+
+
+def instances_main(n: int, budget: bool) -> int:
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
+        ok &= no_op_fanout(Path(tmp), n, f"disk ({Path(tmp).parent})")
+    with tmpfs_dir("bench-fanout-") as (tmp, where):
+        ok &= no_op_fanout(tmp, n, where)
+    verdict = "within" if ok else "OVER"
+    print(
+        f"state budget {INODES_PER_INSTANCE:.0f} inodes and {BYTES_PER_INSTANCE / 1024:.0f} KiB "
+        f"per instance: {verdict}"
+    )
+    return 0 if ok or not budget else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--side", type=int, default=100, help="axis length (N x N combinations)")
+    ap.add_argument(
+        "--instances", type=int, help="instead: one no-op fan-out of N instances, and its state"
+    )
+    ap.add_argument(
+        "--budget", action="store_true", help="with --instances: exit 1 over the state budget"
+    )
     args = ap.parse_args()
+    if args.instances is not None:
+        if args.instances < 1:
+            ap.error("--instances must be at least 1")
+        return instances_main(args.instances, args.budget)
     n = args.side * args.side
     ours, floor = expansion(args.side)
     print(

@@ -112,8 +112,9 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
     """(task name, mapped, the task its map reads or None) in plan order, from
     ``STATE/plan.json``."""
     from crucible.core.errors import InputRefused
+    from crucible.stage import StateLayout
 
-    path = state / "plan.json"
+    path = StateLayout(state).plan_path
     data = read_regular(path, "plan.json")
     if data is None:
         raise InputRefused("not a crucible state dir (no plan.json)", where=str(state))
@@ -227,7 +228,9 @@ def read_events(state: Path) -> list[Event]:
     dispatcher does; any other bad line is ``session.jsonl:N: message``."""
     import orjson
 
-    path = state / "session.jsonl"
+    from crucible.stage import StateLayout
+
+    path = StateLayout(state).session_path
     data = read_regular(path, "session.jsonl")
     if not data:
         return []

@@ -35,6 +35,14 @@ from crucible.run.params import changed_param, read_params_file, resolve_params
 
 __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
 
+
+def _layout(state: Path) -> Any:
+    """The state's one layout (crucible.stage.StateLayout), imported when needed."""
+    from crucible.stage import StateLayout
+
+    return StateLayout(state)
+
+
 #: the largest ``-j`` (documented in run.md): past it a dispatcher forks more
 #: processes than a local machine runs usefully, and as root an unbounded -j
 #: is a fork bomb
@@ -72,9 +80,10 @@ class Admission:
             return
         if self.move_aside:
             self._move_aside(state)
-        atomic.write_json(state / "params.json", self.params)
+        layout = _layout(state)
+        atomic.write_json(layout.params_path, self.params)
         # plan.json last: its presence is what marks the state dir as claimed.
-        atomic.write_bytes(state / "plan.json", self.data)
+        atomic.write_bytes(layout.plan_path, self.data)
         self.unclaimed = False
 
     def _move_aside(self, state: Path) -> None:
@@ -235,7 +244,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     params = resolve_params(plan, given, options.params)
     check_fanout_params(plan, params)  # a param a fan-out ranges over (IR v3)
     base.params = params
-    plan_file = state / "plan.json"
+    plan_file = _layout(state).plan_path
     held = plan_file.exists()
     if held and not options.fresh:
         held_bytes = _read(plan_file)
@@ -287,7 +296,8 @@ def _check_is_a_plan(path: Path, data: bytes) -> None:
 
 def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -> Admission:
     state = options.state
-    plan_file = state / "plan.json"
+    layout = _layout(state)
+    plan_file = layout.plan_path
     if not plan_file.exists():
         raise InputRefused("nothing to resume: no plan.json in the state dir", where=str(state))
     if not options.dry_run:
@@ -301,9 +311,9 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
                 f"the plan changed since the run started: run {admitted_digest}, now {base.digest}",
                 where=str(options.plan),
             )
-        stored = _read_json(state / "params.json")
+        stored = _read_json(layout.params_path)
         if not isinstance(stored, dict):
-            raise InputRefused("params.json is not a JSON object", where=str(state / "params.json"))
+            raise InputRefused("params.json is not a JSON object", where=str(layout.params_path))
         if options.params_file or options.params:
             # Given params are checked on top of the stored ones: naming a param
             # again with its value is fine; a changed value is a different run.
@@ -315,7 +325,7 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
                 raise InputRefused(
                     f"param {name!r} is {was} in this run, not {now}: a changed param is a "
                     "different run (use --fresh or another --state)",
-                    where=str(state / "params.json"),
+                    where=str(layout.params_path),
                 )
         base.params = stored
     except BaseException:

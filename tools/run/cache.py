@@ -154,6 +154,8 @@ def _staged_inputs(workspace: Path, version: int) -> dict[str, str]:
     """One component per staged input, from what stage wrote in the workspace."""
     inputs = workspace / "inputs"
     if version >= 2:
+        if not inputs.exists():  # nothing to stage (inputs.md 3.7): no inputs
+            return {}
         index = canon.loads((inputs / "@values" / "index.json").read_bytes())
         out = {}
         for entry in index.get("inputs", []):

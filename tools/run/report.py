@@ -248,8 +248,9 @@ def _plan_value(state: Path) -> Any:
     import orjson
 
     from crucible.run._report_state import read_regular
+    from crucible.stage import StateLayout
 
-    data = read_regular(state / "plan.json", "plan.json")
+    data = read_regular(StateLayout(state).plan_path, "plan.json")
     return orjson.loads(data or b"null")
 
 
@@ -543,8 +544,9 @@ def render_outputs(state: Path, out: IO[str]) -> None:
     its reason."""
     from crucible.core import canon
     from crucible.run._report_state import read_regular
+    from crucible.stage import StateLayout
 
-    path = state / "outputs.json"
+    path = StateLayout(state).outputs_path
     data = read_regular(path, "outputs.json")
     if data is None:
         return

@@ -99,7 +99,7 @@ def _run_admitted(
 ) -> RunOutcome:
     from crucible import stage
 
-    log_path = options.state / "session.jsonl"
+    log_path = stage.StateLayout(options.state).session_path
     graph = build_graph(admission.plan)
     earlier = [] if admission.unclaimed else read_events(log_path)
     selection = select(

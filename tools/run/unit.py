@@ -33,7 +33,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
@@ -46,6 +46,9 @@ from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
 from crucible.run.unit_cache import cacheable
 from crucible.run.workers import Channel
+
+if TYPE_CHECKING:
+    from crucible.stage import StateLayout
 
 __all__ = ["Slots", "UnitPaths", "UnitRunner"]
 
@@ -108,18 +111,15 @@ class Slots:
 
 
 class UnitPaths:
-    """Where a unit's files go under STATE (parents created once per process)."""
+    """Where a unit's files go under STATE, as :class:`crucible.stage.StateLayout`
+    spells them; their parent directories are created once per process."""
 
-    def __init__(self, state: Path, escape_key: Any) -> None:
+    def __init__(self, state: Path, layout: StateLayout) -> None:
         self.state = state
-        self._escape_key = escape_key
+        self.layout = layout
         self._made_dirs: set[Path] = set()
 
-    def unit_path(self, top: str, name: str, key: str | None, suffix: str) -> Path:
-        if key is None:
-            path = self.state / top / f"{name}{suffix}"
-        else:
-            path = self.state / top / name / f"{self._escape_key(key)}{suffix}"
+    def _made(self, path: Path) -> Path:
         parent = path.parent
         if parent not in self._made_dirs:
             parent.mkdir(parents=True, exist_ok=True)
@@ -127,16 +127,17 @@ class UnitPaths:
         return path
 
     def output(self, name: str, key: str | None, attempt: int) -> Path:
-        return self.unit_path(f"output/{attempt}", name, key, ".json")
+        return self._made(self.layout.output_path(name, key, attempt))
 
     def log(self, name: str, key: str | None) -> Path:
-        return self.unit_path("logs", name, key, ".log")
+        return self._made(self.layout.log_path(name, key))
+
+    def prompt(self, name: str, key: str | None) -> Path:
+        return self._made(self.layout.prompt_path(name, key))
 
     def log_path(self, name: str, key: str | None) -> Path:
         """Where the unit's log is (creating nothing)."""
-        if key is None:
-            return self.state / "logs" / f"{name}.log"
-        return self.state / "logs" / name / f"{self._escape_key(key)}.log"
+        return self.layout.log_path(name, key)
 
 
 class _LogSink:
@@ -299,7 +300,7 @@ class UnitRunner:
         self.options = options
         self.state = options.state
         self.layout = stage.StateLayout(options.state)
-        self.paths = UnitPaths(options.state, stage.escape_key)
+        self.paths = UnitPaths(options.state, self.layout)
         self.emit_cap = emit_cap
         self.environ = environ
         self.slots = slots
@@ -366,6 +367,7 @@ class UnitRunner:
         env = self._environment(task, name, key, attempt, staged_env, prepared, output)
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
+        held_notes: list[str] | None = None
         if stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
             left = max(0.0, float(stop_by[0]) - time.time())
             timeout = left if timeout is None else min(float(timeout), left)
@@ -403,6 +405,14 @@ class UnitRunner:
                     agent_out.close()
                 sink.close()
             log_error = sink.error
+            # Check what it was handed before its slot is given back: a changed
+            # staged file is restored before the next consumer can start (at -j 1
+            # no other consumer ever reads it; docs/spec/inputs.md 3.4).
+            if not gone:
+                with contextlib.suppress(CrucibleError):  # capture checks again, and says why
+                    held_notes = self.stage.check_inputs(
+                        self.plan, self.state, name, workspace, key=key
+                    )
         finally:
             self.slots.release()
         # An agent that exited 0 without a result file: its stdout is `response`.
@@ -442,7 +452,16 @@ class UnitRunner:
         if stop_reason is None or (stop_reason == "interrupt" and code == 0):
             try:
                 finished["record"] = self._capture(
-                    task, name, key, workspace, attempt, output, code, log_fields, response_problem
+                    task,
+                    name,
+                    key,
+                    workspace,
+                    attempt,
+                    output,
+                    code,
+                    log_fields,
+                    response_problem=response_problem,
+                    held_notes=held_notes,
                 )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
@@ -483,7 +502,7 @@ class UnitRunner:
         prompt_env: str | None = None
         if task.get("kind") == "agent":
             prompt = stage.render_prompt(self.plan, self.state, name, workspace, key=key)
-            path = self.paths.unit_path("prompts", name, key, ".txt")
+            path = self.paths.prompt(name, key)
             data = prompt.encode("utf-8")
             # Rewritten on every attempt: atomic, not durable. A short "@tmp-"
             # temp name, as the path may end in a 250-byte escaped key.
@@ -658,6 +677,7 @@ class UnitRunner:
         code: int,
         log_fields: Callable[[], tuple[str | None, str]],
         response_problem: str | None = None,
+        held_notes: list[str] | None = None,
     ) -> dict[str, Any]:
         """Capture one attempt's result; reply with what the scheduler needs (never
         the output itself, which may be large). A failed record gains the log
@@ -672,6 +692,7 @@ class UnitRunner:
             key=key,
             attempt=attempt,
             emit_cap=self.emit_cap,
+            held_notes=held_notes,
         )
         if record.get("status") == PASSED and task.get("kind") == "evaluate":
             record = self._apply_verdict(name, key, record, output)

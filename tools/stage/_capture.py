@@ -157,6 +157,7 @@ def capture(
     extra: dict[str, Any] | None = None,
     files_max: int = FILES_RUN_MAX,
     output_name: str | None = None,
+    held_notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """Settle one attempt of ``task`` (or of its instance ``key``) and return its record.
 
@@ -165,7 +166,9 @@ def capture(
     ``emit_cap`` (IR v2 only), and its emits_files could be captured. Plan and
     state problems raise (nothing written); a task's own faults settle as
     ``failed`` with a note. ``output_name`` names the result file in notes (e.g.
-    ``<stdin>`` for a spooled copy) instead of ``output_file``.
+    ``<stdin>`` for a spooled copy) instead of ``output_file``. ``held_notes``:
+    what :func:`check_inputs` found when the caller checked the task's staged
+    files before giving its slot back (they are not checked again).
     """
     pv = view(plan)
     t = pv.task(task)
@@ -240,15 +243,16 @@ def capture(
             output = None
             measured = True
 
-    held = held_units(plan, state, task, key)
+    held = held_units(plan, state, task, key) if held_notes is None else []
+    tampering = list(held_notes or [])
     if held:
         # What this task was handed must be what every other consumer sees (3.4).
         tampering = verify_consumer(
             state, task if key is None else f"{task}[{key}]", held, workspace
         )
-        if tampering:
-            problems.extend(tampering)
-            measured = True
+    if tampering:
+        problems.extend(tampering)
+        measured = True
 
     files: list[dict[str, Any]] = []
     files_captured = False

@@ -24,6 +24,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import remove_tree
+from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
@@ -40,7 +41,7 @@ from crucible.stage._loop import (
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, in_plan, view
 from crucible.stage._records import check_key, load_record_fast, load_result
-from crucible.stage._share import Unit, refresh_held, stage_units, units_of
+from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 
 __all__ = [
     "INDEX_FORMAT",
@@ -50,6 +51,7 @@ __all__ = [
     "V1_FILE",
     "VALUES_DIR",
     "StagedInputs",
+    "check_inputs",
     "map_items",
     "refresh_inputs",
     "stage_inputs",
@@ -150,7 +152,7 @@ def _items_entry(
 def instances_path(state: Path, task: str) -> Path:
     """``STATE/instances/<task>.json``: the instances the dispatcher expanded for a
     listed fan-out (docs/spec/run.md, "Instances file")."""
-    return Path(state) / "instances" / f"{task}.json"
+    return StateLayout(Path(state)).instances_path(task)
 
 
 def _listed_entry(state: Path, task: str) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
@@ -566,6 +568,19 @@ def stage_inputs(
     check_key(plan, task, key)
     state = Path(state)
     workspace = Path(workspace).absolute()
+    inputs_dir = workspace / "inputs"
+    reserved: dict[str, Any] | None = None
+    if pv.version >= 2 and not t.inputs and t.kind != "agent":
+        reserved = reserved_values(plan, state, task, key)
+        if nothing_to_stage(pv, t, reserved):  # 3.7: no tree (nothing it would say)
+            try:
+                workspace.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OperationalError(
+                    f"cannot create workspace: {exc.strerror}", where=str(workspace)
+                ) from None
+            drop_old_tree(inputs_dir)
+            return _nothing_staged(state, inputs_dir)
     try:
         workspace.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}inputs-", dir=workspace))
@@ -573,11 +588,11 @@ def stage_inputs(
         raise OperationalError(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
         ) from None
-    inputs_dir = workspace / "inputs"
     try:
         staging = _Staging(plan, pv, state, t, key, tmp)
         staging.stage_files(files_max)
-        reserved = reserved_values(plan, state, task, key)
+        if reserved is None:
+            reserved = reserved_values(plan, state, task, key)
         if "kept" in reserved:
             staging.stage_kept(reserved["kept"], files_max)
         history_meta = read_meta(state).get("history") if "history" in reserved else None
@@ -657,6 +672,19 @@ def stage_inputs(
     )
 
 
+def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:
+    return StagedInputs(
+        env={"CRUCIBLE_INPUTS_DIR": str(empty_values_dir(state))},
+        inputs_dir=inputs_dir,
+        values_dir=None,
+        index=None,
+        inputs_file=None,
+        value=None,
+        files_bytes=0,
+        files_staged=(),
+    )
+
+
 def held_units(plan: Any, state: Path, task: str, key: str | None = None) -> list[Unit]:
     """The producer units whose captured files ``task`` is handed (3.4, 3.6)."""
     pv = view(plan)
@@ -684,3 +712,19 @@ def refresh_inputs(
     if not units:
         return []
     return refresh_held(Path(state), units, Path(workspace).absolute())
+
+
+def check_inputs(
+    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
+) -> list[str]:
+    """Call once the task's processes are gone and before its slot is given back
+    (3.4): every staged file it holds must be unchanged. A changed one has its
+    published copy restored now, before any other consumer can start, and is
+    named in the returned notes (pass them to :func:`capture` as
+    ``held_notes``)."""
+    check_key(plan, task, key)
+    units = held_units(plan, Path(state), task, key)
+    if not units:
+        return []
+    label = task if key is None else f"{task}[{key}]"
+    return verify_consumer(Path(state), label, units, Path(workspace).absolute())

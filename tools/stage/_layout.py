@@ -1,4 +1,6 @@
-"""Where things live in a run's state directory (docs/spec/inputs.md, "State directory")."""
+"""Where things live in a run's state directory (docs/spec/inputs.md, "State
+directory"; docs/spec/run.md, "State directory"): the one spelling of every
+path under ``STATE`` that stage and dispatch share."""
 
 from __future__ import annotations
 
@@ -29,6 +31,19 @@ class StateLayout:
         return self.state / "params.json"
 
     @property
+    def session_path(self) -> Path:
+        return self.state / "session.jsonl"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.state / "lock"
+
+    @property
+    def outputs_path(self) -> Path:
+        """IR v3: the run's results (run.md, "Run results")."""
+        return self.state / "outputs.json"
+
+    @property
     def results_root(self) -> Path:
         return self.state / "results"
 
@@ -40,11 +55,36 @@ class StateLayout:
     def work_root(self) -> Path:
         return self.state / "work"
 
-    def _under(self, root: Path, task: str, key: str | None, suffix: str = "") -> Path:
+    @property
+    def shared_root(self) -> Path:
+        return self.state / "shared"
+
+    def under(self, root: Path, task: str, key: str | None, suffix: str = "") -> Path:
+        """``root/<task><suffix>``, or ``root/<task>/<escaped key><suffix>``: how
+        every per-unit path is spelled."""
         name = check_task_name(task)
         if key is None:
             return root / (name + suffix)
         return root / name / (escape_key(key) + suffix)
+
+    _under = under
+
+    def output_path(self, task: str, key: str | None, attempt: int) -> Path:
+        """``output/<attempt>/<task>[/<escaped key>].json``: one attempt's
+        ``CRUCIBLE_OUTPUT``."""
+        return self.under(self.state / "output" / str(attempt), task, key, ".json")
+
+    def log_path(self, task: str, key: str | None = None) -> Path:
+        """``logs/<task>[/<escaped key>].log``."""
+        return self.under(self.state / "logs", task, key, ".log")
+
+    def prompt_path(self, task: str, key: str | None = None) -> Path:
+        """``prompts/<task>[/<escaped key>].txt``: an agent's rendered prompt."""
+        return self.under(self.state / "prompts", task, key, ".txt")
+
+    def instances_path(self, task: str) -> Path:
+        """``instances/<task>.json``: IR v3, a listed fan-out's instances."""
+        return self.under(self.state / "instances", task, None, ".json")
 
     def result_path(self, task: str, key: str | None = None) -> Path:
         """``results/<task>.json``, or ``results/<task>/<escaped key>.json``."""

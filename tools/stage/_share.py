@@ -679,10 +679,12 @@ def _changed_holdings(pub: Published, top: Path) -> set[str]:
     tampered = _tampered_inodes(pub.root)
     ctimes = _read_ctimes(pub)
     changed: set[str] = set()
-    for st in _held_files(top, pub.dev):
+    for held, st in _held_files(top, pub.dev):
         e = by_ino.get(st.st_ino)
         if e is not None:
-            if _same(st, e, ctimes.get(e.rel)) or not _really_changed(f"{pub.tree}/{e.rel}", e):
+            # The held file's own bytes: the published path may already name a
+            # fresh copy (another worker restored it after this manifest was read).
+            if _same(st, e, ctimes.get(e.rel)) or not _really_changed(held, e):
                 continue
             changed.add(e.rel)
         elif (st.st_dev, st.st_ino) in tampered:
@@ -690,19 +692,21 @@ def _changed_holdings(pub: Published, top: Path) -> set[str]:
     return changed
 
 
-def _held_files(top: Path, dev: int) -> list[os.stat_result]:
-    """lstat of every regular file under ``top`` on device ``dev`` (reflinks and
-    copies are private inodes: never in a manifest, so skipped by the caller)."""
-    out: list[os.stat_result] = []
+def _held_files(top: Path, dev: int) -> list[tuple[str, os.stat_result]]:
+    """(path, lstat) of every regular file under ``top`` on device ``dev``
+    (reflinks and copies are private inodes: never in a manifest, so skipped by
+    the caller)."""
+    out: list[tuple[str, os.stat_result]] = []
     try:
         rels = walk_tree(str(top), max_depth=_WALK_DEPTH)
     except OSError:
         return out
     for rel in rels:
+        path = f"{top}/{rel}"
         try:
-            st = os.lstat(top / rel)
+            st = os.lstat(path)
         except OSError:
             continue
         if stat.S_ISREG(st.st_mode) and st.st_dev == dev:
-            out.append(st)
+            out.append((path, st))
     return out

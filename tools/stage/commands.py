@@ -22,6 +22,7 @@ from crucible.core.errors import (
     PlanChanged,
     UsageError,
 )
+from crucible.stage._layout import StateLayout
 
 __all__ = [
     "CaptureOptions",
@@ -102,7 +103,7 @@ def _read_plan_bytes(
         if stdin is None:
             raise UsageError("--plan -: no standard input")
         return stdin.read(), "<stdin>"
-    path = Path(plan_arg) if plan_arg else state / "plan.json"
+    path = Path(plan_arg) if plan_arg else StateLayout(state).plan_path
     try:
         return path.read_bytes(), str(path)
     except (FileNotFoundError, IsADirectoryError) as exc:
@@ -143,7 +144,7 @@ def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None)
         if exc.location.file != name:  # a problem of the plan, wherever it was found
             exc.where = name
         raise
-    admitted = state / "plan.json"
+    admitted = StateLayout(state).plan_path
     if plan_arg is not None and admitted.exists() and _admitted(admitted) != canon.dumps(plan):
         raise PlanChanged(f"plan differs from the one the run admitted ({admitted})", where=name)
     assert isinstance(plan, dict)
@@ -166,8 +167,6 @@ def _directory_arg(option: str, value: str, *, must_exist: bool = True) -> Path:
 def resolve_target(
     opts: TargetOptions, *, workspace_must_exist: bool = False, stdin: IO[bytes] | None = None
 ) -> Target:
-    from crucible.stage import StateLayout
-
     state_path = _directory_arg("--state", opts.state)
     ws_arg = (
         _directory_arg("--workspace", opts.workspace, must_exist=workspace_must_exist)
@@ -178,7 +177,7 @@ def resolve_target(
     if opts.plan == "-":
         name = "<stdin>"
     else:
-        name = str(Path(opts.plan) if opts.plan else state_path / "plan.json")
+        name = str(Path(opts.plan) if opts.plan else StateLayout(state_path).plan_path)
     ws = ws_arg or StateLayout(state_path).work_dir(opts.task, opts.key)
     return Target(loaded, state_path, opts.task, opts.key, ws, name)
 
