@@ -36,25 +36,29 @@ from crucible.run.environ import task_environment
 
 # Stage's own readers, so a value is read exactly as staging reads it (a fold's
 # instances with the fast reader, a declared value with the strict one).
-from crucible.stage._inputs import (
+from crucible.stage.readers import (
     RESERVED_INPUTS,
+    RESERVED_STATE_NAMES,
     VALUES_DIR,
-    _check_join,
-    _input_name_problem,
-    _read_json,
-    _scalar_bytes,
-    _v1_dep_value,
+    PlanView,
+    TaskView,
     build_outcome,
+    check_join,
+    check_key,
+    escape_key,
+    input_name_problem,
     instance_item,
     load_params,
+    load_record_fast,
+    load_result,
+    loop_of,
+    read_json,
+    scalar_bytes,
+    units_of,
     utf16_order,
+    v1_dep_value,
+    view,
 )
-from crucible.stage._layout import RESERVED_STATE_NAMES
-from crucible.stage._loop import loop_of
-from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, TaskView, view
-from crucible.stage._records import check_key, load_record_fast, load_result
-from crucible.stage._share import units_of
 
 __all__ = ["Keyer"]
 
@@ -67,7 +71,7 @@ def _digest_of(value: Any) -> str:
 
 def _value_digest(value: Any) -> str:
     """The digest of the bytes stage writes for ``value``."""
-    return digest.of_bytes(_scalar_bytes(value) or canon.dumps(value))
+    return digest.of_bytes(scalar_bytes(value) or canon.dumps(value))
 
 
 class Keyer:
@@ -127,7 +131,7 @@ class Keyer:
         staged = self._files_staged(pv, t)
         out: dict[str, str] = {}
         for name in utf16_order(t.inputs):
-            problem = _input_name_problem(name)
+            problem = input_name_problem(name)
             if problem is not None:
                 raise InputRefused(problem, where=f"plan:task {t.name}")
             entry = self._declared(pv, t, name, t.inputs[name], staged)
@@ -173,7 +177,7 @@ class Keyer:
             ) from None
         for name in RESERVED_STATE_NAMES:
             if f"{name}.json" in present:
-                out[name] = _value_digest(_read_json(self.state / "reserved" / f"{name}.json"))
+                out[name] = _value_digest(read_json(self.state / "reserved" / f"{name}.json"))
         if t.epilogue:
             out["outcome"] = _value_digest(build_outcome(self.plan, self.state, t.name))
         return out
@@ -212,7 +216,7 @@ class Keyer:
             )
         pt = pv.task(producer)
         rec = load_result(self.state, producer)
-        status = _check_join(t, producer, rec)
+        status = check_join(t, producer, rec)
         entry: dict[str, Any] = {
             "name": name,
             "kind": "declared",
@@ -256,7 +260,7 @@ class Keyer:
             }
             output = irec.get("output") if irec else None
             if isinstance(output, dict) and fld in output:
-                data = _scalar_bytes(output[fld]) or canon.dumps(output[fld])
+                data = scalar_bytes(output[fld]) or canon.dumps(output[fld])
                 e.update(
                     value_staged=True,
                     size=len(data),
@@ -283,7 +287,7 @@ class Keyer:
                     f"task {t.name!r} needs a task named {dep!r}, which collides with the "
                     "reserved input of that name in v1 delivery"
                 )
-            obj[dep] = _v1_dep_value(pv, self.state, t, dep, None)  # no loop: no revision
+            obj[dep] = v1_dep_value(pv, self.state, t, dep, None)  # no loop: no revision
         digests = {name: _digest_of(value) for name, value in obj.items()}
         # a reserved value's bytes are the canonical JSON of it, as a member's are
         digests.update(self._reserved(t, key))

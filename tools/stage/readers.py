@@ -1,0 +1,53 @@
+"""Stage's own readers, public for ``crucible.run.cache_keyer``.
+
+The keyer computes a unit's cache key from what staging *would* write, before
+anything is staged (docs/spec/cache.md, "When a unit is keyed"), so it must read
+every value exactly as staging reads it. These names are that contract; the
+modules behind them stay private to stage.
+"""
+
+from __future__ import annotations
+
+from crucible.stage._inputs import (
+    RESERVED_INPUTS,
+    VALUES_DIR,
+    build_outcome,
+    instance_item,
+    load_params,
+    utf16_order,
+)
+from crucible.stage._inputs import _check_join as check_join
+from crucible.stage._inputs import _input_name_problem as input_name_problem
+from crucible.stage._inputs import _read_json as read_json
+from crucible.stage._inputs import _scalar_bytes as scalar_bytes
+from crucible.stage._inputs import _v1_dep_value as v1_dep_value
+from crucible.stage._layout import RESERVED_STATE_NAMES
+from crucible.stage._loop import loop_of
+from crucible.stage._names import escape_key
+from crucible.stage._plan import PlanView, TaskView, view
+from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._share import units_of
+
+__all__ = [
+    "RESERVED_INPUTS",
+    "RESERVED_STATE_NAMES",
+    "VALUES_DIR",
+    "PlanView",
+    "TaskView",
+    "build_outcome",
+    "check_join",
+    "check_key",
+    "escape_key",
+    "input_name_problem",
+    "instance_item",
+    "load_params",
+    "load_record_fast",
+    "load_result",
+    "loop_of",
+    "read_json",
+    "scalar_bytes",
+    "units_of",
+    "utf16_order",
+    "v1_dep_value",
+    "view",
+]
