@@ -386,6 +386,7 @@ class Dispatcher:
                 env = {**env, **unit.last_env}  # a retry: what the last attempt did
             self.workers.submit(self._next_token, ("unit", unit.name, unit.key, unit.attempt, env))
             idle -= 1
+        self.workers.flush()  # executor seam: send this round's submissions
 
     def _on_reply(self, reply: Reply) -> None:
         if reply.outcome == "bug":
