@@ -336,7 +336,7 @@ def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Pat
         os.kill(int((marks / "worker").read_text()), signal.SIGKILL)
         assert proc.wait(timeout=90) == 0, (tmp_path / "stderr").read_text()
     finally:
-        gate.unlink()  # the killed worker's orphaned task ends here (see run-on-a-cluster.md)
+        gate.unlink()  # (the worker's reaper killed its task: test_dask_orphans.py)
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)

@@ -33,6 +33,7 @@ from typing import Any, cast
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
 from crucible.run.options import RunOptions
+from crucible.run.reaper import Reaper
 from crucible.run.unit import Slots, UnitRunner
 from crucible.run.workers import Reply
 
@@ -163,13 +164,38 @@ def _control(run_id: str, slots: int = 0) -> _Control:
         return control
 
 
+#: this worker process's reaper (crucible.run.reaper), started at its first task
+_REAPER: list[Reaper] = []
+
+
+def _reaper(grace: float) -> Reaper:
+    with _LOCK:
+        if not _REAPER:
+            _REAPER.append(Reaper(grace))
+        return _REAPER[0]
+
+
 class _WorkerRunner(UnitRunner):
-    """The local unit code, with its spawn serialised among the worker's threads."""
+    """The local unit code, with its spawn serialised among the worker's
+    threads, and each task's group registered with the worker's reaper while
+    it runs: should the worker die (SIGKILL, the OOM killer), nobody else
+    would kill it."""
 
     @staticmethod
     def _launch(argv: list[str], env: dict[str, str], workspace: Path, timeout: Any) -> Any:
         with _SPAWN_LOCK:
-            return UnitRunner._launch(argv, env, workspace, timeout)
+            proc, out_r = UnitRunner._launch(argv, env, workspace, timeout)
+            reaper = _REAPER[0] if _REAPER else None
+            if reaper is not None:
+                reaper.watch(proc.pid)
+        return proc, out_r
+
+    def _wait(self, proc: Any, channel: Any, out_r: int, sink: Any) -> tuple[int, str | None, bool]:
+        try:
+            return super()._wait(proc, channel, out_r, sink)
+        finally:
+            if _REAPER:  # the leader was reaped and its group killed
+                _REAPER[0].forget(proc.pid)
 
 
 def _runner(spec: _Spec, worker: Any) -> UnitRunner:
@@ -177,6 +203,7 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
         runner = _RUNNERS.get(spec.run_id)
     if runner is None:
         slots = spec.slots.get(str(worker.name), worker.state.nthreads)
+        _reaper(spec.options.kill_grace)
         runner = _WorkerRunner(
             plan=spec.plan,
             tasks=spec.tasks,
