@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
+from crucible.run.log_tail import LogTailer
 from crucible.run.options import RunOptions
 from crucible.run.reaper import Reaper
 from crucible.run.unit import Slots, UnitRunner
@@ -375,6 +376,11 @@ class DaskExecutor:
         self._client: Any = None
         self._scratch: str | None = None
         self._closed = False
+        #: --follow: the units' logs tailed on the shared state (crucible.run.log_tail)
+        self._tailer: LogTailer | None = None
+        self._log_path = runner.paths.log_path
+        if options.follow:
+            self._tailer = LogTailer()
         # Dask's own logging would break the one-line stderr contract.
         for name in ("distributed", "tornado"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -489,6 +495,9 @@ class DaskExecutor:
         # graph (one message and one pickle), not one per unit.
         self._live[token] = None
         self._pending.append((token, request))
+        if self._tailer is not None:
+            _, name, key = request[:3]
+            self._tailer.add(token, self._log_path(name, key), name, key)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -530,6 +539,8 @@ class DaskExecutor:
                 reply = self._final(token, value)
             if reply is None:
                 continue
+            if self._tailer is not None:  # the rest of its output, before its end
+                self._tailer.finish(token)
             del self._live[token]
             self._started.discard(token)
             replies.append(reply)
@@ -586,6 +597,8 @@ class DaskExecutor:
         if self._cluster is not None:
             with contextlib.suppress(Exception):
                 self._cluster.close(timeout=CONNECT_TIMEOUT)
+        if self._tailer is not None:
+            self._tailer.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
         for fd in (self._wake_r, self._wake_w):
