@@ -51,9 +51,9 @@ run = 'echo "{{\\"n\\": $(ls "$CRUCIBLE_INPUTS_DIR/keys" | wc -l)}}" > "$CRUCIBL
 #: FANOUT with a settled join, and failures: each instance whose key ends in 37
 #: writes a line to stderr and exits 3 (their records carry the log's tail)
 SETTLED = FANOUT.replace(
-    "run = 'echo \"n$CRUCIBLE_KEY\"",
-    "run = 'case $CRUCIBLE_KEY in *37) echo \"no $CRUCIBLE_KEY\" >&2; exit 3;; esac;"
-    " echo \"n$CRUCIBLE_KEY\"",
+    'run = \'echo "n$CRUCIBLE_KEY"',
+    'run = \'case $CRUCIBLE_KEY in *37) echo "no $CRUCIBLE_KEY" >&2; exit 3;; esac;'
+    ' echo "n$CRUCIBLE_KEY"',
 ).replace('needs = ["t"]', 'needs = ["t"]\njoin = "settled"')
 
 

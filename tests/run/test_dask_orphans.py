@@ -121,6 +121,10 @@ def test_a_sigkilled_workers_task_and_its_grandchild_do_not_survive(tmp_path: Pa
         wait_files(marks, "grandchild", 1)
         task = read_pids(marks, "task") + read_pids(marks, "grandchild")
         assert all(process_alive(p) for p in task)
+        # mid-task: the worker registered the group with its reaper right after
+        # the spawn (run.md: a task the worker started a moment before it died
+        # may be missed)
+        time.sleep(1)
         os.kill(read_pids(marks, "worker")[0], signal.SIGKILL)
         assert not wait_gone(task), "the dead worker's task survived it"
         assert proc.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()
@@ -161,6 +165,7 @@ def test_a_sigkilled_dispatcher_leaves_no_worker_and_no_task(tmp_path: Path) -> 
         workers = sorted(set(read_pids(marks, "*.worker")))
         assert workers and proc.pid not in workers
         assert all(process_alive(p) for p in tasks + workers)
+        time.sleep(1)  # mid-task (see above)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         assert not wait_gone(workers), "a LocalCluster worker outlived its dispatcher"
@@ -169,3 +174,50 @@ def test_a_sigkilled_dispatcher_leaves_no_worker_and_no_task(tmp_path: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(tmp_path: Path) -> None:
+    """Units submitted ahead to a worker that is SIGKILLed (queued there, or
+    staged and waiting for its slot) are lost with it: each is a lost-worker
+    failure retried under its task's retries, as the unit whose task was
+    running there (run.md, "Executors"); none hangs, none is rerun silently."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    # Instance 0's first attempt holds its worker's only slot until the test
+    # kills that worker; the 11 others are submitted at once (the window).
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "queued"
+        [[workflow.task]]
+        name = "t"
+        map = {{ count = 12 }}
+        retries = 1
+        run = 'if [ "$CRUCIBLE_KEY" = 0 ] && [ "$CRUCIBLE_ATTEMPT" = 1 ]; then echo $PPID > {marks}/worker; echo $$ > {marks}/task; sleep 300; fi; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    state = tmp_path / "state"
+    with (tmp_path / "stderr").open("wb") as err:
+        proc = subprocess.Popen(
+            [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_files(marks, "task", 1)
+        time.sleep(1)  # mid-task (see above)
+        os.kill(read_pids(marks, "worker")[0], signal.SIGKILL)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    finished = [e for e in events(state) if e["event"] == "task_finished" and "key" in e]
+    lost = [e for e in finished if e["status"] == "failed"]
+    assert lost and all(e["note"].startswith("worker lost: ") and e["retry"] for e in lost)
+    assert "0" in {e["key"] for e in lost}
+    assert sorted(e["key"] for e in finished if e["status"] == "passed") == sorted(
+        str(i) for i in range(12)
+    )

@@ -172,7 +172,9 @@ _REAPER: list[Reaper] = []
 def _reaper(grace: float) -> Reaper:
     with _LOCK:
         if not _REAPER:
-            _REAPER.append(Reaper(grace))
+            reaper = Reaper(grace)
+            reaper.start()  # now, not at the first task (see Reaper)
+            _REAPER.append(reaper)
         return _REAPER[0]
 
 
@@ -234,7 +236,10 @@ def _run_unit(spec: _Spec, token: int, request: tuple[Any, ...]) -> tuple[str, A
     answer: tuple[str, Any]
     try:
         runner = _runner(spec, worker)
-        channel = _Channel(spec.run_id, token, _control(spec.run_id).hold_r, worker)
+        control = _control(spec.run_id)
+        if control.stopped:  # queued here when the run stopped: nothing staged
+            return ("ok", {"kind": "not_started", "staged_env": None})
+        channel = _Channel(spec.run_id, token, control.hold_r, worker)
         result = runner.run(request, channel)  # type: ignore[arg-type]
         if isinstance(result, dict):
             result["worker"] = worker.address
@@ -505,12 +510,13 @@ class DaskExecutor:
         for token, request in pending:
             by_task.setdefault(request[1], []).append((token, request))
         for name, units in by_task.items():
+            keys = [f"crucible-{name}-{self.run_id}-{t}" for t, _ in units]
             futures = self._client.map(
                 _run_unit,
                 [self._spec] * len(units),
                 [t for t, _ in units],
                 [r for _, r in units],
-                key=[f"crucible-{name}-{self.run_id}-{t}" for t, _ in units],
+                key=keys,
                 pure=False,
                 resources=self._resources.get(name),
             )

@@ -65,7 +65,10 @@ send(signal.SIGKILL)
 
 
 class Reaper:
-    """The reaper of this process's tasks (started at the first :meth:`watch`)."""
+    """The reaper of this process's tasks (started by :meth:`start`, or at the
+    first :meth:`watch`). Start it before the first task: a task's group is
+    covered from the moment its ``+PGID`` is written, and starting the reaper
+    takes a few milliseconds a dying worker may not have."""
 
     def __init__(self, grace: float) -> None:
         self._grace = grace
@@ -90,6 +93,11 @@ class Reaper:
         finally:
             os.close(read_end)
         return write_end
+
+    def start(self) -> None:
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._start()
 
     def _send(self, line: bytes) -> None:
         with self._lock:
