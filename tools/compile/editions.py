@@ -24,6 +24,7 @@ __all__ = [
     "edition_for_version",
     "ir_version_for",
     "known_task_keys",
+    "known_top_keys",
     "task_key_since",
     "top_key_since",
     "workflow_key_since",
@@ -89,7 +90,12 @@ _WORKFLOW_KEYS_SINCE: dict[str, int] = {
     "outputs": 4,
     "publish": 4,
 }
-_TOP_KEYS_SINCE: dict[str, int] = {"edition": 1, "workflow": 1}
+_TOP_KEYS_SINCE: dict[str, int] = {
+    "edition": 1,
+    "workflow": 1,
+    # the scored loop (issue 18; crucible.compile.loop)
+    "loop": 4,
+}
 
 #: keys of a plan task per IR version (the v2 additions are omitted when empty)
 PLAN_TASK_KEYS: dict[int, frozenset[str]] = {
@@ -160,3 +166,8 @@ def workflow_key_since(key: str) -> int | None:
 def top_key_since(key: str) -> int | None:
     """The edition that introduced a top-level manifest key, or None."""
     return _TOP_KEYS_SINCE.get(key)
+
+
+def known_top_keys(edition: int) -> tuple[str, ...]:
+    """The top-level manifest keys of ``edition``, in the order they arrived."""
+    return tuple(k for k, since in _TOP_KEYS_SINCE.items() if since <= edition)

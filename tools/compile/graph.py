@@ -6,7 +6,8 @@ edge from its producer; edges into a task that joins ``settled`` are dashed and
 labelled ``settled``; agents are rounded, epilogues octagons (they run after
 every other task has settled). Control flow (edition 4): a task's ``when`` and
 its tolerance are lines of its label; an edge from a need the condition reads
-(``needs.P.status``) carries the condition as its label (the trigger).
+(``needs.P.status``) carries the condition as its label (the trigger). A scored
+loop's body is a cluster (DOT) or subgraph (Mermaid) labelled with what it optimizes.
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ def _dot(plan: dict[str, Any]) -> str:
         if task["epilogue"] and not is_fanout(task):
             attrs.append("peripheries=2")
         lines.append(f"  {_dot_quote(task['name'])} [{', '.join(attrs)}];")
+    if "loop" in plan:  # the scored loop's body: one dashed cluster (docs/spec/loop.md)
+        from crucible.compile.loop import describe_loop
+
+        lines.append('  subgraph "cluster_loop" {')
+        lines.append(f"    label={_dot_quote(describe_loop(plan['loop']))}; style=dashed;")
+        lines.extend(f"    {_dot_quote(name)};" for name in plan["loop"]["body"])
+        lines.append("  }")
     by_name = {t["name"]: t for t in plan["tasks"]}
     for src, dst, style in _edges(plan):
         attrs = []
@@ -157,6 +165,12 @@ def _mermaid(plan: dict[str, Any]) -> str:
             lines.append(f"  {node}({label})")
         else:
             lines.append(f"  {node}[{label}]")
+    if "loop" in plan:  # the scored loop's body: one subgraph (docs/spec/loop.md)
+        from crucible.compile.loop import describe_loop
+
+        lines.append(f"  subgraph loop_body[{_mermaid_text(describe_loop(plan['loop']))}]")
+        lines.extend(f"    {ids[name]}" for name in plan["loop"]["body"])
+        lines.append("  end")
     by_name = {t["name"]: t for t in plan["tasks"]}
     for src, dst, style in _edges(plan):
         a, b = ids[src], ids[dst]

@@ -16,7 +16,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from crucible.compile.diagnostics import Diagnostic, Location, Locator, ValidationFailed
-from crucible.compile.editions import DEFAULT_EDITION, SUPPORTED_EDITIONS, check_edition
+from crucible.compile.editions import (
+    DEFAULT_EDITION,
+    SUPPORTED_EDITIONS,
+    check_edition,
+    known_top_keys,
+    top_key_since,
+)
 from crucible.compile.fanout import check_fanout_graph
 from crucible.compile.locate import StarLocator, TomlLocator
 from crucible.compile.plan import CompiledPlan, build_plan, finish
@@ -36,7 +42,6 @@ __all__ = [
     "read_input",
 ]
 
-_TOP_KEYS = ("edition", "workflow")
 _TOML_POS_RE = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
@@ -126,13 +131,27 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
     if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
         # locating costs a scan of the text: only on the error path
         check_edition(edition, where=locator.locate(("edition",)))
+    known = known_top_keys(edition)
     for key in doc:
-        if key not in _TOP_KEYS:
+        if key not in known:
+            since = top_key_since(key)
+            hint = (
+                f"; {key!r} needs edition {since} (this pack is edition {edition})"
+                if since is not None
+                else ""
+            )
             chk.error(
                 "unknown-key",
                 (key,),
-                f"unknown top-level key {key!r} (known: {', '.join(_TOP_KEYS)})",
+                f"unknown top-level key {key!r} (known: {', '.join(known)}){hint}",
             )
+    # [loop] (edition 4) is checked on the manifest's own locator, before a Starlark
+    # source replaces the checker: its diagnostics point into the TOML text
+    loop: dict[str, Any] | None = None
+    if "loop" in doc and "loop" in known:
+        from crucible.compile.loop import check_loop_table
+
+        loop = check_loop_table(chk, doc["loop"])
     raw = doc.get("workflow")
     if raw is None:
         chk.error("missing-key", (), "the manifest has no [workflow] table")
@@ -164,12 +183,19 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
         chk, tasks, paths, fill_input_types=True, params=workflow["params"], edition=edition
     )
     check_fanout_graph(chk, workflow, tasks, paths)
+    if loop is not None and not chk.failed:
+        from crucible.compile.loop import check_loop_graph
+
+        loop_chk = Checker(locator)
+        body = doc["loop"]["body"]
+        check_loop_graph(loop_chk, loop, tasks, body)
+        chk.diagnostics.extend(loop_chk.diagnostics)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     if resolved_from is not None:
         workflow["resolved_from"] = resolved_from
     warnings = [w for w in (edition_warning(edition),) if w]
-    compiled = finish(build_plan(edition, workflow, tasks), warnings)
+    compiled = finish(build_plan(edition, workflow, tasks, loop), warnings)
     diagnostics = chk.diagnostics + [
         Diagnostic(
             "edition-1",

@@ -32,6 +32,8 @@ __all__ = [
 #: task members only IR v3 has: their values are arbitrary numbers, unlike v1/v2's
 _V3_ONLY = PLAN_TASK_KEYS[3] - PLAN_TASK_KEYS[2]
 _PLAN_KEYS = ("version", "edition", "workflow", "tasks")
+#: plan members of IR v3 (edition 4), present only when the manifest had the table
+_PLAN_KEYS_V3 = ("loop",)
 _WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
 #: workflow keys of IR v3 (edition 4), omitted when empty
 _WORKFLOW_KEYS_V3 = ("outputs", "publish")
@@ -67,15 +69,22 @@ class CompiledPlan:
 
 
 def build_plan(
-    edition: int, workflow: dict[str, Any], tasks: list[dict[str, Any]]
+    edition: int,
+    workflow: dict[str, Any],
+    tasks: list[dict[str, Any]],
+    loop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The plan object; the IR version comes from :func:`ir_version_for` only."""
-    return {
+    """The plan object; the IR version comes from :func:`ir_version_for` only.
+    ``loop`` (IR v3, the scored loop) is a member only when the manifest has one."""
+    plan: dict[str, Any] = {
         "version": ir_version_for(edition),
         "edition": edition,
         "workflow": workflow,
         "tasks": tasks,
     }
+    if loop is not None:
+        plan["loop"] = loop
+    return plan
 
 
 def finish(plan: dict[str, Any], warnings: list[str] | None = None) -> CompiledPlan:
@@ -167,12 +176,13 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
             f"edition {edition} compiles to version {ir_version_for(edition)}, "
             f"but the plan says version {version}",
         )
+    known = _PLAN_KEYS + (_PLAN_KEYS_V3 if version >= 3 else ())
     for key in plan:
-        if key not in _PLAN_KEYS:
+        if key not in known:
             chk.error(
                 "unknown-key",
                 (key,),
-                f"unknown key {key!r} in plan (known: {', '.join(_PLAN_KEYS)})",
+                f"unknown key {key!r} in a version {version} plan (known: {', '.join(known)})",
             )
     for key in _PLAN_KEYS:
         if key not in plan:
@@ -202,9 +212,34 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         from crucible.compile.fanout import check_fanout_graph
 
         check_fanout_graph(chk, workflow, tasks, paths)
+        if "loop" in plan and not chk.failed:
+            _check_plan_loop(chk, plan["loop"], tasks)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)
+
+
+def _check_plan_loop(chk: Checker, loop: Any, tasks: list[dict[str, Any]]) -> None:
+    """The ``loop`` member (v3) must be what compiling it gives (normal form: body
+    sorted, defaults written out), then pass the same graph rules as a manifest's."""
+    from crucible.compile.loop import check_loop_graph, check_loop_table
+
+    before = len(chk.diagnostics)
+    normalized = check_loop_table(chk, loop)
+    if normalized is None or len(chk.diagnostics) > before:
+        return
+    if normalized != loop:
+        different = sorted(
+            k for k in set(normalized) | set(loop) if normalized.get(k) != loop.get(k)
+        )
+        chk.error(
+            "not-normal-form",
+            ("loop", different[0]),
+            f"plan loop is not in normal form ({', '.join(different)}); body is sorted, "
+            "defaults written out, absent optional keys omitted",
+        )
+        return
+    check_loop_graph(chk, loop, tasks)
 
 
 def _check_plan_workflow(chk: Checker, workflow: dict[str, Any], version: int) -> None:
