@@ -109,4 +109,7 @@ def test_a_workers_threads_start_tasks_one_at_a_time(tmp_path: Path) -> None:
     thread.join(10)
     proc, out_r = result[0]
     os.close(out_r)
+    import select
+
+    select.select([proc.pidfd], [], [], 30)  # type: ignore[attr-defined]
     assert proc.reap() == 0  # type: ignore[attr-defined]
