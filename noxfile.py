@@ -28,8 +28,9 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Each benchmarks/bench_*.py prints its ratios and exits 1 if over its budget."""
-    # doit: measured beside make on the dispatcher's workload (no budget; issue 4)
-    session.install(".[test]", "doit>=0.36")
+    # doit: measured beside make on the dispatcher's workload (no budget; issue 4);
+    # the dask extra: bench_dask skips without it
+    session.install(".[test,dask]", "doit>=0.36")
     scripts = sorted(glob.glob("benchmarks/bench_*.py"))
     wanted = set(session.posargs)
     failed = []

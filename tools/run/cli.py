@@ -152,9 +152,8 @@ def cli() -> None:
 @click.option(
     "--threads-per-worker",
     type=click.IntRange(min=1, max=JOBS_MAX),
-    default=1,
-    show_default=True,
-    help="With --executor dask-local: units each worker runs at once.",
+    help="With --executor dask-local: Dask threads per worker (default: its share of -j"
+    " plus its share of the units staged ahead).",
 )
 def run_cmd(
     plan: Path,
@@ -179,7 +178,7 @@ def run_cmd(
     executor: str,
     scheduler: str | None,
     workers: int | None,
-    threads_per_worker: int,
+    threads_per_worker: int | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.runner import run_plan

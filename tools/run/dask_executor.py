@@ -27,12 +27,14 @@ import socket
 import tempfile
 import threading
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
+from crucible.run.log_tail import LogTailer
 from crucible.run.options import RunOptions
+from crucible.run.reaper import Reaper
 from crucible.run.unit import Slots, UnitRunner
 from crucible.run.workers import Reply
 
@@ -44,6 +46,8 @@ TOKEN_NAME = "executor-token"
 #: bound on connecting to a scheduler and on its workers' first answer
 CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
+#: a unit future's value when its answer went as a worker event
+_SENT = "sent"
 
 
 def import_distributed() -> Any:
@@ -78,29 +82,47 @@ class _Spec:
     emit_cap: int
     environ: dict[str, str]
     pack_dir: str
+    #: task processes a worker runs at once, by worker name (``dask-local``:
+    #: the -j slots split among its workers); a worker not named here runs at
+    #: most its Dask thread count of them
+    slots: dict[str, int] = field(default_factory=dict)
 
 
 class _Control:
-    """Worker-side stand-in for :class:`crucible.run.unit.Slots`: the
-    dispatcher bounds units in flight itself, so a slot is always there until
-    the run stops; stop and kill are pipes the unit's wait polls, written by
+    """Worker-side stand-in for :class:`crucible.run.unit.Slots`: this worker
+    process's share of the run's ``-j`` slots (a unit takes one before its task
+    process starts and gives it back once it was reaped, so the worker's other
+    Dask threads stage and capture meanwhile, as the local executor's extra
+    workers do); stop and kill are pipes the unit's wait polls, written by
     :func:`_worker_signal`."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int) -> None:
         self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.kill_r, self.kill_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         # the request pipe stand-in: its write end stays open, so it never hangs up
         self.hold_r, self.hold_w = os.pipe2(os.O_CLOEXEC)
         self.stopped = False
+        self._free = slots
+        self._changed = threading.Condition()
 
     def acquire(self, requests_fd: int) -> bool:
-        return not self.stopped
+        with self._changed:
+            while not self.stopped and self._free <= 0:
+                self._changed.wait()
+            if self.stopped:
+                return False
+            self._free -= 1
+            return True
 
     def release(self) -> None:
-        pass
+        with self._changed:
+            self._free += 1
+            self._changed.notify()
 
     def stop(self) -> None:
-        self.stopped = True
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
         with contextlib.suppress(BlockingIOError):
             os.write(self.stop_w, b"s")
 
@@ -128,28 +150,71 @@ class _Channel:
 _LOCK = threading.Lock()
 _CONTROLS: dict[str, _Control] = {}
 _RUNNERS: dict[str, UnitRunner] = {}
+#: held around a task's spawn: procs.spawn changes the process's working
+#: directory around posix_spawn, and a worker runs units in several threads
+_SPAWN_LOCK = threading.Lock()
 
 
-def _control(run_id: str) -> _Control:
+def _control(run_id: str, slots: int = 0) -> _Control:
+    """The run's control on this worker (created by its first unit, or by a
+    stop heard before any: then it never starts one)."""
     with _LOCK:
         control = _CONTROLS.get(run_id)
         if control is None:
-            control = _CONTROLS[run_id] = _Control()
+            control = _CONTROLS[run_id] = _Control(slots)
         return control
 
 
-def _runner(spec: _Spec) -> UnitRunner:
+#: this worker process's reaper (crucible.run.reaper), started at its first task
+_REAPER: list[Reaper] = []
+
+
+def _reaper(grace: float) -> Reaper:
+    with _LOCK:
+        if not _REAPER:
+            reaper = Reaper(grace)
+            reaper.start()  # now, not at the first task (see Reaper)
+            _REAPER.append(reaper)
+        return _REAPER[0]
+
+
+class _WorkerRunner(UnitRunner):
+    """The local unit code, with its spawn serialised among the worker's
+    threads, and each task's group registered with the worker's reaper while
+    it runs: should the worker die (SIGKILL, the OOM killer), nobody else
+    would kill it."""
+
+    @staticmethod
+    def _launch(argv: list[str], env: dict[str, str], workspace: Path, timeout: Any) -> Any:
+        with _SPAWN_LOCK:
+            proc, out_r = UnitRunner._launch(argv, env, workspace, timeout)
+            reaper = _REAPER[0] if _REAPER else None
+            if reaper is not None:
+                reaper.watch(proc.pid)
+        return proc, out_r
+
+    def _wait(self, proc: Any, channel: Any, out_r: int, sink: Any) -> tuple[int, str | None, bool]:
+        try:
+            return super()._wait(proc, channel, out_r, sink)
+        finally:
+            if _REAPER:  # the leader was reaped and its group killed
+                _REAPER[0].forget(proc.pid)
+
+
+def _runner(spec: _Spec, worker: Any) -> UnitRunner:
     with _LOCK:
         runner = _RUNNERS.get(spec.run_id)
     if runner is None:
-        runner = UnitRunner(
+        slots = spec.slots.get(str(worker.name), worker.state.nthreads)
+        _reaper(spec.options.kill_grace)
+        runner = _WorkerRunner(
             plan=spec.plan,
             tasks=spec.tasks,
             # the worker's own stdout is nobody's terminal
             options=replace(spec.options, follow=False),
             emit_cap=spec.emit_cap,
             environ=spec.environ,
-            slots=cast(Slots, _control(spec.run_id)),
+            slots=cast(Slots, _control(spec.run_id, slots)),
             pack_dir=spec.pack_dir,
         )
         with _LOCK:
@@ -157,22 +222,37 @@ def _runner(spec: _Spec) -> UnitRunner:
     return runner
 
 
-def _run_unit(spec: _Spec, token: int, request: tuple[Any, ...]) -> tuple[str, Any]:
-    """On a worker: one attempt of one unit, answered like a local worker's reply."""
+def _run_unit(spec: _Spec, token: int, request: tuple[Any, ...]) -> tuple[str, Any] | str:
+    """On a worker: one attempt of one unit, answered like a local worker's reply.
+
+    The answer travels as a ``final`` worker event, which reaches the client
+    ahead of the task's completion (both go through the worker's one stream
+    to the scheduler, in order, and on from there in order): the dispatcher
+    never fetches a result from the worker (a round trip per unit). The task
+    itself returns ``_SENT``, or the answer when it cannot be an event."""
     from distributed import get_worker
 
     worker = get_worker()
+    answer: tuple[str, Any]
     try:
-        runner = _runner(spec)
-        channel = _Channel(spec.run_id, token, _control(spec.run_id).hold_r, worker)
+        runner = _runner(spec, worker)
+        control = _control(spec.run_id)
+        if control.stopped:  # queued here when the run stopped: nothing staged
+            return ("ok", {"kind": "not_started", "staged_env": None})
+        channel = _Channel(spec.run_id, token, control.hold_r, worker)
         result = runner.run(request, channel)  # type: ignore[arg-type]
         if isinstance(result, dict):
             result["worker"] = worker.address
-        return ("ok", result)
+        answer = ("ok", result)
     except CrucibleError as exc:
-        return ("error", str(exc))
+        answer = ("error", str(exc))
     except BaseException:
-        return ("bug", traceback.format_exc())
+        answer = ("bug", traceback.format_exc())
+    try:
+        worker.log_event(_EVENT_TOPIC, {"run": spec.run_id, "token": token, "final": answer})
+    except TypeError:  # not msgpack-serialisable: the dispatcher fetches the result
+        return answer
+    return _SENT  # nothing for Dask to size and keep
 
 
 def _worker_signal(run_id: str, what: str) -> None:
@@ -196,7 +276,11 @@ def _worker_forget(run_id: str) -> None:
 
 
 def _check_token(path: str, expected: str) -> str | None:
-    """On every worker (Client.run): None if it reads the dispatcher's token."""
+    """On every worker (Client.run): None if it reads the dispatcher's token.
+    Also loads the unit code there now, before the run, not at its first unit."""
+    import crucible.run.session
+    import crucible.stage  # noqa: F401
+
     try:
         with open(path, encoding="utf-8") as f:
             found = f.read()
@@ -238,6 +322,38 @@ def _check_resources(tasks: Any, info: dict[str, Any]) -> dict[str, dict[str, fl
     return out
 
 
+def _absolute(options: RunOptions) -> RunOptions:
+    """The options as a worker needs them: a worker's working directory is
+    not the dispatcher's (and changes around each spawn)."""
+    cache = None if options.cache is None else Path(os.path.abspath(options.cache))
+    return replace(options, state=Path(os.path.abspath(options.state)), cache=cache)
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """How ``dask-local`` spreads ``-j N`` (docs/spec/run.md, "Executors")."""
+
+    #: task processes each worker runs at once (its share of N, at least 1)
+    slots: list[int]
+    #: Dask threads per worker: its slots, plus threads that stage and
+    #: capture the next units while the slots are busy
+    threads: int
+    #: units the dispatcher keeps submitted and unfinished
+    window: int
+
+
+def local_layout(jobs: int, workers: int | None, threads: int | None) -> LocalLayout:
+    """As the local executor: N slots, and min(N, 8) + 1 more units staged
+    ahead, here split among the workers; and each worker's queue holds one
+    more unit per thread, so a thread that finishes starts the next unit
+    without a round trip to the scheduler and the dispatcher."""
+    count = workers or max(1, min(jobs, os.cpu_count() or 1))
+    slots = [max(1, jobs // count + (i < jobs % count)) for i in range(count)]
+    ahead = -(-(min(jobs, 8) + 1) // count)  # ceil
+    per_worker = threads or max(slots) + ahead
+    return LocalLayout(slots=slots, threads=per_worker, window=2 * per_worker * count)
+
+
 class DaskExecutor:
     """The :class:`crucible.run.executor.Executor` on a Dask cluster."""
 
@@ -251,8 +367,13 @@ class DaskExecutor:
         LocalCluster: Any = distributed.LocalCluster
 
         self.jobs = jobs
+        #: units kept submitted and unfinished (see _local_layout)
+        self.window = jobs
+        self._slots: dict[str, int] = {}
         self.run_id = secrets.token_hex(8)
+        #: token -> its future (None until flushed)
         self._live: dict[int, Any] = {}
+        self._pending: list[tuple[int, tuple[Any, ...]]] = []
         self._started: set[int] = set()
         self._queue: collections.deque[tuple[str, int, Any]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -260,6 +381,11 @@ class DaskExecutor:
         self._client: Any = None
         self._scratch: str | None = None
         self._closed = False
+        #: --follow: the units' logs tailed on the shared state (crucible.run.log_tail)
+        self._tailer: LogTailer | None = None
+        self._log_path = runner.paths.log_path
+        if options.follow:
+            self._tailer = LogTailer()
         # Dask's own logging would break the one-line stderr contract.
         for name in ("distributed", "tornado"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -268,11 +394,13 @@ class DaskExecutor:
         dask.config.set({"distributed.scheduler.allowed-failures": 0})
         try:
             if options.executor == "dask-local":
-                workers = options.workers or max(1, min(jobs, os.cpu_count() or 1))
+                layout = local_layout(jobs, options.workers, options.threads_per_worker)
+                self.window = layout.window
+                self._slots = {str(i): n for i, n in enumerate(layout.slots)}
                 self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
                 self._cluster = LocalCluster(
-                    n_workers=workers,
-                    threads_per_worker=options.threads_per_worker,
+                    n_workers=len(layout.slots),
+                    threads_per_worker=layout.threads,
                     processes=True,
                     host="127.0.0.1",
                     dashboard_address=None,
@@ -304,10 +432,11 @@ class DaskExecutor:
                     run_id=self.run_id,
                     plan=runner.plan,
                     tasks=dict(runner.tasks),
-                    options=options,
+                    options=_absolute(options),
                     emit_cap=runner.emit_cap,
                     environ=dict(runner.environ),
                     pack_dir=runner.pack_dir,
+                    slots=self._slots,
                 ),
                 broadcast=True,
                 hash=False,
@@ -340,7 +469,8 @@ class DaskExecutor:
     def _on_event(self, event: Any) -> None:
         _, message = event
         if isinstance(message, dict) and message.get("run") == self.run_id:
-            self._queue.append(("started", int(message["token"]), message))
+            kind = "final" if "final" in message else "started"
+            self._queue.append((kind, int(message["token"]), message))
             self._wake()
 
     def _on_done(self, token: int, future: Any) -> None:
@@ -363,21 +493,36 @@ class DaskExecutor:
 
     @property
     def idle(self) -> int:
-        return max(0, self.jobs - len(self._live))
+        return max(0, self.window - len(self._live))
 
     def submit(self, token: int, request: tuple[Any, ...]) -> None:
-        name = request[1]
-        future = self._client.submit(
-            _run_unit,
-            self._spec,
-            token,
-            request,
-            key=f"crucible-{name}-{self.run_id}-{token}",
-            pure=False,
-            resources=self._resources.get(name),
-        )
-        self._live[token] = future
-        future.add_done_callback(lambda f, t=token: self._on_done(t, f))
+        # Held until flush: the units of one fill go to the scheduler as one
+        # graph (one message and one pickle), not one per unit.
+        self._live[token] = None
+        self._pending.append((token, request))
+        if self._tailer is not None:
+            _, name, key = request[:3]
+            self._tailer.add(token, self._log_path(name, key), name, key)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        by_task: dict[str, list[tuple[int, tuple[Any, ...]]]] = {}
+        for token, request in pending:
+            by_task.setdefault(request[1], []).append((token, request))
+        for name, units in by_task.items():
+            keys = [f"crucible-{name}-{self.run_id}-{t}" for t, _ in units]
+            futures = self._client.map(
+                _run_unit,
+                [self._spec] * len(units),
+                [t for t, _ in units],
+                [r for _, r in units],
+                key=keys,
+                pure=False,
+                resources=self._resources.get(name),
+            )
+            for (token, _), future in zip(units, futures, strict=True):
+                self._live[token] = future
+                future.add_done_callback(lambda f, t=token: self._on_done(t, f))
 
     def read(self, fd: int) -> list[Reply]:
         with contextlib.suppress(BlockingIOError):
@@ -387,21 +532,35 @@ class DaskExecutor:
         while self._queue:
             kind, token, value = self._queue.popleft()
             if token not in self._live:
-                continue  # a start heard after its end
+                continue  # a start heard after its end, or an end heard twice
             if kind == "started":
                 if token not in self._started:
                     self._started.add(token)
                     replies.append(Reply(token, "interim", value))
                 continue
+            if kind == "final":
+                outcome, payload = value["final"]
+                reply: Reply | None = Reply(token, outcome, payload)
+            else:
+                reply = self._final(token, value)
+            if reply is None:
+                continue
+            if self._tailer is not None:  # the rest of its output, before its end
+                self._tailer.finish(token)
             del self._live[token]
             self._started.discard(token)
-            replies.append(self._final(token, value))
+            replies.append(reply)
         return replies
 
-    def _final(self, token: int, future: Any) -> Reply:
+    def _final(self, token: int, future: Any) -> Reply | None:
+        """The final reply a future's end gives, or None while its answer is
+        still on its way as an event."""
         status = future.status
         if status == "finished":
-            outcome, payload = future.result()
+            value = future.result()  # the rare path: fetched from the worker
+            if value == _SENT:
+                return None
+            outcome, payload = value
             return Reply(token, outcome, payload)
         if status == "cancelled":
             return Reply(token, "ok", {"kind": "not_started", "staged_env": None})
@@ -436,7 +595,7 @@ class DaskExecutor:
                 self._broadcast("stop")
                 self._broadcast("kill")
                 with contextlib.suppress(Exception):
-                    client.cancel(list(self._live.values()))
+                    client.cancel([f for f in self._live.values() if f is not None])
             with contextlib.suppress(Exception):
                 client.run(_worker_forget, self.run_id)
             with contextlib.suppress(Exception):
@@ -444,6 +603,8 @@ class DaskExecutor:
         if self._cluster is not None:
             with contextlib.suppress(Exception):
                 self._cluster.close(timeout=CONNECT_TIMEOUT)
+        if self._tailer is not None:
+            self._tailer.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
         for fd in (self._wake_r, self._wake_w):

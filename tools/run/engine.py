@@ -421,6 +421,7 @@ class Dispatcher:
                     request += (self.hits.handoff(unit),)
             self.workers.submit(self._next_token, request)
             idle -= 1
+        self.workers.flush()  # executor seam: send this round's submissions
 
     def _on_reply(self, reply: Reply) -> None:
         if reply.outcome == "bug":

@@ -52,6 +52,11 @@ class Executor(Protocol):
 
     def submit(self, token: int, request: tuple[Any, ...]) -> None: ...
 
+    def flush(self) -> None:
+        """Send what was submitted since the last flush (an executor may hold
+        submissions to send them together); called after each round of submits."""
+        ...
+
     def read(self, fd: int) -> list[Reply]: ...
 
     def stop(self) -> None:
@@ -93,6 +98,9 @@ class LocalExecutor:
 
     def submit(self, token: int, request: tuple[Any, ...]) -> None:
         self.pool.submit(token, request)
+
+    def flush(self) -> None:
+        pass  # each request was written to its worker at once
 
     def read(self, fd: int) -> list[Reply]:
         return self.pool.read(fd)

@@ -59,5 +59,6 @@ class RunOptions:
     scheduler: str | None = None
     #: ``--workers N`` (``--executor dask-local``); None = min(-j, CPU count)
     workers: int | None = None
-    #: ``--threads-per-worker`` (``--executor dask-local``)
-    threads_per_worker: int = 1
+    #: ``--threads-per-worker`` (``--executor dask-local``); None = its share of
+    #: -j plus its share of the units staged ahead (dask_executor.local_layout)
+    threads_per_worker: int | None = None
