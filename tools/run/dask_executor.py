@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
+from crucible.run.agent_io import AgentStdout
 from crucible.run.log_tail import LogTailer
 from crucible.run.options import RunOptions
+from crucible.run.procs import TaskProcess
 from crucible.run.reaper import Reaper
 from crucible.run.unit import Slots, UnitRunner
 from crucible.run.workers import Reply
@@ -185,17 +187,31 @@ class _WorkerRunner(UnitRunner):
     would kill it."""
 
     @staticmethod
-    def _launch(argv: list[str], env: dict[str, str], workspace: Path, timeout: Any) -> Any:
+    def _launch(
+        argv: list[str],
+        env: dict[str, str],
+        workspace: Path,
+        timeout: Any,
+        stdin: str,
+        agent: bool,
+    ) -> tuple[TaskProcess, int, AgentStdout | None]:
         with _SPAWN_LOCK:
-            proc, out_r = UnitRunner._launch(argv, env, workspace, timeout)
+            launched = UnitRunner._launch(argv, env, workspace, timeout, stdin, agent)
             reaper = _REAPER[0] if _REAPER else None
             if reaper is not None:
-                reaper.watch(proc.pid)
-        return proc, out_r
+                reaper.watch(launched[0].pid)
+        return launched
 
-    def _wait(self, proc: Any, channel: Any, out_r: int, sink: Any) -> tuple[int, str | None, bool]:
+    def _wait(
+        self,
+        proc: TaskProcess,
+        channel: Any,
+        out_r: int,
+        sink: Any,
+        agent_out: AgentStdout | None = None,
+    ) -> tuple[int, str | None, bool]:
         try:
-            return super()._wait(proc, channel, out_r, sink)
+            return super()._wait(proc, channel, out_r, sink, agent_out)
         finally:
             if _REAPER:  # the leader was reaped and its group killed
                 _REAPER[0].forget(proc.pid)
