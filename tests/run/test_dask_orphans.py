@@ -30,9 +30,13 @@ def wait_gone(pids: list[int], seconds: float = 20) -> list[int]:
 
 def wait_files(directory: Path, pattern: str, n: int, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and len(list(directory.glob(pattern))) < n:
+    # a file counts once its line is written (the shell creates it, then writes)
+    def written() -> int:
+        return sum(1 for p in directory.glob(pattern) if p.read_text().endswith("\n"))
+
+    while time.monotonic() < deadline and written() < n:
         time.sleep(0.05)
-    assert len(list(directory.glob(pattern))) >= n, sorted(directory.iterdir())
+    assert written() >= n, sorted(directory.iterdir())
 
 
 def read_pids(directory: Path, pattern: str) -> list[int]:

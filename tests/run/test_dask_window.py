@@ -95,10 +95,13 @@ def test_a_workers_threads_start_tasks_one_at_a_time(tmp_path: Path) -> None:
     from crucible.run import dask_executor
 
     done = threading.Event()
-    result: list[tuple[object, int]] = []
+    result: list[tuple[object, int, object]] = []
 
     def start() -> None:
-        result.append(dask_executor._WorkerRunner._launch(["true"], {}, tmp_path, None))
+        launched = dask_executor._WorkerRunner._launch(
+            ["true"], {}, tmp_path, None, os.devnull, False
+        )
+        result.append(launched)
         done.set()
 
     with dask_executor._SPAWN_LOCK:
@@ -107,7 +110,7 @@ def test_a_workers_threads_start_tasks_one_at_a_time(tmp_path: Path) -> None:
         assert not done.wait(0.3)  # waits for the lock another thread holds
     assert done.wait(10)
     thread.join(10)
-    proc, out_r = result[0]
+    proc, out_r, _ = result[0]
     os.close(out_r)
     import select
 
