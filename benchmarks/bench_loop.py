@@ -10,7 +10,13 @@ paths — is the difference. Both run in this process through
 ``crucible.run.run_plan`` (one session each), interleaved, each into a fresh
 state dir (nothing is deleted until the end: ext4 without a journal).
 
-Budget: loop / plain <= 1.5.
+A second baseline is the issue's own wording: the same body as a plain
+two-task pack, run once per revision (R runs of ``run_plan``, as a shell loop
+around crucible-dispatch would). The budget is held against it; the chained
+comparison is stricter (it pays one session for all revisions) and is printed
+beside it, with no budget.
+
+Budget: loop / (the plain pack run once per revision) <= 1.5.
 
 Run: python benchmarks/bench_loop.py [--revisions R] [--repeat N]
 Exits 1 if the budget is exceeded.
@@ -81,6 +87,15 @@ def _timed(plan: Path, state: Path) -> float:
     return elapsed
 
 
+def write_body(root: Path) -> Path:
+    text = HEAD.format(name="bench-body")
+    text += PROPOSE.format(name="propose", needs="")
+    text += EVALUATE.format(name="evaluate", propose="propose")
+    path = root / "body.toml"
+    path.write_text(text)
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--revisions", type=int, default=50)
@@ -89,13 +104,15 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="bench-loop-"))
     try:
         loop, chain = write_loop(root, args.revisions), write_chain(root, args.revisions)
-        looped, plain = [], []
+        body = write_body(root)
+        n = args.revisions
+        looped, plain, once = [], [], []
         for r in range(args.repeat):
             plain.append(_timed(chain, root / f"chain{r}"))
             looped.append(_timed(loop, root / f"loop{r}"))
-        p, lo = statistics.median(plain), statistics.median(looped)
-        ratio = lo / p
-        n = args.revisions
+            once.append(sum(_timed(body, root / f"once{r}-{i}") for i in range(n)))
+        p, lo, o = statistics.median(plain), statistics.median(looped), statistics.median(once)
+        ratio = lo / o
         print(f"revisions: {n}, no-op body of 2 tasks, -j 2, median of {args.repeat}")
         print(
             f"plain pack, the body chained {n} times: {p:8.3f} s  ({p / n * 1000:6.1f} ms/revision)"
@@ -103,8 +120,12 @@ def main() -> int:
         print(
             f"scored loop, {n} revisions:            {lo:8.3f} s  ({lo / n * 1000:6.1f} ms/revision)"
         )
-        print(f"per-revision overhead:                 {(lo - p) / n * 1000:8.2f} ms")
-        print(f"loop / plain:                          {ratio:8.2f}x  (budget {BUDGET}x)")
+        print(
+            f"plain pack run once per revision:      {o:8.3f} s  ({o / n * 1000:6.1f} ms/revision)"
+        )
+        print(f"per-revision overhead over the chain:  {(lo - p) / n * 1000:8.2f} ms")
+        print(f"loop / chained plain pack (info):      {lo / p:8.2f}x")
+        print(f"loop / plain pack once per revision:   {ratio:8.2f}x  (budget {BUDGET}x)")
         return 0 if ratio <= BUDGET else 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
