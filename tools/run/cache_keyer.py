@@ -53,6 +53,7 @@ from crucible.stage.readers import (
     load_result,
     loop_of,
     read_json,
+    reserved_entry,
     scalar_bytes,
     units_of,
     utf16_order,
@@ -141,19 +142,7 @@ class Keyer:
             if found is not None:  # the same params for every unit: one digest
                 out[f"input:{name}"] = found
                 continue
-            entry = {
-                "name": name,
-                "kind": "reserved",
-                "producer": None,
-                "field": None,
-                "type": "object" if name in ("params", "outcome") else "any",
-                "status": "passed",
-                "note": "",
-                "fold": False,
-                "files_staged": False,
-                "value_staged": True,
-                "digest": value_digest,
-            }
+            entry = {**reserved_entry(name), "value_staged": True, "digest": value_digest}
             out[f"input:{name}"] = _digest_of(entry)
             if len(self._reserved_entries) < 4096:
                 self._reserved_entries[(name, value_digest)] = out[f"input:{name}"]

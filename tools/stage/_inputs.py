@@ -336,6 +336,22 @@ def _check_join(t: TaskView, producer: str, rec: dict[str, Any] | None) -> str:
     return status
 
 
+def reserved_entry(name: str) -> dict[str, Any]:
+    """The members of a reserved input's index entry that do not depend on its
+    value (the cache keyer builds the same entry before staging)."""
+    return {
+        "name": name,
+        "kind": "reserved",
+        "producer": None,
+        "field": None,
+        "type": "object" if name in ("params", "outcome") else "any",
+        "status": "passed",
+        "note": "",
+        "fold": False,
+        "files_staged": False,
+    }
+
+
 def _v1_dep_value(pv: PlanView, state: Path, t: TaskView, dep: str, key: str | None) -> Any:
     rec = load_result(state, dep, key)
     _check_join(t, dep, rec)
@@ -607,17 +623,7 @@ def stage_inputs(
                     raise InputRefused(problem, where=in_plan(f"task {task}"))
                 entries.append(staging.declared(name, t.inputs[name], values_dir))
             for name, value in reserved.items():
-                entry: dict[str, Any] = {
-                    "name": name,
-                    "kind": "reserved",
-                    "producer": None,
-                    "field": None,
-                    "type": "object" if name in ("params", "outcome") else "any",
-                    "status": "passed",
-                    "note": "",
-                    "fold": False,
-                    "files_staged": False,
-                }
+                entry = reserved_entry(name)
                 rel = f"inputs/{VALUES_DIR}/{name}"
                 entry.update(staging.value_entry(rel, value, values_dir / name))
                 if name == "history" and isinstance(history_meta, dict):

@@ -14,6 +14,7 @@ from crucible.stage._inputs import (
     build_outcome,
     instance_item,
     load_params,
+    reserved_entry,
     utf16_order,
 )
 from crucible.stage._inputs import _check_join as check_join
@@ -45,6 +46,7 @@ __all__ = [
     "load_result",
     "loop_of",
     "read_json",
+    "reserved_entry",
     "scalar_bytes",
     "units_of",
     "utf16_order",
