@@ -50,6 +50,9 @@ CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
 #: a unit future's value when its answer went as a worker event
 _SENT = "sent"
+#: times a unit cancelled before it started (its run spec was lost with a
+#: worker) is sent again with the spec scattered anew, before it counts as lost
+_RESENDS = 3
 
 
 def import_distributed() -> Any:
@@ -390,7 +393,15 @@ class DaskExecutor:
         #: token -> its future (None until flushed)
         self._live: dict[int, Any] = {}
         self._pending: list[tuple[int, tuple[Any, ...]]] = []
-        self._started: set[int] = set()
+        #: started units, and the worker each started on
+        self._started: dict[int, str] = {}
+        #: token -> its request, until its end (a unit whose spec was lost is sent again)
+        self._requests: dict[int, tuple[Any, ...]] = {}
+        self._resent: dict[int, int] = {}
+        #: stop() or close() called: a cancelled unit is then one not started
+        self._stopping = False
+        #: the last worker seen lost (a unit cancelled with its spec names it)
+        self._lost_worker = "unknown"
         self._queue: collections.deque[tuple[str, int, Any]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._cluster: Any = None
@@ -420,11 +431,18 @@ class DaskExecutor:
                     processes=True,
                     host="127.0.0.1",
                     dashboard_address=None,
+                    # the scheduler's HTTP server (health, metrics) still starts
+                    # without a dashboard, on 8787 by default: a port another
+                    # cluster may hold, and Dask then warns on our stderr
+                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                     local_directory=self._scratch,
                     silence_logs=logging.CRITICAL,
                     resources=_local_resources(),
                 )
                 self._client = Client(self._cluster, timeout=CONNECT_TIMEOUT)
+                # every worker, before the token and the spec go out: a worker
+                # that registers later would prove nothing and hold no copy
+                self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
             else:
                 if not options.scheduler:
                     raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
@@ -443,23 +461,24 @@ class DaskExecutor:
             self._prove_state(options.state)
             self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
             self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
-            self._spec = self._client.scatter(
-                _Spec(
-                    run_id=self.run_id,
-                    plan=runner.plan,
-                    tasks=dict(runner.tasks),
-                    options=_absolute(options),
-                    emit_cap=runner.emit_cap,
-                    environ=dict(runner.environ),
-                    pack_dir=runner.pack_dir,
-                    slots=self._slots,
-                ),
-                broadcast=True,
-                hash=False,
+            self._spec_value = _Spec(
+                run_id=self.run_id,
+                plan=runner.plan,
+                tasks=dict(runner.tasks),
+                options=_absolute(options),
+                emit_cap=runner.emit_cap,
+                environ=dict(runner.environ),
+                pack_dir=runner.pack_dir,
+                slots=self._slots,
             )
+            self._spec = self._scatter_spec()
         except BaseException:
             self.close()
             raise
+
+    def _scatter_spec(self) -> Any:
+        """The run's spec on every worker (one future the units depend on)."""
+        return self._client.scatter(self._spec_value, broadcast=True, hash=False)
 
     def _prove_state(self, state: Path) -> None:
         """Every worker reads a token written here; refuse (exit 3) otherwise."""
@@ -515,6 +534,7 @@ class DaskExecutor:
         # Held until flush: the units of one fill go to the scheduler as one
         # graph (one message and one pickle), not one per unit.
         self._live[token] = None
+        self._requests[token] = request
         self._pending.append((token, request))
         if self._tailer is not None:
             _, name, key = request[:3]
@@ -522,11 +542,17 @@ class DaskExecutor:
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
+        if pending and self._spec.status != "finished":
+            # Scattered data lives only in workers' memory: a worker that died
+            # holding the last copy took the spec with it (Dask then cancels
+            # every unit waiting on it). Scatter it again for these units.
+            self._spec = self._scatter_spec()
         by_task: dict[str, list[tuple[int, tuple[Any, ...]]]] = {}
         for token, request in pending:
             by_task.setdefault(request[1], []).append((token, request))
         for name, units in by_task.items():
-            keys = [f"crucible-{name}-{self.run_id}-{t}" for t, _ in units]
+            keys = [f"crucible-{name}-{self.run_id}-{t}" + (f"r{self._resent[t]}" if t in self._resent else "")
+                    for t, _ in units]  # fmt: skip
             futures = self._client.map(
                 _run_unit,
                 [self._spec] * len(units),
@@ -551,12 +577,14 @@ class DaskExecutor:
                 continue  # a start heard after its end, or an end heard twice
             if kind == "started":
                 if token not in self._started:
-                    self._started.add(token)
+                    self._started[token] = str(value.get("worker") or self._lost_worker)
                     replies.append(Reply(token, "interim", value))
                 continue
             if kind == "final":
                 outcome, payload = value["final"]
                 reply: Reply | None = Reply(token, outcome, payload)
+            elif value is not self._live[token]:
+                continue  # the end of a future since sent again
             else:
                 reply = self._final(token, value)
             if reply is None:
@@ -564,7 +592,9 @@ class DaskExecutor:
             if self._tailer is not None:  # the rest of its output, before its end
                 self._tailer.finish(token)
             del self._live[token]
-            self._started.discard(token)
+            self._requests.pop(token, None)
+            self._resent.pop(token, None)
+            self._started.pop(token, None)
             replies.append(reply)
         return replies
 
@@ -579,17 +609,37 @@ class DaskExecutor:
             outcome, payload = value
             return Reply(token, outcome, payload)
         if status == "cancelled":
-            return Reply(token, "ok", {"kind": "not_started", "staged_env": None})
+            if self._stopping:
+                return Reply(token, "ok", {"kind": "not_started", "staged_env": None})
+            return self._cancelled(token)
         exc = future.exception()
         from distributed import KilledWorker
 
         if isinstance(exc, KilledWorker):
             last = getattr(exc, "last_worker", None)
             address = getattr(last, "address", None) or "unknown"
+            self._lost_worker = address
             return Reply(token, "ok", {"kind": "worker_lost", "worker": address})
         return Reply(token, "bug", f"{type(exc).__name__}: {exc}")
 
+    def _cancelled(self, token: int) -> Reply | None:
+        """A unit Dask cancelled while the run goes on: the spec it waited on
+        was lost with a worker (nothing else here cancels one). Not started,
+        it is sent again (at the next flush, with the spec scattered anew); one
+        that started, or was sent again too often, is a lost-worker unit, so it
+        is retried or fails under its task's policy (never left unsettled: a
+        run that counts no failure would then say it failed)."""
+        tries = self._resent.get(token, 0)
+        if token in self._started or tries >= _RESENDS:
+            worker = self._started.get(token, self._lost_worker)
+            return Reply(token, "ok", {"kind": "worker_lost", "worker": worker})
+        self._resent[token] = tries + 1
+        self._live[token] = None
+        self._pending.append((token, self._requests[token]))
+        return None
+
     def stop(self) -> None:
+        self._stopping = True
         self._broadcast("stop")
 
     def kill(self) -> None:
@@ -605,6 +655,7 @@ class DaskExecutor:
         if self._closed:
             return
         self._closed = True
+        self._stopping = True
         client = self._client
         if client is not None:
             if self._live:  # leaving early (an error): leave no task running
