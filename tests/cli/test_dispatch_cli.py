@@ -407,6 +407,18 @@ run = '''echo '{{}}' > "$CRUCIBLE_OUTPUT"'''
     assert rec is not None and rec["status"] == "passed"
 
 
+def _started_pid(state: Path, task: str) -> int | None:
+    """The pid the session log's task_started gives ``task`` (complete lines only)."""
+    log = state / "session.jsonl"
+    if not log.exists():
+        return None
+    for line in log.read_bytes().split(b"\n")[:-1]:
+        event = json.loads(line)
+        if event.get("event") == "task_started" and event.get("task") == task:
+            return int(event["pid"])
+    return None
+
+
 def test_a_worker_killed_mid_task_stops_the_run_and_its_task(tmp_path: Path) -> None:
     """A worker that dies holding a unit (OOM killer, kill -9) ends the run with
     one clear line; the dispatcher kills the orphaned task's group."""
@@ -427,6 +439,11 @@ run = \'\'\'echo $$ > {tmp_path}/long.pid; while [ -e {gate} ]; do sleep 0.05; d
     pid_file = tmp_path / "long.pid"
     _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
     leader = int(pid_file.read_text())
+    # The dispatcher kills the group of a task it knows started: wait until it
+    # has heard the start (the task can write its pid before its worker has
+    # reported it; a worker killed in between leaves the dispatcher nothing to
+    # kill, which under load made this test fail).
+    _wait_for(lambda: _started_pid(state, "long") == leader, timeout=60)
     worker = parent_pid(leader)
     assert parent_pid(worker) == proc.pid
     os.kill(worker, signal.SIGKILL)

@@ -173,14 +173,14 @@ class WorkerPool:
     def read(self, fd: int) -> list[Reply]:
         """Every complete reply waiting on ``fd`` (a worker's reply pipe)."""
         worker = self.by_fd[fd]
+        ended = False
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
             except BlockingIOError:
                 break
             if not chunk:
-                if worker.in_flight:
-                    raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
+                ended = True
                 break
             worker.buffer += chunk
         replies: list[Reply] = []
@@ -195,6 +195,11 @@ class WorkerPool:
             if reply.final:
                 worker.in_flight -= 1
             replies.append(reply)
+        # A worker that died mid-request: first what it said before (a task's
+        # "started", so the dispatcher knows the group to kill); the pipe
+        # still reads as ended at the next select.
+        if ended and not replies and worker.in_flight:
+            raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
         return replies
 
     def close(self) -> None:
