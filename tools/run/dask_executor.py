@@ -419,6 +419,18 @@ class DaskExecutor:
         # A lost worker's unit must not be rerun silently by the scheduler:
         # the dispatcher decides on retries (KilledWorker at once).
         dask.config.set({"distributed.scheduler.allowed-failures": 0})
+        # Per-unit overhead (benchmarks/bench_dask.py): a worker's statistical
+        # profiler samples every thread's stack every 10 ms, and work stealing
+        # re-costs queued tasks every 100 ms on the scheduler (in this process
+        # under dask-local); neither helps here, where a unit waits for its slot
+        # inside its Dask task (not stealable) and the window bounds what is
+        # queued. Both apply to what this process starts (dask-local).
+        dask.config.set(
+            {
+                "distributed.worker.profile.enabled": False,
+                "distributed.scheduler.work-stealing": False,
+            }
+        )
         try:
             if options.executor == "dask-local":
                 layout = local_layout(jobs, options.workers, options.threads_per_worker)
