@@ -264,3 +264,23 @@ def test_edition_1_restages_its_object_in_place(state: Path) -> None:
     assert os.lstat(ws / "inputs" / "@inputs.json").st_ino == ino
     assert staged.value is not None and staged.value["item"] == "ccc"
     assert staged.env["CRUCIBLE_INPUTS_FILE"] == str(ws / "inputs" / "@inputs.json")
+
+
+def test_an_ancestor_directory_turned_into_a_symlink_out_is_not_followed(
+    state: Path, produced: dict[str, Any], tmp_path: Path
+) -> None:
+    p = produced
+    outside = tmp_path / "outside-tree"
+    (outside / "out").mkdir(parents=True)
+    (outside / "out" / "f00").write_bytes(b"mine")
+    ws0 = state / "work" / "m" / "0"
+    stage_inputs(p, state, "m", ws0, key="0")
+    from crucible.core.fsio import remove_tree
+
+    remove_tree(ws0 / "inputs" / "p")
+    (ws0 / "inputs" / "p").symlink_to(outside)
+    ws = _recycle(state, ws0, "1")
+    stage_inputs(p, state, "m", ws, key="1", in_place=True)
+    assert _tree(ws / "inputs") == _tree(_fresh(p, state, "1") / "inputs")
+    assert sorted(str(q.relative_to(outside)) for q in outside.rglob("*")) == ["out", "out/f00"]
+    assert (outside / "out" / "f00").read_bytes() == b"mine"

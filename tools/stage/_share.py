@@ -627,8 +627,9 @@ def relink_published(pub: Published, dest: Path) -> int:
     (a recycled workspace, 3.8): a file that already is a hard link to the
     current published inode is kept — :func:`publish` has just checked that
     inode — and anything else at a published path is replaced, as
-    :func:`link_published` lays it. Returns the number of files handed over."""
-    ensure_dir(dest.parent, dest.name)
+    :func:`link_published` lays it. ``dest`` itself must be a real directory
+    (:func:`ensure_dir` from the consumer's ``inputs/``). Returns the number of
+    files handed over."""
     for rel in pub.dirs:
         ensure_dir(dest, rel)
     key = (pub.dev, os.stat(dest).st_dev)
@@ -670,6 +671,7 @@ def restage_units(
                 )
             used += size
             try:
+                ensure_dir(dest, u.staged)  # each component checked from inputs/ down
                 handed = relink_published(pub, dest / u.staged)
             except OSError as exc:
                 raise OperationalError(f"cannot stage into {dest}: {exc.strerror or exc}") from None
