@@ -252,3 +252,48 @@ def test_an_ancestor_with_50_files_keeps_its_links_across_recycled_instances(
     assert inodes == {published.stat().st_ino}  # every instance held the published inode
     # links: the published copy, plus one per pool workspace (not one per instance)
     assert published.stat().st_nlink == 1 + len(pool(state))
+
+
+def test_two_pools_never_take_the_same_free_workspace(tmp_path: Path) -> None:
+    """Two worker processes (two pools over one task directory): a free
+    workspace is taken by a rename, so only one of them gets it."""
+    from crucible.run.recycle import WorkspacePool
+
+    task_dir = tmp_path / "work" / "t"
+    (task_dir / "a" / "inputs").mkdir(parents=True)
+    first, second = WorkspacePool(keep=False), WorkspacePool(keep=False)
+    assert first.release("a", task_dir / "a")
+    (freed,) = os.listdir(task_dir)
+    assert freed.startswith("@free-")
+    got = [second.acquire("b", task_dir / "b"), first.acquire("c", task_dir / "c")]
+    assert got == [True, False]
+    assert sorted(os.listdir(task_dir)) == ["b"] and (task_dir / "b" / "inputs").is_dir()
+    # an unkeyed unit, a kept pool, an existing workspace: nothing taken or given
+    assert not first.release(None, task_dir / "b")
+    assert not WorkspacePool(keep=True).release("b", task_dir / "b")
+    (task_dir / "d").mkdir()
+    assert second.release("b", task_dir / "b")
+    assert not second.acquire("d", task_dir / "d")
+
+
+@pytest.mark.parametrize(
+    "entries", [["inputs", "scratch"], ["other"], ["inputs-as-file"], ["inputs-as-symlink"]]
+)
+def test_only_a_workspace_holding_just_its_inputs_is_recyclable(
+    tmp_path: Path, entries: list[str]
+) -> None:
+    from crucible.run.recycle import recyclable
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    assert recyclable(ws)
+    for name in entries:
+        if name == "inputs-as-file":
+            (ws / "inputs").write_bytes(b"")
+        elif name == "inputs-as-symlink":
+            (ws / "inputs").symlink_to(tmp_path)
+        elif name == "inputs":
+            (ws / "inputs").mkdir()
+        else:
+            (ws / name).write_bytes(b"x")
+    assert not recyclable(ws)
