@@ -715,13 +715,14 @@ def stage_inputs(
     state = Path(state)
     workspace = Path(workspace).absolute()
     inputs_dir = workspace / "inputs"
-    d = describe_inputs(plan, state, task, key)
-    try:
+    check_key(plan, task, key)
+    try:  # first, as before the split: a refused staging leaves the workspace, empty
         workspace.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OperationalError(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
         ) from None
+    d = describe_inputs(plan, state, task, key)
     if d.nothing:  # 3.7: no tree (nothing it would say)
         drop_old_tree(inputs_dir)
         return _nothing_staged(state, inputs_dir)
