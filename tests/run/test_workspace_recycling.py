@@ -297,3 +297,42 @@ def test_only_a_workspace_holding_just_its_inputs_is_recyclable(
         else:
             (ws / name).write_bytes(b"x")
     assert not recyclable(ws)
+
+
+def test_hostile_instances_leave_the_next_one_its_own_item(pack: Pack, tmp_path: Path) -> None:
+    """Each instance reads its item, then vandalises it (by its item mod 5: a
+    symlink out, a FIFO, a directory, a hard link to the store's file, a chmod
+    and a write) and passes: its workspace is recycled, and every next instance
+    still reads its own item; nothing outside or in the store changes."""
+    state = tmp_path / "state"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"outside")
+    n = 40
+    run = (
+        "run = '''i=$(cat inputs/@values/item); v=inputs/@values/item;"
+        " printf '{\"item\": %s}' $i > \"$CRUCIBLE_OUTPUT\";"
+        " case $((i % 5)) in"
+        f" 0) rm -f $v; ln -s {outside} $v;;"
+        " 1) rm -f $v; mkfifo $v;;"
+        " 2) rm -f $v; mkdir $v; echo x > $v/x;;"
+        " 3) rm -f $v; ln \"$(ls -d $CRUCIBLE_WORKSPACE/../../../files/items/out/f1)\" $v;;"
+        " 4) chmod 644 $v; echo 999 > $v;;"
+        " esac'''\n"
+    )
+    manifest = pack(
+        '[[workflow.task]]\nname = "items"\nemits = { items = "array" }\n'
+        'emits_files = ["out/**"]\n'
+        "run = '''mkdir out; echo store > out/f1;"
+        f" printf '{{\"items\": [' > \"$CRUCIBLE_OUTPUT\"; seq -s, 1 {n} >> \"$CRUCIBLE_OUTPUT\";"
+        " printf ']}' >> \"$CRUCIBLE_OUTPUT\"'''\n"
+        '[[workflow.task]]\nname = "each"\nneeds = ["items"]\nmap = "items.items"\n'
+        'emits = { item = "integer" }\n' + run + "timeout = 20\n"
+    )
+    proc = dispatch(manifest, "--state", state, "-j", "2")
+    assert proc.returncode == 0, proc.stderr
+    for i in range(n):
+        assert result(state, "each", str(i))["output"]["item"] == i + 1  # type: ignore[index]
+    assert outside.read_bytes() == b"outside"
+    assert (state / "files" / "items" / "out" / "f1").read_bytes() == b"store\n"
+    assert (state / "shared" / "items" / "tree" / "out" / "f1").read_bytes() == b"store\n"
+    assert all(n.startswith("@free-") for n in pool(state))
