@@ -457,9 +457,9 @@ class Described:
     index: dict[str, Any] | None
     value: dict[str, Any] | None  # v1's whole object
     files_staged: set[str]  # "producer" or "producer/<escaped key>"
-    #: the task's environment, by variable: (path under inputs/, or None: the
-    #: shared empty directory) or the v1 object's text
+    #: the task's environment variables naming staged paths: path under inputs/
     env_rel: dict[str, str]
+    #: v1: ``CRUCIBLE_INPUTS``, the object's text, while it is at most INPUTS_ENV_MAX
     v1_text: str | None = None
 
 
