@@ -284,3 +284,35 @@ def test_an_ancestor_directory_turned_into_a_symlink_out_is_not_followed(
     assert _tree(ws / "inputs") == _tree(_fresh(p, state, "1") / "inputs")
     assert sorted(str(q.relative_to(outside)) for q in outside.rglob("*")) == ["out", "out/f00"]
     assert (outside / "out" / "f00").read_bytes() == b"mine"
+
+
+def test_a_read_only_value_file_is_rewritten_through_its_inode_without_root(
+    state: Path, produced: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not root, a 0444 file cannot be opened for writing: it is opened
+    read-only, checked to be the same inode, chmod'ed and reopened through
+    /proc/self/fd (simulated here: the write open is refused as for a user)."""
+    from crucible.stage import _restage
+
+    p = produced
+    ws0 = state / "work" / "m" / "0"
+    stage_inputs(p, state, "m", ws0, key="0")
+    ino = os.lstat(ws0 / "inputs" / "@values" / "item").st_ino
+    real_open = os.open
+    refused: list[str] = []
+
+    def as_a_user(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags == _restage._OPEN_W:
+            refused.append(str(path))
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(_restage.os, "open", as_a_user)
+    ws = _recycle(state, ws0, "4")
+    stage_inputs(p, state, "m", ws, key="4", in_place=True)
+    item = ws / "inputs" / "@values" / "item"
+    assert refused and os.lstat(item).st_ino == ino
+    assert item.read_bytes() == b'{"n":4,"text":"xxxx"}'
+    assert stat.S_IMODE(os.lstat(item).st_mode) == 0o444
+    monkeypatch.undo()
+    assert _tree(ws / "inputs") == _tree(_fresh(p, state, "4") / "inputs")
