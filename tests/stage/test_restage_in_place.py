@@ -307,7 +307,7 @@ def test_a_read_only_value_file_is_rewritten_through_its_inode_without_root(
             raise PermissionError(13, "Permission denied")
         return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(_restage.os, "open", as_a_user)
+    monkeypatch.setattr(os, "open", as_a_user)
     ws = _recycle(state, ws0, "4")
     stage_inputs(p, state, "m", ws, key="4", in_place=True)
     item = ws / "inputs" / "@values" / "item"
