@@ -396,6 +396,38 @@ class Ledger:
             return False
         return True
 
+    def record_many(self, facts: list[tuple[str, str, Outcome, Any]]) -> int:
+        """Append every ``(scope, step, outcome, key)`` of ``facts`` as one batch:
+        one write and one fsync under the lock, each record indexed there. Returns
+        how many were recorded: a value outside the canonical domain is left out
+        (warned), and a failed append records none of them (warned once). The
+        memo holds every fact either way."""
+        entries: list[tuple[bytes, tuple[str, str] | None]] = []
+        for scope, step, outcome, key in facts:
+            _check_identity(scope, step)
+            record = make_record(scope, step, outcome.status, outcome.value, key)
+            self._memo[(scope, step)] = Reply(
+                scope, step, outcome.status, outcome.value, at=record["at"]
+            )
+            if self.readonly:
+                continue
+            try:
+                entries.append((encode_line(record), (scope, step)))
+            except canon.CanonError as exc:
+                self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
+        if self.readonly:
+            if facts:
+                self._warn(f"{self.path}: opened read-only; {len(facts)} facts not recorded")
+            return 0
+        try:
+            self._appender.append_many(entries)
+        except OSError as exc:
+            self._warn(
+                f"cannot append to {self.path} ({describe(exc)}); {len(entries)} facts not recorded"
+            )
+            return 0
+        return len(entries)
+
     # -- by content key (the API other tools call, e.g. a task cache) -----------
     def lookup_key(self, scope: str, kind: str, key: Any) -> Reply | None:
         """The replay of the step ``content_step(kind, key)``, or None. ``key`` is
