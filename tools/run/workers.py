@@ -226,16 +226,20 @@ class WorkerPool:
             raise OperationalError(f"a staging worker is gone: {exc.strerror}") from None
 
     def read(self, fd: int) -> list[Reply]:
-        """Every complete reply waiting on ``fd`` (a worker's reply pipe)."""
+        """Every complete reply waiting on ``fd`` (a worker's reply pipe). A worker
+        gone mid-request raises, but only once the replies it sent before dying
+        were returned (a "started" among them names the task process the
+        dispatcher must then kill): its pipe stays readable at end of file, so
+        the next read raises."""
         worker = self.by_fd[fd]
+        gone = False
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
             except BlockingIOError:
                 break
             if not chunk:
-                if worker.in_flight:
-                    raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
+                gone = True
                 break
             worker.buffer += chunk
         replies: list[Reply] = []
@@ -250,6 +254,8 @@ class WorkerPool:
             if reply.final:
                 worker.in_flight -= 1
             replies.append(reply)
+        if gone and worker.in_flight and not replies:
+            raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
         return replies
 
     def close(self) -> None:
