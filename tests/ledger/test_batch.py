@@ -25,10 +25,10 @@ def _facts(tag: str, n: int, pad: int = 0) -> list[tuple[str, str, Outcome, obje
 def test_a_batch_is_one_write_and_one_fsync_and_is_indexed(
     ledger_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import crucible.ledger._files as files
+    from crucible.core.fdio import write_all as real_write
 
     calls = {"fsync": 0, "write": 0}
-    real_fsync, real_write = files.os.fsync, files.write_all
+    real_fsync = os.fsync
 
     def fsync(fd: int) -> None:
         calls["fsync"] += 1
@@ -38,8 +38,8 @@ def test_a_batch_is_one_write_and_one_fsync_and_is_indexed(
         calls["write"] += 1
         real_write(fd, data)
 
-    monkeypatch.setattr(files.os, "fsync", fsync)
-    monkeypatch.setattr(files, "write_all", write_all)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr("crucible.ledger._files.write_all", write_all)
     with Ledger(ledger_dir) as ledger:
         assert ledger.record("b", "first", Outcome.ok(0))  # the file and its index exist
         calls.update(fsync=0, write=0)
