@@ -25,7 +25,7 @@ from crucible.ledger.runner import (
 
 __all__ = [
     "KeySpec",
-    "RunOptions",
+    "StepRunOptions",
     "created_dir",
     "do_compact",
     "do_get",
@@ -99,7 +99,10 @@ def resolve_step(spec: KeySpec) -> tuple[str, dict[str, Any] | None]:
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class StepRunOptions:
+    """``crucible-ledger run``: a command run as a recorded step (not the dispatcher's
+    :class:`crucible.run.RunOptions`)."""
+
     directory: str
     scope: str
     keys: tuple[str, ...]
@@ -109,7 +112,7 @@ class RunOptions:
 
 
 def do_run(
-    options: RunOptions, *, stdout: IO[bytes], stderr: IO[bytes], warn: Warn = stderr_warn
+    options: StepRunOptions, *, stdout: IO[bytes], stderr: IO[bytes], warn: Warn = stderr_warn
 ) -> int:
     """Replay a recorded command, or run it (live output) and record it if settled.
     Returns the command's status (or the replayed one)."""
@@ -152,7 +155,7 @@ def do_run(
 
 
 def _execute(
-    options: RunOptions, *, stdout: IO[bytes], stderr: IO[bytes], check_output: bool = True
+    options: StepRunOptions, *, stdout: IO[bytes], stderr: IO[bytes], check_output: bool = True
 ) -> tuple[CommandResult, Outcome]:
     try:
         result = run_command(options.argv, stdout=stdout, stderr=stderr)
