@@ -10,7 +10,7 @@ says why).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from crucible.compile.editions import (
 )
 from crucible.compile.names import env_problem, ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.contract import json_type
 from crucible.core.globs import pattern_problem
 
 __all__ = [
@@ -68,21 +69,16 @@ class Checker:
 
 
 def type_name(value: object) -> str:
-    """The TOML/JSON name of a value's type, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
+    """The TOML/JSON name of a value's type, for messages: JSON's names
+    (:func:`crucible.core.contract.json_type`) but TOML's ``float`` and ``table``."""
     if isinstance(value, float):
         return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
     if isinstance(value, dict):
         return "table"
+    if isinstance(value, list | tuple):
+        return "array"
+    if value is None or isinstance(value, bool | int | str):
+        return json_type(value)
     return type(value).__name__
 
 
@@ -176,6 +172,11 @@ def _check_str_list(chk: Checker, path: Path, value: object, what: str) -> list[
     if not isinstance(value, list | tuple):
         chk.error("wrong-type", path, f"{what} must be an array of strings, not {type_name(value)}")
         return None
+    return str_items(chk, path, value, what)
+
+
+def str_items(chk: Checker, path: Path, value: Sequence[object], what: str) -> list[str] | None:
+    """The items of an array that must be distinct strings (each bad one named), or None."""
     out: list[str] = []
     ok = True
     for i, item in enumerate(value):
