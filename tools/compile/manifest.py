@@ -30,6 +30,7 @@ from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_workflow, type_name
 from crucible.core.errors import OperationalError, ParseError, UsageError
 from crucible.core.fdio import NotRegularFile, read_regular
+from crucible.core.fsio import read_named
 
 __all__ = [
     "Analysis",
@@ -73,14 +74,7 @@ def read_input(path: Path) -> tuple[bytes, str, Path]:
 
         return sys.stdin.buffer.read(), "<stdin>", Path.cwd()
     name = str(path)
-    try:
-        return path.read_bytes(), name, path.parent
-    except FileNotFoundError:
-        raise UsageError("no such file", where=name) from None
-    except IsADirectoryError:
-        raise UsageError("is a directory, not a file", where=name) from None
-    except OSError as exc:
-        raise OperationalError(f"cannot read: {exc.strerror}", where=name) from None
+    return read_named(path, name), name, path.parent
 
 
 def _decode(data: bytes, name: str) -> str:
