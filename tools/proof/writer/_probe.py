@@ -134,6 +134,13 @@ def _fixed_point(measure: Any, start: int = 1_000_000) -> int:
     raise AssertionError("no fixed point for the candidate size")
 
 
+def _boundary(name: str, at: Any, below: Any, root: Path, detail: dict[str, Any]) -> Boundary:
+    """The boundary of one example from its two decisions; the proof size is that
+    of the last bundle written under ``root`` (plus the 72-byte digest sidecar)."""
+    proof = (root / "bundle" / "admission-proof.json").stat().st_size + 72
+    return Boundary(name, at.acceptance, at.outcome, below.outcome, below.refusal, proof, detail)
+
+
 def one_output(work: Path) -> Boundary:
     stages = [_stage("doc", None, "/result", "one")]
     obs, files = _evaluated("r", {"result": {"title": "Synthetic report", "score": 7}})
@@ -148,18 +155,7 @@ def one_output(work: Path) -> Boundary:
         return _run(work / "one", stages, m, ops, files).decisions[-1]
 
     m = _fixed_point(lambda m: decision(m).acceptance[0])
-    at = decision(m)
-    below = decision(m - 1)
-    proof = (work / "one" / "bundle" / "admission-proof.json").stat().st_size + 72
-    return Boundary(
-        "one-output",
-        at.acceptance,
-        at.outcome,
-        below.outcome,
-        below.refusal,
-        proof,
-        {"maxBytes": m},
-    )
+    return _boundary("one-output", decision(m), decision(m - 1), work / "one", {"maxBytes": m})
 
 
 def two_stage_ids(work: Path) -> Boundary:
@@ -189,18 +185,14 @@ def two_stage_ids(work: Path) -> Boundary:
     m = _fixed_point(lambda m: decision(m, short).acceptance[0])
     at = decision(m, short)
     below = decision(m, long)
-    big = below
-    proof = (work / "two" / "bundle" / "admission-proof.json").stat().st_size + 72
-    return Boundary(
+    return _boundary(
         "two-stage-ids",
-        at.acceptance,
-        at.outcome,
-        below.outcome,
-        below.refusal,
-        proof,
+        at,
+        below,
+        work / "two",
         {
             "maxBytes": m,
-            "longAcceptance": big.acceptance,
+            "longAcceptance": below.acceptance,
             "longIdLength": len(long[0]),
             "shortIdLength": len(short[0]),
         },
