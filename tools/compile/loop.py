@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crucible.compile.diagnostics import Path
+from crucible.compile.diagnostics import KeyPath
 from crucible.compile.names import ident_problem
 from crucible.compile.shape import Checker, str_items, type_name
 from crucible.core.canon import MAX_SAFE_INTEGER
@@ -53,7 +53,7 @@ HISTORY_BYTES_DEFAULT = 65_536
 #: prompt's marked region; 1 GiB is far past any useful prompt
 HISTORY_BYTES_MAX = 2**30
 _NUMERIC = ("integer", "number")
-_PATH: Path = ("loop",)
+_PATH: KeyPath = ("loop",)
 
 #: the integer members: (key, least, most, what a good value is, for the message)
 _INTEGERS: tuple[tuple[str, int, int, str], ...] = (
@@ -212,7 +212,7 @@ def check_loop_graph(
     by_name = {t["name"]: t for t in reversed(tasks)}
     order = list(written_body) if written_body is not None else list(loop["body"])
 
-    def at(name: str) -> Path:
+    def at(name: str) -> KeyPath:
         return (*_PATH, "body", order.index(name)) if name in order else (*_PATH, "body")
 
     body = set(loop["body"])

@@ -139,9 +139,10 @@ def plan_loop(state: Path) -> dict[str, Any]:
     import orjson
 
     from crucible.run._report_state import read_regular
+    from crucible.stage import StateLayout
 
     try:
-        plan = orjson.loads(read_regular(state / "plan.json", "plan.json") or b"null")
+        plan = orjson.loads(read_regular(StateLayout(state).plan_path, "plan.json") or b"null")
     except (orjson.JSONDecodeError, CrucibleError):
         return {}
     loop = plan.get("loop") if isinstance(plan, dict) else None
