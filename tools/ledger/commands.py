@@ -16,7 +16,6 @@ from crucible.ledger.identity import command_key, content_step, parse_key_specs,
 from crucible.ledger.ledger import Ledger, Outcome, Reply, Warn, stderr_warn
 from crucible.ledger.maintenance import compact, verify
 from crucible.ledger.runner import (
-    CannotStart,
     CommandResult,
     command_outcome,
     decode_streams,
@@ -157,12 +156,8 @@ def do_run(
 def _execute(
     options: StepRunOptions, *, stdout: IO[bytes], stderr: IO[bytes], check_output: bool = True
 ) -> tuple[CommandResult, Outcome]:
-    try:
-        result = run_command(options.argv, stdout=stdout, stderr=stderr)
-    except CannotStart as exc:
-        if exc.usage:
-            raise UsageError(str(exc)) from None
-        raise OperationalError(str(exc)) from None
+    # CannotStart is in the error tree (exit 2 or 3): it reaches the edge as it is
+    result = run_command(options.argv, stdout=stdout, stderr=stderr)
     if check_output:
         _check_output(result)
     return result, command_outcome(result, set(options.record_exits))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
-from crucible.core.errors import OperationalError
+from crucible.core.errors import OperationalError, StartFailed
 from crucible.core.output import write_stream
 from crucible.ledger.ledger import Outcome
 
@@ -37,13 +37,10 @@ CAPTURE_LIMIT = 64 * 1024 * 1024
 _FORWARDED: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class CannotStart(Exception):
+class CannotStart(StartFailed):
     """The command could not be started; ``usage`` is True when the argv names
-    nothing runnable (not found, not executable), False for other OS errors."""
-
-    def __init__(self, message: str, *, usage: bool) -> None:
-        super().__init__(message)
-        self.usage = usage
+    nothing runnable (not found, not executable: exit 2), False for other OS
+    errors (exit 3). In the error tree, so the command edge maps it like any other."""
 
 
 @dataclass(frozen=True)
