@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.test_dask_executor import DASK, DISPATCH, cluster, events, wait_workers, write_pack
+from tests.run.dispatchtests import DISPATCH, events, write_pack
+from tests.run.test_dask_executor import DASK, cluster, wait_workers
 
 pytest.importorskip("distributed")
 

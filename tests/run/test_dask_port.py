@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.test_dask_executor import DISPATCH, LOCAL, write_pack
+from tests.run.dispatchtests import DISPATCH, write_pack
+from tests.run.test_dask_executor import LOCAL
 
 pytest.importorskip("distributed")
 
