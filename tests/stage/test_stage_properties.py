@@ -110,7 +110,7 @@ def test_layout_paths_stay_inside_state_on_a_real_filesystem(name: str, key: str
         layout = StateLayout(state)
         for root, path in (
             (state / "results", layout.result_path(name)),
-            (state / "results" / name, layout.result_path(name, key)),
+            (state / "results", layout.result_path(name, key)),  # packed: <name>.jsonl
             (state / "files" / name, layout.files_dir(name, key)),
             (state / "work" / name, layout.work_dir(name, key)),
         ):

@@ -234,11 +234,10 @@ class Keyer:
             entry.update(_EMPTY, entries=[])
             return entry
         rel = f"inputs/{VALUES_DIR}/{name}"
-        instances = str(self.state / "results" / producer)
         entries = []
         for k in rec.get("keys", []):
             esc = escape_key(k)
-            irec = load_record_fast(f"{instances}/{esc}.json", producer, k)
+            irec = load_record_fast(self.state, producer, k)  # one read of the packed file
             istatus = irec["status"] if irec else "absent"
             e: dict[str, Any] = {
                 "key": k,

@@ -40,7 +40,7 @@ from crucible.stage._loop import (
 )
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, in_plan, view
-from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._records import check_key, load_all, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 
 __all__ = [
@@ -535,12 +535,12 @@ class _Staging:
         fold_dir.mkdir()
         entries = []
         total = 0
-        # The hot loop of a wide fold: plain string paths, one fast parse per record.
-        instances = str(StateLayout(self.state).results_root / producer)
+        # The hot loop of a wide fold: one read of the producer's packed records.
+        instances = _instance_records(self.state, producer)
         fold_dir_s = str(fold_dir)
         for k in rec.get("keys", []):
             esc = escape_key(k)
-            irec = load_record_fast(f"{instances}/{esc}.json", producer, k)
+            irec = instances.get(k)
             istatus = irec["status"] if irec else "absent"
             e: dict[str, Any] = {
                 "key": k,
@@ -563,6 +563,17 @@ class _Staging:
         entry.update({"value_staged": True, "size": total, "digest": None, "path": rel})
         entry["entries"] = entries
         return entry
+
+
+# -- records (owned by the packed-records work, crucible.stage._store) ----------
+
+
+def _instance_records(state: Path, producer: str) -> dict[str, dict[str, Any]]:
+    """Every instance record of ``producer`` by key, in one read of its packed file."""
+    return load_all(state, producer)
+
+
+# -- end records
 
 
 def stage_inputs(
