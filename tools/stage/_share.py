@@ -54,7 +54,7 @@ from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, open_regular, remove_tree, walk_tree
 from crucible.stage._files import copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
-from crucible.stage._names import unescape_key
+from crucible.stage._names import escape_key
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -134,8 +134,12 @@ def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
         return []
     except OSError as exc:
         raise OperationalError(f"cannot list: {exc.strerror}", where=str(files)) from None
+    # the raw keys from the records (a shortened escaped key cannot be reversed)
+    from crucible.stage._store import load_keyed
+
+    raw = {escape_key(k): k for k in load_keyed(state, task)}
     return [
-        Unit(files / n, packed, shared / n, f"{task}[{n}]", f"{task}/{n}", unescape_key(n))
+        Unit(files / n, packed, shared / n, f"{task}[{n}]", f"{task}/{n}", raw.get(n))
         for n in names
         if (files / n).is_dir()
     ]
@@ -179,10 +183,13 @@ def _read_manifest(root: Path, label: str) -> tuple[str, Published] | None:
         return None  # damaged: published again from the store
 
 
-def _keyed_record(record: Path, key: str) -> dict[str, Any] | None:
-    """A keyed unit's record, a line of its task's packed file (crucible.stage._store)."""
+def _keyed_record(record: Path, key: str | None) -> dict[str, Any] | None:
+    """A keyed unit's record, a line of its task's packed file (crucible.stage._store);
+    None without one (``key`` None: captured files whose unit has no record)."""
     from crucible.stage._store import load_keyed
 
+    if key is None:
+        return None
     try:
         return load_keyed(record.parent.parent, record.name[: -len(".jsonl")]).get(key)
     except CrucibleError:
@@ -193,7 +200,7 @@ def _source_id(store: Path, record: Path, key: str | None = None) -> str:
     """What the published set was built from: the settled record's bytes (a new
     capture or an amended record changes them), else the store directory's own
     identity."""
-    if key is not None:
+    if record.suffix == ".jsonl":
         rec = _keyed_record(record, key)
         if rec is not None:
             return (
@@ -218,7 +225,7 @@ def _recorded_files(
     maybe after a change to this unit's files): its files are always hashed."""
     mtime: int | None = None
     try:
-        if key is not None:
+        if record.suffix == ".jsonl":
             rec: Any = _keyed_record(record, key)
         else:
             with open(record, "rb") as f:

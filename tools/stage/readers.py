@@ -1,4 +1,6 @@
-"""Stage's own readers, public for ``crucible.run.cache_keyer``.
+"""Stage's own readers, public for ``crucible.run.cache_keyer``, and the
+result-record store's API for dispatch (load_all, write_result, remove_result,
+remove_results, update_record, amend_record, parse_packed: docs/spec/inputs.md 5).
 
 The keyer computes a unit's cache key from what staging *would* write, before
 anything is staged (docs/spec/cache.md, "When a unit is keyed"), so it must read
