@@ -276,6 +276,12 @@ def _amend(state: Path, task: str, key: str | None = None, **fields: Any) -> Non
     from crucible.stage import StateLayout
 
     path = StateLayout(state).result_path(task, key)
+    if key is not None:  # a later line of the packed file wins
+        record = keyed(state, task)[key]
+        record.update(fields)
+        with path.open("ab") as f:
+            f.write(canon.dumps(record) + b"\n")
+        return
     record = json.loads(path.read_bytes())
     record.update(fields)
     path.write_bytes(canon.dumps(record))

@@ -43,9 +43,7 @@ PENDING: dict[str, str] = {
 STATE_OTHER: frozenset[str] = frozenset({"lock", "events.jsonl"})
 
 #: a line of NDJSON files, by schema name
-NDJSON: frozenset[str] = frozenset(
-    {"session-event.json", "ledger-record.json", "result-line.json"}
-)
+NDJSON: frozenset[str] = frozenset({"session-event.json", "ledger-record.json", "result-line.json"})
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ def _classify(parent: str, name: str) -> tuple[str | None, str] | None:
     if name.endswith(".jsonl") and parent_name == "results" and _is_state_dir(up):
         return "result-line.json", ""  # results/<task>.jsonl: packed keyed records
     if name.endswith(".json"):
-        # results/<task>.json
+        # results/<task>.json (and results/<task>/<key>.json, the layout before issue 14)
         if parent_name == "results" and _is_state_dir(up):
             return "result-record.json", ""
         up2, up_name = os.path.split(up)

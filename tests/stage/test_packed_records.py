@@ -178,7 +178,7 @@ def test_a_short_write_is_cut_back_and_raises(
     def short(fd: int, data: bytes) -> int:
         return real(fd, bytes(data)[:7])  # ENOSPC after 7 bytes
 
-    monkeypatch.setattr(_store.os, "write", short)
+    monkeypatch.setattr("crucible.stage._store.os.write", short)
     with pytest.raises(OperationalError, match="cannot write result record"):
         _store.store_record(tmp_path, rec("t", "b"), durable=False)
     monkeypatch.undo()

@@ -215,7 +215,7 @@ def _fsync_path(path: str) -> None:
     """fsync a record file or a directory; one removed meanwhile (a retry's
     record) needs none. A failure raises OSError naming the path."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return
     try:

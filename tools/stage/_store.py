@@ -250,9 +250,7 @@ def load_one(state: Path, task: str, key: str | None = None) -> dict[str, Any] |
 
 # -- writing -------------------------------------------------------------------
 
-_APPEND_FLAGS = (
-    os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-)
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 
 
 def _open_packed(path: Path) -> tuple[int, bool]:
