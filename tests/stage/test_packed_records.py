@@ -209,3 +209,17 @@ def test_concurrent_appends_never_interleave(tmp_path: Path) -> None:
         w, i = value["key"].split("-")
         assert value["note"] == f"writer {w} line {i} " + "x" * (int(i) % 300)
     assert len(stage.load_all(tmp_path, "t")) == 2000 >= seen
+
+
+def test_a_file_rewritten_in_place_is_read_again_whole(tmp_path: Path) -> None:
+    """The reader's cache parses only what was appended to the inode it read;
+    a file replaced in place (or by one that got the same inode number after a
+    rerun removed it) is read again from the start."""
+    _store.store_record(tmp_path, rec("t", "a", "failed"), durable=False)
+    assert sorted(stage.load_all(tmp_path, "t")) == ["a"]
+    path = tmp_path / "results" / "t.jsonl"
+    with path.open("r+b") as f:  # same inode, new content, longer
+        f.truncate(0)
+        f.write(canon.dumps(rec("t", "b", note="x" * 80)) + b"\n")
+        f.write(canon.dumps(rec("t", "c")) + b"\n")
+    assert sorted(stage.load_all(tmp_path, "t")) == ["b", "c"]

@@ -76,9 +76,11 @@ def record_path(state: Path, task: str, key: str | None) -> Path:
 class _Packed:
     """What was parsed of one packed file: its records, up to ``offset`` (the end
     of its last whole line). The file only grows by appends, so a later read of
-    the same inode parses only what was appended."""
+    the same inode parses only what was appended. ``head`` and ``tail`` (its
+    first and last whole lines) tell a file replaced by one that reuses the
+    inode number (a rerun unlinks it), or cut back and written again."""
 
-    __slots__ = ("dev", "ino", "lines", "offset", "records")
+    __slots__ = ("dev", "head", "ino", "lines", "offset", "records", "tail")
 
     def __init__(self, dev: int, ino: int) -> None:
         self.dev = dev
@@ -86,6 +88,19 @@ class _Packed:
         self.offset = 0
         self.lines = 0
         self.records: dict[str, dict[str, Any]] = {}
+        self.head = b""
+        self.tail = b""
+
+    def same_file(self, fd: int, st: os.stat_result) -> bool:
+        """Whether ``fd`` is this file, grown only by appends since it was read."""
+        if (self.dev, self.ino) != (st.st_dev, st.st_ino) or st.st_size < self.offset:
+            return False
+        if not self.offset:
+            return True
+        return (
+            os.pread(fd, len(self.head), 0) == self.head
+            and os.pread(fd, len(self.tail), self.offset - len(self.tail)) == self.tail
+        )
 
 
 #: one entry per packed file this process read (a fold reads each file once)
@@ -162,6 +177,9 @@ def _apply(entry: _Packed, data: bytes, path: str, task: str) -> None:
             entry.records[k] = check_record(value, where, task, k)
         entry.lines = lineno
         entry.offset += nl + 1 - pos
+        entry.tail = data[pos : nl + 1]
+        if lineno == 1:
+            entry.head = entry.tail
         pos = nl + 1
 
 
@@ -188,11 +206,7 @@ def load_keyed(state: Path, task: str) -> dict[str, dict[str, Any]]:
         raise OperationalError(f"cannot read result records: {exc.strerror}", where=path) from None
     try:
         entry = _cache.get(path)
-        if (
-            entry is None
-            or (entry.dev, entry.ino) != (st.st_dev, st.st_ino)
-            or st.st_size < entry.offset
-        ):
+        if entry is None or not entry.same_file(fd, st):
             entry = _Packed(st.st_dev, st.st_ino)  # new, replaced or cut back: read it all
         if st.st_size > entry.offset:
             data = _read_from(fd, entry.offset, st.st_size)
@@ -202,6 +216,7 @@ def load_keyed(state: Path, task: str) -> dict[str, dict[str, Any]]:
                 entry.lines,
                 dict(entry.records),
             )
+            fresh.head, fresh.tail = entry.head, entry.tail
             _apply(fresh, data, path, task)
             entry = fresh
     except OSError as exc:
@@ -351,6 +366,7 @@ def store_record(state: Path, record: dict[str, Any], *, durable: bool = True) -
 
 
 def _unlink(path: Path, durable: bool) -> None:
+    _cache.pop(str(path), None)
     try:
         os.unlink(path)
     except FileNotFoundError:
