@@ -19,6 +19,14 @@ in its state directory: inodes and bytes allocated (``os.walk`` + ``lstat``,
 ``st_blocks * 512``; a hard link counted once), per instance and by top-level
 entry (``work``, ``results``, ``output``, ...). Budget: at most 4 inodes and
 4 KiB per no-op instance (``--budget`` to exit 1 when over).
+
+With ``--unlink-cycles N`` it times instead, in fresh directories on the disk,
+N creations of a small file (a no-op's ``CRUCIBLE_OUTPUT``) against N cycles
+that each create one and unlink the one created two cycles before (what
+removing a passed attempt's output file after its capture does at ``-j 2``),
+and prints the ratio: whether interleaved unlinks slow inode creation the way
+a mass deletion does on this journal-less ext4 (docs/spec/run.md, "State
+directory").
 """
 
 from __future__ import annotations
@@ -141,6 +149,46 @@ def no_op_fanout(root: Path, n: int, where: str) -> bool:
     return inodes / n <= INODES_PER_INSTANCE and nbytes / n <= BYTES_PER_INSTANCE
 
 
+def _create(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, b"{}")
+    finally:
+        os.close(fd)
+
+
+def unlink_cycles(root: Path, n: int) -> tuple[float, float]:
+    """(seconds for n creations, seconds for n create+unlink cycles), each in a
+    fresh directory under ``root``; the created files are left for the caller's
+    temporary directory to remove."""
+    only, cycled = root / "create-only", root / "create-unlink"
+    only.mkdir()
+    cycled.mkdir()
+    t = time.perf_counter()
+    for i in range(n):
+        _create(f"{only}/{i}.json")
+    create_only = time.perf_counter() - t
+    t = time.perf_counter()
+    for i in range(n):
+        _create(f"{cycled}/{i}.json")
+        if i >= 2:
+            os.unlink(f"{cycled}/{i - 2}.json")
+    create_unlink = time.perf_counter() - t
+    return create_only, create_unlink
+
+
+def unlink_main(n: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="bench-unlink-") as tmp:
+        only, cycled = unlink_cycles(Path(tmp), n)
+    print(
+        f"disk ({Path(tempfile.gettempdir())}): {n} creations {only * 1e3:.0f} ms "
+        f"({only / n * 1e6:.1f} us each); {n} create+unlink cycles {cycled * 1e3:.0f} ms "
+        f"({cycled / n * 1e6:.1f} us each); ratio create+unlink / create-only "
+        f"{cycled / only:.2f}"
+    )
+    return 0
+
+
 def instances_main(n: int, budget: bool) -> int:
     ok = True
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
@@ -164,7 +212,16 @@ def main() -> int:
     ap.add_argument(
         "--budget", action="store_true", help="with --instances: exit 1 over the state budget"
     )
+    ap.add_argument(
+        "--unlink-cycles",
+        type=int,
+        help="instead: N file creations against N create+unlink cycles, and their ratio",
+    )
     args = ap.parse_args()
+    if args.unlink_cycles is not None:
+        if args.unlink_cycles < 3:
+            ap.error("--unlink-cycles must be at least 3")
+        return unlink_main(args.unlink_cycles)
     if args.instances is not None:
         if args.instances < 1:
             ap.error("--instances must be at least 1")

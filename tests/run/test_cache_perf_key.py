@@ -56,7 +56,7 @@ def test_keyed_before_staging_equals_the_staged_key(tmp_path: Path, case: str) -
     pack, args = CASES[case]
     state = tmp_path / "state"
     proc = subprocess.run(
-        [DISPATCH, pack, "--state", str(state), "--agent-cmd", STAND_IN, *args],
+        [DISPATCH, pack, "--state", str(state), "--keep-workspaces", "--agent-cmd", STAND_IN, *args],
         cwd=REPO,
         env={**os.environ, **ENV},
         capture_output=True,

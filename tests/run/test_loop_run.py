@@ -9,7 +9,6 @@ that fails, ``sleep`` for one that hangs) and ``evaluate`` scores it."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -348,7 +347,8 @@ def test_revision_keys_and_env(pack_dir: Path, tmp_path: Path) -> None:
     evs = events(state)
     keys = {e.get("key") for e in evs if e["event"] == "task_started" and e["task"] == "evaluate"}
     assert keys == {"@rev1"}
-    assert os.path.isdir(state / "work" / "evaluate" / "%40rev1")
+    spaces = {e["workspace"] for e in evs if e["event"] == "task_started" and e["task"] == "evaluate"}
+    assert spaces == {"work/evaluate/%40rev1"}  # its workspace while it ran (recycled since)
 
 
 def test_outputs_and_published_files_are_the_kept_revisions(pack_dir: Path, tmp_path: Path) -> None:

@@ -39,32 +39,26 @@ from crucible.run.environ import task_environment
 from crucible.stage.readers import (
     RESERVED_INPUTS,
     RESERVED_STATE_NAMES,
-    VALUES_DIR,
     PlanView,
     TaskView,
     build_outcome,
-    check_join,
     check_key,
+    declared_entry,
     escape_key,
     input_name_problem,
     instance_item,
     load_params,
-    load_record_fast,
-    load_result,
     loop_of,
     read_json,
     reserved_entry,
     scalar_bytes,
-    units_of,
+    staged_units,
     utf16_order,
     v1_dep_value,
     view,
 )
 
 __all__ = ["Keyer"]
-
-_EMPTY = {"value_staged": False, "digest": None}
-
 
 def _digest_of(value: Any) -> str:
     return digest.of_bytes(canon.dumps(value))
@@ -129,13 +123,13 @@ class Keyer:
     # ----------------------------------------------------------------- IR v2
 
     def _inputs_v2(self, pv: PlanView, t: TaskView, key: str | None) -> dict[str, str]:
-        staged = self._files_staged(pv, t)
+        staged = self._files_staged(pv, t, key)
         out: dict[str, str] = {}
         for name in utf16_order(t.inputs):
             problem = input_name_problem(name)
             if problem is not None:
                 raise InputRefused(problem, where=f"plan:task {t.name}")
-            entry = self._declared(pv, t, name, t.inputs[name], staged)
+            entry = self._declared(pv, t, key, name, staged)
             out[f"input:{name}"] = _digest_of(entry)
         for name, value_digest in self._reserved(t, key).items():
             found = self._reserved_entries.get((name, value_digest))
@@ -183,87 +177,20 @@ class Keyer:
             self._params = (ident, _value_digest(load_params(self.plan, self.state)))
         return self._params[1]
 
-    def _files_staged(self, pv: PlanView, t: TaskView) -> set[str]:
-        """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped key>``."""
-        staged: set[str] = set()
-        for anc in pv.ancestors(t.name):
-            at = pv.tasks[anc]
-            if at.emits_files:
-                staged.update(u.staged for u in units_of(self.state, anc, at.map is not None))
-        return staged
+    def _files_staged(self, pv: PlanView, t: TaskView, key: str | None) -> set[str]:
+        """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped
+        key>`` (stage's own describe pass, crucible.stage._inputs.staged_units)."""
+        units, _ = staged_units(self.plan, pv, self.state, t.name, key)
+        return {u.staged for u in units}
 
     def _declared(
-        self, pv: PlanView, t: TaskView, name: str, spec: dict[str, Any], staged: set[str]
+        self, pv: PlanView, t: TaskView, key: str | None, name: str, staged: set[str]
     ) -> dict[str, Any]:
-        """The index entry stage writes for a declared input, minus path and size."""
-        producer, fld = spec["from"].rpartition(".")[::2]
-        producer = spec.get("producer", producer)
-        fld = spec.get("field", fld)
-        if producer not in t.needs:
-            raise InputRefused(
-                f"input {name!r} of task {t.name!r} reads {producer!r}, not a direct dependency"
-            )
-        pt = pv.task(producer)
-        rec = load_result(self.state, producer)
-        status = check_join(t, producer, rec)
-        entry: dict[str, Any] = {
-            "name": name,
-            "kind": "declared",
-            "producer": producer,
-            "field": fld,
-            "type": spec.get("type", pt.emits.get(fld, "any")),
-            "status": status,
-            "note": rec["note"] if rec else "",
-            "fold": pt.map is not None,
-        }
-        if pt.map is None:
-            entry["files_staged"] = producer in staged
-            output = rec.get("output") if rec else None
-            if isinstance(output, dict) and fld in output:
-                entry.update(value_staged=True, digest=_value_digest(output[fld]))
-            elif status == "passed":
-                raise InputRefused(
-                    f"producer {producer!r} passed without its declared field {fld!r} "
-                    "(plan/state mismatch)"
-                )
-            else:
-                entry.update(_EMPTY)
-            return entry
-        entry["files_staged"] = any(f.startswith(producer + "/") for f in staged)
-        if rec is None:
-            entry.update(_EMPTY, entries=[])
-            return entry
-        rel = f"inputs/{VALUES_DIR}/{name}"
-        entries = []
-        for k in rec.get("keys", []):
-            esc = escape_key(k)
-            irec = load_record_fast(self.state, producer, k)  # one read of the packed file
-            istatus = irec["status"] if irec else "absent"
-            e: dict[str, Any] = {
-                "key": k,
-                "name": esc,
-                "status": istatus,
-                "note": irec["note"] if irec else "",
-                "files_staged": f"{producer}/{esc}" in staged,
-            }
-            output = irec.get("output") if irec else None
-            if isinstance(output, dict) and fld in output:
-                data = scalar_bytes(output[fld]) or canon.dumps(output[fld])
-                e.update(
-                    value_staged=True,
-                    size=len(data),
-                    digest=digest.of_bytes(data),
-                    path=f"{rel}/{esc}",
-                )
-            elif istatus == "passed":
-                raise InputRefused(
-                    f"instance {k!r} of {producer!r} passed without its declared field {fld!r}"
-                )
-            else:
-                e.update(value_staged=False, size=None, digest=None, path=None)
-            entries.append(e)
-        entry.update(value_staged=True, digest=None, entries=entries)
-        return entry
+        """The index entry stage writes for a declared input (stage's describe
+        pass, crucible.stage._inputs.declared_entry), minus the path and size the
+        key leaves out (cache.md): a fold's entries keep theirs, as staged."""
+        entry = declared_entry(self.plan, pv, self.state, t, key, name, staged, [], [])
+        return {k: v for k, v in entry.items() if k not in ("path", "size")}
 
     # ----------------------------------------------------------------- IR v1
 

@@ -114,6 +114,11 @@ def cli() -> None:
     "--follow", is_flag=True, help="Stream task output lines to stderr, prefixed task[key]."
 )
 @click.option(
+    "--keep-workspaces",
+    is_flag=True,
+    help="Keep every unit's workspace (passed fan-out instances' are otherwise recycled).",
+)
+@click.option(
     "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
 )
 @click.option(
@@ -171,6 +176,7 @@ def run_cmd(
     targets: tuple[str, ...],
     fail_fast: bool,
     follow: bool,
+    keep_workspaces: bool,
     events: str | None,
     outputs: str | None,
     publish_dir: Path | None,
@@ -203,6 +209,7 @@ def run_cmd(
         targets=targets,
         fail_fast=fail_fast,
         follow=follow,
+        keep_workspaces=keep_workspaces,
         events=events,
         # the live line and followed output would overwrite each other
         progress=sys.stderr.isatty() and not follow and not dry_run,

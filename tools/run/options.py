@@ -38,6 +38,8 @@ class RunOptions:
     fail_fast: bool = False
     #: stream every task's output lines to this callback's stream, prefixed
     follow: bool = False
+    #: ``--keep-workspaces``: no workspace is recycled (run.md, "State directory")
+    keep_workspaces: bool = False
     #: mirror the session log to this file, or ``-`` for stdout
     events: str | None = None
     #: show the live progress display (the CLI sets this when stderr is a TTY)

@@ -44,6 +44,7 @@ from crucible.run.environ import task_environment
 from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail_text
 from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
+from crucible.run.recycle import WorkspacePool
 from crucible.run.unit_cache import cacheable
 from crucible.run.workers import Channel
 
@@ -311,6 +312,8 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[str, dict[str, str]] = {}
+        # --- workspace recycling (crucible.run.recycle): per process after the fork
+        self.pool = WorkspacePool(keep=options.keep_workspaces)
         # --cache DIR (docs/spec/cache.md): the scheduling thread restored the hits
         # (crucible.run.cache_hits); a unit that reaches a worker is keyed and, once
         # it passed, saved
@@ -350,8 +353,12 @@ class UnitRunner:
                 return hit  # a hit with large files
         workspace = self.layout.work_dir(name, key)
         output = self.paths.output(name, key, attempt)
+        # a first attempt of a keyed unit takes a free workspace of its task, if any
+        recycled = staged_env is None and self.pool.acquire(key, workspace)
         try:
-            prepared = self._prepare(task, name, key, workspace, output, staged_env is None)
+            prepared = self._prepare(
+                task, name, key, workspace, output, staged_env is None, in_place=recycled
+            )
         except CrucibleError as exc:
             return {"kind": "stage_error", "message": str(exc)}
         if staged_env is None:
@@ -475,9 +482,19 @@ class UnitRunner:
             finished["log"], finished["tail"] = log_fields()
         elif cache_key is not None and code == 0:
             self.cache.save(cache_key)  # store files, then the ledger line
+        if record is not None and record.get("status") == PASSED:
+            self._passed(key, workspace, output)
         if self.cache is not None:
             finished["cache_warnings"] = self.cache.take_warnings()
         return finished
+
+    def _passed(self, key: str | None, workspace: Path, output: Path) -> None:
+        """A passed attempt leaves neither its output file (its record holds what
+        it said) nor, when it can be recycled, its workspace (run.md, "State
+        directory"); a failed one keeps both for inspection."""
+        with contextlib.suppress(OSError):
+            os.unlink(output)
+        self.pool.release(key, workspace)
 
     def _cache_hit(self, ck: Any, attempt: int) -> dict[str, Any] | None:
         """The final reply of a hit restored here, or None (it runs)."""
@@ -494,14 +511,18 @@ class UnitRunner:
         workspace: Path,
         output: Path,
         stage_now: bool,
+        *,
+        in_place: bool = False,
     ) -> dict[str, Any]:
-        """Workspace and staged inputs (first attempt), fresh output path, prompt."""
+        """Workspace and staged inputs (first attempt; ``in_place``: into a
+        recycled workspace), fresh output path, prompt."""
         stage = self.stage
         staged_env: dict[str, str] | None = None
         if stage_now:  # stage_inputs creates the workspace
-            staged_env = dict(
-                stage.stage_inputs(self.plan, self.state, name, workspace, key=key).env
+            staged = stage.stage_inputs(
+                self.plan, self.state, name, workspace, key=key, in_place=in_place
             )
+            staged_env = dict(staged.env)
         stage.clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None

@@ -11,6 +11,7 @@ Normative text: docs/spec/inputs.md.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
-from crucible.core.fsio import remove_tree
+from crucible.core.fsio import remove_tree, walk_tree
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
@@ -50,11 +51,15 @@ __all__ = [
     "RESERVED_INPUTS",
     "V1_FILE",
     "VALUES_DIR",
+    "Described",
     "StagedInputs",
     "check_inputs",
+    "declared_entry",
+    "describe_inputs",
     "map_items",
     "refresh_inputs",
     "stage_inputs",
+    "staged_units",
     "utf16_order",
 ]
 
@@ -432,137 +437,261 @@ def _ancestor_units(
     return units_of(state, anc, at.map is not None)
 
 
-class _Staging:
-    def __init__(
-        self, plan: Any, pv: PlanView, state: Path, t: TaskView, key: str | None, tmp: Path
-    ) -> None:
-        self.plan = plan
-        self.pv = pv
-        self.state = state
-        self.t = t
-        self.key = key
-        self.tmp = tmp
-        self.files_bytes = 0
-        self.files_staged: set[str] = set()  # "producer" or "producer/<escaped key>"
-        self.kept_files: list[dict[str, Any]] = []
+@dataclass
+class Described:
+    """What :func:`describe_inputs` found a unit's ``inputs/`` tree must hold,
+    before anything is written: the writers (:func:`stage_inputs`, fresh or in
+    place) lay down exactly this, and the cache keyer keys it
+    (crucible.run.cache_keyer). Paths are relative to ``inputs/``."""
 
-    def pkey(self, producer: str) -> str | None:
-        """The instance key at which this task reads unmapped ``producer``."""
-        return producer_key(self.plan, self.pv, self.state, self.t.name, self.key, producer)
+    version: int
+    nothing: bool  # 3.7: no tree at all
+    #: ancestors' and the kept revision's captured units (3.4, 3.6), linked in order
+    units: list[Unit]
+    #: a mapped ancestor's directory, made even when none of its instances has files
+    roots: list[str]
+    #: directories of values, parents first ("@values", "@values/<fold>")
+    dirs: list[str]
+    #: files of values, the index (v2) or ``@inputs.json`` (v1): (path, bytes)
+    files: list[tuple[str, bytes]]
+    index: dict[str, Any] | None
+    value: dict[str, Any] | None  # v1's whole object
+    files_staged: set[str]  # "producer" or "producer/<escaped key>"
+    #: the task's environment variables naming staged paths: path under inputs/
+    env_rel: dict[str, str]
+    #: v1: ``CRUCIBLE_INPUTS``, the object's text, while it is at most INPUTS_ENV_MAX
+    v1_text: str | None = None
 
-    def stage_files(self, bound: int) -> None:
-        """Every ancestor's captured files under ``inputs/<ancestor>/``, from
-        the published copies (3.4): reflinked, hard-linked or copied."""
-        for anc in self.pv.ancestors(self.t.name):
-            at = self.pv.tasks[anc]
-            if not at.emits_files:
-                continue
-            units = _ancestor_units(self.plan, self.pv, self.state, self.t.name, self.key, anc)
-            if at.map is not None and (self.state / "files" / anc).is_dir():
-                (self.tmp / anc).mkdir()
-            self.files_bytes = stage_units(self.state, units, self.tmp, self.files_bytes, bound)
-            self.files_staged.update(u.staged for u in units)
 
-    def stage_kept(self, kept: Any, bound: int) -> None:
-        """The kept revision's captured files under ``inputs/@kept/<task>/`` (3.6)."""
-        units = kept_units(self.pv, self.state, kept)
-        key = revision_key(kept_revision(kept) or 1)
-        for u in units:
-            before = self.files_bytes
-            self.files_bytes = stage_units(self.state, [u], self.tmp, self.files_bytes, bound)
-            self.kept_files.append(
+def staged_units(
+    plan: Any, pv: PlanView, state: Path, task: str, key: str | None
+) -> tuple[list[Unit], list[str]]:
+    """Every ancestor's captured units as ``task`` (instance ``key``) is handed
+    them under ``inputs/<ancestor>/``, and the mapped ancestors whose directory
+    is made even without units (3.4). Reads only."""
+    units: list[Unit] = []
+    roots: list[str] = []
+    for anc in pv.ancestors(task):
+        at = pv.tasks[anc]
+        if not at.emits_files:
+            continue
+        found = _ancestor_units(plan, pv, state, task, key, anc)
+        if at.map is not None and (state / "files" / anc).is_dir():
+            roots.append(anc)
+        units.extend(found)
+    return units, roots
+
+
+def _value_entry(rel: str, value: Any, files: list[tuple[str, bytes]]) -> dict[str, Any]:
+    """The index members of one value file at ``rel`` (workspace-relative); its
+    bytes are appended to ``files`` (relative to ``inputs/``)."""
+    data = _scalar_bytes(value) or canon.dumps(value)
+    files.append((rel[len("inputs/") :], data))
+    return {"value_staged": True, "size": len(data), "digest": digest.of_bytes(data), "path": rel}
+
+
+_EMPTY_VALUE = {"value_staged": False, "size": None, "digest": None, "path": None}
+
+
+def declared_entry(
+    plan: Any,
+    pv: PlanView,
+    state: Path,
+    t: TaskView,
+    key: str | None,
+    name: str,
+    files_staged: set[str],
+    files: list[tuple[str, bytes]],
+    dirs: list[str],
+) -> dict[str, Any]:
+    """The index entry of declared input ``name`` of ``t`` (3.1, 3.5); the value
+    files it stages go to ``files``, a fold's directory to ``dirs``."""
+    spec = t.inputs[name]
+    producer, fld = spec["from"].rpartition(".")[::2]
+    producer = spec.get("producer", producer)
+    fld = spec.get("field", fld)
+    if producer not in t.needs:
+        raise InputRefused(
+            f"input {name!r} of task {t.name!r} reads {producer!r}, not a direct dependency"
+        )
+    pt = pv.task(producer)
+    pkey = producer_key(plan, pv, state, t.name, key, producer) if pt.map is None else None
+    rec = load_result(state, producer, pkey)
+    status = _check_join(t, producer, rec)
+    rel = f"inputs/{VALUES_DIR}/{name}"
+    entry: dict[str, Any] = {
+        "name": name,
+        "kind": "declared",
+        "producer": producer,
+        "field": fld,
+        "type": spec.get("type", pt.emits.get(fld, "any")),
+        "status": status,
+        "note": rec["note"] if rec else "",
+        "fold": pt.map is not None,
+    }
+    if pt.map is None:
+        entry["files_staged"] = producer in files_staged
+        output = rec.get("output") if rec else None
+        if isinstance(output, dict) and fld in output:
+            entry.update(_value_entry(rel, output[fld], files))
+        elif status == "passed":
+            raise InputRefused(
+                f"producer {producer!r} passed without its declared field {fld!r} "
+                f"(plan/state mismatch)",
+                where=str(StateLayout(state).result_path(producer)),
+            )
+        else:
+            entry.update(_EMPTY_VALUE)
+        return entry
+    entry["files_staged"] = any(f.startswith(producer + "/") for f in files_staged)
+    if rec is None:
+        entry.update(_EMPTY_VALUE)
+        entry["entries"] = []
+        return entry
+    dirs.append(rel[len("inputs/") :])
+    entries, total = _fold_entries(state, producer, fld, rec, rel, files_staged, files)
+    entry.update({"value_staged": True, "size": total, "digest": None, "path": rel})
+    entry["entries"] = entries
+    return entry
+
+
+def _fold_entries(
+    state: Path,
+    producer: str,
+    fld: str,
+    rec: dict[str, Any],
+    rel: str,
+    files_staged: set[str],
+    files: list[tuple[str, bytes]],
+) -> tuple[list[dict[str, Any]], int]:
+    """A fold's entries, one per instance record in item order, and their bytes.
+    The hot loop of a wide fold: one read of the producer's packed records
+    (the one place that reads a fold's instance records)."""
+    entries = []
+    total = 0
+    instances = _instance_records(state, producer)
+    for k in rec.get("keys", []):
+        esc = escape_key(k)
+        irec = instances.get(k)
+        istatus = irec["status"] if irec else "absent"
+        e: dict[str, Any] = {
+            "key": k,
+            "name": esc,
+            "status": istatus,
+            "note": irec["note"] if irec else "",
+            "files_staged": f"{producer}/{esc}" in files_staged,
+        }
+        output = irec.get("output") if irec else None
+        if isinstance(output, dict) and fld in output:
+            e.update(_value_entry(f"{rel}/{esc}", output[fld], files))
+            total += e["size"]
+        elif istatus == "passed":
+            raise InputRefused(
+                f"instance {k!r} of {producer!r} passed without its declared field {fld!r}"
+            )
+        else:
+            e.update(_EMPTY_VALUE)
+        entries.append(e)
+    return entries, total
+
+
+def _store_bytes(unit: Unit) -> int:
+    """The bytes of a unit's captured files, as its published copy holds them
+    (built from the store and checked against its digests when it is linked)."""
+    total = 0
+    for rel in walk_tree(str(unit.store), max_depth=100_000):
+        st = os.lstat(f"{unit.store}/{rel}")
+        if stat.S_ISREG(st.st_mode):
+            total += st.st_size
+    return total
+
+
+def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -> Described:
+    """What ``task`` (or its instance ``key``) is staged, without writing
+    anything: the values and their index entries, the units whose files are
+    linked, the environment. Refuses what staging refuses."""
+    pv = view(plan)
+    t = pv.task(task)
+    check_key(plan, task, key)
+    state = Path(state)
+    reserved = reserved_values(plan, state, task, key)
+    units, roots = staged_units(plan, pv, state, task, key)
+    files_staged = {u.staged for u in units}
+    kept: list[Unit] = []
+    kept_files: list[dict[str, Any]] = []
+    if "kept" in reserved:
+        kept = kept_units(pv, state, reserved["kept"])
+        kkey = revision_key(kept_revision(reserved["kept"]) or 1)
+        for u in kept:
+            kept_files.append(
                 {
                     "producer": u.staged.split("/", 1)[1],
-                    "key": key,
+                    "key": kkey,
                     "path": f"inputs/{u.staged}",
-                    "size": self.files_bytes - before,
+                    "size": _store_bytes(u),
                 }
             )
+    history_meta = read_meta(state).get("history") if "history" in reserved else None
+    files: list[tuple[str, bytes]] = []
+    dirs: list[str] = []
+    if pv.version < 2:
+        obj = _v1_object(pv, state, t, key, plan, reserved, history_meta)
+        data = canon.dumps(obj)
+        files.append((V1_FILE, data))
+        text = data.decode("utf-8") if len(data) <= INPUTS_ENV_MAX else None
+        return Described(
+            1, False, units + kept, roots, dirs, files, None, obj, files_staged,
+            {"CRUCIBLE_INPUTS_FILE": V1_FILE}, text,
+        )  # fmt: skip
+    dirs.append(VALUES_DIR)
+    entries = []
+    for name in utf16_order(t.inputs):
+        problem = _input_name_problem(name)
+        if problem is not None:
+            raise InputRefused(problem, where=in_plan(f"task {task}"))
+        entries.append(declared_entry(plan, pv, state, t, key, name, files_staged, files, dirs))
+    for name, value in reserved.items():
+        entry = reserved_entry(name)
+        entry.update(_value_entry(f"inputs/{VALUES_DIR}/{name}", value, files))
+        if name == "history" and isinstance(history_meta, dict):
+            entry["dropped"] = history_meta["dropped"]  # the budget's oldest-first drop
+        if name == "kept" and kept_files:
+            entry["files_staged"] = True
+            entry["kept_files"] = kept_files
+        entries.append(entry)
+    index = {"format": INDEX_FORMAT, "task": task, "key": key, "inputs": entries}
+    nothing = nothing_to_stage(pv, t, reserved)
+    if not nothing:
+        files.append((f"{VALUES_DIR}/{INDEX_NAME}", _index_bytes(index)))
+    return Described(
+        pv.version, nothing, units + kept, roots, dirs, files, index, None, files_staged,
+        {"CRUCIBLE_INPUTS_DIR": VALUES_DIR},
+    )  # fmt: skip
 
-    def value_entry(self, rel: str, value: Any, path: Path | str) -> dict[str, Any]:
-        data = _scalar_bytes(value) or canon.dumps(value)
-        _write_readonly(path, data)
-        return {
-            "value_staged": True,
-            "size": len(data),
-            "digest": digest.of_bytes(data),
-            "path": rel,
-        }
 
-    def declared(self, name: str, spec: dict[str, Any], values_dir: Path) -> dict[str, Any]:
-        producer, fld = spec["from"].rpartition(".")[::2]
-        producer = spec.get("producer", producer)
-        fld = spec.get("field", fld)
-        if producer not in self.t.needs:
+def _v1_object(
+    pv: PlanView,
+    state: Path,
+    t: TaskView,
+    key: str | None,
+    plan: Any,
+    reserved: dict[str, Any],
+    history_meta: Any,
+) -> dict[str, Any]:
+    """IR v1's one object (3.2): every direct dependency's whole output, then
+    the reserved inputs."""
+    obj: dict[str, Any] = {}
+    for dep in t.needs:
+        if dep in RESERVED_INPUTS:
             raise InputRefused(
-                f"input {name!r} of task {self.t.name!r} reads {producer!r}, not a direct dependency"
+                f"task {t.name!r} needs a task named {dep!r}, which collides with the "
+                f"reserved input of that name in v1 delivery"
             )
-        pt = self.pv.task(producer)
-        rec = load_result(self.state, producer, self.pkey(producer) if pt.map is None else None)
-        status = _check_join(self.t, producer, rec)
-        rel = f"inputs/{VALUES_DIR}/{name}"
-        entry: dict[str, Any] = {
-            "name": name,
-            "kind": "declared",
-            "producer": producer,
-            "field": fld,
-            "type": spec.get("type", pt.emits.get(fld, "any")),
-            "status": status,
-            "note": rec["note"] if rec else "",
-            "fold": pt.map is not None,
-        }
-        empty = {"value_staged": False, "size": None, "digest": None, "path": None}
-        if pt.map is None:
-            entry["files_staged"] = producer in self.files_staged
-            output = rec.get("output") if rec else None
-            if isinstance(output, dict) and fld in output:
-                entry.update(self.value_entry(rel, output[fld], values_dir / name))
-            elif status == "passed":
-                raise InputRefused(
-                    f"producer {producer!r} passed without its declared field {fld!r} "
-                    f"(plan/state mismatch)",
-                    where=str(StateLayout(self.state).result_path(producer)),
-                )
-            else:
-                entry.update(empty)
-            return entry
-        entry["files_staged"] = any(f.startswith(producer + "/") for f in self.files_staged)
-        if rec is None:
-            entry.update(empty)
-            entry["entries"] = []
-            return entry
-        fold_dir = values_dir / name
-        fold_dir.mkdir()
-        entries = []
-        total = 0
-        # The hot loop of a wide fold: one read of the producer's packed records.
-        instances = _instance_records(self.state, producer)
-        fold_dir_s = str(fold_dir)
-        for k in rec.get("keys", []):
-            esc = escape_key(k)
-            irec = instances.get(k)
-            istatus = irec["status"] if irec else "absent"
-            e: dict[str, Any] = {
-                "key": k,
-                "name": esc,
-                "status": istatus,
-                "note": irec["note"] if irec else "",
-                "files_staged": f"{producer}/{esc}" in self.files_staged,
-            }
-            output = irec.get("output") if irec else None
-            if isinstance(output, dict) and fld in output:
-                e.update(self.value_entry(f"{rel}/{esc}", output[fld], f"{fold_dir_s}/{esc}"))
-                total += e["size"]
-            elif istatus == "passed":
-                raise InputRefused(
-                    f"instance {k!r} of {producer!r} passed without its declared field {fld!r}"
-                )
-            else:
-                e.update(empty)
-            entries.append(e)
-        entry.update({"value_staged": True, "size": total, "digest": None, "path": rel})
-        entry["entries"] = entries
-        return entry
+        obj[dep] = _v1_dep_value(pv, state, t, dep, producer_key(plan, pv, state, t.name, key, dep))
+    obj.update(reserved)
+    if isinstance(history_meta, dict):
+        obj[V1_HISTORY] = {"dropped": history_meta["dropped"]}
+    return obj
 
 
 # -- records (owned by the packed-records work, crucible.stage._store) ----------
@@ -584,109 +713,74 @@ def stage_inputs(
     *,
     key: str | None = None,
     files_max: int = FILES_RUN_MAX,
+    in_place: bool = False,
 ) -> StagedInputs:
     """Lay down ``workspace/inputs/`` for ``task`` (or one instance of it).
 
-    Built in a temp directory inside the workspace and renamed into place, so a
-    failure leaves the previous ``inputs/`` (or none), never a half-written one.
+    Described first (:func:`describe_inputs`), then written: by default built in
+    a temp directory inside the workspace and renamed into place, so a failure
+    leaves the previous ``inputs/`` (or none), never a half-written one. With
+    ``in_place`` (a recycled workspace of another unit of the same task: 3.8)
+    the tree there is rewritten where it stands instead.
     """
-    pv = view(plan)
-    t = pv.task(task)
-    check_key(plan, task, key)
     state = Path(state)
     workspace = Path(workspace).absolute()
     inputs_dir = workspace / "inputs"
-    reserved: dict[str, Any] | None = None
-    if pv.version >= 2 and not t.inputs and t.kind != "agent":
-        reserved = reserved_values(plan, state, task, key)
-        if nothing_to_stage(pv, t, reserved):  # 3.7: no tree (nothing it would say)
-            try:
-                workspace.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise OperationalError(
-                    f"cannot create workspace: {exc.strerror}", where=str(workspace)
-                ) from None
-            drop_old_tree(inputs_dir)
-            return _nothing_staged(state, inputs_dir)
-    try:
+    check_key(plan, task, key)
+    try:  # first, as before the split: a refused staging leaves the workspace, empty
         workspace.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OperationalError(
+            f"cannot create workspace: {exc.strerror}", where=str(workspace)
+        ) from None
+    d = describe_inputs(plan, state, task, key)
+    if d.nothing:  # 3.7: no tree (nothing it would say)
+        drop_old_tree(inputs_dir)
+        return _nothing_staged(state, inputs_dir)
+    files_bytes = None
+    if in_place:
+        from crucible.stage._restage import restage_in_place
+
+        files_bytes = restage_in_place(state, d, inputs_dir, files_max)
+    if files_bytes is None:  # fresh (or the recycled tree was not stage's any more)
+        files_bytes = _write_fresh(state, d, workspace, inputs_dir, files_max)
+    env = {name: str(inputs_dir / rel) for name, rel in d.env_rel.items()}
+    if d.v1_text is not None:
+        env["CRUCIBLE_INPUTS"] = d.v1_text
+    return StagedInputs(
+        env=env,
+        inputs_dir=inputs_dir,
+        values_dir=inputs_dir / VALUES_DIR if d.version >= 2 else None,
+        index=d.index,
+        inputs_file=inputs_dir / V1_FILE if d.version < 2 else None,
+        value=d.value,
+        files_bytes=files_bytes,
+        files_staged=tuple(sorted(d.files_staged)),
+    )
+
+
+def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, bound: int) -> int:
+    """The described tree in a new temp directory, renamed over ``inputs/``."""
+    try:
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}inputs-", dir=workspace))
     except OSError as exc:
         raise OperationalError(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
         ) from None
     try:
-        staging = _Staging(plan, pv, state, t, key, tmp)
-        staging.stage_files(files_max)
-        if reserved is None:
-            reserved = reserved_values(plan, state, task, key)
-        if "kept" in reserved:
-            staging.stage_kept(reserved["kept"], files_max)
-        history_meta = read_meta(state).get("history") if "history" in reserved else None
-        env: dict[str, str] = {}
-        if pv.version >= 2:
-            values_dir = tmp / VALUES_DIR
-            values_dir.mkdir()
-            entries = []
-            for name in utf16_order(t.inputs):
-                problem = _input_name_problem(name)
-                if problem is not None:
-                    raise InputRefused(problem, where=in_plan(f"task {task}"))
-                entries.append(staging.declared(name, t.inputs[name], values_dir))
-            for name, value in reserved.items():
-                entry = reserved_entry(name)
-                rel = f"inputs/{VALUES_DIR}/{name}"
-                entry.update(staging.value_entry(rel, value, values_dir / name))
-                if name == "history" and isinstance(history_meta, dict):
-                    entry["dropped"] = history_meta["dropped"]  # the budget's oldest-first drop
-                if name == "kept" and staging.kept_files:
-                    entry["files_staged"] = True
-                    entry["kept_files"] = staging.kept_files
-                entries.append(entry)
-            index = {
-                "format": INDEX_FORMAT,
-                "task": task,
-                "key": key,
-                "inputs": entries,
-            }
-            _write_readonly(values_dir / INDEX_NAME, _index_bytes(index))
-            env["CRUCIBLE_INPUTS_DIR"] = str(inputs_dir / VALUES_DIR)
-            result_value: dict[str, Any] | None = None
-            inputs_file: Path | None = None
-        else:
-            obj: dict[str, Any] = {}
-            for dep in t.needs:
-                if dep in RESERVED_INPUTS:
-                    raise InputRefused(
-                        f"task {task!r} needs a task named {dep!r}, which collides with the "
-                        f"reserved input of that name in v1 delivery"
-                    )
-                obj[dep] = _v1_dep_value(pv, state, t, dep, staging.pkey(dep))
-            obj.update(reserved)
-            if isinstance(history_meta, dict):
-                obj[V1_HISTORY] = {"dropped": history_meta["dropped"]}
-            data = canon.dumps(obj)
-            _write_readonly(tmp / V1_FILE, data)
-            inputs_file = inputs_dir / V1_FILE
-            env["CRUCIBLE_INPUTS_FILE"] = str(inputs_file)
-            if len(data) <= INPUTS_ENV_MAX:
-                env["CRUCIBLE_INPUTS"] = data.decode("utf-8")
-            index = None
-            result_value = obj
+        for rel in d.roots:
+            (tmp / rel).mkdir()
+        files_bytes = stage_units(state, d.units, tmp, 0, bound)
+        for rel in d.dirs:
+            (tmp / rel).mkdir()
+        tmp_s = str(tmp)
+        for rel, data in d.files:
+            _write_readonly(f"{tmp_s}/{rel}", data)
         swap_in_dir(tmp, inputs_dir, durable=False)
     except BaseException:
         remove_tree(tmp)
         raise
-    return StagedInputs(
-        env=env,
-        inputs_dir=inputs_dir,
-        values_dir=inputs_dir / VALUES_DIR if pv.version >= 2 else None,
-        index=index,
-        inputs_file=inputs_file,
-        value=result_value,
-        files_bytes=staging.files_bytes,
-        files_staged=tuple(sorted(staging.files_staged)),
-    )
+    return files_bytes
 
 
 def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:

@@ -51,7 +51,7 @@ import orjson
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError
 from crucible.core.fdio import write_all
-from crucible.core.fsio import NotRegular, open_regular, remove_tree, walk_tree
+from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
 from crucible.stage._files import copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._names import escape_key
@@ -61,9 +61,11 @@ __all__ = [
     "SHARED_ROOT",
     "Published",
     "Unit",
+    "ensure_dir",
     "link_published",
     "publish",
     "refresh_held",
+    "restage_units",
     "stage_units",
     "units_of",
     "verify_consumer",
@@ -645,6 +647,84 @@ def stage_units(state: Path, units: list[Unit], dest: Path, used: int, bound: in
             link_published(pub, dest / u.staged)
             _record_ctimes(pub)  # the links just made moved them
     return used
+
+
+def ensure_dir(base: Path, rel: str) -> None:
+    """``base/rel`` as a real directory, each component checked from ``base``
+    down: whatever else stands at one (a symlink — never followed —, a file, a
+    FIFO) is removed and a directory made (restaging a recycled workspace: 3.8)."""
+    path = str(base)
+    for part in rel.split("/"):
+        path = f"{path}/{part}"
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            os.mkdir(path)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            clear_path(Path(path))
+            os.mkdir(path)
+
+
+def relink_published(pub: Published, dest: Path) -> int:
+    """Lay ``pub``'s tree into ``dest``, which may hold an earlier consumer's
+    (a recycled workspace, 3.8): a file that already is a hard link to the
+    current published inode is kept — :func:`publish` has just checked that
+    inode — and anything else at a published path is replaced, as
+    :func:`link_published` lays it. ``dest`` itself must be a real directory
+    (:func:`ensure_dir` from the consumer's ``inputs/``). Returns the number of
+    files handed over."""
+    for rel in pub.dirs:
+        ensure_dir(dest, rel)
+    key = (pub.dev, os.stat(dest).st_dev)
+    tree = str(pub.tree)
+    dest_s = str(dest)
+    handed = 0
+    for e in pub.files:
+        dst = f"{dest_s}/{e.rel}"
+        try:
+            st: os.stat_result | None = os.lstat(dst)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if stat.S_ISREG(st.st_mode) and st.st_ino == e.ino and st.st_dev == pub.dev:
+                continue
+            clear_path(Path(dst))
+        _hand_over(f"{tree}/{e.rel}", dst, key)
+        handed += 1
+    return handed
+
+
+def restage_units(
+    state: Path, units: list[Unit], dest: Path, used: int, bound: int
+) -> tuple[int, set[str]]:
+    """:func:`stage_units` into a tree an earlier consumer of the same task left
+    (:func:`relink_published`); returns ``used`` plus the units' bytes, and every
+    path laid under ``dest`` (directories and files)."""
+    laid: set[str] = set()
+    if not units:
+        return used, laid
+    with _locked(state):
+        for u in units:
+            pub = publish(state, u.store, u.record, u.root, u.label)
+            size = sum(e.size for e in pub.files)
+            if used + size > bound:
+                raise InputRefused(
+                    f"staging emits_files would pass the bound of {bound} bytes "
+                    f"one task may be handed (at {u.store})"
+                )
+            used += size
+            try:
+                ensure_dir(dest, u.staged)  # each component checked from inputs/ down
+                handed = relink_published(pub, dest / u.staged)
+            except OSError as exc:
+                raise OperationalError(f"cannot stage into {dest}: {exc.strerror or exc}") from None
+            laid.add(u.staged)
+            laid.update(f"{u.staged}/{rel}" for rel in pub.dirs)
+            laid.update(f"{u.staged}/{e.rel}" for e in pub.files)
+            if handed:
+                _record_ctimes(pub)  # the links just made moved them
+    return used, laid
 
 
 def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path) -> list[str]:

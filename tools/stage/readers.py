@@ -14,9 +14,11 @@ from crucible.stage._inputs import (
     RESERVED_INPUTS,
     VALUES_DIR,
     build_outcome,
+    declared_entry,
     instance_item,
     load_params,
     reserved_entry,
+    staged_units,
     utf16_order,
 )
 from crucible.stage._inputs import _check_join as check_join
@@ -52,6 +54,7 @@ __all__ = [
     "build_outcome",
     "check_join",
     "check_key",
+    "declared_entry",
     "escape_key",
     "input_name_problem",
     "instance_item",
@@ -66,6 +69,7 @@ __all__ = [
     "remove_results",
     "reserved_entry",
     "scalar_bytes",
+    "staged_units",
     "units_of",
     "update_record",
     "utf16_order",

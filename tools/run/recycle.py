@@ -1,0 +1,107 @@
+"""Workspace recycling (docs/spec/run.md, "State directory"; issue 14).
+
+A keyed unit — a fan-out instance, a loop revision — that passed and whose
+workspace holds nothing but the ``inputs/`` tree stage laid there gives its
+workspace back: it is renamed (never deleted: a mass deletion is what this
+journal-less ext4 does slowest) into its task's pool,
+``STATE/work/<task>/@free-<pid>-<n>``. The next keyed unit of the same task
+takes one by renaming it to its own ``work/<task>/<escaped key>`` — so its
+``CRUCIBLE_WORKSPACE`` is today's path — and stage restages the tree there in
+place (inputs.md 3.8). A task name never starts with ``@`` and an escaped key
+never contains one, so a pool name collides with neither; a rename is atomic,
+so two workers (or two threads of a Dask worker) never take the same one.
+
+Each worker process knows the names it freed itself, and lists a task's
+directory once (leftovers of a killed run are reused that way), so taking one
+costs a rename, never a listing per unit. A failed unit, one whose task left
+anything else in its workspace, an unkeyed unit and every unit under
+``--keep-workspaces`` keep their workspace as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import stat
+import threading
+from pathlib import Path
+
+__all__ = ["FREE_PREFIX", "WorkspacePool"]
+
+#: a pool entry's name starts with this (stage's '@' namespace)
+FREE_PREFIX = "@free-"
+#: entries a recyclable workspace may hold: the staged tree (or nothing)
+_RECYCLABLE: tuple[list[str], ...] = ([], ["inputs"])
+
+
+class WorkspacePool:
+    """One process's view of the per-task pools of free workspaces."""
+
+    def __init__(self, *, keep: bool) -> None:
+        self.keep = keep
+        self._free: dict[Path, list[str]] = {}
+        self._listed: set[Path] = set()
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)
+
+    def acquire(self, key: str | None, workspace: Path) -> bool:
+        """Rename a free workspace of the same task to ``workspace``; True when
+        one was taken (stage it in place), False when there is none or
+        ``workspace`` already exists (a retry, a resumed unit: staged as before)."""
+        if self.keep or key is None or os.path.lexists(workspace):
+            return False
+        pool = workspace.parent
+        while (name := self._take(pool)) is not None:
+            try:
+                os.rename(pool / name, workspace)
+            except FileNotFoundError:
+                continue  # taken by another worker
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                    return False  # the workspace appeared meanwhile
+                continue
+            return True
+        return False
+
+    def _take(self, pool: Path) -> str | None:
+        with self._lock:
+            free = self._free.setdefault(pool, [])
+            if not free and pool not in self._listed:
+                self._listed.add(pool)
+                with contextlib.suppress(OSError):
+                    free.extend(n for n in os.listdir(pool) if n.startswith(FREE_PREFIX))
+            return free.pop() if free else None
+
+    def release(self, key: str | None, workspace: Path) -> bool:
+        """After a passed attempt: give ``workspace`` to its task's pool when it
+        holds only what stage laid there; True when it was."""
+        if self.keep or key is None or not recyclable(workspace):
+            return False
+        pool = workspace.parent
+        for _ in range(16):
+            name = f"{FREE_PREFIX}{os.getpid()}-{next(self._numbers)}"
+            try:
+                os.rename(workspace, pool / name)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    continue  # a leftover of an earlier process with our pid
+                return False
+            with self._lock:
+                self._free.setdefault(pool, []).append(name)
+            return True
+        return False
+
+
+def recyclable(workspace: Path) -> bool:
+    """A real directory holding nothing, or only a real ``inputs`` directory."""
+    try:
+        if not stat.S_ISDIR(os.lstat(workspace).st_mode):
+            return False
+        names = sorted(os.listdir(workspace))
+        if names not in _RECYCLABLE:
+            return False
+        return not names or stat.S_ISDIR(os.lstat(workspace / "inputs").st_mode)
+    except OSError:
+        return False
