@@ -170,3 +170,20 @@ def test_sigkill_mid_fanout_then_resume_completes_with_every_record_once(
     keys = [x["key"] for x in lines]
     assert sorted(keys, key=int) == [str(i) for i in range(200)]  # every record once
     assert json.loads((state / "results" / "fold.json").read_bytes())["output"] == {"n": 200}
+
+
+def test_closing_the_slots_twice_leaves_other_descriptors_alone(tmp_path: Path) -> None:
+    """The dispatcher closes its slots at the end of run() and again in close();
+    meanwhile the session log's writer thread opens record files to fsync them,
+    which may get the numbers just freed (a second close made its fsync fail
+    with EBADF: a run ended with exit 3 under load)."""
+    from crucible.run.unit import Slots
+
+    slots = Slots(1)
+    slots.close()
+    fd = os.open(tmp_path / "record", os.O_RDWR | os.O_CREAT, 0o644)  # a freed number
+    try:
+        slots.close()
+        os.fstat(fd)  # still open
+    finally:
+        os.close(fd)

@@ -71,6 +71,7 @@ class Slots:
         os.write(self.token_w, b"t" * jobs)
         #: a worker's epoll set for waiting on a token (built in the worker)
         self._waiter: select.epoll | None = None
+        self._closed = False
 
     def stop(self) -> None:
         """Scheduling thread: start nothing new; terminate every running group."""
@@ -106,6 +107,13 @@ class Slots:
         os.write(self.token_w, b"t")
 
     def close(self) -> None:
+        """Idempotent: the dispatcher closes its slots at the end of run() and
+        again in close(); a second os.close of the same numbers would close
+        whatever another thread opened meanwhile (the session log's writer
+        opens each record file it fsyncs)."""
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self.token_r, self.token_w, self.stop_r, self.stop_w, self.kill_r, self.kill_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
