@@ -223,3 +223,22 @@ def test_a_file_rewritten_in_place_is_read_again_whole(tmp_path: Path) -> None:
         f.write(canon.dumps(rec("t", "b", note="x" * 80)) + b"\n")
         f.write(canon.dumps(rec("t", "c")) + b"\n")
     assert sorted(stage.load_all(tmp_path, "t")) == ["b", "c"]
+
+
+def test_the_first_appends_of_a_run_race_to_create_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No results/ yet, and another worker creates the file between our mkdir
+    and our create: the append opens what the other made (it failed the unit
+    with "cannot write result records" under load)."""
+    real = os.open
+
+    def racing(path: Any, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_EXCL and Path(path).parent.is_dir() and not Path(path).exists():
+            os.close(real(path, os.O_WRONLY | os.O_CREAT, 0o644))  # the other worker
+        return real(path, flags, mode)
+
+    monkeypatch.setattr("crucible.stage._store.os.open", racing)
+    _store.store_record(tmp_path, rec("t", "a"), durable=False)
+    monkeypatch.undo()
+    assert sorted(stage.load_all(tmp_path, "t")) == ["a"]

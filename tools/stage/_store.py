@@ -272,7 +272,9 @@ def _open_packed(path: Path) -> tuple[int, bool]:
     """(fd, created) of a packed file, opened to append; refused unless regular
     (a symlink is not followed, a FIFO never waited on)."""
     created = False
-    for _ in range(2):
+    # no file (create it), no results/ (make it), another writer created it first
+    # (open it): three tries at most; a fourth covers results/ removed meanwhile
+    for _ in range(4):
         try:
             try:
                 fd = os.open(path, _APPEND_FLAGS & ~os.O_CREAT)
