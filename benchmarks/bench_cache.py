@@ -8,7 +8,9 @@ writing an empty result through sh), at -j 2:
    not budgeted);
 3. the same pack again into a new state dir with the same --cache DIR: every
    unit is a hit, keyed from the records and restored on the dispatcher's
-   scheduling thread: no staging, no worker, no task process. Budget: at most
+   scheduling thread: no staging, no task process, and no worker process is
+   even forked (the pool forks at the first unit that needs one; printed from
+   the session's ``worker_max_rss_kib``, 0 when none ran). Budget: at most
    25 % of (1)'s wall time.
 
 The 1-minute load average is printed before and after, and each run's CPU time
@@ -25,6 +27,7 @@ Exits 1 if the budget is exceeded.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -52,6 +55,15 @@ def _timed(argv: list[str], cpu: list[float]) -> float:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     return wall
+
+
+def _worker_rss(state: Path) -> int:
+    """``worker_max_rss_kib`` of the session's run_finished (0: no worker ran)."""
+    for line in (state / "session.jsonl").read_bytes().splitlines():
+        event = json.loads(line)
+        if event["event"] == "run_finished":
+            return int(event["worker_max_rss_kib"])
+    return -1
 
 
 def main() -> int:
@@ -86,6 +98,8 @@ def main() -> int:
         )
         print(f"fully cached rerun:    {c:8.3f} s  (cpu {cc:.3f} s, {cc / cu:.1%} of uncached)")
         print(f"cached / uncached:     {ratio:8.1%}  (budget {BUDGET:.0%}, wall time)")
+        rss = [_worker_rss(root / f"hit{r}") for r in range(args.repeat)]
+        print(f"fully cached rerun's workers: {'none forked' if not any(rss) else rss}")
         return 0 if ratio <= BUDGET else 1
     finally:
         shutil.rmtree(root, ignore_errors=True)

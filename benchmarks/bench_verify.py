@@ -235,7 +235,7 @@ def generate(root: Path, epochs: int) -> None:
             "childIds": ids,
         }
     )
-    insts = []
+    insts: list[dict[str, Any]] = []
     for i, cid in enumerate(ids):
         cb = dumps(
             {
@@ -435,11 +435,11 @@ def main() -> int:
                 1.0,
             ),
         ]
-        for name, value, baseline, r, budget in lines:
+        for name, value, base_text, r, budget in lines:
             verdict = "ok" if r <= budget else "OVER BUDGET"
             ok = ok and r <= budget
             print(
-                f"{name}: {value} (baseline {baseline}) ratio {r:.2f}, budget {budget:.2f}: {verdict}"
+                f"{name}: {value} (baseline {base_text}) ratio {r:.2f}, budget {budget:.2f}: {verdict}"
             )
         return 0 if ok else 1
     finally:

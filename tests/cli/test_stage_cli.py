@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -275,11 +277,12 @@ def test_plan_and_state_problems(tmp_path: Path) -> None:
         ).returncode
         == 2
     )
-    for mutate, code, fragment in (
+    cases: tuple[tuple[Callable[[Any], object], int, str], ...] = (
         (lambda q: q.update(version=4), 1, "version 4 is not supported"),
         (lambda q: q["tasks"][0].update(name=".."), 1, "is a path of its own"),
         (lambda q: q["tasks"][0].update(name="@x"), 1, "reserved for inputs/@values"),
-    ):
+    )
+    for mutate, code, fragment in cases:
         q = json.loads(json.dumps(p))
         mutate(q)
         (tmp_path / "q.json").write_bytes(canon.dumps(q))

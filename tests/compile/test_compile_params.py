@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from crucible.compile import params
-from crucible.core.errors import InputRefused, UsageError
+from crucible.core.errors import InputRefused
 
 PLAN: dict[str, Any] = {
     "workflow": {
@@ -66,12 +66,10 @@ def test_coerce_from_command_line() -> None:
     assert params.coerce(PLAN, "flag", "true") is True
     assert params.coerce(PLAN, "tags", '["a"]') == ["a"]
     assert params.coerce(PLAN, "x", "plain words") == "plain words"
-    assert params.parse_assignment(PLAN, "ratio=1.5") == ("ratio", 1.5)
+    assert params.coerce(PLAN, "ratio", "1.5") == 1.5
     with pytest.raises(InputRefused):
         params.coerce(PLAN, "n", "x")
     with pytest.raises(InputRefused):
         params.coerce(PLAN, "n", "1.5")
     with pytest.raises(InputRefused):
         params.coerce(PLAN, "ghost", "1")
-    with pytest.raises(UsageError):
-        params.parse_assignment(PLAN, "no-equals")

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 
@@ -20,7 +21,7 @@ LEDGER = str(Path(sys.executable).parent / "crucible-ledger")
 
 
 def ledger(
-    *args: str, stdin: bytes | None = None, fsize: int | None = None, stdout: object = None
+    *args: str, stdin: bytes | None = None, fsize: int | None = None, stdout: IO[bytes] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     def limit() -> None:  # pragma: no cover - in the child
         if fsize is not None:
@@ -38,7 +39,7 @@ def ledger(
     )
 
 
-def records(directory: Path) -> list[dict[str, object]]:
+def records(directory: Path) -> list[dict[str, Any]]:
     path = directory / "steps.jsonl"
     if not path.exists():
         return []

@@ -282,9 +282,14 @@ def test_on_replay_runs_once_per_ledger_hit_to_restore_caller_state(ledger_dir: 
         ledger.step("broker", "build", build, on_replay=restore)
     provenance.clear()  # a restart: in-memory state is gone
     seen: list[Reply] = []
+
+    def seen_and_restored(reply: Reply) -> None:
+        seen.append(reply)
+        restore(reply)
+
     with Ledger(ledger_dir) as ledger:
-        ledger.step("broker", "build", build, on_replay=lambda r: (seen.append(r), restore(r)))
-        ledger.step("broker", "build", build, on_replay=lambda r: (seen.append(r), restore(r)))
+        ledger.step("broker", "build", build, on_replay=seen_and_restored)
+        ledger.step("broker", "build", build, on_replay=seen_and_restored)
     assert provenance == {"sha256:aa"} and len(seen) == 1  # the memo hit did not re-run it
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from crucible.ledger import Ledger, Outcome
-from crucible.ledger.commands import RunOptions, do_run
+from crucible.ledger.commands import StepRunOptions, do_run
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "ledger-record.json"
 ANNOTATIONS = {"$schema", "$id", "title", "description", "$defs", "contentEncoding"}
@@ -111,7 +111,7 @@ def test_written_lines_match_the_schema(
     keyfile = tmp_path / "k"
     keyfile.write_bytes(b"x")
     for code in ("print('hi')", "import sys; sys.stdout.buffer.write(b'\\xff'); sys.exit(3)"):
-        options = RunOptions(
+        options = StepRunOptions(
             str(ledger_dir), "s", ("A=1",), (str(keyfile),), (3,), (sys.executable, "-c", code)
         )
         do_run(options, stdout=io.BytesIO(), stderr=io.BytesIO(), warn=lambda _m: None)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,11 +18,32 @@ Pack = Callable[..., Path]
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
 
-def dispatch(*args: object, cwd: Path | None = None, **kw: Any) -> subprocess.CompletedProcess[str]:
+def dispatch(
+    *args: object, cwd: Path | None = None, timeout: float = 120, **kw: Any
+) -> subprocess.CompletedProcess[str]:
     """``crucible-dispatch ARGS`` as a real subprocess, text output captured."""
     return subprocess.run(
-        [DISPATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=120, **kw
+        [DISPATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, **kw
     )
+
+
+def write_pack(directory: Path, toml: str) -> Path:
+    """``directory/pack.toml`` holding ``toml`` (dedented: packs are written inline)."""
+    pack = directory / "pack.toml"
+    pack.write_text(textwrap.dedent(toml).lstrip())
+    return pack
+
+
+def start_dispatch(
+    pack: Path, state: Path, *args: str, stderr: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """``crucible-dispatch PACK --state STATE ARGS`` in the background, stdout
+    discarded, stderr into the file ``stderr`` (discarded without one)."""
+    argv = [DISPATCH, str(pack), "--state", str(state), *args]
+    if stderr is None:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with stderr.open("wb") as err:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
@@ -31,6 +53,31 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("timed out waiting")
+
+
+def wait_files(directory: Path, pattern: str, n: int, seconds: float = 60) -> None:
+    """Until ``n`` files matching ``pattern`` hold a whole line each (a shell's
+    ``echo $$ > f`` creates the file before it writes the line)."""
+
+    def written() -> int:
+        return sum(1 for p in directory.glob(pattern) if p.read_text().endswith("\n"))
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and written() < n:
+        time.sleep(0.05)
+    assert written() >= n, sorted(directory.iterdir())
+
+
+def read_pids(directory: Path, pattern: str) -> list[int]:
+    return [int(p.read_text()) for p in sorted(directory.glob(pattern))]
+
+
+def wait_gone(pids: list[int], seconds: float = 20) -> list[int]:
+    """Until none of ``pids`` is alive, or ``seconds`` pass: the ones still alive."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(process_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if process_alive(p)]
 
 
 def one_line(err: str) -> str:

@@ -90,7 +90,7 @@ def test_each_component_changes_the_key(
     tmp_path: Path, change: dict[str, object], reason: str
 ) -> None:
     state = dispatched(tmp_path)
-    base, other = key_of(state), key_of(state, **change)
+    base, other = key_of(state), key_of(state, "use", **change)
     assert base.digest != other.digest
     assert explain_miss(base.components, other.components) == reason
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.test_dask_executor import LOCAL, dispatch, write_pack
+from tests.run.dispatchtests import write_pack
+from tests.run.test_dask_executor import LOCAL, dispatch
 
 pytest.importorskip("distributed")
 

@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,12 +20,19 @@ from typing import Any
 import pytest
 
 from tests.packed import keyed
-from tests.run.dispatchtests import process_alive
+from tests.run.dispatchtests import (
+    DISPATCH,
+    events,
+    start_dispatch,
+    wait_files,
+    wait_for,
+    wait_gone,
+    write_pack,
+)
 
 pytest.importorskip("distributed")
 
 BIN = Path(sys.executable).parent
-DISPATCH = str(BIN / "crucible-dispatch")
 DASK = str(BIN / "dask")
 LOCAL = ("--executor", "dask-local", "--workers", "2")
 
@@ -58,12 +64,6 @@ SETTLED = FANOUT.replace(
 ).replace('needs = ["t"]', 'needs = ["t"]\njoin = "settled"')
 
 
-def write_pack(tmp_path: Path, toml: str) -> Path:
-    pack = tmp_path / "pack.toml"
-    pack.write_text(textwrap.dedent(toml).lstrip())
-    return pack
-
-
 def dispatch(
     pack: Path, state: Path, *args: str, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
@@ -73,10 +73,6 @@ def dispatch(
         text=True,
         timeout=timeout,
     )
-
-
-def events(state: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (state / "session.jsonl").read_text().splitlines()]
 
 
 def tree(root: Path) -> dict[str, Any]:
@@ -185,17 +181,11 @@ def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) ->
         """,
     )
     state = tmp_path / "state"
-    with (tmp_path / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [DISPATCH, str(pack), "--state", str(state), "-j", "4", *LOCAL,
-             "--threads-per-worker", "2"],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )  # fmt: skip
+    proc = start_dispatch(
+        pack, state, "-j", "4", *LOCAL, "--threads-per-worker", "2", stderr=tmp_path / "stderr"
+    )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(list(pids.glob("*.child"))) < 4:
-            time.sleep(0.05)
+        wait_files(pids, "*.child", 4)
         assert len(list(pids.glob("*.child"))) == 4
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 143, (tmp_path / "stderr").read_text()
@@ -204,10 +194,7 @@ def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) ->
             proc.kill()
             proc.wait(timeout=30)
     task_pids = [int(p.read_text()) for p in pids.iterdir()]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(process_alive(p) for p in task_pids):
-        time.sleep(0.05)
-    assert not [p for p in task_pids if process_alive(p)]
+    assert not wait_gone(task_pids, 10)
     assert not keyed(state, "t")  # interrupted units stay unsettled
     gate.unlink()
     again = dispatch(pack, state, "--resume", *LOCAL)
@@ -240,9 +227,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]
         )
     )
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not sched_file.exists():
-            time.sleep(0.05)
+        wait_for(sched_file.exists, 30)
         address = json.loads(sched_file.read_text())["address"]
         yield address, procs
     finally:
@@ -326,16 +311,9 @@ def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Pat
         """,
     )
     state = tmp_path / "state"
-    with (tmp_path / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+    proc = start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (marks / "task").exists():
-            time.sleep(0.05)
+        wait_files(marks, "task", 1)
         time.sleep(0.2)
         os.kill(int((marks / "worker").read_text()), signal.SIGKILL)
         assert proc.wait(timeout=90) == 0, (tmp_path / "stderr").read_text()
@@ -372,10 +350,7 @@ def test_a_timeout_on_a_worker_kills_the_tasks_grandchildren(tmp_path: Path) -> 
     assert record["status"] == "failed" and "timeout" in record["note"]
     grandchildren = [int(p) for p in pids.read_text().split()]
     assert len(grandchildren) == 2
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(process_alive(p) for p in grandchildren):
-        time.sleep(0.05)
-    assert not [p for p in grandchildren if process_alive(p)]
+    assert not wait_gone(grandchildren, 10)
 
 
 def test_a_resource_no_worker_offers_is_refused_at_admission(tmp_path: Path) -> None:

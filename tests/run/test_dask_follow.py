@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from crucible.run.log_tail import LogTailer
-from tests.run.test_dask_executor import DISPATCH, LOCAL, dispatch, write_pack
+from tests.run.dispatchtests import start_dispatch, write_pack
+from tests.run.test_dask_executor import LOCAL, dispatch
 
 pytest.importorskip("distributed")
 
@@ -70,12 +70,7 @@ def test_follow_streams_lines_while_the_task_runs(tmp_path: Path) -> None:
         """,
     )
     err_path = tmp_path / "stderr"
-    with err_path.open("wb") as err:
-        proc = subprocess.Popen(
-            [DISPATCH, str(pack), "--state", str(tmp_path / "state"), "--follow", *LOCAL],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+    proc = start_dispatch(pack, tmp_path / "state", "--follow", *LOCAL, stderr=err_path)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and "t first line" not in err_path.read_text():

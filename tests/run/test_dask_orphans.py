@@ -15,32 +15,18 @@ from pathlib import Path
 import pytest
 
 from crucible.run.reaper import Reaper
-from tests.run.dispatchtests import process_alive
-from tests.run.test_dask_executor import DISPATCH, LOCAL, events, write_pack
+from tests.run.dispatchtests import (
+    events,
+    process_alive,
+    read_pids,
+    start_dispatch,
+    wait_files,
+    wait_gone,
+    write_pack,
+)
+from tests.run.test_dask_executor import LOCAL
 
 pytest.importorskip("distributed")
-
-
-def wait_gone(pids: list[int], seconds: float = 20) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(process_alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if process_alive(p)]
-
-
-def wait_files(directory: Path, pattern: str, n: int, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    # a file counts once its line is written (the shell creates it, then writes)
-    def written() -> int:
-        return sum(1 for p in directory.glob(pattern) if p.read_text().endswith("\n"))
-
-    while time.monotonic() < deadline and written() < n:
-        time.sleep(0.05)
-    assert written() >= n, sorted(directory.iterdir())
-
-
-def read_pids(directory: Path, pattern: str) -> list[int]:
-    return [int(p.read_text()) for p in sorted(directory.glob(pattern))]
 
 
 def test_the_reaper_kills_the_groups_of_a_dead_parent(tmp_path: Path) -> None:
@@ -114,12 +100,7 @@ def test_a_sigkilled_workers_task_and_its_grandchild_do_not_survive(tmp_path: Pa
         """,
     )
     state = tmp_path / "state"
-    with (tmp_path / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+    proc = start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")
     try:
         wait_files(marks, "task", 1)
         wait_files(marks, "grandchild", 1)
@@ -158,11 +139,7 @@ def test_a_sigkilled_dispatcher_leaves_no_worker_and_no_task(tmp_path: Path) -> 
         """,
     )
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_dispatch(pack, state, "-j", "2", *LOCAL)
     try:
         wait_files(marks, "*.task", 2)
         wait_files(marks, "*.grandchild", 2)
@@ -204,12 +181,7 @@ def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(tmp_path
         """,
     )
     state = tmp_path / "state"
-    with (tmp_path / "stderr").open("wb") as err:
-        proc = subprocess.Popen(
-            [DISPATCH, str(pack), "--state", str(state), "-j", "2", *LOCAL],
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
+    proc = start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")
     try:
         wait_files(marks, "task", 1)
         time.sleep(1)  # mid-task (see above)

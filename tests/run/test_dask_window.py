@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from crucible.run.dask_executor import local_layout
-from tests.run.test_dask_executor import dispatch, events, write_pack
+from tests.run.dispatchtests import events, write_pack
+from tests.run.test_dask_executor import dispatch
 
 pytest.importorskip("distributed")
 

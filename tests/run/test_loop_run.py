@@ -11,18 +11,14 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.packed import keyed
-from tests.run.dispatchtests import events, result
-
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH, dispatch, events, result, wait_for
 
 PACK = """edition = 4
 
@@ -89,12 +85,6 @@ def make_pack(root: Path, scores: list[object], loop: str) -> Path:
     return path
 
 
-def dispatch(*args: str | Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DISPATCH, *map(str, args)], capture_output=True, text=True, timeout=timeout
-    )
-
-
 def loop_doc(state: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads((state / "loop.json").read_bytes())
     return doc
@@ -102,15 +92,6 @@ def loop_doc(state: Path) -> dict[str, Any]:
 
 def scores(doc: dict[str, Any]) -> list[Any]:
     return [r["score"] for r in doc["revisions"]]
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
 
 
 @pytest.fixture
@@ -272,7 +253,7 @@ def test_sigterm_mid_revision_then_resume_continues(pack_dir: Path, tmp_path: Pa
         text=True,
     )
     try:
-        _wait_for(lambda: (pack_dir / "sleeping.3").exists())
+        wait_for(lambda: (pack_dir / "sleeping.3").exists(), 30)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:

@@ -5,15 +5,11 @@ instead of seven, and every unit that has something to stage is unchanged."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from crucible.stage import stage_inputs
-from tests.run.dispatchtests import result
+from tests.run.dispatchtests import dispatch, result
 from tests.stage.stageplans import plan, task
-
-DISPATCH = Path(sys.executable).parent / "crucible-dispatch"
 
 PLAIN = """edition = {edition}
 
@@ -35,12 +31,7 @@ def _dispatch(tmp_path: Path, text: str, *extra: str) -> Path:
     pack = tmp_path / "pack.toml"
     pack.write_text(text)
     state = tmp_path / "st"
-    r = subprocess.run(
-        [str(DISPATCH), str(pack), "--state", str(state), "-j", "2", *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = dispatch(pack, "--state", state, "-j", "2", *extra)
     assert r.returncode == 0, r.stderr
     return state
 

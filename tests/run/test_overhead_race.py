@@ -6,18 +6,15 @@ captured bytes (docs/spec/inputs.md 3.4)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from crucible.stage import capture, refresh_inputs, stage_inputs
 from crucible.stage._share import verify_consumer
-from tests.run.dispatchtests import result
+from tests.run.dispatchtests import dispatch, result
 from tests.stage.stageplans import plan, settle, task
 
-DISPATCH = Path(sys.executable).parent / "crucible-dispatch"
 BIG = b"captured bytes\n" * 500
 
 
@@ -124,12 +121,7 @@ def _runs_racing_b_against_a(tmp_path: Path, wanted: int) -> list[Path]:
     found: list[Path] = []
     for i in range(3 * wanted):
         state = tmp_path / f"st{i}"
-        r = subprocess.run(
-            [str(DISPATCH), str(pack), "--state", str(state), "-j", "1"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        r = dispatch(pack, "--state", state, "-j", "1")
         assert r.returncode == 1, r.stderr
         a_at = _ns(state, "a", "started_at")
         b = result(state, "b")

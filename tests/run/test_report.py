@@ -249,8 +249,8 @@ run = ["python3", "{judge}"]
     (long_row,) = [r for r in rows if r.startswith("each[kkk")]
     name = long_row.split()[0]
     assert name == "each[" + "k" * 39 + "\u2026]"
-    judge = report(state).stdout
-    assert "verdict: fail: x\\x1b]0;PWNED\\x07y\\r\\nz" in judge
+    judged = report(state).stdout
+    assert "verdict: fail: x\\x1b]0;PWNED\\x07y\\r\\nz" in judged
     # --json keeps keys and notes whole and raw (JSON escapes them)
     by_key = {r.get("key"): r for r in json_rows(state, "each")}
     assert long_key in by_key and all(k in by_key for k in hostile)

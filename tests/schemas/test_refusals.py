@@ -345,3 +345,50 @@ def test_params_file_that_is_not_an_object(tmp_path: Path) -> None:
 
 def test_the_sample_manifests_are_toml() -> None:
     assert tomllib.loads(to_toml(manifest())) == manifest()
+
+
+# -- prove probe --json: an output no tool reads back ---------------------------------
+# The pairing is with the writer instead: tests/proof/writer/test_probe_cli.py holds
+# that what `crucible-prove probe --json` prints is the golden object, byte for byte;
+# each sample below is that object with one change the writer cannot make.
+
+
+def probe_report() -> dict[str, Any]:
+    golden = Path(__file__).resolve().parents[1] / "proof/writer/golden/probe.json"
+    return json.loads(golden.read_bytes())  # type: ignore[no-any-return]
+
+
+def _at(*keys: str, value: Any = None, drop: bool = False) -> Callable[[Any], None]:
+    def change(doc: Any) -> None:
+        for key in keys[:-1]:
+            doc = doc[key]
+        if drop:
+            del doc[keys[-1]]
+        else:
+            doc[keys[-1]] = value
+
+    return change
+
+
+PROBE_CHANGES: list[tuple[str, Callable[[Any], None]]] = [
+    ("probe-version-2", _at("probeVersion", value=2)),
+    ("probe-unknown-member", _at("colour", value="red")),
+    ("probe-unknown-nested", _at("oneOutput", "below", "colour", value=1)),
+    ("probe-no-two-stage", _at("twoStageIds", drop=True)),
+    ("probe-no-fits", _at("twoStageIds", "long", "fits", drop=True)),
+    ("probe-bytes-zero", _at("oneOutput", "acceptance", "bytes", value=0)),
+    ("probe-bytes-string", _at("oneOutput", "maxBytes", value="3255")),
+    ("probe-outcome", _at("oneOutput", "atLimit", value="fits")),
+    ("probe-id-129", _at("twoStageIds", "long", "idLength", value=129)),
+    ("probe-size-extra", _at("twoStageIds", "short", "acceptance", "digest", value="x")),
+]
+
+
+@pytest.mark.parametrize("change", [c for _, c in PROBE_CHANGES], ids=[i for i, _ in PROBE_CHANGES])
+def test_the_probe_schema_refuses_what_the_writer_cannot_print(
+    change: Callable[[Any], None],
+) -> None:
+    sound = probe_report()
+    assert first_error("prove-probe.json", sound) is None
+    change(sound)
+    assert first_error("prove-probe.json", sound) is not None

@@ -112,3 +112,17 @@ def test_every_exemption_names_a_test_that_exists() -> None:
         path, _, name = owner.partition("::")
         text = (repo / path).read_text()
         assert f"def {name}" in text, owner
+
+
+def test_a_kept_stdout_is_checked_by_its_name(tmp_path: Path) -> None:
+    golden = Path(__file__).resolve().parents[1] / "proof/writer/golden/probe.json"
+    kept = tmp_path / "prove-probe.stdout.json"
+    kept.write_bytes(golden.read_bytes())
+    assert [str(f.schema) for f in walker.walk(tmp_path)] == ["prove-probe.json"]
+    assert messages(tmp_path) == []
+    kept.write_text('{"probeVersion": 1}')
+    assert len(messages(tmp_path)) == 1
+    kept.unlink()
+    (tmp_path / "no-such-output.stdout.json").write_text("{}")
+    assert messages(tmp_path) == ["a kept stdout no schema names (no-such-output.json)"]
+    (tmp_path / "no-such-output.stdout.json").unlink()

@@ -3,7 +3,8 @@
 The test suite's plugin (tests/schemas/plugin.py) runs :func:`check_tree` over
 pytest's temporary directories at the end of a session, so every state dir,
 result record, session log, inputs index and ledger a test made the tools
-write is checked against docs/schemas/ (issue 11 item 10). A file is known by
+write is checked against docs/schemas/ (issue 11 item 10), and so is a
+command's stdout a test keeps as ``<schema stem>.stdout.json``. A file is known by
 where it sits (docs/spec/inputs.md §1, run.md "State directory", ledger.md),
 never by its content.
 
@@ -41,6 +42,11 @@ PENDING: dict[str, str] = {
 }
 #: other names a state dir holds that are not JSON documents of ours
 STATE_OTHER: frozenset[str] = frozenset({"lock", "events.jsonl"})
+
+#: a command's stdout a test keeps as ``<schema stem>.stdout.json`` (e.g.
+#: ``prove-probe.stdout.json``) is checked against ``docs/schemas/<schema stem>.json``:
+#: outputs the tools print, not files they write, join the walk this way
+STDOUT_SUFFIX = ".stdout.json"
 
 #: a line of NDJSON files, by schema name
 NDJSON: frozenset[str] = frozenset({"session-event.json", "ledger-record.json", "result-line.json"})
@@ -99,6 +105,11 @@ def _classify(parent: str, name: str) -> tuple[str | None, str] | None:
         return None  # temporaries
     if name.endswith(".jsonl") and parent_name == "results" and _is_state_dir(up):
         return "result-line.json", ""  # results/<task>.jsonl: packed keyed records
+    if name.endswith(STDOUT_SUFFIX):
+        schema = name[: -len(STDOUT_SUFFIX)] + ".json"
+        if not (SCHEMAS / schema).is_file():
+            return "", f"a kept stdout no schema names ({schema})"
+        return schema, ""
     if name.endswith(".json"):
         # results/<task>.json (and results/<task>/<key>.json, the layout before issue 14)
         if parent_name == "results" and _is_state_dir(up):

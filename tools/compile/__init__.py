@@ -1,6 +1,6 @@
 """Pack manifests (TOML + optional Starlark) → plan IR; validation.
 
-Public API (docs/spec/plan-ir.md, CONTRACT.md):
+Public API (docs/spec/plan-ir.md, docs/spec/manifest.md; the plan schemas docs/schemas/plan-v*.json):
 
 - :func:`compile_path` — a manifest (``.toml``) → :class:`CompiledPlan`
 - :func:`load_plan_path` — a plan JSON file, strictly checked

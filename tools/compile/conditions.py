@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 if TYPE_CHECKING:
-    from crucible.compile.diagnostics import Path
+    from crucible.compile.diagnostics import KeyPath
     from crucible.compile.shape import Checker
 
 __all__ = [
@@ -156,7 +156,7 @@ def condition_reads(tree: ast.Expression) -> list[Read]:
 # -- one task's keys ---------------------------------------------------------
 
 
-def _number(chk: Checker, path: Path, value: object, what: str, *, zero: bool) -> bool:
+def _number(chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool) -> bool:
     from crucible.compile.shape import type_name
 
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -170,7 +170,7 @@ def _number(chk: Checker, path: Path, value: object, what: str, *, zero: bool) -
     return True
 
 
-def _exit_codes(chk: Checker, path: Path, value: object, what: str) -> list[int] | None:
+def _exit_codes(chk: Checker, path: KeyPath, value: object, what: str) -> list[int] | None:
     from crucible.compile.shape import type_name
 
     if not isinstance(value, list | tuple) or not value:
@@ -195,7 +195,7 @@ def _exit_codes(chk: Checker, path: Path, value: object, what: str) -> list[int]
     return sorted(codes)
 
 
-def _check_retry(chk: Checker, path: Path, raw: object) -> dict[str, Any] | None:
+def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | None:
     from crucible.compile.shape import type_name
 
     if not isinstance(raw, dict):
@@ -265,7 +265,7 @@ def _check_retry(chk: Checker, path: Path, raw: object) -> dict[str, Any] | None
 
 
 def check_control_keys(
-    chk: Checker, path: Path, raw: Mapping[str, Any], task: dict[str, Any], known: frozenset[str]
+    chk: Checker, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], known: frozenset[str]
 ) -> None:
     """Check the control keys of one task and set their normal form in ``task``:
     ``when`` as written, ``on_failure`` only when ``"continue"``, ``allow_exit``
@@ -372,7 +372,7 @@ def _read_problem(
 def check_control_rules(
     chk: Checker,
     tasks: Sequence[dict[str, Any]],
-    paths: Sequence[Path],
+    paths: Sequence[KeyPath],
     params: Mapping[str, Any] | None,
 ) -> None:
     """Every name a ``when`` reads must exist: a declared param (when the caller

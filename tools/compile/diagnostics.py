@@ -15,16 +15,19 @@ from crucible.core.errors import InputRefused, Location
 
 __all__ = [
     "Diagnostic",
+    "KeyPath",
     "Location",
     "Locator",
     "ValidationFailed",
     "json_path",
 ]
 
-Path = tuple[str | int, ...]
+#: where a value sits in a document, as keys and indexes (not a file path:
+#: ``pathlib.Path`` is the file)
+KeyPath = tuple[str | int, ...]
 
 
-def json_path(path: Path) -> str:
+def json_path(path: KeyPath) -> str:
     """``("workflow", "task", 3, "needs")`` → ``$.workflow.task[3].needs``."""
     out = "$"
     for part in path:
@@ -40,7 +43,7 @@ def json_path(path: Path) -> str:
 class Locator(Protocol):
     """Maps a logical path inside the source to a :class:`Location`."""
 
-    def locate(self, path: Path) -> Location: ...
+    def locate(self, path: KeyPath) -> Location: ...
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ to (:func:`ir_version_for`) and which keys a manifest task table, a Starlark
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from crucible.core.contract import RESERVED_INPUTS, SUPPORTED_VERSIONS
 from crucible.core.errors import Location, UnsupportedVersion
 
@@ -128,24 +130,24 @@ def _shown(value: object) -> str:
         return str(value)  # a TOML date or time: 1979-05-27
 
 
-def check_edition(edition: object, *, where: Location | None = None) -> int:
-    if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
-        supported = ", ".join(map(str, SUPPORTED_EDITIONS))
+def _supported(
+    value: object, supported: Sequence[int], what: str, plural: str, where: Location | None
+) -> int:
+    if type(value) is not int or value not in supported:
+        listed = ", ".join(map(str, supported))
         raise UnsupportedVersion(
-            f"unsupported edition {_shown(edition)}; this engine supports editions {supported}",
+            f"unsupported {what} {_shown(value)}; this engine supports {plural} {listed}",
             location=where,
         )
-    return edition
+    return value
+
+
+def check_edition(edition: object, *, where: Location | None = None) -> int:
+    return _supported(edition, SUPPORTED_EDITIONS, "edition", "editions", where)
 
 
 def check_version(version: object, *, where: Location | None = None) -> int:
-    if type(version) is not int or version not in SUPPORTED_VERSIONS:
-        supported = ", ".join(map(str, SUPPORTED_VERSIONS))
-        raise UnsupportedVersion(
-            f"unsupported plan version {_shown(version)}; this engine supports versions {supported}",
-            location=where,
-        )
-    return version
+    return _supported(version, SUPPORTED_VERSIONS, "plan version", "versions", where)
 
 
 def task_key_since(key: str) -> int | None:

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from crucible.compile.diagnostics import Path
+from crucible.compile.diagnostics import KeyPath
 from crucible.compile.names import ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
 
@@ -60,7 +60,7 @@ def _shape() -> Any:
 # -- sources ------------------------------------------------------------------
 
 
-def check_map_source(chk: Any, path: Path, value: Any, what: str, *, axis: bool) -> Any | None:
+def check_map_source(chk: Any, path: KeyPath, value: Any, what: str, *, axis: bool) -> Any | None:
     """A map source (or a matrix axis, ``axis=True``) → its plan form:
     ``"producer.field"``, ``{"param": name}``, ``{"items": [...] | {...}}`` or
     ``{"sequence": {"start", "count", "step"}}``."""
@@ -116,7 +116,7 @@ def check_map_source(chk: Any, path: Path, value: Any, what: str, *, axis: bool)
     return None
 
 
-def _literal(chk: Any, path: Path, items: Any, what: str) -> Any | None:
+def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
     shape = _shape()
     if not shape.is_json_value(items):
         chk.error("bad-value", path, f"{what}: items must be JSON values (no dates or times)")
@@ -128,7 +128,7 @@ def _literal(chk: Any, path: Path, items: Any, what: str) -> Any | None:
     return {"items": shape._to_json(items)}
 
 
-def _sequence(chk: Any, path: Path, value: Mapping[str, Any], what: str) -> Any | None:
+def _sequence(chk: Any, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
     shape = _shape()
     ok = True
     for k, v in value.items():
@@ -202,7 +202,7 @@ def describe_source(source: Any) -> str:
 # -- matrix, key, parallelism ---------------------------------------------------
 
 
-def _check_matrix(chk: Any, path: Path, value: Any) -> dict[str, Any] | None:
+def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
     shape = _shape()
     if not isinstance(value, dict):
         chk.error(
@@ -269,7 +269,7 @@ def _static_size(source: Any) -> int | None:
 
 
 def _matrix_entries(
-    chk: Any, path: Path, value: Any, what: str, axes: Sequence[str]
+    chk: Any, path: KeyPath, value: Any, what: str, axes: Sequence[str]
 ) -> list[dict[str, Any]] | None:
     shape = _shape()
     if not isinstance(value, list | tuple):
@@ -311,7 +311,7 @@ def is_fanout(task: Mapping[str, Any]) -> bool:
 
 
 def check_fanout_task(
-    chk: Any, path: Path, raw: Mapping[str, Any], task: dict[str, Any], edition: int
+    chk: Any, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], edition: int
 ) -> None:
     """The edition-4 task keys ``map`` (new sources), ``matrix``, ``key``, ``parallelism``."""
     shape = _shape()
@@ -374,7 +374,7 @@ def check_fanout_task(
             task["parallelism"] = value
 
 
-def _check_literal_keys(chk: Any, path: Path, items: Any, key: str, who: str) -> None:
+def _check_literal_keys(chk: Any, path: KeyPath, items: Any, key: str, who: str) -> None:
     """``key`` over a literal: every problem the run would meet, found now."""
     pairs = list(items.items()) if isinstance(items, dict) else list(enumerate(items))
     try:
@@ -466,7 +466,7 @@ def check_fanout_graph(
     chk: Any,
     workflow: Mapping[str, Any],
     tasks: Sequence[dict[str, Any]],
-    paths: Sequence[Path],
+    paths: Sequence[KeyPath],
 ) -> None:
     """Rules across tasks for the fan-out sources, outputs and publish entries."""
     from crucible.compile.rules import _producer_field
@@ -511,7 +511,7 @@ def check_fanout_graph(
 
 def _check_param_source(
     chk: Any,
-    path: Path,
+    path: KeyPath,
     task: Mapping[str, Any],
     name: str,
     params: Mapping[str, Any],
@@ -546,7 +546,7 @@ def _check_param_source(
 # -- [workflow.outputs] -----------------------------------------------------------
 
 
-def check_outputs(chk: Any, path: Path, value: Any) -> dict[str, str]:
+def check_outputs(chk: Any, path: KeyPath, value: Any) -> dict[str, str]:
     """``[workflow.outputs]``: result name → ``"task.field"``."""
     shape = _shape()
     if not isinstance(value, dict):
@@ -604,7 +604,7 @@ def _check_outputs_graph(
 # -- [workflow.publish] -----------------------------------------------------------
 
 
-def check_publish(chk: Any, path: Path, value: Any) -> dict[str, Any]:
+def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
     """``[workflow.publish]``: destination dir → ``"task:glob"`` (or an array of
     them, or ``{from = ..., settled = bool}``). Plan form:
     ``{dest: {"from": ["task:glob", ...], "settled": bool}}``."""
@@ -684,7 +684,7 @@ def _bad_relative(text: str) -> bool:
     )
 
 
-def _check_dest(chk: Any, path: Path, dest: str) -> str | None:
+def _check_dest(chk: Any, path: KeyPath, dest: str) -> str | None:
     norm = dest.rstrip("/")
     parts = norm.split("/")
     if (
@@ -703,7 +703,7 @@ def _check_dest(chk: Any, path: Path, dest: str) -> str | None:
     return str(PurePosixPath(norm))
 
 
-def _check_publish_source(chk: Any, path: Path, src: Any) -> bool:
+def _check_publish_source(chk: Any, path: KeyPath, src: Any) -> bool:
     shape = _shape()
     if not isinstance(src, str):
         chk.error(

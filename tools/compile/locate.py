@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from crucible.compile.diagnostics import Location, Path, json_path
+from crucible.compile.diagnostics import KeyPath, Location, json_path
 
 __all__ = ["FileLocator", "StarLocator", "TomlLocator"]
 
@@ -62,7 +62,7 @@ class FileLocator:
     def __init__(self, file: str | None) -> None:
         self.file = file
 
-    def locate(self, path: Path) -> Location:
+    def locate(self, path: KeyPath) -> Location:
         return Location(self.file, path=json_path(path))
 
 
@@ -72,9 +72,9 @@ class TomlLocator:
     def __init__(self, file: str | None, text: str) -> None:
         self.file = file
         self.text = text
-        self._index: dict[Path, tuple[int, int]] | None = None
+        self._index: dict[KeyPath, tuple[int, int]] | None = None
 
-    def locate(self, path: Path) -> Location:
+    def locate(self, path: KeyPath) -> Location:
         index = self._build()
         probe = tuple(path)
         while probe:
@@ -84,15 +84,15 @@ class TomlLocator:
             probe = probe[:-1]
         return Location(self.file, path=json_path(path))
 
-    def _build(self) -> dict[Path, tuple[int, int]]:
+    def _build(self) -> dict[KeyPath, tuple[int, int]]:
         if self._index is not None:
             return self._index
-        index: dict[Path, tuple[int, int]] = {}
-        aot_counts: dict[Path, int] = {}
-        current: Path = ()
+        index: dict[KeyPath, tuple[int, int]] = {}
+        aot_counts: dict[KeyPath, int] = {}
+        current: KeyPath = ()
         multiline: str | None = None
         depth = 0
-        array: tuple[Path, int] | None = None  # a multi-line array of strings being read
+        array: tuple[KeyPath, int] | None = None  # a multi-line array of strings being read
         for lineno, line in enumerate(self.text.splitlines(), start=1):
             if multiline is not None:
                 if multiline in line:
@@ -148,9 +148,9 @@ class TomlLocator:
         return index
 
     @staticmethod
-    def _resolve(keys: Sequence[str], aot_counts: dict[Path, int]) -> Path:
+    def _resolve(keys: Sequence[str], aot_counts: dict[KeyPath, int]) -> KeyPath:
         """Insert the current index after every array-of-tables on the way."""
-        out: Path = ()
+        out: KeyPath = ()
         for key in keys:
             out = (*out, key)
             if out in aot_counts:
@@ -159,7 +159,7 @@ class TomlLocator:
 
     @staticmethod
     def _index_value(
-        index: dict[Path, tuple[int, int]], key_path: Path, rest: str, lineno: int, col0: int
+        index: dict[KeyPath, tuple[int, int]], key_path: KeyPath, rest: str, lineno: int, col0: int
     ) -> None:
         """Positions inside a one-line array (elements) or inline table (keys)."""
         code = _strip_comment(rest)
@@ -193,7 +193,7 @@ class StarLocator:
         col = m.start() - (before.rfind("\n") + 1) + 1
         return line, col
 
-    def locate(self, path: Path) -> Location:
+    def locate(self, path: KeyPath) -> Location:
         pos: tuple[int, int] | None = None
         if len(path) >= 3 and path[:2] == ("workflow", "task") and isinstance(path[2], int):
             i = path[2]

@@ -14,9 +14,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crucible.compile.diagnostics import Path
+from crucible.compile.diagnostics import KeyPath
 from crucible.compile.names import ident_problem
-from crucible.compile.shape import Checker, type_name
+from crucible.compile.shape import Checker, str_items, type_name
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 __all__ = [
@@ -53,7 +53,30 @@ HISTORY_BYTES_DEFAULT = 65_536
 #: prompt's marked region; 1 GiB is far past any useful prompt
 HISTORY_BYTES_MAX = 2**30
 _NUMERIC = ("integer", "number")
-_PATH: Path = ("loop",)
+_PATH: KeyPath = ("loop",)
+
+#: the integer members: (key, least, most, what a good value is, for the message)
+_INTEGERS: tuple[tuple[str, int, int, str], ...] = (
+    (
+        "max_revisions",
+        1,
+        MAX_REVISIONS_CAP,
+        f"a positive integer of at most {MAX_REVISIONS_CAP}",
+    ),
+    (
+        "patience",
+        1,
+        MAX_REVISIONS_CAP,
+        "a positive integer (revisions in a row without an improvement) of at most "
+        f"{MAX_REVISIONS_CAP}",
+    ),
+    (
+        "history_bytes",
+        HISTORY_BYTES_MIN,
+        HISTORY_BYTES_MAX,
+        f"between {HISTORY_BYTES_MIN} and {HISTORY_BYTES_MAX} bytes",
+    ),
+)
 
 
 def _is_number(value: object) -> bool:
@@ -133,40 +156,9 @@ def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
                 (*_PATH, "direction"),
                 f'[loop] direction must be "max" or "min", not {raw["direction"]!r}',
             )
-    if "max_revisions" in raw:
-        value = _integer(
-            chk,
-            "max_revisions",
-            raw["max_revisions"],
-            1,
-            MAX_REVISIONS_CAP,
-            f"a positive integer of at most {MAX_REVISIONS_CAP}",
-        )
-        if value is not None:
-            loop["max_revisions"] = value
-    if "patience" in raw:
-        value = _integer(
-            chk,
-            "patience",
-            raw["patience"],
-            1,
-            MAX_REVISIONS_CAP,
-            f"a positive integer (revisions in a row without an improvement) of at most "
-            f"{MAX_REVISIONS_CAP}",
-        )
-        if value is not None:
-            loop["patience"] = value
-    if "history_bytes" in raw:
-        value = _integer(
-            chk,
-            "history_bytes",
-            raw["history_bytes"],
-            HISTORY_BYTES_MIN,
-            HISTORY_BYTES_MAX,
-            f"between {HISTORY_BYTES_MIN} and {HISTORY_BYTES_MAX} bytes",
-        )
-        if value is not None:
-            loop["history_bytes"] = value
+    for key, low, high, expected in _INTEGERS:
+        if key in raw and (value := _integer(chk, key, raw[key], low, high, expected)) is not None:
+            loop[key] = value
     if "target" in raw and (target := _number(chk, "target", raw["target"])) is not None:
         loop["target"] = target
     if "min_delta" in raw and (delta := _number(chk, "min_delta", raw["min_delta"])) is not None:
@@ -206,22 +198,7 @@ def _check_body(chk: Checker, value: object) -> list[str] | None:
     if not value:
         chk.error("bad-value", where, "[loop] body must name at least one task")
         return None
-    out: list[str] = []
-    ok = True
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            chk.error(
-                "wrong-type",
-                (*where, i),
-                f"[loop] body[{i}] must be a string, not {type_name(item)}",
-            )
-            ok = False
-        elif item in out:
-            chk.error("duplicate-entry", (*where, i), f"[loop] body lists {item!r} twice")
-            ok = False
-        else:
-            out.append(item)
-    return out if ok else None
+    return str_items(chk, where, value, "[loop] body")
 
 
 def check_loop_graph(
@@ -235,7 +212,7 @@ def check_loop_graph(
     by_name = {t["name"]: t for t in reversed(tasks)}
     order = list(written_body) if written_body is not None else list(loop["body"])
 
-    def at(name: str) -> Path:
+    def at(name: str) -> KeyPath:
         return (*_PATH, "body", order.index(name)) if name in order else (*_PATH, "body")
 
     body = set(loop["body"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -30,6 +31,7 @@ from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_workflow, type_name
 from crucible.core.errors import OperationalError, ParseError, UsageError
 from crucible.core.fdio import NotRegularFile, read_regular
+from crucible.core.fsio import read_named
 
 __all__ = [
     "Analysis",
@@ -73,14 +75,7 @@ def read_input(path: Path) -> tuple[bytes, str, Path]:
 
         return sys.stdin.buffer.read(), "<stdin>", Path.cwd()
     name = str(path)
-    try:
-        return path.read_bytes(), name, path.parent
-    except FileNotFoundError:
-        raise UsageError("no such file", where=name) from None
-    except IsADirectoryError:
-        raise UsageError("is a directory, not a file", where=name) from None
-    except OSError as exc:
-        raise OperationalError(f"cannot read: {exc.strerror}", where=name) from None
+    return read_named(path, name), name, path.parent
 
 
 def _decode(data: bytes, name: str) -> str:
@@ -124,14 +119,10 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
     return analyze_document(doc, TomlLocator(name, text), name, base_dir)
 
 
-def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir: Path) -> Analysis:
-    """The steps after parsing, on the TOML document as a dict."""
-    chk = Checker(locator)
-    edition = doc.get("edition", DEFAULT_EDITION)
-    if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
-        # locating costs a scan of the text: only on the error path
-        check_edition(edition, where=locator.locate(("edition",)))
-    known = known_top_keys(edition)
+def _check_top_keys(
+    chk: Checker, doc: dict[str, Any], edition: int, known: Sequence[str]
+) -> None:
+    """Each unknown top-level key is an error, naming the edition that brings it."""
     for key in doc:
         if key not in known:
             since = top_key_since(key)
@@ -145,6 +136,17 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
                 (key,),
                 f"unknown top-level key {key!r} (known: {', '.join(known)}){hint}",
             )
+
+
+def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir: Path) -> Analysis:
+    """The steps after parsing, on the TOML document as a dict."""
+    chk = Checker(locator)
+    edition = doc.get("edition", DEFAULT_EDITION)
+    if edition not in SUPPORTED_EDITIONS or type(edition) is not int:
+        # locating costs a scan of the text: only on the error path
+        check_edition(edition, where=locator.locate(("edition",)))
+    known = known_top_keys(edition)
+    _check_top_keys(chk, doc, edition, known)
     # [loop] (edition 4) is checked on the manifest's own locator, before a Starlark
     # source replaces the checker: its diagnostics point into the TOML text
     loop: dict[str, Any] | None = None

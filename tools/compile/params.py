@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from crucible.compile.shape import is_json_value, type_name, value_matches
-from crucible.core.errors import InputRefused, UsageError
+from crucible.core.errors import InputRefused
 
-__all__ = ["check", "coerce", "parse_assignment"]
+__all__ = ["check", "coerce"]
 
 
 def _schema(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -74,11 +74,3 @@ def coerce(plan: Mapping[str, Any], name: str, text: str) -> Any:
             f"param {name!r} must be a {type_}, not {type_name(value)}", where=f"params.{name}"
         )
     return value
-
-
-def parse_assignment(plan: Mapping[str, Any], assignment: str) -> tuple[str, Any]:
-    """``"name=value"`` (from ``--param``) → (name, typed value)."""
-    name, eq, text = assignment.partition("=")
-    if not eq or not name:
-        raise UsageError(f"--param expects NAME=VALUE, got {assignment!r}")
-    return name, coerce(plan, name, text)

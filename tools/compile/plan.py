@@ -18,7 +18,8 @@ from crucible.compile.locate import FileLocator
 from crucible.compile.rules import check_graph, check_names
 from crucible.compile.shape import Checker, check_params, check_task, type_name
 from crucible.core import canon, digest
-from crucible.core.errors import Location, OperationalError, UsageError
+from crucible.core.errors import Location
+from crucible.core.fsio import read_named
 
 __all__ = [
     "CompiledPlan",
@@ -139,15 +140,9 @@ def load_plan_path(path: Path) -> CompiledPlan:
         import sys
 
         return load_plan_bytes(sys.stdin.buffer.read(), "<stdin>")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError("no such file", where=name) from None
-    except IsADirectoryError:
-        raise UsageError("is a directory, not a plan file", where=name) from None
-    except OSError as exc:
-        raise OperationalError(f"cannot read: {exc.strerror}", where=name) from None
-    return load_plan_bytes(data, name)
+    return load_plan_bytes(
+        read_named(path, name, directory="is a directory, not a plan file"), name
+    )
 
 
 def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crucible.compile.conditions import check_control_rules
-from crucible.compile.diagnostics import Path
+from crucible.compile.diagnostics import KeyPath
 from crucible.compile.editions import EDITION_CONTROL, RESERVED_INPUTS
 from crucible.compile.names import task_name_problems
 from crucible.compile.shape import Checker, split_ref
@@ -20,7 +20,7 @@ __all__ = ["check_graph", "check_names", "find_cycle"]
 _COLLECTION_TYPES = ("array", "object", "any")
 
 
-def check_names(chk: Checker, tasks: Sequence[dict[str, Any]], paths: Sequence[Path]) -> None:
+def check_names(chk: Checker, tasks: Sequence[dict[str, Any]], paths: Sequence[KeyPath]) -> None:
     """Task name rules and duplicates; safe to run even when other fields are broken."""
     seen: set[str] = set()
     for task, path in zip(tasks, paths, strict=True):
@@ -37,7 +37,7 @@ def check_names(chk: Checker, tasks: Sequence[dict[str, Any]], paths: Sequence[P
 def check_graph(
     chk: Checker,
     tasks: Sequence[dict[str, Any]],
-    paths: Sequence[Path],
+    paths: Sequence[KeyPath],
     *,
     fill_input_types: bool,
     params: Mapping[str, Any] | None = None,
@@ -82,7 +82,7 @@ def check_graph(
 def _producer_field(
     chk: Checker,
     task: dict[str, Any],
-    where: Path,
+    where: KeyPath,
     ref: str,
     what: str,
     by_name: dict[str, dict[str, Any]],
@@ -117,7 +117,7 @@ def _producer_field(
 def _check_map(
     chk: Checker,
     task: dict[str, Any],
-    path: Path,
+    path: KeyPath,
     by_name: dict[str, dict[str, Any]],
     *,
     epilogue_dag: bool = False,
@@ -143,7 +143,7 @@ def _check_map(
 def _check_input(
     chk: Checker,
     task: dict[str, Any],
-    path: Path,
+    path: KeyPath,
     input_name: str,
     spec: dict[str, Any],
     by_name: dict[str, dict[str, Any]],

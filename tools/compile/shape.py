@@ -10,12 +10,12 @@ says why).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from crucible.compile.conditions import check_control_keys
-from crucible.compile.diagnostics import Diagnostic, Locator, Path
+from crucible.compile.diagnostics import Diagnostic, KeyPath, Locator
 from crucible.compile.editions import (
     EDITION_CONTROL,
     RESERVED_INPUTS,
@@ -26,6 +26,7 @@ from crucible.compile.editions import (
 )
 from crucible.compile.names import env_problem, ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.contract import json_type
 from crucible.core.globs import pattern_problem
 
 __all__ = [
@@ -59,7 +60,7 @@ class Checker:
         self.locator = locator
         self.diagnostics: list[Diagnostic] = []
 
-    def error(self, code: str, path: Path, message: str) -> None:
+    def error(self, code: str, path: KeyPath, message: str) -> None:
         self.diagnostics.append(Diagnostic(code, message, self.locator.locate(path)))
 
     @property
@@ -68,21 +69,16 @@ class Checker:
 
 
 def type_name(value: object) -> str:
-    """The TOML/JSON name of a value's type, for messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
+    """The TOML/JSON name of a value's type, for messages: JSON's names
+    (:func:`crucible.core.contract.json_type`) but TOML's ``float`` and ``table``."""
     if isinstance(value, float):
         return "float"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
     if isinstance(value, dict):
         return "table"
+    if isinstance(value, list | tuple):
+        return "array"
+    if value is None or isinstance(value, bool | int | str):
+        return json_type(value)
     return type(value).__name__
 
 
@@ -162,7 +158,7 @@ def split_ref(ref: str) -> tuple[str, str] | None:
     return producer, field
 
 
-def _check_str(chk: Checker, path: Path, value: object, what: str, *, nonempty: bool) -> bool:
+def _check_str(chk: Checker, path: KeyPath, value: object, what: str, *, nonempty: bool) -> bool:
     if not isinstance(value, str):
         chk.error("wrong-type", path, f"{what} must be a string, not {type_name(value)}")
         return False
@@ -172,10 +168,15 @@ def _check_str(chk: Checker, path: Path, value: object, what: str, *, nonempty: 
     return True
 
 
-def _check_str_list(chk: Checker, path: Path, value: object, what: str) -> list[str] | None:
+def _check_str_list(chk: Checker, path: KeyPath, value: object, what: str) -> list[str] | None:
     if not isinstance(value, list | tuple):
         chk.error("wrong-type", path, f"{what} must be an array of strings, not {type_name(value)}")
         return None
+    return str_items(chk, path, value, what)
+
+
+def str_items(chk: Checker, path: KeyPath, value: Sequence[object], what: str) -> list[str] | None:
+    """The items of an array that must be distinct strings (each bad one named), or None."""
     out: list[str] = []
     ok = True
     for i, item in enumerate(value):
@@ -192,7 +193,7 @@ def _check_str_list(chk: Checker, path: Path, value: object, what: str) -> list[
     return out if ok else None
 
 
-def _check_type(chk: Checker, path: Path, value: object, what: str) -> str | None:
+def _check_type(chk: Checker, path: KeyPath, value: object, what: str) -> str | None:
     if not isinstance(value, str) or value not in TYPES:
         chk.error(
             "bad-type-name",
@@ -203,7 +204,7 @@ def _check_type(chk: Checker, path: Path, value: object, what: str) -> str | Non
     return value
 
 
-def _check_ref(chk: Checker, path: Path, value: object, what: str) -> str | None:
+def _check_ref(chk: Checker, path: KeyPath, value: object, what: str) -> str | None:
     if not _check_str(chk, path, value, what, nonempty=True):
         return None
     assert isinstance(value, str)
@@ -219,7 +220,7 @@ def _check_ref(chk: Checker, path: Path, value: object, what: str) -> str | None
 
 
 def _check_keys(
-    chk: Checker, path: Path, table: Mapping[str, Any], allowed: tuple[str, ...], label: str
+    chk: Checker, path: KeyPath, table: Mapping[str, Any], allowed: tuple[str, ...], label: str
 ) -> None:
     for key in table:
         if key not in allowed:
@@ -231,7 +232,7 @@ def _check_keys(
             )
 
 
-def check_params(chk: Checker, path: Path, raw: object) -> dict[str, Any]:
+def check_params(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any]:
     """``[workflow.params.NAME]`` tables → ``{name: {type, default?, description?}}``."""
     if not isinstance(raw, dict):
         chk.error("wrong-type", path, f"params must be a table, not {type_name(raw)}")
@@ -290,7 +291,7 @@ def _to_json(value: Any) -> Any:
     return value
 
 
-def _check_relative_glob(chk: Checker, path: Path, pattern: str) -> bool:
+def _check_relative_glob(chk: Checker, path: KeyPath, pattern: str) -> bool:
     parts = pattern.replace("\\", "/").split("/")
     if not pattern or pattern.startswith("/") or ".." in parts or "\x00" in pattern:
         chk.error(
@@ -313,14 +314,14 @@ class _TaskCheck:
     the plan-shaped ``task`` it fills in."""
 
     chk: Checker
-    path: Path
+    path: KeyPath
     raw: Mapping[str, Any]
     task: dict[str, Any]
     edition: int
     known: frozenset[str]
     label: str
 
-    def at(self, *parts: str | int) -> Path:
+    def at(self, *parts: str | int) -> KeyPath:
         return (*self.path, *parts)
 
     @property
@@ -608,7 +609,7 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
 
 def check_task(
     chk: Checker,
-    path: Path,
+    path: KeyPath,
     raw: Mapping[str, Any],
     edition: int,
     *,
@@ -640,7 +641,7 @@ def check_task(
 
 def _check_workflow_keys(
     chk: Checker,
-    path: Path,
+    path: KeyPath,
     raw: Mapping[str, Any],
     allowed: tuple[str, ...],
     label: str,
@@ -667,7 +668,7 @@ def _check_workflow_keys(
 
 def check_workflow(
     chk: Checker,
-    path: Path,
+    path: KeyPath,
     raw: Mapping[str, Any],
     edition: int,
     *,
@@ -675,7 +676,7 @@ def check_workflow(
     task_label: str = "[[workflow.task]]",
     allowed: tuple[str, ...] = WORKFLOW_KEYS,
     label: str = "[workflow]",
-) -> tuple[dict[str, Any], list[dict[str, Any]], list[Path]]:
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[KeyPath]]:
     """A workflow table (without ``source``) → (plan workflow, plan tasks, their paths)."""
     _check_workflow_keys(chk, path, raw, allowed, label, edition)
     workflow: dict[str, Any] = {"name": "", "params": {}}
@@ -698,7 +699,7 @@ def check_workflow(
         if "publish" in raw and (publish := check_publish(chk, (*path, "publish"), raw["publish"])):
             workflow["publish"] = publish
     tasks: list[dict[str, Any]] = []
-    paths: list[Path] = []
+    paths: list[KeyPath] = []
     raw_tasks = raw.get(tasks_key, [])
     if not isinstance(raw_tasks, list | tuple):
         chk.error("wrong-type", (*path, tasks_key), f"{task_label} must be an array of tables")

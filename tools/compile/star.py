@@ -96,6 +96,36 @@ def evaluate_source(
     return _in_child(text, display, edition, timeout)
 
 
+def _workflow_table(chk: Checker, kwargs: dict[str, Any], edition: int) -> dict[str, Any]:
+    """``workflow(...)``'s keyword arguments checked (into ``chk``) and turned into
+    the manifest's ``[workflow]`` table, its ``task()`` values as ``task``."""
+    # edition 4: outputs= and publish= (checked with the rest of the workflow)
+    known = _WORKFLOW_KWARGS + (WORKFLOW_KEYS_SINCE_4 if edition >= EDITION_CONTROL else ())
+    for key in kwargs:
+        if key not in known:
+            chk.error(
+                "unknown-key",
+                (key,),
+                f"unknown keyword argument {key!r} in workflow() (known: {', '.join(known)})",
+            )
+    if "params" in kwargs:
+        check_params(chk, ("params",), kwargs["params"])
+    tasks = kwargs.get("tasks", [])
+    if not isinstance(tasks, list | tuple):
+        chk.error(
+            "wrong-type", ("tasks",), f"tasks must be a list of task(), not {type_name(tasks)}"
+        )
+        tasks = []
+    for i, item in enumerate(tasks):
+        if not isinstance(item, TaskHandle):
+            chk.error(
+                "wrong-type", ("tasks", i), f"tasks[{i}] is a {type_name(item)}, not a task()"
+            )
+    table = {k: v for k, v in kwargs.items() if k != "tasks"}
+    table["task"] = [t.kwargs for t in tasks if isinstance(t, TaskHandle)]
+    return table
+
+
 def _evaluate_here(text: str, display: str, edition: int, timeout: float) -> StarResult:
     """The evaluation itself (in the child). Ctrl-C is the parent's to handle."""
     import starlark as sl
@@ -125,31 +155,8 @@ def _evaluate_here(text: str, display: str, edition: int, timeout: float) -> Sta
                 "(the compiler needs it before evaluating the source)",
             )
         chk = Checker(quiet.locator)
-        # edition 4: outputs= and publish= (checked with the rest of the workflow)
-        known = _WORKFLOW_KWARGS + (WORKFLOW_KEYS_SINCE_4 if edition >= EDITION_CONTROL else ())
-        for key in kwargs:
-            if key not in known:
-                chk.error(
-                    "unknown-key",
-                    (key,),
-                    f"unknown keyword argument {key!r} in workflow() (known: {', '.join(known)})",
-                )
-        if "params" in kwargs:
-            check_params(chk, ("params",), kwargs["params"])
-        tasks = kwargs.get("tasks", [])
-        if not isinstance(tasks, list | tuple):
-            chk.error(
-                "wrong-type", ("tasks",), f"tasks must be a list of task(), not {type_name(tasks)}"
-            )
-            tasks = []
-        for i, item in enumerate(tasks):
-            if not isinstance(item, TaskHandle):
-                chk.error(
-                    "wrong-type", ("tasks", i), f"tasks[{i}] is a {type_name(item)}, not a task()"
-                )
+        table = _workflow_table(chk, kwargs, edition)
         _remember(state, chk)
-        table = {k: v for k, v in kwargs.items() if k != "tasks"}
-        table["task"] = [t.kwargs for t in tasks]
         state["workflow"] = table
 
     module = sl.Module()

@@ -35,6 +35,26 @@ TMP_PREFIX = ".tmp-"
 
 
 @contextlib.contextmanager
+def _replacing(
+    tmp: str, target: str | os.PathLike[str], directory: str | os.PathLike[str], durable: bool
+) -> Iterator[None]:
+    """The body fills ``tmp``; then it replaces ``target`` (and the directory entry
+    is made durable). Any failure removes ``tmp``; an OSError becomes one
+    OperationalError naming ``target``."""
+    try:
+        yield
+        os.replace(tmp, target)
+        if durable:
+            fsync_dir(directory)
+    except BaseException as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+        raise
+
+
+@contextlib.contextmanager
 def atomic_file(
     path: str | os.PathLike[str],
     mode: int = 0o644,
@@ -52,22 +72,13 @@ def atomic_file(
         fd, tmp = tempfile.mkstemp(prefix=tmp_prefix, dir=directory)
     except OSError as exc:
         raise OperationalError(f"cannot write {target}: {exc.strerror}") from None
-    try:
+    with _replacing(tmp, target, directory, durable):
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             if durable:
                 os.fsync(f.fileno())
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
-        if durable:
-            fsync_dir(directory)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
-        raise
 
 
 def write_bytes(
@@ -98,7 +109,7 @@ def write_bytes(
         fd, tmp = tempfile.mkstemp(prefix=tmp_prefix, dir=directory)
     except OSError as exc:
         raise OperationalError(f"cannot write {target}: {exc.strerror}") from None
-    try:
+    with _replacing(tmp, target, directory, durable):
         try:
             write_all(fd, data)
             if durable:
@@ -106,15 +117,6 @@ def write_bytes(
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
-        os.replace(tmp, target)
-        if durable:
-            fsync_dir(directory)
-    except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
-        raise
     return True
 
 

@@ -50,40 +50,57 @@ def _has_surrogate(s: str) -> bool:
 
 
 def _fast_ok(value: Any, path: str) -> bool:
-    """Check the domain; True when orjson's output equals JCS for this value."""
-    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
+    """Check the domain; True when orjson's output equals JCS for this value.
+
+    Every event, record and cache key passes here, so the walk is kept lean:
+    strings, null, booleans and in-range integers inside a container are
+    checked where they are met, never pushed; an ASCII key (nearly all of them)
+    is cleared by ``str.isascii`` before any ``max``."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    push = stack.append
+    pop = stack.pop
     fast = True
     while stack:
-        v, p, depth = stack.pop()
+        v, depth = pop()
         t = type(v)
-        if t is str:
-            continue  # lone surrogates: orjson refuses them; the slow path checks
-        if t is int:
-            if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
-                raise CanonError(f"integer {v} is outside ±(2^53−1)", location=Location(path=p))
-            continue
         if t is dict or t is list or t is tuple:
             if depth >= MAX_DEPTH:
-                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels", location=Location(path=p))
+                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels", location=Location(path=path))
+            inner = depth + 1
             if t is dict:
                 for k, item in v.items():
                     if type(k) is not str:
-                        raise CanonError(f"object key {k!r} is not a string", location=Location(path=p))
-                    if fast and k and max(k) >= "\ue000":
+                        raise CanonError(f"object key {k!r} is not a string", location=Location(path=path))
+                    if fast and k and not k.isascii() and max(k) >= "\ue000":
                         fast = False
-                    stack.append((item, p, depth + 1))
+                    ti = type(item)
+                    if ti is str or item is None or ti is bool:
+                        continue
+                    if ti is int and -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                        continue
+                    push((item, inner))
             else:
-                stack.extend((item, p, depth + 1) for item in v)
+                for item in v:
+                    ti = type(item)
+                    if ti is str or item is None or ti is bool:
+                        continue
+                    if ti is int and -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                        continue
+                    push((item, inner))
             continue
-        if v is None or t is bool:
+        if t is str or v is None or t is bool:
+            continue  # lone surrogates: orjson refuses them; the slow path checks
+        if t is int:
+            if not -MAX_SAFE_INTEGER <= v <= MAX_SAFE_INTEGER:
+                raise CanonError(f"integer {v} is outside ±(2^53−1)", location=Location(path=path))
             continue
         if t is float:
             if not math.isfinite(v):
-                raise CanonError(f"number {v!r} is not finite", location=Location(path=p))
+                raise CanonError(f"number {v!r} is not finite", location=Location(path=path))
             if fast and not _plain_float(v):
                 fast = False
             continue
-        raise CanonError(f"value of type {t.__name__} has no JSON form", location=Location(path=p))
+        raise CanonError(f"value of type {t.__name__} has no JSON form", location=Location(path=path))
     return fast
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "kind_of",
     "open_regular",
     "read_at_most",
+    "read_named",
     "remove_tree",
     "walk_tree",
 ]
@@ -193,6 +194,28 @@ def read_at_most(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         got += len(chunk)
     raise OverflowError(f"holds more than {limit} bytes")
+
+
+def read_named(
+    path: Path,
+    where: str,
+    *,
+    missing: str = "no such file",
+    directory: str = "is a directory, not a file",
+    cannot: str = "cannot read",
+) -> bytes:
+    """A whole input file the user named: missing or a directory is a usage error
+    (exit 2), any other failure operational (exit 3), each one line at ``where``."""
+    from crucible.core.errors import UsageError
+
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(missing, where=where) from None
+    except IsADirectoryError:
+        raise UsageError(directory, where=where) from None
+    except OSError as exc:
+        raise OperationalError(f"{cannot}: {exc.strerror}", where=where) from None
 
 
 def clear_path(path: Path) -> None:

@@ -305,26 +305,43 @@ class Appender:
         """Append ``line`` (``\\n``-terminated) durably; raises OSError on failure,
         after truncating away any partial write. With ``identity`` (the record's),
         the index gets its slot under the same lock."""
+        self.append_many([(line, identity)])
+
+    def append_many(self, entries: list[tuple[bytes, tuple[str, str] | None]]) -> None:
+        """Append every ``(line, identity)`` of ``entries`` with one ``write`` and one
+        fsync under one lock, in order, and give each its index slot there (a
+        batch: docs/spec/ledger.md, "Batch append"). Durable when it returns; on
+        failure (OSError) the partial write is truncated away. A crash mid-write
+        leaves a prefix of whole lines, each checked by its own checksum, and at
+        most one torn line, which no reader trusts."""
+        if not entries:
+            return
         with self._thread_lock:
             lock_fd = self._lock()
             try:
                 fd, inode, size = self._current_fd(lock_fd)
+                lines = [line for line, _ in entries]
                 if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
-                    line = b"\n" + line
+                    lines[0] = b"\n" + lines[0]
+                data = lines[0] if len(lines) == 1 else b"".join(lines)
                 try:
-                    write_all(fd, line)
+                    write_all(fd, data)
                     os.fsync(fd)
-                    self._clean_end = (inode, size + len(line))
+                    self._clean_end = (inode, size + len(data))
                 except OSError:
                     self._clean_end = None
                     with contextlib.suppress(OSError):
                         os.ftruncate(fd, size)  # leave no partial line behind
                     raise
-                if identity is not None:
-                    # the record is durable; its index entry is a cache: a failure
-                    # here leaves the index behind, and the next reader catches up
-                    with contextlib.suppress(OSError):
-                        self._index(fd, inode, size, line, identity)
+                # the records are durable; their index entries are a cache: a
+                # failure here leaves the index behind, and the next reader
+                # catches up
+                at = size
+                for line, (_, identity) in zip(lines, entries, strict=True):
+                    if identity is not None:
+                        with contextlib.suppress(OSError):
+                            self._index(fd, inode, at, line, identity)
+                    at += len(line)
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
 

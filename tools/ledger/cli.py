@@ -71,9 +71,9 @@ def run(
     The step key covers the argv, every --key and the sha256 of every --key-file.
     Recorded on exit 0 or a listed --record-exit code; never when killed.
     """
-    from crucible.ledger.commands import RunOptions, do_run
+    from crucible.ledger.commands import StepRunOptions, do_run
 
-    options = RunOptions(directory, scope, keys, key_files, record_exits, argv)
+    options = StepRunOptions(directory, scope, keys, key_files, record_exits, argv)
     return do_run(options, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
 
 

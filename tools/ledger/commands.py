@@ -16,7 +16,6 @@ from crucible.ledger.identity import command_key, content_step, parse_key_specs,
 from crucible.ledger.ledger import Ledger, Outcome, Reply, Warn, stderr_warn
 from crucible.ledger.maintenance import compact, verify
 from crucible.ledger.runner import (
-    CannotStart,
     CommandResult,
     command_outcome,
     decode_streams,
@@ -25,7 +24,7 @@ from crucible.ledger.runner import (
 
 __all__ = [
     "KeySpec",
-    "RunOptions",
+    "StepRunOptions",
     "created_dir",
     "do_compact",
     "do_get",
@@ -99,7 +98,10 @@ def resolve_step(spec: KeySpec) -> tuple[str, dict[str, Any] | None]:
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class StepRunOptions:
+    """``crucible-ledger run``: a command run as a recorded step (not the dispatcher's
+    :class:`crucible.run.RunOptions`)."""
+
     directory: str
     scope: str
     keys: tuple[str, ...]
@@ -109,7 +111,7 @@ class RunOptions:
 
 
 def do_run(
-    options: RunOptions, *, stdout: IO[bytes], stderr: IO[bytes], warn: Warn = stderr_warn
+    options: StepRunOptions, *, stdout: IO[bytes], stderr: IO[bytes], warn: Warn = stderr_warn
 ) -> int:
     """Replay a recorded command, or run it (live output) and record it if settled.
     Returns the command's status (or the replayed one)."""
@@ -152,14 +154,10 @@ def do_run(
 
 
 def _execute(
-    options: RunOptions, *, stdout: IO[bytes], stderr: IO[bytes], check_output: bool = True
+    options: StepRunOptions, *, stdout: IO[bytes], stderr: IO[bytes], check_output: bool = True
 ) -> tuple[CommandResult, Outcome]:
-    try:
-        result = run_command(options.argv, stdout=stdout, stderr=stderr)
-    except CannotStart as exc:
-        if exc.usage:
-            raise UsageError(str(exc)) from None
-        raise OperationalError(str(exc)) from None
+    # CannotStart is in the error tree (exit 2 or 3): it reaches the edge as it is
+    result = run_command(options.argv, stdout=stdout, stderr=stderr)
     if check_output:
         _check_output(result)
     return result, command_outcome(result, set(options.record_exits))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -345,7 +345,10 @@ class Ledger:
                 return None, False
             known = Reply(scope, step, record["status"], record["value"], at=record["at"])
             self._memo[identity] = known
-        return replace(known, cached=True), from_ledger
+        # built directly: dataclasses.replace costs more than the rest of a hit's
+        # lookup (a task-cache run looks up every unit)
+        replay = Reply(known.scope, known.step, known.status, known.value, True, known.at)
+        return replay, from_ledger
 
     def records(self, scope: str | None = None) -> list[bytes]:
         """The canonical payload bytes of the latest record of each identity, in
@@ -392,6 +395,38 @@ class Ledger:
             self._warn(f"cannot append to {self.path} ({describe(exc)}); {step} not recorded")
             return False
         return True
+
+    def record_many(self, facts: list[tuple[str, str, Outcome, Any]]) -> int:
+        """Append every ``(scope, step, outcome, key)`` of ``facts`` as one batch:
+        one write and one fsync under the lock, each record indexed there. Returns
+        how many were recorded: a value outside the canonical domain is left out
+        (warned), and a failed append records none of them (warned once). The
+        memo holds every fact either way."""
+        entries: list[tuple[bytes, tuple[str, str] | None]] = []
+        for scope, step, outcome, key in facts:
+            _check_identity(scope, step)
+            record = make_record(scope, step, outcome.status, outcome.value, key)
+            self._memo[(scope, step)] = Reply(
+                scope, step, outcome.status, outcome.value, at=record["at"]
+            )
+            if self.readonly:
+                continue
+            try:
+                entries.append((encode_line(record), (scope, step)))
+            except canon.CanonError as exc:
+                self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
+        if self.readonly:
+            if facts:
+                self._warn(f"{self.path}: opened read-only; {len(facts)} facts not recorded")
+            return 0
+        try:
+            self._appender.append_many(entries)
+        except OSError as exc:
+            self._warn(
+                f"cannot append to {self.path} ({describe(exc)}); {len(entries)} facts not recorded"
+            )
+            return 0
+        return len(entries)
 
     # -- by content key (the API other tools call, e.g. a task cache) -----------
     def lookup_key(self, scope: str, kind: str, key: Any) -> Reply | None:

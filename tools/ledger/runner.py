@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
-from crucible.core.errors import OperationalError
+from crucible.core.errors import OperationalError, StartFailed
 from crucible.core.output import write_stream
 from crucible.ledger.ledger import Outcome
 
@@ -37,13 +37,10 @@ CAPTURE_LIMIT = 64 * 1024 * 1024
 _FORWARDED: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class CannotStart(Exception):
+class CannotStart(StartFailed):
     """The command could not be started; ``usage`` is True when the argv names
-    nothing runnable (not found, not executable), False for other OS errors."""
-
-    def __init__(self, message: str, *, usage: bool) -> None:
-        super().__init__(message)
-        self.usage = usage
+    nothing runnable (not found, not executable: exit 2), False for other OS
+    errors (exit 3). In the error tree, so the command edge maps it like any other."""
 
 
 @dataclass(frozen=True)
@@ -115,61 +112,16 @@ def run_command(
     with contextlib.suppress(ValueError):  # not the main thread: cannot install handlers
         for sig in _FORWARDED:
             previous[sig] = signal.signal(sig, forward)
-    try:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except BaseException as exc:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        unrunnable = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)
-        if isinstance(exc, unrunnable):
-            raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror}", usage=True) from None
-        if isinstance(exc, OSError):
-            usage = exc.errno == 8  # ENOEXEC: not an executable format
-            raise CannotStart(
-                f"cannot start {argv[0]!r}: {exc.strerror or exc}", usage=usage
-            ) from None
-        raise
+    proc = _start(argv, previous)
     started.append(proc)
     for signum in received[:1]:  # arrived while it was starting: it gets it now
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signum)
-    captured = {1: bytearray(), 2: bytearray()}
-    sinks: dict[int, IO[bytes] | None] = {1: stdout, 2: stderr}
-    names = {1: "stdout", 2: "stderr"}
-    errors: list[str] = []
-    total = 0
-    overflow = False
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(proc.stdout, selectors.EVENT_READ, 1)
-            selector.register(proc.stderr, selectors.EVENT_READ, 2)
-            while selector.get_map():
-                for key, _ in selector.select():
-                    chunk = os.read(key.fd, 1 << 16)
-                    if not chunk:
-                        selector.unregister(key.fileobj)
-                        continue
-                    stream: int = key.data
-                    sinks[stream] = _pass_through(sinks[stream], chunk, errors, names[stream])
-                    if not overflow:
-                        total += len(chunk)
-                        if total > limit:
-                            overflow = True
-                            captured[1].clear()
-                            captured[2].clear()
-                        else:
-                            captured[stream] += chunk
-                    if overflow and sinks[stream] is None:
-                        # Nobody reads this stream and nothing will be recorded: close
-                        # it, so the command gets SIGPIPE as it would writing to the
-                        # closed reader itself (`run -- yes | head` must end).
-                        selector.unregister(key.fileobj)
-                        key.fileobj.close()  # type: ignore[union-attr]
+        captured, overflow, errors = _pump(proc, stdout, stderr, limit)
         code = proc.wait()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
@@ -182,6 +134,70 @@ def run_command(
         interrupted_by=received[0] if received else None,
         output_error=errors[0] if errors else None,
     )
+
+
+def _restore(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _start(argv: Sequence[str], previous: dict[int, Any]) -> subprocess.Popen[bytes]:
+    """The command started with both outputs on pipes; a failure to start restores
+    the signal handlers and is a CannotStart (exit 2 when nothing runnable is named)."""
+    try:
+        return subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except BaseException as exc:
+        _restore(previous)
+        unrunnable = (FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError)
+        if isinstance(exc, unrunnable):
+            raise CannotStart(f"cannot start {argv[0]!r}: {exc.strerror}", usage=True) from None
+        if isinstance(exc, OSError):
+            usage = exc.errno == 8  # ENOEXEC: not an executable format
+            raise CannotStart(
+                f"cannot start {argv[0]!r}: {exc.strerror or exc}", usage=usage
+            ) from None
+        raise
+
+
+def _pump(
+    proc: subprocess.Popen[bytes], stdout: IO[bytes], stderr: IO[bytes], limit: int
+) -> tuple[dict[int, bytearray], bool, list[str]]:
+    """Copy the command's outputs live to ``stdout``/``stderr`` until both close,
+    capturing up to ``limit`` bytes in all: (captured by fd, overflowed, the
+    errors of our own streams)."""
+    captured = {1: bytearray(), 2: bytearray()}
+    sinks: dict[int, IO[bytes] | None] = {1: stdout, 2: stderr}
+    names = {1: "stdout", 2: "stderr"}
+    errors: list[str] = []
+    total = 0
+    overflow = False
+    assert proc.stdout is not None and proc.stderr is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ, 1)
+        selector.register(proc.stderr, selectors.EVENT_READ, 2)
+        while selector.get_map():
+            for key, _ in selector.select():
+                chunk = os.read(key.fd, 1 << 16)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                stream: int = key.data
+                sinks[stream] = _pass_through(sinks[stream], chunk, errors, names[stream])
+                if not overflow:
+                    total += len(chunk)
+                    if total > limit:
+                        overflow = True
+                        captured[1].clear()
+                        captured[2].clear()
+                    else:
+                        captured[stream] += chunk
+                if overflow and sinks[stream] is None:
+                    # Nobody reads this stream and nothing will be recorded: close
+                    # it, so the command gets SIGPIPE as it would writing to the
+                    # closed reader itself (`run -- yes | head` must end).
+                    selector.unregister(key.fileobj)
+                    key.fileobj.close()  # type: ignore[union-attr]
+    return captured, overflow, errors
 
 
 def _encode_stream(name: str, data: bytes, value: dict[str, Any]) -> None:

@@ -93,7 +93,8 @@ class CacheHits:
             directory,
             plan=plan,
             state=state,
-            environ=environ,
+            # a plain dict: every unit's key reads it (os.environ encodes each name)
+            environ=dict(environ),
             agent_cmd=agent_cmd,
             emit_cap=emit_cap,
         )
@@ -104,15 +105,26 @@ class CacheHits:
         #: (with files too large to check on this thread)
         self._handoff: dict[tuple[str, str | None], tuple[str, Any]] = {}
 
-    def take(self, ready: ReadyQueue, settle: Callable[[Any, dict[str, Any]], None]) -> int:
+    def take(
+        self,
+        ready: ReadyQueue,
+        settle: Callable[[Any, dict[str, Any]], None],
+        *,
+        stop: Callable[[], bool] | None = None,
+    ) -> int:
         """Settle every fresh unit of ``ready`` that hits, through ``settle(unit,
         reply)`` (which may queue its consumers: they are looked up in the same
-        pass); the units that miss stay in ``ready``, in order. Returns the hits."""
+        pass); the units that miss stay in ``ready``, in order. Once ``stop()``
+        is true (a signal: a pass over 10^5 hits takes seconds) the pass ends:
+        the units not looked at stay in ``ready`` too. Returns the hits."""
         hits = 0
         batch = ready.take_fresh()
         while batch:
             missed: list[Any] = []
-            for unit in batch:
+            for i, unit in enumerate(batch):
+                if stop is not None and stop():
+                    ready.put_back(missed + batch[i:])
+                    return hits
                 reply = self._look_up(unit)
                 if reply is None:
                     missed.append(unit)

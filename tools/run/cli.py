@@ -1,4 +1,5 @@
-"""``crucible-dispatch``: run a plan, or report on a state dir.
+"""``crucible-dispatch``: run a plan, or report on a state dir. Click only: each verb
+builds its options and calls its ``run_<verb>`` in :mod:`crucible.run.commands`.
 
 ``crucible-dispatch PLAN --state DIR ...`` and ``crucible-dispatch run PLAN ...``
 are the same command: a first argument that is not a subcommand name is taken
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -187,12 +187,7 @@ def run_cmd(
     threads_per_worker: int | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
-    from crucible.run.runner import run_plan
-
-    if as_json and not dry_run:
-        from crucible.core.errors import UsageError
-
-        raise UsageError("--json goes with --dry-run (the events are --events -)")
+    from crucible.run.commands import DispatchOptions, run_run
 
     options = RunOptions(
         plan=plan,
@@ -211,8 +206,6 @@ def run_cmd(
         follow=follow,
         keep_workspaces=keep_workspaces,
         events=events,
-        # the live line and followed output would overwrite each other
-        progress=sys.stderr.isatty() and not follow and not dry_run,
         outputs=outputs,
         publish_dir=publish_dir,
         cache=cache or None,
@@ -221,80 +214,7 @@ def run_cmd(
         workers=workers,
         threads_per_worker=threads_per_worker,
     )
-    if executor != "local" and not dry_run:
-        from crucible.run.dask_executor import check_options
-
-        check_options(options)  # before the state dir is touched
-    if outputs == "-" and events == "-":
-        from crucible.core.errors import UsageError
-
-        raise UsageError("--outputs - and --events - cannot both use stdout")
-    live: Any = None
-    if options.progress:
-        from crucible.run.progress import LiveProgress
-
-        live = LiveProgress(sys.stderr)
-    try:
-        outcome = run_plan(
-            options,
-            on_progress=live,
-            on_warning=lambda w: click.echo(f"crucible-dispatch: warning: {w}", err=True),
-        )
-    finally:
-        if live is not None:
-            live.close()
-    if dry_run:
-        _print_dry_run(outcome.plan_lines, as_json)
-        return outcome.exit_code
-    if outputs is not None:
-        from crucible.run.outputs import copy_outputs
-
-        copy_outputs(state, outputs, sys.stdout.buffer)
-    click.echo(f"crucible-dispatch: {summary_line(outcome, state)}", err=True)
-    return outcome.exit_code
-
-
-def summary_line(outcome: Any, state: Path) -> str:
-    """The run's last line: its counts, and the first failed units with their logs."""
-    c = outcome.counts
-    if outcome.message is not None:
-        head = f"{outcome.message} ({c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped)"
-    else:
-        head = (
-            f"run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "
-            f"{c['skipped']} skipped in {outcome.duration:.2f}s"
-        )
-    if outcome.failures:
-        shown = ", ".join(
-            _printable(label) + (f" ({state / log})" if log else "")
-            for label, log in outcome.failures
-        )
-        more = c["failed"] - len(outcome.failures)
-        head += f"; failed: {shown}" + (f" and {more} more" if more > 0 else "")
-    return head + f" (report: crucible-dispatch report {state})"
-
-
-def _printable(text: str) -> str:
-    return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
-
-
-def _print_dry_run(lines: Any, as_json: bool) -> None:
-    from crucible.core import ndjson
-
-    out = sys.stdout.buffer
-    if as_json:
-        for line in lines:
-            out.write(ndjson.dumps_line(line))
-        out.flush()
-        return
-    units = [
-        _printable(line["task"] if "key" not in line else f"{line['task']}[{line['key']}]")
-        for line in lines
-    ]
-    width = min(max((len(u) for u in units), default=0), 40)
-    for line, unit in zip(lines, units, strict=True):
-        out.write(f"{line['action']:<12} {unit:<{width}}  {line['reason']}\n".encode())
-    out.flush()
+    return run_run(DispatchOptions(options, as_json), sys.stdout.buffer, sys.stderr)
 
 
 @cli.command("report")
@@ -307,54 +227,16 @@ def _print_dry_run(lines: Any, as_json: bool) -> None:
     help="Write a self-contained HTML timeline to FILE (- = stdout).",
 )
 @click.option("--json", "as_json", is_flag=True, help="NDJSON rows on stdout instead of a table.")
-def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> None:
+def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> int:
     """Summarise the run in STATE: one row per task (per instance with TASK)."""
-    from crucible.core import ndjson, output
-    from crucible.core.errors import InputRefused
-    from crucible.run import report
+    from crucible.run.commands import ReportOptions, run_report
 
-    if not state.is_dir():
-        raise InputRefused("no such state dir", where=str(state))
-    rows = report.collect(state, task)
-    if html_file is not None:
-        page = report.render_html(rows, title=f"crucible run {state}")
-        if html_file == "-":
-            sys.stdout.write(page)
-        else:
-            output.write_output(html_file, page.encode("utf-8"))  # a device/FIFO: streamed
-            click.echo(f"crucible-dispatch: wrote {html_file}", err=True)
-        return
-    if as_json:
-        instances = task is not None
-        for r in rows:
-            if r.key is None or instances:
-                sys.stdout.buffer.write(ndjson.dumps_line(report.row_json(r)))
-        if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
-            from crucible.run import loop_view
-
-            sys.stdout.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
-        return
-    report.render_table(rows, sys.stdout, instances=task is not None)
-    if task is None:
-        report.render_outputs(state, sys.stdout)
+    return run_report(ReportOptions(state, task, html_file, as_json), sys.stdout, sys.stderr)
 
 
 @cli.group("cache")
 def cache_group() -> None:
     """Inspect and trim a task cache (docs/spec/cache.md)."""
-
-
-def _cache_dir(cache: Path | None) -> Path | None:
-    """The --cache DIR of a maintenance command: None when it does not exist yet."""
-    from crucible.core.errors import UsageError
-
-    if cache is None:
-        raise UsageError("give the cache directory: --cache DIR (or CRUCIBLE_CACHE)")
-    if not os.path.lexists(cache):
-        return None
-    if not cache.is_dir():
-        raise UsageError("not a directory", where=str(cache))
-    return cache
 
 
 _CACHE_OPTION = click.option(
@@ -370,22 +252,11 @@ _CACHE_OPTION = click.option(
 @cache_group.command("forget")
 @click.argument("task")
 @_CACHE_OPTION
-def cache_forget(task: str, cache: Path | None) -> None:
+def cache_forget(task: str, cache: Path | None) -> int:
     """Drop every cached result of TASK (it runs again next time)."""
-    import json
+    from crucible.run.commands import CacheForgetOptions, run_cache_forget
 
-    from crucible.run.cache import TaskCache
-    from crucible.stage import escape_key
-
-    directory = _cache_dir(cache)
-    n = 0
-    if directory is not None:
-        tc = TaskCache(directory, warn=_cache_warn)
-        try:
-            n = tc.forget(task, escape_key)
-        finally:
-            tc.close()
-    click.echo(json.dumps({"forgotten": n, "task": task}, separators=(",", ":")))
+    return run_cache_forget(CacheForgetOptions(task, cache), sys.stdout, sys.stderr)
 
 
 @cache_group.command("gc")
@@ -398,25 +269,11 @@ def cache_forget(task: str, cache: Path | None) -> None:
     metavar="SECONDS",
     help="Keep store files younger than this (a running dispatcher's new files).",
 )
-def cache_gc(cache: Path | None, grace: float) -> None:
+def cache_gc(cache: Path | None, grace: float) -> int:
     """Remove store files that no cached result names."""
-    import json
+    from crucible.run.commands import CacheGcOptions, run_cache_gc
 
-    from crucible.run.cache import TaskCache
-
-    directory = _cache_dir(cache)
-    out = {"removed": 0, "kept": 0, "bytes": 0}
-    if directory is not None:
-        tc = TaskCache(directory, warn=_cache_warn)
-        try:
-            out = tc.gc(grace=grace)
-        finally:
-            tc.close()
-    click.echo(json.dumps(out, sort_keys=True, separators=(",", ":")))
-
-
-def _cache_warn(message: str) -> None:
-    click.echo(f"crucible-dispatch: warning: {message}", err=True)
+    return run_cache_gc(CacheGcOptions(cache, grace), sys.stdout, sys.stderr)
 
 
 def main() -> None:

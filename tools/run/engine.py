@@ -220,8 +220,9 @@ class Dispatcher:
                 warn=self.warn,
             )  # fmt: skip
             self.ready = self.hits.ready_queue()  # each unit looked up once
-        # Fork the workers now, before any thread exists in this process (the
-        # session log's writer starts at its first commit). A worker holds one
+        # The executor: a local one forks its workers at the first unit that needs
+        # one (crucible.run.workers), in the loop's first turn, before the session
+        # log's writer thread starts at that turn's commit. A worker holds one
         # unit from staging to capture; the extra workers stage the next units
         # while the slots are busy.
         try:
@@ -256,8 +257,17 @@ class Dispatcher:
     def run(self) -> RunOutcome:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(wake_r, selectors.EVENT_READ, None)
-        for fd in self.workers.reply_fds:
+        # -- lazy workers (crucible.run.workers): a local pool forks at its first
+        # unit; its reply fds are watched as they appear
+        def watch(fd: int) -> None:
             self.selector.register(fd, selectors.EVENT_READ, _WORKER)
+
+        if hasattr(self.workers, "watch"):
+            self.workers.watch(watch)
+        else:
+            for fd in self.workers.reply_fds:
+                watch(fd)
+        # -- end lazy workers
         previous = self._install_signals(wake_w)
         started = time.monotonic()
         self._wake_fd = wake_w
@@ -456,7 +466,10 @@ class Dispatcher:
 
     def _fill(self) -> None:
         if self.hits is not None:  # --cache: hits settle here, consumers' hits too
-            self.hits.take(self.ready, self._settle_cached)
+            stop = self._stop_requested  # a signal ends the pass (and forks no worker)
+            self.hits.take(self.ready, self._settle_cached, stop=stop)
+            if stop():
+                return
         idle = self.workers.idle
         while self.ready and idle:
             unit = self.ready.popleft()
@@ -478,6 +491,9 @@ class Dispatcher:
             self.workers.submit(self._next_token, request)
             idle -= 1
         self.workers.flush()  # executor seam: send this round's submissions
+
+    def _stop_requested(self) -> bool:
+        return self.stop_signal is not None or self.fail_fast_by is not None
 
     def _on_reply(self, reply: Reply) -> None:
         if reply.outcome == "bug":

@@ -88,6 +88,11 @@ class LocalExecutor:
     def reply_fds(self) -> list[int]:
         return self.pool.reply_fds
 
+    def watch(self, callback: Callable[[int], None]) -> None:
+        """The pool forks at its first unit (crucible.run.workers): each reply fd
+        is handed to ``callback`` once it exists."""
+        self.pool.watch(callback)
+
     @property
     def in_flight(self) -> int:
         return self.pool.in_flight
@@ -123,10 +128,10 @@ def create(
     runner: UnitRunner,
     serve: Callable[[Any, Channel], Any],
 ) -> Executor:
-    """The executor ``options.executor`` names. The local one forks now: call
-    this before any thread exists in the process."""
+    """The executor ``options.executor`` names. The local one forks its workers
+    at its first unit (a fully cached run forks none: crucible.run.workers)."""
     if options.executor == "local":
-        return LocalExecutor(WorkerPool(jobs + min(jobs, 8) + 1, serve), slots)
+        return LocalExecutor(WorkerPool(jobs + min(jobs, 8) + 1, serve, lazy=True), slots)
     from crucible.run.dask_executor import DaskExecutor
 
     return DaskExecutor(options, jobs=jobs, runner=runner)

@@ -6,7 +6,7 @@ file description, which the forked workers share: a dispatcher killed outright
 keeps its state locked until its last worker (which kills its task) is gone.
 The descriptor is close-on-exec, so no task holds it. The holder writes its pid
 into the file, so a second dispatcher is refused naming it
-(docs/spec/run.md, "State directory").
+(docs/spec/run.md, "State directory"). Its path is ``StateLayout.lock_path``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from pathlib import Path
 from crucible.core.errors import InputRefused, OperationalError, UsageError
 from crucible.core.fdio import write_all
 
-__all__ = ["LOCK_NAME", "StateLock"]
-
-LOCK_NAME = "lock"
+__all__ = ["StateLock"]
 
 
 class StateLock:
@@ -29,7 +27,9 @@ class StateLock:
     def __init__(self, state: Path) -> None:
         import fcntl
 
-        self.path = state / LOCK_NAME
+        from crucible.stage import StateLayout
+
+        self.path = StateLayout(state).lock_path
         try:
             # O_NOFOLLOW: a symlink planted as the lock is refused, never followed.
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)

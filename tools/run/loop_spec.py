@@ -112,27 +112,11 @@ class LoopSpec:
     def phases(self, needs: Mapping[str, Sequence[str]]) -> Phases:
         """Before and after sets over ``needs`` (task -> the tasks it needs)."""
         body = set(self.body)
-        before: set[str] = set()
-        todo = deque(n for b in body for n in needs[b] if n not in body)
-        while todo:
-            n = todo.popleft()
-            if n in before or n in body:
-                continue
-            before.add(n)
-            todo.extend(needs[n])
         consumers: dict[str, list[str]] = {n: [] for n in needs}
         for n, deps in needs.items():
             for d in deps:
                 consumers[d].append(n)
-        after: set[str] = set()
-        todo = deque(c for b in body for c in consumers[b] if c not in body)
-        while todo:
-            n = todo.popleft()
-            if n in after or n in body:
-                continue
-            after.add(n)
-            todo.extend(consumers[n])
-        return Phases(before=frozenset(before), after=frozenset(after))
+        return Phases(before=_reach(body, needs), after=_reach(body, consumers))
 
     def better(self, score: float, kept: float | None) -> bool:
         """Is ``score`` an improvement on the kept score (by more than min_delta,
@@ -158,3 +142,17 @@ def _number(value: Any, where: str, low: float | None = None, *, strict: bool = 
     if low is not None and (value <= low if strict else value < low):
         raise InputRefused(f"must be {'>' if strict else '>='} {low:g}", where=where)
     return value  # type: ignore[no-any-return]
+
+
+def _reach(body: set[str], edges: Mapping[str, Sequence[str]]) -> frozenset[str]:
+    """The tasks outside ``body`` reached from it along ``edges`` (needs: the
+    ancestors; consumers: the descendants), walking no further through the body."""
+    seen: set[str] = set()
+    todo = deque(n for b in body for n in edges[b] if n not in body)
+    while todo:
+        n = todo.popleft()
+        if n in seen or n in body:
+            continue
+        seen.add(n)
+        todo.extend(edges[n])
+    return frozenset(seen)

@@ -139,9 +139,10 @@ def plan_loop(state: Path) -> dict[str, Any]:
     import orjson
 
     from crucible.run._report_state import read_regular
+    from crucible.stage import StateLayout
 
     try:
-        plan = orjson.loads(read_regular(state / "plan.json", "plan.json") or b"null")
+        plan = orjson.loads(read_regular(StateLayout(state).plan_path, "plan.json") or b"null")
     except (orjson.JSONDecodeError, CrucibleError):
         return {}
     loop = plan.get("loop") if isinstance(plan, dict) else None
@@ -240,6 +241,20 @@ def number_text(x: float | None, sign: bool = False) -> str:
     return f"+{text}" if sign and x > 0 else text
 
 
+def _cells(view: LoopView, r: Revision, note_max: int) -> tuple[str, ...]:
+    """One revision's cells, as the table and the HTML page show them."""
+    return (
+        str(r.revision),
+        r.status,
+        number_text(r.score),
+        number_text(r.best),
+        number_text(r.delta, sign=True),
+        _kept_cell(view, r),
+        "-" if r.duration_ms is None else f"{r.duration_ms / 1000:.3f}s",
+        clip(escape(r.note), note_max),
+    )
+
+
 def _kept_cell(view: LoopView, r: Revision) -> str:
     if r.revision == view.kept_revision:
         return "kept *"
@@ -275,19 +290,7 @@ def render_table(view: LoopView, out: IO[str]) -> None:
     duration, note (``*`` marks the final kept revision)."""
     out.write(f"\nLOOP  {summary(view)}\n")
     header = ("REVISION", "STATUS", "SCORE", "BEST", "DELTA", "KEPT", "DURATION", "NOTE")
-    rows = [
-        (
-            str(r.revision),
-            r.status,
-            number_text(r.score),
-            number_text(r.best),
-            number_text(r.delta, sign=True),
-            _kept_cell(view, r),
-            "-" if r.duration_ms is None else f"{r.duration_ms / 1000:.3f}s",
-            clip(escape(r.note), NOTE_CELL_MAX),
-        )
-        for r in view.revisions
-    ]
+    rows = [_cells(view, r, NOTE_CELL_MAX) for r in view.revisions]
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     for cells in (header, *rows):
         padded = "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells[:-1]))
@@ -539,16 +542,7 @@ def _table(view: LoopView) -> str:
     )
     rows = []
     for r in view.revisions:
-        cells = (
-            str(r.revision),
-            r.status,
-            number_text(r.score),
-            number_text(r.best),
-            number_text(r.delta, sign=True),
-            _kept_cell(view, r),
-            "-" if r.duration_ms is None else f"{r.duration_ms / 1000:.3f}s",
-            clip(escape(r.note), 300),
-        )
+        cells = _cells(view, r, 300)
         rows.append("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>")
     return (
         f"<details><summary>revisions ({len(view.revisions)})</summary>"

@@ -19,20 +19,23 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.core.contract import json_type
-from crucible.core.errors import InputRefused, OperationalError, ParseError, UsageError
+from crucible.core.errors import InputRefused, ParseError, UsageError
+from crucible.core.fsio import read_named
 
 __all__ = ["changed_param", "read_params_file", "resolve_params"]
 
 
 def read_params_file(path: str) -> dict[str, Any]:
-    try:
-        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError("no such params file", where=path) from None
-    except IsADirectoryError:
-        raise UsageError("the params file is a directory", where=path) from None
-    except OSError as exc:
-        raise OperationalError(f"cannot read params file: {exc.strerror}", where=path) from None
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        data = read_named(
+            Path(path),
+            path,
+            missing="no such params file",
+            directory="the params file is a directory",
+            cannot="cannot read params file",
+        )
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:

@@ -159,8 +159,11 @@ def _run_admitted(
         stack.callback(dispatcher.close)
         admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
         dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
+        # Queued, not committed: the loop's first turn commits it with that turn's
+        # events, after the turn has forked the workers if any unit needs one
+        # (the session log's writer thread starts at the first commit, and the
+        # workers are forked while this process has one thread: run.workers).
         log.emit("plan_admitted", **admitted)
-        log.commit()
         try:
             outcome = dispatcher.run()
             # run results and published files (IR v3): crucible.run.outputs

@@ -10,6 +10,20 @@ modules; requests and replies are small pickles over pipes, and the scheduling
 thread reads replies in its one ``select``. A request may be answered by any
 number of interim replies (:meth:`Channel.send`, e.g. "started") before its
 final one.
+
+A lazy pool (``lazy=True``, the dispatcher's) forks nothing until its first
+:meth:`WorkerPool.submit`: a run whose units all hit the task cache never
+needs a worker, and pays no fork and no reaping (docs/spec/cache.md). The
+whole pool is forked at that first need, not one worker at a time, because a
+fork should happen while the process has one thread: the dispatcher's first
+``submit`` comes in the first turn of its loop, before that turn hands the
+session log its first batch (the session writer thread starts there). Every
+unit a local run submits later follows a reply of a worker of this pool, so
+it is already forked by then. Should a first fork still come after the writer
+started, it is safe on the interpreters we support: the writer thread only
+waits on its queue, sleeps, and calls ``os.write``/``os.fsync`` on the log's
+descriptor, and a worker never touches the session log, its queue, or the
+standard streams (``_serve`` answers through pipes and leaves by ``os._exit``).
 """
 
 from __future__ import annotations
@@ -89,6 +103,10 @@ def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) 
     # crucible.run.unit.Slots), and a worker finishes the request it holds.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A lazy pool forks inside the dispatcher's loop, whose signal wake-up fd is
+    # set: a signal sent to the group must not wake the dispatcher from here.
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
     while True:
         header = _read_exact(requests, _HEADER)
         if header is None:
@@ -112,18 +130,49 @@ def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) 
 
 class WorkerPool:
     """``count`` forked workers running ``handler(request, channel)``; least-loaded
-    dispatch."""
+    dispatch. A ``lazy`` pool forks them at its first :meth:`submit` (see the
+    module's docstring); :meth:`watch` names who is told each new reply fd."""
 
-    def __init__(self, count: int, handler: Callable[[Any, Channel], Any]) -> None:
+    def __init__(
+        self, count: int, handler: Callable[[Any, Channel], Any], *, lazy: bool = False
+    ) -> None:
+        self.count = count
+        self._handler = handler
         self.workers: list[_Worker] = []
         self.by_fd: dict[int, _Worker] = {}
+        #: the largest peak RSS of the reaped workers (0: no worker ran)
         self.peak_rss_kib = 0
+        #: how many worker processes this pool forked (0 until its first submit)
+        self.forked = 0
+        self._started = False
+        self._watch: Callable[[int], None] | None = None
+        if not lazy:
+            self.start()
+
+    def watch(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(fd)`` for every reply fd, now and as workers are forked."""
+        self._watch = callback
+        for w in self.workers:
+            callback(w.replies)
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self) -> None:
+        """Fork the workers (once; a closed pool forks no more)."""
+        if self._started:
+            return
+        self._started = True
         try:
-            for _ in range(count):
-                self._fork(handler)
+            for _ in range(self.count):
+                self._fork(self._handler)
         except BaseException:
             self.close()
             raise
+        if self._watch is not None:
+            for w in self.workers:
+                self._watch(w.replies)
 
     def _fork(self, handler: Callable[[Any, Channel], Any]) -> None:
         req_r, req_w = os.pipe2(os.O_CLOEXEC)
@@ -146,6 +195,7 @@ class WorkerPool:
         os.close(rep_w)
         os.set_blocking(rep_r, False)
         worker = _Worker(pid=pid, requests=req_w, replies=rep_r)
+        self.forked += 1
         self.workers.append(worker)
         self.by_fd[rep_r] = worker
 
@@ -159,10 +209,15 @@ class WorkerPool:
 
     @property
     def idle(self) -> int:
-        """How many workers hold no request."""
+        """How many workers hold no request (a lazy pool not started yet: all)."""
+        if not self._started:
+            return self.count
         return sum(1 for w in self.workers if not w.in_flight)
 
     def submit(self, token: int, request: Any) -> None:
+        self.start()
+        if not self.workers:
+            raise OperationalError("the staging workers are gone")
         worker = min(self.workers, key=lambda w: w.in_flight)
         worker.in_flight += 1
         try:
@@ -171,16 +226,20 @@ class WorkerPool:
             raise OperationalError(f"a staging worker is gone: {exc.strerror}") from None
 
     def read(self, fd: int) -> list[Reply]:
-        """Every complete reply waiting on ``fd`` (a worker's reply pipe)."""
+        """Every complete reply waiting on ``fd`` (a worker's reply pipe). A worker
+        gone mid-request raises, but only once the replies it sent before dying
+        were returned (a "started" among them names the task process the
+        dispatcher must then kill): its pipe stays readable at end of file, so
+        the next read raises."""
         worker = self.by_fd[fd]
+        gone = False
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
             except BlockingIOError:
                 break
             if not chunk:
-                if worker.in_flight:
-                    raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
+                gone = True
                 break
             worker.buffer += chunk
         replies: list[Reply] = []
@@ -195,10 +254,14 @@ class WorkerPool:
             if reply.final:
                 worker.in_flight -= 1
             replies.append(reply)
+        if gone and worker.in_flight and not replies:
+            raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
         return replies
 
     def close(self) -> None:
-        """Close the request pipes (workers exit at EOF) and reap the workers."""
+        """Close the request pipes (workers exit at EOF) and reap the workers; a
+        lazy pool never started forks nothing now."""
+        self._started = True
         for w in self.workers:
             with contextlib.suppress(OSError):
                 os.close(w.requests)

@@ -1,7 +1,8 @@
 """A light, read-only view of a plan dict: what stage needs and checks.
 
-Plans arrive as plain JSON-shaped dicts (CONTRACT.md). Stage does not import
-the compiler; it checks the few things it relies on and refuses the rest with a
+Plans arrive as plain JSON-shaped dicts (docs/spec/plan-ir.md, docs/schemas/plan-v*.json).
+Stage does not import the compiler (tools share plans as files, not code: DESIGN.md
+"Layout", held by tests/test_layering.py); it checks the few things it relies on and refuses the rest with a
 clear message (a plan/state mismatch, an unknown task, an unsafe name).
 """
 

@@ -10,6 +10,7 @@ reader's job is to check them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ class Gen:
         root: str = "root",
         root_case: Any = None,
     ) -> None:
-        self.wf = {
+        self.wf: dict[str, Any] = {
             "workflowVersion": 2,
             "name": "wf",
             "limits": {**DEFAULT_LIMITS, **(limits or {})},
@@ -113,7 +114,7 @@ class Gen:
             }
         )
         self.set_state[self.stage_names[0]] = "closed"
-        self.reservations = {1: [root]}
+        self.reservations: dict[int, list[str]] = {1: [root]}
 
     # proof -----------------------------------------------------------------
     def proof_bytes(self, epochs: list[dict[str, Any]]) -> bytes:
@@ -136,7 +137,8 @@ class Gen:
         return [s["name"] for s in self.wf["stages"] if s["input"]["fromStage"] == u]
 
     def descendants(self, u: str) -> list[str]:
-        out, todo = [], [u]
+        out: list[str] = []
+        todo = [u]
         while todo:
             for c in self.consumers(todo.pop()):
                 out.append(c)
@@ -182,11 +184,11 @@ class Gen:
             self.files[path] = canon.dumps({**core, "refusal": "limit-exceeded"})
             if fork:
                 self.selection[u] = None
-            return e["number"]
+            return int(e["number"])
         self.files[path] = canon.dumps(core)
         assert child_ids is not None
         ids = iter(child_ids)
-        made = []
+        made: list[dict[str, Any]] = []
         for c in self.consumers(u):
             cdef = next(s for s in self.wf["stages"] if s["name"] == c)
             for i, o in selected:
@@ -196,7 +198,7 @@ class Gen:
                 )
                 cid = next(ids)
                 fields = cdef["input"]["fields"]
-                inst = {
+                inst: dict[str, Any] = {
                     "id": cid,
                     "stage": c,
                     "parent": {"instance": i, "output": o},
@@ -230,13 +232,13 @@ class Gen:
             self.set_state[c] = "closed"
         self.selection[u] = {"revision": rev, "digest": digest.of_bytes(self.files[path])}
         self.reservations[e["number"]] = [m["id"] for m in made]
-        return e["number"]
+        return int(e["number"])
 
     def group(
         self,
         reservation: int,
         starts: list[str],
-        cancelled: list[str] = (),
+        cancelled: Sequence[str] = (),
         deferred: list[str] | None = None,
     ) -> int:  # type: ignore[assignment]
         order = [i for i in self.reservations[reservation]]
@@ -263,7 +265,7 @@ class Gen:
             self.inst(i)["attempts"].append(self._stub(1, None))
         for i in cancelled:
             self.inst(i)["state"] = "cancelled"
-        return e["number"]
+        return int(e["number"])
 
     def retry(self, iid: str) -> int:
         inst = self.inst(iid)

@@ -522,7 +522,9 @@ def _over_supplied_bound(files: dict[str, bytes]) -> bool:
     plain = [
         v for k, v in files.items() if not k.startswith("__symlink__:") and k != "partial.json"
     ]
-    return sum(len(v) for v in plain) > limits["maxBytes"] or len(plain) > limits["maxFiles"]
+    return bool(
+        sum(len(v) for v in plain) > limits["maxBytes"] or len(plain) > limits["maxFiles"]
+    )
 
 
 @pytest.mark.parametrize("name", sorted(VALID))

@@ -49,7 +49,7 @@ def test_vector_report(case: str) -> None:
         assert report.reading is not None
         assert report.reading.completion == want["completion"]
         c = report.reading.counts
-        got = {
+        got: dict[str, Any] = {
             "stages": c.stages,
             "instances": c.instances,
             "outputs": c.outputs,

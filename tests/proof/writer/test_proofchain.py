@@ -72,13 +72,15 @@ def test_every_prefix_across_block_boundaries_matches_full_serialization() -> No
             head, tail = split_at_results(epoch)
             assert chain.size_with_open(head, tail) == len(full([*epochs, epoch]))
             chain.open(head, tail)
+            results: list[object] = []
             for j in range(2):
                 result = {"j": j, "x": "y" * rng.randrange(5)}
                 assert chain.size_with_result(canon.dumps(result)) == len(
-                    full([*epochs, {**epoch, "results": [*epoch["results"], result]}])  # type: ignore[list-item]
+                    full([*epochs, {**epoch, "results": [*results, result]}])
                 )
                 chain.add_result(canon.dumps(result))
-                epoch = {**epoch, "results": [*epoch["results"], result]}  # type: ignore[list-item]
+                results = [*results, result]
+                epoch = {**epoch, "results": results}
                 if j == 0:
                     prefix = full([*epochs, epoch])
                     assert chain.size() == len(prefix)

@@ -7,6 +7,7 @@ schemas use lives here; it is itself tested against counterexamples.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,13 +133,14 @@ def test_validator_rejects_counterexamples() -> None:
     s = schema("execution.json")
     good = canon.loads((VECTORS / "complete" / "bundle" / "execution.json").read_bytes())
     assert valid(good, s, s)
-    for mutate in (
+    mutations: tuple[Callable[[Any], object], ...] = (
         lambda e: e.update(extra=1),
         lambda e: e.update(executionVersion=1),
         lambda e: e["instances"][0].update(state="done"),
         lambda e: e.update(admissionProofDigest="sha256:XYZ"),
         lambda e: e.pop("frozen"),
-    ):
+    )
+    for mutate in mutations:
         bad = canon.loads(canon.dumps(good))
         mutate(bad)
         assert not valid(bad, s, s)

@@ -44,9 +44,9 @@ EPOCH_KINDS: dict[str, tuple[str, ...]] = {
     "group": ("reservation", "starts", "deferred", "cancelled", "results"),
     "retry": ("begin", "results"),
 }
-# Deliberate duplicate of the writer's LIMIT_NAMES (writer/_model.py): the reader reaches its
-# verdict from the bundle and the spec alone and imports no writer code (DESIGN.md,
-# docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
+# independent of the writer on purpose: a copy of writer/_model.py's LIMIT_NAMES; the
+# reader reaches its verdict from the bundle and the spec alone and imports no writer code
+# (DESIGN.md, docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
 LIMIT_NAMES = (
     "maxBytes",
     "maxFiles",

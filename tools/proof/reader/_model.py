@@ -65,9 +65,9 @@ class Attempt:
         return len(control_dumps(self.to_json()))
 
 
-# Deliberate duplicate of the writer's Instance record (writer/_state.py): the reader reaches its
-# verdict from the bundle and the spec alone and imports no writer code (DESIGN.md,
-# docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
+# independent of the writer on purpose: a copy of writer/_state.py's Instance record; the
+# reader reaches its verdict from the bundle and the spec alone and imports no writer code
+# (DESIGN.md, docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
 @dataclass(slots=True)
 class Instance:
     id: str

@@ -130,25 +130,21 @@ def load_proof(data: bytes, path: str, bounds: JsonBounds) -> Proof:
                     return _whole(data, path, bounds)
                 spans.extend((pos, end))
                 pos = end
-                sep = text[pos : pos + 1]
-                pos += 1
-                if sep == ",":
-                    continue
+                sep, pos = text[pos : pos + 1], pos + 1
                 if sep == "]":
                     break
-                return _whole(data, path, bounds)
+                if sep != ",":
+                    return _whole(data, path, bounds)
             blocks.append(count)
             if len(blocks) > layout.MAX_BLOCKS:
                 raise Problem(
                     "input-over-bound", 1, f"more than {layout.MAX_BLOCKS} epoch blocks", path=path
                 )
-            sep = text[pos : pos + 1]
-            pos += 1
-            if sep == ",":
-                continue
+            sep, pos = text[pos : pos + 1], pos + 1
             if sep == "]":
                 break
-            return _whole(data, path, bounds)
+            if sep != ",":
+                return _whole(data, path, bounds)
     # the remaining root members: the head plus the tail close one canonical object
     tail = data[pos:]
     if tail[:1] not in (b",", b"}"):

@@ -793,8 +793,9 @@ class Replay:
         """Payload and envelope files of a proposal, and the set records they add."""
         files: list[tuple[str, bytes]] = []
         records: list[dict[str, Any]] = []
-        # the envelope form is built again here, not taken from writer/_derive.py:
-        # the reader derives every file it expects from the spec alone (DESIGN.md)
+        # independent of the writer on purpose: the envelope form is built again here,
+        # not taken from writer/_derive.py; the reader derives every file it expects
+        # from the spec alone (DESIGN.md)
         for idx, payload in enumerate(proposal):
             pd = digest.of_bytes(payload)
             env = control_dumps(

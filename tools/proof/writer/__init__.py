@@ -40,8 +40,8 @@ _HOME = {
 }
 
 
-# The same few lines as crucible.proof.reader's __init__, on purpose: the two sides
-# share nothing but core and layout (DESIGN.md), and a lazy package is no layout.
+# the reader's copy of these lines is independent of the writer on purpose: the two
+# sides share nothing but core and layout (DESIGN.md), and a lazy package is no layout.
 def __getattr__(name: str) -> Any:
     if name not in _HOME:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,8 +61,8 @@ def emitted_outputs(
     """Payload/envelope files (in output order) and the set records they add."""
     files: list[tuple[str, bytes]] = []
     records: list[dict[str, Any]] = []
-    # reader/_replay.py builds the same envelope form independently (the reader imports
-    # no writer code, DESIGN.md); workflow.md §5 is the one definition of both
+    # reader/_replay.py builds the same envelope form, independent of the writer on
+    # purpose (the reader imports no writer code, DESIGN.md); workflow.md §5 defines both
     for k, payload in enumerate(payloads):
         payload_digest = digest.of_bytes(payload)
         envelope = control_dumps(

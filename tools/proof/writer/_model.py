@@ -13,8 +13,8 @@ from crucible.proof import layout
 
 __all__ = ["LIMIT_NAMES", "Limits", "Stage", "Workflow", "load_workflow", "parse_workflow"]
 
-# reader/_forms.py holds its own LIMIT_NAMES on purpose (the reader imports no writer
-# code, DESIGN.md); both are workflow.md §2's limits member names.
+# the reader's LIMIT_NAMES (reader/_forms.py) is independent of the writer on purpose (the
+# reader imports no writer code, DESIGN.md); both are workflow.md §2's limits member names.
 LIMIT_NAMES = (
     "maxBytes",
     "maxFiles",

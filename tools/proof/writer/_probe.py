@@ -24,9 +24,21 @@ from typing import Any
 
 from crucible.core import canon
 
-__all__ = ["Boundary", "one_output", "run_probe", "two_stage_ids"]
+__all__ = [
+    "PROBE_VERSION",
+    "Boundary",
+    "measure",
+    "one_output",
+    "probe_json",
+    "probe_text",
+    "run_probe",
+    "two_stage_ids",
+]
 
 _AT = "2026-10-17T09:00:00Z"
+
+#: the format version of ``probe --json`` (docs/schemas/prove-probe.json)
+PROBE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,13 @@ def _fixed_point(measure: Any, start: int = 1_000_000) -> int:
     raise AssertionError("no fixed point for the candidate size")
 
 
+def _boundary(name: str, at: Any, below: Any, root: Path, detail: dict[str, Any]) -> Boundary:
+    """The boundary of one example from its two decisions; the proof size is that
+    of the last bundle written under ``root`` (plus the 72-byte digest sidecar)."""
+    proof = (root / "bundle" / "admission-proof.json").stat().st_size + 72
+    return Boundary(name, at.acceptance, at.outcome, below.outcome, below.refusal, proof, detail)
+
+
 def one_output(work: Path) -> Boundary:
     stages = [_stage("doc", None, "/result", "one")]
     obs, files = _evaluated("r", {"result": {"title": "Synthetic report", "score": 7}})
@@ -136,18 +155,7 @@ def one_output(work: Path) -> Boundary:
         return _run(work / "one", stages, m, ops, files).decisions[-1]
 
     m = _fixed_point(lambda m: decision(m).acceptance[0])
-    at = decision(m)
-    below = decision(m - 1)
-    proof = (work / "one" / "bundle" / "admission-proof.json").stat().st_size + 72
-    return Boundary(
-        "one-output",
-        at.acceptance,
-        at.outcome,
-        below.outcome,
-        below.refusal,
-        proof,
-        {"maxBytes": m},
-    )
+    return _boundary("one-output", decision(m), decision(m - 1), work / "one", {"maxBytes": m})
 
 
 def two_stage_ids(work: Path) -> Boundary:
@@ -177,39 +185,101 @@ def two_stage_ids(work: Path) -> Boundary:
     m = _fixed_point(lambda m: decision(m, short).acceptance[0])
     at = decision(m, short)
     below = decision(m, long)
-    big = below
-    proof = (work / "two" / "bundle" / "admission-proof.json").stat().st_size + 72
-    return Boundary(
+    return _boundary(
         "two-stage-ids",
-        at.acceptance,
-        at.outcome,
-        below.outcome,
-        below.refusal,
-        proof,
-        {"maxBytes": m, "longAcceptance": big.acceptance, "longIdLength": len(long[0])},
+        at,
+        below,
+        work / "two",
+        {
+            "maxBytes": m,
+            "longAcceptance": below.acceptance,
+            "longIdLength": len(long[0]),
+            "shortIdLength": len(short[0]),
+        },
     )
 
 
-def run_probe() -> str:
+def measure() -> tuple[Boundary, Boundary]:
+    """Both examples, proved in a temporary directory removed afterwards."""
     with tempfile.TemporaryDirectory(prefix="crucible-probe-") as tmp:
-        one = one_output(Path(tmp))
-        two = two_stage_ids(Path(tmp))
+        return one_output(Path(tmp)), two_stage_ids(Path(tmp))
+
+
+def _fits(refusal: tuple[int, int] | None, max_bytes: int) -> bool:
+    return refusal is not None and refusal[0] <= max_bytes
+
+
+def probe_text(one: Boundary, two: Boundary) -> str:
+    """The report for people (the text ``probe`` prints)."""
     r1 = one.refusal or (0, 0)
     r2 = two.refusal or (0, 0)
     long = two.detail["longAcceptance"]
+    m1, m2 = one.detail["maxBytes"], two.detail["maxBytes"]
+    fits1 = "fits" if _fits(one.refusal, m1 - 1) else "does not fit"
+    fits2 = "fits" if _fits(two.refusal, m2) else "does not fit"
     lines = [
         "one-output example (1 stage, 1 record):",
         f"  acceptance candidate: {one.acceptance[0]} bytes in {one.acceptance[1]} files "
         f"(proof + digest sidecar: {one.proof_bytes} bytes)",
-        f"  maxBytes {one.detail['maxBytes']}: {one.at_limit} (equality fits)",
-        f"  maxBytes {one.detail['maxBytes'] - 1}: {one.below}; refusal carrier "
-        f"{r1[0]} bytes in {r1[1]} files fits",
+        f"  maxBytes {m1}: {one.at_limit} (equality fits)",
+        f"  maxBytes {m1 - 1}: {one.below}; refusal carrier {r1[0]} bytes in {r1[1]} files {fits1}",
         "two-stage example (2 selected parents, 2 child ids):",
-        f"  1-character ids: acceptance candidate {two.acceptance[0]} bytes in "
-        f"{two.acceptance[1]} files",
+        f"  {two.detail['shortIdLength']}-character ids: acceptance candidate "
+        f"{two.acceptance[0]} bytes in {two.acceptance[1]} files",
         f"  {two.detail['longIdLength']}-character ids: acceptance candidate {long[0]} bytes in "
         f"{long[1]} files",
-        f"  maxBytes {two.detail['maxBytes']}: short ids {two.at_limit}; long ids {two.below}, "
-        f"refusal carrier {r2[0]} bytes in {r2[1]} files fits",
+        f"  maxBytes {m2}: short ids {two.at_limit}; long ids {two.below}, "
+        f"refusal carrier {r2[0]} bytes in {r2[1]} files {fits2}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _size(measured: tuple[int, int] | None) -> dict[str, int] | None:
+    return None if measured is None else {"bytes": measured[0], "files": measured[1]}
+
+
+def probe_json(one: Boundary, two: Boundary) -> dict[str, Any]:
+    """The same facts for scripts, one member each (docs/schemas/prove-probe.json)."""
+    m1, m2 = one.detail["maxBytes"], two.detail["maxBytes"]
+    return {
+        "probeVersion": PROBE_VERSION,
+        "oneOutput": {
+            "stages": 1,
+            "records": 1,
+            "maxBytes": m1,
+            "acceptance": _size(one.acceptance),
+            "proofBytes": one.proof_bytes,
+            "atLimit": one.at_limit,
+            "below": {
+                "maxBytes": m1 - 1,
+                "outcome": one.below,
+                "refusal": _size(one.refusal),
+                "fits": _fits(one.refusal, m1 - 1),
+            },
+        },
+        "twoStageIds": {
+            "selectedParents": 2,
+            "childIds": 2,
+            "maxBytes": m2,
+            "short": {
+                "idLength": two.detail["shortIdLength"],
+                "acceptance": _size(two.acceptance),
+                "outcome": two.at_limit,
+            },
+            "long": {
+                "idLength": two.detail["longIdLength"],
+                "acceptance": _size(two.detail["longAcceptance"]),
+                "outcome": two.below,
+                "refusal": _size(two.refusal),
+                "fits": _fits(two.refusal, m2),
+            },
+        },
+    }
+
+
+def run_probe(as_json: bool = False) -> bytes:
+    """What ``probe`` prints: the text report, or one canonical JSON object and a newline."""
+    one, two = measure()
+    if as_json:
+        return canon.dumps(probe_json(one, two)) + b"\n"
+    return probe_text(one, two).encode("utf-8")

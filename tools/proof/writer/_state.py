@@ -65,7 +65,7 @@ class Attempt:
         return self
 
 
-# The reader keeps its own copy of this record (reader/_model.py) on purpose: it may
+# the reader's copy (reader/_model.py) is independent of the writer on purpose: it may
 # not import writer code (DESIGN.md); both follow workflow.md §4's instance form.
 @dataclass(slots=True)
 class Instance:

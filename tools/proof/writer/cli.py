@@ -58,11 +58,17 @@ def command(
 
 
 @command.command("probe")
-def probe_command() -> int:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one canonical JSON object (docs/schemas/prove-probe.json) instead of text.",
+)
+def probe_command(as_json: bool) -> int:
     """Print the synthetic accounting experiment: measured candidates and boundaries."""
-    from crucible.proof.writer.commands import run_probe
+    from crucible.proof.writer.commands import ProbeCommand, run_probe
 
-    return run_probe(sys.stdout.buffer)
+    return run_probe(ProbeCommand(json=as_json), sys.stdout.buffer)
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from typing import BinaryIO, TextIO
 
 from crucible.core.errors import EXIT_OK, EXIT_OPERATIONAL, UsageError
 
-__all__ = ["PROG", "ProveCommand", "run_probe", "run_prove"]
+__all__ = ["PROG", "ProbeCommand", "ProveCommand", "run_probe", "run_prove"]
 
 PROG = "crucible-prove"
 
@@ -75,10 +75,16 @@ def run_prove(opts: ProveCommand, out: BinaryIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def run_probe(out: BinaryIO) -> int:
+@dataclass(frozen=True)
+class ProbeCommand:
+    #: one canonical JSON object (docs/schemas/prove-probe.json) instead of the text
+    json: bool = False
+
+
+def run_probe(opts: ProbeCommand, out: BinaryIO) -> int:
     """The synthetic accounting experiment: measured candidates and boundaries."""
     from crucible.proof.writer._probe import run_probe as probe
 
-    out.write(probe().encode("utf-8"))
+    out.write(probe(as_json=opts.json))
     out.flush()
     return EXIT_OK
