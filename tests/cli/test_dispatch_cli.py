@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from crucible.core.cli import run as run_edge
 from crucible.run.cli import cli
+from tests.packed import keyed
 from tests.run.dispatchtests import events, parent_pid, process_alive, result
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,9 +173,7 @@ run = '''echo last >> {tmp_path}/ran.txt'''
 
     def both_blocked() -> bool:
         ran = (tmp_path / "ran.txt").read_text().split() if (tmp_path / "ran.txt").exists() else []
-        done = (state / "results" / "each" / "0.json").exists() and (
-            state / "results" / "each" / "2.json"
-        ).exists()
+        done = {"0", "2"} <= set(keyed(state, "each"))
         return "side" in ran and "1" in ran and done
 
     _wait_for(both_blocked)
@@ -195,13 +194,14 @@ run = '''echo last >> {tmp_path}/ran.txt'''
     }
     assert interrupted == {("each", "1"), ("side", None)}
     assert not (state / "results" / "side.json").exists()
-    assert not (state / "results" / "each" / "1.json").exists()
+    assert "1" not in keyed(state, "each")
     assert not (state / "results" / "each.json").exists()
     # nothing half-written: every record is complete JSON, no temp files left in results/
     for path in (state / "results").rglob("*"):
         if path.is_file():
             assert not path.name.startswith("@tmp"), path
-            json.loads(path.read_bytes())
+            for line in path.read_bytes().splitlines():  # a packed file: every line whole
+                json.loads(line)
     # resume, with the gate open: only the interrupted units (and what waited for them) run
     gate.unlink()
     (tmp_path / "ran.txt").write_text("")
@@ -294,7 +294,7 @@ run = '''printf '{{"n": %s}}' "$(ls "$CRUCIBLE_INPUTS_DIR/../each" 2>/dev/null |
     assert done.returncode == 0, done.stderr[-2000:]
     agg = json.loads((state / "results" / "each.json").read_bytes())
     assert agg["status"] == "passed" and len(agg["keys"]) == n and agg["counts"]["passed"] == n
-    assert len(os.listdir(state / "results" / "each")) == n
+    assert len(keyed(state, "each")) == n and not (state / "results" / "each").exists()
     finished = [json.loads(line) for line in (state / "session.jsonl").read_bytes().splitlines()][
         -2
     ]

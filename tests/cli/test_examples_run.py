@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.packed import keyed
+
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 STAND_IN = str(REPO / "examples" / "agent" / "stand-in.sh")
@@ -209,7 +211,7 @@ def test_daily_tour(tmp_path: Path) -> None:
     assert broken.returncode == 1
     last = broken.stderr.strip().splitlines()[-1]
     assert f"failed: count[south.csv] ({state}/logs/count/south%2Ecsv.log)" in last
-    record = json.loads((Path(state) / "results" / "count" / "south%2Ecsv.json").read_bytes())
+    record = keyed(Path(state), "count")["south.csv"]
     assert record["log"] == "logs/count/south%2Ecsv.log"
     assert record["stderr_tail"].endswith("giving up (unset DAILY_FAIL_ON to fix)")
     report = dispatch(["report", state])

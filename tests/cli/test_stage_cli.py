@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from crucible.core import canon
 from crucible.stage.cli import cli
+from tests.packed import keyed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "stage"))
 from tests.stage.stageplans import plan, settle, task
@@ -129,7 +130,7 @@ def test_capture_pass_and_failure_exit_codes(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
     assert rec["status"] == "passed" and rec["key"] == ".."
-    assert (state / "results" / "m" / "%2E%2E.json").exists()
+    assert ".." in keyed(state, "m")
 
     out.write_text('{"v": 5}')
     r = _run(

@@ -15,6 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from tests.packed import keyed
+
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
 # a -> b -> c, and d on its own. a's output follows the declared variable X; b
@@ -396,7 +398,7 @@ def test_mapped_instances_are_cached_one_by_one(tmp_path: Path) -> None:
     assert ran == []
     for i, key in enumerate(("0", "1")):
         assert (r.state(2) / "files" / "each" / key / "f.txt").read_text() == f"{i}\n"
-        rec = json.loads((r.state(2) / "results" / "each" / f"{key}.json").read_text())
+        rec = keyed(r.state(2), "each")[key]
         assert rec["cached"] is True and rec["key"] == key
     fold = json.loads((r.state(2) / "results" / "each.json").read_text())
     assert fold["status"] == "passed" and fold["keys"] == ["0", "1"]

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.packed import keyed
+
 REPO = Path(__file__).resolve().parents[2]
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
@@ -95,8 +97,5 @@ def test_exit_handler_notifies_only_on_failure(tmp_path: Path) -> None:
         "notify": "passed",
         "cleanup": "passed",
     }
-    sent = sorted(
-        json.loads(p.read_bytes())["output"]["sent"]
-        for p in (tmp_path / "broken" / "results" / "notify").glob("*.json")
-    )
+    sent = sorted(r["output"]["sent"] for r in keyed(tmp_path / "broken", "notify").values())
     assert sent == ["[chat] run failed: transform", "[mail] run failed: transform"]

@@ -15,9 +15,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.packed import keyed
 from tests.run.dispatchtests import (
     DISPATCH,
     events,
@@ -73,10 +75,15 @@ def dispatch(
     )
 
 
-def tree(root: Path) -> dict[str, bytes]:
+def tree(root: Path) -> dict[str, Any]:
+    """Every file's bytes; a packed records file's records by key (its lines'
+    order is the order units settled in)."""
     return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
+        str(p.relative_to(root)): keyed(root.parent, p.stem) if p.suffix == ".jsonl"
+        else p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }  # fmt: skip
 
 
 _VARYING = {"time", "pid", "worker", "duration", "max_rss_kib", "worker_max_rss_kib", "session"}
@@ -142,7 +149,7 @@ def test_fanout_with_a_join_gives_the_same_records_and_files_as_local(tmp_path: 
     assert remote.returncode == 1, remote.stderr
     for sub in ("results", "output", "instances", "files"):
         assert tree(tmp_path / "local" / sub) == tree(tmp_path / "dask" / sub), sub
-    failed = json.loads((tmp_path / "dask" / "results" / "t" / "137.json").read_bytes())
+    failed = keyed(tmp_path / "dask", "t")["137"]
     assert failed["status"] == "failed" and "no 137" in failed["stderr_tail"]
     join = json.loads((tmp_path / "dask" / "results" / "join.json").read_bytes())
     assert join["status"] == "passed"
@@ -188,11 +195,11 @@ def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) ->
             proc.wait(timeout=30)
     task_pids = [int(p.read_text()) for p in pids.iterdir()]
     assert not wait_gone(task_pids, 10)
-    assert not list(state.glob("results/t/*.json"))  # interrupted units stay unsettled
+    assert not keyed(state, "t")  # interrupted units stay unsettled
     gate.unlink()
     again = dispatch(pack, state, "--resume", *LOCAL)
     assert again.returncode == 0, again.stderr
-    assert len(list((state / "results" / "t").glob("*.json"))) == 4
+    assert len(keyed(state, "t")) == 4
 
 
 @contextlib.contextmanager
@@ -319,7 +326,7 @@ def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Pat
     assert finished[0]["status"] == "failed" and finished[0]["retry"] is True
     assert finished[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
     assert finished[1]["status"] == "passed" and finished[1]["attempt"] == 2
-    assert len(list(state.glob("results/t/*.json"))) == 4
+    assert len(keyed(state, "t")) == 4
 
 
 def test_a_timeout_on_a_worker_kills_the_tasks_grandchildren(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, dispatch, events, result, wait_for
 
 PACK = """edition = 4
@@ -389,6 +390,9 @@ def test_loop_json_and_events_match_their_schemas(
     record_schema = json.loads((schemas / "result-record.json").read_bytes())
     for path in (state / "results").rglob("*.json"):
         jsonschema.validate(json.loads(path.read_bytes()), record_schema)
+    for path in (state / "results").glob("*.jsonl"):  # the revisions' packed records
+        for rec in keyed(state, path.stem).values():
+            jsonschema.validate(rec, record_schema)
 
 
 def test_conditions_and_joins_inside_a_revision(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
+from tests.packed import keyed
 from tests.run.dispatchtests import events
 
 Pack = Callable[..., Path]
@@ -275,6 +276,12 @@ def _amend(state: Path, task: str, key: str | None = None, **fields: Any) -> Non
     from crucible.stage import StateLayout
 
     path = StateLayout(state).result_path(task, key)
+    if key is not None:  # a later line of the packed file wins
+        record = keyed(state, task)[key]
+        record.update(fields)
+        with path.open("ab") as f:
+            f.write(canon.dumps(record) + b"\n")
+        return
     record = json.loads(path.read_bytes())
     record.update(fields)
     path.write_bytes(canon.dumps(record))
@@ -305,12 +312,13 @@ def test_failed_unit_shows_its_log_and_stderr_tail(fanout_failed: Path, tmp_path
     state = tmp_path / "s"
     shutil.copytree(fanout_failed, state, symlinks=True)
     # Without the fields (a record written before they existed): nothing shown
-    path = state / "results/measure/1.json"
-    record = json.loads(path.read_bytes())
+    path = state / "results/measure.jsonl"
+    record = keyed(state, "measure")["1"]
     for name in ("log", "stderr_tail"):
         record.pop(name, None)
     record["note"] = "exited with status 1"
-    path.write_bytes(canon.dumps(record))
+    with path.open("ab") as f:  # a later line for the key wins
+        f.write(canon.dumps(record) + b"\n")
     plain = [line.strip() for line in report(state).stdout.splitlines()]
     assert not [line for line in plain if line.startswith(("log: ", "| "))]
     tail = "Traceback (most recent call last):\nSystemExit: refusing 'beta'\x1b[2J"

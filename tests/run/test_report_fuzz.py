@@ -123,8 +123,18 @@ def test_mutated_result_record(fanout: Path, name: str, field: str, new: Any, de
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "s"
         shutil.copytree(fanout, state, symlinks=True)
-        path = state / "results" / name
-        record = json.loads(path.read_bytes())
-        _mutate(record, field, new, delete)
-        path.write_bytes(orjson.dumps(record))
+        task, _, key = name.removesuffix(".json").partition("/")
+        if not key:
+            path = state / "results" / name
+            record = json.loads(path.read_bytes())
+            _mutate(record, field, new, delete)
+            path.write_bytes(orjson.dumps(record))
+        else:  # an instance's record: its line of the packed results/<task>.jsonl
+            path = state / "results" / f"{task}.jsonl"
+            lines = path.read_bytes().splitlines()
+            at = next(i for i, x in enumerate(lines) if json.loads(x)["key"] == key)
+            record = json.loads(lines[at])
+            _mutate(record, field, new, delete)
+            lines[at] = orjson.dumps(record)
+            path.write_bytes(b"\n".join(lines) + b"\n")
         _render_everything(state)

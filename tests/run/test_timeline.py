@@ -214,7 +214,7 @@ def write_big_state(root: Path, failures: int) -> tuple[Path, int]:
     )
     attempts += 1
     results = state / "results"
-    (results / "each").mkdir(parents=True)
+    results.mkdir(parents=True)
     (results / "items.json").write_bytes(
         _record("items", None, "passed", "", output={"items": list(range(N))}, **_capture_fields(0))
     )
@@ -263,9 +263,8 @@ def write_big_state(root: Path, failures: int) -> tuple[Path, int]:
                     duration=0.01,
                     exit_code=0,
                 )
-                (results / "each" / f"{j}.json").write_bytes(
-                    _record("each", str(j), "passed", "", **_capture_fields(0))
-                )
+                with (results / "each.jsonl").open("ab") as f:  # packed records
+                    f.write(_record("each", str(j), "passed", "", **_capture_fields(0)) + b"\n")
                 attempts += 1
         ws = f"work/each/{i}"
         ev("task_started", session, t, task="each", key=key, attempt=1, pid=2, workspace=ws)
@@ -323,16 +322,8 @@ def write_big_state(root: Path, failures: int) -> tuple[Path, int]:
         if code:
             extra = {"log": f"logs/each/{i}.log", "stderr_tail": tail}
         path = layout.result_path("each", key)
-        path.write_bytes(
-            _record(
-                "each",
-                key,
-                status,
-                note,
-                **_capture_fields(code),
-                **extra,
-            )
-        )
+        with path.open("ab") as f:  # a line of the packed results/each.jsonl
+            f.write(_record("each", key, status, note, **_capture_fields(code), **extra) + b"\n")
         t += 0.003
     bad = len(failing)
     note = (

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, Pack, dispatch, result, wait_for
 
 N = 300
@@ -159,8 +160,7 @@ def test_resume_after_sigkill_reuses_or_ignores_the_leftovers(
         start_new_session=True,
     )
     try:
-        results = state / "results" / "each"
-        wait_for(lambda: results.is_dir() and len(os.listdir(results)) >= 30, timeout=60)
+        wait_for(lambda: len(keyed(state, "each")) >= 30, timeout=60)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -169,7 +169,7 @@ def test_resume_after_sigkill_reuses_or_ignores_the_leftovers(
     stale.mkdir(parents=True)
     (stale / "item").write_bytes(b"999")
     (stale / "junk").mkdir()
-    settled = {p.name[: -len(".json")] for p in (state / "results" / "each").iterdir()}
+    settled = set(keyed(state, "each"))
     todo = sorted(str(i) for i in range(n) if str(i) not in settled)
     assert todo
     half = state / "work" / "each" / todo[0]
@@ -189,9 +189,8 @@ def test_resume_after_sigkill_reuses_or_ignores_the_leftovers(
         rec = result(state, "each", str(i))
         assert rec is not None and rec["status"] == "passed", i
         assert rec["output"]["item"] == i + 1
-    assert sorted(p.name for p in (state / "results" / "each").iterdir()) == sorted(
-        f"{i}.json" for i in range(n)
-    )
+    assert sorted(keyed(state, "each"), key=int) == [str(i) for i in range(n)]
+    assert not (state / "results" / "each").exists()  # packed: results/each.jsonl
     # an attempt killed between its record and the removal of its output keeps it
     assert len(outputs(state)) <= 2 + 2 + 1
 

@@ -29,6 +29,7 @@ _SPLICED = "splices junk or a torn line into steps.jsonl, to check the readers c
 #: owners whose files are left out -> why: a test node-id prefix, or
 #: ``fixture:<directory name prefix>`` for a fixture's tmp_path_factory directory
 EXEMPT: dict[str, str] = {
+    "tests/stage/test_packed_records.py::test_damaged_": _DAMAGED,
     "tests/run/test_report_state.py::test_damaged_": _DAMAGED,
     "tests/run/test_report_state.py::test_unparseable_state_files": _DAMAGED,
     "tests/run/test_report_state.py::test_unknown_event_kinds_are_skipped": _DAMAGED,

@@ -49,7 +49,7 @@ STATE_OTHER: frozenset[str] = frozenset({"lock", "events.jsonl"})
 STDOUT_SUFFIX = ".stdout.json"
 
 #: a line of NDJSON files, by schema name
-NDJSON: frozenset[str] = frozenset({"session-event.json", "ledger-record.json"})
+NDJSON: frozenset[str] = frozenset({"session-event.json", "ledger-record.json", "result-line.json"})
 
 
 @dataclass(frozen=True)
@@ -103,13 +103,15 @@ def _classify(parent: str, name: str) -> tuple[str | None, str] | None:
         return "inputs-v1.json", ""
     if name.startswith(("@", ".")):
         return None  # temporaries
+    if name.endswith(".jsonl") and parent_name == "results" and _is_state_dir(up):
+        return "result-line.json", ""  # results/<task>.jsonl: packed keyed records
     if name.endswith(STDOUT_SUFFIX):
         schema = name[: -len(STDOUT_SUFFIX)] + ".json"
         if not (SCHEMAS / schema).is_file():
             return "", f"a kept stdout no schema names ({schema})"
         return schema, ""
     if name.endswith(".json"):
-        # results/<task>.json, results/<task>/<escaped key>.json
+        # results/<task>.json (and results/<task>/<key>.json, the layout before issue 14)
         if parent_name == "results" and _is_state_dir(up):
             return "result-record.json", ""
         up2, up_name = os.path.split(up)

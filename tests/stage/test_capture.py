@@ -8,6 +8,7 @@ import pytest
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused
 from crucible.stage import capture, load_result
+from tests.packed import keyed
 from tests.stage.stageplans import plan, settle, task
 
 
@@ -206,7 +207,8 @@ def test_instance_files_go_under_the_escaped_key(state: Path) -> None:
     rec = settle(p, state, "m", None, key="a/../../x", files={"o": b"o"})
     assert rec["key"] == "a/../../x"
     assert (state / "files" / "m" / "a%2F%2E%2E%2F%2E%2E%2Fx" / "o").read_bytes() == b"o"
-    assert (state / "results" / "m" / "a%2F%2E%2E%2F%2E%2E%2Fx.json").exists()
+    assert "a/../../x" in keyed(state, "m")
+    assert not (state / "results" / "m").exists()  # packed: results/m.jsonl
 
 
 def test_plan_state_mismatches_raise_before_writing(state: Path, ws: Path) -> None:
@@ -243,7 +245,7 @@ def test_capture_refuses_a_key_the_map_does_not_have(state: Path, ws: Path) -> N
     settle(p, state, "src", {"xs": ["a"]})
     with pytest.raises(InputRefused, match="no instance '1'"):
         capture(p, state, "m", ws, output_file=ws / "n", exit_code=0, key="1")
-    assert not (state / "results" / "m").exists()
+    assert not (state / "results" / "m.jsonl").exists()
 
 
 def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(

@@ -64,7 +64,9 @@ def test_v2_index_and_prompt_are_byte_exact(state: Path, ws: Path) -> None:
     stage_inputs(p, state, "writer", ws)
     _golden("v2-index.json", (ws / "inputs" / "@values" / "index.json").read_bytes())
     _golden("v2-prompt.txt", render_prompt(p, state, "writer", ws).encode())
-    _golden("v2-record-count-1.json", (state / "results" / "count" / "1.json").read_bytes())
+    # an instance's record is one line of results/count.jsonl, the same bytes
+    lines = (state / "results" / "count.jsonl").read_bytes().splitlines()
+    _golden("v2-record-count-1.json", next(ln for ln in lines if b'"key":"1"' in ln))
     _golden("v2-record-count.json", (state / "results" / "count.json").read_bytes())
 
 

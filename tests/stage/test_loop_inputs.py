@@ -18,6 +18,7 @@ from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.run import loop_inputs as li
 from crucible.stage import StateLayout, capture, stage_inputs
+from tests.packed import keyed
 from tests.stage.stageplans import plan, settle, task
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
@@ -217,7 +218,7 @@ def test_each_revision_reads_its_own_producers(state: Path) -> None:
     li.reserve(state, p, 2, [rev_entry(1, 0.1, kept=True)])
     run_revision(p, state, 2, 20, 0.2)  # evaluate@rev2 reads propose@rev2: x = 20, its x.txt
     layout = StateLayout(state)
-    assert layout.result_path("propose", "@rev2") == state / "results" / "propose" / "%40rev2.json"
+    assert layout.result_path("propose", "@rev2") == state / "results" / "propose.jsonl"
     ws = layout.work_dir("propose", "@rev2")
     assert ws == state / "work" / "propose" / "%40rev2"
     # a before task is read plainly, its files too
@@ -262,7 +263,7 @@ def test_kept_files_are_staged_into_the_next_revision_read_only(state: Path) -> 
     got = ws / "inputs" / "@kept" / "propose" / "work" / "x.txt"
     assert got.read_text() == "10\n"  # the kept revision's, not the latest
     assert got.stat().st_mode & 0o777 == 0o444
-    rec1 = json.loads((state / "results" / "propose" / "%40rev1.json").read_bytes())
+    rec1 = keyed(state, "propose")["@rev1"]
     from crucible.core import digest
 
     assert digest.of_file(got) == rec1["files"][0]["digest"]

@@ -77,7 +77,7 @@ def test_task_name_accepted(name: str) -> None:
 def test_layout_paths(tmp_path) -> None:  # type: ignore[no-untyped-def]
     layout = StateLayout(tmp_path)
     assert layout.result_path("t") == tmp_path / "results" / "t.json"
-    assert layout.result_path("t", "a/b") == tmp_path / "results" / "t" / "a%2Fb.json"
+    assert layout.result_path("t", "a/b") == tmp_path / "results" / "t.jsonl"  # packed
     assert layout.files_dir("t") == tmp_path / "files" / "t"
     assert layout.files_dir("t", "..") == tmp_path / "files" / "t" / "%2E%2E"
     assert layout.work_dir("t", "") == tmp_path / "work" / "t" / "%"

@@ -272,17 +272,56 @@ _RECORD_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 
+#: packed files read by this report: path -> (identity, records by key)
+_packed: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
+def _keyed_record(path: Path, task: str, key: str) -> Any:
+    """A keyed unit's record from its task's packed file (read once per report,
+    refused like any state file that is not a regular one)."""
+    from crucible.core.errors import CrucibleError
+    from crucible.stage.readers import parse_packed
+
+    where = str(path)
+    try:
+        st = os.lstat(path)
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OperationalError(f"cannot read result records: {exc.strerror}", where=where) from None
+    hit = _packed.get(where)
+    if hit is None or hit[0] != ident:
+        data = read_regular(path, "result records")
+        if data is None:
+            return None
+        try:
+            hit = (ident, parse_packed(data, where, task))
+        except ParseError:
+            raise
+        except CrucibleError as exc:  # a line of another task, an unknown status
+            raise ParseError(exc.message, where=exc.where or where) from None
+        _packed[where] = hit
+    return hit[1].get(key)
+
+
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
     """The settled record of a unit, checked, or None when there is none."""
     from crucible.core.contract import RESULT_STATUSES as STATUSES
     from crucible.stage import RESULT_FORMAT, StateLayout
 
     path = StateLayout(state).result_path(task, key)
-    data = read_regular(path, "result record")
-    if data is None:
-        return None
-    where = str(path)
-    record = _load_json(data, where)
+    if key is not None:
+        where = f"{path} (key {key!r})"
+        record = _keyed_record(path, task, key)
+        if record is None:
+            return None
+    else:
+        data = read_regular(path, "result record")
+        if data is None:
+            return None
+        where = str(path)
+        record = _load_json(data, where)
     if not isinstance(record, dict):
         raise ParseError("a result record must be a JSON object", where=where)
     for name in ("format", "task", "status", "note", "retryable"):

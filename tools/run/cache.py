@@ -224,11 +224,12 @@ def ancestor_files(
             continue
         record = canon.loads(rec_path.read_bytes())
         if "keys" in record:  # a fold: every instance's files
+            from crucible.stage.readers import load_all  # packed: one read (inputs.md 5)
+
             per: dict[str, Any] = {}
+            instances = load_all(state, name)
             for k in record["keys"]:
-                ipath = state / "results" / name / f"{escape_key(k)}.json"
-                if ipath.exists():
-                    irec = canon.loads(ipath.read_bytes())
+                if (irec := instances.get(k)) is not None:
                     per[k] = _record_files(irec, state / "files" / name / escape_key(k))
             component = _digest_of(per)
         else:

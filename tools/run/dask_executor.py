@@ -189,6 +189,11 @@ class _WorkerRunner(UnitRunner):
     it runs: should the worker die (SIGKILL, the OOM killer), nobody else
     would kill it."""
 
+    #: a Dask worker may share STATE with the dispatcher over another host's
+    #: mount: it fsyncs its own records (the dispatcher's fsync would not cover
+    #: that host's cache); docs/spec/run.md, "Session log"
+    durable_records = True
+
     @staticmethod
     def _launch(
         argv: list[str],

@@ -17,6 +17,7 @@ import heapq
 import os
 import selectors
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -28,7 +29,7 @@ from crucible.core.errors import CrucibleError
 from crucible.run import control, executor
 from crucible.run.admit import Admission
 from crucible.run.executor import Executor
-from crucible.run.failures import compose_note, exit_text, failure_record, write_record
+from crucible.run.failures import compose_note, exit_text, failure_record
 from crucible.run.graph import TaskGraph, build_graph
 from crucible.run.matrix import Fanouts
 from crucible.run.options import RunOptions
@@ -182,6 +183,15 @@ class Dispatcher:
         self.tolerated: set[str] = set()
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
+        # -- record durability (docs/spec/run.md, "Session log"): what a settle
+        # would start waits until the batch holding its record is durable
+        #: callbacks for the next commit's batch, and (batch, callbacks) waiting
+        self._deferred: list[Callable[[], None]] = []
+        self._waiting: deque[tuple[int, list[Callable[[], None]]]] = deque()
+        self._gating = False
+        self._wake_lock = threading.Lock()
+        self._wake_fd = -1
+        # -- end record durability
         # No task may inherit a descriptor of ours (posix_spawn closes none).
         close_inherited()
         stage.prepare_plan(self.plan)
@@ -260,6 +270,8 @@ class Dispatcher:
         # -- end lazy workers
         previous = self._install_signals(wake_w)
         started = time.monotonic()
+        self._wake_fd = wake_w
+        self.log.on_durable = self._durable_wake
         try:
             self._resume_settled()
             self._not_selected()
@@ -282,6 +294,9 @@ class Dispatcher:
             raise
         finally:
             self._restore_signals(previous)
+            with self._wake_lock:  # the log's writer thread may still call it
+                self.log.on_durable = None
+                self._wake_fd = -1
             self.selector.close()
             os.close(wake_r)
             os.close(wake_w)
@@ -376,6 +391,13 @@ class Dispatcher:
     # ------------------------------------------------------------------- loop
 
     def _loop(self, wake_r: int) -> None:
+        self._gating = True
+        try:
+            self._turns(wake_r)
+        finally:
+            self._gating = False
+
+    def _turns(self, wake_r: int) -> None:
         stopping = False
         while True:
             if (self.stop_signal is not None or self.fail_fast_by) and not stopping:
@@ -383,12 +405,15 @@ class Dispatcher:
                 self._begin_stop()
             if not stopping:
                 self._fill()
-            self.log.commit()
+            seq = self.log.commit()
+            if self._deferred:
+                self._waiting.append((seq, self._deferred))
+                self._deferred = []
             if self.on_progress is not None:
                 self.counts.running = self.running
                 self.on_progress(self.counts)
             busy = self.workers.in_flight
-            if not busy and (stopping or not (self.ready or self.timers)):
+            if not busy and not self._waiting and (stopping or not (self.ready or self.timers)):
                 return
             for key, _ in self.selector.select(self._next_wake()):
                 if key.data is None:
@@ -400,8 +425,39 @@ class Dispatcher:
                 else:
                     for reply in self.workers.read(key.fd):
                         self._on_reply(reply)
+            self._release_durable()
             if not stopping:
                 self._release_timers()
+
+    # ------------------------------------------------------ record durability
+
+    def _after_durable(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (it may start a dependant) once every record written so far
+        is durable: after the next commit's batch is on disk. Outside the loop
+        (resume, the loop's end) everything read is already durable."""
+        if self._gating:
+            self._deferred.append(fn)
+        else:
+            fn()
+
+    def _durable_wake(self) -> None:
+        """On the log's writer thread: a batch is durable; wake the loop."""
+        with self._wake_lock:
+            if self._wake_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_fd, b"d")
+
+    def _release_durable(self) -> None:
+        durable = self.log.durable_seq
+        while self._waiting and self._waiting[0][0] <= durable:
+            for fn in self._waiting.popleft()[1]:
+                fn()
+
+    def _wrote(self, task: str, key: str | None) -> None:
+        """A record the scheduling thread wrote without fsync: the next batch
+        fsyncs it (and its directory) before its lines."""
+        path = self.layout.result_path(task, key)
+        self.log.sync((str(path), str(path.parent)))
 
     def _next_wake(self) -> float | None:
         if self.timers and self.stop_signal is None and self.fail_fast_by is None:
@@ -478,6 +534,7 @@ class Dispatcher:
     def _settle_cached(self, unit: Unit, result: dict[str, Any]) -> None:
         """A unit restored from the task cache (crucible.run.cache_hits): nothing
         was started."""
+        self._wrote(unit.name, unit.key)  # restored without fsync: the next batch fsyncs it
         fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
         if result["record"].get("files_bytes") is not None:
             fields["files_bytes"] = int(result["record"]["files_bytes"])
@@ -599,19 +656,24 @@ class Dispatcher:
         else:
             # An instance that never had an attempt: no attempt number in its event.
             self.stage.record_settled(
-                self.plan, self.state, name, status=status, note=note, key=key
+                self.plan, self.state, name, status=status, note=note, key=key, durable=False
             )
+            self._wrote(name, key)
             self.log.emit("task_finished", task=name, key=key, status=status, note=note)
             self._count_settled(status)
             self.instances_left[name] -= 1
             if self.instances_left[name] == 0:
-                self._fold(name, self.instances[name])
+                keys = self.instances[name]
+                self._after_durable(lambda: self._fold(name, keys))
         return True
 
     def _record_task(self, name: str, status: str, note: str) -> None:
         """A task settled without running: skipped, or its map source unreadable
         (a mapped task gets an aggregate record with no instances)."""
-        self.stage.record_settled(self.plan, self.state, name, status=status, note=note)
+        self.stage.record_settled(
+            self.plan, self.state, name, status=status, note=note, durable=False
+        )
+        self._wrote(name, None)
 
     def _expand(self, name: str) -> None:
         conditional = "when" in self.graph.tasks[name]
@@ -643,19 +705,15 @@ class Dispatcher:
             return
         self.counts.total += len(keys) - 1
         self.instances[name] = keys
-        # Instances settled in an earlier session keep their records (resume).
-        instance_dir = self.layout.result_path(name, keys[0]).parent
-        try:
-            recorded = set(os.listdir(instance_dir))
-        except FileNotFoundError:
-            recorded = set()
+        # Instances settled in an earlier session keep their records (resume):
+        # one read of the task's packed records.
+        recorded = self.stage.load_all(self.state, name)
         pending: list[str] = []
         for key in keys:
-            if recorded and self.layout.result_path(name, key).name in recorded:
-                record = self.stage.load_result(self.state, name, key)
-                if record is not None:
-                    self._count_settled(record.get("status", FAILED))
-                    continue
+            record = recorded.get(key)
+            if record is not None:
+                self._count_settled(record.get("status", FAILED))
+                continue
             pending.append(key)
         self.instances_left[name] = len(pending)
         if not pending:
@@ -668,7 +726,8 @@ class Dispatcher:
             self.ready.append(Unit(name, key))
 
     def _fold(self, name: str, keys: list[str]) -> None:
-        record = self.stage.settle_fold(self.plan, self.state, name, keys)
+        record = self.stage.settle_fold(self.plan, self.state, name, keys, durable=False)
+        self._wrote(name, None)
         status = record.get("status", FAILED)
         task = self.graph.tasks[name]
         if "when" in task and (verdict := control.fold_verdict(record)) is not None:
@@ -690,8 +749,12 @@ class Dispatcher:
         self._settle(name, status)
 
     def _settle(self, name: str, status: str) -> None:
-        """``name`` settled (counting is the caller's): wake its consumers."""
+        """``name`` settled (counting is the caller's): wake its consumers once
+        its record is durable."""
         self.status[name] = status
+        self._after_durable(lambda: self._wake_consumers(name))
+
+    def _wake_consumers(self, name: str) -> None:
         for consumer in self.graph.consumers[name]:
             self.remaining[consumer] -= 1
             if self.remaining[consumer] == 0 and consumer not in self.status:
@@ -739,6 +802,8 @@ class Dispatcher:
         if result.get("output_bytes") is not None:
             fields["output_bytes"] = int(result["output_bytes"])
         record = result.get("record")
+        if record is not None and record.get("wrote"):
+            self.log.sync(record["wrote"])  # fsynced by the next batch, before its lines
         if record is not None and record.get("files_bytes") is not None:
             fields["files_bytes"] = int(record["files_bytes"])
         if result.get("log_error") is not None:
@@ -756,8 +821,8 @@ class Dispatcher:
             # resume runs it again. (One that exited 0 and passed capture after
             # its TERM trap settles as passed, below.)
             if record is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    self.layout.result_path(unit.name, unit.key).unlink()
+                self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
+                self._wrote(unit.name, unit.key)
             if self.stop_signal is None and self.fail_fast_by is not None:
                 why = f"terminated: --fail-fast after {self.fail_fast_by} failed"
             else:
@@ -827,8 +892,8 @@ class Dispatcher:
         if retry.delay is not None:
             # Remove this attempt's record so an interruption during the backoff
             # leaves the unit unsettled (a resume runs it again).
-            with contextlib.suppress(FileNotFoundError):
-                self.layout.result_path(unit.name, unit.key).unlink()
+            self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
+            self._wrote(unit.name, unit.key)
             self.log.emit(
                 "task_finished",
                 **self._ids(unit),
@@ -847,8 +912,8 @@ class Dispatcher:
             heapq.heappush(self.timers, (time.monotonic() + delay, self._timer_seq, unit))
             return
         if record is None:
-            write_record(
-                self.layout.result_path(unit.name, unit.key),
+            self.stage.write_result(
+                self.state,
                 failure_record(
                     self.stage.RESULT_FORMAT,
                     unit.name,
@@ -858,11 +923,15 @@ class Dispatcher:
                     tail=finished.tail,
                     exit_code=finished.code,
                 ),
+                durable=False,
             )
+            self._wrote(unit.name, unit.key)
         elif retry.why_not is not None:  # the note says why the policy stopped here
             self.stage.amend_result(
-                self.plan, self.state, unit.name, key=unit.key, status=status, note=note or ""
-            )
+                self.plan, self.state, unit.name, key=unit.key, status=status, note=note or "",
+                durable=False,
+            )  # fmt: skip
+            self._wrote(unit.name, unit.key)
         tolerable = status == FAILED and control.tolerates(task, finished.code, timed_out)
         if status == FAILED and not tolerable:
             self._note_failure(unit, finished.log)
@@ -917,13 +986,15 @@ class Dispatcher:
         """A unit that could not be staged, started or captured: a measured failure,
         never retried."""
         note = compose_note(note, None, log, tail)
-        write_record(
-            self.layout.result_path(unit.name, unit.key),
+        self.stage.write_result(
+            self.state,
             failure_record(
                 self.stage.RESULT_FORMAT, unit.name, unit.key, note, log=log, tail=tail,
                 exit_code=exit_code,
             ),
+            durable=False,
         )  # fmt: skip
+        self._wrote(unit.name, unit.key)
         task = self.graph.tasks[unit.name]
         # exit codes tolerate a task's own exit only, not a unit that could not
         # be staged, started or captured
@@ -954,7 +1025,13 @@ class Dispatcher:
         tolerable: bool = False,
     ) -> None:
         if tolerable:  # the record says so first: report, outcome and resume read it
-            control.mark_tolerated(self.layout.result_path(unit.name, unit.key))
+            if unit.key is None:
+                control.mark_tolerated(self.layout.result_path(unit.name))
+            else:
+                self.stage.update_record(
+                    self.state, unit.name, unit.key, tolerated=True, durable=False
+                )
+                self._wrote(unit.name, unit.key)
             fields = {**(fields or {}), "tolerated": True}
             self.counts.tolerated += 1
             if unit.key is None:
@@ -974,11 +1051,14 @@ class Dispatcher:
             self._settle(unit.name, status)
             return
         if self.loop is not None and unit.name in self.loop.body:  # a revision's unit
-            self.loop.unit_settled(unit.name, status, tolerable)
+            loop = self.loop
+            self._after_durable(lambda: loop.unit_settled(unit.name, status, tolerable))
             return
         self.instances_left[unit.name] -= 1
         if self.instances_left[unit.name] == 0:
-            self._fold(unit.name, self.instances[unit.name])
+            # the aggregate is written once every instance's record is durable
+            keys = self.instances[unit.name]
+            self._after_durable(lambda: self._fold(unit.name, keys))
 
 
 def _passed(finished: _Finished) -> bool:

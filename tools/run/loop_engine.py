@@ -14,7 +14,6 @@ the loop through the graph as usual.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -212,8 +211,7 @@ class LoopRun:
         d = self.d
         key = revision_key(n)
         for t in self.order:  # an interrupted revision reruns whole
-            with contextlib.suppress(FileNotFoundError):
-                d.layout.result_path(t, key).unlink()
+            d.stage.remove_result(d.state, t, key)
         self._write_reserved(n)
         self.current = n
         self.rev_started = time.monotonic()

@@ -138,7 +138,7 @@ def kept_from_state(
     layout: Any, plan: Mapping[str, Any], revision: int | None, score: Any
 ) -> dict[str, Any] | None:
     """:func:`kept_value` with each body task's declared fields read from its
-    record of revision ``revision`` (``STATE/results/<task>/%40rev<N>.json``)."""
+    record of revision ``revision`` (a line of ``STATE/results/<task>.jsonl``)."""
     if revision is None:
         return None
     from crucible.stage import load_result

@@ -120,25 +120,22 @@ def select(
 def apply(stage: Any, state: Path, graph: TaskGraph, selection: Selection) -> None:
     """Remove the records of what runs again: a rerun task's record and its
     instances' (a partly rerun mapped task keeps its passed instances)."""
-    layout = stage.StateLayout(state)
     for name in selection.rerun:
-        with contextlib.suppress(FileNotFoundError):
-            layout.result_path(name).unlink()
+        stage.remove_result(state, name)
         if "map" not in graph.tasks[name]:
             continue
-        instance_dir = layout.result_path(name, "0").parent
-        try:
-            entries = list(instance_dir.iterdir())
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
-            if name in selection.partial and entry.suffix == ".json":
-                with contextlib.suppress(CrucibleError, OSError, ValueError):
-                    record = stage.load_result(state, name, stage.unescape_key(entry.stem))
-                    if record is not None and record.get("status") == PASSED:
-                        continue
-            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                entry.unlink()
+        # its instances' records: one tombstone line each (a partly rerun task
+        # keeps its passed ones)
+        records = None
+        if name in selection.partial:
+            with contextlib.suppress(CrucibleError):  # a damaged file runs them all
+                records = stage.load_all(state, name)
+        if records is None:
+            stage.remove_results(state, name, None)
+        else:
+            stage.remove_results(
+                state, name, [k for k, r in records.items() if r.get("status") != PASSED]
+            )
 
 
 def _instance_lines(
@@ -150,10 +147,11 @@ def _instance_lines(
     except CrucibleError:
         return []
     lines = []
+    records: dict[str, dict[str, Any]] = {}
+    with contextlib.suppress(CrucibleError):
+        records = stage.load_all(state, name)
     for key in keys:
-        record = None
-        with contextlib.suppress(CrucibleError):
-            record = stage.load_result(state, name, key)
+        record = records.get(key)
         status = None if record is None else record.get("status")
         if status is None:
             action, why = "run", "new"

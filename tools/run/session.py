@@ -6,13 +6,20 @@ writer thread, which writes what is waiting with one ``write`` + ``fsync``
 fsync'd, in order, and the file is always a prefix of what was emitted. A
 mirror stream (``--events FILE|-``) receives the same bytes right after they are
 durable.
+
+Result records ride the same commit: the workers write them without fsync and
+the dispatcher hands their files to :meth:`SessionLog.sync`; the writer fsyncs
+each file (and each directory that got a new name) once per batch, BEFORE the
+batch's lines, then says which batch is durable (``durable_seq``,
+``on_durable``): the dispatcher wakes a settled unit's dependants only then
+(docs/spec/run.md, "Session log").
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -70,6 +77,13 @@ class SessionLog:
         self.mirror = mirror
         self._on_warning = on_warning
         self._pending: list[bytes] = []
+        #: record files (and directories) to fsync before the next batch's lines
+        self._pending_sync: dict[str, None] = {}
+        #: the last batch handed to the writer, and the last one on disk
+        self._seq = 0
+        self.durable_seq = 0
+        #: called on the writer thread once a batch is durable (or the log failed)
+        self.on_durable: Callable[[], None] | None = None
         self._error: OperationalError | None = None
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -77,7 +91,9 @@ class SessionLog:
             raise OperationalError(
                 f"cannot open session log: {exc.strerror}", where=str(path)
             ) from None
-        self._batches: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[tuple[bytes, tuple[str, ...], int] | None] = (
+            queue.SimpleQueue()
+        )
         # Started at the first commit, so a dispatcher can fork its workers
         # while the process still has one thread.
         self._writer = threading.Thread(target=self._write_batches, name="session-log", daemon=True)
@@ -89,23 +105,33 @@ class SessionLog:
         self._pending.append(ndjson.dumps_line(event))
         return event
 
-    def commit(self) -> None:
-        """Hand every queued event to the writer (it fsyncs them as one batch)."""
+    def sync(self, paths: Iterable[str]) -> None:
+        """fsync these files (or directories) before the next batch's lines."""
+        for p in paths:
+            self._pending_sync[p] = None
+
+    def commit(self) -> int:
+        """Hand every queued event (and file to fsync) to the writer, which makes
+        them durable as one batch; returns the batch's number (the last one when
+        nothing was queued): it is durable once ``durable_seq`` reaches it."""
         if self._error is not None:
             raise self._error
-        if self._pending:
+        if self._pending or self._pending_sync:
             if not self._writer.is_alive() and self._writer.ident is None:
                 self._writer.start()
-            self._batches.put(b"".join(self._pending))
+            self._seq += 1
+            self._batches.put((b"".join(self._pending), tuple(self._pending_sync), self._seq))
             self._pending.clear()
+            self._pending_sync.clear()
+        return self._seq
 
     def _write_batches(self) -> None:
         last_sync = -GROUP_COMMIT_WINDOW
         while True:
-            data = self._batches.get()
-            if data is None:
+            first = self._batches.get()
+            if first is None:
                 return
-            more: list[bytes] = [data]
+            more = [first]
             stop = self._drain(more)
             if not stop:
                 # Let the batches of the next few ms join this fsync.
@@ -113,22 +139,32 @@ class SessionLog:
                 if wait > 0:
                     time.sleep(wait)
                     stop = self._drain(more)
-            data = b"".join(more)
+            data = b"".join(b[0] for b in more)
+            paths = dict.fromkeys(p for b in more for p in b[1])  # one fsync per file
             last_sync = time.monotonic()
             if self._error is None:
                 try:
-                    write_all(self._fd, data)
-                    os.fsync(self._fd)
+                    for p in paths:  # the records first: the log never says more
+                        _fsync_path(p)
+                    if data:
+                        write_all(self._fd, data)
+                        _fsync(self._fd)
                 except OSError as exc:
+                    what = "result record" if exc.filename else "session log"
                     self._error = OperationalError(
-                        f"cannot write session log: {exc.strerror}", where=str(self.path)
+                        f"cannot write {what}: {exc.strerror}",
+                        where=str(exc.filename or self.path),
                     )
                 else:
-                    self._mirror(data)
+                    self.durable_seq = more[-1][2]
+                    if data:
+                        self._mirror(data)
+            if self.on_durable is not None:
+                self.on_durable()
             if stop:
                 return
 
-    def _drain(self, into: list[bytes]) -> bool:
+    def _drain(self, into: list[tuple[bytes, tuple[str, ...], int]]) -> bool:
         """Move every waiting batch into ``into``; True when close() was among them."""
         while not self._batches.empty():
             nxt = self._batches.get()
@@ -168,6 +204,26 @@ class SessionLog:
         os.close(self._fd)
         if self._error is not None:
             raise self._error
+
+
+def _fsync(fd: int) -> None:
+    """The log's fsync (a seam: tests count and order the calls)."""
+    os.fsync(fd)
+
+
+def _fsync_path(path: str) -> None:
+    """fsync a record file or a directory; one removed meanwhile (a retry's
+    record) needs none. A failure raises OSError naming the path."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    try:
+        _fsync(fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None
+    finally:
+        os.close(fd)
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

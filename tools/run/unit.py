@@ -41,7 +41,7 @@ from crucible.core.fdio import write_all
 from crucible.run import verdict as verdict_rules
 from crucible.run.agent_io import AgentStdout, stdin_source
 from crucible.run.environ import task_environment
-from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail_text, write_record
+from crucible.run.failures import TAIL_BYTES, add_log_fields, compose_note, tail_text
 from crucible.run.options import RunOptions
 from crucible.run.procs import TaskProcess, kill_group, spawn
 from crucible.run.recycle import WorkspacePool
@@ -71,6 +71,7 @@ class Slots:
         os.write(self.token_w, b"t" * jobs)
         #: a worker's epoll set for waiting on a token (built in the worker)
         self._waiter: select.epoll | None = None
+        self._closed = False
 
     def stop(self) -> None:
         """Scheduling thread: start nothing new; terminate every running group."""
@@ -106,6 +107,13 @@ class Slots:
         os.write(self.token_w, b"t")
 
     def close(self) -> None:
+        """Idempotent: the dispatcher closes its slots at the end of run() and
+        again in close(); a second os.close of the same numbers would close
+        whatever another thread opened meanwhile (the session log's writer
+        opens each record file it fsyncs)."""
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self.token_r, self.token_w, self.stop_r, self.stop_w, self.kill_r, self.kill_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -281,6 +289,11 @@ def log_header(name: str, key: str | None, attempt: int, argv: list[str], starte
 class UnitRunner:
     """Worker side of a unit (see module doc). Built in the dispatcher before the
     workers are forked; :meth:`run` is called in a worker."""
+
+    #: a worker on the dispatcher's host writes records without fsync and says
+    #: which files it wrote (the dispatcher fsyncs them, once per group commit);
+    #: a Dask worker, maybe on another host, makes its own records durable
+    durable_records = False
 
     def __init__(
         self,
@@ -703,6 +716,9 @@ class UnitRunner:
         """Capture one attempt's result; reply with what the scheduler needs (never
         the output itself, which may be large). A failed record gains the log
         fields and a note naming how it ended (crucible.run.failures)."""
+        # The record is built by capture, amended here in memory, and written
+        # ONCE, without fsync: the dispatcher's group commit fsyncs the file
+        # before any dependant starts (docs/spec/run.md, "Session log").
         record = self.stage.capture(
             self.plan,
             self.state,
@@ -714,41 +730,33 @@ class UnitRunner:
             attempt=attempt,
             emit_cap=self.emit_cap,
             held_notes=held_notes,
+            write=False,
         )
         if record.get("status") == PASSED and task.get("kind") == "evaluate":
-            record = self._apply_verdict(name, key, record, output)
+            record = self._apply_verdict(record, output)
         if response_problem is not None:  # an agent's stdout over RESPONSE_MAX
             note = "; ".join(n for n in (response_problem, record.get("note")) if n)
-            record = self.stage.amend_result(
-                self.plan, self.state, name, key=key, status=FAILED, note=note, retryable=False
-            )
+            record = self.stage.amend_record(record, status=FAILED, note=note, retryable=False)
         if record.get("status") != PASSED:
             log, tail = log_fields()
             record = dict(record)
             record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
             add_log_fields(record, log, tail)
-            write_record(self.layout.result_path(name, key), record)
+        path = self.stage.write_result(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        if not self.durable_records:  # the dispatcher fsyncs these in its group commit
+            summary["wrote"] = [str(path), str(path.parent)]
         return summary
 
-    def _apply_verdict(
-        self, name: str, key: str | None, record: dict[str, Any], output: Path
-    ) -> dict[str, Any]:
+    def _apply_verdict(self, record: dict[str, Any], output: Path) -> dict[str, Any]:
         """An evaluate task that passed capture passes only with ``verdict: "pass"``.
         Otherwise its captured record (output kept, for settled consumers) is
         amended to a measured failure."""
         value, problem = verdict_rules.check(output)
         if problem is None:
             return record
-        return self.stage.amend_result(
-            self.plan,
-            self.state,
-            name,
-            key=key,
-            status=FAILED,
-            note=problem,
-            retryable=False,
-            extra={"verdict": value},
+        return self.stage.amend_record(
+            record, status=FAILED, note=problem, retryable=False, extra={"verdict": value}
         )

@@ -129,14 +129,11 @@ class UnitCache:
             record["cache_key"] = ck.digest
             if hit.files:
                 self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
-            from crucible.core import canon
-            from crucible.run.cache import write_quick
-
             # Atomic, not durable: a record lost to a power cut leaves the unit
             # unsettled and a resume looks it up again (an fsync per hit would
-            # be most of a hit's cost).
-            path = layout.result_path(ck.task, ck.key)
-            write_quick(path, canon.dumps(record), self._made_dirs)
+            # be most of a hit's cost). A keyed unit's is a line of its task's
+            # packed file (crucible.stage.write_result).
+            self.stage.write_result(self.state, record, durable=False)
             return record
         except _CACHE_ERRORS as exc:
             self.warnings.append(

@@ -143,6 +143,148 @@ def _read_output(
     return _Output(value)
 
 
+class _Fields:
+    """What checking the declared fields of a result object found."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.measured = False  # a failure a retry would only repeat
+        self.sizes: dict[str, int] = {}
+        self.over_cap: list[dict[str, Any]] = []
+
+
+def _check_request(
+    plan: Any, state: Path, task: str, workspace: Path, key: str | None, exit_code: int,
+    emit_cap: int,
+) -> Path:  # fmt: skip
+    """Refuse a capture the caller got wrong (plan/state problems: nothing is
+    written); returns the workspace as an absolute path."""
+    t = view(plan).task(task)
+    check_key(plan, task, key)
+    if type(exit_code) is not int or not EXIT_CODE_MIN <= exit_code <= EXIT_CODE_MAX:
+        raise InputRefused(
+            f"exit code must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, "
+            f"not {exit_code!r}",
+            where="exit_code",
+        )
+    if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
+        raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
+    for i, pattern in enumerate(t.emits_files):
+        check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
+    if key is not None and revision_of(key) is None:
+        instance_item(plan, state, task, key)  # the key must be one of the map's items
+    workspace = Path(workspace).absolute()
+    if not workspace.is_dir():
+        raise InputRefused("workspace does not exist", where=str(workspace))
+    return workspace
+
+
+def _check_fields(
+    emits: dict[str, str], output: dict[str, Any], exit_code: int, emit_cap: int, capped: bool,
+    found: _Fields,
+) -> dict[str, Any] | None:  # fmt: skip
+    """Check and cap the declared fields of ``output`` (in place: an oversized
+    field never reaches a consumer or a record); returns it, or None when it
+    has no canonical form."""
+    problems = found.problems
+    for fld in utf16_order(emits):
+        if fld not in output:
+            if exit_code == 0:
+                problems.append(f"declared field {fld!r} is missing")
+            continue
+        value = output[fld]
+        try:
+            size = len(canon.dumps(value))
+        except canon.CanonError as exc:
+            problems.append(f"declared field {fld!r} has no canonical JSON form: {exc.message}")
+            del output[fld]
+            found.measured = True
+            continue
+        found.sizes[fld] = size
+        if exit_code == 0 and not type_ok(value, emits[fld]):
+            problems.append(
+                f"declared field {fld!r} is a JSON {json_type(value)}, not {emits[fld]}"
+            )
+        if capped and size > emit_cap:
+            found.over_cap.append({"field": fld, "size": size, "cap": emit_cap})
+    for over in found.over_cap:
+        del output[over["field"]]
+    if found.over_cap:
+        found.measured = True
+        detail = ", ".join(f"{o['field']!r} is {o['size']} bytes" for o in found.over_cap)
+        problems.insert(
+            0 if exit_code == 0 else 1,
+            f"over the emit cap: declared field {detail} of canonical JSON, over the cap of "
+            f"{emit_cap} bytes; write large data to a file declared in emits_files instead",
+        )
+    try:
+        canon.dumps(output)
+    except canon.CanonError as exc:
+        problems.append(f"result has no canonical JSON form: {exc.message}")
+        found.measured = True
+        return None
+    return output
+
+
+def _capture_files(
+    state: Path, task: str, key: str | None, workspace: Path, patterns: tuple[str, ...],
+    files_max: int, found: _Fields,
+) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
+    """Capture the task's emits_files into ``files/<task>[/<key>]`` (swapped in
+    whole); returns (the files, whether they were captured)."""
+    target = StateLayout(state).files_dir(task, key)
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}capture-", dir=parent))
+    except OSError as exc:
+        raise OperationalError(f"cannot capture files: {exc.strerror}", where=str(parent)) from None
+    try:
+        got = capture_files(
+            workspace, patterns, tmp, budget=files_max, require_literals=not found.problems
+        )
+    except CaptureRefused as refusal:
+        remove_tree(tmp)
+        remove_tree(target)  # never leave an earlier attempt's files beside this record
+        found.problems.append(refusal.note)
+        found.measured = found.measured or not refusal.retryable
+        return [], False
+    except BaseException:
+        remove_tree(tmp)
+        raise
+    swap_in_dir(tmp, target)
+    return got.files, True
+
+
+def _build_record(
+    task: str, key: str | None, found: _Fields, output: dict[str, Any] | None, *,
+    attempt: int, exit_code: int, emit_cap: int | None, files: list[dict[str, Any]],
+    files_captured: bool, extra: dict[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
+    problems = found.problems
+    record: dict[str, Any] = {"format": RESULT_FORMAT, "task": task}
+    if key is not None:
+        record["key"] = key
+    record.update(
+        status="failed" if problems else "passed",
+        note="; ".join(problems),
+        retryable=bool(problems) and not found.measured,
+        attempt=attempt,
+        exit_code=exit_code,
+        emit_cap=emit_cap,
+        emit_sizes=found.sizes,
+        files=files,
+        files_captured=files_captured,
+    )
+    if output is not None:
+        record["output"] = output
+    if found.over_cap:
+        record["over_cap"] = found.over_cap
+    if extra is not None:
+        record["extra"] = extra
+    return record
+
+
 def capture(
     plan: Any,
     state: Path,
@@ -158,6 +300,7 @@ def capture(
     files_max: int = FILES_RUN_MAX,
     output_name: str | None = None,
     held_notes: list[str] | None = None,
+    write: bool = True,
 ) -> dict[str, Any]:
     """Settle one attempt of ``task`` (or of its instance ``key``) and return its record.
 
@@ -168,80 +311,27 @@ def capture(
     ``failed`` with a note. ``output_name`` names the result file in notes (e.g.
     ``<stdin>`` for a spooled copy) instead of ``output_file``. ``held_notes``:
     what :func:`check_inputs` found when the caller checked the task's staged
-    files before giving its slot back (they are not checked again).
+    files before giving its slot back (they are not checked again). ``write``
+    False: the record is built, not written (dispatch amends it in memory and
+    writes it once, crucible.stage.write_result).
     """
     pv = view(plan)
     t = pv.task(task)
-    check_key(plan, task, key)
-    if type(exit_code) is not int or not EXIT_CODE_MIN <= exit_code <= EXIT_CODE_MAX:
-        raise InputRefused(
-            f"exit code must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, "
-            f"not {exit_code!r}",
-            where="exit_code",
-        )
-    if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
-        raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
-    for i, pattern in enumerate(t.emits_files):
-        check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
-    ex = _extra(extra)
     state = Path(state)
-    if key is not None and revision_of(key) is None:
-        instance_item(plan, state, task, key)  # the key must be one of the map's items
-    workspace = Path(workspace).absolute()
-    if not workspace.is_dir():
-        raise InputRefused("workspace does not exist", where=str(workspace))
+    workspace = _check_request(plan, state, task, workspace, key, exit_code, emit_cap)
+    ex = _extra(extra)
 
-    problems: list[str] = []
-    measured = False  # a failure a retry would only repeat
+    found = _Fields()
     if exit_code != 0:
-        problems.append(f"exited with status {exit_code}")
+        found.problems.append(f"exited with status {exit_code}")
     read = _read_output(Path(output_file), workspace, bool(t.emits), output_name)
     output = read.value
     if read.why is not None and (exit_code == 0 or os.path.lexists(output_file)):
-        problems.append(read.why)
-        measured = measured or read.measured
-
-    sizes: dict[str, int] = {}
-    over_cap: list[dict[str, Any]] = []
+        found.problems.append(read.why)
+        found.measured = found.measured or read.measured
     capped = pv.version >= 2
     if output is not None:
-        for fld in utf16_order(t.emits):
-            if fld not in output:
-                if exit_code == 0:
-                    problems.append(f"declared field {fld!r} is missing")
-                continue
-            value = output[fld]
-            try:
-                size = len(canon.dumps(value))
-            except canon.CanonError as exc:
-                problems.append(f"declared field {fld!r} has no canonical JSON form: {exc.message}")
-                del output[fld]
-                measured = True
-                continue
-            sizes[fld] = size
-            if exit_code == 0 and not type_ok(value, t.emits[fld]):
-                problems.append(
-                    f"declared field {fld!r} is a JSON {json_type(value)}, not {t.emits[fld]}"
-                )
-            if capped and size > emit_cap:
-                over_cap.append({"field": fld, "size": size, "cap": emit_cap})
-        for over in over_cap:
-            # An oversized declared field never reaches a consumer or a record.
-            del output[over["field"]]
-        if over_cap:
-            measured = True
-            detail = ", ".join(f"{o['field']!r} is {o['size']} bytes" for o in over_cap)
-            problems.insert(
-                0 if exit_code == 0 else 1,
-                f"over the emit cap: declared field {detail} of canonical JSON, over the cap of "
-                f"{emit_cap} bytes; write large data to a file declared in emits_files instead",
-            )
-        try:
-            canon.dumps(output)
-        except canon.CanonError as exc:
-            problems.append(f"result has no canonical JSON form: {exc.message}")
-            output = None
-            measured = True
+        output = _check_fields(t.emits, output, exit_code, emit_cap, capped, found)
 
     held = held_units(plan, state, task, key) if held_notes is None else []
     tampering = list(held_notes or [])
@@ -251,62 +341,18 @@ def capture(
             state, task if key is None else f"{task}[{key}]", held, workspace
         )
     if tampering:
-        problems.extend(tampering)
-        measured = True
+        found.problems.extend(tampering)
+        found.measured = True
 
     files: list[dict[str, Any]] = []
     files_captured = False
     if t.emits_files:
-        layout = StateLayout(state)
-        target = layout.files_dir(task, key)
-        parent = target.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}capture-", dir=parent))
-        except OSError as exc:
-            raise OperationalError(
-                f"cannot capture files: {exc.strerror}", where=str(parent)
-            ) from None
-        try:
-            got = capture_files(
-                workspace,
-                t.emits_files,
-                tmp,
-                budget=files_max,
-                require_literals=not problems,
-            )
-        except CaptureRefused as refusal:
-            remove_tree(tmp)
-            remove_tree(target)  # never leave an earlier attempt's files beside this record
-            problems.append(refusal.note)
-            measured = measured or not refusal.retryable
-        except BaseException:
-            remove_tree(tmp)
-            raise
-        else:
-            swap_in_dir(tmp, target)
-            files = got.files
-            files_captured = True
-
-    status = "failed" if problems else "passed"
-    record: dict[str, Any] = {"format": RESULT_FORMAT, "task": task}
-    if key is not None:
-        record["key"] = key
-    record.update(
-        status=status,
-        note="; ".join(problems),
-        retryable=bool(problems) and not measured,
-        attempt=attempt,
-        exit_code=exit_code,
-        emit_cap=emit_cap if capped else None,
-        emit_sizes=sizes,
-        files=files,
-        files_captured=files_captured,
-    )
-    if output is not None:
-        record["output"] = output
-    if over_cap:
-        record["over_cap"] = over_cap
-    if ex is not None:
-        record["extra"] = ex
-    return write_record(state, record)
+        files, files_captured = _capture_files(
+            state, task, key, workspace, t.emits_files, files_max, found
+        )
+    record = _build_record(
+        task, key, found, output, attempt=attempt, exit_code=exit_code,
+        emit_cap=emit_cap if capped else None, files=files, files_captured=files_captured,
+        extra=ex,
+    )  # fmt: skip
+    return write_record(state, record) if write else record

@@ -23,13 +23,14 @@ __all__ = ["TMP_PREFIX", "swap_in_dir", "write_atomic"]
 TMP_PREFIX = "@tmp-"
 
 
-def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
-    """Temp file beside ``path`` (named ``@tmp-…``), fsync, rename, fsync the directory.
+def write_atomic(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> None:
+    """Temp file beside ``path`` (named ``@tmp-…``), fsync, rename, fsync the directory
+    (``durable=False``: no fsync; the caller makes it durable).
     The parent is created only after a write fails (it exists for all but the
     first record of a run), and the write is then tried once more whatever made
     it fail: another worker may have created the parent in between."""
     try:
-        atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX)
+        atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX, durable=durable)
         return
     except OperationalError:
         pass
@@ -37,7 +38,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int = 0o644) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OperationalError(f"cannot write {path}: {exc.strerror or exc}") from None
-    atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX)
+    atomic.write_bytes(path, data, mode=mode, tmp_prefix=TMP_PREFIX, durable=durable)
 
 
 #: rename(2) of a directory onto something there: a non-empty directory

@@ -41,7 +41,7 @@ from crucible.stage._loop import (
 )
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, in_plan, view
-from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._records import check_key, load_all, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 
 __all__ = [
@@ -565,14 +565,14 @@ def _fold_entries(
     files: list[tuple[str, bytes]],
 ) -> tuple[list[dict[str, Any]], int]:
     """A fold's entries, one per instance record in item order, and their bytes.
-    The hot loop of a wide fold: plain string paths, one fast parse per record
+    The hot loop of a wide fold: one read of the producer's packed records
     (the one place that reads a fold's instance records)."""
     entries = []
     total = 0
-    instances = str(StateLayout(state).results_root / producer)
+    instances = _instance_records(state, producer)
     for k in rec.get("keys", []):
         esc = escape_key(k)
-        irec = load_record_fast(f"{instances}/{esc}.json", producer, k)
+        irec = instances.get(k)
         istatus = irec["status"] if irec else "absent"
         e: dict[str, Any] = {
             "key": k,
@@ -692,6 +692,17 @@ def _v1_object(
     if isinstance(history_meta, dict):
         obj[V1_HISTORY] = {"dropped": history_meta["dropped"]}
     return obj
+
+
+# -- records (owned by the packed-records work, crucible.stage._store) ----------
+
+
+def _instance_records(state: Path, producer: str) -> dict[str, dict[str, Any]]:
+    """Every instance record of ``producer`` by key, in one read of its packed file."""
+    return load_all(state, producer)
+
+
+# -- end records
 
 
 def stage_inputs(

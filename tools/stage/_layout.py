@@ -87,8 +87,16 @@ class StateLayout:
         return self.under(self.state / "instances", task, None, ".json")
 
     def result_path(self, task: str, key: str | None = None) -> Path:
-        """``results/<task>.json``, or ``results/<task>/<escaped key>.json``."""
-        return self._under(self.results_root, task, key, ".json")
+        """The file holding the record: ``results/<task>.json``, or for a keyed
+        unit its task's packed ``results/<task>.jsonl`` (shared by every key: read
+        and write it only through crucible.stage's record functions)."""
+        if key is None:
+            return self._under(self.results_root, task, None, ".json")
+        return self.packed_path(task)
+
+    def packed_path(self, task: str) -> Path:
+        """``results/<task>.jsonl``: the records of the task's keyed units."""
+        return self._under(self.results_root, task, None, ".jsonl")
 
     def files_dir(self, task: str, key: str | None = None) -> Path:
         """``files/<task>``, or ``files/<task>/<escaped key>``."""

@@ -164,6 +164,7 @@ def revision_unit(state: Path, task: str, key: str, staged: str) -> Unit:
     return Unit(
         store=layout.files_dir(task, key),  # checks the name
         record=layout.result_path(task, key),
+        key=key,
         root=state / SHARED_ROOT / task / escape_key(key),
         label=f"{task}[{key}]",
         staged=staged,
@@ -214,4 +215,6 @@ def producer_key(
     kept = revision_key(rev)
     # a state without that revision's record (the body run as a plain DAG, as a
     # driver that simulates the loop does) keeps the plain record
-    return kept if StateLayout(state).result_path(producer, kept).is_file() else None
+    from crucible.stage._store import load_keyed
+
+    return kept if kept in load_keyed(state, producer) else None

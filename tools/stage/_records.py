@@ -5,30 +5,35 @@ Formats: docs/spec/inputs.md ("Result records"), docs/schemas/result-record.json
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
 from crucible.core.contract import RESULT_STATUSES
-from crucible.core.errors import InputRefused, OperationalError, ParseError
-from crucible.stage._fsio import write_atomic
+from crucible.core.errors import InputRefused
+from crucible.stage import _store
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import loop_of, revision_of
 from crucible.stage._plan import view
+from crucible.stage._store import RESULT_FORMAT
 
 __all__ = [
     "RESULT_FORMAT",
     "STATUSES",
+    "amend_record",
     "amend_result",
+    "load_all",
     "load_record_fast",
     "load_result",
     "record_settled",
+    "remove_result",
+    "remove_results",
     "settle_fold",
+    "update_record",
     "write_record",
+    "write_result",
 ]
 
-RESULT_FORMAT = "crucible.result/1"
 #: What a settled record can say. ``absent`` is not a record status: the index
 #: uses it for a producer with no record.
 STATUSES = RESULT_STATUSES
@@ -44,7 +49,9 @@ def check_key(plan: Any, task: str, key: str | None) -> None:
         # a loop body task's unit in one revision (inputs.md, "Reserved inputs of the scored loop")
         lv = loop_of(plan, pv)
         if lv is None or task not in lv.body:
-            raise InputRefused(f"task {task!r} is not in the plan's loop body: it has no revision {key!r}")
+            raise InputRefused(
+                f"task {task!r} is not in the plan's loop body: it has no revision {key!r}"
+            )
         return
     if key is not None and t.map is None:
         raise InputRefused(f"task {task!r} is not mapped: it has no instance {key!r}")
@@ -52,10 +59,45 @@ def check_key(plan: Any, task: str, key: str | None) -> None:
         raise InputRefused(f"a fan-out key is a string, not {type(key).__name__}")
 
 
-def write_record(state: Path, record: dict[str, Any]) -> dict[str, Any]:
-    path = StateLayout(state).result_path(record["task"], record.get("key"))
-    write_atomic(path, canon.dumps(record))
+def write_record(state: Path, record: dict[str, Any], *, durable: bool = True) -> dict[str, Any]:
+    """Write a settled record (crucible.stage._store); ``durable=False`` leaves
+    its fsync to the dispatcher's group commit."""
+    _store.store_record(Path(state), record, durable=durable)
     return record
+
+
+def write_result(state: Path, record: dict[str, Any], *, durable: bool = True) -> Path:
+    """Write a settled record; returns the file it went to (``results/<task>.json``
+    or the task's packed ``results/<task>.jsonl``), for a caller that makes it
+    durable later (``durable=False``: the dispatcher's group commit)."""
+    return _store.store_record(Path(state), record, durable=durable)
+
+
+def remove_result(state: Path, task: str, key: str | None = None, *, durable: bool = True) -> None:
+    """Remove a unit's settled record, so that it runs again (a keyed unit's gets
+    a tombstone line in its packed file; nothing when there is none)."""
+    _store.remove_record(Path(state), task, key, durable=durable)
+
+
+def remove_results(state: Path, task: str, keys: list[str] | None, *, durable: bool = True) -> None:
+    """Remove the records of several keyed units of ``task`` (one append), or
+    with ``keys`` None of all of them (the packed file goes)."""
+    if keys is None:
+        _store.remove_packed(Path(state), task, durable=durable)
+        return
+    present = load_all(Path(state), task)
+    _store.remove_keys(Path(state), task, [k for k in keys if k in present], durable=durable)
+
+
+def update_record(
+    state: Path, task: str, key: str | None = None, *, durable: bool = True, **members: Any
+) -> dict[str, Any]:
+    """Set ``members`` in a settled record (e.g. ``tolerated``) and write it back."""
+    record = load_result(Path(state), task, key)
+    if record is None:
+        raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
+    record.update(members)
+    return write_record(Path(state), record, durable=durable)
 
 
 def base_record(task: str, key: str | None, status: str, note: str) -> dict[str, Any]:
@@ -88,6 +130,7 @@ def record_settled(
     note: str,
     key: str | None = None,
     extra: dict[str, Any] | None = None,
+    durable: bool = True,
 ) -> dict[str, Any]:
     """Write a record without capture (a skipped task, a timeout, a kill).
 
@@ -106,7 +149,7 @@ def record_settled(
     ex = _extra(extra)
     if ex is not None:
         record["extra"] = ex
-    return write_record(Path(state), record)
+    return write_record(Path(state), record, durable=durable)
 
 
 def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[str]:
@@ -125,6 +168,25 @@ def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[
     return verify_consumer(state, label, units, workspace)
 
 
+def amend_record(
+    record: dict[str, Any],
+    *,
+    status: str,
+    note: str,
+    retryable: bool = False,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A settled record with its verdict changed, in memory (the caller writes
+    it once); everything else is kept, ``extra`` members are merged."""
+    base_record(record["task"], record.get("key"), status, note)  # checks status and note
+    out = dict(record)
+    out.update(status=status, note=note, retryable=bool(retryable))
+    ex = _extra(extra)
+    if ex is not None:
+        out["extra"] = {**record.get("extra", {}), **ex}
+    return out
+
+
 def amend_result(
     plan: Any,
     state: Path,
@@ -135,6 +197,7 @@ def amend_result(
     note: str,
     retryable: bool = False,
     extra: dict[str, Any] | None = None,
+    durable: bool = True,
 ) -> dict[str, Any]:
     """Change a settled record's verdict (e.g. dispatch failing an evaluate task
     on its verdict) and rewrite it atomically; everything else is kept. ``extra``
@@ -143,82 +206,30 @@ def amend_result(
     record = load_result(Path(state), task, key)
     if record is None:
         raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
-    base_record(task, key, status, note)  # checks status and note
-    record.update(status=status, note=note, retryable=bool(retryable))
-    ex = _extra(extra)
-    if ex is not None:
-        record["extra"] = {**record.get("extra", {}), **ex}
-    return write_record(Path(state), record)
-
-
-def _checked(record: Any, path: str, task: str, key: str | None) -> dict[str, Any]:
-    if not isinstance(record, dict):
-        raise ParseError("a result record must be a JSON object", where=path)
-    if record.get("format") != RESULT_FORMAT:
-        raise InputRefused(
-            f"unknown record format {record.get('format')!r} (expected {RESULT_FORMAT})",
-            where=f"{path}:$.format",
-        )
-    if record.get("task") != task or record.get("key") != key:
-        raise InputRefused(
-            f"record is for task {record.get('task')!r} key {record.get('key')!r}, "
-            f"not {task!r} key {key!r} (plan/state mismatch)",
-            where=path,
-        )
-    if record.get("status") not in STATUSES:
-        raise InputRefused(f"unknown status {record.get('status')!r}", where=f"{path}:$.status")
-    return record
-
-
-def _read(path: str) -> bytes | None:
-    # Plain fds, no buffered file object: a fold reads 10,000 of these.
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise OperationalError(f"cannot read result record: {exc.strerror}", where=path) from None
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise OperationalError(f"cannot read result record: {exc.strerror}", where=path) from None
-    finally:
-        os.close(fd)
+    record = amend_record(record, status=status, note=note, retryable=retryable, extra=extra)
+    return write_record(Path(state), record, durable=durable)
 
 
 def load_result(state: Path, task: str, key: str | None = None) -> dict[str, Any] | None:
     """The settled record of a task (or of one instance), or None when there is none."""
-    path = str(StateLayout(Path(state)).result_path(task, key))
-    data = _read(path)
-    if data is None:
-        return None
-    try:
-        record = canon.loads(data)
-    except canon.CanonError as exc:
-        raise ParseError(exc.message, where=path) from None
-    return _checked(record, path, task, key)
+    return _store.load_one(Path(state), task, key)
 
 
-def load_record_fast(path: str, task: str, key: str | None) -> dict[str, Any] | None:
-    """:func:`load_result` for records stage wrote itself, read in bulk (a fold's
-    instances): one orjson pass instead of the strict double parse. Values read
-    this way are re-serialized canonically before they reach a consumer."""
-    import orjson
-
-    data = _read(path)
-    if data is None:
-        return None
-    try:
-        record = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ParseError(f"invalid JSON: {exc}", where=path) from None
-    return _checked(record, path, task, key)
+def load_all(state: Path, task: str) -> dict[str, dict[str, Any]]:
+    """Every keyed unit's record of ``task`` by key, in one read (shared: do not
+    change it)."""
+    return _store.load_keyed(Path(state), task)
 
 
-def settle_fold(plan: Any, state: Path, task: str, keys: list[str]) -> dict[str, Any]:
+def load_record_fast(state: Path, task: str, key: str) -> dict[str, Any] | None:
+    """A keyed unit's record from one read of its task's packed file (repeated
+    calls parse only what was appended since): a fold's instances."""
+    return _store.load_keyed(Path(state), task).get(key)
+
+
+def settle_fold(
+    plan: Any, state: Path, task: str, keys: list[str], *, durable: bool = True
+) -> dict[str, Any]:
     """Write a mapped task's aggregate record from its instances' records.
 
     ``keys`` are the raw instance keys in item order. The aggregate passes when
@@ -233,12 +244,13 @@ def settle_fold(plan: Any, state: Path, task: str, keys: list[str]) -> dict[str,
     state = Path(state)
     counts = {s: 0 for s in STATUSES}
     first_bad: tuple[str, dict[str, Any]] | None = None
+    records = load_all(state, task)  # one read of results/<task>.jsonl
     for k in keys:
-        rec = load_result(state, task, k)
+        rec = records.get(k)
         if rec is None:
             raise InputRefused(
                 f"instance {k!r} of task {task!r} has no settled record; settle it first",
-                where=str(StateLayout(state).result_path(task, k)),
+                where=str(_store.packed_path(state, task)),
             )
         counts[rec["status"]] += 1
         if rec["status"] != "passed" and first_bad is None:
@@ -251,8 +263,10 @@ def settle_fold(plan: Any, state: Path, task: str, keys: list[str]) -> dict[str,
         status = "failed"
         # the instance note's first line: a failed attempt's goes on with its stderr
         headline = str(rec["note"]).split("\n", 1)[0]
-        note = f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {headline}"
+        note = (
+            f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {headline}"
+        )
     record = base_record(task, None, status, note)
     record["keys"] = list(keys)
     record["counts"] = counts
-    return write_record(state, record)
+    return write_record(state, record, durable=durable)

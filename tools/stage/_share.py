@@ -49,11 +49,12 @@ from typing import Any
 
 import orjson
 
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import CrucibleError, InputRefused, OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
 from crucible.stage._files import copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
+from crucible.stage._names import escape_key
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -111,10 +112,11 @@ class Unit:
     """One producer unit with captured files: an unmapped task, or one instance."""
 
     store: Path  # STATE/files/<task>[/<escaped key>]
-    record: Path  # STATE/results/<task>.json or <task>/<escaped key>.json
+    record: Path  # STATE/results/<task>.json, or <task>.jsonl (packed, crucible.stage._store)
     root: Path  # STATE/shared/<task>[/<escaped key>]
     label: str  # "task" or "task[<escaped key>]"
     staged: str  # "task" or "task/<escaped key>", under a consumer's inputs/
+    key: str | None = None  # a keyed unit's key: its record is a line of ``record``
 
 
 def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
@@ -122,20 +124,24 @@ def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
     names are checked by the caller's layout; escaped keys never start with @,
     stage's temporaries always do.)"""
     files = state / "files" / task
-    results = state / "results" / task
+    packed = state / "results" / (task + ".jsonl")
     shared = state / SHARED_ROOT / task
     if not mapped:
         if not files.is_dir():
             return []
-        return [Unit(files, results.with_name(task + ".json"), shared, task, task)]
+        return [Unit(files, state / "results" / (task + ".json"), shared, task, task)]
     try:
         names = sorted(n for n in os.listdir(files) if not n.startswith("@"))
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:
         raise OperationalError(f"cannot list: {exc.strerror}", where=str(files)) from None
+    # the raw keys from the records (a shortened escaped key cannot be reversed)
+    from crucible.stage._store import load_keyed
+
+    raw = {escape_key(k): k for k in load_keyed(state, task)}
     return [
-        Unit(files / n, results / f"{n}.json", shared / n, f"{task}[{n}]", f"{task}/{n}")
+        Unit(files / n, packed, shared / n, f"{task}[{n}]", f"{task}/{n}", raw.get(n))
         for n in names
         if (files / n).is_dir()
     ]
@@ -179,10 +185,32 @@ def _read_manifest(root: Path, label: str) -> tuple[str, Published] | None:
         return None  # damaged: published again from the store
 
 
-def _source_id(store: Path, record: Path) -> str:
+def _keyed_record(record: Path, key: str | None) -> dict[str, Any] | None:
+    """A keyed unit's record, a line of its task's packed file (crucible.stage._store);
+    None without one (``key`` None: captured files whose unit has no record)."""
+    from crucible.stage._store import load_keyed
+
+    if key is None:
+        return None
+    try:
+        return load_keyed(record.parent.parent, record.name[: -len(".jsonl")]).get(key)
+    except CrucibleError:
+        return None
+
+
+def _source_id(store: Path, record: Path, key: str | None = None) -> str:
     """What the published set was built from: the settled record's bytes (a new
     capture or an amended record changes them), else the store directory's own
     identity."""
+    if record.suffix == ".jsonl":
+        rec = _keyed_record(record, key)
+        if rec is not None:
+            return (
+                "record:"
+                + hashlib.sha256(orjson.dumps(rec, option=orjson.OPT_SORT_KEYS)).hexdigest()
+            )
+        st = os.lstat(store)
+        return f"store:{st.st_ino}:{st.st_mtime_ns}"
     try:
         with open(record, "rb") as f:
             return "record:" + hashlib.sha256(f.read()).hexdigest()
@@ -191,12 +219,20 @@ def _source_id(store: Path, record: Path) -> str:
         return f"store:{st.st_ino}:{st.st_mtime_ns}"
 
 
-def _recorded_files(record: Path) -> tuple[dict[str, tuple[int, str]], int | None]:
-    """(path -> (size, digest) as capture recorded them, the record's mtime)."""
+def _recorded_files(
+    record: Path, key: str | None = None
+) -> tuple[dict[str, tuple[int, str]], int | None]:
+    """(path -> (size, digest) as capture recorded them, the record's mtime). A
+    keyed record has no mtime of its own (its packed file's is the last append's,
+    maybe after a change to this unit's files): its files are always hashed."""
+    mtime: int | None = None
     try:
-        with open(record, "rb") as f:
-            rec = orjson.loads(f.read())
-            mtime: int | None = os.fstat(f.fileno()).st_mtime_ns
+        if record.suffix == ".jsonl":
+            rec: Any = _keyed_record(record, key)
+        else:
+            with open(record, "rb") as f:
+                rec = orjson.loads(f.read())
+                mtime = os.fstat(f.fileno()).st_mtime_ns
     except (OSError, ValueError):
         return {}, None
     files = rec.get("files") if isinstance(rec, dict) else None
@@ -318,7 +354,13 @@ def _really_changed(path: str, e: Entry) -> bool:
 
 
 def _build(
-    store: Path, record: Path, parent: Path, label: str, source: str, generation: int
+    store: Path,
+    record: Path,
+    parent: Path,
+    label: str,
+    source: str,
+    generation: int,
+    key: str | None = None,
 ) -> Path:
     """A new published set from the store, in a temp directory beside ``parent``'s
     entries; returns it. Files are checked against the recorded digests."""
@@ -327,7 +369,7 @@ def _build(
     try:
         tree = tmp / "tree"
         tree.mkdir()
-        recorded, written = _recorded_files(record)
+        recorded, written = _recorded_files(record, key)
 
         def untouched(st: os.stat_result) -> bool:
             # Capture wrote the file, then the record; a later write or chmod
@@ -460,12 +502,14 @@ def _try_reflink(src_fd: int, dst_fd: int) -> bool:
     return True
 
 
-def publish(state: Path, store: Path, record: Path, root: Path, label: str) -> Published:
+def publish(
+    state: Path, store: Path, record: Path, root: Path, label: str, key: str | None = None
+) -> Published:
     """The current published set of one producer unit: built on first use,
     rebuilt when its store was captured again, restored when a published file
     was changed (the changed inodes are listed in ``tampered.jsonl``). Call with
     the lock held."""
-    source = _source_id(store, record)
+    source = _source_id(store, record, key)
     found = _read_manifest(root, label)
     generation = 1
     if found is not None:
@@ -476,7 +520,7 @@ def publish(state: Path, store: Path, record: Path, root: Path, label: str) -> P
                 return pub
             _list_tampered(pub, bad)
         generation = pub.generation + 1
-    built = _build(store, record, root.parent, label, source, generation)
+    built = _build(store, record, root.parent, label, source, generation, key)
     swap_in_dir(built, root, durable=False)
     found = _read_manifest(root, label)
     if found is None:  # pragma: no cover - we just wrote it
@@ -592,7 +636,7 @@ def stage_units(state: Path, units: list[Unit], dest: Path, used: int, bound: in
         return used
     with _locked(state):
         for u in units:
-            pub = publish(state, u.store, u.record, u.root, u.label)
+            pub = publish(state, u.store, u.record, u.root, u.label, u.key)
             size = sum(e.size for e in pub.files)
             if used + size > bound:
                 raise InputRefused(
@@ -703,7 +747,7 @@ def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path
             if current is not None and current[1].generation == pub.generation:
                 # still the generation the consumer holds: restore it now
                 _list_tampered(pub, [e for e in pub.files if e.rel in changed])
-            publish(state, u.store, u.record, u.root, u.label)
+            publish(state, u.store, u.record, u.root, u.label, u.key)
         shown = ", ".join(f"inputs/{u.staged}/{r}" for r in sorted(changed)[:5])
         more = len(changed) - 5
         notes.append(
@@ -733,7 +777,7 @@ def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
             current = _read_manifest(u.root, u.label)
             if current is not None and current[1].generation == found[1].generation:
                 _list_tampered(found[1], [e for e in found[1].files if e.rel in changed])
-            fresh = publish(state, u.store, u.record, u.root, u.label)
+            fresh = publish(state, u.store, u.record, u.root, u.label, u.key)
             by_rel = {e.rel: e for e in fresh.files}
             key = (fresh.dev, os.stat(top).st_dev)
             for rel in sorted(changed):

@@ -1,4 +1,6 @@
-"""Stage's own readers, public for ``crucible.run.cache_keyer``.
+"""Stage's own readers, public for ``crucible.run.cache_keyer``, and the
+result-record store's API for dispatch (load_all, write_result, remove_result,
+remove_results, update_record, amend_record, parse_packed: docs/spec/inputs.md 5).
 
 The keyer computes a unit's cache key from what staging *would* write, before
 anything is staged (docs/spec/cache.md, "When a unit is keyed"), so it must read
@@ -28,8 +30,19 @@ from crucible.stage._layout import RESERVED_STATE_NAMES
 from crucible.stage._loop import loop_of
 from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, view
-from crucible.stage._records import check_key, load_record_fast, load_result
+from crucible.stage._records import (
+    amend_record,
+    check_key,
+    load_all,
+    load_record_fast,
+    load_result,
+    remove_result,
+    remove_results,
+    update_record,
+    write_result,
+)
 from crucible.stage._share import units_of
+from crucible.stage._store import parse_packed
 
 __all__ = [
     "RESERVED_INPUTS",
@@ -37,6 +50,7 @@ __all__ = [
     "VALUES_DIR",
     "PlanView",
     "TaskView",
+    "amend_record",
     "build_outcome",
     "check_join",
     "check_key",
@@ -44,16 +58,22 @@ __all__ = [
     "escape_key",
     "input_name_problem",
     "instance_item",
+    "load_all",
     "load_params",
     "load_record_fast",
     "load_result",
     "loop_of",
+    "parse_packed",
     "read_json",
+    "remove_result",
+    "remove_results",
     "reserved_entry",
     "scalar_bytes",
     "staged_units",
     "units_of",
+    "update_record",
     "utf16_order",
     "v1_dep_value",
     "view",
+    "write_result",
 ]
