@@ -410,6 +410,8 @@ class DaskExecutor:
         self._queue: collections.deque[tuple[str, int, Any]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._cluster: Any = None
+        #: dask-local's workers run on this host; a remote scheduler's may not
+        self.pids_are_local = options.executor == "dask-local"
         self._client: Any = None
         self._scratch: str | None = None
         self._closed = False

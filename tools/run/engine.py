@@ -288,9 +288,7 @@ class Dispatcher:
             # (the likely cause of getting here) has nobody else to do it.
             self.workers.stop()
             self.workers.kill()
-            for unit in self._tokens.values():
-                if unit.pid is not None:
-                    kill_group(unit.pid, signal.SIGKILL)
+            self._kill_orphaned_groups()
             raise
         finally:
             self._restore_signals(previous)
@@ -363,6 +361,17 @@ class Dispatcher:
                     status=NOT_SELECTED,
                     note="not selected: not a --target or an ancestor of one",
                 )
+
+    def _kill_orphaned_groups(self) -> None:
+        """SIGKILL the groups of tasks still running, when their pids are this
+        host's: a remote executor's pids name other hosts' processes (its own
+        ``kill`` reaches those), and killing that number here would hit
+        whatever local process has it."""
+        if not getattr(self.workers, "pids_are_local", True):
+            return
+        for unit in self._tokens.values():
+            if unit.pid is not None:
+                kill_group(unit.pid, signal.SIGKILL)
 
     def _install_signals(self, wake_w: int) -> dict[int, Any]:
         previous: dict[int, Any] = {}

@@ -38,6 +38,11 @@ class Executor(Protocol):
         ...
 
     @property
+    def pids_are_local(self) -> bool:
+        """Whether the pids in "started" replies are this host's processes."""
+        ...
+
+    @property
     def reply_fds(self) -> list[int]: ...
 
     @property
@@ -79,6 +84,9 @@ class LocalExecutor:
     def __init__(self, pool: WorkerPool, slots: Slots) -> None:
         self.pool = pool
         self.slots = slots
+
+    #: forked here: every task pid is this host's
+    pids_are_local = True
 
     @property
     def peak_rss_kib(self) -> int:
