@@ -129,10 +129,10 @@ class UnitCache:
             record["cache_key"] = ck.digest
             if hit.files:
                 self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
-            # Atomic, not durable: a record lost to a power cut leaves the unit
-            # unsettled and a resume looks it up again (an fsync per hit would
-            # be most of a hit's cost). A keyed unit's is a line of its task's
-            # packed file (crucible.stage.write_result).
+            # Atomic, not fsync'd here: the dispatcher hands the file to the
+            # session log's group commit, which fsyncs it before the batch
+            # holding its task_finished (Dispatcher._settle_cached). A keyed
+            # unit's is a line of its task's packed file (stage.write_result).
             self.stage.write_result(self.state, record, durable=False)
             return record
         except _CACHE_ERRORS as exc:
