@@ -191,7 +191,8 @@ class _WorkerRunner(UnitRunner):
 
     #: a Dask worker may share STATE with the dispatcher over another host's
     #: mount: it fsyncs its own records (the dispatcher's fsync would not cover
-    #: that host's cache); docs/spec/run.md, "Session log"
+    #: that host's cache); dask-local's workers share this host's page cache,
+    #: so theirs ride the dispatcher's group commit (docs/spec/run.md, "Session log")
     durable_records = True
 
     @staticmethod
@@ -241,6 +242,7 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
             slots=cast(Slots, _control(spec.run_id, slots)),
             pack_dir=spec.pack_dir,
         )
+        runner.durable_records = spec.options.executor != "dask-local"
         with _LOCK:
             runner = _RUNNERS.setdefault(spec.run_id, runner)
     return runner
