@@ -706,7 +706,7 @@ def restage_units(
         return used, laid
     with _locked(state):
         for u in units:
-            pub = publish(state, u.store, u.record, u.root, u.label)
+            pub = publish(state, u.store, u.record, u.root, u.label, u.key)
             size = sum(e.size for e in pub.files)
             if used + size > bound:
                 raise InputRefused(
