@@ -628,6 +628,20 @@ def _copy(src: str, dst: str) -> None:
     os.chmod(dst, _READONLY)  # whatever the umask did
 
 
+def _published_within(state: Path, u: Unit, used: int, bound: int) -> tuple[Published, int]:
+    """``u``'s published set and ``used`` plus its bytes, refused past ``bound``
+    (before anything of it is laid). The one place both writers publish a unit:
+    a keyed unit is published from its own line of the packed records."""
+    pub = publish(state, u.store, u.record, u.root, u.label, u.key)
+    size = sum(e.size for e in pub.files)
+    if used + size > bound:
+        raise InputRefused(
+            f"staging emits_files would pass the bound of {bound} bytes "
+            f"one task may be handed (at {u.store})"
+        )
+    return pub, used + size
+
+
 def stage_units(state: Path, units: list[Unit], dest: Path, used: int, bound: int) -> int:
     """Lay every unit's published files into ``dest/<unit.staged>``; returns
     ``used`` plus their bytes. Raises :class:`InputRefused` past ``bound``
@@ -636,14 +650,7 @@ def stage_units(state: Path, units: list[Unit], dest: Path, used: int, bound: in
         return used
     with _locked(state):
         for u in units:
-            pub = publish(state, u.store, u.record, u.root, u.label, u.key)
-            size = sum(e.size for e in pub.files)
-            if used + size > bound:
-                raise InputRefused(
-                    f"staging emits_files would pass the bound of {bound} bytes "
-                    f"one task may be handed (at {u.store})"
-                )
-            used += size
+            pub, used = _published_within(state, u, used, bound)
             link_published(pub, dest / u.staged)
             _record_ctimes(pub)  # the links just made moved them
     return used
@@ -706,14 +713,7 @@ def restage_units(
         return used, laid
     with _locked(state):
         for u in units:
-            pub = publish(state, u.store, u.record, u.root, u.label, u.key)
-            size = sum(e.size for e in pub.files)
-            if used + size > bound:
-                raise InputRefused(
-                    f"staging emits_files would pass the bound of {bound} bytes "
-                    f"one task may be handed (at {u.store})"
-                )
-            used += size
+            pub, used = _published_within(state, u, used, bound)
             try:
                 ensure_dir(dest, u.staged)  # each component checked from inputs/ down
                 handed = relink_published(pub, dest / u.staged)
