@@ -75,8 +75,8 @@ def write_chain(root: Path, revisions: int) -> Path:
 
 
 def _timed(plan: Path, state: Path) -> float:
-    from crucible.run.options import RunOptions
-    from crucible.run.runner import run_plan
+    from crucible.run._options import RunOptions
+    from crucible.run._runner import run_plan
 
     options = RunOptions(plan=plan, state=state, jobs=2)
     t = time.perf_counter()

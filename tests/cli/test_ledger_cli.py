@@ -413,7 +413,7 @@ def test_help_and_version() -> None:
         assert done.exit_code == 0 and "Usage:" in done.output
     assert ledger("--version").stdout.startswith(b"crucible-ledger, version ")
     # --help does not import the library's heavy parts
-    probe = "import sys; import crucible.ledger.cli; print(sorted(m for m in ('orjson', 'xxhash', 'crucible.ledger.ledger') if m in sys.modules))"
+    probe = "import sys; import crucible.ledger.cli; print(sorted(m for m in ('orjson', 'xxhash', 'crucible.ledger._ledger') if m in sys.modules))"
     assert (
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip()
         == "[]"

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crucible.compile.locate import FileLocator
-from crucible.compile.manifest import analyze_document
+from crucible.compile._locate import FileLocator
+from crucible.compile._manifest import analyze_document
 from crucible.core import canon
 from crucible.core.errors import UnsupportedVersion
 

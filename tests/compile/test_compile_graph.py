@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crucible.compile import compile_path
-from crucible.compile.graph import render
+from crucible.compile._graph import render
 
 WritePack = Callable[..., Path]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from crucible.compile import star
-from crucible.compile.starbound import MAX_NESTING, nesting_problem
+from crucible.compile import _star as star
+from crucible.compile._starbound import MAX_NESTING, nesting_problem
 
 BIN = Path(sys.executable).parent
 MANIFEST = 'edition = 3\n[workflow]\nsource = "pack.star"\n'
@@ -212,7 +212,7 @@ def test_the_evaluating_child_ends_with_its_parent(tmp_path: Path) -> None:
     import time
 
     script = (
-        "from crucible.compile.star import evaluate_source\n"
+        "from crucible.compile._star import evaluate_source\n"
         "spin = 'def spin():\\n    for i in range(1000000000):\\n        pass\\nspin()\\n'\n"
         "evaluate_source(spin, 'spin.star', 3)\n"
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crucible.compile.locate import TomlLocator
+from crucible.compile._locate import TomlLocator
 
 TEXT = '''# comment: name = "no"
 edition = 3

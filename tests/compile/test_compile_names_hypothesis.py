@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.compile import ValidationFailed, compile_path, load_plan_bytes
-from crucible.compile.editions import RESERVED_INPUTS
-from crucible.compile.names import task_name_problems
+from crucible.compile._editions import RESERVED_INPUTS
+from crucible.compile._names import task_name_problems
 
 names = st.one_of(
     st.text(max_size=40),

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from crucible.compile import params
+from crucible.compile import _params as params
 from crucible.core.errors import InputRefused
 
 PLAN: dict[str, Any] = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from crucible.compile import ValidationFailed, compile_path
-from crucible.compile.diagnostics import Diagnostic
+from crucible.compile._diagnostics import Diagnostic
 
 WritePack = Callable[..., Path]
 

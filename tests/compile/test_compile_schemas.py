@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from crucible.compile import compile_path
-from crucible.compile.editions import PLAN_TASK_KEYS, TYPES, known_task_keys
+from crucible.compile._editions import PLAN_TASK_KEYS, TYPES, known_task_keys
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMAS = REPO / "docs" / "schemas"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from crucible.compile import ValidationFailed, compile_path
-from crucible.compile.manifest import analyze_star
+from crucible.compile._manifest import analyze_star
 from crucible.core.errors import ParseError, UsageError
 
 WritePack = Callable[..., Path]
@@ -217,7 +217,7 @@ def test_analyze_star_alone(tmp_path: Path) -> None:
 
 
 def test_runaway_evaluation_is_stopped() -> None:
-    from crucible.compile.star import evaluate_source
+    from crucible.compile._star import evaluate_source
 
     src = "def f():\n    for i in range(2000000000):\n        for j in range(2000000000):\n            pass\nf()\n"
     result = evaluate_source(src, "loop.star", 3, timeout=0.2)
@@ -241,7 +241,7 @@ def test_ctrl_c_stops_a_long_evaluation() -> None:
     import signal
     import threading
 
-    from crucible.compile.star import evaluate_source
+    from crucible.compile._star import evaluate_source
 
     spin = "def spin():\n    for i in range(1000000000):\n        pass\nspin()\n"
     received: list[int] = []

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from crucible.compile import compile_path, load_plan_bytes
-from crucible.compile.conditions import condition_reads, parse_condition
-from crucible.compile.diagnostics import ValidationFailed
+from crucible.compile._conditions import condition_reads, parse_condition
+from crucible.compile._diagnostics import ValidationFailed
 
 from .conftest import WritePack
 
@@ -249,7 +249,7 @@ def test_a_plan_file_with_a_bad_condition_is_refused(write_pack: WritePack) -> N
 
 
 def test_graph_shows_conditions_on_nodes_and_triggers_on_edges(write_pack: WritePack) -> None:
-    from crucible.compile.graph import render
+    from crucible.compile._graph import render
 
     plan = compile_path(
         write_pack(

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from crucible.compile import compile_bytes, load_plan_bytes
-from crucible.compile.diagnostics import ValidationFailed
-from crucible.compile.manifest import analyze_manifest
+from crucible.compile._diagnostics import ValidationFailed
+from crucible.compile._manifest import analyze_manifest
 
 TASKS = """
 [workflow]

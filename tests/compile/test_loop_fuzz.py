@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.compile import load_plan_bytes
-from crucible.compile.locate import FileLocator
-from crucible.compile.loop import LOOP_KEYS
-from crucible.compile.manifest import analyze_document
+from crucible.compile._locate import FileLocator
+from crucible.compile._loop import LOOP_KEYS
+from crucible.compile._manifest import analyze_document
 from crucible.core import canon
 from crucible.core.errors import CrucibleError
 
@@ -126,8 +126,8 @@ def test_the_sub_dag_rule_is_convexity(case: tuple[list[dict[str, Any]], list[st
     among its ancestors and another among its descendants (networkx decides)."""
     import networkx as nx
 
-    from crucible.compile.loop import check_loop_graph
-    from crucible.compile.shape import Checker
+    from crucible.compile._loop import check_loop_graph
+    from crucible.compile._shape import Checker
 
     tasks, body = case
     graph = nx.DiGraph()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.compile.manifest import analyze_manifest
+from crucible.compile._manifest import analyze_manifest
 
 BIN = Path(sys.executable).parent
 VALIDATE = str(BIN / "crucible-validate")

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from crucible.compile import compile_bytes
-from crucible.compile.manifest import analyze_manifest
-from crucible.compile.resources import parse_memory
+from crucible.compile._manifest import analyze_manifest
+from crucible.compile._resources import parse_memory
 
 
 def pack(resources: str, edition: int = 4) -> bytes:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from crucible.compile import editions, names
+from crucible.compile import _editions as editions
+from crucible.compile import _names as names
 from crucible.core import contract
-from crucible.run import admit
+from crucible.run import _admit as admit
 from crucible.stage import _capture, _inputs, _names, _plan
 
 

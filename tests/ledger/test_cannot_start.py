@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from crucible.core.errors import EXIT_OPERATIONAL, EXIT_USAGE, CrucibleError, StartFailed
+from crucible.ledger._runner import CannotStart
 from crucible.ledger.commands import StepRunOptions, do_run
-from crucible.ledger.runner import CannotStart
 
 
 def test_cannot_start_is_in_the_tree_with_its_exit_code() -> None:

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from crucible.core.errors import UsageError
-from crucible.ledger.identity import (
+from crucible.ledger._identity import (
     command_key,
     content_step,
     parse_key_spec,

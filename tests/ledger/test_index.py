@@ -224,7 +224,7 @@ def test_hash_collisions_cost_a_miss_never_a_wrong_hit(
 ) -> None:
     import crucible.ledger._files as files
     import crucible.ledger._index as index
-    import crucible.ledger.ledger as ledger_module
+    import crucible.ledger._ledger as ledger_module
 
     for module in (files, index, ledger_module):
         monkeypatch.setattr(module, "identity_hash", lambda _scope, _step: 42)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.ledger.runner import (
+from crucible.ledger._runner import (
     CannotStart,
     CommandResult,
     command_outcome,
@@ -182,7 +182,7 @@ def test_decode_streams_refuses_malformed_values() -> None:
 
 EARLY_SIGNAL = r"""
 import os, signal, subprocess, sys
-from crucible.ledger import runner
+from crucible.ledger import _runner as runner
 
 real = subprocess.Popen
 

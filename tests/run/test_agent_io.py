@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run.agent_io import RESPONSE_MAX
+from crucible.run._agent_io import RESPONSE_MAX
 from tests.run.dispatchtests import result, run
 
 Pack = Callable[..., Path]

@@ -1,4 +1,4 @@
-"""Lazy workers (crucible.run.workers, docs/spec/run.md "Workers"): a local pool
+"""Lazy workers (crucible.run._workers, docs/spec/run.md "Workers"): a local pool
 forks at the first unit that needs a worker, so a fully cached rerun forks no
 process at all, and a run that misses after hits still runs its misses under
 ``-j``. Forks are counted in-process (``os.fork`` wrapped) and, through real
@@ -71,7 +71,7 @@ def forks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def _in_process(plan: Path, state: Path, cache: Path, x: str = "1", **kw: Any) -> Any:
     """run_plan in this process (its forks are counted), with X delivered."""
     from crucible.run import RunOptions
-    from crucible.run.runner import run_plan
+    from crucible.run._runner import run_plan
 
     options = RunOptions(plan=plan, state=state, cache=cache, backoff=0.01, kill_grace=1.0, **kw)
     return run_plan(options, environ=_environ(x, state))

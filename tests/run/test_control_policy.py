@@ -1,4 +1,4 @@
-"""crucible.run.control's decisions as functions: the retry policy's delays and
+"""crucible.run._control's decisions as functions: the retry policy's delays and
 limits, the deadline, tolerance, the last-attempt environment, condition errors."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from crucible.run.control import (
+from crucible.run._control import (
     ConditionError,
     evaluate,
     last_attempt_env,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run.log_tail import LogTailer
+from crucible.run._log_tail import LogTailer
 from tests.run.dispatchtests import start_dispatch, write_pack
 from tests.run.test_dask_executor import LOCAL, dispatch
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run.reaper import Reaper
+from crucible.run._reaper import Reaper
 from tests.run.dispatchtests import (
     events,
     process_alive,
@@ -35,7 +35,7 @@ def test_the_reaper_kills_the_groups_of_a_dead_parent(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     code = (
         "import os, subprocess, sys, time\n"
-        "from crucible.run.reaper import Reaper\n"
+        "from crucible.run._reaper import Reaper\n"
         "r = Reaper(1.0)\n"
         f"p = subprocess.Popen(['sh', '-c', 'sleep 300 & echo $! >> {pids}; echo $$ >> {pids};"
         " wait'], start_new_session=True)\n"

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-dask_executor = pytest.importorskip("crucible.run.dask_executor")
+dask_executor = pytest.importorskip("crucible.run._dask_executor")
 
-from crucible.run.options import RunOptions  # noqa: E402
+from crucible.run._options import RunOptions  # noqa: E402
 
 
 class _FakeRunner:

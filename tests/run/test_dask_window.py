@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run.dask_executor import local_layout
+from crucible.run._dask_executor import local_layout
 from tests.run.dispatchtests import events, write_pack
 from tests.run.test_dask_executor import dispatch
 
@@ -93,7 +93,7 @@ def test_a_workers_threads_start_tasks_one_at_a_time(tmp_path: Path) -> None:
     import os
     import threading
 
-    from crucible.run import dask_executor
+    from crucible.run import _dask_executor as dask_executor
 
     done = threading.Event()
     result: list[tuple[object, int, object]] = []

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError
-from crucible.run import report
+from crucible.run import _report as report
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]

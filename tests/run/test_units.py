@@ -12,11 +12,14 @@ import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused, UsageError
-from crucible.run import environ, params, procs, verdict
-from crucible.run.engine import Counts
-from crucible.run.graph import build_graph
-from crucible.run.progress import describe
-from crucible.run.session import SessionLog, read_events
+from crucible.run import _environ as environ
+from crucible.run import _params as params
+from crucible.run import _procs as procs
+from crucible.run import _verdict as verdict
+from crucible.run._engine import Counts
+from crucible.run._graph import build_graph
+from crucible.run._progress import describe
+from crucible.run._session import SessionLog, read_events
 from tests.run.dispatchtests import process_alive
 
 

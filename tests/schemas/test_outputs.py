@@ -182,7 +182,7 @@ def test_report_json_rows_match(run: tuple[int, Path]) -> None:
 
 def test_every_report_row_member_is_in_the_schema() -> None:
     """report-row.json names every member row_json can write (all of them set)."""
-    from crucible.run.report import Row, row_json
+    from crucible.run._report import Row, row_json
 
     row = Row(
         "t",

@@ -174,7 +174,7 @@ def ledger_refuses(doc: dict[str, Any], tmp: Path) -> str:
 
 def params_refuse(doc: Any, tmp: Path) -> str:
     """crucible-dispatch --params FILE / STATE/params.json on resume."""
-    from crucible.run.params import read_params_file
+    from crucible.run._params import read_params_file
 
     path = tmp / "params.json"
     path.write_bytes(json.dumps(doc).encode())

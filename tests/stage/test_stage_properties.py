@@ -240,7 +240,7 @@ def test_names_compile_accepts_stay_inside_or_are_refused_cleanly(name: str, key
     ``<name>.json`` would not fit NAME_MAX) is refused by stage, never escapes."""
     import pytest
 
-    from crucible.compile.names import task_name_problems
+    from crucible.compile._names import task_name_problems
     from crucible.core.errors import InputRefused
 
     if task_name_problems(name):

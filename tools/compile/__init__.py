@@ -6,7 +6,7 @@ Public API (docs/spec/plan-ir.md, docs/spec/manifest.md; the plan schemas docs/s
 - :func:`load_plan_path` — a plan JSON file, strictly checked
 - :func:`load_any` — ``.toml`` → compile, otherwise a plan file
 - :class:`CompiledPlan` — ``plan`` (dict), ``data`` (canonical bytes), ``digest``, ``warnings``
-- :mod:`crucible.compile.params` — ``check(plan, supplied)`` resolves a run's params
+- ``crucible.compile._params.check(plan, supplied)`` resolves a run's params (dispatch calls it)
 
 Errors are :mod:`crucible.core.errors` subclasses with ``where`` set;
 :class:`ValidationFailed` carries every diagnostic.
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from crucible.compile.diagnostics import Diagnostic, ValidationFailed
-    from crucible.compile.editions import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, ir_version_for
-    from crucible.compile.manifest import compile_bytes, compile_path
-    from crucible.compile.plan import CompiledPlan, load_plan_bytes, load_plan_path
+    from crucible.compile._diagnostics import Diagnostic, ValidationFailed
+    from crucible.compile._editions import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, ir_version_for
+    from crucible.compile._manifest import compile_bytes, compile_path
+    from crucible.compile._plan import CompiledPlan, load_plan_bytes, load_plan_path
 
 __all__ = [
     "SUPPORTED_EDITIONS",
@@ -42,16 +42,16 @@ __all__ = [
 ]
 
 _LAZY = {
-    "Diagnostic": "diagnostics",
-    "ValidationFailed": "diagnostics",
-    "SUPPORTED_EDITIONS": "editions",
-    "SUPPORTED_VERSIONS": "editions",
-    "ir_version_for": "editions",
-    "compile_bytes": "manifest",
-    "compile_path": "manifest",
-    "CompiledPlan": "plan",
-    "load_plan_bytes": "plan",
-    "load_plan_path": "plan",
+    "Diagnostic": "_diagnostics",
+    "ValidationFailed": "_diagnostics",
+    "SUPPORTED_EDITIONS": "_editions",
+    "SUPPORTED_VERSIONS": "_editions",
+    "ir_version_for": "_editions",
+    "compile_bytes": "_manifest",
+    "compile_path": "_manifest",
+    "CompiledPlan": "_plan",
+    "load_plan_bytes": "_plan",
+    "load_plan_path": "_plan",
 }
 
 
@@ -66,8 +66,8 @@ def __getattr__(name: str) -> Any:
 
 def load_any(path: Path) -> CompiledPlan:
     """A ``.toml`` manifest is compiled; anything else is read as a plan file."""
-    from crucible.compile.manifest import compile_path
-    from crucible.compile.plan import load_plan_path
+    from crucible.compile._manifest import compile_path
+    from crucible.compile._plan import load_plan_path
 
     if Path(path).suffix == ".toml":
         return compile_path(Path(path))

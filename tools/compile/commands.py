@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from crucible.compile.diagnostics import Diagnostic, Location, ValidationFailed
-from crucible.compile.manifest import Analysis, analyze_manifest, analyze_star, read_input
-from crucible.compile.plan import load_plan_path
+from crucible.compile._diagnostics import Diagnostic, Location, ValidationFailed
+from crucible.compile._manifest import Analysis, analyze_manifest, analyze_star, read_input
+from crucible.compile._plan import load_plan_path
 from crucible.core import ndjson, output
 from crucible.core.errors import EXIT_OK, EXIT_REFUSED, CrucibleError, UsageError
 from crucible.core.fdio import read_regular
@@ -49,7 +49,7 @@ def run_compile(opts: CompileOptions, out: BinaryIO, err: TextIO) -> int:
     compiled = analysis.compiled
     assert compiled is not None
     if opts.graph is not None:
-        from crucible.compile.graph import render
+        from crucible.compile._graph import render
 
         payload = render(compiled.plan, opts.graph).encode("utf-8")
     elif opts.digest_only:

@@ -10,9 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from crucible.ledger.identity import Identity, command_key, content_step
-    from crucible.ledger.ledger import Ledger, OpenReport, Outcome, Reply
-    from crucible.ledger.maintenance import CompactReport, compact, verify
+    from crucible.ledger._identity import Identity, command_key, content_step
+    from crucible.ledger._ledger import Ledger, OpenReport, Outcome, Reply
+    from crucible.ledger._maintenance import CompactReport, compact, verify
 
 __all__ = [
     "CompactReport",
@@ -28,16 +28,16 @@ __all__ = [
 ]
 
 _HOME = {
-    "Identity": "identity",
-    "command_key": "identity",
-    "content_step": "identity",
-    "Ledger": "ledger",
-    "OpenReport": "ledger",
-    "Outcome": "ledger",
-    "Reply": "ledger",
-    "CompactReport": "maintenance",
-    "compact": "maintenance",
-    "verify": "maintenance",
+    "Identity": "_identity",
+    "command_key": "_identity",
+    "content_step": "_identity",
+    "Ledger": "_ledger",
+    "OpenReport": "_ledger",
+    "Outcome": "_ledger",
+    "Reply": "_ledger",
+    "CompactReport": "_maintenance",
+    "compact": "_maintenance",
+    "verify": "_maintenance",
 }
 
 

@@ -12,10 +12,10 @@ from typing import IO, Any
 from crucible.core import canon
 from crucible.core.errors import OperationalError, UsageError
 from crucible.core.output import write_stream
-from crucible.ledger.identity import command_key, content_step, parse_key_specs, read_key_files
-from crucible.ledger.ledger import Ledger, Outcome, Reply, Warn, stderr_warn
-from crucible.ledger.maintenance import compact, verify
-from crucible.ledger.runner import (
+from crucible.ledger._identity import command_key, content_step, parse_key_specs, read_key_files
+from crucible.ledger._ledger import Ledger, Outcome, Reply, Warn, stderr_warn
+from crucible.ledger._maintenance import compact, verify
+from crucible.ledger._runner import (
     CommandResult,
     command_outcome,
     decode_streams,

@@ -6,7 +6,7 @@ Spec: docs/spec/run.md.
 
 from __future__ import annotations
 
-from crucible.run.options import RunOptions
+from crucible.run._options import RunOptions
 
 __all__ = ["RunOptions", "run_plan"]
 
@@ -14,7 +14,7 @@ __all__ = ["RunOptions", "run_plan"]
 def __getattr__(name: str) -> object:
     # run_plan pulls in the engine; keep ``import crucible.run`` light.
     if name == "run_plan":
-        from crucible.run.runner import run_plan
+        from crucible.run._runner import run_plan
 
         return run_plan
     raise AttributeError(name)

@@ -1,7 +1,7 @@
 """The reserved inputs revision / history / kept, written before each revision
 (and once more when the loop stops, for the tasks after it and the epilogues).
 
-The values are built and written by :mod:`crucible.run.loop_inputs`
+The values are built and written by :mod:`crucible.run._loop_inputs`
 (docs/spec/loop.md, "Reserved inputs"); this module is the engine's one call.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from crucible.run.engine import Dispatcher
+    from crucible.run._engine import Dispatcher
 
 __all__ = ["write"]
 
@@ -18,7 +18,7 @@ __all__ = ["write"]
 def write(d: Dispatcher, n: int, revisions: list[dict[str, Any]]) -> None:
     """STATE/reserved/{revision,history,kept,meta}.json for revision ``n``, from
     loop.json's settled ``revisions``, atomically."""
-    from crucible.run import loop_inputs
+    from crucible.run import _loop_inputs as loop_inputs
 
     # Atomic, not durable: derived from loop.json and rewritten before every
     # revision (a resume rewrites them too), and the scheduling thread never

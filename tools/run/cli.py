@@ -17,7 +17,7 @@ import click
 
 from crucible import __version__
 from crucible.core.cli import run as run_command
-from crucible.run.options import JOBS_MAX, RunOptions
+from crucible.run._options import JOBS_MAX, RunOptions
 
 __all__ = ["main"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from crucible.core.errors import EXIT_OK, InputRefused, UsageError
-from crucible.run.options import RunOptions
+from crucible.run._options import RunOptions
 
 __all__ = [
     "PROG",
@@ -76,7 +76,7 @@ def _warn(err: TextIO) -> Any:
 def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     """Run the plan; the dry run's lines or ``--outputs -`` on ``out``, the summary on
     ``err``. Refused and unusable options raise before the state dir is touched."""
-    from crucible.run.runner import run_plan
+    from crucible.run._runner import run_plan
 
     options = opts.run
     if opts.as_json and not options.dry_run:
@@ -85,14 +85,14 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     progress = err.isatty() and not options.follow and not options.dry_run
     options = dataclasses.replace(options, progress=progress)
     if options.executor != "local" and not options.dry_run:
-        from crucible.run.dask_executor import check_options
+        from crucible.run._dask_executor import check_options
 
         check_options(options)  # before the state dir is touched
     if options.outputs == "-" and options.events == "-":
         raise UsageError("--outputs - and --events - cannot both use stdout")
     live: Any = None
     if options.progress:
-        from crucible.run.progress import LiveProgress
+        from crucible.run._progress import LiveProgress
 
         live = LiveProgress(err)
     try:
@@ -104,7 +104,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         _print_dry_run(outcome.plan_lines, opts.as_json, out)
         return int(outcome.exit_code)
     if options.outputs is not None:
-        from crucible.run.outputs import copy_outputs
+        from crucible.run._outputs import copy_outputs
 
         copy_outputs(options.state, options.outputs, out)
     err.write(f"{PROG}: {summary_line(outcome, options.state)}\n")
@@ -158,7 +158,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
     """The task table (or one task's instances), the NDJSON rows, or the HTML page.
     Text goes to ``out``, NDJSON to its byte stream ``out.buffer``."""
     from crucible.core import ndjson, output
-    from crucible.run import report
+    from crucible.run import _report as report
 
     state, task = opts.state, opts.task
     if not state.is_dir():
@@ -178,7 +178,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
             if r.key is None or instances:
                 out.buffer.write(ndjson.dumps_line(report.row_json(r)))
         if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
-            from crucible.run import loop_view
+            from crucible.run import _loop_view as loop_view
 
             out.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
         return EXIT_OK
@@ -206,7 +206,7 @@ def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -
 
 def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
     """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
-    from crucible.run.cache import TaskCache
+    from crucible.run._cache import TaskCache
     from crucible.stage import escape_key
 
     directory = _cache_dir(opts.cache)
@@ -223,7 +223,7 @@ def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
 
 def run_cache_gc(opts: CacheGcOptions, out: TextIO, err: TextIO) -> int:
     """Remove store files no cached result names; the counts on ``out``."""
-    from crucible.run.cache import TaskCache
+    from crucible.run._cache import TaskCache
 
     directory = _cache_dir(opts.cache)
     counts: dict[str, Any] = {"removed": 0, "kept": 0, "bytes": 0}

@@ -1,0 +1,175 @@
+"""Editions, IR versions and the keys each edition knows.
+
+This module is the one place that decides which IR version an edition compiles
+to (:func:`ir_version_for`) and which keys a manifest task table, a Starlark
+``task()`` call or a plan task may carry at a given edition / IR version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from crucible.core.contract import RESERVED_INPUTS, SUPPORTED_VERSIONS
+from crucible.core.errors import Location, UnsupportedVersion
+
+__all__ = [
+    "DEFAULT_EDITION",
+    "EDITION_CONTROL",
+    "LATEST_EDITION",
+    "PLAN_TASK_KEYS",
+    "RESERVED_INPUTS",
+    "SUPPORTED_EDITIONS",
+    "SUPPORTED_VERSIONS",
+    "TYPES",
+    "check_edition",
+    "check_version",
+    "edition_for_version",
+    "ir_version_for",
+    "known_task_keys",
+    "known_top_keys",
+    "task_key_since",
+    "top_key_since",
+    "workflow_key_since",
+]
+
+SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3, 4)
+DEFAULT_EDITION = 1
+LATEST_EDITION = 4
+
+#: value types of emits fields and params
+TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")
+
+
+# Task keys by the edition that introduced them (editions are cumulative).
+_TASK_KEYS_SINCE: dict[str, int] = {
+    "name": 1,
+    "kind": 1,
+    "run": 1,
+    "needs": 1,
+    "join": 1,
+    "emits": 1,
+    "emits_files": 1,
+    "map": 1,
+    "retries": 1,
+    "timeout": 1,
+    "prompt": 1,
+    "description": 1,
+    "epilogue": 1,
+    "env": 2,
+    "inputs": 3,
+    # control flow (issue 16; crucible.compile._conditions)
+    "when": 4,
+    "on_failure": 4,
+    "allow_exit": 4,
+    "retry": 4,
+    "deadline": 4,
+    # fan-out vocabulary (issue 17)
+    "matrix": 4,
+    "key": 4,
+    "parallelism": 4,
+    # the task cache (issue 15): false = always run (its results are state)
+    "cache": 4,
+    # what a unit needs on its worker (issue 19; crucible.compile._resources)
+    "resources": 4,
+}
+
+#: The edition that brings control flow, fan-out sources, run results, the task
+#: cache and the scored loop (issues 15-18). Every new key enters here, never as an
+#: optional key of an older edition: ADR-0058 makes the version the gate, so an
+#: engine that does not know a key refuses the whole plan by its version instead of
+#: running it with the key dropped. Edition 4 compiles to IR v3.
+EDITION_CONTROL = 4
+
+# Workflow-table keys (``[workflow.X]``) and top-level keys by the edition that
+# introduced them; the original ones are edition 1.
+_WORKFLOW_KEYS_SINCE: dict[str, int] = {
+    "name": 1,
+    "description": 1,
+    "params": 1,
+    "source": 1,
+    "task": 1,
+    # run results and published files (issue 17)
+    "outputs": 4,
+    "publish": 4,
+}
+_TOP_KEYS_SINCE: dict[str, int] = {
+    "edition": 1,
+    "workflow": 1,
+    # the scored loop (issue 18; crucible.compile._loop)
+    "loop": 4,
+}
+
+#: keys of a plan task per IR version (the v2 additions are omitted when empty)
+PLAN_TASK_KEYS: dict[int, frozenset[str]] = {
+    1: frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= 2),
+    2: frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= 3),
+    3: frozenset(_TASK_KEYS_SINCE),
+}
+
+
+def ir_version_for(edition: int) -> int:
+    """The IR version an edition compiles to: editions 1–2 → v1, 3 → v2, 4 → v3."""
+    check_edition(edition)
+    if edition >= EDITION_CONTROL:
+        return 3
+    return 2 if edition >= 3 else 1
+
+
+def edition_for_version(version: int) -> tuple[int, ...]:
+    """The editions whose plans carry ``version``."""
+    return tuple(e for e in SUPPORTED_EDITIONS if ir_version_for(e) == version)
+
+
+def _shown(value: object) -> str:
+    """A refused value as the user wrote it (JSON/TOML spelling: true, "3"), not repr."""
+    import json
+
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return str(value)  # a TOML date or time: 1979-05-27
+
+
+def _supported(
+    value: object, supported: Sequence[int], what: str, plural: str, where: Location | None
+) -> int:
+    if type(value) is not int or value not in supported:
+        listed = ", ".join(map(str, supported))
+        raise UnsupportedVersion(
+            f"unsupported {what} {_shown(value)}; this engine supports {plural} {listed}",
+            location=where,
+        )
+    return value
+
+
+def check_edition(edition: object, *, where: Location | None = None) -> int:
+    return _supported(edition, SUPPORTED_EDITIONS, "edition", "editions", where)
+
+
+def check_version(version: object, *, where: Location | None = None) -> int:
+    return _supported(version, SUPPORTED_VERSIONS, "plan version", "versions", where)
+
+
+def task_key_since(key: str) -> int | None:
+    """The edition that introduced a task key, or None for a key no edition knows."""
+    return _TASK_KEYS_SINCE.get(key)
+
+
+def known_task_keys(edition: int) -> frozenset[str]:
+    """The task keys a manifest (or ``task()`` call) of ``edition`` may use."""
+    return frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= edition)
+
+
+def workflow_key_since(key: str) -> int | None:
+    """The edition that introduced a ``[workflow]`` key, or None for an unknown key."""
+    return _WORKFLOW_KEYS_SINCE.get(key)
+
+
+def top_key_since(key: str) -> int | None:
+    """The edition that introduced a top-level manifest key, or None."""
+    return _TOP_KEYS_SINCE.get(key)
+
+
+def known_top_keys(edition: int) -> tuple[str, ...]:
+    """The top-level manifest keys of ``edition``, in the order they arrived."""
+    return tuple(k for k, since in _TOP_KEYS_SINCE.items() if since <= edition)

@@ -1,0 +1,746 @@
+"""Edition-4 fan-out vocabulary and run results: checks and plan forms.
+
+What a ``map`` ranges over (a producer field, a literal, a param, a sequence),
+``matrix`` (axes, ``exclude``, ``include``), ``key``, ``parallelism``, and the
+workflow's ``[workflow.outputs]`` and ``[workflow.publish]`` tables. Each check
+records diagnostics on a :class:`~crucible.compile._shape.Checker` and returns the
+plan form (docs/spec/manifest.md "Fan-out", docs/spec/plan-ir.md). Plan forms are
+tagged objects so a plan never needs guessing; :func:`task_to_manifest` turns a plan
+task's forms back into manifest spelling, so the strict plan reader can re-check a
+plan task by compiling it again (normal form).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+from crucible.compile._diagnostics import KeyPath
+from crucible.compile._names import ident_problem
+from crucible.core.canon import MAX_SAFE_INTEGER
+
+__all__ = [
+    "MATRIX_RESERVED",
+    "MAX_INSTANCES",
+    "PUBLISH_MANIFEST",
+    "KeyProblem",
+    "check_fanout_graph",
+    "check_fanout_task",
+    "check_map_source",
+    "check_outputs",
+    "check_publish",
+    "describe_source",
+    "fanout_producers",
+    "is_fanout",
+    "keyed_items",
+    "task_to_manifest",
+]
+
+#: most instances one mapped task may have (a matrix's combinations, a sequence's
+#: numbers). Our choice: GitHub and Tekton stop at 256; the dispatcher runs 10,000
+#: instances within its memory budget, and 100,000 still fits (docs/spec/run.md).
+MAX_INSTANCES = 100_000
+#: matrix keys that are not axes (GitHub's spelling)
+MATRIX_RESERVED = ("exclude", "include")
+_SEQUENCE_KEYS = ("count", "start", "end", "step")
+#: the manifest each published directory carries (``@``: never a captured file's
+#: top-level name in practice, and the project's reserved leading character)
+PUBLISH_MANIFEST = "@publish.json"
+
+
+def _shape() -> Any:
+    # shape imports this module lazily; importing it back at call time avoids a cycle
+    from crucible.compile import _shape as shape
+
+    return shape
+
+
+# -- sources ------------------------------------------------------------------
+
+
+def check_map_source(chk: Any, path: KeyPath, value: Any, what: str, *, axis: bool) -> Any | None:
+    """A map source (or a matrix axis, ``axis=True``) → its plan form:
+    ``"producer.field"``, ``{"param": name}``, ``{"items": [...] | {...}}`` or
+    ``{"sequence": {"start", "count", "step"}}``."""
+    shape = _shape()
+    if isinstance(value, str):
+        if value.startswith("params."):
+            name = value[len("params.") :]
+            if (problem := ident_problem("param", name)) is not None:
+                chk.error("bad-ref", path, f"{what} {value!r}: {problem}")
+                return None
+            return {"param": name}
+        return shape._check_ref(chk, path, value, what)
+    if isinstance(value, list | tuple):
+        return _literal(chk, path, list(value), what)
+    if isinstance(value, dict):
+        keys = set(value)
+        if "items" in keys:
+            if keys != {"items"}:
+                extra = sorted(keys - {"items"})[0]
+                chk.error(
+                    "unknown-key",
+                    (*path, extra),
+                    f"{what}: a table with items takes no other key (found {extra!r})",
+                )
+                return None
+            items = value["items"]
+            if isinstance(items, dict) and not axis:
+                return _literal(chk, (*path, "items"), items, what)
+            if isinstance(items, list | tuple):
+                return _literal(chk, (*path, "items"), list(items), what)
+            need = "an array" if axis else "an array or a table"
+            chk.error(
+                "matrix-axis-not-array" if axis else "wrong-type",
+                (*path, "items"),
+                f"{what}: items must be {need}, not {shape.type_name(items)}",
+            )
+            return None
+        if keys and keys <= set(_SEQUENCE_KEYS):
+            return _sequence(chk, path, value, what)
+        chk.error(
+            "bad-value",
+            path,
+            f"{what}: a table must be a sequence ({{count}} or {{start, end, step}}) "
+            f"or {{items = ...}}, not keys {', '.join(sorted(map(str, keys))) or 'none'}",
+        )
+        return None
+    chk.error(
+        "matrix-axis-not-array" if axis else "wrong-type",
+        path,
+        f'{what} must be "producer.field", "params.NAME", an array or a table, '
+        f"not {shape.type_name(value)}",
+    )
+    return None
+
+
+def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
+    shape = _shape()
+    if not shape.is_json_value(items):
+        chk.error("bad-value", path, f"{what}: items must be JSON values (no dates or times)")
+        return None
+    n = len(items)
+    if n > MAX_INSTANCES:
+        chk.error("fanout-too-large", path, f"{what} lists {n} items, more than {MAX_INSTANCES:,}")
+        return None
+    return {"items": shape._to_json(items)}
+
+
+def _sequence(chk: Any, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
+    shape = _shape()
+    ok = True
+    for k, v in value.items():
+        if type(v) is not int or abs(v) > MAX_SAFE_INTEGER:
+            chk.error(
+                "wrong-type",
+                (*path, k),
+                f"{what}: {k} must be an integer, not {shape.type_name(v)}",
+            )
+            ok = False
+    if not ok:
+        return None
+    if ("count" in value) == ("end" in value):
+        chk.error("bad-value", path, f"{what}: a sequence takes exactly one of count and end")
+        return None
+    start = value.get("start", 0)
+    step = value.get("step", 1)
+    if step == 0:
+        chk.error("bad-value", (*path, "step"), f"{what}: step must not be 0")
+        return None
+    if "count" in value:
+        count = value["count"]
+        if count < 0:
+            chk.error("bad-value", (*path, "count"), f"{what}: count must not be negative")
+            return None
+    else:
+        end = value["end"]
+        count = max(0, (end - start) // step + 1)  # end is inclusive (Argo's withSequence)
+    if count > MAX_INSTANCES:
+        chk.error(
+            "fanout-too-large",
+            path,
+            f"{what} has {count} numbers, more than {MAX_INSTANCES:,}",
+        )
+        return None
+    if count and abs(start + (count - 1) * step) > MAX_SAFE_INTEGER:
+        chk.error("bad-value", path, f"{what}: the sequence leaves the safe integer range")
+        return None
+    return {"sequence": {"count": count, "start": start, "step": step}}
+
+
+def _to_manifest_source(source: Any) -> Any:
+    """A plan source → its manifest spelling (the inverse of :func:`check_map_source`)."""
+    if isinstance(source, dict) and len(source) == 1:
+        if "param" in source and isinstance(source["param"], str):
+            return f"params.{source['param']}"
+        if "sequence" in source and isinstance(source["sequence"], dict):
+            return dict(source["sequence"])
+        if "items" in source and isinstance(source["items"], list):
+            return source["items"]
+    return source  # a producer ref, {"items": {...}}, or something malformed: checked as is
+
+
+def describe_source(source: Any) -> str:
+    """A short human text for a source (graphs, notes)."""
+    if isinstance(source, str):
+        return source
+    if "param" in source:
+        return f"params.{source['param']}"
+    if "sequence" in source:
+        s = source["sequence"]
+        if s["count"] == 0:
+            return "sequence (empty)"
+        last = s["start"] + (s["count"] - 1) * s["step"]
+        step = f" step {s['step']}" if s["step"] != 1 else ""
+        return f"{s['start']}..{last}{step}"
+    items = source["items"]
+    return f"{len(items)} item{'s' if len(items) != 1 else ''}"
+
+
+# -- matrix, key, parallelism ---------------------------------------------------
+
+
+def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
+    shape = _shape()
+    if not isinstance(value, dict):
+        chk.error(
+            "wrong-type",
+            path,
+            "matrix must be a table of axis = source (with optional exclude and include), "
+            f"not {shape.type_name(value)}",
+        )
+        return None
+    axes: list[dict[str, Any]] = []
+    ok = True
+    for name, src in value.items():
+        if name in MATRIX_RESERVED:
+            continue
+        if (problem := ident_problem("matrix axis", name)) is not None:
+            chk.error("bad-name", (*path, name), problem)
+            ok = False
+            continue
+        source = check_map_source(chk, (*path, name), src, f"matrix axis {name!r}", axis=True)
+        if source is None:
+            ok = False
+            continue
+        if isinstance(source, dict) and isinstance(source.get("items"), dict):
+            chk.error(
+                "matrix-axis-not-array", (*path, name), f"matrix axis {name!r} must be an array"
+            )
+            ok = False
+            continue
+        axes.append({"name": name, "source": source})
+    if not axes and ok:
+        chk.error("matrix-no-axes", path, "matrix has no axes (exclude and include are not axes)")
+        return None
+    names = [a["name"] for a in axes]
+    out: dict[str, Any] = {"axes": axes}
+    for entry_key in MATRIX_RESERVED:
+        if entry_key in value:
+            entries = _matrix_entries(chk, (*path, entry_key), value[entry_key], entry_key, names)
+            if entries is None:
+                ok = False
+            elif entries:
+                out[entry_key] = entries
+    if not ok:
+        return None
+    sizes = [_static_size(a["source"]) for a in axes]
+    product = 1
+    for size in sizes:
+        product *= size if size is not None else 1
+    if product > MAX_INSTANCES:
+        chk.error(
+            "fanout-too-large",
+            path,
+            f"matrix has {product:,} combinations, more than {MAX_INSTANCES:,}",
+        )
+        return None
+    return out
+
+
+def _static_size(source: Any) -> int | None:
+    if isinstance(source, dict) and "items" in source:
+        return len(source["items"])
+    if isinstance(source, dict) and "sequence" in source:
+        return int(source["sequence"]["count"])
+    return None
+
+
+def _matrix_entries(
+    chk: Any, path: KeyPath, value: Any, what: str, axes: Sequence[str]
+) -> list[dict[str, Any]] | None:
+    shape = _shape()
+    if not isinstance(value, list | tuple):
+        chk.error(
+            "wrong-type",
+            path,
+            f"matrix {what} must be an array of tables, not {shape.type_name(value)}",
+        )
+        return None
+    out: list[dict[str, Any]] = []
+    ok = True
+    for i, entry in enumerate(value):
+        epath = (*path, i)
+        if not isinstance(entry, dict) or not entry:
+            chk.error("wrong-type", epath, f"matrix {what}[{i}] must be a non-empty table")
+            ok = False
+            continue
+        for k, v in entry.items():
+            if what == "exclude" and k not in axes:
+                chk.error(
+                    "matrix-unknown-axis",
+                    (*epath, k),
+                    f"matrix exclude[{i}] names {k!r}, which is not an axis "
+                    f"(axes: {', '.join(axes) or 'none'})",
+                )
+                ok = False
+            elif (problem := ident_problem("matrix key", k)) is not None:
+                chk.error("bad-name", (*epath, k), problem)
+                ok = False
+            elif not shape.is_json_value(v):
+                chk.error("bad-value", (*epath, k), f"matrix {what}[{i}].{k} is not a JSON value")
+                ok = False
+        out.append(shape._to_json(dict(entry)))
+    return out if ok else None
+
+
+def is_fanout(task: Mapping[str, Any]) -> bool:
+    return "map" in task or "matrix" in task
+
+
+def check_fanout_task(
+    chk: Any, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], edition: int
+) -> None:
+    """The edition-4 task keys ``map`` (new sources), ``matrix``, ``key``, ``parallelism``."""
+    shape = _shape()
+    who = f"task {task['name']!r}" if task.get("name") else "the task"
+    if "map" in raw:
+        source = check_map_source(chk, (*path, "map"), raw["map"], "map", axis=False)
+        if source is not None:
+            task["map"] = source
+    if "matrix" in raw:
+        if "map" in raw:
+            chk.error(
+                "map-and-matrix",
+                (*path, "matrix"),
+                f"{who} has both map and matrix; a task fans out over one of them",
+            )
+        else:
+            matrix = _check_matrix(chk, (*path, "matrix"), raw["matrix"])
+            if matrix is not None:
+                task["matrix"] = matrix
+    if "key" in raw:
+        key = raw["key"]
+        if "map" not in raw:
+            chk.error(
+                "key-needs-map",
+                (*path, "key"),
+                f"{who} has key but no map (a matrix instance is keyed by its combination)",
+            )
+        elif not isinstance(key, str) or not key:
+            chk.error(
+                "wrong-type",
+                (*path, "key"),
+                f"key must be the name of a field of each item, not {shape.type_name(key)}",
+            )
+        else:
+            task["key"] = key
+            source = task.get("map")
+            if isinstance(source, dict) and "items" in source:
+                _check_literal_keys(chk, (*path, "map"), source["items"], key, who)
+    if "parallelism" in raw:
+        value = raw["parallelism"]
+        if not is_fanout(raw):
+            chk.error(
+                "parallelism-needs-fanout",
+                (*path, "parallelism"),
+                f"{who} has parallelism but no map or matrix",
+            )
+        elif type(value) is not int:
+            chk.error(
+                "wrong-type",
+                (*path, "parallelism"),
+                f"parallelism must be an integer, not {shape.type_name(value)}",
+            )
+        elif not 1 <= value <= MAX_INSTANCES:
+            chk.error(
+                "bad-value",
+                (*path, "parallelism"),
+                f"parallelism must be between 1 and {MAX_INSTANCES}, not {value}",
+            )
+        else:
+            task["parallelism"] = value
+
+
+def _check_literal_keys(chk: Any, path: KeyPath, items: Any, key: str, who: str) -> None:
+    """``key`` over a literal: every problem the run would meet, found now."""
+    pairs = list(items.items()) if isinstance(items, dict) else list(enumerate(items))
+    try:
+        keyed_items([(str(k), v) for k, v in pairs], key)
+    except KeyProblem as exc:
+        chk.error("key-invalid", path, f"{who}: {exc}")
+
+
+class KeyProblem(ValueError):
+    """Why a fan-out's items cannot be keyed (the mapped task fails before any
+    instance runs); ``code`` names the rule."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def keyed_items(items: Sequence[tuple[str, Any]], key: str) -> list[tuple[str, Any]]:
+    """(key, item) pairs keyed by each item's ``key`` field (a string, or an integer
+    written in decimal). Raises :class:`KeyProblem` for an item that is not an
+    object, lacks the field, has another type there, or repeats a key (the message
+    names the first duplicate)."""
+    out: list[tuple[str, Any]] = []
+    seen: dict[str, str] = {}
+    for position, item in items:
+        if not isinstance(item, dict):
+            raise KeyProblem(
+                "key-not-object", f"item {position} is not an object, so it has no field {key!r}"
+            )
+        if key not in item:
+            raise KeyProblem("key-missing", f"item {position} has no field {key!r}")
+        value = item[key]
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise KeyProblem(
+                "key-not-scalar",
+                f"item {position}: field {key!r} is not a string or an integer",
+            )
+        text = value if isinstance(value, str) else str(value)
+        if text in seen:
+            raise KeyProblem(
+                "key-duplicate",
+                f"duplicate instance key {text!r} (field {key!r} of items {seen[text]} and {position})",
+            )
+        seen[text] = position
+        out.append((text, item))
+    return out
+
+
+def task_to_manifest(raw: dict[str, Any]) -> dict[str, Any]:
+    """A plan task's fan-out forms back in manifest spelling (see module doc)."""
+    out = dict(raw)
+    if "map" in out:
+        out["map"] = _to_manifest_source(out["map"])
+    matrix = out.get("matrix")
+    if isinstance(matrix, dict) and isinstance(matrix.get("axes"), list):
+        table: dict[str, Any] = {}
+        for axis in matrix["axes"]:
+            if isinstance(axis, dict) and isinstance(axis.get("name"), str):
+                table[axis["name"]] = _to_manifest_source(axis.get("source"))
+        for k in MATRIX_RESERVED:
+            if k in matrix:
+                table[k] = matrix[k]
+        out["matrix"] = table
+    return out
+
+
+def fanout_producers(task: Mapping[str, Any]) -> dict[str, str]:
+    """Producer task → the label of its fan-out edge (``map field``, ``axis name``)."""
+    out: dict[str, str] = {}
+    source = task.get("map")
+    if isinstance(source, str):
+        out[source.rpartition(".")[0]] = "map " + source.rpartition(".")[2]
+    for axis in task.get("matrix", {}).get("axes", []):
+        if isinstance(axis["source"], str):
+            producer = axis["source"].rpartition(".")[0]
+            out[producer] = (
+                out[producer] + ", " if producer in out else ""
+            ) + f"axis {axis['name']}"
+    return out
+
+
+# -- graph rules ----------------------------------------------------------------
+
+_MAP_TYPES = ("array", "object", "any")
+_AXIS_TYPES = ("array", "any")
+
+
+def check_fanout_graph(
+    chk: Any,
+    workflow: Mapping[str, Any],
+    tasks: Sequence[dict[str, Any]],
+    paths: Sequence[KeyPath],
+) -> None:
+    """Rules across tasks for the fan-out sources, outputs and publish entries."""
+    from crucible.compile._rules import _producer_field
+
+    params = workflow.get("params", {})
+    by_name = {t["name"]: t for t in reversed(tasks)}
+    for task, path in zip(tasks, paths, strict=True):
+        # (edition 4 lets epilogues fan out too: rules.py refuses that below edition 4)
+        source = task.get("map")
+        if isinstance(source, dict) and "param" in source:
+            _check_param_source(chk, (*path, "map"), task, source["param"], params, axis=False)
+        matrix = task.get("matrix")
+        if matrix is None:
+            continue
+        for axis in matrix["axes"]:
+            apath = (*path, "matrix", axis["name"])
+            src = axis["source"]
+            if isinstance(src, str):
+                found = _producer_field(
+                    chk, task, apath, src, f"matrix axis {axis['name']!r}", by_name, "map"
+                )
+                if found is not None:
+                    type_ = by_name[found[0]]["emits"][found[1]]
+                    if type_ not in _AXIS_TYPES:
+                        chk.error(
+                            "matrix-axis-not-array",
+                            apath,
+                            f"matrix axis {axis['name']!r} of task {task['name']!r} reads "
+                            f"{src!r}, declared {type_}; an axis needs an array or any field",
+                        )
+                    elif found[0] in by_name and is_fanout(by_name[found[0]]):
+                        chk.error(
+                            "matrix-mapped-source",
+                            apath,
+                            f"matrix axis {axis['name']!r} reads {src!r}, a mapped task's fold",
+                        )
+            elif "param" in src:
+                _check_param_source(chk, apath, task, src["param"], params, axis=True)
+    _check_outputs_graph(chk, workflow, by_name)
+    _check_publish_graph(chk, workflow, by_name)
+
+
+def _check_param_source(
+    chk: Any,
+    path: KeyPath,
+    task: Mapping[str, Any],
+    name: str,
+    params: Mapping[str, Any],
+    *,
+    axis: bool,
+) -> None:
+    what = f"matrix axis of task {task['name']!r}" if axis else f"map of task {task['name']!r}"
+    if name not in params:
+        known = ", ".join(sorted(params)) or "none"
+        chk.error(
+            "fanout-unknown-param",
+            path,
+            f"{what} reads params.{name}, which is not a declared param (declared: {known})",
+        )
+        return
+    spec = params[name]
+    allowed = _AXIS_TYPES if axis else _MAP_TYPES
+    need = "an array" if axis else "an array or an object"
+    code = "matrix-axis-not-array" if axis else "map-not-collection"
+    if spec["type"] not in allowed:
+        chk.error(
+            code, path, f"{what} reads params.{name}, declared {spec['type']}; it needs {need}"
+        )
+        return
+    if "default" in spec:
+        default = spec["default"]
+        ok = isinstance(default, list) or (isinstance(default, dict) and not axis)
+        if not ok:
+            chk.error(code, path, f"{what} reads params.{name}, whose default is not {need}")
+
+
+# -- [workflow.outputs] -----------------------------------------------------------
+
+
+def check_outputs(chk: Any, path: KeyPath, value: Any) -> dict[str, str]:
+    """``[workflow.outputs]``: result name → ``"task.field"``."""
+    shape = _shape()
+    if not isinstance(value, dict):
+        chk.error(
+            "wrong-type",
+            path,
+            f'outputs must be a table of name = "task.field", not {shape.type_name(value)}',
+        )
+        return {}
+    out: dict[str, str] = {}
+    for name, ref in value.items():
+        opath = (*path, name)
+        if (problem := ident_problem("output", name)) is not None:
+            chk.error("bad-name", opath, problem)
+            continue
+        checked = shape._check_ref(chk, opath, ref, f"output {name!r}")
+        if checked is not None:
+            out[name] = checked
+    return out
+
+
+def _check_outputs_graph(
+    chk: Any, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
+) -> None:
+    from crucible.compile._shape import split_ref
+
+    for name, ref in workflow.get("outputs", {}).items():
+        where = ("workflow", "outputs", name)
+        split = split_ref(ref)
+        assert split is not None
+        producer, field = split
+        task = by_name.get(producer)
+        if task is None:
+            chk.error(
+                "output-unknown-task",
+                where,
+                f"output {name!r} reads {ref!r}, but {producer!r} is not a task of this workflow",
+            )
+        elif field not in task["emits"]:
+            chk.error(
+                "output-unknown-field",
+                where,
+                f"output {name!r} reads {ref!r}, but {producer!r} does not declare "
+                f"the field {field!r} in emits",
+            )
+        elif is_fanout(task):
+            chk.error(
+                "output-mapped",
+                where,
+                f"output {name!r} reads {ref!r}, but {producer!r} fans out: a run result "
+                "is one task's value (read the fold in a task that needs it and emit one)",
+            )
+
+
+# -- [workflow.publish] -----------------------------------------------------------
+
+
+def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
+    """``[workflow.publish]``: destination dir → ``"task:glob"`` (or an array of
+    them, or ``{from = ..., settled = bool}``). Plan form:
+    ``{dest: {"from": ["task:glob", ...], "settled": bool}}``."""
+    shape = _shape()
+    if not isinstance(value, dict):
+        chk.error(
+            "wrong-type",
+            path,
+            f'publish must be a table of "dir/" = "task:glob", not {shape.type_name(value)}',
+        )
+        return {}
+    out: dict[str, Any] = {}
+    for dest, spec in value.items():
+        dpath = (*path, dest)
+        norm = _check_dest(chk, dpath, dest)
+        settled: Any = False
+        sources: Any = spec
+        if isinstance(spec, dict):
+            for k in spec:
+                if k not in ("from", "settled"):
+                    chk.error(
+                        "unknown-key",
+                        (*dpath, k),
+                        f"unknown key {k!r} in publish entry {dest!r} (known: from, settled)",
+                    )
+            if "from" not in spec:
+                chk.error("missing-key", dpath, f"publish entry {dest!r} has no from")
+                continue
+            sources = spec["from"]
+            settled = spec.get("settled", False)
+            if not isinstance(settled, bool):
+                chk.error(
+                    "wrong-type",
+                    (*dpath, "settled"),
+                    f"settled must be a boolean, not {shape.type_name(settled)}",
+                )
+                continue
+        if isinstance(sources, str):
+            sources = [sources]
+        if not isinstance(sources, list | tuple) or not sources:
+            chk.error(
+                "wrong-type",
+                dpath,
+                f'publish entry {dest!r} must be "task:glob", a non-empty array of them '
+                "or a table with from",
+            )
+            continue
+        good = []
+        for i, src in enumerate(sources):
+            spath = (*dpath, i) if not isinstance(spec, str) else dpath
+            if _check_publish_source(chk, spath, src):
+                good.append(src)
+        if norm is not None and len(good) == len(sources):
+            if norm in out:
+                chk.error("publish-overlap", dpath, f"publish destination {norm!r} is named twice")
+                continue
+            out[norm] = {"from": list(good), "settled": settled}
+    names = sorted(out)
+    for a, b in itertools.pairwise(names):
+        if b.startswith(a + "/"):
+            chk.error(
+                "publish-overlap",
+                (*path, b),
+                f"publish destination {b!r} is inside {a!r}; destinations must not nest",
+            )
+    return out
+
+
+def _bad_relative(text: str) -> bool:
+    parts = text.split("/")
+    return (
+        not text
+        or text.startswith("/")
+        or "\\" in text
+        or "\x00" in text
+        or any(p in ("..",) for p in parts)
+    )
+
+
+def _check_dest(chk: Any, path: KeyPath, dest: str) -> str | None:
+    norm = dest.rstrip("/")
+    parts = norm.split("/")
+    if (
+        _bad_relative(norm)
+        or any(p in ("", ".") for p in parts)
+        or parts[0] == PUBLISH_MANIFEST
+        or any(p.startswith(".crucible-") for p in parts)
+    ):
+        chk.error(
+            "bad-path",
+            path,
+            f"publish destination {dest!r} must be a relative directory inside the publish "
+            "dir (no leading /, no . or .. components, no backslash)",
+        )
+        return None
+    return str(PurePosixPath(norm))
+
+
+def _check_publish_source(chk: Any, path: KeyPath, src: Any) -> bool:
+    shape = _shape()
+    if not isinstance(src, str):
+        chk.error(
+            "wrong-type", path, f'a publish source must be "task:glob", not {shape.type_name(src)}'
+        )
+        return False
+    task, colon, glob = src.partition(":")
+    if not colon or not task or not glob:
+        chk.error("bad-ref", path, f'publish source {src!r} is not of the form "task:glob"')
+        return False
+    if _bad_relative(glob):
+        chk.error(
+            "bad-path",
+            path,
+            f"publish source {src!r}: the glob must be relative to the task's captured "
+            "files (no leading /, no .., no backslash)",
+        )
+        return False
+    return True
+
+
+def _check_publish_graph(
+    chk: Any, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
+) -> None:
+    for dest, spec in workflow.get("publish", {}).items():
+        for i, src in enumerate(spec["from"]):
+            where = ("workflow", "publish", dest, i)
+            task = src.partition(":")[0]
+            if task not in by_name:
+                chk.error(
+                    "publish-unknown-task",
+                    where,
+                    f"publish source {src!r} names {task!r}, which is not a task of this workflow",
+                )
+            elif not by_name[task]["emits_files"]:
+                chk.error(
+                    "publish-no-files",
+                    where,
+                    f"publish source {src!r}: task {task!r} captures no files (emits_files)",
+                )

@@ -1,0 +1,720 @@
+"""Structural checks of a pack's workflow: keys, types, values.
+
+One function per table (workflow, params, task) checks a raw mapping — a TOML
+table or the kwargs of a Starlark constructor — records every problem as a
+:class:`Diagnostic`, and returns the normalized, plan-shaped value built from
+the parts that are sound. Unknown keys are refused everywhere (docs/spec/manifest.md
+says why).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from crucible.compile._conditions import check_control_keys
+from crucible.compile._diagnostics import Diagnostic, KeyPath, Locator
+from crucible.compile._editions import (
+    EDITION_CONTROL,
+    RESERVED_INPUTS,
+    TYPES,
+    known_task_keys,
+    task_key_since,
+    workflow_key_since,
+)
+from crucible.compile._names import env_problem, ident_problem
+from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.contract import json_type
+from crucible.core.globs import pattern_problem
+
+__all__ = [
+    "JOINS",
+    "KINDS",
+    "MAX_DEFAULT_DEPTH",
+    "Checker",
+    "check_params",
+    "check_task",
+    "split_ref",
+    "type_name",
+    "value_matches",
+]
+
+KINDS: tuple[str, ...] = ("command", "evaluate", "agent")
+JOINS: tuple[str, ...] = ("all", "settled")
+WORKFLOW_KEYS: tuple[str, ...] = tuple(
+    k for k in ("name", "description", "params", "source", "task") if workflow_key_since(k) == 1
+)
+#: ``[workflow]`` keys of edition 4 (editions.py says when each key arrived)
+WORKFLOW_KEYS_SINCE_4: tuple[str, ...] = tuple(
+    k for k in ("outputs", "publish") if workflow_key_since(k) == EDITION_CONTROL
+)
+PARAM_KEYS: tuple[str, ...] = ("type", "default", "description")
+
+
+class Checker:
+    """Collects diagnostics, locating each through a :class:`Locator`."""
+
+    def __init__(self, locator: Locator) -> None:
+        self.locator = locator
+        self.diagnostics: list[Diagnostic] = []
+
+    def error(self, code: str, path: KeyPath, message: str) -> None:
+        self.diagnostics.append(Diagnostic(code, message, self.locator.locate(path)))
+
+    @property
+    def failed(self) -> bool:
+        return any(d.severity == "error" for d in self.diagnostics)
+
+
+def type_name(value: object) -> str:
+    """The TOML/JSON name of a value's type, for messages: JSON's names
+    (:func:`crucible.core.contract.json_type`) but TOML's ``float`` and ``table``."""
+    if isinstance(value, float):
+        return "float"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list | tuple):
+        return "array"
+    if value is None or isinstance(value, bool | int | str):
+        return json_type(value)
+    return type(value).__name__
+
+
+def is_json_value(value: object) -> bool:
+    """True for values in the canonical JSON domain (no datetimes, NaN, huge ints)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v is None or isinstance(v, bool | str):
+            continue
+        if isinstance(v, int):
+            if abs(v) > MAX_SAFE_INTEGER:
+                return False
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                return False
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            if not all(isinstance(k, str) for k in v):
+                return False
+            stack.extend(v.values())
+        else:
+            return False
+    return True
+
+
+#: deepest nesting of arrays/objects a param default may have (our choice): the plan
+#: wraps a default in four more levels and the canonical serializer's fast path
+#: (orjson) stops at 255, so a deeper default could not be written out.
+MAX_DEFAULT_DEPTH = 128
+
+
+def _json_depth(value: object) -> int:
+    """Nesting depth of arrays/objects in ``value`` (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, list | tuple):
+            items: Any = v
+        elif isinstance(v, dict):
+            items = v.values()
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        stack.extend((item, depth) for item in items)
+    return deepest
+
+
+def value_matches(type_: str, value: object) -> bool:
+    """Does ``value`` (already a JSON value) have the declared ``type_``?"""
+    if type_ == "any":
+        return True
+    if type_ == "string":
+        return isinstance(value, str)
+    if type_ == "boolean":
+        return isinstance(value, bool)
+    if type_ == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if type_ == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if type_ == "array":
+        return isinstance(value, list | tuple)
+    if type_ == "object":
+        return isinstance(value, dict)
+    return False
+
+
+def split_ref(ref: str) -> tuple[str, str] | None:
+    """``"producer.field"`` → (producer, field), split at the last dot (field names
+    hold no dot; task names may)."""
+    producer, dot, field = ref.rpartition(".")
+    if not dot or not producer or ident_problem("field", field) is not None:
+        return None
+    return producer, field
+
+
+def _check_str(chk: Checker, path: KeyPath, value: object, what: str, *, nonempty: bool) -> bool:
+    if not isinstance(value, str):
+        chk.error("wrong-type", path, f"{what} must be a string, not {type_name(value)}")
+        return False
+    if nonempty and not value.strip():
+        chk.error("bad-value", path, f"{what} must not be empty")
+        return False
+    return True
+
+
+def _check_str_list(chk: Checker, path: KeyPath, value: object, what: str) -> list[str] | None:
+    if not isinstance(value, list | tuple):
+        chk.error("wrong-type", path, f"{what} must be an array of strings, not {type_name(value)}")
+        return None
+    return str_items(chk, path, value, what)
+
+
+def str_items(chk: Checker, path: KeyPath, value: Sequence[object], what: str) -> list[str] | None:
+    """The items of an array that must be distinct strings (each bad one named), or None."""
+    out: list[str] = []
+    ok = True
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            chk.error(
+                "wrong-type", (*path, i), f"{what}[{i}] must be a string, not {type_name(item)}"
+            )
+            ok = False
+        elif item in out:
+            chk.error("duplicate-entry", (*path, i), f"{what} lists {item!r} twice")
+            ok = False
+        else:
+            out.append(item)
+    return out if ok else None
+
+
+def _check_type(chk: Checker, path: KeyPath, value: object, what: str) -> str | None:
+    if not isinstance(value, str) or value not in TYPES:
+        chk.error(
+            "bad-type-name",
+            path,
+            f"{what} must be one of {', '.join(TYPES)}, not {value!r}",
+        )
+        return None
+    return value
+
+
+def _check_ref(chk: Checker, path: KeyPath, value: object, what: str) -> str | None:
+    if not _check_str(chk, path, value, what, nonempty=True):
+        return None
+    assert isinstance(value, str)
+    if split_ref(value) is None:
+        chk.error(
+            "bad-ref",
+            path,
+            f'{what} {value!r} is not of the form "producer.field" '
+            "(field: a letter or _, then letters, digits, _ or -)",
+        )
+        return None
+    return value
+
+
+def _check_keys(
+    chk: Checker, path: KeyPath, table: Mapping[str, Any], allowed: tuple[str, ...], label: str
+) -> None:
+    for key in table:
+        if key not in allowed:
+            noun = "keyword argument" if label.endswith("()") else "key"
+            chk.error(
+                "unknown-key",
+                (*path, key),
+                f"unknown {noun} {key!r} in {label} (known: {', '.join(allowed)})",
+            )
+
+
+def check_params(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any]:
+    """``[workflow.params.NAME]`` tables → ``{name: {type, default?, description?}}``."""
+    if not isinstance(raw, dict):
+        chk.error("wrong-type", path, f"params must be a table, not {type_name(raw)}")
+        return {}
+    params: dict[str, Any] = {}
+    for name, spec in raw.items():
+        ppath = (*path, name)
+        if (problem := ident_problem("param", name)) is not None:
+            chk.error("bad-name", ppath, problem)
+            continue
+        if not isinstance(spec, dict):
+            chk.error(
+                "wrong-type",
+                ppath,
+                f"param {name!r} must be a table with a type, not {type_name(spec)}",
+            )
+            continue
+        _check_keys(chk, ppath, spec, PARAM_KEYS, f"param {name!r}")
+        if "type" not in spec:
+            chk.error("missing-key", ppath, f"param {name!r} has no type")
+            continue
+        type_ = _check_type(chk, (*ppath, "type"), spec["type"], f"type of param {name!r}")
+        if type_ is None:
+            continue
+        out: dict[str, Any] = {"type": type_}
+        if "default" in spec:
+            default = spec["default"]
+            if _json_depth(default) > MAX_DEFAULT_DEPTH:
+                chk.error(
+                    "bad-default",
+                    (*ppath, "default"),
+                    f"default of param {name!r} is nested deeper than {MAX_DEFAULT_DEPTH} levels",
+                )
+            elif not is_json_value(default) or not value_matches(type_, default):
+                chk.error(
+                    "bad-default",
+                    (*ppath, "default"),
+                    f"default of param {name!r} is not a JSON {type_} (got {type_name(default)})",
+                )
+            else:
+                out["default"] = _to_json(default)
+        if "description" in spec and _check_str(
+            chk, (*ppath, "description"), spec["description"], "description", nonempty=False
+        ):
+            out["description"] = spec["description"]
+        params[name] = out
+    return params
+
+
+def _to_json(value: Any) -> Any:
+    """Tuples (from Starlark) become lists; everything else is already JSON."""
+    if isinstance(value, list | tuple):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    return value
+
+
+def _check_relative_glob(chk: Checker, path: KeyPath, pattern: str) -> bool:
+    parts = pattern.replace("\\", "/").split("/")
+    if not pattern or pattern.startswith("/") or ".." in parts or "\x00" in pattern:
+        chk.error(
+            "bad-path",
+            path,
+            f"emits_files entry {pattern!r} must be a relative path or glob "
+            "inside the workspace (no leading /, no ..)",
+        )
+        return False
+    # what capture would refuse after the task ran (issue 12 item 15)
+    if (problem := pattern_problem(pattern)) is not None:
+        chk.error("bad-path", path, f"emits_files entry {pattern!r} {problem}")
+        return False
+    return True
+
+
+@dataclass
+class _TaskCheck:
+    """One task table under check: what every step of :data:`_TASK_STEPS` reads and
+    the plan-shaped ``task`` it fills in."""
+
+    chk: Checker
+    path: KeyPath
+    raw: Mapping[str, Any]
+    task: dict[str, Any]
+    edition: int
+    known: frozenset[str]
+    label: str
+
+    def at(self, *parts: str | int) -> KeyPath:
+        return (*self.path, *parts)
+
+    @property
+    def who(self) -> str:
+        name = self.task["name"]
+        return f"task {name!r}" if name else self.label
+
+
+#: a step of the task check: it reads a key's value (or, for a whole-table step,
+#: the table itself) and records diagnostics and normal forms on the _TaskCheck
+_Step = Callable[[_TaskCheck, Any], None]
+
+
+def _check_unknown_task_keys(t: _TaskCheck) -> None:
+    for key in t.raw:
+        if key not in t.known:
+            since = task_key_since(key)
+            hint = (
+                f"; {key!r} needs edition {since} (this pack is edition {t.edition})"
+                if since is not None
+                else ""
+            )
+            noun = "keyword argument" if t.label.endswith("()") else "key"
+            t.chk.error("unknown-key", t.at(key), f"unknown {noun} {key!r} in {t.label}{hint}")
+
+
+def _task_name(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    if "name" not in raw:
+        t.chk.error("missing-key", t.path, f"{t.label} has no name")
+    elif isinstance(raw["name"], str):
+        t.task["name"] = raw["name"]
+    else:
+        t.chk.error(
+            "wrong-type", t.at("name"), f"name must be a string, not {type_name(raw['name'])}"
+        )
+
+
+def _task_kind(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    kind = raw.get("kind", "command")
+    if kind not in KINDS:
+        t.chk.error(
+            "bad-value", t.at("kind"), f"kind must be one of {', '.join(KINDS)}, not {kind!r}"
+        )
+        kind = "command"
+    t.task["kind"] = kind
+
+
+def _task_body(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    """An agent takes a prompt, every other kind a run."""
+    kind = t.task["kind"]
+    if kind == "agent":
+        if "run" in raw:
+            t.chk.error(
+                "agent-run", t.at("run"), f"{t.who} is an agent: it takes a prompt, not run"
+            )
+        if "prompt" not in raw:
+            t.chk.error("missing-key", t.path, f"{t.who} is an agent and has no prompt")
+        elif _check_str(t.chk, t.at("prompt"), raw["prompt"], "prompt", nonempty=True):
+            t.task["prompt"] = raw["prompt"]
+        return
+    if "prompt" in raw:
+        t.chk.error(
+            "prompt-not-agent", t.at("prompt"), f"{t.who} is a {kind} task: prompt is for agents"
+        )
+    if "run" not in raw:
+        t.chk.error("missing-key", t.path, f"{t.who} has no run (an argv array or a shell string)")
+    else:
+        _task_run(t, raw["run"])
+
+
+def _task_run(t: _TaskCheck, run: object) -> None:
+    if isinstance(run, str):
+        if _check_str(t.chk, t.at("run"), run, "run", nonempty=True):
+            t.task["run"] = run
+    elif isinstance(run, list | tuple):
+        if not run:
+            t.chk.error("bad-value", t.at("run"), "run must not be an empty array")
+        elif all(isinstance(a, str) for a in run):
+            if run[0]:
+                t.task["run"] = list(run)
+            else:  # exec of "" fails on every attempt
+                t.chk.error("bad-value", t.at("run", 0), "run's program must not be empty")
+        else:
+            t.chk.error("wrong-type", t.at("run"), "every element of run must be a string")
+    else:
+        t.chk.error(
+            "wrong-type",
+            t.at("run"),
+            f"run must be an argv array or a shell string, not {type_name(run)}",
+        )
+    if "run" in t.task and "\x00" in "".join(t.task["run"]):
+        # no command line can carry NUL: exec would fail on every attempt
+        del t.task["run"]
+        t.chk.error("bad-value", t.at("run"), "run must not contain a NUL character")
+
+
+def _task_needs(t: _TaskCheck, value: object) -> None:
+    needs = _check_str_list(t.chk, t.at("needs"), value, "needs")
+    if needs is not None:
+        t.task["needs"] = needs
+
+
+def _task_join(t: _TaskCheck, value: object) -> None:
+    if value in JOINS:
+        t.task["join"] = value
+    else:
+        t.chk.error(
+            "bad-value", t.at("join"), f"join must be one of {', '.join(JOINS)}, not {value!r}"
+        )
+
+
+def _task_emits(t: _TaskCheck, emits: object) -> None:
+    if not isinstance(emits, dict):
+        t.chk.error(
+            "wrong-type",
+            t.at("emits"),
+            f"emits must be a table of field = type, not {type_name(emits)}",
+        )
+        return
+    for field, type_ in emits.items():
+        fpath = t.at("emits", field)
+        if (problem := ident_problem("field", field)) is not None:
+            t.chk.error("bad-name", fpath, problem)
+            continue
+        checked = _check_type(t.chk, fpath, type_, f"type of emits field {field!r}")
+        if checked is not None:
+            t.task["emits"][field] = checked
+
+
+def _task_emits_files(t: _TaskCheck, value: object) -> None:
+    files = _check_str_list(t.chk, t.at("emits_files"), value, "emits_files")
+    if files is not None:
+        t.task["emits_files"] = [
+            f for i, f in enumerate(files) if _check_relative_glob(t.chk, t.at("emits_files", i), f)
+        ]
+
+
+def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    """Edition 4's map sources, matrix, key, parallelism (crucible.compile._fanout);
+    before it, map is a "producer.field" reference."""
+    if t.edition >= EDITION_CONTROL:
+        from crucible.compile._fanout import check_fanout_task
+
+        check_fanout_task(t.chk, t.path, raw, t.task, t.edition)
+    elif "map" in raw:
+        ref = _check_ref(t.chk, t.at("map"), raw["map"], "map")
+        if ref is not None:
+            t.task["map"] = ref
+
+
+def _task_cache(t: _TaskCheck, value: object) -> None:
+    # docs/spec/cache.md: false = never looked up or recorded
+    if type(value) is not bool:
+        t.chk.error("wrong-type", t.at("cache"), f"cache must be a boolean, not {type_name(value)}")
+    else:
+        t.task["cache"] = value
+
+
+def _task_resources(t: _TaskCheck, value: object) -> None:
+    from crucible.compile._resources import check_resources
+
+    check_resources(t.chk, t.at("resources"), value, t.task)
+
+
+def _task_retries(t: _TaskCheck, retries: object) -> None:
+    if type(retries) is not int:
+        t.chk.error(
+            "wrong-type", t.at("retries"), f"retries must be an integer, not {type_name(retries)}"
+        )
+    elif not 0 <= retries <= 1000:
+        t.chk.error(
+            "bad-value", t.at("retries"), f"retries must be between 0 and 1000, not {retries}"
+        )
+    else:
+        t.task["retries"] = retries
+
+
+def _task_timeout(t: _TaskCheck, timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        t.chk.error(
+            "wrong-type",
+            t.at("timeout"),
+            f"timeout must be a number of seconds, not {type_name(timeout)}",
+        )
+    elif not (math.isfinite(timeout) and 0 < timeout <= MAX_SAFE_INTEGER):
+        t.chk.error(
+            "bad-value",
+            t.at("timeout"),
+            f"timeout must be a positive number of seconds, not {timeout}",
+        )
+    else:
+        t.task["timeout"] = timeout
+
+
+def _task_description(t: _TaskCheck, value: object) -> None:
+    if _check_str(t.chk, t.at("description"), value, "description", nonempty=False):
+        t.task["description"] = value
+
+
+def _task_epilogue(t: _TaskCheck, value: object) -> None:
+    if isinstance(value, bool):
+        t.task["epilogue"] = value
+    else:
+        t.chk.error(
+            "wrong-type", t.at("epilogue"), f"epilogue must be a boolean, not {type_name(value)}"
+        )
+
+
+def _task_env(t: _TaskCheck, value: object) -> None:
+    env = _check_str_list(t.chk, t.at("env"), value, "env")
+    if env is None:
+        return
+    good = []
+    for i, name in enumerate(env):
+        if (problem := env_problem(name)) is not None:
+            t.chk.error("bad-name", t.at("env", i), problem)
+        else:
+            good.append(name)
+    if good:
+        t.task["env"] = good
+
+
+def _task_inputs(t: _TaskCheck, inputs: object) -> None:
+    if not isinstance(inputs, dict):
+        t.chk.error(
+            "wrong-type",
+            t.at("inputs"),
+            f'inputs must be a table of name = "producer.field", not {type_name(inputs)}',
+        )
+        return
+    declared: dict[str, Any] = {}
+    for name, source in inputs.items():
+        ipath = t.at("inputs", name)
+        if (problem := ident_problem("input", name)) is not None:
+            t.chk.error("bad-name", ipath, problem)
+            continue
+        if name in RESERVED_INPUTS:
+            t.chk.error(
+                "input-reserved-name",
+                ipath,
+                f"input name {name!r} is reserved: {name} arrives undeclared "
+                "where it applies; choose another name",
+            )
+            continue
+        ref = _check_ref(t.chk, ipath, source, f"input {name!r}")
+        if ref is None:
+            continue
+        split = split_ref(ref)
+        assert split is not None
+        declared[name] = {"from": ref, "producer": split[0], "field": split[1], "type": None}
+    if declared:
+        t.task["inputs"] = declared
+
+
+def _task_control(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    # when, on_failure, allow_exit, retry, deadline: crucible.compile._conditions
+    check_control_keys(t.chk, t.path, raw, t.task, t.known)
+
+
+#: The task check, in the order its diagnostics are reported: ``(key, step)`` runs
+#: the step on the key's value when the table has the key and the edition knows
+#: it (a key it does not know was already refused as unknown); ``(None, step)``
+#: runs on the whole table, for checks that read several keys or report a
+#: missing one. A new task key is one entry here and one in editions.py.
+_TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
+    (None, _task_name),
+    (None, _task_kind),
+    (None, _task_body),  # run / prompt, by kind
+    ("needs", _task_needs),
+    ("join", _task_join),
+    ("emits", _task_emits),
+    ("emits_files", _task_emits_files),
+    (None, _task_fanout),  # map, matrix, key, parallelism
+    ("cache", _task_cache),
+    ("resources", _task_resources),
+    ("retries", _task_retries),
+    ("timeout", _task_timeout),
+    ("description", _task_description),
+    ("epilogue", _task_epilogue),
+    ("env", _task_env),
+    ("inputs", _task_inputs),
+    (None, _task_control),  # when, on_failure, allow_exit, retry, deadline
+)
+
+
+def check_task(
+    chk: Checker,
+    path: KeyPath,
+    raw: Mapping[str, Any],
+    edition: int,
+    *,
+    label: str = "[[workflow.task]]",
+) -> dict[str, Any]:
+    """A task table (or ``task()`` kwargs) → a plan-shaped task dict.
+
+    ``inputs`` entries carry ``"type": None`` until the graph rules fill it in.
+    """
+    task: dict[str, Any] = {
+        "name": None,
+        "kind": "command",
+        "needs": [],
+        "join": "all",
+        "emits": {},
+        "emits_files": [],
+        "retries": 0,
+        "epilogue": False,
+    }
+    t = _TaskCheck(chk, path, raw, task, edition, known_task_keys(edition), label)
+    _check_unknown_task_keys(t)
+    for key, step in _TASK_STEPS:
+        if key is None:
+            step(t, raw)
+        elif key in raw and key in t.known:
+            step(t, raw[key])
+    return task
+
+
+def _check_workflow_keys(
+    chk: Checker,
+    path: KeyPath,
+    raw: Mapping[str, Any],
+    allowed: tuple[str, ...],
+    label: str,
+    edition: int,
+) -> None:
+    """Unknown ``[workflow]`` keys; a key of a later edition names that edition."""
+    known = (*allowed, *(k for k in WORKFLOW_KEYS_SINCE_4 if edition >= EDITION_CONTROL))
+    for key in raw:
+        if key in known:
+            continue
+        since = workflow_key_since(key)
+        hint = (
+            f"; {key!r} needs edition {since} (this pack is edition {edition})"
+            if since is not None and since > edition
+            else ""
+        )
+        noun = "keyword argument" if label.endswith("()") else "key"
+        chk.error(
+            "unknown-key",
+            (*path, key),
+            f"unknown {noun} {key!r} in {label} (known: {', '.join(known)}){hint}",
+        )
+
+
+def check_workflow(
+    chk: Checker,
+    path: KeyPath,
+    raw: Mapping[str, Any],
+    edition: int,
+    *,
+    tasks_key: str = "task",
+    task_label: str = "[[workflow.task]]",
+    allowed: tuple[str, ...] = WORKFLOW_KEYS,
+    label: str = "[workflow]",
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[KeyPath]]:
+    """A workflow table (without ``source``) → (plan workflow, plan tasks, their paths)."""
+    _check_workflow_keys(chk, path, raw, allowed, label, edition)
+    workflow: dict[str, Any] = {"name": "", "params": {}}
+    if "name" not in raw:
+        chk.error("missing-key", path, f"{label} has no name")
+    elif _check_str(chk, (*path, "name"), raw["name"], "workflow name", nonempty=True):
+        workflow["name"] = raw["name"]
+    if "description" in raw and _check_str(
+        chk, (*path, "description"), raw["description"], "description", nonempty=False
+    ):
+        workflow["description"] = raw["description"]
+    if "params" in raw:
+        workflow["params"] = check_params(chk, (*path, "params"), raw["params"])
+    if edition >= EDITION_CONTROL:
+        # [workflow.outputs], [workflow.publish] (omitted from the plan when empty)
+        from crucible.compile._fanout import check_outputs, check_publish
+
+        if "outputs" in raw and (outputs := check_outputs(chk, (*path, "outputs"), raw["outputs"])):
+            workflow["outputs"] = outputs
+        if "publish" in raw and (publish := check_publish(chk, (*path, "publish"), raw["publish"])):
+            workflow["publish"] = publish
+    tasks: list[dict[str, Any]] = []
+    paths: list[KeyPath] = []
+    raw_tasks = raw.get(tasks_key, [])
+    if not isinstance(raw_tasks, list | tuple):
+        chk.error("wrong-type", (*path, tasks_key), f"{task_label} must be an array of tables")
+        raw_tasks = []
+    if not raw_tasks:
+        chk.error("no-tasks", path, "the workflow has no tasks")
+    for i, raw_task in enumerate(raw_tasks):
+        tpath = (*path, tasks_key, i)
+        if not isinstance(raw_task, dict):
+            chk.error(
+                "wrong-type",
+                tpath,
+                f"{task_label} entry {i} must be a table, not {type_name(raw_task)}",
+            )
+            continue
+        tasks.append(check_task(chk, tpath, raw_task, edition, label=task_label))
+        paths.append(tpath)
+    return workflow, tasks, paths

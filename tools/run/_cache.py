@@ -1,0 +1,554 @@
+"""The task cache: a unit's result, keyed by everything that can change it.
+
+A unit's workspace is fresh per run and everything it receives is staged by
+``crucible.stage`` with digests, so its cache key can be complete: the task's
+compiled definition, the digests of every staged input and every staged
+ancestor file, its instance key and item, the host variables it is actually
+handed, the agent command, and the emit cap (docs/spec/cache.md). What the key
+leaves out — wall clock, the state directory's path, host variables a task is
+not handed — cannot reach the task.
+
+Records live in a ledger (``crucible.ledger``, scope ``dispatch``): memo →
+ledger → execute, at-least-once executed, exactly-once recorded, only settled
+facts. A record's value is the result record and the list of captured files
+(path, size, digest); the files themselves live in a content-addressed store
+under the cache directory, ``files/sha256/<2 hex>/<62 hex>``, written before the
+record is appended, so a crash between them leaves a store file no record
+names (a ``gc`` removes it), never a record whose files are missing. A store
+file whose digest no longer matches is never restored: the lookup is a miss,
+reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from crucible.core import canon, digest
+
+__all__ = [
+    "CACHE_SCOPE",
+    "KEY_FORMAT",
+    "CacheKey",
+    "Hit",
+    "Miss",
+    "TaskCache",
+    "ancestor_files",
+    "explain_miss",
+    "fixed_components",
+    "scalar_digest",
+    "unit_key",
+    "write_quick",
+]
+
+CACHE_SCOPE = "dispatch"
+KEY_FORMAT = "crucible.cache-key/1"
+#: plan task members that never change what a unit does (documentation only)
+_NOT_IN_KEY = frozenset({"description"})
+#: host variables an edition-1 task is keyed on: it is handed the whole host
+#: environment, and keying on all of it would make every shell's PWD, SHLVL
+#: and OLDPWD a miss (docs/spec/cache.md)
+_EDITION1_KEYED_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
+
+Warn = Callable[[str], None]
+
+
+def _digest_of(value: Any) -> str:
+    return digest.of_bytes(canon.dumps(value))
+
+
+@functools.lru_cache(maxsize=1024, typed=True)
+def scalar_digest(value: str | int | None) -> str:
+    """:func:`_digest_of` of a string, an integer or null, remembered: a run
+    keys every unit on the same plan version, emit cap and agent command."""
+    return _digest_of(value)
+
+
+def _components_digest(components: dict[str, str]) -> str:
+    """The key's digest: canonical JSON of ``{"components", "format"}``. The
+    values are ``sha256:`` digests, so orjson's sorted output is RFC 8785's
+    whenever every name sorts the same in UTF-16 as in code points (no name
+    holds a character at or above U+E000, as canon's own fast path checks)."""
+    doc = {"components": components, "format": KEY_FORMAT}
+    if all(not k or max(k) < "\ue000" for k in components):
+        try:
+            return digest.of_bytes(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        except TypeError:  # a lone surrogate: canon says so
+            pass
+    return _digest_of(doc)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A unit's key: ``digest`` over the canonical JSON of ``components`` (name →
+    digest of that part), kept apart so a miss can name what changed."""
+
+    task: str
+    key: str | None
+    components: dict[str, str]
+    digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", _components_digest(self.components))
+
+
+def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
+    """Replace ``path`` with ``data`` atomically, not durably (what it writes is
+    found again or rebuilt after a power cut: a hit's record, the last key),
+    creating its directory once per process (``made_dirs``). The temporary name
+    is fixed per process — one thread of a process writes these — so there is no
+    random name to draw and no retry."""
+    from crucible.core.atomic import TMP_PREFIX
+    from crucible.core.fdio import write_all
+
+    parent = path.parent
+    if parent not in made_dirs:
+        parent.mkdir(parents=True, exist_ok=True)
+        made_dirs.add(parent)
+    tmp = f"{parent}/{TMP_PREFIX}q-{os.getpid()}"
+    try:
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
+        )
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, 0o644)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+_TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _tasks_of(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """name -> task, built once per plan object (a unit's key is computed per
+    unit: rebuilding it each time is quadratic in the task count)."""
+    tasks_list = plan["tasks"]
+    memo = _TASKS_MEMO.get(id(plan))
+    if memo is None or memo[0] is not tasks_list:
+        memo = (tasks_list, {t["name"]: t for t in tasks_list})
+        _TASKS_MEMO.clear()
+        _TASKS_MEMO[id(plan)] = memo
+    return memo[1]
+
+
+def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
+
+
+def _staged_inputs(workspace: Path, version: int) -> dict[str, str]:
+    """One component per staged input, from what stage wrote in the workspace."""
+    inputs = workspace / "inputs"
+    if version >= 2:
+        if not inputs.exists():  # nothing to stage (inputs.md 3.7): no inputs
+            return {}
+        index = canon.loads((inputs / "@values" / "index.json").read_bytes())
+        out = {}
+        for entry in index.get("inputs", []):
+            # path and size follow from the name and the digest; the rest (status,
+            # note, what was staged, fold entries' digests) can change the task
+            kept = {k: v for k, v in entry.items() if k not in ("path", "size")}
+            out[f"input:{entry['name']}"] = _digest_of(kept)
+        return out
+    obj = canon.loads((inputs / "@inputs.json").read_bytes())
+    return {f"input:{name}": _digest_of(value) for name, value in obj.items()}
+
+
+def _record_files(record: Mapping[str, Any], files_dir: Path) -> list[dict[str, Any]]:
+    """A record's captured files with digests (hashed here when the record has none)."""
+    out = []
+    for entry in record.get("files", []) or []:
+        d = entry.get("digest")
+        if not isinstance(d, str):
+            d = digest.of_file(files_dir / entry["path"])
+        out.append({"path": entry["path"], "size": entry.get("size"), "digest": d})
+    return out
+
+
+#: ancestor -> (its record's (inode, size, mtime), its files component)
+FilesMemo = dict[str, tuple[tuple[int, int, int], str]]
+
+
+def ancestor_files(
+    plan: Mapping[str, Any],
+    task_name: str,
+    state: Path,
+    escape_key: Callable[[str], str],
+    memo: FilesMemo | None = None,
+) -> dict[str, str]:
+    """One component per ancestor that declares emits_files: what was staged
+    under ``inputs/<ancestor>/`` (its captured files and their digests).
+
+    With ``memo`` (one per run), an ancestor whose record file is the one read
+    before is not read again: every instance of a wide fan-out below it would
+    otherwise re-read it (and, for a fold, every instance record of it). A
+    settled record is replaced, never changed in place, so its identity says
+    whether it changed; a fold's record is written after its instances'."""
+    tasks = _tasks_of(plan)
+    seen: set[str] = set()
+    stack = list(tasks[task_name].get("needs", []))
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        stack.extend(tasks[name].get("needs", []))
+    out: dict[str, str] = {}
+    for name in sorted(seen):
+        if not tasks[name].get("emits_files"):
+            continue
+        rec_path = state / "results" / f"{name}.json"
+        try:
+            st = os.stat(rec_path)
+        except FileNotFoundError:
+            out[f"files:{name}"] = _digest_of(None)
+            continue
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns)
+        known = None if memo is None else memo.get(name)
+        if known is not None and known[0] == ident:
+            out[f"files:{name}"] = known[1]
+            continue
+        record = canon.loads(rec_path.read_bytes())
+        if "keys" in record:  # a fold: every instance's files
+            from crucible.stage.readers import load_all  # packed: one read (inputs.md 5)
+
+            per: dict[str, Any] = {}
+            instances = load_all(state, name)
+            for k in record["keys"]:
+                if (irec := instances.get(k)) is not None:
+                    per[k] = _record_files(irec, state / "files" / name / escape_key(k))
+            component = _digest_of(per)
+        else:
+            component = _digest_of(_record_files(record, state / "files" / name))
+        out[f"files:{name}"] = component
+        if memo is not None:
+            memo[name] = (ident, component)
+    return out
+
+
+_ENV_DIGESTS: dict[tuple[tuple[str, str], ...], str] = {}
+
+
+def _env_digest(env: dict[str, str]) -> str:
+    """Most tasks of a plan are handed the same variables: hashed once."""
+    ident = tuple(env.items())
+    found = _ENV_DIGESTS.get(ident)
+    if found is None:
+        if len(_ENV_DIGESTS) > 64:
+            _ENV_DIGESTS.clear()
+        found = _ENV_DIGESTS[ident] = _digest_of(env)
+    return found
+
+
+def fixed_components(
+    plan: Mapping[str, Any],
+    task: Mapping[str, Any],
+    host_env: Mapping[str, str],
+    agent_cmd: str | None,
+    emit_cap: int,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """The components that depend on the task alone, as (those before
+    ``instance``, those after it) in key order."""
+    version = int(plan["version"])
+    if int(plan.get("edition", 1)) <= 1:
+        env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
+    else:
+        env = dict(host_env)
+    head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
+    tail = {"env": _env_digest(env), "emit_cap": scalar_digest(emit_cap)}
+    if task.get("kind") == "agent":
+        tail["agent_cmd"] = scalar_digest(agent_cmd)
+    return head, tail
+
+
+def unit_key(
+    *,
+    plan: Mapping[str, Any],
+    task_name: str,
+    key: str | None,
+    state: Path,
+    workspace: Path,
+    host_env: Mapping[str, str],
+    agent_cmd: str | None,
+    emit_cap: int,
+    escape_key: Callable[[str], str],
+) -> CacheKey:
+    """The cache key of one unit, read from its staged workspace: the definition
+    of the key. A run keys units before staging them
+    (:class:`crucible.run._cache_keyer.Keyer`, equal to this by test).
+
+    ``host_env`` is the host part of the environment the task is handed
+    (``crucible.run._environ.task_environment``)."""
+    task = _tasks_of(plan)[task_name]
+    head, tail = fixed_components(plan, task, host_env, agent_cmd, emit_cap)
+    components = {**head, "instance": scalar_digest(key), **tail}
+    components.update(_staged_inputs(workspace, int(plan["version"])))
+    components.update(ancestor_files(plan, task_name, state, escape_key))
+    return CacheKey(task_name, key, components)
+
+
+# ------------------------------------------------------------------- lookups
+
+
+def _step(ck: CacheKey) -> str:
+    """The ledger step of a key, spelled as ``crucible.ledger`` content steps are."""
+    return f"unit:{ck.digest}"
+
+
+@dataclass(frozen=True)
+class Hit:
+    record: dict[str, Any]
+    files: list[dict[str, Any]]
+
+    @property
+    def files_bytes(self) -> int:
+        """What restoring it reads to check the store (recorded sizes)."""
+        return sum(int(f.get("size") or 0) for f in self.files)
+
+
+@dataclass(frozen=True)
+class Miss:
+    reason: str
+
+
+_COMPONENT_WORDS = {
+    "plan_version": "changed plan version",
+    "task": "changed task definition",
+    "instance": "new instance",
+    "env": "changed environment passed",
+    "emit_cap": "changed emit cap",
+    "agent_cmd": "changed --agent-cmd",
+}
+
+
+def explain_miss(previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
+    """Why a unit missed, against the last key recorded for the same task and
+    instance: the first component (in key order) that differs."""
+    if previous is None:
+        return "never run with this cache"
+    for name, value in current.items():
+        if previous.get(name) != value:
+            if name.startswith("input:"):
+                return f"changed input {name[6:]!r}"
+            if name.startswith("files:"):
+                return f"changed files of {name[6:]!r}"
+            if name == "task":
+                return "changed task definition"
+            return _COMPONENT_WORDS.get(name, f"changed {name}")
+    for name in previous:
+        if name not in current:
+            return f"input {name.split(':', 1)[-1]!r} no longer staged"
+    return "same key, no record (a failure, or not cached)"
+
+
+class TaskCache:
+    """A cache directory: a ledger of unit results plus a content store of files."""
+
+    def __init__(self, directory: Path, *, warn: Warn) -> None:
+        self.directory = directory
+        self.warn = warn
+        self.store = directory / "files" / "sha256"
+        self._ledger: Any = None
+        self._made_dirs: set[Path] = set()
+
+    # The ledger is opened lazily so a run whose units all miss early still
+    # pays for opening it once, in the process that looks up.
+    def _open(self) -> Any:
+        if self._ledger is None:
+            from crucible.ledger import Ledger
+
+            self._ledger = Ledger(self.directory, warn=self.warn)
+        return self._ledger
+
+    def close(self) -> None:
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+    def _store_path(self, file_digest: str) -> Path:
+        hexd = file_digest.split(":", 1)[1]
+        return self.store / hexd[:2] / hexd[2:]
+
+    def _last_path(self, task: str, key: str | None, escape_key: Callable[[str], str]) -> Path:
+        name = escape_key(key) if key is not None else "@task"
+        return self.directory / "last" / escape_key(task) / f"{name}.json"
+
+    def last_components(
+        self, task: str, key: str | None, escape_key: Callable[[str], str]
+    ) -> dict[str, str] | None:
+        try:
+            value = canon.loads(self._last_path(task, key, escape_key).read_bytes())
+        except (OSError, canon.CanonError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def lookup(self, ck: CacheKey) -> Hit | None:
+        """The recorded result for ``ck``, or None. A record whose store files are
+        missing or altered is a miss (warned), never restored."""
+        hit = self.find(ck)
+        return hit if hit is not None and self.verify(ck, hit) else None
+
+    def find(self, ck: CacheKey) -> Hit | None:
+        """The ledger's record for ``ck``, its store files not checked yet."""
+        reply = self._open().lookup(CACHE_SCOPE, _step(ck))
+        if reply is None or reply.status != "ok":
+            return None
+        value = reply.value
+        if not isinstance(value, dict) or not isinstance(value.get("record"), dict):
+            return None
+        return Hit(value["record"], value.get("files", []))
+
+    def verify(self, ck: CacheKey, hit: Hit) -> bool:
+        """Every store file of ``hit`` holds its recorded digest; else warned."""
+        for entry in hit.files:
+            path = self._store_path(entry["digest"])
+            try:
+                ok = digest.of_file(path) == entry["digest"]
+            except OSError:
+                ok = False
+            if not ok:
+                self.warn(
+                    f"cache: store file {path} for {ck.task}: {entry['path']} is missing or "
+                    "altered; running the task instead"
+                )
+                return False
+        return True
+
+    def restore(self, hit: Hit, files_dir: Path) -> None:
+        """Lay the hit's captured files under ``files_dir`` (hard links from the
+        store, read-only; copies across filesystems)."""
+        if files_dir.exists():
+            shutil.rmtree(files_dir)
+        made: set[Path] = set()
+        for entry in hit.files:
+            target = files_dir / entry["path"]
+            if target.parent not in made:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
+            src = self._store_path(entry["digest"])
+            try:
+                os.link(src, target)
+            except OSError:
+                shutil.copyfile(src, target)
+                os.chmod(target, 0o444)
+
+    def save(
+        self,
+        ck: CacheKey,
+        record: dict[str, Any],
+        files_dir: Path,
+        escape_key: Callable[[str], str],
+    ) -> None:
+        """Record a settled unit: store files first, then the ledger line."""
+        files = _record_files(record, files_dir)
+        for entry in files:
+            self._put_file(files_dir / entry["path"], entry["digest"])
+        value = {"record": record, "files": files}
+        from crucible.ledger import Outcome
+
+        self._open().record(
+            CACHE_SCOPE,
+            _step(ck),
+            Outcome.ok(value),
+            key={"task": ck.task, "instance": ck.key, "components": ck.components},
+        )
+        self._write_last(ck, escape_key)
+
+    def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
+        path = self._last_path(ck.task, ck.key, escape_key)
+        with contextlib.suppress(OSError):
+            write_quick(path, canon.dumps(ck.components), self._made_dirs)
+
+    # ------------------------------------------------------------ maintenance
+
+    def _live(self) -> list[dict[str, Any]]:
+        """The latest ledger record of every unit key that is still a hit candidate."""
+        out = []
+        for payload in self._open().records(CACHE_SCOPE):
+            record = canon.loads(payload)
+            if record.get("status") == "ok" and isinstance(record.get("value"), dict):
+                out.append(record)
+        return out
+
+    def forget(self, task: str, escape_key: Callable[[str], str]) -> int:
+        """Drop every cached result of ``task``: each of its live records is
+        superseded by a ``failed`` record whose value is ``{"forgotten": true}``
+        (the ledger is append-only; a lookup replays only ``ok``), and its
+        ``last/`` entries go. Returns how many records were forgotten."""
+        from crucible.ledger import Outcome
+
+        ledger = self._open()
+        n = 0
+        for record in self._live():
+            key = record.get("key")
+            if isinstance(key, dict) and key.get("task") == task:
+                ledger.record(
+                    CACHE_SCOPE, record["step"], Outcome.failed({"forgotten": True}), key=key
+                )
+                n += 1
+        last = self.directory / "last" / escape_key(task)
+        if last.is_dir() and not last.is_symlink():
+            shutil.rmtree(last)
+        return n
+
+    def gc(self, *, grace: float = 60.0) -> dict[str, int]:
+        """Remove store files no live record names. Files younger than ``grace``
+        seconds are kept: a run stores a unit's files just before it appends
+        the record that names them."""
+        import time
+
+        live = {f.get("digest") for r in self._live() for f in r["value"].get("files", [])}
+        removed = kept = freed = 0
+        now = time.time()
+        if not self.store.is_dir():
+            return {"removed": 0, "kept": 0, "bytes": 0}
+        for sub in sorted(self.store.iterdir()):
+            if not sub.is_dir() or sub.is_symlink():
+                continue
+            for path in sorted(sub.iterdir()):
+                name = f"sha256:{sub.name}{path.name}"
+                info = path.lstat()
+                if name in live or now - info.st_mtime < grace:
+                    kept += 1
+                    continue
+                path.unlink()
+                removed += 1
+                freed += info.st_size
+        return {"removed": removed, "kept": kept, "bytes": freed}
+
+    def _put_file(self, src: Path, file_digest: str) -> None:
+        target = self._store_path(file_digest)
+        if target.exists():
+            # Stored before: kept when it still holds that content, replaced when
+            # it was altered meanwhile (else every later lookup would miss on it).
+            with contextlib.suppress(OSError):
+                if digest.of_file(target) == file_digest:
+                    return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"@tmp-{os.getpid()}-{target.name}")
+        h = hashlib.sha256()
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            while chunk := fin.read(1 << 20):
+                h.update(chunk)
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+        if f"sha256:{h.hexdigest()}" != file_digest:
+            tmp.unlink()
+            raise OSError(f"{src} changed while it was stored")
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, target)

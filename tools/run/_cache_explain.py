@@ -1,0 +1,148 @@
+"""``--dry-run --cache DIR``: per unit, hit or miss and why (docs/spec/cache.md).
+
+A unit's key follows from its producers' results (crucible.run._cache_keyer).
+The dry run keys units in a throw-away shadow state in a temporary directory
+(the state dir is never written): the admitted plan and params, the real
+state's settled records, files, reserved inputs and instance lists, and, in
+plan order, each unit keyed and looked up; a hit's record and files are
+restored into the shadow so its consumers can be keyed in turn. A unit downstream of one that will run cannot be keyed before
+that run: it says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from crucible.core.errors import CrucibleError
+
+__all__ = ["explain_lines"]
+
+
+def _ancestors(tasks: Mapping[str, Mapping[str, Any]], name: str) -> list[str]:
+    seen: list[str] = []
+    stack = list(tasks[name].get("needs", []))
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.append(n)
+            stack.extend(tasks[n].get("needs", []))
+    return seen
+
+
+def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
+    from crucible.core import atomic
+
+    shadow = root / "state"
+    shadow.mkdir()
+    for part in ("results", "files", "reserved", "instances"):
+        src = state / part
+        if src.is_dir() and not src.is_symlink():
+            shutil.copytree(src, shadow / part, symlinks=True)
+    atomic.write_json(shadow / "params.json", params)
+    atomic.write_bytes(shadow / "plan.json", plan_bytes, durable=False)
+    return shadow
+
+
+def explain_lines(
+    lines: list[dict[str, Any]],
+    *,
+    admission: Any,
+    options: Any,
+    environ: Mapping[str, str],
+    warn: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """``lines`` (crucible.run._selection.dry_run_lines) with ``cache`` (hit, miss,
+    off, unknown) on each unit that would run; a hit's action is ``cached``."""
+    from crucible import stage
+    from crucible.run._cache import explain_miss
+    from crucible.run._unit_cache import UnitCache, cacheable
+
+    plan = admission.plan
+    tasks = {t["name"]: t for t in plan["tasks"]}
+    out = [dict(line) for line in lines]
+    with tempfile.TemporaryDirectory(prefix="crucible-dry-cache-") as tmp:
+        try:
+            shadow = _shadow(options.state, Path(tmp), admission.data, admission.params)
+        except (OSError, CrucibleError) as exc:
+            warn(f"cache: cannot prepare the dry run's keys: {exc}")
+            return out
+        stage.prepare_plan(plan)
+        cache = UnitCache(
+            options.cache,
+            plan=plan,
+            state=shadow,
+            environ=environ,
+            agent_cmd=options.agent_cmd,
+            emit_cap=admission.emit_cap,
+        )
+        unknown: set[str] = set()  # tasks whose result this dry run cannot know
+        instances: dict[str, list[str]] = {}
+        hits: dict[str, int] = {}
+        folded: set[str] = set()
+
+        def fold_before(current: str) -> None:
+            """A mapped task whose instances all hit folds, for its consumers."""
+            for name, keys in instances.items():
+                if name != current and name not in folded:
+                    folded.add(name)
+                    if name not in unknown and hits.get(name) == len(keys):
+                        with contextlib.suppress(CrucibleError, OSError):
+                            stage.settle_fold(plan, shadow, name, keys)
+                    else:
+                        unknown.add(name)
+
+        try:
+            for line in out:
+                if line["action"] != "run":
+                    continue
+                name, key = line["task"], line.get("key")
+                fold_before(name)
+                task = tasks[name]
+                if key is not None:
+                    instances.setdefault(name, []).append(key)
+                blocked = [a for a in _ancestors(tasks, name) if a in unknown]
+                why: str | None = None
+                if not cacheable(task):
+                    line["cache"], why = "off", "cache = false: always runs"
+                elif blocked:
+                    line["cache"], why = "unknown", f"cache: keyed once {blocked[0]!r} ran"
+                elif task.get("map") is not None and key is None:
+                    line["cache"], why = "unknown", "cache: keyed per instance"
+                if why is not None:
+                    unknown.add(name)
+                    line["reason"] += f"; {why}"
+                    continue
+                try:
+                    ck = cache.keyer.key(name, key)
+                except CrucibleError as exc:
+                    unknown.add(name)
+                    line["cache"] = "unknown"
+                    line["reason"] += f"; cache: cannot stage its inputs ({exc})"
+                    continue
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    warn(f"cache: cannot key {name!r}: {exc}")
+                    unknown.add(name)
+                    line["cache"] = "unknown"
+                    continue
+                record = cache.lookup(ck, 1)
+                for w in cache.take_warnings():
+                    warn(w)
+                if record is not None:
+                    line["action"], line["cache"], line["cache_key"] = "cached", "hit", ck.digest
+                    line["reason"] = "cache hit: nothing it depends on changed"
+                    hits[name] = hits.get(name, 0) + 1
+                    continue
+                if key is None:
+                    unknown.add(name)
+                line["cache"] = "miss"
+                line["cache_key"] = ck.digest
+                last = cache.cache.last_components(name, key, stage.escape_key)
+                line["reason"] += f"; cache miss: {explain_miss(last, ck.components)}"
+        finally:
+            cache.close()
+    return out

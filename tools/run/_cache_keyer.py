@@ -1,0 +1,210 @@
+"""A unit's cache key before it is staged (docs/spec/cache.md, "When a unit is keyed").
+
+Every component of the key (:func:`crucible.run._cache.unit_key`, computed from a
+staged workspace) follows from the plan and from what is settled in the state
+directory: the producers' records, the params, the reserved inputs, the
+ancestors' captured files. :class:`Keyer` computes the same components from
+those, with stage's own readers, without writing anything: an ``inputs/``
+entry of ``index.json`` is built as stage builds it, minus the ``path`` and
+``size`` the key leaves out, and each value's digest is taken over the bytes
+stage would write. A hit then needs no workspace, no staging and no worker;
+only a miss is staged. ``tests/run/test_cache_perf_key.py`` holds the two
+equal over every kind of input.
+
+Anything stage would refuse (a plan/state mismatch, a producer that passed
+without its field) raises :class:`crucible.core.errors.CrucibleError` here too:
+the unit is then not keyed, and staging reports the refusal.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon, digest
+from crucible.core.errors import InputRefused, OperationalError
+from crucible.run._cache import (
+    CacheKey,
+    FilesMemo,
+    ancestor_files,
+    fixed_components,
+    scalar_digest,
+)
+from crucible.run._environ import task_environment
+
+# Stage's own readers, so a value is read exactly as staging reads it (a fold's
+# instances with the fast reader, a declared value with the strict one).
+from crucible.stage.readers import (
+    RESERVED_INPUTS,
+    RESERVED_STATE_NAMES,
+    PlanView,
+    TaskView,
+    build_outcome,
+    check_key,
+    declared_entry,
+    escape_key,
+    input_name_problem,
+    instance_item,
+    load_params,
+    loop_of,
+    read_json,
+    reserved_entry,
+    scalar_bytes,
+    staged_units,
+    utf16_order,
+    v1_dep_value,
+    view,
+)
+
+__all__ = ["Keyer"]
+
+def _digest_of(value: Any) -> str:
+    return digest.of_bytes(canon.dumps(value))
+
+
+def _value_digest(value: Any) -> str:
+    """The digest of the bytes stage writes for ``value``."""
+    return digest.of_bytes(scalar_bytes(value) or canon.dumps(value))
+
+
+class Keyer:
+    """Keys units of one plan in one state directory (one per process)."""
+
+    def __init__(
+        self,
+        plan: Mapping[str, Any],
+        state: Path,
+        *,
+        environ: Mapping[str, str],
+        agent_cmd: str | None,
+        emit_cap: int,
+    ) -> None:
+        self.plan = plan
+        self.state = Path(state)
+        self.environ = environ
+        self.agent_cmd = agent_cmd
+        self.emit_cap = emit_cap
+        #: task -> its components that do not depend on the instance or the state
+        self._fixed: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        self._params: tuple[tuple[int, ...] | None, str] | None = None
+        self._reserved_entries: dict[tuple[str, str], str] = {}
+        self._files_memo: FilesMemo = {}
+        self._reserved_root = str(self.state / "reserved")
+        self._params_path = str(self.state / "params.json")
+
+    def key(self, name: str, key: str | None) -> CacheKey:
+        pv = view(self.plan)
+        t = pv.task(name)
+        check_key(self.plan, name, key)
+        if loop_of(self.plan, pv) is not None:
+            # A scored loop's revisions are staged by rules of their own (the
+            # revision each producer is read at, kept files, the history budget):
+            # such a plan is not cached yet (docs/spec/cache.md).
+            raise InputRefused("a plan with a [loop] is not keyed before staging")
+        head, tail = self._fixed_of(t)
+        components = {**head, "instance": scalar_digest(key), **tail}
+        if pv.version >= 2:
+            components.update(self._inputs_v2(pv, t, key))
+        else:
+            components.update(self._inputs_v1(pv, t, key))
+        components.update(ancestor_files(self.plan, name, self.state, escape_key, self._files_memo))
+        return CacheKey(name, key, components)
+
+    def _fixed_of(self, t: TaskView) -> tuple[dict[str, str], dict[str, str]]:
+        fixed = self._fixed.get(t.name)
+        if fixed is None:
+            host_env = task_environment(dict(self.plan), t.raw, self.environ)
+            fixed = fixed_components(self.plan, t.raw, host_env, self.agent_cmd, self.emit_cap)
+            self._fixed[t.name] = fixed
+        return fixed
+
+    # ----------------------------------------------------------------- IR v2
+
+    def _inputs_v2(self, pv: PlanView, t: TaskView, key: str | None) -> dict[str, str]:
+        staged = self._files_staged(pv, t, key)
+        out: dict[str, str] = {}
+        for name in utf16_order(t.inputs):
+            problem = input_name_problem(name)
+            if problem is not None:
+                raise InputRefused(problem, where=f"plan:task {t.name}")
+            entry = self._declared(pv, t, key, name, staged)
+            out[f"input:{name}"] = _digest_of(entry)
+        for name, value_digest in self._reserved(t, key).items():
+            found = self._reserved_entries.get((name, value_digest))
+            if found is not None:  # the same params for every unit: one digest
+                out[f"input:{name}"] = found
+                continue
+            entry = {**reserved_entry(name), "value_staged": True, "digest": value_digest}
+            out[f"input:{name}"] = _digest_of(entry)
+            if len(self._reserved_entries) < 4096:
+                self._reserved_entries[(name, value_digest)] = out[f"input:{name}"]
+        return out
+
+    def _reserved(self, t: TaskView, key: str | None) -> dict[str, str]:
+        """The digests of the reserved inputs stage hands ``t`` (in its order:
+        stage._inputs.reserved_values), params read once per run."""
+        out: dict[str, str] = {}
+        if t.kind in ("command", "evaluate"):  # agents never receive params
+            out["params"] = self._params_digest()
+        if key is not None:
+            out["item"] = _value_digest(instance_item(self.plan, self.state, t.name, key))
+        try:
+            present = set(os.listdir(self._reserved_root))
+        except (FileNotFoundError, NotADirectoryError):
+            present = set()
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot list: {exc.strerror}", where=self._reserved_root
+            ) from None
+        for name in RESERVED_STATE_NAMES:
+            if f"{name}.json" in present:
+                out[name] = _value_digest(read_json(self.state / "reserved" / f"{name}.json"))
+        if t.epilogue:
+            out["outcome"] = _value_digest(build_outcome(self.plan, self.state, t.name))
+        return out
+
+    def _params_digest(self) -> str:
+        """The params' digest, read again only when params.json changed (it is
+        written once, at admission: most runs read it once)."""
+        try:
+            st = os.stat(self._params_path)
+            ident: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except FileNotFoundError:
+            ident = None  # the plan's defaults
+        if self._params is None or self._params[0] != ident:
+            self._params = (ident, _value_digest(load_params(self.plan, self.state)))
+        return self._params[1]
+
+    def _files_staged(self, pv: PlanView, t: TaskView, key: str | None) -> set[str]:
+        """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped
+        key>`` (stage's own describe pass, crucible.stage._inputs.staged_units)."""
+        units, _ = staged_units(self.plan, pv, self.state, t.name, key)
+        return {u.staged for u in units}
+
+    def _declared(
+        self, pv: PlanView, t: TaskView, key: str | None, name: str, staged: set[str]
+    ) -> dict[str, Any]:
+        """The index entry stage writes for a declared input (stage's describe
+        pass, crucible.stage._inputs.declared_entry), minus the path and size the
+        key leaves out (cache.md): a fold's entries keep theirs, as staged."""
+        entry = declared_entry(self.plan, pv, self.state, t, key, name, staged, [], [])
+        return {k: v for k, v in entry.items() if k not in ("path", "size")}
+
+    # ----------------------------------------------------------------- IR v1
+
+    def _inputs_v1(self, pv: PlanView, t: TaskView, key: str | None) -> dict[str, str]:
+        obj: dict[str, Any] = {}
+        for dep in t.needs:
+            if dep in RESERVED_INPUTS:
+                raise InputRefused(
+                    f"task {t.name!r} needs a task named {dep!r}, which collides with the "
+                    "reserved input of that name in v1 delivery"
+                )
+            obj[dep] = v1_dep_value(pv, self.state, t, dep, None)  # no loop: no revision
+        digests = {name: _digest_of(value) for name, value in obj.items()}
+        # a reserved value's bytes are the canonical JSON of it, as a member's are
+        digests.update(self._reserved(t, key))
+        # in the order of the staged file's members (canonical JSON: UTF-16 order)
+        return {f"input:{name}": digests[name] for name in utf16_order(digests)}

@@ -1,0 +1,700 @@
+"""The Dask executor: each unit runs on a Dask worker through the same unit code.
+
+The dispatcher keeps every scheduling decision; this module only submits one
+future per unit attempt. On the worker, :func:`_run_unit` builds (once per run
+and worker process) the same :class:`crucible.run._unit.UnitRunner` as the local
+workers use, with worker-side stand-ins for the slot pipes (:class:`_Control`)
+and the request channel (:class:`_Channel`), and runs the attempt: stage,
+spawn, wait, capture. Completion comes back through a future callback, and a
+task's start through a worker event; both run on the client's event-loop
+thread, queue the reply and write one byte to a pipe the dispatcher's selector
+watches. Stop and kill reach every worker by ``Client.run``.
+
+Requires the state and pack directories at the same path on every worker
+(each worker proves it by reading a token the dispatcher wrote). See
+docs/run-on-a-cluster.md and docs/spec/run.md ("Executors").
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
+from crucible.run._agent_io import AgentStdout
+from crucible.run._log_tail import LogTailer
+from crucible.run._options import RunOptions
+from crucible.run._procs import TaskProcess
+from crucible.run._reaper import Reaper
+from crucible.run._unit import Slots, UnitRunner
+from crucible.run._workers import Reply
+
+__all__ = ["INSTALL_HINT", "TOKEN_NAME", "DaskExecutor", "check_options", "import_distributed"]
+
+INSTALL_HINT = "--executor dask needs Dask distributed: pip install 'crucible[dask]'"
+#: the file under STATE each worker must read before the run starts
+TOKEN_NAME = "executor-token"
+#: bound on connecting to a scheduler and on its workers' first answer
+CONNECT_TIMEOUT = 30.0
+_EVENT_TOPIC = "crucible-unit"
+#: a unit future's value when its answer went as a worker event
+_SENT = "sent"
+#: times a unit cancelled before it started (its run spec was lost with a
+#: worker) is sent again with the spec scattered anew, before it counts as lost
+_RESENDS = 3
+
+
+def import_distributed() -> Any:
+    """``distributed``, or a one-line usage error saying how to install it."""
+    try:
+        import distributed
+    except ImportError:
+        raise UsageError(INSTALL_HINT) from None
+    return distributed
+
+
+def check_options(options: RunOptions) -> None:
+    """At the command edge: Dask installed, and a scheduler for ``dask``."""
+    import_distributed()
+    if options.executor == "dask" and not options.scheduler:
+        raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
+    if options.executor != "dask" and options.scheduler:
+        raise UsageError("--scheduler needs --executor dask")
+
+
+# ------------------------------------------------------------------ worker side
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What a worker needs to build the run's UnitRunner (scattered once)."""
+
+    run_id: str
+    plan: dict[str, Any]
+    tasks: dict[str, dict[str, Any]]
+    options: RunOptions
+    emit_cap: int
+    environ: dict[str, str]
+    pack_dir: str
+    #: task processes a worker runs at once, by worker name (``dask-local``:
+    #: the -j slots split among its workers); a worker not named here runs at
+    #: most its Dask thread count of them
+    slots: dict[str, int] = field(default_factory=dict)
+
+
+class _Control:
+    """Worker-side stand-in for :class:`crucible.run._unit.Slots`: this worker
+    process's share of the run's ``-j`` slots (a unit takes one before its task
+    process starts and gives it back once it was reaped, so the worker's other
+    Dask threads stage and capture meanwhile, as the local executor's extra
+    workers do); stop and kill are pipes the unit's wait polls, written by
+    :func:`_worker_signal`."""
+
+    def __init__(self, slots: int) -> None:
+        self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.kill_r, self.kill_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # the request pipe stand-in: its write end stays open, so it never hangs up
+        self.hold_r, self.hold_w = os.pipe2(os.O_CLOEXEC)
+        self.stopped = False
+        self._free = slots
+        self._changed = threading.Condition()
+
+    def acquire(self, requests_fd: int) -> bool:
+        with self._changed:
+            while not self.stopped and self._free <= 0:
+                self._changed.wait()
+            if self.stopped:
+                return False
+            self._free -= 1
+            return True
+
+    def release(self) -> None:
+        with self._changed:
+            self._free += 1
+            self._changed.notify()
+
+    def stop(self) -> None:
+        with self._changed:
+            self.stopped = True
+            self._changed.notify_all()
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.stop_w, b"s")
+
+    def kill(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.kill_w, b"k")
+
+
+class _Channel:
+    """Worker-side stand-in for :class:`crucible.run._workers.Channel`: the
+    interim "started" reply travels as a worker event."""
+
+    def __init__(self, run_id: str, token: int, requests_fd: int, worker: Any) -> None:
+        self.run_id = run_id
+        self.token = token
+        self.requests_fd = requests_fd
+        self._worker = worker
+
+    def send(self, payload: Any) -> None:
+        message = {"run": self.run_id, "token": self.token, **payload}
+        message["worker"] = self._worker.address
+        self._worker.log_event(_EVENT_TOPIC, message)
+
+
+_LOCK = threading.Lock()
+_CONTROLS: dict[str, _Control] = {}
+_RUNNERS: dict[str, UnitRunner] = {}
+#: held around a task's spawn: procs.spawn changes the process's working
+#: directory around posix_spawn, and a worker runs units in several threads
+_SPAWN_LOCK = threading.Lock()
+
+
+def _control(run_id: str, slots: int = 0) -> _Control:
+    """The run's control on this worker (created by its first unit, or by a
+    stop heard before any: then it never starts one)."""
+    with _LOCK:
+        control = _CONTROLS.get(run_id)
+        if control is None:
+            control = _CONTROLS[run_id] = _Control(slots)
+        return control
+
+
+#: this worker process's reaper (crucible.run._reaper), started at its first task
+_REAPER: list[Reaper] = []
+
+
+def _reaper(grace: float) -> Reaper:
+    with _LOCK:
+        if not _REAPER:
+            reaper = Reaper(grace)
+            reaper.start()  # now, not at the first task (see Reaper)
+            _REAPER.append(reaper)
+        return _REAPER[0]
+
+
+class _WorkerRunner(UnitRunner):
+    """The local unit code, with its spawn serialised among the worker's
+    threads, and each task's group registered with the worker's reaper while
+    it runs: should the worker die (SIGKILL, the OOM killer), nobody else
+    would kill it."""
+
+    #: a Dask worker may share STATE with the dispatcher over another host's
+    #: mount: it fsyncs its own records (the dispatcher's fsync would not cover
+    #: that host's cache); dask-local's workers share this host's page cache,
+    #: so theirs ride the dispatcher's group commit (docs/spec/run.md, "Session log")
+    durable_records = True
+
+    @staticmethod
+    def _launch(
+        argv: list[str],
+        env: dict[str, str],
+        workspace: Path,
+        timeout: Any,
+        stdin: str,
+        agent: bool,
+    ) -> tuple[TaskProcess, int, AgentStdout | None]:
+        with _SPAWN_LOCK:
+            launched = UnitRunner._launch(argv, env, workspace, timeout, stdin, agent)
+            reaper = _REAPER[0] if _REAPER else None
+            if reaper is not None:
+                reaper.watch(launched[0].pid)
+        return launched
+
+    def _wait(
+        self,
+        proc: TaskProcess,
+        channel: Any,
+        out_r: int,
+        sink: Any,
+        agent_out: AgentStdout | None = None,
+    ) -> tuple[int, str | None, bool]:
+        try:
+            return super()._wait(proc, channel, out_r, sink, agent_out)
+        finally:
+            if _REAPER:  # the leader was reaped and its group killed
+                _REAPER[0].forget(proc.pid)
+
+
+def _runner(spec: _Spec, worker: Any) -> UnitRunner:
+    with _LOCK:
+        runner = _RUNNERS.get(spec.run_id)
+    if runner is None:
+        slots = spec.slots.get(str(worker.name), worker.state.nthreads)
+        _reaper(spec.options.kill_grace)
+        runner = _WorkerRunner(
+            plan=spec.plan,
+            tasks=spec.tasks,
+            # the worker's own stdout is nobody's terminal
+            options=replace(spec.options, follow=False),
+            emit_cap=spec.emit_cap,
+            environ=spec.environ,
+            slots=cast(Slots, _control(spec.run_id, slots)),
+            pack_dir=spec.pack_dir,
+        )
+        runner.durable_records = spec.options.executor != "dask-local"
+        with _LOCK:
+            runner = _RUNNERS.setdefault(spec.run_id, runner)
+    return runner
+
+
+def _run_unit(spec: _Spec, token: int, request: tuple[Any, ...]) -> tuple[str, Any] | str:
+    """On a worker: one attempt of one unit, answered like a local worker's reply.
+
+    The answer travels as a ``final`` worker event, which reaches the client
+    ahead of the task's completion (both go through the worker's one stream
+    to the scheduler, in order, and on from there in order): the dispatcher
+    never fetches a result from the worker (a round trip per unit). The task
+    itself returns ``_SENT``, or the answer when it cannot be an event."""
+    from distributed import get_worker
+
+    worker = get_worker()
+    answer: tuple[str, Any]
+    try:
+        runner = _runner(spec, worker)
+        control = _control(spec.run_id)
+        if control.stopped:  # queued here when the run stopped: nothing staged
+            return ("ok", {"kind": "not_started", "staged_env": None})
+        channel = _Channel(spec.run_id, token, control.hold_r, worker)
+        result = runner.run(request, channel)  # type: ignore[arg-type]
+        if isinstance(result, dict):
+            result["worker"] = worker.address
+        answer = ("ok", result)
+    except CrucibleError as exc:
+        answer = ("error", str(exc))
+    except BaseException:
+        answer = ("bug", traceback.format_exc())
+    try:
+        worker.log_event(_EVENT_TOPIC, {"run": spec.run_id, "token": token, "final": answer})
+    except TypeError:  # not msgpack-serialisable: the dispatcher fetches the result
+        return answer
+    return _SENT  # nothing for Dask to size and keep
+
+
+def _worker_signal(run_id: str, what: str) -> None:
+    """On every worker (Client.run): stop or kill the run's units there."""
+    control = _control(run_id)
+    if what == "stop":
+        control.stop()
+    else:
+        control.kill()
+
+
+def _worker_forget(run_id: str) -> None:
+    with _LOCK:
+        _RUNNERS.pop(run_id, None)
+        control = _CONTROLS.pop(run_id, None)
+    if control is not None:
+        for fd in (control.stop_r, control.stop_w, control.kill_r, control.kill_w,
+                   control.hold_r, control.hold_w):  # fmt: skip
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _check_token(path: str, expected: str) -> str | None:
+    """On every worker (Client.run): None if it reads the dispatcher's token.
+    Also loads the unit code there now, before the run, not at its first unit."""
+    import crucible.run._session
+    import crucible.stage  # noqa: F401
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = f.read()
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    if found != expected:
+        return f"{path} holds another run's token"
+    return None
+
+
+# --------------------------------------------------------------- dispatcher side
+
+
+def _local_resources() -> dict[str, float]:
+    """What each ``dask-local`` worker offers: this machine's CPUs and memory."""
+    offer: dict[str, float] = {"cpus": float(os.cpu_count() or 1)}
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        offer["memory"] = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return offer
+
+
+def _check_resources(tasks: Any, info: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each task's Dask resources; refuse (exit 1) a task no worker can run."""
+    offers = {addr: w.get("resources") or {} for addr, w in info.get("workers", {}).items()}
+    out: dict[str, dict[str, float]] = {}
+    for name, task in tasks.items():
+        need = task.get("resources") or {}
+        if not need:
+            continue
+        if not any(all(offer.get(r, 0) >= v for r, v in need.items()) for offer in offers.values()):
+            wanted = ", ".join(f"{r}={v}" for r, v in sorted(need.items()))
+            short = [r for r, v in sorted(need.items())
+                     if not any(o.get(r, 0) >= v for o in offers.values())]  # fmt: skip
+            which = ", ".join(short) if short else "that combination"
+            raise InputRefused(
+                f"task {name!r} needs resources {wanted}; no Dask worker offers {which}"
+            )
+        out[name] = {r: float(v) for r, v in need.items()}
+    return out
+
+
+def _absolute(options: RunOptions) -> RunOptions:
+    """The options as a worker needs them: a worker's working directory is
+    not the dispatcher's (and changes around each spawn)."""
+    cache = None if options.cache is None else Path(os.path.abspath(options.cache))
+    return replace(options, state=Path(os.path.abspath(options.state)), cache=cache)
+
+
+@dataclass(frozen=True)
+class LocalLayout:
+    """How ``dask-local`` spreads ``-j N`` (docs/spec/run.md, "Executors")."""
+
+    #: task processes each worker runs at once (its share of N, at least 1)
+    slots: list[int]
+    #: Dask threads per worker: its slots, plus threads that stage and
+    #: capture the next units while the slots are busy
+    threads: int
+    #: units the dispatcher keeps submitted and unfinished
+    window: int
+
+
+def local_layout(jobs: int, workers: int | None, threads: int | None) -> LocalLayout:
+    """As the local executor: N slots, and min(N, 8) + 1 more units staged
+    ahead, here split among the workers; and each worker's queue holds one
+    more unit per thread, so a thread that finishes starts the next unit
+    without a round trip to the scheduler and the dispatcher."""
+    count = workers or max(1, min(jobs, os.cpu_count() or 1))
+    slots = [max(1, jobs // count + (i < jobs % count)) for i in range(count)]
+    ahead = -(-(min(jobs, 8) + 1) // count)  # ceil
+    per_worker = threads or max(slots) + ahead
+    return LocalLayout(slots=slots, threads=per_worker, window=2 * per_worker * count)
+
+
+class DaskExecutor:
+    """The :class:`crucible.run._executor.Executor` on a Dask cluster."""
+
+    def __init__(self, options: RunOptions, *, jobs: int, runner: UnitRunner) -> None:
+        import_distributed()
+        import dask
+        import distributed
+
+        # Dask's API is untyped: held as Any at this edge.
+        Client: Any = distributed.Client
+        LocalCluster: Any = distributed.LocalCluster
+
+        self.jobs = jobs
+        #: units kept submitted and unfinished (see _local_layout)
+        self.window = jobs
+        self._slots: dict[str, int] = {}
+        self.run_id = secrets.token_hex(8)
+        #: token -> its future (None until flushed)
+        self._live: dict[int, Any] = {}
+        self._pending: list[tuple[int, tuple[Any, ...]]] = []
+        #: started units, and the worker each started on
+        self._started: dict[int, str] = {}
+        #: token -> its request, until its end (a unit whose spec was lost is sent again)
+        self._requests: dict[int, tuple[Any, ...]] = {}
+        self._resent: dict[int, int] = {}
+        #: stop() or close() called: a cancelled unit is then one not started
+        self._stopping = False
+        #: the last worker seen lost (a unit cancelled with its spec names it)
+        self._lost_worker = "unknown"
+        self._queue: collections.deque[tuple[str, int, Any]] = collections.deque()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._cluster: Any = None
+        #: dask-local's workers run on this host; a remote scheduler's may not
+        self.pids_are_local = options.executor == "dask-local"
+        self._client: Any = None
+        self._scratch: str | None = None
+        self._closed = False
+        #: --follow: the units' logs tailed on the shared state (crucible.run._log_tail)
+        self._tailer: LogTailer | None = None
+        self._log_path = runner.paths.log_path
+        if options.follow:
+            self._tailer = LogTailer()
+        # Dask's own logging would break the one-line stderr contract.
+        for name in ("distributed", "tornado"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+        # A lost worker's unit must not be rerun silently by the scheduler:
+        # the dispatcher decides on retries (KilledWorker at once).
+        dask.config.set({"distributed.scheduler.allowed-failures": 0})
+        # Per-unit overhead (benchmarks/bench_dask.py): a worker's statistical
+        # profiler samples every thread's stack every 10 ms, and work stealing
+        # re-costs queued tasks every 100 ms on the scheduler (in this process
+        # under dask-local); neither helps here, where a unit waits for its slot
+        # inside its Dask task (not stealable) and the window bounds what is
+        # queued. Both apply to what this process starts (dask-local).
+        dask.config.set(
+            {
+                "distributed.worker.profile.enabled": False,
+                "distributed.scheduler.work-stealing": False,
+            }
+        )
+        try:
+            if options.executor == "dask-local":
+                layout = local_layout(jobs, options.workers, options.threads_per_worker)
+                self.window = layout.window
+                self._slots = {str(i): n for i, n in enumerate(layout.slots)}
+                self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
+                self._cluster = LocalCluster(
+                    n_workers=len(layout.slots),
+                    threads_per_worker=layout.threads,
+                    processes=True,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                    # the scheduler's HTTP server (health, metrics) still starts
+                    # without a dashboard, on 8787 by default: a port another
+                    # cluster may hold, and Dask then warns on our stderr
+                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+                    local_directory=self._scratch,
+                    silence_logs=logging.CRITICAL,
+                    resources=_local_resources(),
+                )
+                self._client = Client(self._cluster, timeout=CONNECT_TIMEOUT)
+                # every worker, before the token and the spec go out: a worker
+                # that registers later would prove nothing and hold no copy
+                self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
+            else:
+                if not options.scheduler:
+                    raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
+                try:
+                    self._client = Client(options.scheduler, timeout=CONNECT_TIMEOUT)
+                except (OSError, TimeoutError) as exc:
+                    raise OperationalError(
+                        f"cannot reach the Dask scheduler {options.scheduler}: {exc}"
+                    ) from None
+                try:
+                    self._client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)
+                except TimeoutError:
+                    raise OperationalError(
+                        f"the Dask scheduler {options.scheduler} has no worker"
+                    ) from None
+            self._prove_state(options.state)
+            self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
+            self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
+            self._spec_value = _Spec(
+                run_id=self.run_id,
+                plan=runner.plan,
+                tasks=dict(runner.tasks),
+                options=_absolute(options),
+                emit_cap=runner.emit_cap,
+                environ=dict(runner.environ),
+                pack_dir=runner.pack_dir,
+                slots=self._slots,
+            )
+            self._spec = self._scatter_spec()
+        except BaseException:
+            self.close()
+            raise
+
+    def _scatter_spec(self) -> Any:
+        """The run's spec on every worker (one future the units depend on)."""
+        return self._client.scatter(self._spec_value, broadcast=True, hash=False)
+
+    def _prove_state(self, state: Path) -> None:
+        """Every worker reads a token written here; refuse (exit 3) otherwise."""
+        from crucible.core import atomic
+
+        path = state / TOKEN_NAME
+        token = f"{socket.gethostname()} {os.getpid()} {self.run_id}\n"
+        atomic.write_bytes(path, token.encode("utf-8"))
+        answers = self._client.run(_check_token, str(path), token)
+        for address, problem in sorted(answers.items()):
+            if problem is not None:
+                raise OperationalError(
+                    f"{path}: Dask worker {address} cannot see the state directory"
+                    f" ({problem}); it must be at the same path on every worker"
+                )
+
+    # ----------------------------------------------------- client-thread hooks
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _on_event(self, event: Any) -> None:
+        _, message = event
+        if isinstance(message, dict) and message.get("run") == self.run_id:
+            kind = "final" if "final" in message else "started"
+            self._queue.append((kind, int(message["token"]), message))
+            self._wake()
+
+    def _on_done(self, token: int, future: Any) -> None:
+        self._queue.append(("done", token, future))
+        self._wake()
+
+    # ----------------------------------------------------------- the seam
+
+    @property
+    def peak_rss_kib(self) -> int:
+        return 0  # no local helper processes (the workers are the cluster's)
+
+    @property
+    def reply_fds(self) -> list[int]:
+        return [self._wake_r]
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    @property
+    def idle(self) -> int:
+        return max(0, self.window - len(self._live))
+
+    def submit(self, token: int, request: tuple[Any, ...]) -> None:
+        # Held until flush: the units of one fill go to the scheduler as one
+        # graph (one message and one pickle), not one per unit.
+        self._live[token] = None
+        self._requests[token] = request
+        self._pending.append((token, request))
+        if self._tailer is not None:
+            _, name, key = request[:3]
+            self._tailer.add(token, self._log_path(name, key), name, key)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        if pending and self._spec.status != "finished":
+            # Scattered data lives only in workers' memory: a worker that died
+            # holding the last copy took the spec with it (Dask then cancels
+            # every unit waiting on it). Scatter it again for these units.
+            self._spec = self._scatter_spec()
+        by_task: dict[str, list[tuple[int, tuple[Any, ...]]]] = {}
+        for token, request in pending:
+            by_task.setdefault(request[1], []).append((token, request))
+        for name, units in by_task.items():
+            keys = [f"crucible-{name}-{self.run_id}-{t}" + (f"r{self._resent[t]}" if t in self._resent else "")
+                    for t, _ in units]  # fmt: skip
+            futures = self._client.map(
+                _run_unit,
+                [self._spec] * len(units),
+                [t for t, _ in units],
+                [r for _, r in units],
+                key=keys,
+                pure=False,
+                resources=self._resources.get(name),
+            )
+            for (token, _), future in zip(units, futures, strict=True):
+                self._live[token] = future
+                future.add_done_callback(lambda f, t=token: self._on_done(t, f))
+
+    def read(self, fd: int) -> list[Reply]:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+        replies: list[Reply] = []
+        while self._queue:
+            kind, token, value = self._queue.popleft()
+            if token not in self._live:
+                continue  # a start heard after its end, or an end heard twice
+            if kind == "started":
+                if token not in self._started:
+                    self._started[token] = str(value.get("worker") or self._lost_worker)
+                    replies.append(Reply(token, "interim", value))
+                continue
+            if kind == "final":
+                outcome, payload = value["final"]
+                reply: Reply | None = Reply(token, outcome, payload)
+            elif value is not self._live[token]:
+                continue  # the end of a future since sent again
+            else:
+                reply = self._final(token, value)
+            if reply is None:
+                continue
+            if self._tailer is not None:  # the rest of its output, before its end
+                self._tailer.finish(token)
+            del self._live[token]
+            self._requests.pop(token, None)
+            self._resent.pop(token, None)
+            self._started.pop(token, None)
+            replies.append(reply)
+        return replies
+
+    def _final(self, token: int, future: Any) -> Reply | None:
+        """The final reply a future's end gives, or None while its answer is
+        still on its way as an event."""
+        status = future.status
+        if status == "finished":
+            value = future.result()  # the rare path: fetched from the worker
+            if value == _SENT:
+                return None
+            outcome, payload = value
+            return Reply(token, outcome, payload)
+        if status == "cancelled":
+            if self._stopping:
+                return Reply(token, "ok", {"kind": "not_started", "staged_env": None})
+            return self._cancelled(token)
+        exc = future.exception()
+        from distributed import KilledWorker
+
+        if isinstance(exc, KilledWorker):
+            last = getattr(exc, "last_worker", None)
+            address = getattr(last, "address", None) or "unknown"
+            self._lost_worker = address
+            return Reply(token, "ok", {"kind": "worker_lost", "worker": address})
+        return Reply(token, "bug", f"{type(exc).__name__}: {exc}")
+
+    def _cancelled(self, token: int) -> Reply | None:
+        """A unit Dask cancelled while the run goes on: the spec it waited on
+        was lost with a worker (nothing else here cancels one). Not started,
+        it is sent again (at the next flush, with the spec scattered anew); one
+        that started, or was sent again too often, is a lost-worker unit, so it
+        is retried or fails under its task's policy (never left unsettled: a
+        run that counts no failure would then say it failed)."""
+        tries = self._resent.get(token, 0)
+        if token in self._started or tries >= _RESENDS:
+            worker = self._started.get(token, self._lost_worker)
+            return Reply(token, "ok", {"kind": "worker_lost", "worker": worker})
+        self._resent[token] = tries + 1
+        self._live[token] = None
+        self._pending.append((token, self._requests[token]))
+        return None
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._broadcast("stop")
+
+    def kill(self) -> None:
+        self._broadcast("kill")
+
+    def _broadcast(self, what: str) -> None:
+        if self._client is None:
+            return
+        with contextlib.suppress(Exception):
+            self._client.run(_worker_signal, self.run_id, what)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping = True
+        client = self._client
+        if client is not None:
+            if self._live:  # leaving early (an error): leave no task running
+                self._broadcast("stop")
+                self._broadcast("kill")
+                with contextlib.suppress(Exception):
+                    client.cancel([f for f in self._live.values() if f is not None])
+            with contextlib.suppress(Exception):
+                client.run(_worker_forget, self.run_id)
+            with contextlib.suppress(Exception):
+                client.close(timeout=CONNECT_TIMEOUT)
+        if self._cluster is not None:
+            with contextlib.suppress(Exception):
+                self._cluster.close(timeout=CONNECT_TIMEOUT)
+        if self._tailer is not None:
+            self._tailer.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)

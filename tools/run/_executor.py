@@ -1,0 +1,145 @@
+"""The executor seam: what starts a unit, reports its end, and cancels.
+
+The dispatcher (:mod:`crucible.run._engine`) keeps every scheduling decision:
+dependency order, joins, conditions, retries, caps, resume and the session log.
+An executor only carries one attempt of one unit through the same unit code
+(:class:`crucible.run._unit.UnitRunner`: stage, spawn, wait, capture) wherever
+it runs, and reports back through descriptors the dispatcher's one selector
+watches. The contract is written in docs/spec/run.md ("Executors"); a third
+executor (a batch scheduler, Kubernetes jobs) is one module implementing
+:class:`Executor` and one branch in :func:`create`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from crucible.run._options import RunOptions
+from crucible.run._unit import Slots, UnitRunner
+from crucible.run._workers import Channel, Reply, WorkerPool
+
+__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "create"]
+
+EXECUTORS = ("local", "dask", "dask-local")
+
+
+class Executor(Protocol):
+    """Runs ``("unit", name, key, attempt, staged_env)`` requests.
+
+    ``submit`` never blocks on the unit; ``read(fd)`` (for a readable fd of
+    ``reply_fds``) returns the replies waiting there: at most one interim
+    ("started", payload ``{"kind": "started", "pid": ...}``) and exactly one
+    final reply per submitted token, in any order across tokens."""
+
+    @property
+    def peak_rss_kib(self) -> int:
+        """Peak RSS of the executor's local helper processes (0 if none)."""
+        ...
+
+    @property
+    def pids_are_local(self) -> bool:
+        """Whether the pids in "started" replies are this host's processes."""
+        ...
+
+    @property
+    def reply_fds(self) -> list[int]: ...
+
+    @property
+    def in_flight(self) -> int:
+        """Submitted tokens without a final reply."""
+        ...
+
+    @property
+    def idle(self) -> int:
+        """How many more units may be submitted now."""
+        ...
+
+    def submit(self, token: int, request: tuple[Any, ...]) -> None: ...
+
+    def flush(self) -> None:
+        """Send what was submitted since the last flush (an executor may hold
+        submissions to send them together); called after each round of submits."""
+        ...
+
+    def read(self, fd: int) -> list[Reply]: ...
+
+    def stop(self) -> None:
+        """Start nothing new; terminate every running task's group (SIGKILL after
+        the kill grace). Every in-flight token still gets its final reply."""
+        ...
+
+    def kill(self) -> None:
+        """SIGKILL every running task's group now."""
+        ...
+
+    def close(self) -> None:
+        """Release everything (idempotent); after stop, no task process is left."""
+        ...
+
+
+class LocalExecutor:
+    """Today's forked workers (crucible.run._workers) with the slot pipes."""
+
+    def __init__(self, pool: WorkerPool, slots: Slots) -> None:
+        self.pool = pool
+        self.slots = slots
+
+    #: forked here: every task pid is this host's
+    pids_are_local = True
+
+    @property
+    def peak_rss_kib(self) -> int:
+        return self.pool.peak_rss_kib
+
+    @property
+    def reply_fds(self) -> list[int]:
+        return self.pool.reply_fds
+
+    def watch(self, callback: Callable[[int], None]) -> None:
+        """The pool forks at its first unit (crucible.run._workers): each reply fd
+        is handed to ``callback`` once it exists."""
+        self.pool.watch(callback)
+
+    @property
+    def in_flight(self) -> int:
+        return self.pool.in_flight
+
+    @property
+    def idle(self) -> int:
+        return self.pool.idle
+
+    def submit(self, token: int, request: tuple[Any, ...]) -> None:
+        self.pool.submit(token, request)
+
+    def flush(self) -> None:
+        pass  # each request was written to its worker at once
+
+    def read(self, fd: int) -> list[Reply]:
+        return self.pool.read(fd)
+
+    def stop(self) -> None:
+        self.slots.stop()
+
+    def kill(self) -> None:
+        self.slots.kill()
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def create(
+    options: RunOptions,
+    *,
+    jobs: int,
+    slots: Slots,
+    runner: UnitRunner,
+    serve: Callable[[Any, Channel], Any],
+) -> Executor:
+    """The executor ``options.executor`` names. The local one forks its workers
+    at its first unit (a fully cached run forks none: crucible.run._workers)."""
+    if options.executor == "local":
+        return LocalExecutor(WorkerPool(jobs + min(jobs, 8) + 1, serve, lazy=True), slots)
+    from crucible.run._dask_executor import DaskExecutor
+
+    return DaskExecutor(options, jobs=jobs, runner=runner)

@@ -1,0 +1,130 @@
+"""A reaper beside a process that starts tasks: kills their groups if it dies.
+
+A task's process group is killed by the process that started it (its parent:
+see :mod:`crucible.run._unit`). A Dask worker that is SIGKILLed (or dies of
+the OOM killer, or of its host's nanny) cannot: its running tasks would go on,
+orphaned, while the dispatcher retries their units elsewhere. So each worker
+process starts one reaper, a tiny interpreter in its own session (no signal
+sent to the worker's group reaches it), reading a pipe whose only write end
+the worker holds (close-on-exec: no task inherits it). The worker writes
+``+PGID`` when a task starts and ``-PGID`` once it was reaped. When the pipe
+reports end of file, the worker is gone, by exit or by death: the reaper sends
+SIGTERM to every group still registered, SIGKILL to those left after the kill
+grace, and exits. A worker that exits cleanly has nothing registered.
+
+The reaper runs ``python -I -S`` on the code in :data:`_CODE` (no crucible
+import, nothing from the environment), so it starts in a few milliseconds and
+needs nothing from the worker's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+
+__all__ = ["Reaper"]
+
+_CODE = r"""
+import os, signal, sys, time
+grace = float(sys.argv[1])
+groups = set()
+buf = b""
+while True:
+    try:
+        chunk = os.read(0, 65536)
+    except InterruptedError:
+        continue
+    if not chunk:
+        break
+    buf += chunk
+    *lines, buf = buf.split(b"\n")
+    for line in lines:
+        if line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+def send(sig):
+    alive = set()
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+            alive.add(g)
+        except OSError:
+            pass
+    return alive
+groups = send(signal.SIGTERM)
+deadline = time.monotonic() + grace
+while groups and time.monotonic() < deadline:
+    time.sleep(0.05)
+    groups = send(0)
+send(signal.SIGKILL)
+"""
+
+
+class Reaper:
+    """The reaper of this process's tasks (started by :meth:`start`, or at the
+    first :meth:`watch`). Start it before the first task: a task's group is
+    covered from the moment its ``+PGID`` is written, and starting the reaper
+    takes a few milliseconds a dying worker may not have."""
+
+    def __init__(self, grace: float) -> None:
+        self._grace = grace
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _start(self) -> int:
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _CODE, str(self._grace)],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        return write_end
+
+    def start(self) -> None:
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._start()
+
+    def _send(self, line: bytes) -> None:
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._start()
+            with contextlib.suppress(OSError):  # a dead reaper never fails a task
+                os.write(self._fd, line)
+
+    def watch(self, pgid: int) -> None:
+        """A task group started: kill it should this process die."""
+        self._send(b"+%d\n" % pgid)
+
+    def forget(self, pgid: int) -> None:
+        """The task's group was killed and its leader reaped."""
+        self._send(b"-%d\n" % pgid)
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def close(self) -> None:
+        """End the reaper (it kills what is still registered) and reap it."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+            proc, self._proc = self._proc, None
+        if fd is not None:
+            os.close(fd)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=self._grace + 5)

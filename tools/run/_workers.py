@@ -1,0 +1,277 @@
+"""A small pool of forked worker processes that run units for the dispatcher.
+
+A worker takes one unit at a time and carries it from staging to capture
+(:mod:`crucible.run._unit`): those are short bursts of Python around a few
+fsyncs and a process start, which in threads would hand the GIL back and forth
+with the scheduling thread (measured: ~180 futex calls per task), and on the
+scheduling thread would make it wait for every ``vfork``'d child to exec. The
+workers are forked from the dispatcher, so they share its loaded plan and
+modules; requests and replies are small pickles over pipes, and the scheduling
+thread reads replies in its one ``select``. A request may be answered by any
+number of interim replies (:meth:`Channel.send`, e.g. "started") before its
+final one.
+
+A lazy pool (``lazy=True``, the dispatcher's) forks nothing until its first
+:meth:`WorkerPool.submit`: a run whose units all hit the task cache never
+needs a worker, and pays no fork and no reaping (docs/spec/cache.md). The
+whole pool is forked at that first need, not one worker at a time, because a
+fork should happen while the process has one thread: the dispatcher's first
+``submit`` comes in the first turn of its loop, before that turn hands the
+session log its first batch (the session writer thread starts there). Every
+unit a local run submits later follows a reply of a worker of this pool, so
+it is already forked by then. Should a first fork still come after the writer
+started, it is safe on the interpreters we support: the writer thread only
+waits on its queue, sleeps, and calls ``os.write``/``os.fsync`` on the log's
+descriptor, and a worker never touches the session log, its queue, or the
+standard streams (``_serve`` answers through pipes and leaves by ``os._exit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crucible.core.errors import CrucibleError, OperationalError
+from crucible.core.fdio import write_all
+
+__all__ = ["Channel", "Reply", "WorkerPool"]
+
+_HEADER = 4
+
+
+@dataclass(frozen=True)
+class Reply:
+    token: int
+    #: "ok" (payload is the handler's result), "error" (payload: the message of a
+    #: CrucibleError), "bug" (payload: a traceback), or "interim" (payload: what
+    #: the handler sent before its result; more replies follow)
+    outcome: str
+    payload: Any
+
+    @property
+    def final(self) -> bool:
+        return self.outcome != "interim"
+
+
+class Channel:
+    """A worker's side of one request: interim replies, and the request pipe,
+    which reports POLLHUP once the dispatcher is gone."""
+
+    def __init__(self, token: int, requests_fd: int, replies_fd: int) -> None:
+        self.token = token
+        self.requests_fd = requests_fd
+        self._replies_fd = replies_fd
+
+    def send(self, payload: Any) -> None:
+        write_all(self._replies_fd, _frame((self.token, "interim", payload)))
+
+
+@dataclass
+class _Worker:
+    pid: int
+    requests: int  # write end
+    replies: int  # read end
+    in_flight: int = 0
+    buffer: bytearray = field(default_factory=bytearray)
+
+
+def _frame(value: Any) -> bytes:
+    body = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(body).to_bytes(_HEADER, "little") + body
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = os.read(fd, n - len(chunks))
+        if not chunk:
+            return None
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) -> None:
+    """A worker's whole life: answer requests until the dispatcher closes the pipe."""
+    # Ctrl-C (and a SIGTERM to the whole group) reaches every worker too; the
+    # dispatcher decides what a signal means and tells the workers (see
+    # crucible.run._unit.Slots), and a worker finishes the request it holds.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A lazy pool forks inside the dispatcher's loop, whose signal wake-up fd is
+    # set: a signal sent to the group must not wake the dispatcher from here.
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
+    while True:
+        header = _read_exact(requests, _HEADER)
+        if header is None:
+            return
+        body = _read_exact(requests, int.from_bytes(header, "little"))
+        if body is None:
+            return
+        token, request = pickle.loads(body)
+        try:
+            reply = (token, "ok", handler(request, Channel(token, requests, replies)))
+        except CrucibleError as exc:
+            reply = (token, "error", str(exc))
+        except BaseException:
+            reply = (token, "bug", traceback.format_exc())
+        try:
+            data = _frame(reply)
+        except Exception:
+            data = _frame((token, "bug", traceback.format_exc()))
+        write_all(replies, data)
+
+
+class WorkerPool:
+    """``count`` forked workers running ``handler(request, channel)``; least-loaded
+    dispatch. A ``lazy`` pool forks them at its first :meth:`submit` (see the
+    module's docstring); :meth:`watch` names who is told each new reply fd."""
+
+    def __init__(
+        self, count: int, handler: Callable[[Any, Channel], Any], *, lazy: bool = False
+    ) -> None:
+        self.count = count
+        self._handler = handler
+        self.workers: list[_Worker] = []
+        self.by_fd: dict[int, _Worker] = {}
+        #: the largest peak RSS of the reaped workers (0: no worker ran)
+        self.peak_rss_kib = 0
+        #: how many worker processes this pool forked (0 until its first submit)
+        self.forked = 0
+        self._started = False
+        self._watch: Callable[[int], None] | None = None
+        if not lazy:
+            self.start()
+
+    def watch(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(fd)`` for every reply fd, now and as workers are forked."""
+        self._watch = callback
+        for w in self.workers:
+            callback(w.replies)
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self) -> None:
+        """Fork the workers (once; a closed pool forks no more)."""
+        if self._started:
+            return
+        self._started = True
+        try:
+            for _ in range(self.count):
+                self._fork(self._handler)
+        except BaseException:
+            self.close()
+            raise
+        if self._watch is not None:
+            for w in self.workers:
+                self._watch(w.replies)
+
+    def _fork(self, handler: Callable[[Any, Channel], Any]) -> None:
+        req_r, req_w = os.pipe2(os.O_CLOEXEC)
+        rep_r, rep_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                for w in self.workers:  # not ours: let those workers see EOF
+                    os.close(w.requests)
+                    os.close(w.replies)
+                os.close(req_w)
+                os.close(rep_r)
+                _serve(handler, req_r, rep_w)
+            except BaseException:
+                code = 70
+            finally:
+                os._exit(code)  # never run the parent's atexit handlers or flush its buffers
+        os.close(req_r)
+        os.close(rep_w)
+        os.set_blocking(rep_r, False)
+        worker = _Worker(pid=pid, requests=req_w, replies=rep_r)
+        self.forked += 1
+        self.workers.append(worker)
+        self.by_fd[rep_r] = worker
+
+    @property
+    def reply_fds(self) -> list[int]:
+        return [w.replies for w in self.workers]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(w.in_flight for w in self.workers)
+
+    @property
+    def idle(self) -> int:
+        """How many workers hold no request (a lazy pool not started yet: all)."""
+        if not self._started:
+            return self.count
+        return sum(1 for w in self.workers if not w.in_flight)
+
+    def submit(self, token: int, request: Any) -> None:
+        self.start()
+        if not self.workers:
+            raise OperationalError("the staging workers are gone")
+        worker = min(self.workers, key=lambda w: w.in_flight)
+        worker.in_flight += 1
+        try:
+            write_all(worker.requests, _frame((token, request)))
+        except OSError as exc:
+            raise OperationalError(f"a staging worker is gone: {exc.strerror}") from None
+
+    def read(self, fd: int) -> list[Reply]:
+        """Every complete reply waiting on ``fd`` (a worker's reply pipe). A worker
+        gone mid-request raises, but only once the replies it sent before dying
+        were returned (a "started" among them names the task process the
+        dispatcher must then kill): its pipe stays readable at end of file, so
+        the next read raises."""
+        worker = self.by_fd[fd]
+        gone = False
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                break
+            if not chunk:
+                gone = True
+                break
+            worker.buffer += chunk
+        replies: list[Reply] = []
+        buf = worker.buffer
+        while len(buf) >= _HEADER:
+            size = int.from_bytes(buf[:_HEADER], "little")
+            if len(buf) < _HEADER + size:
+                break
+            token, outcome, payload = pickle.loads(bytes(buf[_HEADER : _HEADER + size]))
+            del buf[: _HEADER + size]
+            reply = Reply(token, outcome, payload)
+            if reply.final:
+                worker.in_flight -= 1
+            replies.append(reply)
+        if gone and worker.in_flight and not replies:
+            raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")
+        return replies
+
+    def close(self) -> None:
+        """Close the request pipes (workers exit at EOF) and reap the workers; a
+        lazy pool never started forks nothing now."""
+        self._started = True
+        for w in self.workers:
+            with contextlib.suppress(OSError):
+                os.close(w.requests)
+        for w in self.workers:
+            try:
+                _, _, usage = os.wait4(w.pid, 0)
+                self.peak_rss_kib = max(self.peak_rss_kib, usage.ru_maxrss)
+            except ChildProcessError:
+                pass
+            with contextlib.suppress(OSError):
+                os.close(w.replies)
+        self.workers.clear()
+        self.by_fd.clear()
