@@ -348,13 +348,13 @@ def test_the_sample_manifests_are_toml() -> None:
 
 
 # -- prove probe --json: an output no tool reads back ---------------------------------
-# The pairing is with the writer instead: tests/proof/writer/test_probe_cli.py holds
+# The pairing is with the writer instead: tests/cli/test_prove_probe_cli.py holds
 # that what `crucible-prove probe --json` prints is the golden object, byte for byte;
 # each sample below is that object with one change the writer cannot make.
 
 
 def probe_report() -> dict[str, Any]:
-    golden = Path(__file__).resolve().parents[1] / "proof/writer/golden/probe.json"
+    golden = Path(__file__).resolve().parents[1] / "cli/golden/probe.json"
     return json.loads(golden.read_bytes())  # type: ignore[no-any-return]
 
 

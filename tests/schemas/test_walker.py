@@ -115,7 +115,7 @@ def test_every_exemption_names_a_test_that_exists() -> None:
 
 
 def test_a_kept_stdout_is_checked_by_its_name(tmp_path: Path) -> None:
-    golden = Path(__file__).resolve().parents[1] / "proof/writer/golden/probe.json"
+    golden = Path(__file__).resolve().parents[1] / "cli/golden/probe.json"
     kept = tmp_path / "prove-probe.stdout.json"
     kept.write_bytes(golden.read_bytes())
     assert [str(f.schema) for f in walker.walk(tmp_path)] == ["prove-probe.json"]

@@ -15,7 +15,7 @@ from crucible.proof.reader.cli import command
 from tests.proof.reader.bundlegen import org_people, write_files
 
 EXE = Path(sys.executable).parent / "crucible-verify"
-SCHEMA = Path(__file__).resolve().parents[3] / "docs" / "schemas" / "report.json"
+SCHEMA = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "report.json"
 
 
 @pytest.fixture
