@@ -95,7 +95,7 @@ needs = ["z"]
 emits = { found = "boolean", at = "string" }
 run = '''
 at=$(date +%s%N)
-if [ -e "$CRUCIBLE_WORKSPACE/../../shared/p.tampered.jsonl" ]; then found=true; else found=false; fi
+if [ -e "$CRUCIBLE_WORKSPACE/../../shared/@tampered/p" ]; then found=true; else found=false; fi
 printf '{"found": %s, "at": "%s"}' "$found" "$at" > "$CRUCIBLE_OUTPUT"
 '''
 

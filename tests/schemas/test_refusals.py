@@ -24,7 +24,8 @@ from crucible.core import canon
 from crucible.core.errors import CrucibleError
 from tests.schemas.walker import first_error
 
-LONG = "n" * 251  # one byte over the 250-byte name rule (core.contract.NAME_MAX_BYTES)
+LONG = "n" * 251  # one byte over the 250-byte identifier rule (core.contract.IDENT_MAX_BYTES)
+TASK_LONG = "n" * 250  # one byte over the 249-byte task-name rule (core.contract.NAME_MAX_BYTES)
 
 # -- sound documents ----------------------------------------------------------------
 
@@ -260,7 +261,7 @@ def _ledger(cid: str, change: Callable[[Any], None], what: str) -> Case:
 
 
 _PLAN_CHANGES: list[tuple[str, Callable[[Any], None], str]] = [
-    ("name-251-bytes", _plan_task(0, name=LONG), "name-too-long"),
+    ("name-250-bytes", _plan_task(0, name=TASK_LONG), "name-too-long"),
     ("run-nul", _plan_task(0, run=["a\x00"]), "bad-value"),
     ("run-program-empty", _plan_task(0, run=[""]), "bad-value"),
     ("files-backslash", _plan_task(0, emits_files=["a\\b"]), "bad-path"),
@@ -271,7 +272,7 @@ _PLAN_CHANGES: list[tuple[str, Callable[[Any], None], str]] = [
 
 CASES = [
     # manifest.json, as compile and validate refuse
-    _manifest("name-251-bytes", _task(0, name=LONG), "name-too-long"),
+    _manifest("name-250-bytes", _task(0, name=TASK_LONG), "name-too-long"),
     _manifest("run-nul", _task(0, run=["true", "a\x00b"]), "bad-value"),
     _manifest("run-nul-shell", _task(0, run="echo \x00"), "bad-value"),
     _manifest("run-program-empty", _task(0, run=["", "x"]), "bad-value"),

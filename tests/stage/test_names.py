@@ -61,7 +61,7 @@ def test_unescape_refuses_what_escape_never_produces(bad: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["", ".", "..", "a/b", "/abs", "a\\b", "@values", "t[0]", "x]", "a\x00", "n" * 251]
+    "name", ["", ".", "..", "a/b", "/abs", "a\\b", "@values", "t[0]", "x]", "a\x00", "n" * 250]
 )
 def test_task_name_refused(name: str) -> None:
     assert task_name_problem(name) is not None
@@ -69,7 +69,7 @@ def test_task_name_refused(name: str) -> None:
         check_task_name(name)
 
 
-@pytest.mark.parametrize("name", ["build", "a.b", ".hidden", "a@b", "tâche", "-x", "n" * 250])
+@pytest.mark.parametrize("name", ["build", "a.b", ".hidden", "a@b", "tâche", "-x", "n" * 249])
 def test_task_name_accepted(name: str) -> None:
     assert check_task_name(name) == name
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from crucible.core.contract import (
+    IDENT_MAX_BYTES,
     NAME_MAX_BYTES,
     RESERVED_ENV_PREFIX,
     RESERVED_PREFIX,
@@ -17,6 +18,7 @@ from crucible.core.contract import (
 
 __all__ = [
     "ENV_RE",
+    "IDENT_MAX_BYTES",
     "IDENT_RE",
     "NAME_MAX_BYTES",
     "RESERVED_ENV_PREFIX",
@@ -39,9 +41,9 @@ def ident_problem(kind: str, name: object) -> str | None:
             f"{kind} name {name!r} is not an identifier "
             "(a letter or _, then letters, digits, _ or -)"
         )
-    if len(name) > NAME_MAX_BYTES:  # an identifier is ASCII: bytes = characters
+    if len(name) > IDENT_MAX_BYTES:  # an identifier is ASCII: bytes = characters
         # an input becomes a file name under inputs/ (stage refuses it there)
-        return f"{kind} name {name[:40]!r}… is longer than {NAME_MAX_BYTES} bytes"
+        return f"{kind} name {name[:40]!r}… is longer than {IDENT_MAX_BYTES} bytes"
     return None
 
 

@@ -12,12 +12,15 @@ import re
 __all__ = [
     "EMIT_CAP_DEFAULT",
     "EMIT_CAP_MIN",
+    "FILE_NAME_MAX",
+    "IDENT_MAX_BYTES",
     "NAME_MAX_BYTES",
     "RESERVED_ENV_PREFIX",
     "RESERVED_INPUTS",
     "RESERVED_PREFIX",
     "RESULT_STATUSES",
     "SUPPORTED_VERSIONS",
+    "TASK_NAME_SUFFIXES",
     "json_type",
     "task_name_problems",
 ]
@@ -29,10 +32,24 @@ SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
 #: reserved inputs under their own names, undeclared (ADR-0058)
 RESERVED_INPUTS: tuple[str, ...] = ("params", "item", "history", "revision", "kept", "outcome")
 
-#: a task name (and an input name) becomes a path component and, with ".json",
-#: a result-record file name: 250 keeps "<name>.json" within the common 255-byte
-#: file-name limit (our choice; the same bound as stage's escaped keys)
-NAME_MAX_BYTES = 250
+#: NAME_MAX, the file-name limit of every common file system (ext4, xfs, btrfs,
+#: tmpfs, APFS): no name the tools derive may be longer
+FILE_NAME_MAX = 255
+
+#: every suffix a tool appends to a task name to name a file: output/<n>/<task>.json,
+#: results/<task>.json and .jsonl, logs/<task>.log, prompts/<task>.txt. Stage's
+#: own files about a unit live in "@" directories instead (shared/@tampered/<task>),
+#: so a suffix longer than these would need a lower limit (docs/spec/manifest.md, "Names")
+TASK_NAME_SUFFIXES: tuple[str, ...] = (".json", ".jsonl", ".log", ".txt")
+
+#: a task name is a path component: at most FILE_NAME_MAX minus its longest suffix,
+#: so that results/<task>.jsonl fits (249; 250 before, when that file did not fit)
+NAME_MAX_BYTES = FILE_NAME_MAX - max(len(s) for s in TASK_NAME_SUFFIXES)
+
+#: an input, field or param name (an ASCII identifier): the bound of an escaped
+#: fan-out key, whose longest suffix is ".json" (output/<n>/<task>/<key>.json); an
+#: input's file, inputs/@values/<input>, has no suffix at all
+IDENT_MAX_BYTES = FILE_NAME_MAX - len(".json")
 
 #: the reserved directory inputs/@values/ starts with this character
 RESERVED_PREFIX = "@"
@@ -79,7 +96,11 @@ def task_name_problems(name: str) -> list[tuple[str, str]]:
         problems.append(("name-control", f"task name {name!r} contains a control character"))
     if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX_BYTES:
         problems.append(
-            ("name-too-long", f"task name is longer than {NAME_MAX_BYTES} bytes of UTF-8")
+            (
+                "name-too-long",
+                f"task name is longer than {NAME_MAX_BYTES} bytes of UTF-8 "
+                f"(results/<task>.jsonl must fit the {FILE_NAME_MAX}-byte file-name limit)",
+            )
         )
     if name in RESERVED_INPUTS:
         problems.append(

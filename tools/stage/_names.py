@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+from crucible.core.contract import FILE_NAME_MAX
 from crucible.core.contract import NAME_MAX_BYTES as TASK_NAME_MAX
 from crucible.core.errors import InputRefused
 
@@ -22,9 +23,9 @@ __all__ = [
     "unescape_key",
 ]
 
-#: The longest escaped key, in bytes. 250, not 255, so that ``<escaped>.json``
-#: still fits NAME_MAX (255) on every common filesystem.
-KEY_COMPONENT_MAX = 250
+#: The longest escaped key, in bytes: 250, so that ``<escaped>.json`` (the longest
+#: suffix a key gets) still fits NAME_MAX (255) on every common filesystem.
+KEY_COMPONENT_MAX = FILE_NAME_MAX - len(".json")
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _HEX = "0123456789ABCDEF"

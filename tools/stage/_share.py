@@ -22,7 +22,7 @@ and :func:`verify_consumer`, run by capture at the end of each consumer's
 attempt, checks every linked file the consumer holds. A file whose identity
 changed is hashed; when its bytes or its mode changed, the published copy is
 replaced by a fresh one from the store (a new generation: later consumers get
-new inodes), the old inode is listed in ``tampered.jsonl``, and the consumer
+new inodes), the old inode is listed in ``@tampered/<unit>``, and the consumer
 found holding it is named in its failed attempt.
 
 Threat model: tasks run as the same user as crucible, so nothing here stops a
@@ -59,6 +59,7 @@ from crucible.stage._names import escape_key
 __all__ = [
     "MANIFEST_FORMAT",
     "SHARED_ROOT",
+    "TAMPERED_DIR",
     "Published",
     "Unit",
     "ensure_dir",
@@ -73,6 +74,8 @@ __all__ = [
 
 SHARED_ROOT = "shared"
 MANIFEST_FORMAT = "crucible.shared/1"
+#: stage's list of a unit's replaced inodes: ``<parent>/@tampered/<unit>``
+TAMPERED_DIR = "@tampered"
 _READONLY = 0o444
 #: the FICLONE ioctl request number (linux/fs.h), not exposed by fcntl
 _FICLONE = 0x40049409
@@ -532,7 +535,8 @@ def publish(
 def _list_tampered(pub: Published, bad: list[Entry]) -> None:
     """Remember the changed inodes across the restore: consumers still holding
     them are named when they are captured."""
-    path = pub.root.parent / f"{pub.root.name}.tampered.jsonl"
+    path = _tampered_path(pub.root)
+    path.parent.mkdir(exist_ok=True)
     lines = b"".join(
         orjson.dumps({"dev": pub.dev, "ino": e.ino, "path": e.rel, "generation": pub.generation})
         + b"\n"
@@ -545,8 +549,16 @@ def _list_tampered(pub: Published, bad: list[Entry]) -> None:
         os.close(fd)
 
 
+def _tampered_path(root: Path) -> Path:
+    """``@tampered/<unit>`` beside the unit's published root: it outlives the
+    root's swap, and a fixed ``@`` directory instead of a suffix keeps a 249-byte
+    task name or a 250-byte escaped key within the file-name limit (an ``@``
+    name is never a task name nor an escaped key)."""
+    return root.parent / TAMPERED_DIR / root.name
+
+
 def _tampered_inodes(root: Path) -> dict[tuple[int, int], str]:
-    path = root.parent / f"{root.name}.tampered.jsonl"
+    path = _tampered_path(root)
     out: dict[tuple[int, int], str] = {}
     try:
         with open(path, "rb") as f:
