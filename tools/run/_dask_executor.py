@@ -33,6 +33,7 @@ from typing import Any, cast
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
 from crucible.run._agent_io import AgentStdout
+from crucible.run._launch import serialised
 from crucible.run._log_tail import LogTailer
 from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess
@@ -183,6 +184,12 @@ def _reaper(grace: float) -> Reaper:
         return _REAPER[0]
 
 
+def _watch_started(pid: int) -> None:
+    reaper = _REAPER[0] if _REAPER else None
+    if reaper is not None:
+        reaper.watch(pid)
+
+
 class _WorkerRunner(UnitRunner):
     """The local unit code, with its spawn serialised among the worker's
     threads, and each task's group registered with the worker's reaper while
@@ -195,21 +202,9 @@ class _WorkerRunner(UnitRunner):
     #: so theirs ride the dispatcher's group commit (docs/spec/run.md, "Session log")
     durable_records = True
 
-    @staticmethod
-    def _launch(
-        argv: list[str],
-        env: dict[str, str],
-        workspace: Path,
-        timeout: Any,
-        stdin: str,
-        agent: bool,
-    ) -> tuple[TaskProcess, int, AgentStdout | None]:
-        with _SPAWN_LOCK:
-            launched = UnitRunner._launch(argv, env, workspace, timeout, stdin, agent)
-            reaper = _REAPER[0] if _REAPER else None
-            if reaper is not None:
-                reaper.watch(launched[0].pid)
-        return launched
+    #: one start at a time among the worker's threads (procs.spawn changes the
+    #: process's working directory around posix_spawn), each group watched
+    _launch = staticmethod(serialised(_SPAWN_LOCK, _watch_started))
 
     def _wait(
         self,
@@ -380,18 +375,35 @@ def local_layout(jobs: int, workers: int | None, threads: int | None) -> LocalLa
     return LocalLayout(slots=slots, threads=per_worker, window=2 * per_worker * count)
 
 
+def _configure_dask() -> None:
+    """Dask settings for a run: quiet, no silent reruns, no per-unit overhead."""
+    import dask
+
+    # Dask's own logging would break the one-line stderr contract.
+    for name in ("distributed", "tornado"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    # A lost worker's unit must not be rerun silently by the scheduler:
+    # the dispatcher decides on retries (KilledWorker at once).
+    dask.config.set({"distributed.scheduler.allowed-failures": 0})
+    # Per-unit overhead (benchmarks/bench_dask.py): a worker's statistical
+    # profiler samples every thread's stack every 10 ms, and work stealing
+    # re-costs queued tasks every 100 ms on the scheduler (in this process
+    # under dask-local); neither helps here, where a unit waits for its slot
+    # inside its Dask task (not stealable) and the window bounds what is
+    # queued. Both apply to what this process starts (dask-local).
+    dask.config.set(
+        {
+            "distributed.worker.profile.enabled": False,
+            "distributed.scheduler.work-stealing": False,
+        }
+    )
+
+
 class DaskExecutor:
     """The :class:`crucible.run._executor.Executor` on a Dask cluster."""
 
     def __init__(self, options: RunOptions, *, jobs: int, runner: UnitRunner) -> None:
         import_distributed()
-        import dask
-        import distributed
-
-        # Dask's API is untyped: held as Any at this edge.
-        Client: Any = distributed.Client
-        LocalCluster: Any = distributed.LocalCluster
-
         self.jobs = jobs
         #: units kept submitted and unfinished (see _local_layout)
         self.window = jobs
@@ -418,84 +430,83 @@ class DaskExecutor:
         self._scratch: str | None = None
         self._closed = False
         #: --follow: the units' logs tailed on the shared state (crucible.run._log_tail)
-        self._tailer: LogTailer | None = None
+        self._tailer: LogTailer | None = LogTailer() if options.follow else None
         self._log_path = runner.paths.log_path
-        if options.follow:
-            self._tailer = LogTailer()
-        # Dask's own logging would break the one-line stderr contract.
-        for name in ("distributed", "tornado"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-        # A lost worker's unit must not be rerun silently by the scheduler:
-        # the dispatcher decides on retries (KilledWorker at once).
-        dask.config.set({"distributed.scheduler.allowed-failures": 0})
-        # Per-unit overhead (benchmarks/bench_dask.py): a worker's statistical
-        # profiler samples every thread's stack every 10 ms, and work stealing
-        # re-costs queued tasks every 100 ms on the scheduler (in this process
-        # under dask-local); neither helps here, where a unit waits for its slot
-        # inside its Dask task (not stealable) and the window bounds what is
-        # queued. Both apply to what this process starts (dask-local).
-        dask.config.set(
-            {
-                "distributed.worker.profile.enabled": False,
-                "distributed.scheduler.work-stealing": False,
-            }
-        )
+        _configure_dask()
         try:
             if options.executor == "dask-local":
-                layout = local_layout(jobs, options.workers, options.threads_per_worker)
-                self.window = layout.window
-                self._slots = {str(i): n for i, n in enumerate(layout.slots)}
-                self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
-                self._cluster = LocalCluster(
-                    n_workers=len(layout.slots),
-                    threads_per_worker=layout.threads,
-                    processes=True,
-                    host="127.0.0.1",
-                    dashboard_address=None,
-                    # the scheduler's HTTP server (health, metrics) still starts
-                    # without a dashboard, on 8787 by default: a port another
-                    # cluster may hold, and Dask then warns on our stderr
-                    scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
-                    local_directory=self._scratch,
-                    silence_logs=logging.CRITICAL,
-                    resources=_local_resources(),
-                )
-                self._client = Client(self._cluster, timeout=CONNECT_TIMEOUT)
-                # every worker, before the token and the spec go out: a worker
-                # that registers later would prove nothing and hold no copy
-                self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
+                self._start_local_cluster(options, jobs)
             else:
-                if not options.scheduler:
-                    raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
-                try:
-                    self._client = Client(options.scheduler, timeout=CONNECT_TIMEOUT)
-                except (OSError, TimeoutError) as exc:
-                    raise OperationalError(
-                        f"cannot reach the Dask scheduler {options.scheduler}: {exc}"
-                    ) from None
-                try:
-                    self._client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)
-                except TimeoutError:
-                    raise OperationalError(
-                        f"the Dask scheduler {options.scheduler} has no worker"
-                    ) from None
-            self._prove_state(options.state)
-            self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
-            self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
-            self._spec_value = _Spec(
-                run_id=self.run_id,
-                plan=runner.plan,
-                tasks=dict(runner.tasks),
-                options=_absolute(options),
-                emit_cap=runner.emit_cap,
-                environ=dict(runner.environ),
-                pack_dir=runner.pack_dir,
-                slots=self._slots,
-            )
-            self._spec = self._scatter_spec()
+                self._connect(options)
+            self._prepare_run(options, runner)
         except BaseException:
             self.close()
             raise
+
+    def _start_local_cluster(self, options: RunOptions, jobs: int) -> None:
+        """dask-local: a cluster of worker processes on this host, every worker
+        registered before the token and the spec go out."""
+        from distributed import Client, LocalCluster
+
+        layout = local_layout(jobs, options.workers, options.threads_per_worker)
+        self.window = layout.window
+        self._slots = {str(i): n for i, n in enumerate(layout.slots)}
+        self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
+        self._cluster = cast(Any, LocalCluster)(
+            n_workers=len(layout.slots),
+            threads_per_worker=layout.threads,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            # the scheduler's HTTP server (health, metrics) still starts
+            # without a dashboard, on 8787 by default: a port another
+            # cluster may hold, and Dask then warns on our stderr
+            scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+            local_directory=self._scratch,
+            silence_logs=logging.CRITICAL,
+            resources=_local_resources(),
+        )
+        self._client = cast(Any, Client)(self._cluster, timeout=CONNECT_TIMEOUT)
+        # every worker, before the token and the spec go out: a worker
+        # that registers later would prove nothing and hold no copy
+        self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
+
+    def _connect(self, options: RunOptions) -> None:
+        """--executor dask: the scheduler at --scheduler, with a worker at least."""
+        from distributed import Client
+
+        if not options.scheduler:
+            raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
+        try:
+            self._client = cast(Any, Client)(options.scheduler, timeout=CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            raise OperationalError(
+                f"cannot reach the Dask scheduler {options.scheduler}: {exc}"
+            ) from None
+        try:
+            self._client.wait_for_workers(1, timeout=CONNECT_TIMEOUT)
+        except TimeoutError:
+            raise OperationalError(
+                f"the Dask scheduler {options.scheduler} has no worker"
+            ) from None
+
+    def _prepare_run(self, options: RunOptions, runner: UnitRunner) -> None:
+        """Prove the workers see this state, check the tasks' resources, listen
+        for the workers' events and scatter the run's spec."""
+        self._prove_state(options.state)
+        self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
+        self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
+        self._spec_value = _Spec(
+            run_id=self.run_id,
+            plan=runner.plan,
+            tasks=dict(runner.tasks),
+            options=_absolute(options),
+            emit_cap=runner.emit_cap,
+            environ=dict(runner.environ),
+            pack_dir=runner.pack_dir,
+            slots=self._slots,
+        )
+        self._spec = self._scatter_spec()
 
     def _scatter_spec(self) -> Any:
         """The run's spec on every worker (one future the units depend on)."""

@@ -42,8 +42,9 @@ from crucible.run import _verdict as verdict_rules
 from crucible.run._agent_io import AgentStdout, stdin_source
 from crucible.run._environ import task_environment
 from crucible.run._failures import TAIL_BYTES, add_log_fields, compose_note, tail_text
+from crucible.run._launch import launch
 from crucible.run._options import RunOptions
-from crucible.run._procs import TaskProcess, kill_group, spawn
+from crucible.run._procs import TaskProcess, kill_group
 from crucible.run._recycle import WorkspacePool
 from crucible.run._unit_cache import cacheable
 from crucible.run._workers import Channel
@@ -579,46 +580,8 @@ class UnitRunner:
             env["CRUCIBLE_PROMPT"] = prepared["prompt_env"]
         return env
 
-    @staticmethod
-    def _launch(
-        argv: list[str],
-        env: dict[str, str],
-        workspace: Path,
-        timeout: Any,
-        stdin: str,
-        agent: bool,
-    ) -> tuple[TaskProcess, int, AgentStdout | None]:
-        """Start the task with stdout+stderr on a pipe (an agent's stdout on a
-        second one); return it, the pipe's read end (non-blocking) and the
-        agent's stdout."""
-        out_r, out_w = os.pipe2(os.O_CLOEXEC)
-        resp_r, resp_w = os.pipe2(os.O_CLOEXEC) if agent else (-1, -1)
-        try:
-            now = time.monotonic()
-            proc = spawn(
-                argv,
-                env=env,
-                cwd=workspace,
-                log_fd=out_w,
-                started=now,
-                deadline=None if timeout is None else now + float(timeout),
-                stdin=stdin,
-                stdout_fd=resp_w if agent else None,
-            )
-        except BaseException:
-            os.close(out_r)
-            if agent:
-                os.close(resp_r)
-            raise
-        finally:
-            os.close(out_w)
-            if agent:
-                os.close(resp_w)
-        os.set_blocking(out_r, False)
-        if not agent:
-            return proc, out_r, None
-        os.set_blocking(resp_r, False)
-        return proc, out_r, AgentStdout(resp_r)
+    #: starts an attempt's process (crucible.run._launch; a Dask worker wraps it)
+    _launch = staticmethod(launch)
 
     def _wait(
         self,
