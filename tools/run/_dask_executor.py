@@ -41,11 +41,9 @@ from crucible.run._reaper import Reaper
 from crucible.run._unit import Slots, UnitRunner
 from crucible.run._workers import Reply
 
-__all__ = ["INSTALL_HINT", "TOKEN_NAME", "DaskExecutor", "check_options", "import_distributed"]
+__all__ = ["INSTALL_HINT", "DaskExecutor", "check_options", "import_distributed"]
 
 INSTALL_HINT = "--executor dask needs Dask distributed: pip install 'crucible[dask]'"
-#: the file under STATE each worker must read before the run starts
-TOKEN_NAME = "executor-token"
 #: bound on connecting to a scheduler and on its workers' first answer
 CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
@@ -515,8 +513,9 @@ class DaskExecutor:
     def _prove_state(self, state: Path) -> None:
         """Every worker reads a token written here; refuse (exit 3) otherwise."""
         from crucible.core import atomic
+        from crucible.stage import StateLayout
 
-        path = state / TOKEN_NAME
+        path = StateLayout(state).executor_token_path
         token = f"{socket.gethostname()} {os.getpid()} {self.run_id}\n"
         atomic.write_bytes(path, token.encode("utf-8"))
         answers = self._client.run(_check_token, str(path), token)

@@ -54,7 +54,7 @@ class LoopRun:
         for t in self.order:
             for n in self.body_needs[t]:
                 self.body_consumers[n].append(t)
-        self.path = dispatcher.state / "loop.json"
+        self.path = dispatcher.layout.loop_path
         #: settled revisions, as loop.json lists them
         self.revisions: list[dict[str, Any]] = []
         self.kept: int | None = None

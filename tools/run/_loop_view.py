@@ -170,8 +170,9 @@ def load(state: Path, loop: dict[str, Any] | None = None) -> LoopView | None:
     import orjson
 
     from crucible.run._report_state import read_regular
+    from crucible.stage import StateLayout
 
-    path = state / "loop.json"
+    path = StateLayout(state).loop_path
     data = read_regular(path, "loop.json")
     if data is None:
         return None

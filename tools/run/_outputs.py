@@ -67,10 +67,16 @@ def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str
     return doc
 
 
+def _layout(state: Path) -> Any:
+    from crucible.stage import StateLayout  # lazily: stage is heavy for --help
+
+    return StateLayout(state)
+
+
 def write_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> bytes:
     """Write ``STATE/outputs.json`` atomically; returns its bytes."""
     data = canon.dumps(build_outputs(plan, state, digest, status))
-    atomic.write_bytes(state / "outputs.json", data)
+    atomic.write_bytes(_layout(state).outputs_path, data)
     return data
 
 
@@ -105,12 +111,11 @@ def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
     device is written through, a regular file replaced atomically)."""
     from crucible.core.output import write_output, write_stream
 
+    path = _layout(state).outputs_path
     try:
-        data = (state / "outputs.json").read_bytes()
+        data = path.read_bytes()
     except OSError as exc:
-        raise OperationalError(
-            f"cannot read: {exc.strerror}", where=str(state / "outputs.json")
-        ) from None
+        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
     if target == "-":
         write_stream(out, data + b"\n")
     else:

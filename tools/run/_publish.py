@@ -155,7 +155,9 @@ def _remove(path: Path) -> None:
 def _workdir(state: Path, parent: Path) -> Path:
     """Where a destination is built: under STATE when a rename can move it to
     ``parent`` (the same file system), else beside the destination."""
-    scratch = state / ".publish"
+    from crucible.stage import StateLayout
+
+    scratch = StateLayout(state).publish_scratch
     try:
         if os.stat(state).st_dev == os.stat(parent).st_dev:
             scratch.mkdir(exist_ok=True)
@@ -233,7 +235,9 @@ def publish(
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OperationalError(f"cannot create: {exc.strerror}", where=str(target)) from None
-    _sweep(state / ".publish")
+    from crucible.stage import StateLayout
+
+    _sweep(StateLayout(state).publish_scratch)
     manifests = []
     for dest, spec in plan["workflow"].get("publish", {}).items():
         files = _collect(plan, state, dest, spec)

@@ -44,6 +44,22 @@ class StateLayout:
         return self.state / "outputs.json"
 
     @property
+    def loop_path(self) -> Path:
+        """IR v3: the scored loop's revisions (loop.md; schema loop.json)."""
+        return self.state / "loop.json"
+
+    @property
+    def executor_token_path(self) -> Path:
+        """``executor-token``: what every Dask worker must read back (run.md, Executors)."""
+        return self.state / "executor-token"
+
+    @property
+    def publish_scratch(self) -> Path:
+        """``.publish/``: where --publish-dir builds a destination on STATE's file
+        system (run.md, "Published files")."""
+        return self.state / ".publish"
+
+    @property
     def results_root(self) -> Path:
         return self.state / "results"
 
@@ -105,6 +121,11 @@ class StateLayout:
     def work_dir(self, task: str, key: str | None = None) -> Path:
         """``work/<task>``, or ``work/<task>/<escaped key>``."""
         return self._under(self.work_root, task, key)
+
+    def shared_dir(self, task: str, key: str | None = None) -> Path:
+        """``shared/<task>``, or ``shared/<task>/<escaped key>``: a unit's published
+        copy (inputs.md 3.4)."""
+        return self._under(self.shared_root, task, key)
 
     @property
     def reserved_root(self) -> Path:

@@ -8,6 +8,7 @@ from typing import Any
 from crucible.core import canon
 from crucible.core.errors import OperationalError, ParseError
 from crucible.core.fdio import read_file
+from crucible.stage._layout import StateLayout
 
 __all__ = ["loop_outcome"]
 
@@ -16,7 +17,7 @@ def loop_outcome(state: Path) -> dict[str, Any]:
     """``{stop_reason, revisions, kept_revision, best_score}`` from ``STATE/loop.json``
     (the dispatcher writes it atomically after every revision); a loop that never
     started has run no revision."""
-    path = Path(state) / "loop.json"
+    path = StateLayout(Path(state)).loop_path
     try:
         doc = canon.loads(read_file(path))
     except FileNotFoundError:

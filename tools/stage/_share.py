@@ -54,6 +54,7 @@ from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
 from crucible.stage._files import copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
+from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
 
 __all__ = [
@@ -123,16 +124,17 @@ class Unit:
 
 
 def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
-    """The units of ``task`` whose captured files exist, in name order. (Task
-    names are checked by the caller's layout; escaped keys never start with @,
-    stage's temporaries always do.)"""
-    files = state / "files" / task
-    packed = state / "results" / (task + ".jsonl")
-    shared = state / SHARED_ROOT / task
+    """The units of ``task`` whose captured files exist, in name order. (The
+    layout checks the task name; escaped keys never start with @, stage's
+    temporaries always do.)"""
+    layout = StateLayout(state)
+    files = layout.files_dir(task)
+    shared = layout.shared_dir(task)
     if not mapped:
         if not files.is_dir():
             return []
-        return [Unit(files, state / "results" / (task + ".json"), shared, task, task)]
+        return [Unit(files, layout.result_path(task), shared, task, task)]
+    packed = layout.packed_path(task)
     try:
         names = sorted(n for n in os.listdir(files) if not n.startswith("@"))
     except (FileNotFoundError, NotADirectoryError):
@@ -157,7 +159,7 @@ def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
 def _locked(state: Path) -> Any:
     """One lock per state's shared root: publishing, restoring and linking are
     serialized between workers (each is short: a stat and a link per file)."""
-    root = state / SHARED_ROOT
+    root = StateLayout(state).shared_root
     try:
         root.mkdir(exist_ok=True)
         fd = os.open(root / "@lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

@@ -33,7 +33,7 @@ from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fsio import NotRegular, open_regular
 from crucible.stage._fsio import write_atomic
-from crucible.stage._names import check_task_name
+from crucible.stage._layout import StateLayout
 
 __all__ = [
     "PACKED_SUFFIX",
@@ -57,12 +57,12 @@ TOMBSTONE = "removed"
 
 def plain_path(state: Path, task: str) -> Path:
     """``results/<task>.json``: an unmapped task's record, or a mapped task's aggregate."""
-    return Path(state) / "results" / (check_task_name(task) + ".json")
+    return StateLayout(Path(state)).result_path(task)
 
 
 def packed_path(state: Path, task: str) -> Path:
     """``results/<task>.jsonl``: the records of every keyed unit of ``task``."""
-    return Path(state) / "results" / (check_task_name(task) + PACKED_SUFFIX)
+    return StateLayout(Path(state)).packed_path(task)
 
 
 def record_path(state: Path, task: str, key: str | None) -> Path:
