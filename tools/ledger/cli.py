@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from crucible import __version__
+
+if TYPE_CHECKING:
+    from crucible.ledger.commands import KeySpec
 
 PROG = "crucible-ledger"
 _RUN_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -89,53 +94,52 @@ def _reader_went_away() -> int:
     return 0
 
 
-def _step_options(func: Any) -> Any:
-    func = click.option("--step", default=None, help="The step, verbatim.")(func)
-    func = key_file_option(func)
-    func = key_option(func)
-    func = scope_option(func)
-    func = dir_option(func)
-    return click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")(
-        func
-    )
+def _step_options(func: Callable[..., int]) -> Callable[..., int]:
+    """--dir, --scope, --key, --key-file, --step and ``-- CMD``: how get and put
+    name a step, handed to the command as ``(directory, scope, spec)``."""
+
+    @functools.wraps(func)
+    def with_spec(
+        directory: str,
+        scope: str,
+        keys: tuple[str, ...],
+        key_files: tuple[str, ...],
+        step: str | None,
+        argv: tuple[str, ...],
+        **rest: Any,
+    ) -> int:
+        from crucible.ledger.commands import KeySpec
+
+        return func(directory, scope, KeySpec(step, keys, key_files, argv), **rest)
+
+    wrapped: Any = click.option("--step", default=None, help="The step, verbatim.")(with_spec)
+    wrapped = key_file_option(wrapped)
+    wrapped = key_option(wrapped)
+    wrapped = scope_option(wrapped)
+    wrapped = dir_option(wrapped)
+    argument = click.argument("argv", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD ARGS...]")
+    return argument(wrapped)  # type: ignore[no-any-return]
 
 
 @cli.command(context_settings=_RUN_CONTEXT)
 @_step_options
-def get(
-    directory: str,
-    scope: str,
-    keys: tuple[str, ...],
-    key_files: tuple[str, ...],
-    step: str | None,
-    argv: tuple[str, ...],
-) -> int:
+def get(directory: str, scope: str, spec: KeySpec) -> int:
     """Print a recorded reply as JSON (with "cached": true); exit 1 on a miss.
 
     Name the step with --step, or with the same --key/--key-file/-- CMD as `run`.
     """
-    from crucible.ledger.commands import KeySpec, do_get
+    from crucible.ledger.commands import do_get
 
-    spec = KeySpec(step, keys, key_files, argv)
     return do_get(directory, scope, spec, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
 
 
 @cli.command(context_settings=_RUN_CONTEXT)
 @_step_options
 @click.option("--failed", is_flag=True, help="Record a deterministic failure, not a success.")
-def put(
-    directory: str,
-    scope: str,
-    keys: tuple[str, ...],
-    key_files: tuple[str, ...],
-    step: str | None,
-    argv: tuple[str, ...],
-    failed: bool,
-) -> int:
+def put(directory: str, scope: str, spec: KeySpec, failed: bool) -> int:
     """Record the JSON value on stdin as the step's settled result."""
-    from crucible.ledger.commands import KeySpec, do_put
+    from crucible.ledger.commands import do_put
 
-    spec = KeySpec(step, keys, key_files, argv)
     return do_put(directory, scope, spec, failed, stdin=sys.stdin.buffer, stdout=sys.stdout.buffer)
 
 
