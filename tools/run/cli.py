@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 
@@ -20,6 +22,25 @@ from crucible.core.cli import run as run_command
 from crucible.run._options import JOBS_MAX, RunOptions
 
 __all__ = ["main"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _flag(*decls: str, help: str) -> Callable[[_F], _F]:
+    """A boolean option: ``--x`` present or not (most of run's options)."""
+    return click.option(*decls, is_flag=True, help=help)
+
+
+def _cache_option(help: str) -> Callable[[_F], _F]:
+    """``--cache DIR`` (``$CRUCIBLE_CACHE``): run's and the cache commands'."""
+    return click.option(
+        "--cache",
+        "cache",
+        type=click.Path(path_type=Path),
+        envvar="CRUCIBLE_CACHE",
+        metavar="DIR",
+        help=help,
+    )
 
 
 class _DefaultRunGroup(click.Group):
@@ -87,19 +108,13 @@ def cli() -> None:
     metavar="BYTES",
     help="Cap per declared emits field (default $CRUCIBLE_EMIT_CAP or 65536).",
 )
-@click.option(
-    "--resume", is_flag=True, help="Continue the run in --state; refuses if the plan changed."
+@_flag("--resume", help="Continue the run in --state; refuses if the plan changed.")
+@_flag(
+    "--retry-failed", help="With --resume: failed and skipped units, and all downstream, run again."
 )
-@click.option(
-    "--retry-failed",
-    is_flag=True,
-    help="With --resume: failed and skipped units, and all downstream, run again.",
-)
-@click.option(
-    "--fresh", is_flag=True, help="Start over; an earlier run in --state moves to STATE.prev."
-)
-@click.option("-n", "--dry-run", is_flag=True, help="Print what would run and why; run nothing.")
-@click.option("--json", "as_json", is_flag=True, help="With --dry-run: NDJSON lines on stdout.")
+@_flag("--fresh", help="Start over; an earlier run in --state moves to STATE.prev.")
+@_flag("-n", "--dry-run", help="Print what would run and why; run nothing.")
+@_flag("--json", "as_json", help="With --dry-run: NDJSON lines on stdout.")
 @click.option(
     "--target",
     "targets",
@@ -107,15 +122,10 @@ def cli() -> None:
     metavar="NAME",
     help="Run only NAME and its ancestors (repeatable).",
 )
-@click.option(
-    "--fail-fast", is_flag=True, help="Stop at the first failure (running tasks are stopped)."
-)
-@click.option(
-    "--follow", is_flag=True, help="Stream task output lines to stderr, prefixed task[key]."
-)
-@click.option(
+@_flag("--fail-fast", help="Stop at the first failure (running tasks are stopped).")
+@_flag("--follow", help="Stream task output lines to stderr, prefixed task[key].")
+@_flag(
     "--keep-workspaces",
-    is_flag=True,
     help="Keep every unit's workspace (passed fan-out instances' are otherwise recycled).",
 )
 @click.option(
@@ -133,14 +143,7 @@ def cli() -> None:
     metavar="DIR",
     help="At the end, publish the [workflow.publish] files into DIR.",
 )
-@click.option(
-    "--cache",
-    "cache",
-    type=click.Path(path_type=Path),
-    envvar="CRUCIBLE_CACHE",
-    metavar="DIR",
-    help="Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).",
-)
+@_cache_option("Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).")
 @click.option(
     "--executor",
     type=click.Choice(["local", "dask", "dask-local"]),
@@ -226,7 +229,7 @@ def run_cmd(
     metavar="FILE",
     help="Write a self-contained HTML timeline to FILE (- = stdout).",
 )
-@click.option("--json", "as_json", is_flag=True, help="NDJSON rows on stdout instead of a table.")
+@_flag("--json", "as_json", help="NDJSON rows on stdout instead of a table.")
 def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> int:
     """Summarise the run in STATE: one row per task (per instance with TASK)."""
     from crucible.run.commands import ReportOptions, run_report
@@ -239,14 +242,7 @@ def cache_group() -> None:
     """Inspect and trim a task cache (docs/spec/cache.md)."""
 
 
-_CACHE_OPTION = click.option(
-    "--cache",
-    "cache",
-    type=click.Path(path_type=Path),
-    envvar="CRUCIBLE_CACHE",
-    metavar="DIR",
-    help="The task cache directory ($CRUCIBLE_CACHE).",
-)
+_CACHE_OPTION = _cache_option("The task cache directory ($CRUCIBLE_CACHE).")
 
 
 @cache_group.command("forget")
