@@ -67,26 +67,21 @@ def _fast_ok(value: Any, path: str) -> bool:
             if depth >= MAX_DEPTH:
                 raise CanonError(f"nesting deeper than {MAX_DEPTH} levels", location=Location(path=path))
             inner = depth + 1
+            items = v
             if t is dict:
-                for k, item in v.items():
+                for k in v:
                     if type(k) is not str:
                         raise CanonError(f"object key {k!r} is not a string", location=Location(path=path))
                     if fast and k and not k.isascii() and max(k) >= "\ue000":
                         fast = False
-                    ti = type(item)
-                    if ti is str or item is None or ti is bool:
-                        continue
-                    if ti is int and -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
-                        continue
-                    push((item, inner))
-            else:
-                for item in v:
-                    ti = type(item)
-                    if ti is str or item is None or ti is bool:
-                        continue
-                    if ti is int and -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
-                        continue
-                    push((item, inner))
+                items = v.values()
+            for item in items:
+                ti = type(item)
+                if ti is str or item is None or ti is bool:
+                    continue
+                if ti is int and -MAX_SAFE_INTEGER <= item <= MAX_SAFE_INTEGER:
+                    continue
+                push((item, inner))
             continue
         if t is str or v is None or t is bool:
             continue  # lone surrogates: orjson refuses them; the slow path checks

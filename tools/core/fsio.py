@@ -220,20 +220,10 @@ def read_named(
 
 def clear_path(path: Path) -> None:
     """Remove whatever occupies ``path`` (a file, a symlink — never followed —, a
-    FIFO, or a whole directory tree a previous attempt left there)."""
+    FIFO, or a whole directory tree a previous attempt left there): what
+    :func:`remove_tree` does, its OSError one OperationalError."""
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise OperationalError(f"cannot clear {path}: {exc.strerror or exc}") from None
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            remove_tree(path)
-        else:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+        remove_tree(path)
     except OSError as exc:
         raise OperationalError(f"cannot clear {path}: {exc.strerror or exc}") from None
 
