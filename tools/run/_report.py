@@ -519,10 +519,10 @@ def row_json(r: Row) -> dict[str, Any]:
         "log": r.log,
         "stderr_tail": r.stderr_tail,
     }
-    if r.cached:
-        data["cached"] = True
-    if r.tolerated:
-        data["tolerated"] = True
+    # flags appear only when true (report-row.json), so a plain row stays short
+    data.update(
+        {flag: True for flag, on in (("cached", r.cached), ("tolerated", r.tolerated)) if on}
+    )
     if r.key is None and r.mapped and r.instances is not None:
         data["instances"] = r.instances
         data["instance_status"] = dict(r.counts)

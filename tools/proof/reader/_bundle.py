@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible.proof.reader._display import escaped
-from crucible.proof.reader._findings import Inability, Problem
+from crucible.proof.reader._findings import Inability, Problem, over_bound
 
 __all__ = ["BundleTree", "walk_bundle"]
 
@@ -67,12 +67,7 @@ class BundleTree:
                 if not stat.S_ISREG(st.st_mode):
                     raise Problem("input-malformed", 1, "not a regular file", path=rel)
                 if st.st_size > ceiling:
-                    raise Problem(
-                        "input-over-bound",
-                        1,
-                        f"{st.st_size} bytes exceed the ceiling of {ceiling}",
-                        path=rel,
-                    )
+                    raise over_bound(f"{st.st_size} bytes exceed the ceiling of {ceiling}", rel)
                 chunks: list[bytes] = []
                 remaining = ceiling + 1
                 while remaining > 0:
@@ -89,7 +84,7 @@ class BundleTree:
         finally:
             os.close(fd)
         if len(data) > ceiling:  # grew after fstat
-            raise Problem("input-over-bound", 1, f"more than {ceiling} bytes", path=rel)
+            raise over_bound(f"more than {ceiling} bytes", rel)
         return data
 
     @property
@@ -149,9 +144,7 @@ def walk_bundle(root: Path, *, max_entries: int) -> BundleTree:
         for entry in listing:
             entries += 1
             if entries > max_entries:
-                raise Problem(
-                    "input-over-bound", 1, f"the bundle holds more than {max_entries} entries"
-                )
+                raise over_bound(f"the bundle holds more than {max_entries} entries")
             rel = f"{rel_dir}{entry.name}"
             if not _portable(entry.name):
                 if tree.bad_name is None:

@@ -15,6 +15,7 @@ __all__ = [
     "FINDING_PHASES",
     "Inability",
     "Problem",
+    "over_bound",
 ]
 
 #: every code the reader can report, with the phase(s) it belongs to
@@ -79,3 +80,9 @@ class Inability(OperationalError):
 
     def __init__(self, message: str, *, where: str | None = None) -> None:
         super().__init__(f"no verdict: {message}", where=where)
+
+
+def over_bound(message: str, path: str | None = None, epoch: int | None = None) -> Problem:
+    """Phase 1's ``input-over-bound`` refusal: the one shape of every bound the
+    reader checks before it trusts a size, a count or a depth."""
+    return Problem("input-over-bound", 1, message, path=path, epoch=epoch)

@@ -13,7 +13,7 @@ from typing import Any
 
 from crucible.core.digest import is_digest
 from crucible.proof import layout
-from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._findings import Problem, over_bound
 
 __all__ = [
     "EPOCH_KINDS",
@@ -209,15 +209,10 @@ def check_proof_root(
     if blocks is None:
         raise _bad("epochBlocks is not an array of arrays", path)
     if len(blocks) > layout.MAX_BLOCKS:
-        raise Problem(
-            "input-over-bound",
-            1,
-            f"{len(blocks)} epoch blocks (at most {layout.MAX_BLOCKS})",
-            path=path,
-        )
+        raise over_bound(f"{len(blocks)} epoch blocks (at most {layout.MAX_BLOCKS})", path)
     for b in blocks:
         if b > layout.MAX_EPOCHS_PER_BLOCK:
-            raise Problem("input-over-bound", 1, f"a block of {b} epochs", path=path)
+            raise over_bound(f"a block of {b} epochs", path)
     if not blocks:
         raise _bad("epochBlocks is empty (P0 is never an export)", path)
     for i, b in enumerate(blocks):
@@ -279,13 +274,7 @@ def check_epoch(e: Any, number: int, path: str = layout.ADMISSION_PROOF) -> None
         if not is_stage(e["stage"]) or not _is_posint(e["revision"]):
             raise _bad("bad stage or revision", path, number)
         if e["revision"] > layout.MAX_REVISIONS:
-            raise Problem(
-                "input-over-bound",
-                1,
-                f"revision {e['revision']} > {layout.MAX_REVISIONS}",
-                path=path,
-                epoch=number,
-            )
+            raise over_bound(f"revision {e['revision']} > {layout.MAX_REVISIONS}", path, number)
         if not is_digest(e["selectionCoreDigest"]):
             raise _bad("selectionCoreDigest is not a digest", path, number)
         ids = e["childIds"]

@@ -21,7 +21,7 @@ import orjson
 
 from crucible.core import canon
 from crucible.proof import layout
-from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._findings import over_bound
 from crucible.proof.reader._strict import JsonBounds, check_bounds, parse_json
 
 __all__ = ["Proof", "load_proof"]
@@ -119,9 +119,7 @@ def load_proof(data: bytes, path: str, bounds: JsonBounds) -> Proof:
                     return _whole(data, path, bounds)
                 count += 1
                 if count > layout.MAX_EPOCHS_PER_BLOCK:
-                    raise Problem(
-                        "input-over-bound", 1, f"a block of more than {count - 1} epochs", path=path
-                    )
+                    raise over_bound(f"a block of more than {count - 1} epochs", path)
                 check_bounds(epoch, path, bounds, depth=4)
                 try:
                     if canon.dumps(epoch) != data[pos:end]:
@@ -137,9 +135,7 @@ def load_proof(data: bytes, path: str, bounds: JsonBounds) -> Proof:
                     return _whole(data, path, bounds)
             blocks.append(count)
             if len(blocks) > layout.MAX_BLOCKS:
-                raise Problem(
-                    "input-over-bound", 1, f"more than {layout.MAX_BLOCKS} epoch blocks", path=path
-                )
+                raise over_bound(f"more than {layout.MAX_BLOCKS} epoch blocks", path)
             sep, pos = text[pos : pos + 1], pos + 1
             if sep == "]":
                 break

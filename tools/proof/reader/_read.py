@@ -17,7 +17,7 @@ from crucible.core import digest
 from crucible.proof import layout
 from crucible.proof.reader import _forms as forms
 from crucible.proof.reader._bundle import BundleTree, walk_bundle
-from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._findings import Problem, over_bound
 from crucible.proof.reader._model import PINS, StageDef
 from crucible.proof.reader._proofstream import Proof, load_proof
 from crucible.proof.reader._strict import JsonBounds, parse_json
@@ -221,14 +221,7 @@ class _BundleRead:
         for path, size in tree.sizes.items():
             ceiling = self.ceiling(path)
             if size > ceiling:
-                col.note(
-                    Problem(
-                        "input-over-bound",
-                        1,
-                        f"{size} bytes exceed the ceiling of {ceiling}",
-                        path=path,
-                    )
-                )
+                col.note(over_bound(f"{size} bytes exceed the ceiling of {ceiling}", path))
         if col.any("input-over-bound"):
             col.settle()  # refused from sizes alone, before any byte is read
         if tree.irregular is not None:
@@ -269,11 +262,9 @@ class _BundleRead:
             supplied_bytes > limits["maxBytes"] or supplied_files > limits["maxFiles"]
         ):
             self.col.note(
-                Problem(
-                    "input-over-bound",
-                    1,
+                over_bound(
                     f"the export holds {supplied_bytes} bytes in {supplied_files} files "
-                    f"(maxBytes {limits['maxBytes']}, maxFiles {limits['maxFiles']})",
+                    f"(maxBytes {limits['maxBytes']}, maxFiles {limits['maxFiles']})"
                 )
             )
             self.col.settle()

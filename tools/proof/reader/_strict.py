@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from crucible.core import canon
-from crucible.proof.reader._findings import Problem
+from crucible.proof.reader._findings import Problem, over_bound
 
 __all__ = ["JsonBounds", "check_bounds", "parse_json"]
 
@@ -41,9 +41,7 @@ def parse_json(data: bytes, path: str, bounds: JsonBounds, *, canonical: bool) -
         value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         if "depth limit" in str(exc) or "recursion" in str(exc):
-            raise Problem(
-                "input-over-bound", 1, f"nesting deeper than {bounds.depth}", path=path
-            ) from None
+            raise over_bound(f"nesting deeper than {bounds.depth}", path) from None
         raise Problem("input-malformed", 1, f"invalid JSON: {exc}", path=path) from None
     _measure(value, path, bounds)
     if canonical:
@@ -117,20 +115,15 @@ def _measure(value: Any, path: str, bounds: JsonBounds, start: int = 1) -> None:
         t = type(v)
         if t is dict or t is list:
             if depth > bounds.depth:
-                raise Problem(
-                    "input-over-bound", 1, f"nesting deeper than {bounds.depth}", path=path
-                )
+                raise over_bound(f"nesting deeper than {bounds.depth}", path)
             if len(v) > bounds.members:
-                raise Problem(
-                    "input-over-bound",
-                    1,
-                    f"a container holds {len(v)} members (at most {bounds.members})",
-                    path=path,
+                raise over_bound(
+                    f"a container holds {len(v)} members (at most {bounds.members})", path
                 )
             if t is dict:
                 for k, item in v.items():
                     if len(k.encode("utf-8", "surrogatepass")) > bounds.string_bytes:
-                        raise Problem("input-over-bound", 1, "an object key is too long", path=path)
+                        raise over_bound("an object key is too long", path)
                     stack.append((item, depth + 1))
             else:
                 stack.extend((item, depth + 1) for item in v)
@@ -139,12 +132,7 @@ def _measure(value: Any, path: str, bounds: JsonBounds, start: int = 1) -> None:
                 len(v) > bounds.string_bytes // 4
                 and len(v.encode("utf-8", "surrogatepass")) > bounds.string_bytes
             ):
-                raise Problem(
-                    "input-over-bound",
-                    1,
-                    f"a string exceeds {bounds.string_bytes} bytes",
-                    path=path,
-                )
+                raise over_bound(f"a string exceeds {bounds.string_bytes} bytes", path)
         elif t is int and not -_MAX_SAFE <= v <= _MAX_SAFE and malformed is None:
             malformed = f"integer {v} is outside ±(2^53−1)"
     if malformed is not None:
