@@ -38,6 +38,7 @@ from crucible.proof.writer._received import (
     depth_ok,
     output_records,
     read_artifact,
+    strict_json,
 )
 from crucible.proof.writer._state import PINS, Attempt, Instance, State, control_dumps
 
@@ -238,12 +239,7 @@ class Engine:
             case = read_artifact(self.artifacts, op.case, where)
         except TooLarge as exc:
             raise InputRefused(str(exc), where=where) from None
-        try:
-            value = canon.loads(case)
-        except canon.CanonError as exc:
-            raise InputRefused(
-                f"root case is not strict JSON: {exc.message}", where=where
-            ) from None
+        value = strict_json(case, "root case", where)
         if not isinstance(value, dict) or canon.dumps(value) != case:
             raise InputRefused("the root case must be a canonical JSON object", where=where)
         if not depth_ok(value):

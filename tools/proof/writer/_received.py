@@ -19,6 +19,7 @@ __all__ = [
     "depth_ok",
     "read_artifact",
     "resolve_pointer",
+    "strict_json",
 ]
 
 MAX_NESTING = 64
@@ -85,13 +86,16 @@ def depth_ok(value: Any, limit: int = MAX_NESTING) -> bool:
     return True
 
 
-def _json_object(data: bytes, what: str, where: Location) -> dict[str, Any]:
+def strict_json(data: bytes, what: str, where: Location, note: str = "") -> Any:
+    """``data`` as strict JSON (crucible.core.canon), or one refusal naming ``what``."""
     try:
-        value = canon.loads(data)
+        return canon.loads(data)
     except canon.CanonError as exc:
-        raise InputRefused(
-            f"{what} is not strict JSON (input-malformed): {exc.message}", where=where
-        ) from None
+        raise InputRefused(f"{what} is not strict JSON{note}: {exc.message}", where=where) from None
+
+
+def _json_object(data: bytes, what: str, where: Location) -> dict[str, Any]:
+    value = strict_json(data, what, where, " (input-malformed)")
     if not isinstance(value, dict):
         raise InputRefused(f"{what} must be a JSON object (input-malformed)", where=where)
     if not depth_ok(value):
