@@ -18,6 +18,7 @@ __all__ = [
     "EXECUTION",
     "FINALIZATION_FILES",
     "ID_RE",
+    "LIMIT_NAMES",
     "MAX_BLOCKS",
     "MAX_EPOCHS_PER_BLOCK",
     "MAX_PROOF_ARRAY",
@@ -86,6 +87,18 @@ _BUNDLE_PATH_RE = re.compile(
     | outputs/{_STAGE}/{_ID}/{_N}/(?:0|{_N})\.(?:payload|envelope)\.json
     )\Z""",
     re.VERBOSE | re.DOTALL,
+)
+
+#: workflow.json's ``limits`` member names, in their order (workflow.md §2): the
+#: writer loads them and the reader checks them, so both sides agree on the form
+LIMIT_NAMES = (
+    "maxBytes",
+    "maxFiles",
+    "maxInstances",
+    "maxAttempts",
+    "maxRecords",
+    "maxCaseBytes",
+    "maxPayloadBytes",
 )
 
 MAX_BLOCKS = 32

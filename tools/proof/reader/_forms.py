@@ -44,18 +44,6 @@ EPOCH_KINDS: dict[str, tuple[str, ...]] = {
     "group": ("reservation", "starts", "deferred", "cancelled", "results"),
     "retry": ("begin", "results"),
 }
-# independent of the writer on purpose: a copy of writer/_model.py's LIMIT_NAMES; the
-# reader reaches its verdict from the bundle and the spec alone and imports no writer code
-# (DESIGN.md, docs/spec/workflow.md §10); tests/proof/reader/test_independence.py keeps it so.
-LIMIT_NAMES = (
-    "maxBytes",
-    "maxFiles",
-    "maxInstances",
-    "maxAttempts",
-    "maxRecords",
-    "maxCaseBytes",
-    "maxPayloadBytes",
-)
 
 
 def _bad(msg: str, path: str, epoch: int | None = None, obs: int | None = None) -> Problem:
@@ -140,8 +128,8 @@ def check_workflow(wf: Any, path: str = layout.WORKFLOW) -> None:
     _exact(wf, ("workflowVersion", "name", "limits", "stages"), "workflow", path)
     if not _text(wf["name"], 128):
         raise _bad("name: 1-128 characters without controls", path)
-    limits = _exact(wf["limits"], LIMIT_NAMES, "limits", path)
-    for k in LIMIT_NAMES:
+    limits = _exact(wf["limits"], layout.LIMIT_NAMES, "limits", path)
+    for k in layout.LIMIT_NAMES:
         if not _is_posint(limits[k]):
             raise _bad(f"limits.{k} is not a positive integer", path)
     stages = wf["stages"]

@@ -11,19 +11,8 @@ from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError, UnsupportedVersion
 from crucible.proof import layout
 
-__all__ = ["LIMIT_NAMES", "Limits", "Stage", "Workflow", "load_workflow", "parse_workflow"]
+__all__ = ["Limits", "Stage", "Workflow", "load_workflow", "parse_workflow"]
 
-# the reader's LIMIT_NAMES (reader/_forms.py) is independent of the writer on purpose (the
-# reader imports no writer code, DESIGN.md); both are workflow.md §2's limits member names.
-LIMIT_NAMES = (
-    "maxBytes",
-    "maxFiles",
-    "maxInstances",
-    "maxAttempts",
-    "maxRecords",
-    "maxCaseBytes",
-    "maxPayloadBytes",
-)
 MAX_STAGES = 64
 
 
@@ -142,8 +131,8 @@ def parse_workflow(data: bytes, name: str = "workflow") -> Workflow:
         )
     _closed(doc, ("workflowVersion", "name", "limits", "stages"), name)
     wf_name = _no_controls(doc["name"], f"{name}:$.name", 128)
-    lim = _closed(doc["limits"], LIMIT_NAMES, f"{name}:$.limits")
-    values = [_positive_int(lim[n], f"{name}:$.limits.{n}") for n in LIMIT_NAMES]
+    lim = _closed(doc["limits"], layout.LIMIT_NAMES, f"{name}:$.limits")
+    values = [_positive_int(lim[n], f"{name}:$.limits.{n}") for n in layout.LIMIT_NAMES]
     limits = Limits(*values)
     raw_stages = doc["stages"]
     if not isinstance(raw_stages, list) or not 1 <= len(raw_stages) <= MAX_STAGES:
