@@ -677,14 +677,11 @@ def ensure_dir(base: Path, rel: str) -> None:
     path = str(base)
     for part in rel.split("/"):
         path = f"{path}/{part}"
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            os.mkdir(path)
-            continue
-        if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):  # nothing there: make it
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                continue
             clear_path(Path(path))
-            os.mkdir(path)
+        os.mkdir(path)
 
 
 def relink_published(pub: Published, dest: Path) -> int:
