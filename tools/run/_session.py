@@ -10,7 +10,8 @@ durable.
 Result records ride the same commit: the workers write them without fsync and
 the dispatcher hands their files to :meth:`SessionLog.sync`; the writer fsyncs
 each file (and each directory that got a new name) once per batch, BEFORE the
-batch's lines, then says which batch is durable (``durable_seq``,
+batch's lines (a batch of many files: one ``syncfs`` of the state's
+filesystem instead, :mod:`crucible.run._syncfs`), then says which batch is durable (``durable_seq``,
 ``on_durable``): the dispatcher wakes a settled unit's dependants only then
 (docs/spec/run.md, "Session log").
 """
@@ -27,6 +28,7 @@ from typing import IO, Any
 from crucible.core import ndjson
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
+from crucible.run._syncfs import FsSync
 
 __all__ = ["EVENT_KINDS", "GROUP_COMMIT_WINDOW", "SessionLog", "now_text", "read_events"]
 
@@ -91,6 +93,8 @@ class SessionLog:
             raise OperationalError(
                 f"cannot open session log: {exc.strerror}", where=str(path)
             ) from None
+        #: one syncfs for a batch of many record files (on the log's filesystem)
+        self._fs = FsSync(self._fd, str(path.parent))
         self._batches: queue.SimpleQueue[tuple[bytes, tuple[str, ...], int] | None] = (
             queue.SimpleQueue()
         )
@@ -144,8 +148,7 @@ class SessionLog:
             last_sync = time.monotonic()
             if self._error is None:
                 try:
-                    for p in paths:  # the records first: the log never says more
-                        _fsync_path(p)
+                    self._sync_records(list(paths))  # first: the log never says more
                     if data:
                         write_all(self._fd, data)
                         _fsync(self._fd)
@@ -163,6 +166,15 @@ class SessionLog:
                 self.on_durable()
             if stop:
                 return
+
+    def _sync_records(self, paths: list[str]) -> None:
+        """Make the batch's record files and directories durable: one syncfs
+        of the state's filesystem for many of them, else one fsync each."""
+        if self._fs.covers(paths):
+            _syncfs(self._fs)
+            return
+        for p in paths:
+            _fsync_path(p)
 
     def _drain(self, into: list[tuple[bytes, tuple[str, ...], int]]) -> bool:
         """Move every waiting batch into ``into``; True when close() was among them."""
@@ -209,6 +221,11 @@ class SessionLog:
 def _fsync(fd: int) -> None:
     """The log's fsync (a seam: tests count and order the calls)."""
     os.fsync(fd)
+
+
+def _syncfs(fs: FsSync) -> None:
+    """The batch's syncfs (a seam: tests count and order the calls)."""
+    fs.sync()
 
 
 def _fsync_path(path: str) -> None:
