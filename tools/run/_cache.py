@@ -22,10 +22,12 @@ reported.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import os
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +36,12 @@ from typing import Any
 import orjson
 
 from crucible.core import canon, digest
+from crucible.core.fdio import write_all
 
 __all__ = [
     "CACHE_SCOPE",
     "KEY_FORMAT",
+    "RESTORED",
     "CacheKey",
     "Hit",
     "Miss",
@@ -45,6 +49,7 @@ __all__ = [
     "ancestor_files",
     "explain_miss",
     "fixed_components",
+    "restored_record",
     "scalar_digest",
     "unit_key",
     "write_quick",
@@ -309,10 +314,24 @@ def _step(ck: CacheKey) -> str:
     return f"unit:{ck.digest}"
 
 
+#: the ledger value's member naming the store file that holds the bytes a hit of
+#: a plain unit restores as its record (restored_bytes): laid by hard link
+RESTORED = "restored_record"
+
+
+def restored_record(record: Mapping[str, Any], ck: CacheKey) -> dict[str, Any]:
+    """The record a hit restores (at its first attempt, the only one looked
+    up): as captured, with ``attempt`` 1, ``cached`` and ``cache_key``."""
+    return {**record, "attempt": 1, "cached": True, "cache_key": ck.digest}
+
+
 @dataclass(frozen=True)
 class Hit:
     record: dict[str, Any]
     files: list[dict[str, Any]]
+    #: the digest of the store file holding the restored record's bytes (a
+    #: plain unit recorded by this engine), else None
+    restored: str | None = None
 
     @property
     def files_bytes(self) -> int:
@@ -364,6 +383,8 @@ class TaskCache:
         self.store = directory / "files" / "sha256"
         self._ledger: Any = None
         self._made_dirs: set[Path] = set()
+        #: hard links from the store cannot be made (set at the first failure)
+        self._links_fail = False
 
     # The ledger is opened lazily so a run whose units all miss early still
     # pays for opening it once, in the process that looks up.
@@ -410,7 +431,12 @@ class TaskCache:
         value = reply.value
         if not isinstance(value, dict) or not isinstance(value.get("record"), dict):
             return None
-        return Hit(value["record"], value.get("files", []))
+        restored = value.get(RESTORED)
+        return Hit(
+            value["record"],
+            value.get("files", []),
+            restored if isinstance(restored, str) and restored.startswith("sha256:") else None,
+        )
 
     def verify(self, ck: CacheKey, hit: Hit) -> bool:
         """Every store file of ``hit`` holds its recorded digest; else warned."""
@@ -426,6 +452,39 @@ class TaskCache:
                     "altered; running the task instead"
                 )
                 return False
+        return True
+
+    def link_record(self, ck: CacheKey, hit: Hit, target: Path) -> bool:
+        """Lay the record of a plain unit's hit at ``target`` as a hard link to the
+        store file of its bytes (no new inode, nothing written); False when there
+        is none, it no longer holds its digest, or links fail (the store on
+        another filesystem): the caller writes the record instead. A link is
+        made durable as a written record is: the group commit syncs ``target``,
+        which is the store file's inode."""
+        if hit.restored is None or self._links_fail:
+            return False
+        src = self._store_path(hit.restored)
+        try:
+            if digest.of_file(src) != hit.restored:
+                return False  # altered: written from the ledger instead
+            try:
+                os.link(src, target)
+            except FileExistsError:  # a stale record (replaced, as a write would)
+                tmp = target.with_name(f"@tmp-l{os.getpid()}-{target.name}")
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                os.link(src, tmp)
+                os.replace(tmp, target)
+            except FileNotFoundError:
+                if not target.parent.is_dir():  # the run's first record
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.link(src, target)
+                else:
+                    raise
+        except OSError as exc:
+            if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                self._links_fail = True  # EXDEV: another filesystem; EPERM: protected_hardlinks
+            return False
         return True
 
     def restore(self, hit: Hit, files_dir: Path) -> None:
@@ -457,7 +516,10 @@ class TaskCache:
         files = _record_files(record, files_dir)
         for entry in files:
             self._put_file(files_dir / entry["path"], entry["digest"])
-        value = {"record": record, "files": files}
+        value: dict[str, Any] = {"record": record, "files": files}
+        if ck.key is None:  # a plain unit: its hits link their record from the store
+            with contextlib.suppress(OSError):
+                value[RESTORED] = self._put_restored(canon.dumps(restored_record(record, ck)))
         from crucible.ledger import Outcome
 
         self._open().record(
@@ -511,7 +573,10 @@ class TaskCache:
         the record that names them."""
         import time
 
-        live = {f.get("digest") for r in self._live() for f in r["value"].get("files", [])}
+        live: set[Any] = set()
+        for r in self._live():
+            live.update(f.get("digest") for f in r["value"].get("files", []))
+            live.add(r["value"].get(RESTORED))
         removed = kept = freed = 0
         now = time.time()
         if not self.store.is_dir():
@@ -529,6 +594,30 @@ class TaskCache:
                 removed += 1
                 freed += info.st_size
         return {"removed": removed, "kept": kept, "bytes": freed}
+
+    def _put_restored(self, data: bytes) -> str:
+        """Store a restored record's bytes; returns their digest. Not fsynced:
+        a hit that links it has it synced by its group commit (a torn or lost
+        one after a crash fails its digest check, and the record is written
+        from the ledger instead: never a miss)."""
+        file_digest = digest.of_bytes(data)
+        target = self._store_path(file_digest)
+        if target.exists():
+            # Stored before: kept when it still holds those bytes, else replaced
+            with contextlib.suppress(OSError):
+                if digest.of_file(target) == file_digest:
+                    return file_digest
+        if target.parent not in self._made_dirs:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self._made_dirs.add(target.parent)
+        tmp = target.with_name(f"@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+        return file_digest
 
     def _put_file(self, src: Path, file_digest: str) -> None:
         target = self._store_path(file_digest)

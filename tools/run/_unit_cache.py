@@ -129,11 +129,19 @@ class UnitCache:
             record["cache_key"] = ck.digest
             if hit.files:
                 self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
-            # Atomic, not fsync'd here: the dispatcher hands the file to the
-            # session log's group commit, which fsyncs it before the batch
-            # holding its task_finished (Dispatcher._settle_cached). A keyed
-            # unit's is a line of its task's packed file (stage.write_result).
-            self.stage.write_result(self.state, record, durable=False)
+            # Not fsync'd here: the dispatcher hands the file to the session
+            # log's group commit, which makes it durable before the batch
+            # holding its task_finished (Dispatcher._settle_cached). A plain
+            # unit's is a hard link to the store's copy of these very bytes
+            # (crucible.run._cache.restored_record) when the cache has one; else
+            # it is written atomically (a keyed unit's: a line of its task's
+            # packed file, stage.write_result).
+            if not (
+                ck.key is None
+                and attempt == 1
+                and self.cache.link_record(ck, hit, layout.result_path(ck.task, None))
+            ):
+                self.stage.write_result(self.state, record, durable=False)
             return record
         except _CACHE_ERRORS as exc:
             self.warnings.append(
