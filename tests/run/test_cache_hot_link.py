@@ -177,3 +177,30 @@ def test_restored_record_is_the_record_a_hit_writes() -> None:
         "cached": True,
         "cache_key": _Key.digest,
     }
+
+
+@pytest.mark.parametrize("size", [0, 1, 300, 1 << 16, (1 << 16) + 1, 3 << 20])
+def test_file_digest_is_of_file(tmp_path: Path, size: int) -> None:
+    from crucible.run._cache import file_digest
+
+    p = tmp_path / "f"
+    p.write_bytes(os.urandom(size))
+    assert file_digest(p) == digest.of_file(p)
+
+
+def test_file_digest_of_a_file_it_may_not_open_noatime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from crucible.run import _cache
+
+    p = tmp_path / "f"
+    p.write_bytes(b"{}")
+    real = os.open
+
+    def no_noatime(path: Any, flags: int, *a: Any) -> int:
+        if flags & _cache._NOATIME:
+            raise PermissionError(errno.EPERM, "not the owner")
+        return real(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", no_noatime)
+    assert _cache.file_digest(p) == digest.of_bytes(b"{}")
