@@ -201,3 +201,32 @@ def test_a_fully_cached_rerun_fsyncs_no_record_file_one_by_one(tmp_path: Path) -
     assert lines.index("syncfs") < lines.index(f"fsync {tmp_path / 'hit' / 'session.jsonl'}")
     records = sorted(p.name for p in (tmp_path / "hit" / "results").iterdir())
     assert records == sorted(f"t{i}.json" for i in range(30))
+
+
+def test_a_few_hits_fsync_their_linked_records_before_the_lines(tmp_path: Path) -> None:
+    """Below the syncfs threshold each restored record is fsynced (a linked one
+    through its results/ name: the store's inode) with its directory, before
+    the batch's lines, whether it was linked or written (a keyed unit's line)."""
+    body = (
+        '[[workflow.task]]\nname = "a"\nrun = \'printf "{}" > "$CRUCIBLE_OUTPUT"\'\n'
+        '[[workflow.task]]\nname = "m"\nmap = ["x"]\nrun = "true"\n'
+    )
+    pack = tmp_path / "pack.toml"
+    pack.write_text('edition = 4\n\n[workflow]\nname = "few"\n\n' + body)
+    cache = tmp_path / "cache"
+    for state in ("rec", "hit"):
+        trace = tmp_path / f"trace-{state}.txt"
+        done = subprocess.run(
+            [sys.executable, "-c", TRACED, str(pack), "--state", str(tmp_path / state),
+             "-j", "1", "--cache", str(cache)],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "TRACE": str(trace)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    lines = trace.read_text().splitlines()
+    results = tmp_path / "hit" / "results"
+    log_sync = lines.index(f"fsync {tmp_path / 'hit' / 'session.jsonl'}")
+    for synced in (results / "a.json", results, results / "m.jsonl"):
+        assert lines.index(f"fsync {synced}") < log_sync
+    assert "syncfs" not in lines
+    assert os.stat(results / "a.json").st_nlink == 2  # linked from the store

@@ -208,24 +208,24 @@ def test_sigint_during_a_fully_cached_run_stops_the_hits(
     cache = tmp_path / "cache"
     assert _in_process(plan, tmp_path / "s1", cache, x="2", jobs=2).status == "passed"
     forks.clear()
-    real: Callable[..., Any] = UnitCache.restore
+    real: Callable[..., Any] = UnitCache._restore
     writes: list[Any] = []
 
     def signalled(self: UnitCache, ck: Any, hit: Any, attempt: int) -> Any:
         # a hit's record is restored here (linked from the store, or written)
-        record = real(self, ck, hit, attempt)
-        writes.append(record)
+        restored = real(self, ck, hit, attempt)
+        writes.append(restored)
         if len(writes) == 2:
             os.kill(os.getpid(), signal.SIGINT)
-        return record
+        return restored
 
-    monkeypatch.setattr(UnitCache, "restore", signalled)
+    monkeypatch.setattr(UnitCache, "_restore", signalled)
     with pytest.raises(Interrupted) as caught:
         _in_process(plan, tmp_path / "s2", cache, x="2", jobs=2)
     assert caught.value.exit_code == 130
     assert len(writes) == 2  # the pass ended at the signal
     assert forks == []  # and no worker was forked for the units left
-    monkeypatch.setattr(UnitCache, "restore", real)
+    monkeypatch.setattr(UnitCache, "_restore", real)
     resumed = _resume_cli(plan, tmp_path / "s2", cache)
     assert resumed.returncode == 0, resumed.stderr
     assert _settled_all(tmp_path / "s2")

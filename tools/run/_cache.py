@@ -409,6 +409,7 @@ class TaskCache:
         self.directory = directory
         self.warn = warn
         self.store = directory / "files" / "sha256"
+        self._store_dir = str(self.store)
         self._ledger: Any = None
         self._made_dirs: set[Path] = set()
         #: hard links from the store cannot be made (set at the first failure)
@@ -430,7 +431,7 @@ class TaskCache:
 
     def _store_path(self, file_digest: str) -> Path:
         hexd = file_digest.split(":", 1)[1]
-        return self.store / hexd[:2] / hexd[2:]
+        return Path(f"{self._store_dir}/{hexd[:2]}/{hexd[2:]}")
 
     def _last_path(self, task: str, key: str | None, escape_key: Callable[[str], str]) -> Path:
         name = escape_key(key) if key is not None else "@task"
@@ -482,7 +483,7 @@ class TaskCache:
                 return False
         return True
 
-    def link_record(self, ck: CacheKey, hit: Hit, target: Path) -> bool:
+    def link_record(self, ck: CacheKey, hit: Hit, target: str) -> bool:
         """Lay the record of a plain unit's hit at ``target`` as a hard link to the
         store file of its bytes (no new inode, nothing written); False when there
         is none, it no longer holds its digest, or links fail (the store on
@@ -491,21 +492,24 @@ class TaskCache:
         which is the store file's inode."""
         if hit.restored is None or self._links_fail:
             return False
-        src = self._store_path(hit.restored)
+        hexd = hit.restored[7:]  # after "sha256:"
+        src = f"{self._store_dir}/{hexd[:2]}/{hexd[2:]}"
         try:
             if file_digest(src) != hit.restored:
                 return False  # altered: written from the ledger instead
             try:
                 os.link(src, target)
             except FileExistsError:  # a stale record (replaced, as a write would)
-                tmp = target.with_name(f"@tmp-l{os.getpid()}-{target.name}")
+                parent, name = os.path.split(target)
+                tmp = f"{parent}/@tmp-l{os.getpid()}-{name}"
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
                 os.link(src, tmp)
                 os.replace(tmp, target)
             except FileNotFoundError:
-                if not target.parent.is_dir():  # the run's first record
-                    target.parent.mkdir(parents=True, exist_ok=True)
+                parent = os.path.dirname(target)
+                if not os.path.isdir(parent):  # the run's first record
+                    os.makedirs(parent, exist_ok=True)
                     os.link(src, target)
                 else:
                     raise

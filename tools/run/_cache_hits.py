@@ -150,8 +150,8 @@ class CacheHits:
             hit = None if ck is None else cache.find(ck)
             if hit is not None and hit.files_bytes > INLINE_BYTES:
                 self._handoff[ident] = ("hit", ck)  # checked and restored there, unstaged
-            elif hit is not None and (record := cache.restore(ck, hit, unit.attempt)):
-                reply = cache.hit_reply(ck, record)
+            elif hit is not None:
+                reply = cache.restore_reply(ck, hit, unit.attempt)
         except _BROKEN as exc:  # a record of the wrong shape (a hand-edited ledger)
             self.warn(f"cache: cannot use the record of {unit.name!r}: {exc}; running it")
         if reply is None and ck is not None and ident not in self._handoff:

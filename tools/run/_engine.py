@@ -544,7 +544,8 @@ class Dispatcher:
     def _settle_cached(self, unit: Unit, result: dict[str, Any]) -> None:
         """A unit restored from the task cache (crucible.run._cache_hits): nothing
         was started."""
-        self._wrote(unit.name, unit.key)  # restored without fsync: the next batch fsyncs it
+        # restored without fsync: the next batch makes it (and its directory) durable
+        self.log.sync(result["wrote"])
         fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
         if result["record"].get("files_bytes") is not None:
             fields["files_bytes"] = int(result["record"]["files_bytes"])

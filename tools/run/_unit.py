@@ -506,10 +506,10 @@ class UnitRunner:
 
     def _cache_hit(self, ck: Any, attempt: int) -> dict[str, Any] | None:
         """The final reply of a hit restored here, or None (it runs)."""
-        record = None if ck is None else self.cache.lookup(ck, attempt)
-        if record is None:
+        reply = None if ck is None else self.cache.lookup_reply(ck, attempt)
+        if reply is None:
             return None
-        return {**self.cache.hit_reply(ck, record), "cache_warnings": self.cache.take_warnings()}
+        return {**reply, "cache_warnings": self.cache.take_warnings()}
 
     def _prepare(
         self,

@@ -77,6 +77,8 @@ class UnitCache:
         self.stage = stage
         self.plan = plan
         self.state = state
+        self.layout = stage.StateLayout(state)
+        self._results = str(self.layout.results_root)
         self.warnings: list[str] = []
         self.cache = TaskCache(directory, warn=self.warnings.append)
         self.keyer = Keyer(plan, state, environ=environ, agent_cmd=agent_cmd, emit_cap=emit_cap)
@@ -102,7 +104,13 @@ class UnitCache:
         """On a hit: restore the files and the result record (as recorded, with this
         session's attempt and ``cached``/``cache_key``); return the record."""
         hit = self.find(ck)
-        return None if hit is None else self.restore(ck, hit, attempt)
+        restored = None if hit is None else self._restore(ck, hit, attempt)
+        return None if restored is None else restored[0]
+
+    def lookup_reply(self, ck: Any, attempt: int) -> dict[str, Any] | None:
+        """:meth:`lookup`, answered as :meth:`restore_reply` does."""
+        hit = self.find(ck)
+        return None if hit is None else self.restore_reply(ck, hit, attempt)
 
     def find(self, ck: Any) -> Any:
         """The cache's record for ``ck`` (a :class:`crucible.run._cache.Hit`, its
@@ -119,30 +127,41 @@ class UnitCache:
     def restore(self, ck: Any, hit: Any, attempt: int) -> dict[str, Any] | None:
         """Check the store files of ``hit`` (a miss, warned, when one is missing
         or altered), lay them back, write the record; return it."""
+        restored = self._restore(ck, hit, attempt)
+        return None if restored is None else restored[0]
+
+    def restore_reply(self, ck: Any, hit: Any, attempt: int) -> dict[str, Any] | None:
+        """:meth:`restore`, answered with what the dispatcher settles the unit
+        with (:meth:`hit_reply`, and the record file to make durable)."""
+        restored = self._restore(ck, hit, attempt)
+        if restored is None:
+            return None
+        record, path = restored
+        return {**self.hit_reply(ck, record), "wrote": [path, os.path.dirname(path)]}
+
+    def _restore(self, ck: Any, hit: Any, attempt: int) -> tuple[dict[str, Any], str] | None:
         try:
             if not self.cache.verify(ck, hit):
                 return None
-            layout = self.stage.StateLayout(self.state)
             record = dict(hit.record)
             record["attempt"] = attempt
             record["cached"] = True
             record["cache_key"] = ck.digest
             if hit.files:
-                self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
+                self.cache.restore(hit, self.layout.files_dir(ck.task, ck.key))
             # Not fsync'd here: the dispatcher hands the file to the session
             # log's group commit, which makes it durable before the batch
             # holding its task_finished (Dispatcher._settle_cached). A plain
             # unit's is a hard link to the store's copy of these very bytes
             # (crucible.run._cache.restored_record) when the cache has one; else
             # it is written atomically (a keyed unit's: a line of its task's
-            # packed file, stage.write_result).
-            if not (
-                ck.key is None
-                and attempt == 1
-                and self.cache.link_record(ck, hit, layout.result_path(ck.task, None))
-            ):
-                self.stage.write_result(self.state, record, durable=False)
-            return record
+            # packed file, stage.write_result). The task name is the plan's,
+            # checked when it was loaded: its path is results/<task>.json.
+            if ck.key is None and attempt == 1:
+                path = f"{self._results}/{ck.task}.json"
+                if self.cache.link_record(ck, hit, path):
+                    return record, path
+            return record, str(self.stage.write_result(self.state, record, durable=False))
         except _CACHE_ERRORS as exc:
             self.warnings.append(
                 f"cache: cannot restore {_label(ck.task, ck.key)}: {exc}; running it"
