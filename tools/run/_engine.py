@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run import _control as control
@@ -40,6 +40,9 @@ from crucible.run._selection import NOT_SELECTED, Selection
 from crucible.run._session import SessionLog
 from crucible.run._unit import Slots, UnitRunner
 from crucible.run._workers import Channel, Reply
+
+if TYPE_CHECKING:  # imported at run time only for a plan with a loop
+    from crucible.run._loop_engine import LoopRun
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
 
@@ -235,9 +238,12 @@ class Dispatcher:
             raise
         self.selector = selectors.DefaultSelector()
         # -- scored loop (docs/spec/loop.md): revisions of the body, run/_loop_engine.py
-        from crucible.run import _loop_engine as loop_engine
+        # (imported only for a plan with a loop: most plans have none)
+        self.loop: LoopRun | None = None
+        if self.plan.get("loop") is not None:
+            from crucible.run import _loop_engine as loop_engine
 
-        self.loop = loop_engine.attach(self)
+            self.loop = loop_engine.attach(self)
         # -- end scored loop
 
     def close(self) -> None:
