@@ -232,6 +232,7 @@ def ancestor_files(
     state: Path,
     escape_key: Callable[[str], str],
     memo: FilesMemo | None = None,
+    ancestors: list[str] | None = None,
 ) -> dict[str, str]:
     """One component per ancestor that declares emits_files: what was staged
     under ``inputs/<ancestor>/`` (its captured files and their digests).
@@ -240,20 +241,22 @@ def ancestor_files(
     before is not read again: every instance of a wide fan-out below it would
     otherwise re-read it (and, for a fold, every instance record of it). A
     settled record is replaced, never changed in place, so its identity says
-    whether it changed; a fold's record is written after its instances'."""
+    whether it changed; a fold's record is written after its instances'.
+    ``ancestors`` (the keyer's, walked once per task): the ancestors that
+    declare emits_files, sorted; else they are walked here."""
     tasks = _tasks_of(plan)
-    seen: set[str] = set()
-    stack = list(tasks[task_name].get("needs", []))
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        stack.extend(tasks[name].get("needs", []))
+    if ancestors is None:
+        seen: set[str] = set()
+        stack = list(tasks[task_name].get("needs", []))
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.extend(tasks[name].get("needs", []))
+        ancestors = sorted(n for n in seen if tasks[n].get("emits_files"))
     out: dict[str, str] = {}
-    for name in sorted(seen):
-        if not tasks[name].get("emits_files"):
-            continue
+    for name in ancestors:
         rec_path = state / "results" / f"{name}.json"
         try:
             st = os.stat(rec_path)
