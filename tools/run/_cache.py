@@ -42,6 +42,7 @@ __all__ = [
     "KEY_FORMAT",
     "RESTORED",
     "CacheKey",
+    "Fact",
     "Hit",
     "Miss",
     "TaskCache",
@@ -64,6 +65,8 @@ _NOT_IN_KEY = frozenset({"description"})
 _EDITION1_KEYED_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 Warn = Callable[[str], None]
+#: a ledger line a worker encoded and its dispatcher appends: (line, scope, step)
+Fact = tuple[bytes, str, str]
 
 
 def _digest_of(value: Any) -> str:
@@ -564,8 +567,13 @@ class TaskCache:
         record: dict[str, Any],
         files_dir: Path,
         escape_key: Callable[[str], str],
-    ) -> None:
-        """Record a settled unit: store files first, then the ledger line."""
+        *,
+        defer: bool = False,
+    ) -> Fact | None:
+        """Record a settled unit: store files first (fsynced), then the ledger
+        line. ``defer``: the line is returned, encoded, for the dispatcher to
+        append with the other units of its group-commit batch
+        (:meth:`append_facts`: one write and one fsync for all of them)."""
         files = _record_files(record, files_dir)
         for entry in files:
             self._put_file(files_dir / entry["path"], entry["digest"])
@@ -573,15 +581,25 @@ class TaskCache:
         if ck.key is None:  # a plain unit: its hits link their record from the store
             with contextlib.suppress(OSError):
                 value[RESTORED] = self._put_restored(canon.dumps(restored_record(record, ck)))
-        from crucible.ledger import Outcome
+        from crucible.ledger import Ledger, Outcome
 
-        self._open().record(
-            CACHE_SCOPE,
-            _step(ck),
-            Outcome.ok(value),
-            key={"task": ck.task, "instance": ck.key, "components": ck.components},
-        )
+        step = _step(ck)
+        key = {"task": ck.task, "instance": ck.key, "components": ck.components}
+        fact = None
+        if defer:
+            fact = (
+                Ledger.encode_fact(CACHE_SCOPE, step, Outcome.ok(value), key=key),
+                CACHE_SCOPE,
+                step,
+            )
+        else:
+            self._open().record(CACHE_SCOPE, step, Outcome.ok(value), key=key)
         self._write_last(ck, escape_key)
+        return fact
+
+    def append_facts(self, facts: list[Fact]) -> int:
+        """Append the lines :meth:`save` deferred, as one batch (Ledger.append_encoded)."""
+        return int(self._open().append_encoded(facts)) if facts else 0
 
     def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
         path = self._last_path(ck.task, ck.key, escape_key)

@@ -224,6 +224,9 @@ class Dispatcher:
                 warn=self.warn,
             )  # fmt: skip
             self.ready = self.hits.ready_queue()  # each unit looked up once
+            # the cache records workers encoded are appended once their batch is durable
+            log.on_batch_durable = self.hits.record_facts
+            log.on_close = self.hits.close_recorder
         # The executor: a local one forks its workers at the first unit that needs
         # one (crucible.run._workers), in the loop's first turn, before the session
         # log's writer thread starts at that turn's commit. A worker holds one
@@ -530,6 +533,8 @@ class Dispatcher:
         kind = result["kind"]
         for warning in result.get("cache_warnings") or ():
             self.warn(warning)
+        if result.get("cache_fact") is not None:  # --cache: appended with its batch
+            self.log.after_durable(result["cache_fact"])
         if result.get("staged_env") is not None:
             unit.staged_env = result["staged_env"]
         if kind == "stage_error":

@@ -52,6 +52,11 @@ EVENT_KINDS = (
 _second: tuple[int, str] = (-1, "")
 
 
+#: one commit's batch: its lines, the files to make durable first, its number,
+#: and the items for ``on_batch_durable``
+_Batch = tuple[bytes, tuple[str, ...], int, list[Any]]
+
+
 def now_text(t: float | None = None) -> str:
     """RFC 3339 UTC time with milliseconds, e.g. ``2026-11-30T07:55:24.123Z``.
 
@@ -106,6 +111,13 @@ class SessionLog:
         self.durable_seq = 0
         #: called on the writer thread once a batch is durable (or the log failed)
         self.on_durable: Callable[[], None] | None = None
+        #: items handed to :meth:`after_durable`, and what is called with those of
+        #: a batch on the writer thread once that batch is durable (never when the
+        #: log failed): the task cache's records of the units it settled
+        self._pending_after: list[Any] = []
+        self.on_batch_durable: Callable[[list[Any]], None] | None = None
+        #: called by :meth:`close` once the writer thread has ended
+        self.on_close: Callable[[], None] | None = None
         self._error: OperationalError | None = None
         try:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -115,9 +127,7 @@ class SessionLog:
             ) from None
         #: one syncfs for a batch of many record files (on the log's filesystem)
         self._fs = FsSync(self._fd, str(path.parent))
-        self._batches: queue.SimpleQueue[tuple[bytes, tuple[str, ...], int] | None] = (
-            queue.SimpleQueue()
-        )
+        self._batches: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         # Started at the first commit, so a dispatcher can fork its workers
         # while the process still has one thread.
         self._writer = threading.Thread(target=self._write_batches, name="session-log", daemon=True)
@@ -136,17 +146,24 @@ class SessionLog:
         for p in paths:
             self._pending_sync[p] = None
 
+    def after_durable(self, item: Any) -> None:
+        """Hand ``item`` to ``on_batch_durable`` once the next batch is durable."""
+        self._pending_after.append(item)
+
     def commit(self) -> int:
         """Hand every queued event (and file to fsync) to the writer, which makes
         them durable as one batch; returns the batch's number (the last one when
         nothing was queued): it is durable once ``durable_seq`` reaches it."""
         if self._error is not None:
             raise self._error
-        if self._pending or self._pending_sync:
+        if self._pending or self._pending_sync or self._pending_after:
             if not self._writer.is_alive() and self._writer.ident is None:
                 self._writer.start()
             self._seq += 1
-            self._batches.put((b"".join(self._pending), tuple(self._pending_sync), self._seq))
+            after, self._pending_after = self._pending_after, []
+            self._batches.put(
+                (b"".join(self._pending), tuple(self._pending_sync), self._seq, after)
+            )
             self._pending.clear()
             self._pending_sync.clear()
         return self._seq
@@ -186,6 +203,14 @@ class SessionLog:
                         self._mirror(data)
             if self.on_durable is not None:
                 self.on_durable()
+            after = [item for b in more for item in b[3]]
+            if after and self._error is None and self.on_batch_durable is not None:
+                # after the wake-up: the scheduling loop goes on meanwhile
+                try:
+                    self.on_batch_durable(after)
+                except Exception as exc:  # never the writer's end: the log must go on
+                    if self._on_warning is not None:
+                        self._on_warning(f"after a durable batch: {type(exc).__name__}: {exc}")
             if stop:
                 return
 
@@ -198,7 +223,7 @@ class SessionLog:
         for p in paths:
             _fsync_path(p)
 
-    def _drain(self, into: list[tuple[bytes, tuple[str, ...], int]]) -> bool:
+    def _drain(self, into: list[_Batch]) -> bool:
         """Move every waiting batch into ``into``; True when close() was among them."""
         while not self._batches.empty():
             nxt = self._batches.get()
@@ -235,6 +260,8 @@ class SessionLog:
         if self._writer.ident is not None:
             self._batches.put(None)
             self._writer.join()
+        if self.on_close is not None:
+            self.on_close()
         os.close(self._fd)
         if self._error is not None:
             raise self._error

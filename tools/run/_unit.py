@@ -489,7 +489,10 @@ class UnitRunner:
         if record is None or record.get("status") != PASSED:
             finished["log"], finished["tail"] = log_fields()
         elif cache_key is not None and code == 0:
-            self.cache.save(cache_key)  # store files, then the ledger line
+            # store files, then the ledger line: appended by the dispatcher with its
+            # batch once the unit's record is durable, unless this worker makes its
+            # own records durable (a Dask worker, maybe on another host)
+            finished["cache_fact"] = self.cache.save(cache_key, defer=not self.durable_records)
         if record is not None and record.get("status") == PASSED:
             self._passed(key, workspace, output)
         if self.cache is not None:

@@ -177,16 +177,28 @@ class UnitCache:
                 summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record["files"])
         return {"kind": "cached", "cache_key": ck.digest, "record": summary}
 
-    def save(self, ck: Any) -> None:
-        """Record a passed unit: its record as captured, its files into the store."""
+    def save(self, ck: Any, *, defer: bool = False) -> Any:
+        """Record a passed unit: its record as captured, its files into the store.
+        ``defer``: the ledger line is returned (a ``crucible.run._cache.Fact``),
+        for the dispatcher to append with its batch (:meth:`append_facts`);
+        None when nothing is to be recorded."""
         try:
             record = self.stage.load_result(self.state, ck.task, ck.key)
             if record is None or record.get("status") != "passed":
-                return
-            layout = self.stage.StateLayout(self.state)
-            self.cache.save(ck, record, layout.files_dir(ck.task, ck.key), self.stage.escape_key)
+                return None
+            files_dir = self.layout.files_dir(ck.task, ck.key)
+            return self.cache.save(ck, record, files_dir, self.stage.escape_key, defer=defer)
         except _CACHE_ERRORS as exc:
             self.warnings.append(f"cache: cannot record {_label(ck.task, ck.key)}: {exc}")
+            return None
+
+    def append_facts(self, facts: list[Any]) -> int:
+        """Append the ledger lines of saves deferred by workers (one batch)."""
+        try:
+            return self.cache.append_facts(facts)
+        except _CACHE_ERRORS as exc:
+            self.warnings.append(f"cache: cannot record {len(facts)} units: {exc}")
+            return 0
 
     def close(self) -> None:
         with contextlib.suppress(*_CACHE_ERRORS):
