@@ -754,9 +754,11 @@ class Dispatcher:
         task = self.graph.tasks[name]
         if "when" in task and (verdict := control.fold_verdict(record)) is not None:
             status, note = verdict  # instances skipped by their condition are no failure
-            record = control.amend_record(self.layout.result_path(name), status=status, note=note)
+            record = control.amend_record(
+                self.layout.result_path(name), status=status, note=note, durable=False
+            )  # rides the group commit (issue 14): self._wrote above
         if status == FAILED and control.tolerates_fold(task, self.state, self.stage, record):
-            control.mark_tolerated(self.layout.result_path(name))
+            control.mark_tolerated(self.layout.result_path(name), durable=False)
             self.tolerated.add(name)
         self.log.emit(
             "task_finished",
@@ -1047,8 +1049,9 @@ class Dispatcher:
         tolerable: bool = False,
     ) -> None:
         if tolerable:  # the record says so first: report, outcome and resume read it
-            if unit.key is None:
-                control.mark_tolerated(self.layout.result_path(unit.name))
+            if unit.key is None:  # rides the group commit (issue 14)
+                control.mark_tolerated(self.layout.result_path(unit.name), durable=False)
+                self._wrote(unit.name, None)
             else:
                 self.stage.update_record(
                     self.state, unit.name, unit.key, tolerated=True, durable=False
