@@ -127,6 +127,11 @@ class UnitPaths:
         self.state = state
         self.layout = layout
         self._made_dirs: set[Path] = set()
+        self._output_dirs: dict[int, Path] = {}
+        self._work_root = layout.work_root
+        from crucible.stage._names import check_task_name  # stage is loaded by now
+
+        self._check_name = check_task_name
 
     def _made(self, path: Path) -> Path:
         parent = path.parent
@@ -136,7 +141,22 @@ class UnitPaths:
         return path
 
     def output(self, name: str, key: str | None, attempt: int) -> Path:
-        return self._made(self.layout.output_path(name, key, attempt))
+        if key is not None:
+            return self._made(self.layout.output_path(name, key, attempt))
+        # An unmapped task's: its attempt's directory (as the layout spells it,
+        # made once) and one join, instead of the layout's four Path steps.
+        where = self._output_dirs.get(attempt)
+        if where is None:
+            where = self._made(self.layout.output_path(name, None, attempt)).parent
+            self._output_dirs[attempt] = where
+        return where / (self._check_name(name) + ".json")
+
+    def work(self, name: str, key: str | None) -> Path:
+        """The unit's workspace, as the layout spells it (an unmapped task's: one
+        join onto the cached ``work/``)."""
+        if key is not None:
+            return self.layout.work_dir(name, key)
+        return self._work_root / self._check_name(name)
 
     def log(self, name: str, key: str | None) -> Path:
         return self._made(self.layout.log_path(name, key))
@@ -319,7 +339,7 @@ class UnitRunner:
         self.environ = environ
         self.slots = slots
         self.pack_dir = pack_dir
-        self._host_env: dict[str, dict[str, str]] = {}
+        self._host_env: dict[Any, dict[str, str]] = {}
         # --- workspace recycling (crucible.run._recycle): per process after the fork
         self.pool = WorkspacePool(keep=options.keep_workspaces)
         # --cache DIR (docs/spec/cache.md): the scheduling thread restored the hits
@@ -359,7 +379,7 @@ class UnitRunner:
             cache_key = cache_key or self.cache.key(name, key)
             if how == "hit" and (hit := self._cache_hit(cache_key, attempt)):
                 return hit  # a hit with large files
-        workspace = self.layout.work_dir(name, key)
+        workspace = self.paths.work(name, key)
         output = self.paths.output(name, key, attempt)
         # a first attempt of a keyed unit takes a free workspace of its task, if any
         recycled = staged_env is None and self.pool.acquire(key, workspace)
@@ -374,8 +394,19 @@ class UnitRunner:
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
+        # The producer units whose files it holds: known from this attempt's
+        # staging (most hold none, and pay for no second look), else (a retry)
+        # looked up once for both checks below.
+        held = prepared["held"]
         try:  # staged ahead: undo what another consumer changed meanwhile
-            self.stage.refresh_inputs(self.plan, self.state, name, workspace, key=key)
+            if held is None:
+                from crucible.stage._inputs import held_units
+
+                held = held_units(self.plan, self.state, name, key)
+            if held:
+                self.stage.refresh_inputs(
+                    self.plan, self.state, name, workspace, key=key, units=held
+                )
         except CrucibleError as exc:
             self.slots.release()
             return {"kind": "stage_error", "message": str(exc)}
@@ -428,10 +459,12 @@ class UnitRunner:
             # Check what it was handed before its slot is given back: a changed
             # staged file is restored before the next consumer can start (at -j 1
             # no other consumer ever reads it; docs/spec/inputs.md 3.4).
-            if not gone:
+            if not gone and not held:
+                held_notes = []
+            elif not gone:
                 with contextlib.suppress(CrucibleError):  # capture checks again, and says why
                     held_notes = self.stage.check_inputs(
-                        self.plan, self.state, name, workspace, key=key
+                        self.plan, self.state, name, workspace, key=key, units=held
                     )
         finally:
             self.slots.release()
@@ -526,11 +559,13 @@ class UnitRunner:
         recycled workspace), fresh output path, prompt."""
         stage = self.stage
         staged_env: dict[str, str] | None = None
+        held = None  # not staged now: the caller looks them up
         if stage_now:  # stage_inputs creates the workspace
             staged = stage.stage_inputs(
                 self.plan, self.state, name, workspace, key=key, in_place=in_place
             )
             staged_env = dict(staged.env)
+            held = staged.held
         stage.clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None
@@ -546,7 +581,12 @@ class UnitRunner:
             # whole launch); such a prompt travels only in the file.
             if len(data) <= stage.PROMPT_ENV_MAX and "\x00" not in prompt:
                 prompt_env = prompt
-        return {"staged_env": staged_env, "prompt_file": prompt_file, "prompt_env": prompt_env}
+        return {
+            "staged_env": staged_env,
+            "prompt_file": prompt_file,
+            "prompt_env": prompt_env,
+            "held": held,
+        }
 
     def _environment(
         self,
@@ -558,10 +598,15 @@ class UnitRunner:
         prepared: dict[str, Any],
         output: Path,
     ) -> dict[str, str]:
-        base = self._host_env.get(name)
+        # The host part depends only on the variables a task declares: tasks
+        # that declare the same (most: none) share one, built once per worker.
+        declared = task.get("env") or []
+        env_key = tuple(declared) if isinstance(declared, list) else None
+        base = self._host_env.get(env_key) if env_key is not None else None
         if base is None:
             base = task_environment(self.plan, task, self.environ)
-            self._host_env[name] = base
+            if env_key is not None:
+                self._host_env[env_key] = base
         env = dict(base)
         env.update(staged_env or {})
         env["CRUCIBLE_TASK"] = name

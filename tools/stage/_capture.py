@@ -28,6 +28,7 @@ from crucible.stage._loop import revision_of
 from crucible.stage._plan import in_plan, view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 from crucible.stage._share import verify_consumer
+from crucible.stage._store import as_path
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -173,7 +174,7 @@ def _check_request(
         check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     if key is not None and revision_of(key) is None:
         instance_item(plan, state, task, key)  # the key must be one of the map's items
-    workspace = Path(workspace).absolute()
+    workspace = as_path(workspace).absolute()
     if not workspace.is_dir():
         raise InputRefused("workspace does not exist", where=str(workspace))
     return workspace
@@ -317,14 +318,14 @@ def capture(
     """
     pv = view(plan)
     t = pv.task(task)
-    state = Path(state)
+    state = as_path(state)
     workspace = _check_request(plan, state, task, workspace, key, exit_code, emit_cap)
     ex = _extra(extra)
 
     found = _Fields()
     if exit_code != 0:
         found.problems.append(f"exited with status {exit_code}")
-    read = _read_output(Path(output_file), workspace, bool(t.emits), output_name)
+    read = _read_output(as_path(output_file), workspace, bool(t.emits), output_name)
     output = read.value
     if read.why is not None and (exit_code == 0 or os.path.lexists(output_file)):
         found.problems.append(read.why)

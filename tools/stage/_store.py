@@ -31,6 +31,7 @@ from crucible.core import canon
 from crucible.core.atomic import fsync_dir
 from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused, OperationalError, ParseError
+from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, open_regular
 from crucible.stage._fsio import write_atomic
 from crucible.stage._names import check_task_name
@@ -55,14 +56,20 @@ PACKED_SUFFIX = ".jsonl"
 TOMBSTONE = "removed"
 
 
+def as_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path, without a copy when it is one: ``Path(p)`` parses its
+    argument again even then, and staging and capture did so ~15 times a unit."""
+    return path if isinstance(path, Path) else Path(path)
+
+
 def plain_path(state: Path, task: str) -> Path:
     """``results/<task>.json``: an unmapped task's record, or a mapped task's aggregate."""
-    return Path(state) / "results" / (check_task_name(task) + ".json")
+    return as_path(state) / "results" / (check_task_name(task) + ".json")
 
 
 def packed_path(state: Path, task: str) -> Path:
     """``results/<task>.jsonl``: the records of every keyed unit of ``task``."""
-    return Path(state) / "results" / (check_task_name(task) + PACKED_SUFFIX)
+    return as_path(state) / "results" / (check_task_name(task) + PACKED_SUFFIX)
 
 
 def record_path(state: Path, task: str, key: str | None) -> Path:
@@ -351,6 +358,58 @@ def append_line(path: Path, line: bytes, *, durable: bool = False) -> None:
         fsync_dir(path.parent)
 
 
+#: this process's temp names: ``@tmp-r<pid>-<n>`` (a forked worker has its own
+#: pid; a name another process left behind is skipped, O_EXCL)
+_tmp_seq = [0]
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_plain(path: Path, data: bytes, durable: bool) -> None:
+    """A plain record, atomically: what :func:`crucible.stage._fsio.write_atomic`
+    does, with a temp name made from the pid and a counter instead of
+    ``mkstemp``'s random one (the dispatcher writes one record per task: the
+    random name cost more than the write). The results directory is made only
+    after a first failure (it exists for all but a run's first record)."""
+    target = str(path)
+    directory = os.path.dirname(target) or "."
+    for _ in range(2):
+        try:
+            _tmp_seq[0] += 1
+            tmp = f"{directory}/@tmp-r{os.getpid()}-{_tmp_seq[0]}"
+            fd = os.open(tmp, _TMP_FLAGS, 0o600)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                raise OperationalError(f"cannot write {path}: {exc.strerror or exc}") from None
+            continue
+        except OSError as exc:
+            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+        try:
+            try:
+                n = os.write(fd, data)
+                if n != len(data):
+                    write_all(fd, data[n:])
+                if durable:
+                    os.fsync(fd)
+                os.fchmod(fd, 0o644)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+            raise
+        if durable:
+            fsync_dir(directory)
+        return
+    write_atomic(path, data, durable=durable)  # the slow path's own errors and retries
+
+
 def store_record(state: Path, record: dict[str, Any], *, durable: bool = True) -> Path:
     """Write a settled record where it lives; returns that file. A plain record
     replaces its file atomically; a keyed one is appended to its task's packed
@@ -360,7 +419,7 @@ def store_record(state: Path, record: dict[str, Any], *, durable: bool = True) -
     data = canon.dumps(record)
     if key is None:
         path = plain_path(state, record["task"])
-        write_atomic(path, data, durable=durable)
+        _write_plain(path, data, durable)
         return path
     path = packed_path(state, record["task"])
     append_line(path, data + b"\n", durable=durable)
