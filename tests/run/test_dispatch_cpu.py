@@ -106,3 +106,59 @@ def test_an_old_inputs_tree_in_an_existing_workspace_is_dropped(state: Path) -> 
     staged = stage_inputs(p, state, "lone", ws)
     assert not (ws / "inputs").exists()
     assert staged.env["CRUCIBLE_INPUTS_DIR"].endswith("shared/@empty")
+
+
+def test_a_result_read_by_its_size_still_reads_what_grew_and_keeps_the_bound(
+    tmp_path: Path,
+) -> None:
+    from crucible.stage._capture import _read_sized
+
+    f = tmp_path / "out.json"
+    f.write_bytes(b"x" * 70_000)  # more than fstat said (size 0: a /proc file, a growing one)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        assert _read_sized(fd, 0, 100_000) == b"x" * 70_000
+        os.lseek(fd, 0, os.SEEK_SET)
+        assert _read_sized(fd, 70_000, 70_000) == b"x" * 70_000  # exactly the bound
+        os.lseek(fd, 0, os.SEEK_SET)
+        with pytest.raises(OverflowError):
+            _read_sized(fd, 2, 69_999)
+        os.lseek(fd, 0, os.SEEK_SET)
+        with pytest.raises(OverflowError):
+            _read_sized(fd, 70_000, 69_999)
+    finally:
+        os.close(fd)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    fd = os.open(empty, os.O_RDONLY)
+    try:
+        assert _read_sized(fd, 0, 10) == b""
+    finally:
+        os.close(fd)
+
+
+def test_requests_split_across_reads_or_sharing_one_are_each_served(tmp_path: Path) -> None:
+    from crucible.run._workers import _frame, _next_request
+
+    r, w = os.pipe()
+    try:
+        first, second = _frame((1, "a" * 10)), _frame((2, "b" * 100_000))
+        os.write(w, first + second[:7])  # one read holds a request and a part of the next
+        pending = bytearray()
+        import pickle
+
+        assert pickle.loads(_next_request(r, pending) or b"") == (1, "a" * 10)
+        import threading
+
+        writer = threading.Thread(target=lambda: os.write(w, second[7:]))
+        writer.start()
+        assert pickle.loads(_next_request(r, pending) or b"") == (2, "b" * 100_000)
+        writer.join()
+        assert pending == bytearray()
+        os.close(w)
+        w = -1
+        assert _next_request(r, pending) is None  # the dispatcher closed its end
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)

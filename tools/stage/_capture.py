@@ -13,7 +13,7 @@ from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.core.fsio import NotRegular, open_regular, read_at_most, remove_tree
+from crucible.core.fsio import NotRegular, open_regular, remove_tree
 from crucible.stage._files import (
     FILES_RUN_MAX,
     CaptureRefused,
@@ -121,7 +121,7 @@ def _read_output(
     try:
         if size > RESULT_FILE_MAX:
             raise OverflowError
-        data = read_at_most(fd, RESULT_FILE_MAX)
+        data = _read_sized(fd, size, RESULT_FILE_MAX)
     except OverflowError:
         return _Output(
             None,
@@ -142,6 +142,26 @@ def _read_output(
     if not isinstance(value, dict):
         return _Output(None, f"result in {shown} is a JSON {json_type(value)}, not an object")
     return _Output(value)
+
+
+def _read_sized(fd: int, size: int, limit: int) -> bytes:
+    """What ``read_at_most(fd, limit)`` returns, for a file whose fstat said
+    ``size``: the first read asks for size + 1 bytes and the next ones for at
+    most 64 KiB, so a small result (nearly all) costs two small reads, not a
+    buffer of 1 MiB per read (an mmap and a munmap each). A file that grew
+    meanwhile is read on, never past the bound (OverflowError)."""
+    chunks: list[bytes] = []
+    total = 0
+    want = min(size, limit) + 1
+    while True:
+        chunk = os.read(fd, want)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise OverflowError
+        want = min(1 << 16, limit + 1 - total)
 
 
 class _Fields:

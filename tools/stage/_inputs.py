@@ -234,8 +234,8 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
     A file read before is parsed again only when its identity (inode, size,
     mtime, ctime) changed: one stat per unit instead of an open, a read and a
     parse. The caller gets its own copy (a value may be a container)."""
-    path = StateLayout(state).params_path
-    where = str(path)
+    where = _state_file(state, "params")
+    path = Path(where)
     try:
         st = os.stat(where)
     except OSError:
@@ -342,10 +342,25 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     return out
 
 
+#: (str(state), which) -> the path of STATE's params.json or reserved/, as the
+#: layout spells it: two Path joins a unit less
+_state_files: dict[tuple[str, str], str] = {}
+
+
+def _state_file(state: Path, which: str) -> str:
+    key = (str(state), which)
+    found = _state_files.get(key)
+    if found is None:
+        layout = StateLayout(state)
+        found = str(layout.params_path if which == "params" else layout.reserved_root)
+        _state_files[key] = found
+    return found
+
+
 def _listing(layout: StateLayout) -> set[str]:
     # One listing instead of a stat per name: most runs have no reserved/ at all.
     try:
-        return set(os.listdir(layout.reserved_root))
+        return set(os.listdir(_state_file(layout.state, "reserved")))
     except (FileNotFoundError, NotADirectoryError):
         return set()
     except OSError as exc:

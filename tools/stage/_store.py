@@ -62,14 +62,25 @@ def as_path(path: str | os.PathLike[str]) -> Path:
     return path if isinstance(path, Path) else Path(path)
 
 
+#: str(state) -> STATE/results (one join a record less)
+_results_dirs: dict[str, Path] = {}
+
+
+def _results_dir(state: Path) -> Path:
+    found = _results_dirs.get(str(state))
+    if found is None:
+        found = _results_dirs[str(state)] = as_path(state) / "results"
+    return found
+
+
 def plain_path(state: Path, task: str) -> Path:
     """``results/<task>.json``: an unmapped task's record, or a mapped task's aggregate."""
-    return as_path(state) / "results" / (check_task_name(task) + ".json")
+    return _results_dir(state) / (check_task_name(task) + ".json")
 
 
 def packed_path(state: Path, task: str) -> Path:
     """``results/<task>.jsonl``: the records of every keyed unit of ``task``."""
-    return as_path(state) / "results" / (check_task_name(task) + PACKED_SUFFIX)
+    return _results_dir(state) / (check_task_name(task) + PACKED_SUFFIX)
 
 
 def record_path(state: Path, task: str, key: str | None) -> Path:
