@@ -235,7 +235,6 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
     mtime, ctime) changed: one stat per unit instead of an open, a read and a
     parse. The caller gets its own copy (a value may be a container)."""
     where = _state_file(state, "params")
-    path = Path(where)
     try:
         st = os.stat(where)
     except OSError:
@@ -245,6 +244,7 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
         hit = _params_cache.get(where)
         if hit is not None and hit[0] == ident:
             return copy.deepcopy(hit[1]) if hit[1] else {}
+    path = Path(where)
     params = _read_json(path, optional=True)
     if params is not _ABSENT:
         if not isinstance(params, dict):
@@ -686,6 +686,13 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
             1, False, units + kept, roots, dirs, files, None, obj, files_staged,
             {"CRUCIBLE_INPUTS_FILE": V1_FILE}, text,
         )  # fmt: skip
+    if nothing_to_stage(pv, t, reserved):
+        # 3.7: no tree; the index it would have held (params {} alone, digested)
+        # is never written, so it is not built (most units of a wide run)
+        return Described(
+            pv.version, True, units + kept, roots, [], [], None, None, files_staged,
+            {"CRUCIBLE_INPUTS_DIR": VALUES_DIR},
+        )  # fmt: skip
     dirs.append(VALUES_DIR)
     entries = []
     for name in utf16_order(t.inputs):
@@ -703,11 +710,9 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
             entry["kept_files"] = kept_files
         entries.append(entry)
     index = {"format": INDEX_FORMAT, "task": task, "key": key, "inputs": entries}
-    nothing = nothing_to_stage(pv, t, reserved)
-    if not nothing:
-        files.append((f"{VALUES_DIR}/{INDEX_NAME}", _index_bytes(index)))
+    files.append((f"{VALUES_DIR}/{INDEX_NAME}", _index_bytes(index)))
     return Described(
-        pv.version, nothing, units + kept, roots, dirs, files, index, None, files_staged,
+        pv.version, False, units + kept, roots, dirs, files, index, None, files_staged,
         {"CRUCIBLE_INPUTS_DIR": VALUES_DIR},
     )  # fmt: skip
 
