@@ -162,3 +162,19 @@ def test_requests_split_across_reads_or_sharing_one_are_each_served(tmp_path: Pa
         os.close(r)
         if w >= 0:
             os.close(w)
+
+
+def test_store_record_where_names_the_files_store_record_writes(state: Path) -> None:
+    plain = {"format": _store.RESULT_FORMAT, "task": "a", "status": "passed", "note": ""}
+    where = _store.store_record_where(state, plain, durable=False)
+    assert where == (str(_store.plain_path(state, "a")), str(state / "results"))
+    assert canon.loads(Path(where[0]).read_bytes()) == plain
+    keyed = {**plain, "task": "m", "key": "k1"}
+    where = _store.store_record_where(state, keyed, durable=False)
+    assert where == (str(_store.packed_path(state, "m")), str(state / "results"))
+    assert _store.load_keyed(state, "m")["k1"] == keyed
+    from crucible.core.errors import InputRefused
+
+    with pytest.raises(InputRefused):
+        _store.store_record_where(state, {**plain, "task": "../x"}, durable=False)
+    assert not (state / "x.json").exists()

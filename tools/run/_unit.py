@@ -327,8 +327,11 @@ class UnitRunner:
         pack_dir: str = "",
     ) -> None:
         from crucible import stage
+        from crucible.stage._store import store_record_where
 
         self.stage = stage
+        #: write_result's step, with the file and its directory as strings
+        self._store_record = store_record_where
         self.plan = plan
         self.tasks = tasks
         self.options = options
@@ -787,12 +790,12 @@ class UnitRunner:
             record = dict(record)
             record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
             add_log_fields(record, log, tail)
-        path = self.stage.write_result(self.state, record, durable=self.durable_records)
+        wrote = self._store_record(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
         if not self.durable_records:  # the dispatcher fsyncs these in its group commit
-            summary["wrote"] = [str(path), str(path.parent)]
+            summary["wrote"] = list(wrote)
         return summary
 
     def _apply_verdict(self, record: dict[str, Any], output: Path) -> dict[str, Any]:

@@ -375,7 +375,7 @@ _tmp_seq = [0]
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _write_plain(path: Path, data: bytes, durable: bool) -> None:
+def _write_plain(path: Path | str, data: bytes, durable: bool) -> None:
     """A plain record, atomically: what :func:`crucible.stage._fsio.write_atomic`
     does, with a temp name made from the pid and a counter instead of
     ``mkstemp``'s random one (the dispatcher writes one record per task: the
@@ -419,6 +419,29 @@ def _write_plain(path: Path, data: bytes, durable: bool) -> None:
             fsync_dir(directory)
         return
     write_atomic(path, data, durable=durable)  # the slow path's own errors and retries
+
+
+#: str(state) -> str(STATE/results), for :func:`store_record_where`
+_results_strs: dict[str, str] = {}
+
+
+def store_record_where(
+    state: Path, record: dict[str, Any], *, durable: bool = True
+) -> tuple[str, str]:
+    """:func:`store_record`, returning (the file, its directory) as strings: what
+    a dispatch worker hands the group commit to fsync, once per task, without
+    the Path objects (their joins and parses cost more than the write)."""
+    key = record.get("key")
+    if key is not None:
+        path = store_record(state, record, durable=durable)
+        return str(path), str(path.parent)
+    data = canon.dumps(record)
+    where = _results_strs.get(str(state))
+    if where is None:
+        where = _results_strs[str(state)] = str(_results_dir(state))
+    target = f"{where}/{check_task_name(record['task'])}.json"
+    _write_plain(target, data, durable)
+    return target, where
 
 
 def store_record(state: Path, record: dict[str, Any], *, durable: bool = True) -> Path:
