@@ -143,9 +143,7 @@ class Dispatcher:
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
         from crucible import stage
-        from crucible.stage._names import check_task_name
 
-        self._check_name = check_task_name
         #: warnings the workers send (the task cache's, crucible.run._unit_cache)
         self.warn = on_warning or (lambda _w: None)
 
@@ -800,9 +798,10 @@ class Dispatcher:
 
     def _workspace_rel(self, unit: Unit) -> str:
         """``work/<task>[/<escaped key>]``, as the layout spells it relative to
-        STATE (an unmapped task's without building its Path: once per start)."""
+        STATE (an unmapped task's without building its Path: once per start;
+        its name is a plan task's, checked when the plan's view was built)."""
         if unit.key is None:
-            return "work/" + self._check_name(unit.name)
+            return "work/" + unit.name
         return self._rel(self.layout.work_dir(unit.name, unit.key))
 
     def _started(self, unit: Unit, pid: int, worker: str | None = None) -> None:

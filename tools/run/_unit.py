@@ -129,9 +129,6 @@ class UnitPaths:
         self._made_dirs: set[Path] = set()
         self._output_dirs: dict[int, Path] = {}
         self._work_root = layout.work_root
-        from crucible.stage._names import check_task_name  # stage is loaded by now
-
-        self._check_name = check_task_name
 
     def _made(self, path: Path) -> Path:
         parent = path.parent
@@ -141,6 +138,8 @@ class UnitPaths:
         return path
 
     def output(self, name: str, key: str | None, attempt: int) -> Path:
+        # ``name`` is a plan task's (the runner looked it up first), checked when
+        # the plan's view was built: joined as is
         if key is not None:
             return self._made(self.layout.output_path(name, key, attempt))
         # An unmapped task's: its attempt's directory (as the layout spells it,
@@ -149,14 +148,14 @@ class UnitPaths:
         if where is None:
             where = self._made(self.layout.output_path(name, None, attempt)).parent
             self._output_dirs[attempt] = where
-        return where / (self._check_name(name) + ".json")
+        return where / (name + ".json")
 
     def work(self, name: str, key: str | None) -> Path:
         """The unit's workspace, as the layout spells it (an unmapped task's: one
         join onto the cached ``work/``)."""
         if key is not None:
             return self.layout.work_dir(name, key)
-        return self._work_root / self._check_name(name)
+        return self._work_root / name
 
     def log(self, name: str, key: str | None) -> Path:
         return self._made(self.layout.log_path(name, key))
@@ -327,11 +326,8 @@ class UnitRunner:
         pack_dir: str = "",
     ) -> None:
         from crucible import stage
-        from crucible.stage._store import store_record_where
 
         self.stage = stage
-        #: write_result's step, with the file and its directory as strings
-        self._store_record = store_record_where
         self.plan = plan
         self.tasks = tasks
         self.options = options
@@ -398,15 +394,11 @@ class UnitRunner:
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
         # The producer units whose files it holds: known from this attempt's
-        # staging (most hold none, and pay for no second look), else (a retry)
-        # looked up once for both checks below.
+        # staging (most hold none, and pay for no second look), else (None: a
+        # retry) looked up by each check below.
         held = prepared["held"]
         try:  # staged ahead: undo what another consumer changed meanwhile
-            if held is None:
-                from crucible.stage._inputs import held_units
-
-                held = held_units(self.plan, self.state, name, key)
-            if held:
+            if held is None or held:  # None (a retry): they look the units up
                 self.stage.refresh_inputs(
                     self.plan, self.state, name, workspace, key=key, units=held
                 )
@@ -462,7 +454,7 @@ class UnitRunner:
             # Check what it was handed before its slot is given back: a changed
             # staged file is restored before the next consumer can start (at -j 1
             # no other consumer ever reads it; docs/spec/inputs.md 3.4).
-            if not gone and not held:
+            if not gone and held is not None and not held:
                 held_notes = []
             elif not gone:
                 with contextlib.suppress(CrucibleError):  # capture checks again, and says why
@@ -790,7 +782,7 @@ class UnitRunner:
             record = dict(record)
             record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
             add_log_fields(record, log, tail)
-        wrote = self._store_record(self.state, record, durable=self.durable_records)
+        wrote = self.stage.write_result_where(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))

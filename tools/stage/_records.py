@@ -32,6 +32,7 @@ __all__ = [
     "update_record",
     "write_record",
     "write_result",
+    "write_result_where",
 ]
 
 #: What a settled record can say. ``absent`` is not a record status: the index
@@ -71,6 +72,15 @@ def write_result(state: Path, record: dict[str, Any], *, durable: bool = True) -
     or the task's packed ``results/<task>.jsonl``), for a caller that makes it
     durable later (``durable=False``: the dispatcher's group commit)."""
     return _store.store_record(as_path(state), record, durable=durable)
+
+
+def write_result_where(
+    state: Path, record: dict[str, Any], *, durable: bool = True
+) -> tuple[str, str]:
+    """:func:`write_result`, naming (the file, its directory) as strings: what a
+    dispatch worker hands the group commit to fsync, once per task, without
+    building Path objects for them."""
+    return _store.store_record_where(as_path(state), record, durable=durable)
 
 
 def remove_result(state: Path, task: str, key: str | None = None, *, durable: bool = True) -> None:

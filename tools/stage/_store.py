@@ -418,7 +418,7 @@ def _write_plain(path: Path | str, data: bytes, durable: bool) -> None:
         if durable:
             fsync_dir(directory)
         return
-    write_atomic(path, data, durable=durable)  # the slow path's own errors and retries
+    write_atomic(as_path(path), data, durable=durable)  # the slow path's own errors and retries
 
 
 #: str(state) -> str(STATE/results), for :func:`store_record_where`
