@@ -434,7 +434,12 @@ class Dispatcher:
             busy = self.workers.in_flight
             if not busy and not self._waiting and (stopping or not (self.ready or self.timers)):
                 return
-            for key, _ in self.selector.select(self._next_wake()):
+            wake = self._next_wake()
+            if self._waiting and self._waiting[0][0] <= self.log.durable_seq:
+                # durable before it was waited for: the writer may not have
+                # woken us for it (_durable_wake), so do not sleep
+                wake = 0.0
+            for key, _ in self.selector.select(wake):
                 if key.data is None:
                     with contextlib.suppress(BlockingIOError):
                         while os.read(wake_r, 512):
@@ -460,7 +465,12 @@ class Dispatcher:
             fn()
 
     def _durable_wake(self) -> None:
-        """On the log's writer thread: a batch is durable; wake the loop."""
+        """On the log's writer thread: a batch is durable; wake the loop, when
+        something waits for a batch (most settles wake nobody: a task without
+        consumers). A batch that turns durable before the loop queued what
+        waits for it is seen by the loop itself before it sleeps (_turns)."""
+        if not self._waiting:
+            return
         with self._wake_lock:
             if self._wake_fd >= 0:
                 with contextlib.suppress(OSError):
@@ -774,9 +784,13 @@ class Dispatcher:
 
     def _settle(self, name: str, status: str) -> None:
         """``name`` settled (counting is the caller's): wake its consumers once
-        its record is durable."""
+        its record is durable. A task nothing waits for (no consumer, not
+        before a scored loop) defers nothing: no loop turn waits for its batch."""
         self.status[name] = status
-        self._after_durable(lambda: self._wake_consumers(name))
+        if self.graph.consumers[name] or (
+            self.loop is not None and name in self.loop.phases.before
+        ):
+            self._after_durable(lambda: self._wake_consumers(name))
 
     def _wake_consumers(self, name: str) -> None:
         for consumer in self.graph.consumers[name]:
@@ -796,6 +810,14 @@ class Dispatcher:
 
     # ------------------------------------------------------ a unit (main side)
 
+    def _workspace_rel(self, unit: Unit) -> str:
+        """``work/<task>[/<escaped key>]``, as the layout spells it relative to
+        STATE (an unmapped task's without building its Path: once per start;
+        its name is a plan task's, checked when the plan's view was built)."""
+        if unit.key is None:
+            return "work/" + unit.name
+        return self._rel(self.layout.work_dir(unit.name, unit.key))
+
     def _started(self, unit: Unit, pid: int, worker: str | None = None) -> None:
         unit.pid = pid
         if unit.first_start is None:
@@ -806,7 +828,7 @@ class Dispatcher:
             **self._ids(unit),
             attempt=unit.attempt,
             pid=pid,
-            workspace=self._rel(self.layout.work_dir(unit.name, unit.key)),
+            workspace=self._workspace_rel(unit),
             **self._item_preview(unit),
             **({} if worker is None else {"worker": worker}),  # a Dask executor's
         )

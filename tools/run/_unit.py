@@ -128,6 +128,8 @@ class UnitPaths:
         self.state = state
         self.layout = layout
         self._made_dirs: set[Path] = set()
+        self._output_dirs: dict[int, Path] = {}
+        self._work_root = layout.work_root
 
     def _made(self, path: Path) -> Path:
         parent = path.parent
@@ -137,7 +139,24 @@ class UnitPaths:
         return path
 
     def output(self, name: str, key: str | None, attempt: int) -> Path:
-        return self._made(self.layout.output_path(name, key, attempt))
+        # ``name`` is a plan task's (the runner looked it up first), checked when
+        # the plan's view was built: joined as is
+        if key is not None:
+            return self._made(self.layout.output_path(name, key, attempt))
+        # An unmapped task's: its attempt's directory (as the layout spells it,
+        # made once) and one join, instead of the layout's four Path steps.
+        where = self._output_dirs.get(attempt)
+        if where is None:
+            where = self._made(self.layout.output_path(name, None, attempt)).parent
+            self._output_dirs[attempt] = where
+        return where / (name + ".json")
+
+    def work(self, name: str, key: str | None) -> Path:
+        """The unit's workspace, as the layout spells it (an unmapped task's: one
+        join onto the cached ``work/``)."""
+        if key is not None:
+            return self.layout.work_dir(name, key)
+        return self._work_root / name
 
     def log(self, name: str, key: str | None) -> Path:
         return self._made(self.layout.log_path(name, key))
@@ -320,7 +339,7 @@ class UnitRunner:
         self.environ = environ
         self.slots = slots
         self.pack_dir = pack_dir
-        self._host_env: dict[str, dict[str, str]] = {}
+        self._host_env: dict[Any, dict[str, str]] = {}
         # --- workspace recycling (crucible.run._recycle): per process after the fork
         self.pool = WorkspacePool(keep=options.keep_workspaces)
         # --cache DIR (docs/spec/cache.md): the scheduling thread restored the hits
@@ -360,7 +379,7 @@ class UnitRunner:
             cache_key = cache_key or self.cache.key(name, key)
             if how == "hit" and (hit := self._cache_hit(cache_key, attempt)):
                 return hit  # a hit with large files
-        workspace = self.layout.work_dir(name, key)
+        workspace = self.paths.work(name, key)
         output = self.paths.output(name, key, attempt)
         # a first attempt of a keyed unit takes a free workspace of its task, if any
         recycled = staged_env is None and self.pool.acquire(key, workspace)
@@ -375,8 +394,15 @@ class UnitRunner:
         if not self.slots.acquire(channel.requests_fd):
             # Stopping: a staged unit is not started and stays unsettled.
             return {"kind": "not_started", "staged_env": staged_env}
+        # The producer units whose files it holds: known from this attempt's
+        # staging (most hold none, and pay for no second look), else (None: a
+        # retry) looked up by each check below.
+        held = prepared["held"]
         try:  # staged ahead: undo what another consumer changed meanwhile
-            self.stage.refresh_inputs(self.plan, self.state, name, workspace, key=key)
+            if held is None or held:  # None (a retry): they look the units up
+                self.stage.refresh_inputs(
+                    self.plan, self.state, name, workspace, key=key, units=held
+                )
         except CrucibleError as exc:
             self.slots.release()
             return {"kind": "stage_error", "message": str(exc)}
@@ -429,10 +455,12 @@ class UnitRunner:
             # Check what it was handed before its slot is given back: a changed
             # staged file is restored before the next consumer can start (at -j 1
             # no other consumer ever reads it; docs/spec/inputs.md 3.4).
-            if not gone:
+            if not gone and held is not None and not held:
+                held_notes = []
+            elif not gone:
                 with contextlib.suppress(CrucibleError):  # capture checks again, and says why
                     held_notes = self.stage.check_inputs(
-                        self.plan, self.state, name, workspace, key=key
+                        self.plan, self.state, name, workspace, key=key, units=held
                     )
         finally:
             self.slots.release()
@@ -530,11 +558,13 @@ class UnitRunner:
         recycled workspace), fresh output path, prompt."""
         stage = self.stage
         staged_env: dict[str, str] | None = None
+        held = None  # not staged now: the caller looks them up
         if stage_now:  # stage_inputs creates the workspace
             staged = stage.stage_inputs(
                 self.plan, self.state, name, workspace, key=key, in_place=in_place
             )
             staged_env = dict(staged.env)
+            held = staged.held
         stage.clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None
@@ -550,7 +580,12 @@ class UnitRunner:
             # whole launch); such a prompt travels only in the file.
             if len(data) <= stage.PROMPT_ENV_MAX and "\x00" not in prompt:
                 prompt_env = prompt
-        return {"staged_env": staged_env, "prompt_file": prompt_file, "prompt_env": prompt_env}
+        return {
+            "staged_env": staged_env,
+            "prompt_file": prompt_file,
+            "prompt_env": prompt_env,
+            "held": held,
+        }
 
     def _environment(
         self,
@@ -562,10 +597,15 @@ class UnitRunner:
         prepared: dict[str, Any],
         output: Path,
     ) -> dict[str, str]:
-        base = self._host_env.get(name)
+        # The host part depends only on the variables a task declares: tasks
+        # that declare the same (most: none) share one, built once per worker.
+        declared = task.get("env") or []
+        env_key = tuple(declared) if isinstance(declared, list) else None
+        base = self._host_env.get(env_key) if env_key is not None else None
         if base is None:
             base = task_environment(self.plan, task, self.environ)
-            self._host_env[name] = base
+            if env_key is not None:
+                self._host_env[env_key] = base
         env = dict(base)
         env.update(staged_env or {})
         env["CRUCIBLE_TASK"] = name
@@ -708,12 +748,12 @@ class UnitRunner:
             record = dict(record)
             record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
             add_log_fields(record, log, tail)
-        path = self.stage.write_result(self.state, record, durable=self.durable_records)
+        wrote = self.stage.write_result_where(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
         if not self.durable_records:  # the dispatcher fsyncs these in its group commit
-            summary["wrote"] = [str(path), str(path.parent)]
+            summary["wrote"] = list(wrote)
         return summary
 
     def _apply_verdict(self, record: dict[str, Any], output: Path) -> dict[str, Any]:

@@ -86,14 +86,21 @@ def _frame(value: Any) -> bytes:
     return len(body).to_bytes(_HEADER, "little") + body
 
 
-def _read_exact(fd: int, n: int) -> bytes | None:
-    chunks = bytearray()
-    while len(chunks) < n:
-        chunk = os.read(fd, n - len(chunks))
+def _next_request(fd: int, pending: bytearray) -> bytes | None:
+    """The body of the next request framed on ``fd`` (None at end of file),
+    reading as much as the pipe holds at a time; bytes past it stay in
+    ``pending``."""
+    while True:
+        if len(pending) >= _HEADER:
+            end = _HEADER + int.from_bytes(pending[:_HEADER], "little")
+            if len(pending) >= end:
+                body = bytes(pending[_HEADER:end])
+                del pending[:end]
+                return body
+        chunk = os.read(fd, 1 << 16)
         if not chunk:
             return None
-        chunks += chunk
-    return bytes(chunks)
+        pending += chunk
 
 
 def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) -> None:
@@ -107,11 +114,15 @@ def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) 
     # set: a signal sent to the group must not wake the dispatcher from here.
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
+    _serve_loop(handler, requests, replies)
+
+
+def _serve_loop(handler: Callable[[Any, Channel], Any], requests: int, replies: int) -> None:
+    # One read takes a whole request (header and body) where two were made:
+    # whatever else arrived stays in ``pending`` for the next one.
+    pending = bytearray()
     while True:
-        header = _read_exact(requests, _HEADER)
-        if header is None:
-            return
-        body = _read_exact(requests, int.from_bytes(header, "little"))
+        body = _next_request(requests, pending)
         if body is None:
             return
         token, request = pickle.loads(body)
@@ -242,6 +253,11 @@ class WorkerPool:
                 gone = True
                 break
             worker.buffer += chunk
+            if len(chunk) < 1 << 16:
+                # the pipe is empty now: what comes later wakes the selector
+                # again (level-triggered), and a read to hear EAGAIN is a
+                # syscall and an exception per reply
+                break
         replies: list[Reply] = []
         buf = worker.buffer
         while len(buf) >= _HEADER:

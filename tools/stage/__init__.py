@@ -48,6 +48,7 @@ from crucible.stage._records import (
     settle_fold,
     update_record,
     write_result,
+    write_result_where,
 )
 
 __all__ = [
@@ -90,4 +91,5 @@ __all__ = [
     "unescape_key",
     "update_record",
     "write_result",
+    "write_result_where",
 ]

@@ -13,7 +13,7 @@ from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.core.fsio import NotRegular, open_regular, read_at_most, remove_tree
+from crucible.core.fsio import NotRegular, open_regular, remove_tree
 from crucible.stage._files import (
     FILES_RUN_MAX,
     CaptureRefused,
@@ -28,6 +28,7 @@ from crucible.stage._loop import revision_of
 from crucible.stage._plan import in_plan, view
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 from crucible.stage._share import verify_consumer
+from crucible.stage._store import as_path
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -120,7 +121,7 @@ def _read_output(
     try:
         if size > RESULT_FILE_MAX:
             raise OverflowError
-        data = read_at_most(fd, RESULT_FILE_MAX)
+        data = _read_sized(fd, size, RESULT_FILE_MAX)
     except OverflowError:
         return _Output(
             None,
@@ -134,6 +135,8 @@ def _read_output(
         os.close(fd)
     if not data.strip() and not declares_emits:
         return _Output({})
+    if data == b"{}":  # what most tasks without fields write: canon.loads' answer, at once
+        return _Output({})
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:
@@ -141,6 +144,26 @@ def _read_output(
     if not isinstance(value, dict):
         return _Output(None, f"result in {shown} is a JSON {json_type(value)}, not an object")
     return _Output(value)
+
+
+def _read_sized(fd: int, size: int, limit: int) -> bytes:
+    """What ``read_at_most(fd, limit)`` returns, for a file whose fstat said
+    ``size``: the first read asks for size + 1 bytes and the next ones for at
+    most 64 KiB, so a small result (nearly all) costs two small reads, not a
+    buffer of 1 MiB per read (an mmap and a munmap each). A file that grew
+    meanwhile is read on, never past the bound (OverflowError)."""
+    chunks: list[bytes] = []
+    total = 0
+    want = min(size, limit) + 1
+    while True:
+        chunk = os.read(fd, want)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise OverflowError
+        want = min(1 << 16, limit + 1 - total)
 
 
 class _Fields:
@@ -173,7 +196,7 @@ def _check_request(
         check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     if key is not None and revision_of(key) is None:
         instance_item(plan, state, task, key)  # the key must be one of the map's items
-    workspace = Path(workspace).absolute()
+    workspace = as_path(workspace).absolute()
     if not workspace.is_dir():
         raise InputRefused("workspace does not exist", where=str(workspace))
     return workspace
@@ -317,14 +340,14 @@ def capture(
     """
     pv = view(plan)
     t = pv.task(task)
-    state = Path(state)
+    state = as_path(state)
     workspace = _check_request(plan, state, task, workspace, key, exit_code, emit_cap)
     ex = _extra(extra)
 
     found = _Fields()
     if exit_code != 0:
         found.problems.append(f"exited with status {exit_code}")
-    read = _read_output(Path(output_file), workspace, bool(t.emits), output_name)
+    read = _read_output(as_path(output_file), workspace, bool(t.emits), output_name)
     output = read.value
     if read.why is not None and (exit_code == 0 or os.path.lexists(output_file)):
         found.problems.append(read.why)

@@ -10,9 +10,11 @@ Normative text: docs/spec/inputs.md.
 
 from __future__ import annotations
 
+import copy
 import os
 import stat
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,7 @@ from crucible.stage._names import escape_key
 from crucible.stage._plan import PlanView, TaskView, in_plan, view
 from crucible.stage._records import check_key, load_all, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
+from crucible.stage._store import as_path
 
 __all__ = [
     "INDEX_FORMAT",
@@ -89,6 +92,10 @@ class StagedInputs:
     value: dict[str, Any] | None
     files_bytes: int
     files_staged: tuple[str, ...]
+    #: the producer units whose files it was handed (3.4): what
+    #: :func:`refresh_inputs` and :func:`check_inputs` are given, so a unit
+    #: handed none (most) pays for no second look at the plan and the state
+    held: tuple[Unit, ...] = ()
 
 
 # -- map items ---------------------------------------------------------------
@@ -108,11 +115,11 @@ def _items_entry(
     if t.map is None:
         raise InputRefused(f"task {task!r} is not mapped")
     if t.listed:
-        return _listed_entry(Path(state), task)
+        return _listed_entry(as_path(state), task)
     producer, fld = t.map
     if pv.task(producer).map is not None:
         raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
-    state = Path(state)
+    state = as_path(state)
     path = StateLayout(state).result_path(producer)
     try:
         st = path.stat()
@@ -157,7 +164,7 @@ def _items_entry(
 def instances_path(state: Path, task: str) -> Path:
     """``STATE/instances/<task>.json``: the instances the dispatcher expanded for a
     listed fan-out (docs/spec/run.md, "Instances file")."""
-    return StateLayout(Path(state)).instances_path(task)
+    return StateLayout(as_path(state)).instances_path(task)
 
 
 def _listed_entry(state: Path, task: str) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
@@ -216,13 +223,34 @@ def _read_json(path: Path, *, optional: bool = False) -> Any:
         raise ParseError(exc.message, where=str(path)) from None
 
 
+#: str(path) -> (its identity when read, the parsed params): a dispatcher
+#: stages every unit of a run with the same params.json, written at admission
+_params_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, Any]]] = {}
+
+
 def load_params(plan: Any, state: Path) -> dict[str, Any]:
-    """``STATE/params.json``; without it, the plan's defaults (every param needs one)."""
-    path = StateLayout(state).params_path
+    """``STATE/params.json``; without it, the plan's defaults (every param needs one).
+
+    A file read before is parsed again only when its identity (inode, size,
+    mtime, ctime) changed: one stat per unit instead of an open, a read and a
+    parse. The caller gets its own copy (a value may be a container)."""
+    where = _state_file(state, "params")
+    try:
+        st = os.stat(where)
+    except OSError:
+        st = None
+    if st is not None:
+        ident = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        hit = _params_cache.get(where)
+        if hit is not None and hit[0] == ident:
+            return copy.deepcopy(hit[1]) if hit[1] else {}
+    path = Path(where)
     params = _read_json(path, optional=True)
     if params is not _ABSENT:
         if not isinstance(params, dict):
             raise InputRefused("params must be a JSON object", where=str(path))
+        if st is not None:
+            _params_cache[where] = (ident, copy.deepcopy(params))
         return params
     declared = plan.get("workflow", {}).get("params", {}) if isinstance(plan, dict) else {}
     params = {}
@@ -314,10 +342,25 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     return out
 
 
+#: (str(state), which) -> the path of STATE's params.json or reserved/, as the
+#: layout spells it: two Path joins a unit less
+_state_files: dict[tuple[str, str], str] = {}
+
+
+def _state_file(state: Path, which: str) -> str:
+    key = (str(state), which)
+    found = _state_files.get(key)
+    if found is None:
+        layout = StateLayout(state)
+        found = str(layout.params_path if which == "params" else layout.reserved_root)
+        _state_files[key] = found
+    return found
+
+
 def _listing(layout: StateLayout) -> set[str]:
     # One listing instead of a stat per name: most runs have no reserved/ at all.
     try:
-        return set(os.listdir(layout.reserved_root))
+        return set(os.listdir(_state_file(layout.state, "reserved")))
     except (FileNotFoundError, NotADirectoryError):
         return set()
     except OSError as exc:
@@ -613,7 +656,7 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
     pv = view(plan)
     t = pv.task(task)
     check_key(plan, task, key)
-    state = Path(state)
+    state = as_path(state)
     reserved = reserved_values(plan, state, task, key)
     units, roots = staged_units(plan, pv, state, task, key)
     files_staged = {u.staged for u in units}
@@ -643,6 +686,13 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
             1, False, units + kept, roots, dirs, files, None, obj, files_staged,
             {"CRUCIBLE_INPUTS_FILE": V1_FILE}, text,
         )  # fmt: skip
+    if nothing_to_stage(pv, t, reserved):
+        # 3.7: no tree; the index it would have held (params {} alone, digested)
+        # is never written, so it is not built (most units of a wide run)
+        return Described(
+            pv.version, True, units + kept, roots, [], [], None, None, files_staged,
+            {"CRUCIBLE_INPUTS_DIR": VALUES_DIR},
+        )  # fmt: skip
     dirs.append(VALUES_DIR)
     entries = []
     for name in utf16_order(t.inputs):
@@ -660,11 +710,9 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
             entry["kept_files"] = kept_files
         entries.append(entry)
     index = {"format": INDEX_FORMAT, "task": task, "key": key, "inputs": entries}
-    nothing = nothing_to_stage(pv, t, reserved)
-    if not nothing:
-        files.append((f"{VALUES_DIR}/{INDEX_NAME}", _index_bytes(index)))
+    files.append((f"{VALUES_DIR}/{INDEX_NAME}", _index_bytes(index)))
     return Described(
-        pv.version, nothing, units + kept, roots, dirs, files, index, None, files_staged,
+        pv.version, False, units + kept, roots, dirs, files, index, None, files_staged,
         {"CRUCIBLE_INPUTS_DIR": VALUES_DIR},
     )  # fmt: skip
 
@@ -723,19 +771,33 @@ def stage_inputs(
     ``in_place`` (a recycled workspace of another unit of the same task: 3.8)
     the tree there is rewritten where it stands instead.
     """
-    state = Path(state)
-    workspace = Path(workspace).absolute()
+    state = as_path(state)
+    workspace = as_path(workspace).absolute()
     inputs_dir = workspace / "inputs"
     check_key(plan, task, key)
     try:  # first, as before the split: a refused staging leaves the workspace, empty
-        workspace.mkdir(parents=True, exist_ok=True)
+        os.mkdir(workspace)
+        new = True  # (a new workspace holds no old tree to drop)
+    except FileExistsError:
+        new = False
+    except FileNotFoundError:
+        new = False
+        try:
+            workspace.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot create workspace: {exc.strerror}", where=str(workspace)
+            ) from None
     except OSError as exc:
         raise OperationalError(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
         ) from None
+    if not new and not workspace.is_dir():
+        raise OperationalError("cannot create workspace: File exists", where=str(workspace))
     d = describe_inputs(plan, state, task, key)
     if d.nothing:  # 3.7: no tree (nothing it would say)
-        drop_old_tree(inputs_dir)
+        if not new:
+            drop_old_tree(inputs_dir)
         return _nothing_staged(state, inputs_dir)
     files_bytes = None
     if in_place:
@@ -756,6 +818,7 @@ def stage_inputs(
         value=d.value,
         files_bytes=files_bytes,
         files_staged=tuple(sorted(d.files_staged)),
+        held=tuple(d.units),
     )
 
 
@@ -783,9 +846,18 @@ def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, b
     return files_bytes
 
 
+#: str(state) -> str(its empty values directory), once made by this process
+_empty_dirs: dict[str, str] = {}
+
+
 def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:
+    empty = _empty_dirs.get(str(state))
+    if empty is None:
+        empty = str(empty_values_dir(state))
+        if state.is_absolute():  # a relative one names another directory after a chdir
+            _empty_dirs[str(state)] = empty
     return StagedInputs(
-        env={"CRUCIBLE_INPUTS_DIR": str(empty_values_dir(state))},
+        env={"CRUCIBLE_INPUTS_DIR": empty},
         inputs_dir=inputs_dir,
         values_dir=None,
         index=None,
@@ -799,7 +871,7 @@ def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:
 def held_units(plan: Any, state: Path, task: str, key: str | None = None) -> list[Unit]:
     """The producer units whose captured files ``task`` is handed (3.4, 3.6)."""
     pv = view(plan)
-    state = Path(state)
+    state = as_path(state)
     units: list[Unit] = []
     for anc in pv.ancestors(task):
         if pv.tasks[anc].emits_files:
@@ -812,30 +884,35 @@ def held_units(plan: Any, state: Path, task: str, key: str | None = None) -> lis
 
 
 def refresh_inputs(
-    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
-) -> list[str]:
+    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None,
+    units: Sequence[Unit] | None = None,
+) -> list[str]:  # fmt: skip
     """Call just before a staged task starts (dispatch stages a unit ahead of
     its start): staged files another consumer changed meanwhile are restored
     and relinked, so the task starts with what was captured (3.4). Returns the
-    workspace-relative paths replaced."""
+    workspace-relative paths replaced. ``units``: the held units when the
+    caller knows them (:attr:`StagedInputs.held`, or :func:`held_units`)."""
     check_key(plan, task, key)
-    units = held_units(plan, Path(state), task, key)
+    if units is None:
+        units = held_units(plan, as_path(state), task, key)
     if not units:
         return []
-    return refresh_held(Path(state), units, Path(workspace).absolute())
+    return refresh_held(as_path(state), list(units), as_path(workspace).absolute())
 
 
 def check_inputs(
-    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
-) -> list[str]:
+    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None,
+    units: Sequence[Unit] | None = None,
+) -> list[str]:  # fmt: skip
     """Call once the task's processes are gone and before its slot is given back
     (3.4): every staged file it holds must be unchanged. A changed one has its
     published copy restored now, before any other consumer can start, and is
     named in the returned notes (pass them to :func:`capture` as
-    ``held_notes``)."""
+    ``held_notes``). ``units`` as for :func:`refresh_inputs`."""
     check_key(plan, task, key)
-    units = held_units(plan, Path(state), task, key)
+    if units is None:
+        units = held_units(plan, as_path(state), task, key)
     if not units:
         return []
     label = task if key is None else f"{task}[{key}]"
-    return verify_consumer(Path(state), label, units, Path(workspace).absolute())
+    return verify_consumer(as_path(state), label, list(units), as_path(workspace).absolute())

@@ -15,7 +15,7 @@ from crucible.stage import _store
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import loop_of, revision_of
 from crucible.stage._plan import view
-from crucible.stage._store import RESULT_FORMAT
+from crucible.stage._store import RESULT_FORMAT, as_path
 
 __all__ = [
     "RESULT_FORMAT",
@@ -32,6 +32,7 @@ __all__ = [
     "update_record",
     "write_record",
     "write_result",
+    "write_result_where",
 ]
 
 #: What a settled record can say. ``absent`` is not a record status: the index
@@ -62,7 +63,7 @@ def check_key(plan: Any, task: str, key: str | None) -> None:
 def write_record(state: Path, record: dict[str, Any], *, durable: bool = True) -> dict[str, Any]:
     """Write a settled record (crucible.stage._store); ``durable=False`` leaves
     its fsync to the dispatcher's group commit."""
-    _store.store_record(Path(state), record, durable=durable)
+    _store.store_record(as_path(state), record, durable=durable)
     return record
 
 
@@ -70,34 +71,43 @@ def write_result(state: Path, record: dict[str, Any], *, durable: bool = True) -
     """Write a settled record; returns the file it went to (``results/<task>.json``
     or the task's packed ``results/<task>.jsonl``), for a caller that makes it
     durable later (``durable=False``: the dispatcher's group commit)."""
-    return _store.store_record(Path(state), record, durable=durable)
+    return _store.store_record(as_path(state), record, durable=durable)
+
+
+def write_result_where(
+    state: Path, record: dict[str, Any], *, durable: bool = True
+) -> tuple[str, str]:
+    """:func:`write_result`, naming (the file, its directory) as strings: what a
+    dispatch worker hands the group commit to fsync, once per task, without
+    building Path objects for them."""
+    return _store.store_record_where(as_path(state), record, durable=durable)
 
 
 def remove_result(state: Path, task: str, key: str | None = None, *, durable: bool = True) -> None:
     """Remove a unit's settled record, so that it runs again (a keyed unit's gets
     a tombstone line in its packed file; nothing when there is none)."""
-    _store.remove_record(Path(state), task, key, durable=durable)
+    _store.remove_record(as_path(state), task, key, durable=durable)
 
 
 def remove_results(state: Path, task: str, keys: list[str] | None, *, durable: bool = True) -> None:
     """Remove the records of several keyed units of ``task`` (one append), or
     with ``keys`` None of all of them (the packed file goes)."""
     if keys is None:
-        _store.remove_packed(Path(state), task, durable=durable)
+        _store.remove_packed(as_path(state), task, durable=durable)
         return
-    present = load_all(Path(state), task)
-    _store.remove_keys(Path(state), task, [k for k in keys if k in present], durable=durable)
+    present = load_all(as_path(state), task)
+    _store.remove_keys(as_path(state), task, [k for k in keys if k in present], durable=durable)
 
 
 def update_record(
     state: Path, task: str, key: str | None = None, *, durable: bool = True, **members: Any
 ) -> dict[str, Any]:
     """Set ``members`` in a settled record (e.g. ``tolerated``) and write it back."""
-    record = load_result(Path(state), task, key)
+    record = load_result(as_path(state), task, key)
     if record is None:
         raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
     record.update(members)
-    return write_record(Path(state), record, durable=durable)
+    return write_record(as_path(state), record, durable=durable)
 
 
 def base_record(task: str, key: str | None, status: str, note: str) -> dict[str, Any]:
@@ -140,7 +150,7 @@ def record_settled(
     if key is not None or view(plan).task(task).map is None:
         check_key(plan, task, key)
     record = base_record(task, key, status, note)
-    tampering = _held_tampering(plan, Path(state), task, key)
+    tampering = _held_tampering(plan, as_path(state), task, key)
     if tampering:  # a timed-out or killed consumer is checked as capture checks one
         record["note"] = "; ".join([note, *tampering]) if note else "; ".join(tampering)
     if key is None and view(plan).task(task).map is not None:
@@ -149,7 +159,7 @@ def record_settled(
     ex = _extra(extra)
     if ex is not None:
         record["extra"] = ex
-    return write_record(Path(state), record, durable=durable)
+    return write_record(as_path(state), record, durable=durable)
 
 
 def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[str]:
@@ -203,28 +213,28 @@ def amend_result(
     on its verdict) and rewrite it atomically; everything else is kept. ``extra``
     members are merged into the record's ``extra``."""
     check_key(plan, task, key)
-    record = load_result(Path(state), task, key)
+    record = load_result(as_path(state), task, key)
     if record is None:
         raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
     record = amend_record(record, status=status, note=note, retryable=retryable, extra=extra)
-    return write_record(Path(state), record, durable=durable)
+    return write_record(as_path(state), record, durable=durable)
 
 
 def load_result(state: Path, task: str, key: str | None = None) -> dict[str, Any] | None:
     """The settled record of a task (or of one instance), or None when there is none."""
-    return _store.load_one(Path(state), task, key)
+    return _store.load_one(as_path(state), task, key)
 
 
 def load_all(state: Path, task: str) -> dict[str, dict[str, Any]]:
     """Every keyed unit's record of ``task`` by key, in one read (shared: do not
     change it)."""
-    return _store.load_keyed(Path(state), task)
+    return _store.load_keyed(as_path(state), task)
 
 
 def load_record_fast(state: Path, task: str, key: str) -> dict[str, Any] | None:
     """A keyed unit's record from one read of its task's packed file (repeated
     calls parse only what was appended since): a fold's instances."""
-    return _store.load_keyed(Path(state), task).get(key)
+    return _store.load_keyed(as_path(state), task).get(key)
 
 
 def settle_fold(
@@ -241,7 +251,7 @@ def settle_fold(
         raise InputRefused(f"task {task!r} is not mapped; it has no fold to settle")
     if len(set(keys)) != len(keys):
         raise InputRefused(f"task {task!r}: fan-out keys must be unique")
-    state = Path(state)
+    state = as_path(state)
     counts = {s: 0 for s in STATUSES}
     first_bad: tuple[str, dict[str, Any]] | None = None
     records = load_all(state, task)  # one read of results/<task>.jsonl

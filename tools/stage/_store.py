@@ -31,9 +31,10 @@ from crucible.core import canon
 from crucible.core.atomic import fsync_dir
 from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused, OperationalError, ParseError
+from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, open_regular
 from crucible.stage._fsio import write_atomic
-from crucible.stage._layout import StateLayout
+from crucible.stage._names import check_task_name
 
 __all__ = [
     "PACKED_SUFFIX",
@@ -55,14 +56,33 @@ PACKED_SUFFIX = ".jsonl"
 TOMBSTONE = "removed"
 
 
+def as_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a Path, without a copy when it is one: ``Path(p)`` parses its
+    argument again even then, and staging and capture did so ~15 times a unit."""
+    return path if isinstance(path, Path) else Path(path)
+
+
+#: str(state) -> STATE/results (one join a record less). The hot-path twin of
+#: StateLayout.result_path/packed_path, which own the spelling; tests/stage/test_layout_paths.py
+#: pins that both agree.
+_results_dirs: dict[str, Path] = {}
+
+
+def _results_dir(state: Path) -> Path:
+    found = _results_dirs.get(str(state))
+    if found is None:
+        found = _results_dirs[str(state)] = as_path(state) / "results"
+    return found
+
+
 def plain_path(state: Path, task: str) -> Path:
     """``results/<task>.json``: an unmapped task's record, or a mapped task's aggregate."""
-    return StateLayout(Path(state)).result_path(task)
+    return _results_dir(state) / (check_task_name(task) + ".json")
 
 
 def packed_path(state: Path, task: str) -> Path:
     """``results/<task>.jsonl``: the records of every keyed unit of ``task``."""
-    return StateLayout(Path(state)).packed_path(task)
+    return _results_dir(state) / (check_task_name(task) + PACKED_SUFFIX)
 
 
 def record_path(state: Path, task: str, key: str | None) -> Path:
@@ -351,6 +371,81 @@ def append_line(path: Path, line: bytes, *, durable: bool = False) -> None:
         fsync_dir(path.parent)
 
 
+#: this process's temp names: ``@tmp-r<pid>-<n>`` (a forked worker has its own
+#: pid; a name another process left behind is skipped, O_EXCL)
+_tmp_seq = [0]
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_plain(path: Path | str, data: bytes, durable: bool) -> None:
+    """A plain record, atomically: what :func:`crucible.stage._fsio.write_atomic`
+    does, with a temp name made from the pid and a counter instead of
+    ``mkstemp``'s random one (the dispatcher writes one record per task: the
+    random name cost more than the write). The results directory is made only
+    after a first failure (it exists for all but a run's first record)."""
+    target = str(path)
+    directory = os.path.dirname(target) or "."
+    for _ in range(2):
+        try:
+            _tmp_seq[0] += 1
+            tmp = f"{directory}/@tmp-r{os.getpid()}-{_tmp_seq[0]}"
+            fd = os.open(tmp, _TMP_FLAGS, 0o600)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                raise OperationalError(f"cannot write {path}: {exc.strerror or exc}") from None
+            continue
+        except OSError as exc:
+            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+        try:
+            try:
+                n = os.write(fd, data)
+                if n != len(data):
+                    write_all(fd, data[n:])
+                if durable:
+                    os.fsync(fd)
+                os.fchmod(fd, 0o644)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if isinstance(exc, OSError):
+                raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+            raise
+        if durable:
+            fsync_dir(directory)
+        return
+    write_atomic(as_path(path), data, durable=durable)  # the slow path's own errors and retries
+
+
+#: str(state) -> str(STATE/results), for :func:`store_record_where`
+_results_strs: dict[str, str] = {}
+
+
+def store_record_where(
+    state: Path, record: dict[str, Any], *, durable: bool = True
+) -> tuple[str, str]:
+    """:func:`store_record`, returning (the file, its directory) as strings: what
+    a dispatch worker hands the group commit to fsync, once per task, without
+    the Path objects (their joins and parses cost more than the write)."""
+    key = record.get("key")
+    if key is not None:
+        path = store_record(state, record, durable=durable)
+        return str(path), str(path.parent)
+    data = canon.dumps(record)
+    where = _results_strs.get(str(state))
+    if where is None:
+        where = _results_strs[str(state)] = str(_results_dir(state))
+    target = f"{where}/{check_task_name(record['task'])}.json"
+    _write_plain(target, data, durable)
+    return target, where
+
+
 def store_record(state: Path, record: dict[str, Any], *, durable: bool = True) -> Path:
     """Write a settled record where it lives; returns that file. A plain record
     replaces its file atomically; a keyed one is appended to its task's packed
@@ -360,7 +455,7 @@ def store_record(state: Path, record: dict[str, Any], *, durable: bool = True) -
     data = canon.dumps(record)
     if key is None:
         path = plain_path(state, record["task"])
-        write_atomic(path, data, durable=durable)
+        _write_plain(path, data, durable)
         return path
     path = packed_path(state, record["task"])
     append_line(path, data + b"\n", durable=durable)
