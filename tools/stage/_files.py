@@ -9,6 +9,7 @@ is copied as a regular file); special files are refused. Staging the captured tr
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -98,6 +99,7 @@ class _Copier:
         self.budget = budget
         self.result = FileCapture()
         self.done: set[str] = set()
+        self.hasher: _Hasher | None = None  # started at the first large file
 
     def _refuse_outside(self, rel: str, real: str) -> CaptureRefused:
         return CaptureRefused(
@@ -167,15 +169,15 @@ class _Copier:
         self.done.add(rel)
         target = self.dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        size, sha = self._copy_file(rel, real, target)
-        self.result.files.append({"path": rel, "size": size, "digest": sha})
+        self.result.files.append(self._copy_file(rel, real, target))
         return []
 
-    def _copy_file(self, rel: str, real: str, target: Path) -> tuple[int, str]:
-        """Copy one checked file. The source is opened without following a final
-        symlink and without blocking, and, where /proc shows it, re-checked by
-        what was opened: a file swapped for a symlink or a FIFO after the check
-        is refused, not followed or waited on."""
+    def _copy_file(self, rel: str, real: str, target: Path) -> dict[str, object]:
+        """Copy one checked file; returns its ``files`` entry (a large file's
+        digest is set when :attr:`hasher` is closed). The source is opened
+        without following a final symlink and without blocking, and, where
+        /proc shows it, re-checked by what was opened: a file swapped for a
+        symlink or a FIFO after the check is refused, not followed or waited on."""
         try:
             fd, st = open_regular(real)
         except NotRegular:
@@ -199,13 +201,43 @@ class _Copier:
                     f"the bound on a task's files is {self.budget} bytes",
                     retryable=False,
                 )
-            size, sha = copy_fd_hashed(
-                fd, target, limit=self.budget - self.result.total + st.st_size
-            )
+            limit = self.budget - self.result.total + st.st_size
+            entry: dict[str, object] = {"path": rel}
+            if st.st_size < KERNEL_COPY_MIN:
+                size, entry["digest"] = copy_fd_hashed(fd, target, limit=limit)
+            else:
+                size = self._copy_large(fd, target, limit, entry)
+            entry["size"] = size
             self.result.total += size - st.st_size  # a file that grew while copied
-            return size, sha
+            return entry
         finally:
             os.close(fd)
+
+    def _copy_large(self, fd: int, target: Path, limit: int, entry: dict[str, object]) -> int:
+        """Copy in the kernel, then hand the copy to the hashing threads: the
+        digest is taken over the copy, never over a source that may still
+        change after it was read."""
+        out = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            size = kernel_copy_bounded(fd, out, target, limit=limit)
+        except OSError as exc:
+            os.close(out)
+            raise OperationalError(
+                f"cannot capture into {target}: {exc.strerror or exc}"
+            ) from None
+        except BaseException:
+            os.close(out)
+            raise
+        if self.hasher is None:
+            self.hasher = _Hasher()
+        self.hasher.submit((out, size, target, entry))  # the hasher closes it
+        return size
+
+    def finish(self, *, failed: bool) -> None:
+        """Wait for the hashing threads (``failed``: drop their work)."""
+        if self.hasher is not None:
+            hasher, self.hasher = self.hasher, None
+            hasher.close(abort=failed)
 
 
 def _too_deep(rel: str) -> CaptureRefused:
@@ -226,19 +258,16 @@ def _opened_path(fd: int) -> str | None:
 def copy_fd_hashed(src: int, target: Path, *, limit: int, mode: int = 0o644) -> tuple[int, str]:
     """Copy what ``src`` holds (from its current offset) to a new file
     ``target``, hashing as it goes: (bytes, ``sha256:…``). More than ``limit``
-    bytes fails the copy (a file that grows while it is read)."""
+    bytes fails the copy (a file that grows while it is read). The digest is
+    taken over the very bytes written (they pass through our memory)."""
     h = hashlib.sha256()
     size = 0
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        while chunk := os.read(src, 1 << 20):
+        while chunk := os.read(src, min(_CHUNK, limit + 1 - size)):
             size += len(chunk)
             if size > limit:
-                raise CaptureRefused(
-                    f"emits_files: {target.name!r} grew past the bound of {limit} bytes "
-                    "while it was captured",
-                    retryable=False,
-                )
+                raise _grew(target, limit)
             h.update(chunk)
             write_all(out, chunk)
     except OSError as exc:
@@ -246,6 +275,173 @@ def copy_fd_hashed(src: int, target: Path, *, limit: int, mode: int = 0o644) -> 
     finally:
         os.close(out)
     return size, "sha256:" + h.hexdigest()
+
+
+#: read size of the in-memory copy (files below :data:`KERNEL_COPY_MIN`); a
+#: 1 MiB ``os.read`` allocates (and maps) a 1 MiB buffer even for 10 bytes
+_CHUNK = 1 << 18
+
+#: A file of at least this many bytes is copied in the kernel (a reflink where
+#: the filesystem has them, else ``sendfile``) and its copy hashed by a
+#: :class:`_Hasher` thread while the next file is copied; below it, the bytes
+#: are read, hashed and written in one pass (fewer system calls, no thread).
+KERNEL_COPY_MIN = 1 << 18
+
+#: the FICLONE ioctl request number (linux/fs.h), not exposed by fcntl
+_FICLONE = 0x40049409
+#: (source device, target device) -> whether FICLONE works between them
+_clone_ok: dict[tuple[int, int], bool] = {}
+#: bytes per sendfile call: the bound is re-checked between calls
+_SENDFILE_MAX = 1 << 26
+
+
+def _grew(target: Path, limit: int) -> CaptureRefused:
+    return CaptureRefused(
+        f"emits_files: {target.name!r} grew past the bound of {limit} bytes "
+        "while it was captured",
+        retryable=False,
+    )
+
+
+def _clone(src: int, out: int) -> bool:
+    """A copy-on-write clone of all of ``src`` into ``out`` (XFS, btrfs); False
+    where the filesystems cannot (remembered per pair of devices)."""
+    key = (os.fstat(src).st_dev, os.fstat(out).st_dev)
+    if _clone_ok.get(key) is False:
+        return False
+    import fcntl
+
+    try:
+        fcntl.ioctl(out, _FICLONE, src)
+    except OSError:
+        _clone_ok[key] = False
+        return False
+    _clone_ok[key] = True
+    return True
+
+
+def kernel_copy_bounded(src: int, out: int, target: Path, *, limit: int) -> int:
+    """Copy all of ``src`` (from offset 0) into the empty ``out`` without the
+    bytes passing through Python; returns the bytes copied. More than ``limit``
+    fails the copy: ``sendfile`` is asked for at most ``limit + 1`` bytes in
+    all, and a clone's size is checked before anything else is done with it."""
+    if _clone(src, out):
+        size = os.fstat(out).st_size
+        if size > limit:
+            raise _grew(target, limit)
+        return size
+    size = 0
+    try:
+        while n := os.sendfile(out, src, size, min(_SENDFILE_MAX, limit + 1 - size)):
+            size += n
+            if size > limit:
+                raise _grew(target, limit)
+        return size
+    except OSError as exc:
+        if size or exc.errno not in (errno.EINVAL, errno.ENOSYS):
+            raise
+    while chunk := os.pread(src, min(_CHUNK, limit + 1 - size), size):
+        size += len(chunk)
+        if size > limit:
+            raise _grew(target, limit)
+        write_all(out, chunk)
+    return size
+
+
+def hash_fd(fd: int, buf: memoryview) -> tuple[int, str]:
+    """(bytes, ``sha256:…``) of all of ``fd`` from offset 0, read into ``buf``."""
+    h = hashlib.sha256()
+    size = 0
+    while n := os.preadv(fd, [buf], size):
+        h.update(buf[:n])  # releases the GIL: other threads copy meanwhile
+        size += n
+    return size, "sha256:" + h.hexdigest()
+
+
+class _Hasher:
+    """Hashes captured copies — new files in the capture's temporary tree, held
+    by no one but capture, so the digest describes the bytes the store keeps —
+    on up to :data:`HASH_THREADS` threads while the caller copies the next file
+    (hashlib and the copy both release the GIL). Made at the first large file:
+    a capture of small files starts no thread. On one core, jobs are hashed in
+    the caller's thread. A job's fd is closed once hashed and its
+    ``entry["digest"]`` set."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        n = _hash_threads()
+        self._buf = memoryview(bytearray(_HASH_READ)) if n == 1 else None
+        # bounded: the copy runs ahead by a few files' fds, no more
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=4 * n)
+        self._errors: list[BaseException] = []
+        self._abort = False
+        self._threads = [] if n == 1 else [
+            threading.Thread(target=self._run, name="crucible-capture-hash", daemon=True)
+            for _ in range(n)
+        ]  # fmt: skip
+        for t in self._threads:
+            t.start()
+
+    def submit(self, job: _Job) -> None:
+        if self._buf is None:
+            self._jobs.put(job)
+            return
+        self._hash(job, self._buf)
+        if self._errors:
+            raise self._errors[0]
+
+    def _run(self) -> None:
+        buf = memoryview(bytearray(_HASH_READ))
+        while (job := self._jobs.get()) is not None:
+            self._hash(job, buf)
+
+    def _hash(self, job: _Job, buf: memoryview) -> None:
+        fd, size, target, entry = job
+        try:
+            if not self._abort and not self._errors:
+                hashed, sha = hash_fd(fd, buf)
+                if hashed != size:  # pragma: no cover - only capture holds the copy
+                    raise OperationalError(f"{target} changed size while it was hashed")
+                entry["digest"] = sha
+        except OSError as exc:
+            self._errors.append(
+                OperationalError(f"cannot capture into {target}: {exc.strerror or exc}")
+            )
+        except BaseException as exc:  # handed to the caller's thread
+            self._errors.append(exc)
+        finally:
+            os.close(fd)
+
+    def close(self, *, abort: bool = False) -> None:
+        """Wait for every job (``abort``: close their fds unhashed); raises the
+        first error a job met."""
+        self._abort = abort
+        for _ in self._threads:
+            self._jobs.put(None)
+        for t in self._threads:
+            t.join()
+        if self._errors and not abort:
+            raise self._errors[0]
+
+
+#: (the copy's fd, bytes copied, its path, its ``files`` entry)
+_Job = tuple[int, int, Path, dict[str, object]]
+#: bytes per read of a copy being hashed
+_HASH_READ = 1 << 20
+
+#: hashing threads per capture: sha256 runs at ~1.7 GB/s here and the kernel
+#: copies at ~2.5 GB/s, so two hashers keep up with one copier
+HASH_THREADS = 2
+
+
+def _hash_threads() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(HASH_THREADS, cores))
 
 
 def _skip_at_root(name: str) -> bool:
@@ -292,6 +488,19 @@ def capture_files(
     ``require_literals`` (a passing attempt); a glob may match nothing.
     """
     copier = _Copier(workspace, dest, budget)
+    try:
+        _capture_patterns(copier, workspace, patterns, require_literals)
+    except BaseException:
+        copier.finish(failed=True)
+        raise
+    copier.finish(failed=False)
+    copier.result.files.sort(key=lambda f: str(f["path"]))
+    return copier.result
+
+
+def _capture_patterns(
+    copier: _Copier, workspace: Path, patterns: tuple[str, ...], require_literals: bool
+) -> None:
     for i, pattern in enumerate(patterns):
         parts = check_pattern(pattern, f"emits_files[{i}]")
         glob_at = next((j for j, p in enumerate(parts) if GLOB_CHARS & set(p)), None)
@@ -320,5 +529,3 @@ def capture_files(
             if os.path.isdir(real):
                 taken.append(rel)
             copier.capture(rel)
-    copier.result.files.sort(key=lambda f: str(f["path"]))
-    return copier.result
