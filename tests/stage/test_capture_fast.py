@@ -19,6 +19,7 @@ import pytest
 
 from crucible.core import canon
 from crucible.core.errors import OperationalError
+from crucible.core.fsio import open_regular
 from crucible.stage import _files, capture
 from crucible.stage._files import KERNEL_COPY_MIN, capture_files
 from tests.stage.stageplans import plan, task
@@ -41,7 +42,9 @@ def _tree(ws: Path, sizes: dict[str, int]) -> None:
         p.write_bytes(os.urandom(size))
 
 
-def _capture(ws: Path, dest: Path, patterns: tuple[str, ...], budget: int = 1 << 40) -> list:  # type: ignore[type-arg]
+def _capture(
+    ws: Path, dest: Path, patterns: tuple[str, ...], budget: int = 1 << 40
+) -> list[dict[str, object]]:
     dest.mkdir(exist_ok=True)
     return capture_files(ws, patterns, dest, budget=budget, require_literals=True).files
 
@@ -94,7 +97,7 @@ def test_a_file_growing_past_the_bound_while_copied_is_refused(
     copied: the copy itself stops at the bound."""
     ws = tmp_path / "ws"
     _tree(ws, {"f": size})
-    real_open = _files.open_regular
+    real_open = open_regular
 
     def open_then_grow(path: str) -> tuple[int, os.stat_result]:
         got = real_open(path)
@@ -126,13 +129,16 @@ def test_the_bound_holds_when_the_kernel_cannot_sendfile(
     def no_sendfile(*args: object) -> int:
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(_files.os, "sendfile", no_sendfile)
+    monkeypatch.setattr(os, "sendfile", no_sendfile)
     files = _capture(ws, tmp_path / "dest", ("a", "b"))
     assert [f["digest"] for f in files] == [_sha(ws / "a"), _sha(ws / "b")]
-    with open(ws / "a", "rb") as src, open(tmp_path / "c", "wb") as out:
-        with pytest.raises(_files.CaptureRefused, match="grew past the bound"):
-            # the fallback reads at most limit + 1 bytes, whatever the file holds
-            _files.kernel_copy_bounded(src.fileno(), out.fileno(), tmp_path / "c", limit=BIG - 1)
+    with (
+        open(ws / "a", "rb") as src,
+        open(tmp_path / "c", "wb") as out,
+        pytest.raises(_files.CaptureRefused, match="grew past the bound"),
+    ):
+        # the fallback reads at most limit + 1 bytes, whatever the file holds
+        _files.kernel_copy_bounded(src.fileno(), out.fileno(), tmp_path / "c", limit=BIG - 1)
     assert (tmp_path / "c").stat().st_size < BIG
 
 
@@ -186,7 +192,9 @@ def test_a_hashing_error_is_operational_and_leaves_nothing(
     monkeypatch.setattr(_files, "hash_fd", failing)
     before = _fds()
     with pytest.raises(OperationalError, match="Input/output error"):
-        capture(plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0)
+        capture(
+            plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+        )
     assert os.listdir(state / "files") == []
     assert _fds() == before
 
