@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,8 +77,8 @@ def test_the_digest_is_taken_over_the_copy_not_the_source(
     _tree(ws, {"big": BIG})
     real = _files.kernel_copy_bounded
 
-    def copy_then_rewrite(src: int, out: int, target: Path, *, limit: int) -> int:
-        n = real(src, out, target, limit=limit)
+    def copy_then_rewrite(src: int, out: int, target: Path, **kw: Any) -> int:
+        n = real(src, out, target, **kw)
         (ws / "big").write_bytes(b"\0" * BIG)  # same size, other bytes
         return n
 
@@ -118,6 +119,38 @@ def test_a_file_growing_past_the_bound_while_copied_is_refused(
     ).files
     assert f["size"] == size + 10_000 == (tmp_path / "dest2" / "f").stat().st_size
     assert f["digest"] == _sha(tmp_path / "dest2" / "f")
+
+
+@pytest.mark.parametrize("grow", [False, True], ids=["whole", "grows-mid-copy"])
+def test_a_copy_in_many_steps_is_hashed_as_it_grows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grow: bool
+) -> None:
+    """A file copied in several sendfile steps is hashed behind the copy; a
+    copy refused half-way (the file grew past the bound) leaves no fd, thread
+    or half-hashed digest."""
+    monkeypatch.setattr(_files, "_SENDFILE_MAX", 1 << 16)
+    ws = tmp_path / "ws"
+    _tree(ws, {"a": BIG, "big": 40 * (1 << 16) + 7, "c": BIG})
+    if grow:
+        real_open = open_regular
+
+        def open_then_grow(path: str) -> tuple[int, os.stat_result]:
+            got = real_open(path)
+            if path.endswith("big"):
+                with open(path, "ab") as f:
+                    f.write(b"x" * (1 << 20))
+            return got
+
+        monkeypatch.setattr(_files, "open_regular", open_then_grow)
+    before = _fds()
+    if grow:
+        with pytest.raises(_files.CaptureRefused, match="grew past the bound"):
+            _capture(ws, tmp_path / "dest", ("a", "big", "c"), budget=2 * BIG + 40 * (1 << 16) + 9)
+    else:
+        files = _capture(ws, tmp_path / "dest", ("a", "big", "c"))
+        assert [f["digest"] for f in files] == [_sha(ws / n) for n in ("a", "big", "c")]
+    assert _fds() == before
+    assert not [t for t in threading.enumerate() if t.name == "crucible-capture-hash"]
 
 
 def test_the_bound_holds_when_the_kernel_cannot_sendfile(
@@ -186,7 +219,7 @@ def test_a_hashing_error_is_operational_and_leaves_nothing(
     ws = state / "work" / "p"
     _tree(ws, {"out/a": BIG, "out/b": BIG})
 
-    def failing(fd: int, buf: memoryview) -> tuple[int, str]:
+    def failing(*args: object) -> int:
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(_files, "hash_fd", failing)

@@ -14,8 +14,10 @@ import hashlib
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.core.fdio import write_all
@@ -214,23 +216,29 @@ class _Copier:
             os.close(fd)
 
     def _copy_large(self, fd: int, target: Path, limit: int, entry: dict[str, object]) -> int:
-        """Copy in the kernel, then hand the copy to the hashing threads: the
+        """Copy in the kernel while the hashing threads follow the copy: the
         digest is taken over the copy, never over a source that may still
         change after it was read."""
         out = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            size = kernel_copy_bounded(fd, out, target, limit=limit)
-        except OSError as exc:
-            os.close(out)
-            raise OperationalError(
-                f"cannot capture into {target}: {exc.strerror or exc}"
-            ) from None
-        except BaseException:
-            os.close(out)
-            raise
         if self.hasher is None:
-            self.hasher = _Hasher()
-        self.hasher.submit((out, size, target, entry))  # the hasher closes it
+            try:
+                self.hasher = _Hasher()
+            except BaseException:
+                os.close(out)
+                raise
+        job = _Copy(out, target, entry)
+        self.hasher.submit(job)  # from here on the hasher closes ``out``
+        try:
+            size = kernel_copy_bounded(fd, out, target, limit=limit, progress=job.advance)
+        except OSError as exc:
+            self.hasher.drop(job)
+            raise OperationalError(f"cannot capture into {target}: {exc.strerror or exc}") from None
+        except BaseException:
+            self.hasher.drop(job)
+            raise
+        job.finish(size)
+        if not self.hasher.threaded:
+            self.hasher.hash_here(job)
         return size
 
     def finish(self, *, failed: bool) -> None:
@@ -291,8 +299,9 @@ KERNEL_COPY_MIN = 1 << 18
 _FICLONE = 0x40049409
 #: (source device, target device) -> whether FICLONE works between them
 _clone_ok: dict[tuple[int, int], bool] = {}
-#: bytes per sendfile call: the bound is re-checked between calls
-_SENDFILE_MAX = 1 << 26
+#: bytes per sendfile call: the bound is re-checked, and the hashing thread
+#: told how far the copy got, between calls
+_SENDFILE_MAX = 1 << 23
 
 
 def _grew(target: Path, limit: int) -> CaptureRefused:
@@ -320,9 +329,12 @@ def _clone(src: int, out: int) -> bool:
     return True
 
 
-def kernel_copy_bounded(src: int, out: int, target: Path, *, limit: int) -> int:
+def kernel_copy_bounded(
+    src: int, out: int, target: Path, *, limit: int, progress: Callable[[int], None] | None = None
+) -> int:
     """Copy all of ``src`` (from offset 0) into the empty ``out`` without the
-    bytes passing through Python; returns the bytes copied. More than ``limit``
+    bytes passing through Python; returns the bytes copied, and tells
+    ``progress`` how many are in ``out`` after each step. More than ``limit``
     fails the copy: ``sendfile`` is asked for at most ``limit + 1`` bytes in
     all, and a clone's size is checked before anything else is done with it."""
     if _clone(src, out):
@@ -336,6 +348,8 @@ def kernel_copy_bounded(src: int, out: int, target: Path, *, limit: int) -> int:
             size += n
             if size > limit:
                 raise _grew(target, limit)
+            if progress is not None:
+                progress(size)
         return size
     except OSError as exc:
         if size or exc.errno not in (errno.EINVAL, errno.ENOSYS):
@@ -345,49 +359,123 @@ def kernel_copy_bounded(src: int, out: int, target: Path, *, limit: int) -> int:
         if size > limit:
             raise _grew(target, limit)
         write_all(out, chunk)
+        if progress is not None:
+            progress(size)
     return size
 
 
-def hash_fd(fd: int, buf: memoryview) -> tuple[int, str]:
-    """(bytes, ``sha256:…``) of all of ``fd`` from offset 0, read into ``buf``."""
-    h = hashlib.sha256()
-    size = 0
-    while n := os.preadv(fd, [buf], size):
-        h.update(buf[:n])  # releases the GIL: other threads copy meanwhile
-        size += n
-    return size, "sha256:" + h.hexdigest()
+def hash_fd(fd: int, buf: memoryview, h: Any, start: int, end: int) -> int:
+    """Update the sha256 object ``h`` with ``fd``'s bytes from ``start`` to
+    ``end``, read into ``buf``; returns where it stopped (``end``, or sooner
+    at the end of the file)."""
+    pos = start
+    while pos < end:
+        view = buf[: min(len(buf), end - pos)]
+        n = os.preadv(fd, [view], pos)
+        if not n:
+            break
+        h.update(view[:n])  # releases the GIL: the copy goes on meanwhile
+        pos += n
+    return pos
+
+
+class _Copy:
+    """One large file being copied into the store, and how far the copy has
+    got: the hashing thread that took it hashes up to ``copied`` and waits for
+    more until the copy has ``finished`` (or ``failed``). The hasher closes
+    ``fd``, once the copy is settled."""
+
+    __slots__ = ("copied", "cv", "entry", "failed", "fd", "size", "target")
+
+    def __init__(self, fd: int, target: Path, entry: dict[str, object]) -> None:
+        import threading
+
+        self.fd = fd
+        self.target = target
+        self.entry = entry
+        self.copied = 0
+        self.size: int | None = None
+        self.failed = False
+        self.cv = threading.Condition()
+
+    def advance(self, copied: int) -> None:
+        with self.cv:
+            self.copied = copied
+            self.cv.notify()
+
+    def finish(self, size: int) -> None:
+        with self.cv:
+            self.copied = self.size = size
+            self.cv.notify()
+
+    def fail(self) -> None:
+        with self.cv:
+            self.failed = True
+            self.cv.notify()
+
+    def settled(self) -> None:
+        """Wait until the copy is finished or failed."""
+        with self.cv:
+            while self.size is None and not self.failed:
+                self.cv.wait()
+
+    def wait(self, pos: int) -> tuple[int, bool]:
+        """(bytes copied, whether that is all of them) once past ``pos``, the
+        copy is finished, or it failed (then (-1, True))."""
+        with self.cv:
+            while self.copied <= pos and self.size is None and not self.failed:
+                self.cv.wait()
+            return (-1, True) if self.failed else (self.copied, self.size is not None)
 
 
 class _Hasher:
     """Hashes captured copies — new files in the capture's temporary tree, held
     by no one but capture, so the digest describes the bytes the store keeps —
-    on up to :data:`HASH_THREADS` threads while the caller copies the next file
-    (hashlib and the copy both release the GIL). Made at the first large file:
-    a capture of small files starts no thread. On one core, jobs are hashed in
-    the caller's thread. A job's fd is closed once hashed and its
-    ``entry["digest"]`` set."""
+    on up to :data:`HASH_THREADS` threads, each following a copy as the kernel
+    makes it, while the caller goes on to the next file (hashlib and sendfile
+    both release the GIL). Made at the first large file: a capture of small
+    files starts no thread. On one core the caller hashes each copy once it
+    is made (:meth:`hash_here`). A failure is raised by :meth:`close`."""
 
     def __init__(self) -> None:
         import queue
         import threading
 
         n = _hash_threads()
-        self._buf = memoryview(bytearray(_HASH_READ)) if n == 1 else None
+        self.threaded = n > 1
+        self._buf = memoryview(bytearray(_HASH_READ))
         # bounded: the copy runs ahead by a few files' fds, no more
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=4 * n)
+        self._jobs: queue.Queue[_Copy | None] = queue.Queue(maxsize=4 * n)
         self._errors: list[BaseException] = []
         self._abort = False
-        self._threads = [] if n == 1 else [
+        self._last: _Copy | None = None  # the one job a copy may still be making
+        self._threads = [
             threading.Thread(target=self._run, name="crucible-capture-hash", daemon=True)
-            for _ in range(n)
-        ]  # fmt: skip
+            for _ in range(n if self.threaded else 0)
+        ]
         for t in self._threads:
             t.start()
 
-    def submit(self, job: _Job) -> None:
-        if self._buf is None:
-            self._jobs.put(job)
-            return
+    def submit(self, job: _Copy) -> None:
+        """Hand over a copy about to be made (threads: it is hashed as it grows)."""
+        if self._errors:  # a thread failed: stop copying now
+            os.close(job.fd)
+            raise self._errors[0]
+        self._last = job
+        if self.threaded:
+            try:
+                self._jobs.put(job)  # waits while the hashing is a few files behind
+            except BaseException:  # interrupted: no thread will see it
+                os.close(job.fd)
+                raise
+
+    def drop(self, job: _Copy) -> None:
+        """The copy failed: no digest; its fd is closed."""
+        job.fail()
+        if not self.threaded:
+            os.close(job.fd)
+
+    def hash_here(self, job: _Copy) -> None:
         self._hash(job, self._buf)
         if self._errors:
             raise self._errors[0]
@@ -397,27 +485,36 @@ class _Hasher:
         while (job := self._jobs.get()) is not None:
             self._hash(job, buf)
 
-    def _hash(self, job: _Job, buf: memoryview) -> None:
-        fd, size, target, entry = job
+    def _hash(self, job: _Copy, buf: memoryview) -> None:
         try:
-            if not self._abort and not self._errors:
-                hashed, sha = hash_fd(fd, buf)
-                if hashed != size:  # pragma: no cover - only capture holds the copy
-                    raise OperationalError(f"{target} changed size while it was hashed")
-                entry["digest"] = sha
+            h, pos = hashlib.sha256(), 0
+            while not self._abort and not self._errors:
+                copied, final = job.wait(pos)
+                if copied < 0:
+                    return  # the copy failed: the caller raises
+                pos = hash_fd(job.fd, buf, h, pos, copied)
+                if pos != copied:  # pragma: no cover - only capture holds the copy
+                    raise OperationalError(f"{job.target} changed size while it was hashed")
+                if final:
+                    job.entry["digest"] = "sha256:" + h.hexdigest()
+                    return
         except OSError as exc:
             self._errors.append(
-                OperationalError(f"cannot capture into {target}: {exc.strerror or exc}")
+                OperationalError(f"cannot capture into {job.target}: {exc.strerror or exc}")
             )
         except BaseException as exc:  # handed to the caller's thread
             self._errors.append(exc)
         finally:
-            os.close(fd)
+            # never while the copy still writes to it: the number could be reused
+            job.settled()
+            os.close(job.fd)
 
     def close(self, *, abort: bool = False) -> None:
         """Wait for every job (``abort``: close their fds unhashed); raises the
         first error a job met."""
         self._abort = abort
+        if abort and self._last is not None:
+            self._last.fail()  # interrupted between its submit and its copy
         for _ in self._threads:
             self._jobs.put(None)
         for t in self._threads:
@@ -426,8 +523,6 @@ class _Hasher:
             raise self._errors[0]
 
 
-#: (the copy's fd, bytes copied, its path, its ``files`` entry)
-_Job = tuple[int, int, Path, dict[str, object]]
 #: bytes per read of a copy being hashed
 _HASH_READ = 1 << 20
 
