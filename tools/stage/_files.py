@@ -206,7 +206,9 @@ class _Copier:
             limit = self.budget - self.result.total + st.st_size
             entry: dict[str, object] = {"path": rel}
             if st.st_size < KERNEL_COPY_MIN:
-                size, entry["digest"] = copy_fd_hashed(fd, target, limit=limit)
+                size, entry["digest"] = copy_fd_hashed(
+                    fd, target, limit=limit, expect=st.st_size
+                )
             else:
                 size = self._copy_large(fd, target, limit, entry)
             entry["size"] = size
@@ -263,16 +265,20 @@ def _opened_path(fd: int) -> str | None:
         return None
 
 
-def copy_fd_hashed(src: int, target: Path, *, limit: int, mode: int = 0o644) -> tuple[int, str]:
+def copy_fd_hashed(
+    src: int, target: Path, *, limit: int, mode: int = 0o644, expect: int | None = None
+) -> tuple[int, str]:
     """Copy what ``src`` holds (from its current offset) to a new file
     ``target``, hashing as it goes: (bytes, ``sha256:…``). More than ``limit``
     bytes fails the copy (a file that grows while it is read). The digest is
-    taken over the very bytes written (they pass through our memory)."""
+    taken over the very bytes written (they pass through our memory).
+    ``expect``: the size fstat gave, so that a small file is read with buffers
+    of its size (``os.read`` allocates what it is asked for)."""
     h = hashlib.sha256()
     size = 0
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
-        while chunk := os.read(src, min(_CHUNK, limit + 1 - size)):
+        while chunk := os.read(src, _read_size(size, limit, expect)):
             size += len(chunk)
             if size > limit:
                 raise _grew(target, limit)
@@ -288,6 +294,14 @@ def copy_fd_hashed(src: int, target: Path, *, limit: int, mode: int = 0o644) -> 
 #: read size of the in-memory copy (files below :data:`KERNEL_COPY_MIN`); a
 #: 1 MiB ``os.read`` allocates (and maps) a 1 MiB buffer even for 10 bytes
 _CHUNK = 1 << 18
+
+
+def _read_size(done: int, limit: int, expect: int | None) -> int:
+    """The next read of a copy: up to one byte past the expected end (that
+    read finds the end), then whole chunks (the file grew); never more than
+    one byte past ``limit``."""
+    want = _CHUNK if expect is None or done > expect else expect - done + 1
+    return min(want, _CHUNK, limit + 1 - done)
 
 #: A file of at least this many bytes is copied in the kernel (a reflink where
 #: the filesystem has them, else ``sendfile``) and its copy hashed by a
