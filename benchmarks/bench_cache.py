@@ -98,6 +98,11 @@ def main() -> int:
         )
         print(f"fully cached rerun:    {c:8.3f} s  (cpu {cc:.3f} s, {cc / cu:.1%} of uncached)")
         print(f"cached / uncached:     {ratio:8.1%}  (budget {BUDGET:.0%}, wall time)")
+        n = args.tasks
+        print(
+            f"cpu ms per task:       uncached {cu / n * 1e3:.3f}, recording {cw / n * 1e3:.3f}, "
+            f"cached {cc / n * 1e3:.3f}"
+        )
         rss = [_worker_rss(root / f"hit{r}") for r in range(args.repeat)]
         print(f"fully cached rerun's workers: {'none forked' if not any(rss) else rss}")
         return 0 if ratio <= BUDGET else 1

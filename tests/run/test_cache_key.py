@@ -128,7 +128,8 @@ def test_save_lookup_restore_and_tamper(tmp_path: Path) -> None:
     assert cache.last_components("make", None, escape_key) == ck.components
     cache.close()
     # altering the store file (through any link) turns the hit into a reported miss
-    (stored,) = [p for p in (tmp_path / "cache" / "files").rglob("*") if p.is_file()]
+    store = (tmp_path / "cache" / "files").rglob("*")
+    (stored,) = [p for p in store if p.is_file() and p.read_bytes() == b"data\n"]
     os.chmod(stored, 0o644)
     stored.write_text("tampered\n")
     again = TaskCache(tmp_path / "cache", warn=warnings.append)

@@ -202,30 +202,30 @@ def test_sigterm_during_the_first_lazy_fork(
 def test_sigint_during_a_fully_cached_run_stops_the_hits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forks: list[int]
 ) -> None:
-    from crucible import stage as stage_mod
+    from crucible.run._unit_cache import UnitCache
 
     plan = _compile(tmp_path, _pack_text())
     cache = tmp_path / "cache"
     assert _in_process(plan, tmp_path / "s1", cache, x="2", jobs=2).status == "passed"
     forks.clear()
-    real: Callable[..., Path] = stage_mod.write_result
-    writes: list[Path] = []
+    real: Callable[..., Any] = UnitCache._restore
+    writes: list[Any] = []
 
-    def signalled(state: Path, record: Any, *, durable: bool = True) -> Path:
-        # a hit's record is written through stage's store (packed records, issue 14)
-        path = real(state, record, durable=durable)
-        writes.append(path)
+    def signalled(self: UnitCache, ck: Any, hit: Any, attempt: int) -> Any:
+        # a hit's record is restored here (linked from the store, or written)
+        restored = real(self, ck, hit, attempt)
+        writes.append(restored)
         if len(writes) == 2:
             os.kill(os.getpid(), signal.SIGINT)
-        return path
+        return restored
 
-    monkeypatch.setattr(stage_mod, "write_result", signalled)
+    monkeypatch.setattr(UnitCache, "_restore", signalled)
     with pytest.raises(Interrupted) as caught:
         _in_process(plan, tmp_path / "s2", cache, x="2", jobs=2)
     assert caught.value.exit_code == 130
     assert len(writes) == 2  # the pass ended at the signal
     assert forks == []  # and no worker was forked for the units left
-    monkeypatch.setattr(stage_mod, "write_result", real)
+    monkeypatch.setattr(UnitCache, "_restore", real)
     resumed = _resume_cli(plan, tmp_path / "s2", cache)
     assert resumed.returncode == 0, resumed.stderr
     assert _settled_all(tmp_path / "s2")

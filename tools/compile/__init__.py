@@ -65,10 +65,12 @@ def __getattr__(name: str) -> Any:
 
 
 def load_any(path: Path) -> CompiledPlan:
-    """A ``.toml`` manifest is compiled; anything else is read as a plan file."""
-    from crucible.compile._manifest import compile_path
+    """A ``.toml`` manifest is compiled; anything else is read as a plan file
+    (without importing the manifest compiler and tomllib: ~7 ms of a dispatch)."""
+    if Path(path).suffix == ".toml":
+        from crucible.compile._manifest import compile_path
+
+        return compile_path(Path(path))
     from crucible.compile._plan import load_plan_path
 
-    if Path(path).suffix == ".toml":
-        return compile_path(Path(path))
     return load_plan_path(Path(path))

@@ -41,7 +41,13 @@ from crucible.ledger._index import (
     identity_hash,
     summary_of,
 )
-from crucible.ledger._record import decode_line, encode_line, make_record, read_line_at
+from crucible.ledger._record import (
+    decode_line,
+    encode_line,
+    frame_problem,
+    make_record,
+    read_line_at,
+)
 from crucible.ledger._scan import Scan, scan
 
 __all__ = ["Ledger", "OpenReport", "Outcome", "Reply", "stderr_warn"]
@@ -419,6 +425,48 @@ class Ledger:
             if facts:
                 self._warn(f"{self.path}: opened read-only; {len(facts)} facts not recorded")
             return 0
+        try:
+            self._appender.append_many(entries)
+        except OSError as exc:
+            self._warn(
+                f"cannot append to {self.path} ({describe(exc)}); {len(entries)} facts not recorded"
+            )
+            return 0
+        return len(entries)
+
+    @staticmethod
+    def encode_fact(scope: str, step: str, outcome: Outcome, *, key: Any = None) -> bytes:
+        """The ledger line :meth:`record` would append for this fact, for a
+        process that hands it to another to append (:meth:`append_encoded`): a
+        task-cache worker leaves the appends of a batch to its dispatcher.
+        Raises CanonError for a value outside the canonical domain and
+        ValueError for an unsettled outcome."""
+        _check_identity(scope, step)
+        if not outcome.settled:
+            raise ValueError("only settled outcomes are recorded (Outcome.ok / Outcome.failed)")
+        return encode_line(make_record(scope, step, outcome.status, outcome.value, key))
+
+    def append_encoded(self, facts: list[tuple[bytes, str, str]]) -> int:
+        """Append lines made by :meth:`encode_fact` — ``(line, scope, step)``
+        each — as one batch (one write, one fsync under the lock, each indexed),
+        as :meth:`record_many` does, without encoding them again. The memo is
+        not filled (their values are not decoded). Returns how many were
+        recorded (0, warned, when the append failed or the ledger is read-only;
+        a line whose frame or checksum is broken is left out, warned: its
+        payload is not parsed again, and an index slot under the wrong identity
+        would only be a miss, as a lookup checks the identity it reads)."""
+        if self.readonly:
+            if facts:
+                self._warn(f"{self.path}: opened read-only; {len(facts)} facts not recorded")
+            return 0
+        entries: list[tuple[bytes, tuple[str, str] | None]] = []
+        for line, scope, step in facts:
+            _check_identity(scope, step)
+            problem = frame_problem(line[:-1]) if line.endswith(b"\n") else "no line end"
+            if problem is not None:
+                self._warn(f"{step}: not a ledger line ({problem}); not recorded")
+                continue
+            entries.append((line, (scope, step)))
         try:
             self._appender.append_many(entries)
         except OSError as exc:

@@ -104,6 +104,10 @@ class CacheHits:
         #: keyed units on their way to a worker: their key, and whether they hit
         #: (with files too large to check on this thread)
         self._handoff: dict[tuple[str, str | None], tuple[str, Any]] = {}
+        self._directory = directory
+        #: the ledger the session log's writer thread appends the workers'
+        #: deferred cache records to (its own: opened on that thread)
+        self._recorder: Any = None
 
     def take(
         self,
@@ -150,8 +154,8 @@ class CacheHits:
             hit = None if ck is None else cache.find(ck)
             if hit is not None and hit.files_bytes > INLINE_BYTES:
                 self._handoff[ident] = ("hit", ck)  # checked and restored there, unstaged
-            elif hit is not None and (record := cache.restore(ck, hit, unit.attempt)):
-                reply = cache.hit_reply(ck, record)
+            elif hit is not None:
+                reply = cache.restore_reply(ck, hit, unit.attempt)
         except _BROKEN as exc:  # a record of the wrong shape (a hand-edited ledger)
             self.warn(f"cache: cannot use the record of {unit.name!r}: {exc}; running it")
         if reply is None and ck is not None and ident not in self._handoff:
@@ -165,9 +169,32 @@ class CacheHits:
         to restore it there, ``("key", key)`` for a miss, None when not keyed."""
         return self._handoff.pop((unit.name, unit.key), None)
 
+    def record_facts(self, facts: list[Any]) -> None:
+        """On the session log's writer thread, once a batch is durable: append
+        the cache records the workers encoded for the units it settled
+        (``cache_fact`` of their replies) as one ledger batch — one write and
+        one fsync for all of them, where each worker appended and fsynced its
+        own under the ledger's lock (docs/spec/cache.md, "Hit, miss, and what
+        is recorded"). A failure is a warning: those units miss next time."""
+        if self._recorder is None:
+            from crucible.run._cache import TaskCache
+
+            self._recorder = TaskCache(self._directory, warn=self.warn)
+        try:
+            self._recorder.append_facts(facts)
+        except (OSError, ValueError, TypeError) as exc:
+            self.warn(f"cache: cannot record {len(facts)} units: {exc}")
+
     def ready_queue(self) -> ReadyQueue:
         """The ready queue the dispatcher must use with this hit path."""
         return ReadyQueue()
 
     def close(self) -> None:
+        """The lookups' ledger (the recorder is the session log's: close_recorder)."""
         self.cache.close()
+
+    def close_recorder(self) -> None:
+        """Once the session log's writer thread has ended (SessionLog.on_close)."""
+        if self._recorder is not None:
+            self._recorder.close()
+            self._recorder = None

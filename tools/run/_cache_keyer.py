@@ -60,6 +60,7 @@ from crucible.stage.readers import (
 
 __all__ = ["Keyer"]
 
+
 def _digest_of(value: Any) -> str:
     return digest.of_bytes(canon.dumps(value))
 
@@ -93,24 +94,45 @@ class Keyer:
         self._files_memo: FilesMemo = {}
         self._reserved_root = str(self.state / "reserved")
         self._params_path = str(self.state / "params.json")
+        #: the plan's view and whether it has a scored loop, found at the first key
+        self._pv: PlanView | None = None
+        #: task -> its ancestors that declare emits_files (sorted), walked once
+        #: per task, not once per unit (every instance of a wide fan-out shares them)
+        self._file_ancestors: dict[str, list[str]] = {}
+        #: what STATE/reserved/ held at its last listing, by the directory's identity
+        self._reserved_listing: tuple[tuple[int, int] | None, frozenset[str]] | None = None
 
     def key(self, name: str, key: str | None) -> CacheKey:
-        pv = view(self.plan)
+        pv = self._pv
+        if pv is None or view(self.plan) is not pv:  # the plan was checked when loaded
+            pv = view(self.plan)
+            if loop_of(self.plan, pv) is not None:
+                # A scored loop's revisions are staged by rules of their own (the
+                # revision each producer is read at, kept files, the history budget):
+                # such a plan is not cached yet (docs/spec/cache.md).
+                raise InputRefused("a plan with a [loop] is not keyed before staging")
+            self._pv = pv
         t = pv.task(name)
         check_key(self.plan, name, key)
-        if loop_of(self.plan, pv) is not None:
-            # A scored loop's revisions are staged by rules of their own (the
-            # revision each producer is read at, kept files, the history budget):
-            # such a plan is not cached yet (docs/spec/cache.md).
-            raise InputRefused("a plan with a [loop] is not keyed before staging")
         head, tail = self._fixed_of(t)
         components = {**head, "instance": scalar_digest(key), **tail}
+        ancestors = self._ancestors_with_files(pv, name)
         if pv.version >= 2:
-            components.update(self._inputs_v2(pv, t, key))
+            components.update(self._inputs_v2(pv, t, key, bool(ancestors)))
         else:
             components.update(self._inputs_v1(pv, t, key))
-        components.update(ancestor_files(self.plan, name, self.state, escape_key, self._files_memo))
+        if ancestors:
+            components.update(
+                ancestor_files(self.plan, name, self.state, escape_key, self._files_memo, ancestors)
+            )
         return CacheKey(name, key, components)
+
+    def _ancestors_with_files(self, pv: PlanView, name: str) -> list[str]:
+        found = self._file_ancestors.get(name)
+        if found is None:
+            found = sorted(a for a in pv.ancestors(name) if pv.tasks[a].emits_files)
+            self._file_ancestors[name] = found
+        return found
 
     def _fixed_of(self, t: TaskView) -> tuple[dict[str, str], dict[str, str]]:
         fixed = self._fixed.get(t.name)
@@ -122,8 +144,11 @@ class Keyer:
 
     # ----------------------------------------------------------------- IR v2
 
-    def _inputs_v2(self, pv: PlanView, t: TaskView, key: str | None) -> dict[str, str]:
-        staged = self._files_staged(pv, t, key)
+    def _inputs_v2(
+        self, pv: PlanView, t: TaskView, key: str | None, has_files: bool
+    ) -> dict[str, str]:
+        # stage lays files under inputs/ only from ancestors that declare emits_files
+        staged = self._files_staged(pv, t, key) if has_files else set()
         out: dict[str, str] = {}
         for name in utf16_order(t.inputs):
             problem = input_name_problem(name)
@@ -150,20 +175,42 @@ class Keyer:
             out["params"] = self._params_digest()
         if key is not None:
             out["item"] = _value_digest(instance_item(self.plan, self.state, t.name, key))
-        try:
-            present = set(os.listdir(self._reserved_root))
-        except (FileNotFoundError, NotADirectoryError):
-            present = set()
-        except OSError as exc:
-            raise OperationalError(
-                f"cannot list: {exc.strerror}", where=self._reserved_root
-            ) from None
+        present = self._reserved_present()
         for name in RESERVED_STATE_NAMES:
             if f"{name}.json" in present:
                 out[name] = _value_digest(read_json(self.state / "reserved" / f"{name}.json"))
         if t.epilogue:
             out["outcome"] = _value_digest(build_outcome(self.plan, self.state, t.name))
         return out
+
+    def _reserved_present(self) -> frozenset[str]:
+        """The names in STATE/reserved/ (an outer loop's reserved inputs), listed
+        again only when the directory changed (a name added, removed or
+        renamed over changes its mtime): most runs have none at all."""
+        try:
+            st = os.stat(self._reserved_root)
+            ident: tuple[int, int] | None = (st.st_ino, st.st_mtime_ns)
+        except (FileNotFoundError, NotADirectoryError):
+            ident = None
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot list: {exc.strerror}", where=self._reserved_root
+            ) from None
+        known = self._reserved_listing
+        if known is not None and known[0] == ident:
+            return known[1]
+        present: frozenset[str] = frozenset()
+        if ident is not None:
+            try:
+                present = frozenset(os.listdir(self._reserved_root))
+            except (FileNotFoundError, NotADirectoryError):
+                pass
+            except OSError as exc:
+                raise OperationalError(
+                    f"cannot list: {exc.strerror}", where=self._reserved_root
+                ) from None
+        self._reserved_listing = (ident, present)
+        return present
 
     def _params_digest(self) -> str:
         """The params' digest, read again only when params.json changed (it is

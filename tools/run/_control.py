@@ -199,20 +199,22 @@ def tolerates(task: Mapping[str, Any], exit_code: int | None, timed_out: bool = 
     return task.get("on_failure") == "continue"
 
 
-def amend_record(path: Path, **members: Any) -> dict[str, Any]:
+def amend_record(path: Path, *, durable: bool = True, **members: Any) -> dict[str, Any]:
     """Set ``members`` in a settled record and rewrite it atomically (stage's
-    amend_result refuses a mapped task's aggregate, which this also amends)."""
+    amend_result refuses a mapped task's aggregate, which this also amends).
+    ``durable=False``: not fsynced; the dispatcher's group commit makes it
+    durable before the batch holding its ``task_finished`` (run.md)."""
     from crucible.core import atomic, canon
 
     record: dict[str, Any] = canon.loads(path.read_bytes())
     record.update(members)
-    atomic.write_bytes(path, canon.dumps(record))
+    atomic.write_bytes(path, canon.dumps(record), durable=durable)
     return record
 
 
-def mark_tolerated(path: Path) -> None:
+def mark_tolerated(path: Path, *, durable: bool = True) -> None:
     """Add ``tolerated: true`` to a settled record."""
-    amend_record(path, tolerated=True)
+    amend_record(path, durable=durable, tolerated=True)
 
 
 def fold_verdict(record: Mapping[str, Any]) -> tuple[str, str] | None:

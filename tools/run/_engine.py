@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run import _control as control
@@ -40,6 +40,9 @@ from crucible.run._selection import NOT_SELECTED, Selection
 from crucible.run._session import SessionLog
 from crucible.run._unit import Slots, UnitRunner
 from crucible.run._workers import Channel, Reply
+
+if TYPE_CHECKING:  # imported at run time only for a plan with a loop
+    from crucible.run._loop_engine import LoopRun
 
 __all__ = ["Counts", "Dispatcher", "RunOutcome"]
 
@@ -221,6 +224,9 @@ class Dispatcher:
                 warn=self.warn,
             )  # fmt: skip
             self.ready = self.hits.ready_queue()  # each unit looked up once
+            # the cache records workers encoded are appended once their batch is durable
+            log.on_batch_durable = self.hits.record_facts
+            log.on_close = self.hits.close_recorder
         # The executor: a local one forks its workers at the first unit that needs
         # one (crucible.run._workers), in the loop's first turn, before the session
         # log's writer thread starts at that turn's commit. A worker holds one
@@ -235,9 +241,12 @@ class Dispatcher:
             raise
         self.selector = selectors.DefaultSelector()
         # -- scored loop (docs/spec/loop.md): revisions of the body, run/_loop_engine.py
-        from crucible.run import _loop_engine as loop_engine
+        # (imported only for a plan with a loop: most plans have none)
+        self.loop: LoopRun | None = None
+        if self.plan.get("loop") is not None:
+            from crucible.run import _loop_engine as loop_engine
 
-        self.loop = loop_engine.attach(self)
+            self.loop = loop_engine.attach(self)
         # -- end scored loop
 
     def close(self) -> None:
@@ -524,6 +533,8 @@ class Dispatcher:
         kind = result["kind"]
         for warning in result.get("cache_warnings") or ():
             self.warn(warning)
+        if result.get("cache_fact") is not None:  # --cache: appended with its batch
+            self.log.after_durable(result["cache_fact"])
         if result.get("staged_env") is not None:
             unit.staged_env = result["staged_env"]
         if kind == "stage_error":
@@ -544,7 +555,8 @@ class Dispatcher:
     def _settle_cached(self, unit: Unit, result: dict[str, Any]) -> None:
         """A unit restored from the task cache (crucible.run._cache_hits): nothing
         was started."""
-        self._wrote(unit.name, unit.key)  # restored without fsync: the next batch fsyncs it
+        # restored without fsync: the next batch makes it (and its directory) durable
+        self.log.sync(result["wrote"])
         fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
         if result["record"].get("files_bytes") is not None:
             fields["files_bytes"] = int(result["record"]["files_bytes"])
@@ -742,9 +754,11 @@ class Dispatcher:
         task = self.graph.tasks[name]
         if "when" in task and (verdict := control.fold_verdict(record)) is not None:
             status, note = verdict  # instances skipped by their condition are no failure
-            record = control.amend_record(self.layout.result_path(name), status=status, note=note)
+            record = control.amend_record(
+                self.layout.result_path(name), status=status, note=note, durable=False
+            )  # rides the group commit (issue 14): self._wrote above
         if status == FAILED and control.tolerates_fold(task, self.state, self.stage, record):
-            control.mark_tolerated(self.layout.result_path(name))
+            control.mark_tolerated(self.layout.result_path(name), durable=False)
             self.tolerated.add(name)
         self.log.emit(
             "task_finished",
@@ -1035,8 +1049,9 @@ class Dispatcher:
         tolerable: bool = False,
     ) -> None:
         if tolerable:  # the record says so first: report, outcome and resume read it
-            if unit.key is None:
-                control.mark_tolerated(self.layout.result_path(unit.name))
+            if unit.key is None:  # rides the group commit (issue 14)
+                control.mark_tolerated(self.layout.result_path(unit.name), durable=False)
+                self._wrote(unit.name, None)
             else:
                 self.stage.update_record(
                     self.state, unit.name, unit.key, tolerated=True, durable=False

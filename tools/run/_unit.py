@@ -489,7 +489,10 @@ class UnitRunner:
         if record is None or record.get("status") != PASSED:
             finished["log"], finished["tail"] = log_fields()
         elif cache_key is not None and code == 0:
-            self.cache.save(cache_key)  # store files, then the ledger line
+            # store files, then the ledger line: appended by the dispatcher with its
+            # batch once the unit's record is durable, unless this worker makes its
+            # own records durable (a Dask worker, maybe on another host)
+            finished["cache_fact"] = self.cache.save(cache_key, defer=not self.durable_records)
         if record is not None and record.get("status") == PASSED:
             self._passed(key, workspace, output)
         if self.cache is not None:
@@ -506,10 +509,10 @@ class UnitRunner:
 
     def _cache_hit(self, ck: Any, attempt: int) -> dict[str, Any] | None:
         """The final reply of a hit restored here, or None (it runs)."""
-        record = None if ck is None else self.cache.lookup(ck, attempt)
-        if record is None:
+        reply = None if ck is None else self.cache.lookup_reply(ck, attempt)
+        if reply is None:
             return None
-        return {**self.cache.hit_reply(ck, record), "cache_warnings": self.cache.take_warnings()}
+        return {**reply, "cache_warnings": self.cache.take_warnings()}
 
     def _prepare(
         self,

@@ -77,6 +77,8 @@ class UnitCache:
         self.stage = stage
         self.plan = plan
         self.state = state
+        self.layout = stage.StateLayout(state)
+        self._results = str(self.layout.results_root)
         self.warnings: list[str] = []
         self.cache = TaskCache(directory, warn=self.warnings.append)
         self.keyer = Keyer(plan, state, environ=environ, agent_cmd=agent_cmd, emit_cap=emit_cap)
@@ -102,7 +104,13 @@ class UnitCache:
         """On a hit: restore the files and the result record (as recorded, with this
         session's attempt and ``cached``/``cache_key``); return the record."""
         hit = self.find(ck)
-        return None if hit is None else self.restore(ck, hit, attempt)
+        restored = None if hit is None else self._restore(ck, hit, attempt)
+        return None if restored is None else restored[0]
+
+    def lookup_reply(self, ck: Any, attempt: int) -> dict[str, Any] | None:
+        """:meth:`lookup`, answered as :meth:`restore_reply` does."""
+        hit = self.find(ck)
+        return None if hit is None else self.restore_reply(ck, hit, attempt)
 
     def find(self, ck: Any) -> Any:
         """The cache's record for ``ck`` (a :class:`crucible.run._cache.Hit`, its
@@ -119,22 +127,41 @@ class UnitCache:
     def restore(self, ck: Any, hit: Any, attempt: int) -> dict[str, Any] | None:
         """Check the store files of ``hit`` (a miss, warned, when one is missing
         or altered), lay them back, write the record; return it."""
+        restored = self._restore(ck, hit, attempt)
+        return None if restored is None else restored[0]
+
+    def restore_reply(self, ck: Any, hit: Any, attempt: int) -> dict[str, Any] | None:
+        """:meth:`restore`, answered with what the dispatcher settles the unit
+        with (:meth:`hit_reply`, and the record file to make durable)."""
+        restored = self._restore(ck, hit, attempt)
+        if restored is None:
+            return None
+        record, path = restored
+        return {**self.hit_reply(ck, record), "wrote": [path, os.path.dirname(path)]}
+
+    def _restore(self, ck: Any, hit: Any, attempt: int) -> tuple[dict[str, Any], str] | None:
         try:
             if not self.cache.verify(ck, hit):
                 return None
-            layout = self.stage.StateLayout(self.state)
             record = dict(hit.record)
             record["attempt"] = attempt
             record["cached"] = True
             record["cache_key"] = ck.digest
             if hit.files:
-                self.cache.restore(hit, layout.files_dir(ck.task, ck.key))
-            # Atomic, not fsync'd here: the dispatcher hands the file to the
-            # session log's group commit, which fsyncs it before the batch
-            # holding its task_finished (Dispatcher._settle_cached). A keyed
-            # unit's is a line of its task's packed file (stage.write_result).
-            self.stage.write_result(self.state, record, durable=False)
-            return record
+                self.cache.restore(hit, self.layout.files_dir(ck.task, ck.key))
+            # Not fsync'd here: the dispatcher hands the file to the session
+            # log's group commit, which makes it durable before the batch
+            # holding its task_finished (Dispatcher._settle_cached). A plain
+            # unit's is a hard link to the store's copy of these very bytes
+            # (crucible.run._cache.restored_record) when the cache has one; else
+            # it is written atomically (a keyed unit's: a line of its task's
+            # packed file, stage.write_result). The task name is the plan's,
+            # checked when it was loaded: its path is results/<task>.json.
+            if ck.key is None and attempt == 1:
+                path = f"{self._results}/{ck.task}.json"
+                if self.cache.link_record(ck, hit, path):
+                    return record, path
+            return record, str(self.stage.write_result(self.state, record, durable=False))
         except _CACHE_ERRORS as exc:
             self.warnings.append(
                 f"cache: cannot restore {_label(ck.task, ck.key)}: {exc}; running it"
@@ -150,16 +177,28 @@ class UnitCache:
                 summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record["files"])
         return {"kind": "cached", "cache_key": ck.digest, "record": summary}
 
-    def save(self, ck: Any) -> None:
-        """Record a passed unit: its record as captured, its files into the store."""
+    def save(self, ck: Any, *, defer: bool = False) -> Any:
+        """Record a passed unit: its record as captured, its files into the store.
+        ``defer``: the ledger line is returned (a ``crucible.run._cache.Fact``),
+        for the dispatcher to append with its batch (:meth:`append_facts`);
+        None when nothing is to be recorded."""
         try:
             record = self.stage.load_result(self.state, ck.task, ck.key)
             if record is None or record.get("status") != "passed":
-                return
-            layout = self.stage.StateLayout(self.state)
-            self.cache.save(ck, record, layout.files_dir(ck.task, ck.key), self.stage.escape_key)
+                return None
+            files_dir = self.layout.files_dir(ck.task, ck.key)
+            return self.cache.save(ck, record, files_dir, self.stage.escape_key, defer=defer)
         except _CACHE_ERRORS as exc:
             self.warnings.append(f"cache: cannot record {_label(ck.task, ck.key)}: {exc}")
+            return None
+
+    def append_facts(self, facts: list[Any]) -> int:
+        """Append the ledger lines of saves deferred by workers (one batch)."""
+        try:
+            return self.cache.append_facts(facts)
+        except _CACHE_ERRORS as exc:
+            self.warnings.append(f"cache: cannot record {len(facts)} units: {exc}")
+            return 0
 
     def close(self) -> None:
         with contextlib.suppress(*_CACHE_ERRORS):

@@ -1,0 +1,145 @@
+"""A recording run's cache records are appended by the dispatcher, a batch at a
+time, once the units' records are durable (docs/spec/cache.md, "Hit, miss, and
+what is recorded"): workers store the files and encode the ledger line, and the
+session log's writer thread appends the lines of each group-commit batch with
+one write and one fsync (Ledger.append_encoded)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crucible.core.errors import OperationalError
+from crucible.run import _session as session
+
+#: crucible-dispatch with every os.fsync traced as "<pid> <path>" in $TRACE
+TRACED = """
+import os, sys
+trace = os.environ["TRACE"]
+real = os.fsync
+def traced(fd):
+    real(fd)
+    try:
+        what = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        what = "?"
+    with open(trace, "a") as f:
+        f.write(f"{os.getpid()} {what}\\n")
+os.fsync = traced
+with open(trace, "a") as f:
+    f.write(f"{os.getpid()} dispatcher\\n")
+sys.argv[0] = "crucible-dispatch"
+from crucible.run.cli import main
+main()
+"""
+
+
+def _pack(tmp_path: Path, n: int) -> Path:
+    body = "".join(
+        f'[[workflow.task]]\nname = "t{i}"\nrun = \'printf "{{}}" > "$CRUCIBLE_OUTPUT"\'\n'
+        for i in range(n)
+    )
+    body += '[[workflow.task]]\nname = "m"\nmap = ["a", "b", "c"]\nrun = "true"\n'
+    pack = tmp_path / "pack.toml"
+    pack.write_text('edition = 4\n\n[workflow]\nname = "rec"\n\n' + body)
+    return pack
+
+
+def _dispatch(tmp_path: Path, pack: Path, state: str, cache: Path) -> list[str]:
+    trace = tmp_path / f"trace-{state}.txt"
+    done = subprocess.run(
+        [sys.executable, "-c", TRACED, str(pack), "--state", str(tmp_path / state), "-j", "2",
+         "--cache", str(cache)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "TRACE": str(trace)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr, done.stderr
+    return trace.read_text().splitlines()
+
+
+def test_the_dispatcher_appends_the_workers_cache_records_in_batches(tmp_path: Path) -> None:
+    pack = _pack(tmp_path, 40)
+    cache = tmp_path / "cache"
+    lines = _dispatch(tmp_path, pack, "rec", cache)
+    dispatcher = lines[0].split()[0]
+    ledger = [line for line in lines if line.endswith("/cache/steps.jsonl")]
+    assert ledger and all(line.startswith(f"{dispatcher} ") for line in ledger)
+    assert len(ledger) < 43  # 43 units: batched, not one fsync each
+    from crucible.run._cache import TaskCache
+
+    tc = TaskCache(cache, warn=lambda _w: None)
+    try:
+        recorded = sorted((r["key"]["task"], r["key"]["instance"]) for r in tc._live())
+    finally:
+        tc.close()
+    assert recorded == sorted(
+        [(f"t{i}", None) for i in range(40)] + [("m", k) for k in ("0", "1", "2")]
+    )
+    # and every one of them hits
+    assert not [line for line in _dispatch(tmp_path, pack, "hit", cache) if "/work/" in line]
+    events = (tmp_path / "hit" / "session.jsonl").read_text()
+    assert events.count('"cached":true') == 43
+
+
+def test_after_durable_items_reach_the_callback_once_their_batch_is_on_disk(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "session.jsonl"
+    log = session.SessionLog(path, 1)
+    seen: list[tuple[list[Any], bytes]] = []
+    closed: list[bool] = []
+    log.on_batch_durable = lambda items: seen.append((items, path.read_bytes()))
+    log.on_close = lambda: closed.append(not log._writer.is_alive())
+    log.emit("task_finished", task="a", status="passed")
+    log.after_durable("fact-a")
+    log.commit()
+    log.emit("task_finished", task="b", status="passed")
+    log.after_durable("fact-b")
+    log.after_durable("fact-c")
+    log.close()
+    items = [item for batch, _ in seen for item in batch]
+    assert items == ["fact-a", "fact-b", "fact-c"]
+    for batch, on_disk in seen:  # the lines of its batch were written first
+        for item in batch:
+            task = {"fact-a": "a", "fact-b": "b", "fact-c": "b"}[item]
+            assert f'"task":"{task}"'.encode() in on_disk
+    assert closed == [True]
+
+
+def test_no_item_reaches_the_callback_when_its_batch_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(session, "_fsync", failing)
+    log = session.SessionLog(tmp_path / "session.jsonl", 1)
+    seen: list[Any] = []
+    log.on_batch_durable = seen.append
+    log.emit("task_finished", task="a", status="passed")
+    log.after_durable("fact-a")
+    with pytest.raises(OperationalError):
+        log.close()
+    assert seen == []
+
+
+def test_a_failing_callback_is_a_warning_and_the_log_goes_on(tmp_path: Path) -> None:
+    warned: list[str] = []
+    log = session.SessionLog(tmp_path / "session.jsonl", 1, on_warning=warned.append)
+
+    def broken(items: list[Any]) -> None:
+        raise RuntimeError("boom")
+
+    log.on_batch_durable = broken
+    log.after_durable("x")
+    log.commit()
+    log.emit("shutdown", reason="completed", exit_code=0)
+    log.close()
+    assert b'"event":"shutdown"' in (tmp_path / "session.jsonl").read_bytes()
+    assert warned and "boom" in warned[0]
