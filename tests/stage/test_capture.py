@@ -260,7 +260,9 @@ def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(
     (ws / "out").write_text("fine")
     real_copy_file = _files._Copier._copy_file
 
-    def swap_then_copy(self: _files._Copier, rel: str, real: str, target: Path) -> tuple[int, str]:
+    def swap_then_copy(
+        self: _files._Copier, rel: str, real: str, target: Path
+    ) -> dict[str, object]:
         os.unlink(real)  # the race: after the realpath check, before the open
         os.symlink(secret, real)
         return real_copy_file(self, rel, real, target)

@@ -14,7 +14,7 @@ import copy
 import os
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -745,7 +745,7 @@ def _v1_object(
 # -- records (owned by the packed-records work, crucible.stage._store) ----------
 
 
-def _instance_records(state: Path, producer: str) -> dict[str, dict[str, Any]]:
+def _instance_records(state: Path, producer: str) -> Mapping[str, dict[str, Any]]:
     """Every instance record of ``producer`` by key, in one read of its packed file."""
     return load_all(state, producer)
 

@@ -225,9 +225,9 @@ def load_result(state: Path, task: str, key: str | None = None) -> dict[str, Any
     return _store.load_one(as_path(state), task, key)
 
 
-def load_all(state: Path, task: str) -> dict[str, dict[str, Any]]:
-    """Every keyed unit's record of ``task`` by key, in one read (shared: do not
-    change it)."""
+def load_all(state: Path, task: str) -> _store.Records:
+    """Every keyed unit's record of ``task`` by key, in one read (each parsed
+    when looked up: _store.Records)."""
     return _store.load_keyed(as_path(state), task)
 
 

@@ -24,6 +24,7 @@ import errno
 import fcntl
 import os
 import stat
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ __all__ = [
     "PACKED_SUFFIX",
     "RESULT_FORMAT",
     "TOMBSTONE",
+    "Records",
     "load_keyed",
     "load_one",
     "packed_path",
@@ -94,20 +96,22 @@ def record_path(state: Path, task: str, key: str | None) -> Path:
 
 
 class _Packed:
-    """What was parsed of one packed file: its records, up to ``offset`` (the end
-    of its last whole line). The file only grows by appends, so a later read of
-    the same inode parses only what was appended. ``head`` and ``tail`` (its
-    first and last whole lines) tell a file replaced by one that reuses the
-    inode number (a rerun unlinks it), or cut back and written again."""
+    """What was read of one packed file: the last line of each key, up to
+    ``offset`` (the end of its last whole line), kept as bytes — each line was
+    parsed and checked when it was read, and is parsed again when asked for
+    (:class:`Records`). The file only grows by appends, so a later read of the
+    same inode parses only what was appended. ``head`` and ``tail`` (its first
+    and last whole lines) tell a file replaced by one that reuses the inode
+    number (a rerun unlinks it), or cut back and written again."""
 
-    __slots__ = ("dev", "head", "ino", "lines", "offset", "records", "tail")
+    __slots__ = ("dev", "head", "ino", "lines", "offset", "raw", "tail")
 
     def __init__(self, dev: int, ino: int) -> None:
         self.dev = dev
         self.ino = ino
         self.offset = 0
         self.lines = 0
-        self.records: dict[str, dict[str, Any]] = {}
+        self.raw: dict[str, bytes] = {}
         self.head = b""
         self.tail = b""
 
@@ -123,8 +127,36 @@ class _Packed:
         )
 
 
-#: one entry per packed file this process read (a fold reads each file once)
+#: one entry per packed file this process read (a fold reads each file once).
+#: Lines, not parsed records: a dispatcher folding 100,000 no-op instances
+#: kept ~1.2 KiB of dicts per instance here (issue 14: 209 MiB RSS); a line
+#: of ~210 bytes costs ~0.3 KiB with its key.
 _cache: dict[str, _Packed] = {}
+
+
+class Records(Mapping[str, dict[str, Any]]):
+    """The settled records of a task's keyed units, by key, as one read of its
+    packed file found them: each record is parsed from its line when it is
+    asked for, and every lookup returns a new dict (so a caller may change
+    what it got). Iterates in the order the keys first settled."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: dict[str, bytes]) -> None:
+        self._raw = raw
+
+    def __getitem__(self, key: str) -> dict[str, Any]:
+        record: dict[str, Any] = _parse_line(self._raw[key])
+        return record
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
 
 
 def _read_from(fd: int, offset: int, size: int) -> bytes:
@@ -164,11 +196,18 @@ def check_record(record: Any, where: str, task: str, key: str | None) -> dict[st
     return record
 
 
-def _apply(entry: _Packed, data: bytes, path: str, task: str) -> None:
-    """Parse the whole lines of ``data`` (read at ``entry.offset``) into ``entry``.
-    A last line without its newline is left for a later read; an unparseable
-    line followed by another is an error naming ``file:line``; an unparseable
-    last line is a torn one (a crash mid-append) and is ignored."""
+def _apply(
+    entry: _Packed,
+    data: bytes,
+    path: str,
+    task: str,
+    parsed: dict[str, dict[str, Any]] | None = None,
+) -> None:
+    """Parse and check the whole lines of ``data`` (read at ``entry.offset``)
+    into ``entry`` (and the records into ``parsed`` when given). A last line
+    without its newline is left for a later read; an unparseable line followed
+    by another is an error naming ``file:line``; an unparseable last line is a
+    torn one (a crash mid-append) and is ignored."""
     end = data.rfind(b"\n") + 1
     pos = 0
     while pos < end:
@@ -192,9 +231,14 @@ def _apply(entry: _Packed, data: bytes, path: str, task: str) -> None:
                     f"{value.get('format')!r}, not {task!r} (plan/state mismatch)",
                     where=where,
                 )
-            entry.records.pop(k, None)
+            entry.raw.pop(k, None)
+            if parsed is not None:
+                parsed.pop(k, None)
         else:
-            entry.records[k] = check_record(value, where, task, k)
+            check_record(value, where, task, k)
+            entry.raw[k] = line
+            if parsed is not None:
+                parsed[k] = value
         entry.lines = lineno
         entry.offset += nl + 1 - pos
         entry.tail = data[pos : nl + 1]
@@ -205,21 +249,21 @@ def _apply(entry: _Packed, data: bytes, path: str, task: str) -> None:
 
 def parse_packed(data: bytes, path: str, task: str) -> dict[str, dict[str, Any]]:
     """The records of a packed file's bytes, by key (what :func:`load_keyed` reads)."""
-    entry = _Packed(0, 0)
-    _apply(entry, data, path, task)
-    return entry.records
+    parsed: dict[str, dict[str, Any]] = {}
+    _apply(_Packed(0, 0), data, path, task, parsed)
+    return parsed
 
 
-def load_keyed(state: Path, task: str) -> dict[str, dict[str, Any]]:
+def load_keyed(state: Path, task: str) -> Records:
     """Every keyed unit's settled record of ``task``, by key, in one read of
-    ``results/<task>.jsonl`` ({} without one). The dict is shared with later
-    calls: callers must not change it or its records."""
+    ``results/<task>.jsonl`` (none without one); a later call reads only what
+    was appended since. Each record is parsed when it is looked up."""
     path = str(packed_path(state, task))
     try:
         fd, st = open_regular(path)
     except FileNotFoundError:
         _cache.pop(path, None)
-        return {}
+        return Records({})
     except NotRegular as exc:
         raise OperationalError(f"cannot read result records: {exc.why}", where=path) from None
     except OSError as exc:
@@ -231,11 +275,8 @@ def load_keyed(state: Path, task: str) -> dict[str, dict[str, Any]]:
         if st.st_size > entry.offset:
             data = _read_from(fd, entry.offset, st.st_size)
             fresh = _Packed(entry.dev, entry.ino)
-            fresh.offset, fresh.lines, fresh.records = (
-                entry.offset,
-                entry.lines,
-                dict(entry.records),
-            )
+            # a copy: a Records view handed out earlier keeps what it saw
+            fresh.offset, fresh.lines, fresh.raw = entry.offset, entry.lines, dict(entry.raw)
             fresh.head, fresh.tail = entry.head, entry.tail
             _apply(fresh, data, path, task)
             entry = fresh
@@ -244,7 +285,7 @@ def load_keyed(state: Path, task: str) -> dict[str, dict[str, Any]]:
     finally:
         os.close(fd)
     _cache[path] = entry
-    return entry.records
+    return Records(entry.raw)
 
 
 def _read_plain(path: str) -> bytes | None:
@@ -270,8 +311,7 @@ def _read_plain(path: str) -> bytes | None:
 def load_one(state: Path, task: str, key: str | None = None) -> dict[str, Any] | None:
     """The settled record of ``task`` (key None) or of its unit ``key``, or None."""
     if key is not None:
-        rec = load_keyed(state, task).get(key)
-        return None if rec is None else dict(rec)
+        return load_keyed(state, task).get(key)
     path = str(plain_path(state, task))
     data = _read_plain(path)
     if data is None:
