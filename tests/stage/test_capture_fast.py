@@ -180,11 +180,11 @@ def test_a_clone_over_the_bound_is_refused(tmp_path: Path, monkeypatch: pytest.M
     ws = tmp_path / "ws"
     _tree(ws, {"f": BIG})
 
-    def fake_clone(src: int, out: int) -> bool:  # a clone is all of the source, whatever its size
+    def fake_clone(src: int, out: int, key: object = None) -> bool:  # a clone is all of the source, whatever its size
         os.write(out, os.pread(src, 1 << 30, 0) + b"grown")
         return True
 
-    monkeypatch.setattr(_files, "_clone", fake_clone)
+    monkeypatch.setattr(_files, "clone_fd", fake_clone)
     with pytest.raises(_files.CaptureRefused, match="grew past the bound"):
         _capture(ws, tmp_path / "dest", ("f",), budget=BIG + 4)
     (f,) = _capture(ws, tmp_path / "dest2", ("f",), budget=BIG + 5)
@@ -272,7 +272,7 @@ def _reflink_dir() -> Path | None:
     path = Path(tempfile.mkdtemp(prefix="crucible-test-", dir=d))
     (path / "a").write_bytes(b"x")
     with open(path / "a", "rb") as src, open(path / "b", "wb") as dst:
-        if not _files._clone(src.fileno(), dst.fileno()):
+        if not _files.clone_fd(src.fileno(), dst.fileno()):
             shutil.rmtree(path)
             return None
     return path

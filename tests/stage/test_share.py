@@ -20,7 +20,7 @@ import pytest
 from crucible.core import digest
 from crucible.core.errors import InputRefused
 from crucible.stage import capture, stage_inputs
-from crucible.stage._share import _FICLONE
+from crucible.stage._files import FICLONE
 from tests.stage.stageplans import plan, settle, task
 
 BIG = os.urandom(3000) * 7  # 21,000 bytes: several blocks
@@ -222,7 +222,7 @@ def _reflink_dir() -> Path | None:
     a.write_bytes(b"x")
     with open(a, "rb") as src, open(b, "wb") as dst:
         try:
-            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+            fcntl.ioctl(dst.fileno(), FICLONE, src.fileno())
         except OSError:
             shutil.rmtree(path)
             return None

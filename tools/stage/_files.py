@@ -310,8 +310,9 @@ def _read_size(done: int, limit: int, expect: int | None) -> int:
 KERNEL_COPY_MIN = 1 << 18
 
 #: the FICLONE ioctl request number (linux/fs.h), not exposed by fcntl
-_FICLONE = 0x40049409
-#: (source device, target device) -> whether FICLONE works between them
+FICLONE = 0x40049409
+#: (source device, target device) -> whether FICLONE works between them (one
+#: memo for capture and the shared store, so each learns it once)
 _clone_ok: dict[tuple[int, int], bool] = {}
 #: bytes per sendfile call: the bound is re-checked, and the hashing thread
 #: told how far the copy got, between calls
@@ -326,21 +327,28 @@ def _grew(target: Path, limit: int) -> CaptureRefused:
     )
 
 
-def _clone(src: int, out: int) -> bool:
+def clone_fd(src: int, out: int, key: tuple[int, int] | None = None) -> bool:
     """A copy-on-write clone of all of ``src`` into ``out`` (XFS, btrfs); False
-    where the filesystems cannot (remembered per pair of devices)."""
-    key = (os.fstat(src).st_dev, os.fstat(out).st_dev)
+    where the filesystems cannot, remembered per ``key``, the pair of devices
+    (taken from the two files where the caller does not know it)."""
+    if key is None:
+        key = (os.fstat(src).st_dev, os.fstat(out).st_dev)
     if _clone_ok.get(key) is False:
         return False
     import fcntl
 
     try:
-        fcntl.ioctl(out, _FICLONE, src)
+        fcntl.ioctl(out, FICLONE, src)
     except OSError:
         _clone_ok[key] = False
         return False
     _clone_ok[key] = True
     return True
+
+
+def clone_known_bad(key: tuple[int, int]) -> bool:
+    """Whether a clone between this pair of devices is known not to work."""
+    return _clone_ok.get(key) is False
 
 
 def kernel_copy_bounded(
@@ -351,7 +359,7 @@ def kernel_copy_bounded(
     ``progress`` how many are in ``out`` after each step. More than ``limit``
     fails the copy: ``sendfile`` is asked for at most ``limit + 1`` bytes in
     all, and a clone's size is checked before anything else is done with it."""
-    if _clone(src, out):
+    if clone_fd(src, out):
         size = os.fstat(out).st_size
         if size > limit:
             raise _grew(target, limit)

@@ -52,7 +52,7 @@ import orjson
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
-from crucible.stage._files import copy_fd_hashed
+from crucible.stage._files import clone_fd, clone_known_bad, copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
@@ -78,10 +78,6 @@ MANIFEST_FORMAT = "crucible.shared/1"
 #: stage's list of a unit's replaced inodes: ``<parent>/@tampered/<unit>``
 TAMPERED_DIR = "@tampered"
 _READONLY = 0o444
-#: the FICLONE ioctl request number (linux/fs.h), not exposed by fcntl
-_FICLONE = 0x40049409
-#: (source device, target device) -> whether FICLONE works between them
-_reflink_ok: dict[tuple[int, int], bool] = {}
 #: a walk of a store or a staged tree; capture's own bound keeps them far below
 _WALK_DEPTH = 100_000
 
@@ -447,7 +443,7 @@ def _clone_or_copy(src_fd: int, target: Path, *, hash_it: bool) -> Any:
         thread.start()
     out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        if not _try_reflink(src_fd, out):
+        if not clone_fd(src_fd, out):
             _kernel_copy(src_fd, out)
         copied = os.fstat(out).st_size
     except OSError as exc:
@@ -492,19 +488,6 @@ def _kernel_copy(src: int, out: int) -> None:
     while chunk := os.pread(src, 1 << 20, offset):
         write_all(out, chunk)
         offset += len(chunk)
-
-
-def _try_reflink(src_fd: int, dst_fd: int) -> bool:
-    key = (os.fstat(src_fd).st_dev, os.fstat(dst_fd).st_dev)
-    if _reflink_ok.get(key) is False:
-        return False
-    try:
-        fcntl.ioctl(dst_fd, _FICLONE, src_fd)
-    except OSError:
-        _reflink_ok[key] = False
-        return False
-    _reflink_ok[key] = True
-    return True
 
 
 def publish(
@@ -602,7 +585,7 @@ def link_published(pub: Published, dest: Path) -> int:
 
 def _hand_over(src: str, dst: str, key: tuple[int, int]) -> None:
     """One file to a consumer: a reflink, else a hard link, else a copy."""
-    if _reflink_ok.get(key) is False or not _reflink(src, dst, key):
+    if clone_known_bad(key) or not _reflink(src, dst, key):
         try:
             os.link(src, dst, follow_symlinks=False)
         except OSError as exc:
@@ -618,12 +601,7 @@ def _reflink(src: str, dst: str, key: tuple[int, int]) -> bool:
     try:
         out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _READONLY)
         try:
-            try:
-                fcntl.ioctl(out, _FICLONE, src_fd)
-                cloned = True
-            except OSError:
-                cloned = False
-            _reflink_ok[key] = cloned
+            cloned = clone_fd(src_fd, out, key)
         finally:
             os.close(out)
     finally:
