@@ -421,9 +421,14 @@ class Ledger:
                 entries.append((encode_line(record), (scope, step)))
             except canon.CanonError as exc:
                 self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
+        return self._append_batch(entries, len(facts))
+
+    def _append_batch(self, entries: list[tuple[bytes, tuple[str, str] | None]], facts: int) -> int:
+        """Append ``entries`` (made of ``facts`` facts) as one batch; how many
+        were recorded (0, warned, when read-only or the append failed)."""
         if self.readonly:
             if facts:
-                self._warn(f"{self.path}: opened read-only; {len(facts)} facts not recorded")
+                self._warn(f"{self.path}: opened read-only; {facts} facts not recorded")
             return 0
         try:
             self._appender.append_many(entries)
@@ -455,10 +460,8 @@ class Ledger:
         a line whose frame or checksum is broken is left out, warned: its
         payload is not parsed again, and an index slot under the wrong identity
         would only be a miss, as a lookup checks the identity it reads)."""
-        if self.readonly:
-            if facts:
-                self._warn(f"{self.path}: opened read-only; {len(facts)} facts not recorded")
-            return 0
+        if self.readonly:  # one warning, no line checked
+            return self._append_batch([], len(facts))
         entries: list[tuple[bytes, tuple[str, str] | None]] = []
         for line, scope, step in facts:
             _check_identity(scope, step)
@@ -467,14 +470,7 @@ class Ledger:
                 self._warn(f"{step}: not a ledger line ({problem}); not recorded")
                 continue
             entries.append((line, (scope, step)))
-        try:
-            self._appender.append_many(entries)
-        except OSError as exc:
-            self._warn(
-                f"cannot append to {self.path} ({describe(exc)}); {len(entries)} facts not recorded"
-            )
-            return 0
-        return len(entries)
+        return self._append_batch(entries, len(facts))
 
     # -- by content key (the API other tools call, e.g. a task cache) -----------
     def lookup_key(self, scope: str, kind: str, key: Any) -> Reply | None:
