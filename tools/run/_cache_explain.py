@@ -60,6 +60,7 @@ def explain_lines(
     off, unknown) on each unit that would run; a hit's action is ``cached``."""
     from crucible import stage
     from crucible.run._cache import explain_miss
+    from crucible.run._cache_keyer import Keyer
     from crucible.run._unit_cache import UnitCache, cacheable
 
     plan = admission.plan
@@ -72,14 +73,10 @@ def explain_lines(
             warn(f"cache: cannot prepare the dry run's keys: {exc}")
             return out
         stage.prepare_plan(plan)
-        cache = UnitCache(
-            options.cache,
-            plan=plan,
-            state=shadow,
-            environ=environ,
-            agent_cmd=options.agent_cmd,
-            emit_cap=admission.emit_cap,
+        keyer = Keyer(
+            plan, shadow, environ=environ, agent_cmd=options.agent_cmd, emit_cap=admission.emit_cap
         )
+        cache = UnitCache(options.cache, keyer)
         unknown: set[str] = set()  # tasks whose result this dry run cannot know
         instances: dict[str, list[str]] = {}
         hits: dict[str, int] = {}

@@ -89,15 +89,17 @@ class CacheHits:
     ) -> None:
         self.tasks = tasks
         self.warn = warn
-        self.cache = UnitCache(
-            directory,
-            plan=plan,
-            state=state,
+        from crucible.run._cache_keyer import Keyer  # lazy, as UnitCache had it
+
+        keyer = Keyer(
+            plan,
+            state,
             # a plain dict: every unit's key reads it (os.environ encodes each name)
             environ=dict(environ),
             agent_cmd=agent_cmd,
             emit_cap=emit_cap,
         )
+        self.cache = UnitCache(directory, keyer)
         #: units looked up already: a unit that missed is not looked up again when
         #: it comes back to the ready queue (from a task's parallelism gate)
         self._tried: set[tuple[str, str | None]] = set()

@@ -347,16 +347,13 @@ class UnitRunner:
         # it passed, saved
         self.cache: Any = None
         if options.cache is not None:
+            from crucible.run._cache_keyer import Keyer
             from crucible.run._unit_cache import UnitCache
 
-            self.cache = UnitCache(
-                options.cache,
-                plan=plan,
-                state=options.state,
-                environ=environ,
-                agent_cmd=options.agent_cmd,
-                emit_cap=emit_cap,
+            keyer = Keyer(
+                plan, options.state, environ=environ, agent_cmd=options.agent_cmd, emit_cap=emit_cap
             )
+            self.cache = UnitCache(options.cache, keyer)
 
     # ----------------------------------------------------------------- a unit
 

@@ -17,9 +17,12 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
+
+if TYPE_CHECKING:
+    from crucible.run._cache_keyer import Keyer
 
 __all__ = ["UnitCache", "cacheable", "usable_cache_dir"]
 
@@ -58,30 +61,21 @@ def cacheable(task: Mapping[str, Any]) -> bool:
 
 class UnitCache:
     """One process's view of the cache directory (the ledger opens lazily, at the
-    first lookup or save: in a worker, after the fork)."""
+    first lookup or save: in a worker, after the fork), keying units of
+    ``keyer``'s plan and state directory."""
 
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        plan: Mapping[str, Any],
-        state: Path,
-        environ: Mapping[str, str],
-        agent_cmd: str | None,
-        emit_cap: int,
-    ) -> None:
+    def __init__(self, directory: Path, keyer: Keyer) -> None:
         from crucible import stage
         from crucible.run._cache import TaskCache
-        from crucible.run._cache_keyer import Keyer
 
         self.stage = stage
-        self.plan = plan
-        self.state = state
-        self.layout = stage.StateLayout(state)
+        self.plan = keyer.plan
+        self.state = keyer.state
+        self.layout = stage.StateLayout(self.state)
         self._results = str(self.layout.results_root)
         self.warnings: list[str] = []
         self.cache = TaskCache(directory, warn=self.warnings.append)
-        self.keyer = Keyer(plan, state, environ=environ, agent_cmd=agent_cmd, emit_cap=emit_cap)
+        self.keyer = keyer
         self._made_dirs: set[Path] = set()
 
     def take_warnings(self) -> list[str]:
