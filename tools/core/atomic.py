@@ -17,7 +17,7 @@ from crucible.core import canon
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
 
-__all__ = ["TMP_PREFIX", "atomic_file", "fsync_dir", "write_bytes", "write_json"]
+__all__ = ["TMP_PREFIX", "abandon", "atomic_file", "fsync_dir", "write_bytes", "write_json"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -34,6 +34,17 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 TMP_PREFIX = ".tmp-"
 
 
+def abandon(tmp: str, target: object, exc: BaseException) -> None:
+    """After a failed write of ``tmp`` (the temp file meant to replace
+    ``target``): remove it, and raise an OSError as one OperationalError naming
+    ``target``; any other ``exc`` the caller re-raises. Called only on failure,
+    so a fast writer keeps its happy path free of another call."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    if isinstance(exc, OSError):
+        raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+
+
 @contextlib.contextmanager
 def _replacing(
     tmp: str, target: str | os.PathLike[str], directory: str | os.PathLike[str], durable: bool
@@ -47,10 +58,7 @@ def _replacing(
         if durable:
             fsync_dir(directory)
     except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+        abandon(tmp, target, exc)
         raise
 
 

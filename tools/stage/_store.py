@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.core.atomic import fsync_dir
+from crucible.core.atomic import abandon, fsync_dir
 from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import write_all
@@ -452,10 +452,7 @@ def _write_plain(path: Path | str, data: bytes, durable: bool) -> None:
                 os.close(fd)
             os.replace(tmp, target)
         except BaseException as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            if isinstance(exc, OSError):
-                raise OperationalError(f"cannot write {target}: {exc.strerror or exc}") from None
+            abandon(tmp, target, exc)
             raise
         if durable:
             fsync_dir(directory)
