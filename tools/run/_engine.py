@@ -262,6 +262,29 @@ class Dispatcher:
     def _ids(self, unit: Unit) -> dict[str, Any]:
         return {"task": unit.name, "key": unit.key}
 
+    def _attempt_finished(
+        self,
+        unit: Unit,
+        status: str,
+        note: str | None,
+        exit_code: int | None,
+        duration: float | None,
+        fields: dict[str, Any] | None,
+    ) -> None:
+        """The ``task_finished`` of an attempt that ran (settled, interrupted or
+        retried), its members in run.md's order; ``fields`` last."""
+        self.log.emit(
+            "task_finished",
+            task=unit.name,
+            key=unit.key,
+            attempt=unit.attempt,
+            status=status,
+            note=note,
+            exit_code=exit_code,
+            duration=None if duration is None else round(duration, 6),
+            **(fields or {}),
+        )
+
     # ------------------------------------------------------------ entry point
 
     def run(self) -> RunOutcome:
@@ -874,16 +897,7 @@ class Dispatcher:
             else:
                 signame = signal.Signals(self.stop_signal or signal.SIGTERM).name
                 why = f"terminated: the dispatcher received {signame}"
-            self.log.emit(
-                "task_finished",
-                **self._ids(unit),
-                attempt=unit.attempt,
-                status=INTERRUPTED,
-                note=why,
-                exit_code=finished.code,
-                duration=round(finished.duration, 6),
-                **fields,
-            )
+            self._attempt_finished(unit, INTERRUPTED, why, finished.code, finished.duration, fields)
             return
         finished.log = result.get("log")
         finished.tail = result.get("tail") or ""
@@ -940,16 +954,8 @@ class Dispatcher:
             # leaves the unit unsettled (a resume runs it again).
             self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
             self._wrote(unit.name, unit.key)
-            self.log.emit(
-                "task_finished",
-                **self._ids(unit),
-                attempt=unit.attempt,
-                status=status,
-                note=note,
-                exit_code=finished.code,
-                duration=round(finished.duration, 6),
-                retry=True,
-                **fields,
+            self._attempt_finished(
+                unit, status, note, finished.code, finished.duration, {"retry": True, **fields}
             )
             delay = retry.delay
             unit.last_env = control.last_attempt_env(finished.code, timed_out)
@@ -1083,16 +1089,7 @@ class Dispatcher:
             self.counts.tolerated += 1
             if unit.key is None:
                 self.tolerated.add(unit.name)
-        self.log.emit(
-            "task_finished",
-            **self._ids(unit),
-            attempt=unit.attempt,
-            status=status,
-            note=note,
-            exit_code=exit_code,
-            duration=None if duration is None else round(duration, 6),
-            **(fields or {}),
-        )
+        self._attempt_finished(unit, status, note, exit_code, duration, fields)
         self._count_settled(status)
         if unit.key is None:
             self._settle(unit.name, status)
