@@ -660,10 +660,7 @@ class Dispatcher:
                 self.loop.maybe_start()
                 return
             if (note := self.loop.skip_note(name)) is not None:
-                self._record_task(name, SKIPPED, note)
-                self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
-                self._count_settled(SKIPPED)
-                self._settle(name, SKIPPED)
+                self._settle_unrun(name, SKIPPED, note)
                 return
         task = self.graph.tasks[name]
         if task.get("join", "all") == "all":
@@ -676,10 +673,7 @@ class Dispatcher:
                 dep_status = self.status.get(dep)
                 if dep_status != PASSED:
                     note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
-                    self._record_task(name, SKIPPED, note)
-                    self.log.emit("task_finished", task=name, status=SKIPPED, note=note)
-                    self._count_settled(SKIPPED)
-                    self._settle(name, SKIPPED)
+                    self._settle_unrun(name, SKIPPED, note)
                     return
         if "map" in task or "matrix" in task:
             self._expand(name)
@@ -704,10 +698,7 @@ class Dispatcher:
         if status == FAILED:  # a condition error: listed, and --fail-fast stops
             self._note_failure(Unit(name, key), None)
         if key is None:
-            self._record_task(name, status, note)
-            self.log.emit("task_finished", task=name, status=status, note=note)
-            self._count_settled(status)
-            self._settle(name, status)
+            self._settle_unrun(name, status, note)
         else:
             # An instance that never had an attempt: no attempt number in its event.
             self.stage.record_settled(
@@ -722,13 +713,17 @@ class Dispatcher:
                 self._after_durable(lambda: self._fold(name, keys))
         return True
 
-    def _record_task(self, name: str, status: str, note: str) -> None:
-        """A task settled without running: skipped, or its map source unreadable
-        (a mapped task gets an aggregate record with no instances)."""
+    def _settle_unrun(self, name: str, status: str, note: str) -> None:
+        """A task settled without running: skipped, failed by its condition, or
+        its map source unreadable (a mapped task gets an aggregate record with no
+        instances). Recorded, logged, counted, and its consumers woken."""
         self.stage.record_settled(
             self.plan, self.state, name, status=status, note=note, durable=False
         )
         self._wrote(name, None)
+        self.log.emit("task_finished", task=name, status=status, note=note)
+        self._count_settled(status)
+        self._settle(name, status)
 
     def _expand(self, name: str) -> None:
         conditional = "when" in self.graph.tasks[name]
@@ -750,10 +745,7 @@ class Dispatcher:
                 note = f"cannot expand the fan-out: {exc}"
             else:
                 note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
-            self._record_task(name, FAILED, note)
-            self.log.emit("task_finished", task=name, status=FAILED, note=note)
-            self._count_settled(FAILED)
-            self._settle(name, FAILED)
+            self._settle_unrun(name, FAILED, note)
             return
         if not keys:
             self._fold(name, keys)
