@@ -26,6 +26,7 @@ __all__ = [
     "TooDeep",
     "clear_path",
     "kind_of",
+    "make_dirs",
     "open_regular",
     "read_at_most",
     "read_named",
@@ -140,6 +141,16 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+def make_dirs(path: Path, what: str | None = None) -> None:
+    """``mkdir -p path``; an OSError as one OperationalError at ``path``:
+    ``cannot create WHAT: reason`` (``cannot create: reason`` without ``what``)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        label = f"cannot create {what}" if what else "cannot create"
+        raise OperationalError(f"{label}: {exc.strerror}", where=str(path)) from None
 
 
 def kind_of(mode: int) -> str:

@@ -28,6 +28,7 @@ from crucible.core.errors import (
     PlanChanged,
     UsageError,
 )
+from crucible.core.fsio import make_dirs
 from crucible.run._lock import StateLock
 from crucible.run._matrix import check_fanout_params
 from crucible.run._options import JOBS_MAX, RunOptions
@@ -263,12 +264,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     base.move_aside = held
     if options.dry_run:
         return base
-    try:
-        state.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OperationalError(
-            f"cannot create state dir: {exc.strerror}", where=str(state)
-        ) from None
+    make_dirs(state, "state dir")
     base.lock = StateLock(state)
     # Another dispatcher may have claimed it between our look and our lock.
     if not options.fresh and plan_file.exists():

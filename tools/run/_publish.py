@@ -29,6 +29,7 @@ from typing import Any
 
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.fsio import make_dirs
 
 __all__ = ["PUBLISH_FORMAT", "publish"]
 
@@ -172,10 +173,7 @@ def _publish_one(
 ) -> dict[str, Any]:
     final = _inside(target, dest)
     parent = final.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OperationalError(f"cannot create: {exc.strerror}", where=str(parent)) from None
+    make_dirs(parent)
     _sweep(parent)
     workdir = _workdir(state, parent)
     tmp = Path(tempfile.mkdtemp(prefix=_TMP, dir=workdir))
@@ -231,10 +229,7 @@ def publish(
 ) -> list[dict[str, Any]]:
     """Publish every destination of ``[workflow.publish]`` into ``target``; returns
     their manifests."""
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OperationalError(f"cannot create: {exc.strerror}", where=str(target)) from None
+    make_dirs(target)
     from crucible.stage import StateLayout
 
     _sweep(StateLayout(state).publish_scratch)

@@ -26,7 +26,7 @@ from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
-from crucible.core.fsio import remove_tree, walk_tree
+from crucible.core.fsio import make_dirs, remove_tree, walk_tree
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
@@ -782,12 +782,7 @@ def stage_inputs(
         new = False
     except FileNotFoundError:
         new = False
-        try:
-            workspace.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OperationalError(
-                f"cannot create workspace: {exc.strerror}", where=str(workspace)
-            ) from None
+        make_dirs(workspace, "workspace")
     except OSError as exc:
         raise OperationalError(
             f"cannot create workspace: {exc.strerror}", where=str(workspace)
