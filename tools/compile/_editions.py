@@ -7,6 +7,7 @@ to (:func:`ir_version_for`) and which keys a manifest task table, a Starlark
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from crucible.core.contract import RESERVED_INPUTS, SUPPORTED_VERSIONS
@@ -155,8 +156,10 @@ def task_key_since(key: str) -> int | None:
     return _TASK_KEYS_SINCE.get(key)
 
 
+@functools.cache
 def known_task_keys(edition: int) -> frozenset[str]:
-    """The task keys a manifest (or ``task()`` call) of ``edition`` may use."""
+    """The task keys a manifest (or ``task()`` call) of ``edition`` may use (asked
+    once per task of a plan: cached)."""
     return frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= edition)
 
 

@@ -18,6 +18,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 import orjson
@@ -272,20 +273,23 @@ def loads(data: bytes | str) -> Any:
         raise CanonError(f"nesting deeper than {MAX_DEPTH} levels") from None
 
 
-_DEPTH_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_STRING_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+#: every byte but the four brackets, deleted by bytes.translate
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+#: a bracket's step in depth, indexed by its byte
+_DEPTH_STEP = [0] * 256
+_DEPTH_STEP[ord("[")] = _DEPTH_STEP[ord("{")] = 1
+_DEPTH_STEP[ord("]")] = _DEPTH_STEP[ord("}")] = -1
 
 
 def _check_depth_text(data: bytes) -> None:
-    """Refuse nesting deeper than MAX_DEPTH before parsing (strings skipped)."""
-    depth = 0
-    for match in _DEPTH_TOKENS.finditer(data):
-        token = match.group()
-        if token in (b"[", b"{"):
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise CanonError(f"nesting deeper than {MAX_DEPTH} levels")
-        elif token in (b"]", b"}"):
-            depth -= 1
+    """Refuse nesting deeper than MAX_DEPTH before parsing (strings skipped).
+
+    The scan runs in C (regex, translate, accumulate): a Python loop over every
+    bracket was half of loading a 1,000-task plan."""
+    brackets = _STRING_TOKENS.sub(b"", data).translate(None, _NOT_BRACKETS)
+    if brackets and max(accumulate(map(_DEPTH_STEP.__getitem__, brackets))) > MAX_DEPTH:
+        raise CanonError(f"nesting deeper than {MAX_DEPTH} levels")
 
 
 #: orjson's float output checked once against ES6 on values spanning the fast
