@@ -204,3 +204,22 @@ def test_file_digest_of_a_file_it_may_not_open_noatime(
 
     monkeypatch.setattr(os, "open", no_noatime)
     assert _cache.file_digest(p) == digest.of_bytes(b"{}")
+
+
+def test_a_symlink_at_the_restored_copys_temp_name_is_never_written_through(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    data = b'{"format":"x"}'
+    tc = TaskCache(tmp_path / "cache", warn=lambda _w: None)
+    target = tc._store_path(digest.of_bytes(data))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"untouched")
+    tmp = target.with_name(f"@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}")
+    os.symlink(outside, tmp)
+    with pytest.raises(OSError):
+        tc._put_restored(data)
+    assert outside.read_bytes() == b"untouched"
+    assert not target.exists()

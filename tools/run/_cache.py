@@ -682,7 +682,11 @@ class TaskCache:
             target.parent.mkdir(parents=True, exist_ok=True)
             self._made_dirs.add(target.parent)
         tmp = target.with_name(f"@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
+        # O_NOFOLLOW: a symlink planted at the temp name is refused (OSError: no
+        # restored copy, the hit writes its record), never written through
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o444
+        )
         try:
             write_all(fd, data)
         finally:
