@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import IO, Any
 
+from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, Interrupted, OperationalError, UsageError
 from crucible.run._admit import Admission, admit
 from crucible.run._engine import Counts, Dispatcher, RunOutcome
@@ -164,6 +165,9 @@ def _run_admitted(
         # (the session log's writer thread starts at the first commit, and the
         # workers are forked while this process has one thread: run.workers).
         log.emit("plan_admitted", **admitted)
+        # the program paused the collector for its start-up (run/cli.py): the
+        # plan and the modules are frozen before the workers fork
+        resume_gc()
         try:
             outcome = dispatcher.run()
             # run results and published files (IR v3): crucible.run._outputs

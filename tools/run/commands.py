@@ -8,7 +8,6 @@ streams are parameters so tests and the CLI pass their own.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ __all__ = [
     "CacheGcOptions",
     "DispatchOptions",
     "ReportOptions",
+    "dispatch_options",
     "run_cache_forget",
     "run_cache_gc",
     "run_report",
@@ -63,6 +63,12 @@ class CacheGcOptions:
     cache: Path | None
     #: store files younger than this many seconds are kept
     grace: float = 60.0
+
+
+def dispatch_options(*, as_json: bool, cache: Path | None, **fields: Any) -> DispatchOptions:
+    """``run``'s options from its command line's values (parameter names as in
+    run/_click_cli.py's ``run_cmd``; run/_argv.py gives the same)."""
+    return DispatchOptions(RunOptions(cache=cache or None, **fields), as_json)
 
 
 def _warn(err: TextIO) -> Any:
@@ -200,6 +206,8 @@ def _cache_dir(cache: Path | None) -> Path | None:
 
 
 def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -> None:
+    import json
+
     out.write(json.dumps(value, sort_keys=sort_keys, separators=(",", ":")) + "\n")
     out.flush()
 
