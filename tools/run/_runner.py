@@ -100,6 +100,9 @@ def _run_admitted(
 ) -> RunOutcome:
     from crucible import stage
 
+    # The compiler checked the plan (a plan file's normal form, or the manifest it
+    # compiled): stage's view of it is built without checking each task again.
+    stage.prepare_plan(admission.plan, checked=True)
     log_path = stage.StateLayout(options.state).session_path
     graph = build_graph(admission.plan)
     earlier = [] if admission.unclaimed else read_events(log_path)

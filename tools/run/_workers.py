@@ -32,7 +32,6 @@ import contextlib
 import os
 import pickle
 import signal
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,10 +130,14 @@ def _serve_loop(handler: Callable[[Any, Channel], Any], requests: int, replies: 
         except CrucibleError as exc:
             reply = (token, "error", str(exc))
         except BaseException:
+            import traceback  # a bug's report only (it loads linecache and textwrap)
+
             reply = (token, "bug", traceback.format_exc())
         try:
             data = _frame(reply)
         except Exception:
+            import traceback
+
             data = _frame((token, "bug", traceback.format_exc()))
         write_all(replies, data)
 
