@@ -44,6 +44,8 @@ class DispatchOptions:
 
 @dataclass(frozen=True)
 class ReportOptions:
+    """``crucible-dispatch report``: the state dir and how to show it."""
+
     state: Path
     #: one task's instances instead of the task table
     task: str | None = None
@@ -54,12 +56,16 @@ class ReportOptions:
 
 @dataclass(frozen=True)
 class CacheForgetOptions:
+    """``crucible-dispatch cache forget``: the task whose results go."""
+
     task: str
     cache: Path | None
 
 
 @dataclass(frozen=True)
 class CacheGcOptions:
+    """``crucible-dispatch cache gc``: the cache and how young a file is kept."""
+
     cache: Path | None
     #: store files younger than this many seconds are kept
     grace: float = 60.0

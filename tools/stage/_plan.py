@@ -43,6 +43,8 @@ TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", 
 
 @dataclass(frozen=True)
 class TaskView:
+    """One task of the plan, as stage reads it (``raw``: the plan's task object)."""
+
     name: str
     kind: str
     needs: tuple[str, ...]
@@ -62,6 +64,8 @@ class TaskView:
 
 @dataclass(frozen=True)
 class PlanView:
+    """The plan's tasks by name, in declaration order."""
+
     version: int
     edition: int
     tasks: dict[str, TaskView]
