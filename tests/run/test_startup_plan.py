@@ -105,3 +105,20 @@ def test_which_is_shutils(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     for name in ("tool", "none", "./here", "here", str(bins[2] / "tool"), "a/tool"):
         for search in (path, "", os.pathsep + path, str(bins[0])):
             assert which(name, search) == shutil.which(name, path=search), (name, search)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from("aZ09_-.@/\\[]\x00\x1f\x7fé"), max_size=6)
+    | st.sampled_from(["params", "item", ".", "..", "x" * 249, "x" * 250, "é" * 125])
+)
+def test_the_plain_name_shortcut_says_what_every_rule_says(name: str) -> None:
+    from crucible.core import contract
+
+    fast = contract.task_name_problems(name)
+    plain = contract._PLAIN_NAME_RE
+    try:
+        contract._PLAIN_NAME_RE = re.compile(r"(?!)")  # never matches: every rule runs
+        assert fast == contract.task_name_problems(name)
+    finally:
+        contract._PLAIN_NAME_RE = plain
