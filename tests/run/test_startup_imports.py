@@ -33,6 +33,7 @@ NOT_ON_THE_PLAIN_PATH = (
     "crucible.run._cache",
     "crucible.run._cache_explain",
     "crucible.run._report",
+    "crucible.run._commands_state",
     "crucible.run._progress",
     "crucible.run._publish",
     "ctypes",  # syncfs: only for a batch of many files
