@@ -45,7 +45,7 @@ JSON = st.recursive(
 
 @st.composite
 def mutated_plans(draw: st.DrawFn) -> dict[str, Any]:
-    plan = copy.deepcopy(draw(st.sampled_from(PLANS)))
+    plan: dict[str, Any] = copy.deepcopy(draw(st.sampled_from(PLANS)))
     for _ in range(draw(st.integers(1, 3))):
         task = draw(st.sampled_from(plan["tasks"]))
         key = draw(st.sampled_from(KEYS))
