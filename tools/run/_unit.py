@@ -59,6 +59,9 @@ PASSED, FAILED = "passed", "failed"
 
 #: how long a task runs before its start is reported on its own (see _wait)
 ANNOUNCE_AFTER = 0.002
+#: units a pipelined worker stages ahead of its running one (UnitRunner.serve;
+#: its pool queues AHEAD + 1 requests to it: crucible.run._workers)
+AHEAD = 2
 #: how long a pipelined worker's task runs before the unit staged behind it is
 #: handed back to start elsewhere (UnitRunner.serve): the longest a ready unit
 #: waits behind another's task
@@ -368,7 +371,8 @@ class _Pipeline:
         self.long = False
 
     def watching(self) -> bool:
-        """Whether a request may come: none is staged, or the task runs long (a
+        """Whether to wake for a request: none is staged (one staged is taken
+        with the next exit instead: no wake-up), or the task runs long (a
         request sent before the dispatcher heard so is handed back at once)."""
         return self.long or not self._pending
 
@@ -678,14 +682,16 @@ class UnitRunner:
     def _serve(self, inbox: Inbox, held: dict[int, None]) -> None:
         slot = False
         running: tuple[int, _Started] | None = None
-        pending: list[tuple[int, _Staged]] = []  # at most one: staged, next to start
+        #: staged, in the order they start (at most AHEAD)
+        pending: list[tuple[int, _Staged]] = []
 
         def answer(token: int, payload: dict[str, Any]) -> None:
             held.pop(token, None)
             inbox.reply(token, payload)
 
         def take(block: bool) -> bool:
-            """Take a request and stage it; False when none was whole yet."""
+            """Take a request and stage it; False when none was whole yet (or,
+            without ``block``, none is waiting)."""
             item = inbox.take(block=block)
             if item is None:
                 return False
@@ -703,10 +709,12 @@ class UnitRunner:
                 pending.append((token, staged))
             return True
 
-        def hand_back() -> None:  # the running task runs long: its successor goes elsewhere
-            while pending:
-                token, staged = pending.pop()
+        def hand_back() -> None:  # the running task runs long: what waits goes elsewhere
+            while take(block=False):  # sent before the dispatcher heard it runs long
+                pass
+            for token, staged in pending:
                 answer(token, {"kind": "handback", "staged_env": staged.staged_env})
+            pending.clear()
 
         while True:
             if running is None:
@@ -716,7 +724,7 @@ class UnitRunner:
                             break
                         continue
                     continue
-                token, staged = pending.pop()
+                token, staged = pending.pop(0)
                 if not slot:
                     if not self.slots.acquire(inbox.requests_fd):
                         answer(token, _not_started(staged))
@@ -730,8 +738,10 @@ class UnitRunner:
                     continue
                 running = (token, started)
             token, started = running
-            if not pending and inbox.buffered():
-                take(block=False)
+            # Stage what the dispatcher sent meanwhile (it is waiting in the pipe:
+            # taking it now costs no wake-up), up to AHEAD units.
+            while len(pending) < AHEAD and take(block=False):
+                pass
             channel = inbox.channel(token)
             channel.pipeline = _Pipeline(lambda: take(block=False), pending, hand_back)
             code, stop_reason, gone = self._wait(
@@ -742,10 +752,11 @@ class UnitRunner:
             if gone:
                 raise SystemExit(70)  # nobody to reply to (its group is killed)
             if pending and self.slots.stopping():
-                nt, ns = pending.pop()
-                answer(nt, _not_started(ns))
+                for nt, ns in pending:
+                    answer(nt, _not_started(ns))
+                pending.clear()
             if pending:  # the slot passes on: start the next before capturing this one
-                nt, ns = pending.pop()
+                nt, ns = pending.pop(0)
                 following = self._start(ns)
                 if isinstance(following, dict):
                     self.slots.release()

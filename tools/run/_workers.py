@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import select
 import signal
 import traceback
 from collections.abc import Callable
@@ -83,19 +84,22 @@ class Inbox:
         self.requests_fd = requests_fd
         self.replies_fd = replies_fd
         self._pending = bytearray()
+        self._poll: select.poll | None = None
         #: the dispatcher closed the request pipe (nothing more will come)
         self.closed = False
 
     def take(self, *, block: bool) -> tuple[int, Any] | None:
-        """The next whole request ``(token, request)``. With ``block=False``
-        (the pipe was seen readable) one read at most: None while the request
-        is not whole yet. None once the pipe is closed (``closed``)."""
+        """The next whole request ``(token, request)``. With ``block=False``,
+        one read at most and only when the pipe holds bytes: None while none
+        is whole yet. None once the pipe is closed (``closed``)."""
         while True:
             body = _frame_body(self._pending)
             if body is not None:
                 token, request = pickle.loads(body)
                 return token, request
             if self.closed:
+                return None
+            if not block and not self._readable():
                 return None
             chunk = os.read(self.requests_fd, 1 << 16)
             if not chunk:
@@ -104,6 +108,12 @@ class Inbox:
             self._pending += chunk
             if not block and _frame_body(self._pending, peek=True) is None:
                 return None
+
+    def _readable(self) -> bool:
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.requests_fd, select.POLLIN)
+        return bool(self._poll.poll(0))
 
     def buffered(self) -> bool:
         """A whole request is already read (poll would not say so)."""
@@ -222,10 +232,10 @@ class WorkerPool:
     module's docstring); :meth:`watch` names who is told each new reply fd.
 
     With ``inbox_loop`` the pool is *pipelined*: each worker runs
-    ``inbox_loop(inbox)`` (:class:`Inbox`) and may hold two requests at once —
-    one it carries out, the next it prepares meanwhile — except behind a
-    request whose worker sent an interim reply (a task that runs long: see
-    crucible.run._unit.UnitRunner.serve)."""
+    ``inbox_loop(inbox)`` (:class:`Inbox`) and may hold three requests at
+    once — one it carries out, the next ones it prepares meanwhile — except
+    behind a request whose worker sent an interim reply (a task that runs
+    long: see crucible.run._unit.UnitRunner.serve)."""
 
     def __init__(
         self,
@@ -238,8 +248,9 @@ class WorkerPool:
         self.count = count
         self._handler = handler
         self._inbox_loop = inbox_loop
-        #: requests one worker may hold at once
-        self.depth = 1 if inbox_loop is None else 2
+        #: requests one worker may hold at once: a pipelined one, its running
+        #: unit and the two it stages ahead (crucible.run._unit.AHEAD)
+        self.depth = 1 if inbox_loop is None else 3
         self.workers: list[_Worker] = []
         self.by_fd: dict[int, _Worker] = {}
         #: the largest peak RSS of the reaped workers (0: no worker ran)
