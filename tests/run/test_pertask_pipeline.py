@@ -53,6 +53,43 @@ def test_the_inbox_takes_a_request_only_once_it_is_whole(tmp_path: Path) -> None
                 os.close(fd)
 
 
+def test_deferred_replies_go_out_before_the_next_reply_in_one_write(tmp_path: Path) -> None:
+    """A passed unit nothing waits for is answered with its worker's next reply
+    (or a flush): one write, one wake-up of the dispatcher, for several."""
+    from crucible.run._workers import WorkerPool
+
+    r, w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    try:
+        inbox = Inbox(r, rep_w)
+        inbox.defer(1, {"kind": "finished", "n": 1})
+        inbox.defer(2, {"kind": "finished", "n": 2})
+        assert inbox.deferred == 2
+        os.set_blocking(rep_r, False)
+        with pytest.raises(BlockingIOError):
+            os.read(rep_r, 1)  # nothing sent yet
+        inbox.channel(3).send({"kind": "started", "pid": 9})  # an interim reply flushes too
+        data = os.read(rep_r, 1 << 16)
+        frames = []
+        while data:
+            n = int.from_bytes(data[:4], "little")
+            frames.append(pickle.loads(data[4 : 4 + n]))
+            data = data[4 + n :]
+        assert frames == [
+            (1, "ok", {"kind": "finished", "n": 1}),
+            (2, "ok", {"kind": "finished", "n": 2}),
+            (3, "interim", {"kind": "started", "pid": 9}),
+        ]
+        assert inbox.deferred == 0
+        inbox.flush()  # nothing deferred: nothing written
+        with pytest.raises(BlockingIOError):
+            os.read(rep_r, 1)
+    finally:
+        for fd in (r, w, rep_r, rep_w):
+            os.close(fd)
+    assert WorkerPool(1, lambda *_: None, lazy=True, inbox_loop=lambda _i: None).depth == 4
+
+
 # ---------------------------------------------------------- the pipeline
 
 TAMPER = """edition = 3

@@ -252,6 +252,14 @@ class Dispatcher:
 
             self.loop = loop_engine.attach(self)
         # -- end scored loop
+        # A unit whose settle wakes nothing may be answered late, with the next
+        # reply of its worker (crucible.run._unit.UnitRunner.serve).
+        self.runner.quiet = frozenset(
+            name
+            for name in self.graph.tasks
+            if not self.graph.consumers[name]
+            and (self.loop is None or not (name in self.loop.body or name in self.loop.phases.before))
+        )
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""

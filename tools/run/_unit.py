@@ -31,6 +31,7 @@ import os
 import select
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,11 +62,14 @@ PASSED, FAILED = "passed", "failed"
 ANNOUNCE_AFTER = 0.002
 #: units a pipelined worker stages ahead of its running one (UnitRunner.serve;
 #: its pool queues AHEAD + 1 requests to it: crucible.run._workers)
-AHEAD = 2
+AHEAD = 3
 #: how long a pipelined worker's task runs before the unit staged behind it is
 #: handed back to start elsewhere (UnitRunner.serve): the longest a ready unit
 #: waits behind another's task
 HANDBACK_AFTER = 0.02
+#: ... or this many times the median of the worker's last RECENT task durations
+HANDBACK_TIMES = 5
+RECENT = 31
 _POLL_IN = select.POLLIN
 _POLL_GONE = select.POLLHUP | select.POLLERR
 
@@ -363,11 +367,17 @@ class _Pipeline:
     and once the task runs long hand whatever is staged back."""
 
     def __init__(
-        self, take: Callable[[], object], pending: list[Any], hand_back: Callable[[], None]
+        self,
+        take: Callable[[], object],
+        pending: list[Any],
+        hand_back: Callable[[], None],
+        after: float = HANDBACK_AFTER,
     ) -> None:
         self._take = take
         self._pending = pending
         self._hand_back = hand_back
+        #: how long the task may run before what is staged behind it goes back
+        self.after = after
         self.long = False
 
     def watching(self) -> bool:
@@ -423,6 +433,10 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[Any, dict[str, str]] = {}
+        #: tasks whose settling wakes nothing (no consumer, outside a scored
+        #: loop): a pipelined worker defers their passed replies (serve); set
+        #: by the dispatcher before its workers are forked
+        self.quiet: frozenset[str] = frozenset()
         # --- workspace recycling (crucible.run._recycle): per process after the fork
         self.pool = WorkspacePool(keep=options.keep_workspaces)
         # --cache DIR (docs/spec/cache.md): the scheduling thread restored the hits
@@ -684,10 +698,23 @@ class UnitRunner:
         running: tuple[int, _Started] | None = None
         #: staged, in the order they start (at most AHEAD)
         pending: list[tuple[int, _Staged]] = []
+        #: how long this worker's last tasks ran (seconds)
+        recent: deque[float] = deque(maxlen=RECENT)
 
-        def answer(token: int, payload: dict[str, Any]) -> None:
+        def answer(token: int, payload: dict[str, Any], name: str | None = None) -> None:
             held.pop(token, None)
-            inbox.reply(token, payload)
+            record = payload.get("record")
+            if (
+                name in self.quiet
+                and payload.get("kind") == "finished"
+                and record is not None
+                and record.get("status") == PASSED
+            ):
+                # nothing waits for it: sent with the next reply, or once fewer
+                # than two units are staged here (below)
+                inbox.defer(token, payload)
+            else:
+                inbox.reply(token, payload)
 
         def take(block: bool) -> bool:
             """Take a request and stage it; False when none was whole yet (or,
@@ -719,6 +746,7 @@ class UnitRunner:
         while True:
             if running is None:
                 if not pending:
+                    inbox.flush()  # nothing to run: the dispatcher hears all first
                     if not take(block=True):
                         if inbox.closed:
                             break
@@ -743,11 +771,14 @@ class UnitRunner:
             while len(pending) < AHEAD and take(block=False):
                 pass
             channel = inbox.channel(token)
-            channel.pipeline = _Pipeline(lambda: take(block=False), pending, hand_back)
+            channel.pipeline = _Pipeline(
+                lambda: take(block=False), pending, hand_back, self._handback_after(recent)
+            )
             code, stop_reason, gone = self._wait(
                 started.proc, channel, started.out_r, started.sink, started.agent_out
             )
             held_notes = self._ended(started, gone)
+            recent.append(time.monotonic() - started.proc.started)
             running = None
             if gone:
                 raise SystemExit(70)  # nobody to reply to (its group is killed)
@@ -773,9 +804,23 @@ class UnitRunner:
                 held.pop(token, None)
                 inbox.fail(token, exc)
             else:
-                answer(token, result)
+                answer(token, result, started.staged.name)
+            if len(pending) < 2:  # the dispatcher refills while the next ones run
+                inbox.flush()
+        inbox.flush()
         if slot:
             self.slots.release()
+
+    @staticmethod
+    def _handback_after(recent: deque[float]) -> float:
+        """HANDBACK_AFTER, or HANDBACK_TIMES the median of the worker's recent
+        task durations when that is more: on a loaded machine a quick task
+        waits for a CPU for tens of ms, and handing back what is staged behind
+        it would only move the wait (and cost a round trip)."""
+        if len(recent) < 3:
+            return HANDBACK_AFTER
+        ordered = sorted(recent)
+        return max(HANDBACK_AFTER, HANDBACK_TIMES * ordered[len(ordered) // 2])
 
     def _passed(self, key: str | None, workspace: Path, output: Path) -> None:
         """A passed attempt leaves neither its output file (its record holds what
@@ -895,7 +940,7 @@ class UnitRunner:
         announce_at: float | None = proc.started + ANNOUNCE_AFTER
         #: a pipelined worker's (serve): the next request is taken meanwhile
         pipe: _Pipeline | None = getattr(channel, "pipeline", None)
-        long_at = None if pipe is None else proc.started + HANDBACK_AFTER
+        long_at = None if pipe is None else proc.started + pipe.after
         poller = select.poll()
         poller.register(proc.pidfd, _POLL_IN)
         poller.register(out_r, _POLL_IN)

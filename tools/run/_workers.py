@@ -75,6 +75,18 @@ class Channel:
         write_all(self._replies_fd, _frame((self.token, "interim", payload)))
 
 
+class _InboxChannel(Channel):
+    """A pipelined worker's channel: its interim reply goes out after the
+    replies it deferred (:meth:`Inbox.defer`)."""
+
+    def __init__(self, token: int, inbox: Inbox) -> None:
+        super().__init__(token, inbox.requests_fd, inbox.replies_fd)
+        self._inbox = inbox
+
+    def send(self, payload: Any) -> None:
+        self._inbox.write(_frame((self.token, "interim", payload)))
+
+
 class Inbox:
     """A worker's side of its pipes when it holds more than one request at a
     time (a pipelined pool, ``depth=2``): it takes requests when it wants them
@@ -85,6 +97,8 @@ class Inbox:
         self.replies_fd = replies_fd
         self._pending = bytearray()
         self._poll: select.poll | None = None
+        #: framed final replies not sent yet (defer)
+        self._deferred: list[bytes] = []
         #: the dispatcher closed the request pipe (nothing more will come)
         self.closed = False
 
@@ -120,18 +134,40 @@ class Inbox:
         return _frame_body(self._pending, peek=True) is not None
 
     def channel(self, token: int) -> Channel:
-        return Channel(token, self.requests_fd, self.replies_fd)
+        return _InboxChannel(token, self)
 
     def reply(self, token: int, payload: Any) -> None:
-        """The final reply of ``token`` (the handler's result)."""
-        write_all(self.replies_fd, _frame((token, "ok", payload)))
+        """The final reply of ``token`` (the handler's result), after those deferred."""
+        self.write(_frame((token, "ok", payload)))
+
+    def defer(self, token: int, payload: Any) -> None:
+        """A final reply nothing waits for: it goes out with the next reply or
+        :meth:`flush` (one write, one wake-up of the dispatcher, for several)."""
+        self._deferred.append(_frame((token, "ok", payload)))
+
+    @property
+    def deferred(self) -> int:
+        return len(self._deferred)
+
+    def flush(self) -> None:
+        """Send the deferred replies."""
+        if self._deferred:
+            self.write(b"")
+
+    def write(self, frame: bytes) -> None:
+        """``frame`` after every deferred reply, in one write."""
+        if self._deferred:
+            self._deferred.append(frame)
+            frame = b"".join(self._deferred)
+            self._deferred.clear()
+        write_all(self.replies_fd, frame)
 
     def fail(self, token: int, exc: BaseException) -> None:
         """The final reply of a token whose handling raised (as _serve_loop says it)."""
         if isinstance(exc, CrucibleError):
-            write_all(self.replies_fd, _frame((token, "error", str(exc))))
+            self.write(_frame((token, "error", str(exc))))
         else:
-            write_all(self.replies_fd, _frame((token, "bug", traceback.format_exc())))
+            self.write(_frame((token, "bug", traceback.format_exc())))
 
 
 def _frame_body(pending: bytearray, *, peek: bool = False) -> bytes | None:
@@ -232,7 +268,7 @@ class WorkerPool:
     module's docstring); :meth:`watch` names who is told each new reply fd.
 
     With ``inbox_loop`` the pool is *pipelined*: each worker runs
-    ``inbox_loop(inbox)`` (:class:`Inbox`) and may hold three requests at
+    ``inbox_loop(inbox)`` (:class:`Inbox`) and may hold four requests at
     once — one it carries out, the next ones it prepares meanwhile — except
     behind a request whose worker sent an interim reply (a task that runs
     long: see crucible.run._unit.UnitRunner.serve)."""
@@ -249,8 +285,8 @@ class WorkerPool:
         self._handler = handler
         self._inbox_loop = inbox_loop
         #: requests one worker may hold at once: a pipelined one, its running
-        #: unit and the two it stages ahead (crucible.run._unit.AHEAD)
-        self.depth = 1 if inbox_loop is None else 3
+        #: unit and the ones it stages ahead (crucible.run._unit.AHEAD)
+        self.depth = 1 if inbox_loop is None else 4
         self.workers: list[_Worker] = []
         self.by_fd: dict[int, _Worker] = {}
         #: the largest peak RSS of the reaped workers (0: no worker ran)
