@@ -50,8 +50,9 @@ def _layout(state: Path) -> Any:
 
 
 def worker_count(jobs: int) -> int:
-    """Worker processes a session forks for ``jobs`` slots (docs/spec/run.md)."""
-    return jobs + min(jobs, 8) + 1
+    """Worker processes a session forks for ``jobs`` slots (docs/spec/run.md):
+    one pipelined worker per slot (crucible.run._unit.UnitRunner.serve)."""
+    return jobs
 
 
 @dataclass
