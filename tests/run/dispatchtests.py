@@ -112,7 +112,7 @@ def run(plan: Path, state: Path, **kw: object) -> object:
 def _stat_fields(pid: int) -> list[str] | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it exited between open and read
         return None
     return stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
 
