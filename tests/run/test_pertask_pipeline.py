@@ -314,3 +314,23 @@ def test_listing_a_pool_again_is_held_to_a_share_of_the_time(
         assert not pool.acquire(str(i), pool_dir / str(i))
         (pool_dir / str(i)).mkdir()  # kept by a failure
     assert 1 <= len(calls) < 200
+
+
+def test_a_pipelined_units_bug_is_answered_with_its_traceback() -> None:
+    """Inbox.fail on an exception outside the error tree sends a "bug" reply
+    carrying the traceback (it raised NameError once: traceback is imported
+    lazily and this path had lost its import)."""
+    r, w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    try:
+        inbox = Inbox(r, rep_w)
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            inbox.fail(9, exc)
+        token, kind, payload = pickle.loads(os.read(rep_r, 1 << 16)[4:])
+        assert (token, kind) == (9, "bug")
+        assert "ValueError: boom" in payload and "Traceback" in payload
+    finally:
+        for fd in (r, w, rep_r, rep_w):
+            os.close(fd)

@@ -166,6 +166,8 @@ class Inbox:
         if isinstance(exc, CrucibleError):
             self.write(_frame((token, "error", str(exc))))
         else:
+            import traceback  # a bug's report only (as in _serve_loop)
+
             self.write(_frame((token, "bug", traceback.format_exc())))
 
 
