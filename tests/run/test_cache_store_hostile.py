@@ -233,3 +233,28 @@ def test_forget_never_removes_through_a_linked_last(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "symlink is never followed" in done.stderr and "Traceback" not in done.stderr
     assert (elsewhere / "t" / "keep.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_planted_last_key_is_no_last_key_and_never_hangs(tmp_path: Path, kind: str) -> None:
+    """The dry run reads ``last/<task>/<key>.json`` to say why a unit would run."""
+    tc = _cache(tmp_path)
+    last = tc.directory / "last" / "t"
+    last.mkdir(parents=True)
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"task": "sha256:' + "0" * 64 + '"}')
+    if kind == "fifo":
+        os.mkfifo(last / "@task.json")
+    else:
+        os.symlink(outside, last / "@task.json")
+
+    def hung(_sig: int, _frame: object) -> None:
+        raise _Hung("last_components blocked opening a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        assert tc.last_components("t", None, lambda k: k) is None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

@@ -511,7 +511,15 @@ class TaskCache:
         self, task: str, key: str | None, escape_key: Callable[[str], str]
     ) -> dict[str, str] | None:
         try:
-            value = canon.loads(self._last_path(task, key, escape_key).read_bytes())
+            # as a store file is read: a link or FIFO planted there is no last key
+            # (a FIFO would hang the dry run)
+            fd = os.open(self._last_path(task, key, escape_key), _READ)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                value = canon.loads(_read_all(fd))
+            finally:
+                os.close(fd)
         except (OSError, canon.CanonError):
             return None
         return value if isinstance(value, dict) else None
@@ -794,6 +802,13 @@ class TaskCache:
                 raise
         finally:
             os.close(fin)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _is_real_dir(path: Path) -> bool:
