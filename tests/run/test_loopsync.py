@@ -243,3 +243,24 @@ def test_an_interrupted_revisions_tombstones_ride_the_group_commit(tmp_path: Pat
     started = [e["revision"] for e in events if e["event"] == "revision_started"]
     assert started == [1, 2, 2, 3]
     assert json.loads((state / "loop.json").read_bytes())["kept_revision"] == 3
+
+
+def test_a_resume_after_the_loop_stopped_writes_the_reserved_inputs_again(
+    tmp_path: Path,
+) -> None:
+    """They are written without fsync when the loop stops (derived from
+    loop.json): a power cut may lose them while the body's records are durable;
+    the tasks after the loop that run on the resume read them."""
+    pack = _pack(tmp_path / "pack")
+    state = tmp_path / "s"
+    first, _ = _traced(pack, state, tmp_path / "first.txt")
+    assert first.returncode == 0, first.stderr
+    reserved = state / "reserved"
+    expected = {p.name: p.read_bytes() for p in reserved.iterdir()}
+    for p in reserved.iterdir():
+        p.unlink()
+    (state / "results" / "final.json").unlink()
+    done, _ = _traced(pack, state, tmp_path / "trace.txt", "--resume")
+    assert done.returncode == 0, done.stderr
+    assert {p.name: p.read_bytes() for p in reserved.iterdir()} == expected
+    assert json.loads((reserved / "revision.json").read_bytes()) == 3

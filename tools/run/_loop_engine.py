@@ -186,6 +186,7 @@ class LoopRun:
             return
         if all(t in d.status for t in self.body):  # settled in an earlier session
             self.started = True
+            self._rewrite_reserved()
             return
         if d.selected is not None and not self.body <= d.selected:
             return
@@ -195,6 +196,7 @@ class LoopRun:
         self.session_start = time.monotonic()
         d.counts.total -= len(self.body)  # counted per revision unit from here
         if self.finished:  # loop.json says it stopped; the body's plain records are missing
+            self._rewrite_reserved()
             # the loop.json read may be one a crash left unsynced
             self._durable_then(self._conclude, write=False)
             return
@@ -276,6 +278,13 @@ class LoopRun:
         self.pending += len(roots)  # before any settles at once (a false condition)
         for t in roots:
             self._ready(t)
+
+    def _rewrite_reserved(self) -> None:
+        """A resume of a loop that stopped writes the final reserved inputs again
+        for the tasks after it: they are derived from loop.json and written
+        without fsync when it stopped, so a power cut may have lost them."""
+        if self.finished and self.revisions:
+            self._write_reserved(len(self.revisions))
 
     def _write_reserved(self, n: int) -> None:
         from crucible.run import _loop_reserved
