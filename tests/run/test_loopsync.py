@@ -264,3 +264,40 @@ def test_a_resume_after_the_loop_stopped_writes_the_reserved_inputs_again(
     assert done.returncode == 0, done.stderr
     assert {p.name: p.read_bytes() for p in reserved.iterdir()} == expected
     assert json.loads((reserved / "revision.json").read_bytes()) == 3
+
+
+SEED_UNTIL_OK = '[ -e "$CRUCIBLE_PACK_DIR/ok" ] || exit 3; echo \'{}\' > "$CRUCIBLE_OUTPUT"'
+
+
+def test_a_loop_that_never_ran_is_decided_again_on_a_resume(tmp_path: Path) -> None:
+    """A before task it needs failed, so the body was skipped (loop.json: finished,
+    no revisions, no stop_reason). A crash before the skipped records were
+    written: the resume skips the body again (not "loop kept no revision")."""
+    pack = _pack(tmp_path / "pack", seed=SEED_UNTIL_OK)
+    state = tmp_path / "s"
+    first, _ = _traced(pack, state, tmp_path / "first.txt")
+    assert first.returncode == 1, first.stderr
+    for t in BODY_TASKS:
+        (state / "results" / f"{t}.json").unlink()
+    done, _ = _traced(pack, state, tmp_path / "trace.txt", "--resume")
+    assert done.returncode == 1, done.stderr
+    for t in BODY_TASKS:
+        rec = json.loads((state / "results" / f"{t}.json").read_bytes())
+        assert rec["status"] == "skipped" and "needs 'seed'" in rec["note"], rec
+
+
+def test_retry_failed_runs_a_loop_its_failed_before_task_kept_from_running(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "pack"
+    pack = _pack(root, seed=SEED_UNTIL_OK)
+    state = tmp_path / "s"
+    first, _ = _traced(pack, state, tmp_path / "first.txt")
+    assert first.returncode == 1, first.stderr
+    (root / "ok").touch()
+    done, _ = _traced(pack, state, tmp_path / "trace.txt", "--resume", "--retry-failed")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((state / "loop.json").read_bytes())
+    assert doc["finished"] is True and doc["stop_reason"] == "max_revisions"
+    assert doc["kept_revision"] == 3 and len(doc["revisions"]) == 3
+    assert json.loads((state / "results" / "final.json").read_bytes())["status"] == "passed"

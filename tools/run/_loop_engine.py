@@ -195,6 +195,11 @@ class LoopRun:
         self.started = True
         self.session_start = time.monotonic()
         d.counts.total -= len(self.body)  # counted per revision unit from here
+        if self.finished and not self.revisions and self.stop_reason is None:
+            # It never ran (a before task it needs did not pass: _skip_body) and
+            # its skipped records are gone (--retry-failed, or a crash before
+            # they were written): decided again, skipped again or run.
+            self.finished = False
         if self.finished:  # loop.json says it stopped; the body's plain records are missing
             self._rewrite_reserved()
             # the loop.json read may be one a crash left unsynced
