@@ -258,3 +258,13 @@ def test_a_planted_last_key_is_no_last_key_and_never_hangs(tmp_path: Path, kind:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_file_digest_of_a_large_store_file_and_of_a_link_to_one(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(300_000))  # past the one-read size
+    assert file_digest(big) == digest.of_file(big)
+    link = tmp_path / "link"
+    os.symlink(big, link)
+    with pytest.raises(OSError):
+        file_digest(link)

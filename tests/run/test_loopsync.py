@@ -3,7 +3,8 @@
 plain record is written (a resume takes those records as the loop being over,
 and a batch gives no order inside it), and inside the dispatcher's loop nothing
 the loop writes is fsynced on the scheduling thread (docs/spec/run.md,
-"Records ride the group commit").
+"Order between batches"); and a resume of a loop that stopped, or that never
+ran, decides from loop.json as loop.md says.
 
 The dispatcher runs with a trace of every fsync (thread, path), every batch the
 session log made durable (its paths; whether loop.json said ``finished``) and

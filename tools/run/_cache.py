@@ -109,12 +109,8 @@ def file_digest(path: str | os.PathLike[str]) -> str:
             if len(data) == size:  # else it changed while read: the careful way
                 return digest.of_bytes(data)
             os.lseek(fd, 0, os.SEEK_SET)
-        h = hashlib.sha256()
-        buf = bytearray(1 << 20)
-        view = memoryview(buf)
-        while n := os.readv(fd, [buf]):
-            h.update(view[:n])
-        return f"sha256:{h.hexdigest()}"
+        with open(fd, "rb", closefd=False) as f:  # the fd opened O_NOFOLLOW
+            return f"sha256:{hashlib.file_digest(f, 'sha256').hexdigest()}"
     finally:
         os.close(fd)
 

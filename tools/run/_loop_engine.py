@@ -139,8 +139,8 @@ class LoopRun:
 
     # ------------------------------------------------------------ durability
     #
-    # The loop's one ordering rule (docs/spec/run.md, "Records ride the group
-    # commit"): the loop.json that says the loop finished is durable BEFORE any
+    # The loop's one ordering rule (docs/spec/run.md, "Order between batches"):
+    # the loop.json that says the loop finished is durable BEFORE any
     # body task's plain record is written, for a resume takes those records as
     # the loop being over. A group-commit batch is made durable as a whole (one
     # syncfs gives no order inside it, and writeback may store any of its files
