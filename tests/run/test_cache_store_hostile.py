@@ -268,3 +268,51 @@ def test_file_digest_of_a_large_store_file_and_of_a_link_to_one(tmp_path: Path) 
     os.symlink(big, link)
     with pytest.raises(OSError):
         file_digest(link)
+
+
+def _two_store_files(tc: TaskCache, tmp_path: Path) -> tuple[str, str]:
+    a, da = _captured(tmp_path, b"first\n")
+    tc._put_file(a, da)
+    b, db = _captured(tmp_path, b"second\n")
+    tc._put_file(b, db)
+    return da, db
+
+
+def test_a_path_listed_twice_is_never_restored(tmp_path: Path) -> None:
+    """The second entry would be laid over the first, a hard link to the store:
+    copied through it, it rewrote the store file (as root, whom 0444 does not stop)."""
+    tc = _cache(tmp_path)
+    da, db = _two_store_files(tc, tmp_path)
+    files = [{"path": "x", "size": 6, "digest": da}, {"path": "x", "size": 7, "digest": db}]
+    with pytest.raises(ValueError):
+        tc.verify(CacheKey("t", None, {}), Hit({}, files))
+    assert file_digest(tc._store_path(da)) == da
+
+
+def test_restore_never_copies_over_what_is_at_a_name(tmp_path: Path) -> None:
+    tc = _cache(tmp_path)
+    da, db = _two_store_files(tc, tmp_path)
+    files_dir = tmp_path / "state" / "files" / "t"
+    files = [{"path": "x", "size": 6, "digest": da}, {"path": "x", "size": 7, "digest": db}]
+    with pytest.raises(FileExistsError):
+        tc.restore(Hit({}, files), files_dir)
+    assert file_digest(tc._store_path(da)) == da and file_digest(tc._store_path(db)) == db
+
+
+def test_restore_copies_where_links_cannot_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    tc = _cache(tmp_path)
+    da, _ = _two_store_files(tc, tmp_path)
+
+    def exdev(src: object, dst: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", exdev)
+    files_dir = tmp_path / "state" / "files" / "t"
+    tc.restore(Hit({}, [{"path": "d/x", "size": 6, "digest": da}]), files_dir)
+    copied = files_dir / "d" / "x"
+    assert copied.read_bytes() == b"first\n" and copied.stat().st_mode & 0o777 == 0o444
+    assert copied.stat().st_ino != tc._store_path(da).stat().st_ino

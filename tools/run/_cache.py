@@ -115,6 +115,27 @@ def file_digest(path: str | os.PathLike[str]) -> str:
         os.close(fd)
 
 
+#: link(2) errors that mean links cannot be made here (EXDEV: another
+#: filesystem; EPERM: protected_hardlinks; EMLINK; ENOTSUP): copies instead
+_NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP})
+
+
+def _copy_new(src: str, target: str) -> None:
+    """Copy a store file to a new, read-only file at ``target`` (created O_EXCL:
+    nothing at the name is written through)."""
+    fin = os.open(src, _READ)
+    try:
+        fd = _create(target)
+        try:
+            while chunk := os.read(fin, 1 << 20):
+                write_all(fd, chunk)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(fin)
+
+
 def _create(path: str) -> int:
     """A new temporary file at ``path`` (mode 0600 until its writer sets it).
     Anything already at the name — a symlink or hard link planted there, or a
@@ -591,7 +612,7 @@ class TaskCache:
                 else:
                     raise
         except OSError as exc:
-            if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            if exc.errno in _NO_LINKS:
                 self._links_fail = True  # EXDEV: another filesystem; EPERM: protected_hardlinks
             return False
         return True
@@ -610,9 +631,12 @@ class TaskCache:
             src = self._store_path(entry["digest"])
             try:
                 os.link(src, target)
-            except OSError:
-                shutil.copyfile(src, target)
-                os.chmod(target, 0o444)
+            except OSError as exc:
+                # only where links cannot be made; anything already at the name
+                # (EEXIST) is never copied over: it may be a link to a store file
+                if exc.errno not in _NO_LINKS:
+                    raise
+                _copy_new(str(src), str(target))
 
     def save(
         self,
@@ -818,16 +842,20 @@ def _is_real_dir(path: Path) -> bool:
 def _check_files(files: Any) -> None:
     """A ledger value's ``files`` list as the cache writes it (docs/schemas/
     cache-value.json): each path relative and inside its files directory, each
-    digest a SHA-256. ValueError otherwise (a hand-edited ledger: a miss,
+    digest a SHA-256, no path twice. ValueError otherwise (a hand-edited ledger: a miss,
     warned), so a restore never lays a file outside the unit's directory."""
     if not isinstance(files, list):
         raise ValueError("its files are not a list")
+    seen: set[str] = set()
     for entry in files:
         if not isinstance(entry, dict):
             raise ValueError("a file entry is not an object")
         path, d = entry.get("path"), entry.get("digest")
         if not isinstance(path, str) or not _safe_relative(path):
             raise ValueError(f"file path {path!r} is not inside the unit's files")
+        if path in seen:  # a second one would be laid over the first's store file
+            raise ValueError(f"file path {path!r} is listed twice")
+        seen.add(path)
         if not digest.is_digest(d):
             raise ValueError(f"file {path!r} has no sha256 digest")
 
