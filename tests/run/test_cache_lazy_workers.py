@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import Interrupted
+from crucible.run._admit import worker_count
 from tests.run.dispatchtests import DISPATCH, events, one_line, wait_for
 
 HITS = 4
@@ -98,7 +99,7 @@ def test_a_fully_cached_rerun_forks_no_worker(tmp_path: Path, forks: list[int]) 
     cache = tmp_path / "cache"
     first = _in_process(plan, tmp_path / "s1", cache, jobs=2)
     assert first.status == "passed"
-    assert len(forks) == 2 + 2 + 1  # the whole pool, forked at the first unit
+    assert len(forks) == worker_count(2)  # the whole pool, forked at the first unit
     assert _run_finished(tmp_path / "s1")["worker_max_rss_kib"] > 0
     forks.clear()
     second = _in_process(plan, tmp_path / "s2", cache, jobs=2)
@@ -141,7 +142,7 @@ def test_misses_after_hits_run_under_jobs(tmp_path: Path, forks: list[int]) -> N
     (tmp_path / "log").write_text("")
     outcome = _in_process(plan, tmp_path / "s2", cache, x="2", jobs=2)
     assert outcome.status == "passed"
-    assert len(forks) == 2 + 2 + 1  # the misses needed the pool
+    assert len(forks) == worker_count(2)  # the misses needed the pool
     finished = [e for e in events(tmp_path / "s2") if e["event"] == "task_finished"]
     cached = {e["task"] for e in finished if e.get("cached")}
     ran = {e["task"] for e in finished if not e.get("cached")}

@@ -605,10 +605,10 @@ def test_the_process_limit_check_counts_workers_and_tasks(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (100, 100))
     monkeypatch.setattr(admit, "_processes_of", lambda _uid: 60)
-    # -j 8: 8 + 8 + 1 workers and 8 tasks = 25 processes, 60 in use, limit 100
+    # -j 8: 8 workers and 8 tasks = 16 processes, 60 in use, limit 100
     assert admit._jobs(8, plan) == 8
-    with pytest.raises(UsageError, match=r"-j 20 needs 49 processes; 60 .* limit of 100"):
-        admit._jobs(20, plan)
+    with pytest.raises(UsageError, match=r"-j 21 needs 42 processes; 60 .* limit of 100"):
+        admit._jobs(21, plan)
     monkeypatch.setattr(os, "geteuid", lambda: 0)  # root is not held to it
     assert admit._jobs(20, plan) == 20
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from crucible.run._admit import worker_count
+from crucible.run._unit import AHEAD
 from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, Pack, dispatch, result, wait_for
 
@@ -56,7 +58,8 @@ def test_a_no_op_fan_out_leaves_only_pool_workspaces(pack: Pack, tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     left = pool(state)
     assert left and all(n.startswith("@free-") for n in left), left
-    assert len(left) <= 2 + 2 + 1, left  # at most one per worker (-j + prefetch)
+    # at most what the workers held at once: each its running unit and AHEAD staged
+    assert len(left) <= (AHEAD + 1) * worker_count(2), left
     assert outputs(state) == []  # no passed attempt's output file remains
     workspaces = set()
     for i in range(N):
@@ -192,7 +195,7 @@ def test_resume_after_sigkill_reuses_or_ignores_the_leftovers(
     assert sorted(keyed(state, "each"), key=int) == [str(i) for i in range(n)]
     assert not (state / "results" / "each").exists()  # packed: results/each.jsonl
     # an attempt killed between its record and the removal of its output keeps it
-    assert len(outputs(state)) <= 2 + 2 + 1
+    assert len(outputs(state)) <= (AHEAD + 1) * worker_count(2)  # the units the workers held
 
 
 def test_edition_1_fan_out_recycles_and_sees_its_items(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from crucible.compile._diagnostics import KeyPath, Location, json_path
+from crucible.compile._diagnostics import FileLocator, KeyPath, Location, json_path
 
 __all__ = ["FileLocator", "StarLocator", "TomlLocator"]
 
@@ -54,16 +54,6 @@ def _bracket_delta(text: str) -> int:
     text = _STRING.sub('""', text)
     text = text.split("#", 1)[0]
     return text.count("[") + text.count("{") - text.count("]") - text.count("}")
-
-
-class FileLocator:
-    """Locates by JSON path only (plan files, stdin)."""
-
-    def __init__(self, file: str | None) -> None:
-        self.file = file
-
-    def locate(self, path: KeyPath) -> Location:
-        return Location(self.file, path=json_path(path))
 
 
 class TomlLocator:

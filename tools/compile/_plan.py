@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._diagnostics import ValidationFailed
+from crucible.compile._diagnostics import FileLocator, ValidationFailed
 from crucible.compile._editions import (
     PLAN_TASK_KEYS,
     TYPES,
@@ -14,7 +14,6 @@ from crucible.compile._editions import (
     check_version,
     ir_version_for,
 )
-from crucible.compile._locate import FileLocator
 from crucible.compile._rules import check_graph, check_names
 from crucible.compile._shape import Checker, check_params, check_task, type_name
 from crucible.core import canon, digest

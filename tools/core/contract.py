@@ -71,8 +71,16 @@ EMIT_CAP_MIN = 1
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
+#: a name that breaks no rule below, by its look alone: ASCII letters, digits,
+#: ``_``, ``-`` and ``.`` (not first), short enough. One match for the common
+#: name instead of eight checks (~1.5 ms of loading a 1,000-task plan)
+_PLAIN_NAME_RE = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,{NAME_MAX_BYTES - 1}}}")
+
+
 def task_name_problems(name: str) -> list[tuple[str, str]]:
     """Every rule ``name`` breaks, as ``(code, message)``; empty when valid."""
+    if _PLAIN_NAME_RE.fullmatch(name) and name not in RESERVED_INPUTS:
+        return []
     if name == "":
         return [("name-empty", "task name is empty")]
     problems: list[tuple[str, str]] = []

@@ -6,15 +6,24 @@ Spec: docs/spec/run.md.
 
 from __future__ import annotations
 
-from crucible.run._options import RunOptions
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crucible.run._options import RunOptions
+    from crucible.run._runner import run_plan
 
 __all__ = ["RunOptions", "run_plan"]
 
 
 def __getattr__(name: str) -> object:
-    # run_plan pulls in the engine; keep ``import crucible.run`` light.
+    # run_plan pulls in the engine, RunOptions dataclasses and pathlib; keep
+    # ``import crucible.run`` light (crucible-dispatch's start-up, run/cli.py).
     if name == "run_plan":
         from crucible.run._runner import run_plan
 
         return run_plan
+    if name == "RunOptions":
+        from crucible.run._options import RunOptions
+
+        return RunOptions
     raise AttributeError(name)

@@ -50,12 +50,15 @@ def _layout(state: Path) -> Any:
 
 
 def worker_count(jobs: int) -> int:
-    """Worker processes a session forks for ``jobs`` slots (docs/spec/run.md)."""
-    return jobs + min(jobs, 8) + 1
+    """Worker processes a session forks for ``jobs`` slots (docs/spec/run.md):
+    one pipelined worker per slot (crucible.run._unit.UnitRunner.serve)."""
+    return jobs
 
 
 @dataclass
 class Admission:
+    """A run admitted: its checked plan and params, its locked state dir."""
+
     plan: dict[str, Any]
     data: bytes
     digest: str
@@ -176,11 +179,13 @@ def _jobs(requested: int | None, plan: dict[str, Any]) -> int:
 
 
 def _check_process_limit(jobs: int, requested: int | None) -> None:
+    if os.geteuid() == 0:
+        return  # root is not held to RLIMIT_NPROC (and needs no resource module)
     import resource
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    if soft == resource.RLIM_INFINITY or os.geteuid() == 0:
-        return  # root is not held to RLIMIT_NPROC
+    if soft == resource.RLIM_INFINITY:
+        return
     need = worker_count(jobs) + jobs  # workers, and one process per running task
     if need * 8 < soft:
         return  # far below the limit: not worth listing /proc on every run

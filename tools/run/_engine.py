@@ -48,6 +48,10 @@ __all__ = ["Counts", "Dispatcher", "RunOutcome"]
 
 PASSED, FAILED, SKIPPED, INTERRUPTED = "passed", "failed", "skipped", "interrupted"
 BACKOFF_MAX = 30.0
+#: the longest a turn's events wait for the next hand-over to the session log
+#: when nothing waits for them to be durable (docs/spec/run.md, "Session log"):
+#: one hand-over a turn woke the log's writer thread ~4 times a unit
+COMMIT_HOLD = 0.02
 
 
 @dataclass
@@ -248,6 +252,14 @@ class Dispatcher:
 
             self.loop = loop_engine.attach(self)
         # -- end scored loop
+        # A unit whose settle wakes nothing may be answered late, with the next
+        # reply of its worker (crucible.run._unit.UnitRunner.serve).
+        self.runner.quiet = frozenset(
+            name
+            for name in self.graph.tasks
+            if not self.graph.consumers[name]
+            and (self.loop is None or not (name in self.loop.body or name in self.loop.phases.before))
+        )
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -441,13 +453,26 @@ class Dispatcher:
 
     def _turns(self, wake_r: int) -> None:
         stopping = False
+        #: when the oldest turn whose events were not handed over yet ended
+        held_since: float | None = None
         while True:
             if (self.stop_signal is not None or self.fail_fast_by) and not stopping:
                 stopping = True
                 self._begin_stop()
             if not stopping:
                 self._fill()
-            seq = self.log.commit()
+            # Hand the turn's events (and records to fsync) to the log's writer
+            # now when something waits for them to be durable, else once the
+            # oldest has waited COMMIT_HOLD: most turns settle units nothing
+            # waits for, and each hand-over wakes the writer thread.
+            now = time.monotonic()
+            if self._deferred or stopping or (
+                held_since is not None and now - held_since >= COMMIT_HOLD
+            ):
+                seq = self.log.commit()
+                held_since = None
+            elif held_since is None:
+                held_since = now
             if self._deferred:
                 self._waiting.append((seq, self._deferred))
                 self._deferred = []
@@ -458,6 +483,9 @@ class Dispatcher:
             if not busy and not self._waiting and (stopping or not (self.ready or self.timers)):
                 return
             wake = self._next_wake()
+            if held_since is not None:  # the held events go out by then at the latest
+                left = max(0.0, held_since + COMMIT_HOLD - time.monotonic())
+                wake = left if wake is None else min(wake, left)
             if self._waiting and self._waiting[0][0] <= self.log.durable_seq:
                 # durable before it was waited for: the writer may not have
                 # woken us for it (_durable_wake), so do not sleep
@@ -580,6 +608,8 @@ class Dispatcher:
             if unit.pid is None:  # a short task: its start comes with its end
                 self._started(unit, result["pid"], result.get("worker"))
             self._exited(unit, result)
+        elif kind == "handback":  # staged behind a task that runs long: start it elsewhere
+            self.ready.appendleft(unit)
         elif kind == "worker_lost":  # an executor's worker died mid-unit
             self._worker_lost(unit, str(result["worker"]))
         # "not_started": stopping; a staged unit is not started and stays

@@ -139,7 +139,12 @@ def create(
     """The executor ``options.executor`` names. The local one forks its workers
     at its first unit (a fully cached run forks none: crucible.run._workers)."""
     if options.executor == "local":
-        return LocalExecutor(WorkerPool(jobs + min(jobs, 8) + 1, serve, lazy=True), slots)
+        # one pipelined worker per slot (crucible.run._unit.UnitRunner.serve):
+        # each stages its next unit while its task runs
+        from crucible.run._admit import worker_count
+
+        pool = WorkerPool(worker_count(jobs), serve, lazy=True, inbox_loop=runner.serve)
+        return LocalExecutor(pool, slots)
     from crucible.run._dask_executor import DaskExecutor
 
     return DaskExecutor(options, jobs=jobs, runner=runner)

@@ -14,6 +14,9 @@ __all__ = ["JOBS_MAX", "RunOptions"]
 
 @dataclass(frozen=True)
 class RunOptions:
+    """Everything one run was asked for (run/_click_cli.py's options, and
+    library callers' ``run_plan``), built once at the command edge."""
+
     plan: Path
     state: Path
     params_file: str | None = None

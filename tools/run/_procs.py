@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from crucible.core.fsio import which
+
 __all__ = ["TaskProcess", "close_inherited", "kill_group", "spawn"]
 
 #: reset to SIG_DFL in the child, every one of them: an ignored signal stays
@@ -85,9 +87,7 @@ def _executable(argv0: str, path: str | None) -> str:
         return argv0
     key = (argv0, path)
     if key not in _resolved:
-        import shutil
-
-        _resolved[key] = shutil.which(argv0, path=path if path is not None else os.defpath)
+        _resolved[key] = which(argv0, path if path is not None else os.defpath)
     found = _resolved[key]
     if found is None:
         raise FileNotFoundError(2, "No such file or directory", argv0)

@@ -12,8 +12,9 @@ never contains one, so a pool name collides with neither; a rename is atomic,
 so two workers (or two threads of a Dask worker) never take the same one.
 
 Each worker process knows the names it freed itself, and lists a task's
-directory once (leftovers of a killed run are reused that way), so taking one
-costs a rename, never a listing per unit. A failed unit, one whose task left
+directory when it has none left (leftovers of a killed run, and workspaces
+another worker freed, are reused that way; a bounded share of the time, see
+``_take``), so taking one costs a rename, not a listing per unit. A failed unit, one whose task left
 anything else in its workspace, an unkeyed unit and every unit under
 ``--keep-workspaces`` keep their workspace as before.
 """
@@ -26,12 +27,18 @@ import itertools
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["FREE_PREFIX", "WorkspacePool"]
 
 #: a pool entry's name starts with this (stage's '@' namespace)
 FREE_PREFIX = "@free-"
+#: a process with no free workspace of a task left lists its pool again at
+#: most this often (seconds), and at most once per RELIST_SHARE times the
+#: last listing's duration
+RELIST_AFTER = 0.005
+RELIST_SHARE = 50
 #: entries a recyclable workspace may hold: the staged tree (or nothing)
 _RECYCLABLE: tuple[list[str], ...] = ([], ["inputs"])
 
@@ -42,7 +49,8 @@ class WorkspacePool:
     def __init__(self, *, keep: bool) -> None:
         self.keep = keep
         self._free: dict[Path, list[str]] = {}
-        self._listed: set[Path] = set()
+        #: when each pool may be listed again (monotonic)
+        self._listed: dict[Path, float] = {}
         self._lock = threading.Lock()
         self._numbers = itertools.count(1)
 
@@ -68,10 +76,22 @@ class WorkspacePool:
     def _take(self, pool: Path) -> str | None:
         with self._lock:
             free = self._free.setdefault(pool, [])
-            if not free and pool not in self._listed:
-                self._listed.add(pool)
-                with contextlib.suppress(OSError):
-                    free.extend(n for n in os.listdir(pool) if n.startswith(FREE_PREFIX))
+            if not free:
+                # Listed at the first need, and again when this process has none
+                # left: a unit staged by one worker and started by another (a
+                # pipelined worker's handback, run.md) frees its workspace into
+                # the other's list. Listing again waits RELIST_SHARE times as
+                # long as the last listing took (at least RELIST_AFTER), so a
+                # task whose units all keep their workspaces (all failed: a
+                # miss per unit, a directory that grows) spends at most ~2 %
+                # of the time listing it.
+                now = time.monotonic()
+                allowed = self._listed.get(pool)
+                if allowed is None or now >= allowed:
+                    with contextlib.suppress(OSError):
+                        free.extend(n for n in os.listdir(pool) if n.startswith(FREE_PREFIX))
+                    took = time.monotonic() - now
+                    self._listed[pool] = now + max(RELIST_AFTER, RELIST_SHARE * took)
             return free.pop() if free else None
 
     def release(self, key: str | None, workspace: Path) -> bool:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import IO, Any
 
+from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, Interrupted, OperationalError, UsageError
 from crucible.run._admit import Admission, admit
 from crucible.run._engine import Counts, Dispatcher, RunOutcome
@@ -99,6 +100,9 @@ def _run_admitted(
 ) -> RunOutcome:
     from crucible import stage
 
+    # The compiler checked the plan (a plan file's normal form, or the manifest it
+    # compiled): stage's view of it is built without checking each task again.
+    stage.prepare_plan(admission.plan, checked=True)
     log_path = stage.StateLayout(options.state).session_path
     graph = build_graph(admission.plan)
     earlier = [] if admission.unclaimed else read_events(log_path)
@@ -164,6 +168,9 @@ def _run_admitted(
         # (the session log's writer thread starts at the first commit, and the
         # workers are forked while this process has one thread: run.workers).
         log.emit("plan_admitted", **admitted)
+        # the program paused the collector for its start-up (run/cli.py): the
+        # plan and the modules are frozen before the workers fork
+        resume_gc()
         try:
             outcome = dispatcher.run()
             # run results and published files (IR v3): crucible.run._outputs

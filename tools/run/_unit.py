@@ -31,7 +31,9 @@ import os
 import select
 import signal
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +49,7 @@ from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess, kill_group
 from crucible.run._recycle import WorkspacePool
 from crucible.run._unit_cache import cacheable
-from crucible.run._workers import Channel
+from crucible.run._workers import Channel, Inbox
 
 if TYPE_CHECKING:
     from crucible.stage import StateLayout
@@ -58,6 +60,16 @@ PASSED, FAILED = "passed", "failed"
 
 #: how long a task runs before its start is reported on its own (see _wait)
 ANNOUNCE_AFTER = 0.002
+#: units a pipelined worker stages ahead of its running one (UnitRunner.serve;
+#: its pool queues AHEAD + 1 requests to it: crucible.run._workers)
+AHEAD = 3
+#: how long a pipelined worker's task runs before the unit staged behind it is
+#: handed back to start elsewhere (UnitRunner.serve): the longest a ready unit
+#: waits behind another's task
+HANDBACK_AFTER = 0.02
+#: ... or this many times the median of the worker's last RECENT task durations
+HANDBACK_TIMES = 5
+RECENT = 31
 _POLL_IN = select.POLLIN
 _POLL_GONE = select.POLLHUP | select.POLLERR
 
@@ -72,6 +84,7 @@ class Slots:
         os.write(self.token_w, b"t" * jobs)
         #: a worker's epoll set for waiting on a token (built in the worker)
         self._waiter: select.epoll | None = None
+        self._stop_poll: select.poll | None = None
         self._closed = False
 
     def stop(self) -> None:
@@ -106,6 +119,13 @@ class Slots:
 
     def release(self) -> None:
         os.write(self.token_w, b"t")
+
+    def stopping(self) -> bool:
+        """Worker: whether the run is stopping (the stop pipe is readable)."""
+        if self._stop_poll is None:
+            self._stop_poll = select.poll()
+            self._stop_poll.register(self.stop_r, _POLL_IN)
+        return bool(self._stop_poll.poll(0))
 
     def close(self) -> None:
         """Idempotent: the dispatcher closes its slots at the end of run() and
@@ -306,6 +326,79 @@ def log_header(name: str, key: str | None, attempt: int, argv: list[str], starte
     return (" ".join(parts) + "\n").encode("utf-8", "surrogatepass")
 
 
+@dataclass
+class _Staged:
+    """A unit attempt made ready to start (:meth:`UnitRunner._begin`)."""
+
+    name: str
+    key: str | None
+    attempt: int
+    task: dict[str, Any]
+    workspace: Path
+    output: Path
+    staged_env: dict[str, str] | None
+    prepared: dict[str, Any]
+    cache_key: Any
+    #: a scored loop's time budget (wall clock), as [when] or []
+    stop_by: list[Any]
+
+
+@dataclass
+class _Started:
+    """A started attempt (:meth:`UnitRunner._start`)."""
+
+    staged: _Staged
+    proc: TaskProcess
+    out_r: int
+    agent_out: AgentStdout | None
+    sink: _LogSink
+    #: the producer units whose files it holds (None: look them up)
+    held: Any
+
+
+def _not_started(staged: _Staged) -> dict[str, Any]:
+    """Stopping: a staged unit is not started and stays unsettled."""
+    return {"kind": "not_started", "staged_env": staged.staged_env}
+
+
+class _Pipeline:
+    """What a pipelined worker's :meth:`UnitRunner._wait` does besides waiting
+    (:meth:`UnitRunner.serve`): take the next request while none is staged,
+    and once the task runs long hand whatever is staged back."""
+
+    def __init__(
+        self,
+        take: Callable[[], object],
+        pending: list[Any],
+        hand_back: Callable[[], None],
+        after: float = HANDBACK_AFTER,
+    ) -> None:
+        self._take = take
+        self._pending = pending
+        self._hand_back = hand_back
+        #: how long the task may run before what is staged behind it goes back
+        self.after = after
+        self.long = False
+
+    def watching(self) -> bool:
+        """Whether to wake for a request: none is staged (one staged is taken
+        with the next exit instead: no wake-up), or the task runs long (a
+        request sent before the dispatcher heard so is handed back at once)."""
+        return self.long or not self._pending
+
+    def on_request(self) -> bool:
+        """The request pipe is readable; returns whether to keep watching it."""
+        self._take()
+        if self.long:
+            self._hand_back()
+        return self.watching()
+
+    def on_long(self) -> None:
+        """The task ran HANDBACK_AFTER: what is staged behind it goes elsewhere."""
+        self.long = True
+        self._hand_back()
+
+
 class UnitRunner:
     """Worker side of a unit (see module doc). Built in the dispatcher before the
     workers are forked; :meth:`run` is called in a worker."""
@@ -340,6 +433,10 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[Any, dict[str, str]] = {}
+        #: tasks whose settling wakes nothing (no consumer, outside a scored
+        #: loop): a pipelined worker defers their passed replies (serve); set
+        #: by the dispatcher before its workers are forked
+        self.quiet: frozenset[str] = frozenset()
         # --- workspace recycling (crucible.run._recycle): per process after the fork
         self.pool = WorkspacePool(keep=options.keep_workspaces)
         # --cache DIR (docs/spec/cache.md): the scheduling thread restored the hits
@@ -364,7 +461,30 @@ class UnitRunner:
         (stage now), else what staging returned then (a retry keeps its workspace
         and inputs). With --cache, ``cache`` is ``("key", CacheKey)``, ``("hit",
         CacheKey)`` (restore it from the cache if it still hits) or None (key it
-        here)."""
+        here). The phases (:meth:`_begin`, :meth:`_start`, :meth:`_wait`,
+        :meth:`_ended`, :meth:`_finish`) are also what :meth:`serve` runs."""
+        staged = self._begin(request)
+        if isinstance(staged, dict):
+            return staged
+        if not self.slots.acquire(channel.requests_fd):
+            # Stopping: a staged unit is not started and stays unsettled.
+            return _not_started(staged)
+        try:
+            started = self._start(staged)
+            if isinstance(started, dict):
+                return started
+            code, stop_reason, gone = self._wait(
+                started.proc, channel, started.out_r, started.sink, started.agent_out
+            )
+            held_notes = self._ended(started, gone)
+        finally:
+            self.slots.release()
+        return self._finish(started, code, stop_reason, gone, held_notes)
+
+    def _begin(self, request: tuple[Any, ...]) -> _Staged | dict[str, Any]:
+        """Everything before the slot: a cache hit restored here (its final
+        reply), else the workspace and inputs (first attempt), a fresh output
+        path and the prompt; a staging failure is its final reply."""
         _, name, key, attempt, staged_env, *extra = request
         stop_by = extra[:1] if extra and extra[0] is not None else []
         cached = extra[1:2]
@@ -388,9 +508,16 @@ class UnitRunner:
             return {"kind": "stage_error", "message": str(exc)}
         if staged_env is None:
             staged_env = prepared["staged_env"]
-        if not self.slots.acquire(channel.requests_fd):
-            # Stopping: a staged unit is not started and stays unsettled.
-            return {"kind": "not_started", "staged_env": staged_env}
+        return _Staged(
+            name, key, attempt, task, workspace, output, staged_env, prepared, cache_key, stop_by
+        )
+
+    def _start(self, staged: _Staged) -> _Started | dict[str, Any]:
+        """With a slot held: refresh what was staged ahead, start the task
+        process. A failure is the unit's final reply (the caller gives the slot
+        back)."""
+        name, key, task, workspace = staged.name, staged.key, staged.task, staged.workspace
+        prepared = staged.prepared
         # The producer units whose files it holds: known from this attempt's
         # staging (most hold none, and pay for no second look), else (None: a
         # retry) looked up by each check below.
@@ -401,66 +528,88 @@ class UnitRunner:
                     self.plan, self.state, name, workspace, key=key, units=held
                 )
         except CrucibleError as exc:
-            self.slots.release()
             return {"kind": "stage_error", "message": str(exc)}
         if task.get("kind") == "agent":
             argv = ["sh", "-c", self.options.agent_cmd or "false"]
         else:
             run = task["run"]
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
-        env = self._environment(task, name, key, attempt, staged_env, prepared, output)
+        env = self._environment(
+            task, name, key, staged.attempt, staged.staged_env, prepared, staged.output
+        )
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
         timeout = task.get("timeout")
-        held_notes: list[str] | None = None
-        if stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
-            left = max(0.0, float(stop_by[0]) - time.time())
+        if staged.stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
+            left = max(0.0, float(staged.stop_by[0]) - time.time())
             timeout = left if timeout is None else min(float(timeout), left)
         # --- agent streams (crucible.run._agent_io): prompt on stdin, own stdout pipe
         stdin = stdin_source(task, prepared["prompt_file"])
-        agent_out: AgentStdout | None = None
         # --- end agent streams
+        started_at = time.time()
         try:
-            started_at = time.time()
-            try:
-                proc, out_r, agent_out = self._launch(
-                    argv, env, workspace, timeout, stdin, task.get("kind") == "agent"
+            proc, out_r, agent_out = self._launch(
+                argv, env, workspace, timeout, stdin, task.get("kind") == "agent"
+            )
+        except (OSError, ValueError) as exc:
+            # ValueError: a NUL in argv or the environment (none should get
+            # this far; a failed start, never a crashed worker)
+            why = exc.strerror if isinstance(exc, OSError) else None
+            return {
+                "kind": "spawn_error",
+                "message": f"cannot start {argv[0]!r}: {why or exc}",
+                "staged_env": staged.staged_env,
+            }
+        from crucible.run._session import now_text
+
+        attempt = staged.attempt
+
+        def header() -> bytes:  # built at the first byte: quiet attempts pay nothing
+            return log_header(name, key, attempt, argv, now_text(started_at))
+
+        follow = _Follow(follow_prefix(name, key)) if self.options.follow else None
+        sink = _LogSink(self.paths, name, key, attempt, header, follow)
+        return _Started(staged, proc, out_r, agent_out, sink, held)
+
+    def _ended(self, started: _Started, gone: bool) -> list[str] | None:
+        """The leader was reaped: close its pipes and log, and check what it was
+        handed before its slot is given back (or handed on): a changed staged
+        file is restored before the next consumer can start (at -j 1 no other
+        consumer ever reads it; docs/spec/inputs.md 3.4). Returns the notes of
+        what changed (None: not checked)."""
+        os.close(started.out_r)
+        if started.agent_out is not None:
+            started.agent_out.close()
+        started.sink.close()
+        held = started.held
+        staged = started.staged
+        if gone:
+            return None
+        if held is not None and not held:
+            return []
+        with contextlib.suppress(CrucibleError):  # capture checks again, and says why
+            return list(
+                self.stage.check_inputs(
+                    self.plan, self.state, staged.name, staged.workspace, key=staged.key,
+                    units=held,
                 )
-            except (OSError, ValueError) as exc:
-                # ValueError: a NUL in argv or the environment (none should get
-                # this far; a failed start, never a crashed worker)
-                why = exc.strerror if isinstance(exc, OSError) else None
-                return {
-                    "kind": "spawn_error",
-                    "message": f"cannot start {argv[0]!r}: {why or exc}",
-                    "staged_env": staged_env,
-                }
-            from crucible.run._session import now_text
+            )  # fmt: skip
+        return None
 
-            def header() -> bytes:  # built at the first byte: quiet attempts pay nothing
-                return log_header(name, key, attempt, argv, now_text(started_at))
-
-            follow = _Follow(follow_prefix(name, key)) if self.options.follow else None
-            sink = _LogSink(self.paths, name, key, attempt, header, follow)
-            try:
-                code, stop_reason, gone = self._wait(proc, channel, out_r, sink, agent_out)
-            finally:
-                os.close(out_r)
-                if agent_out is not None:
-                    agent_out.close()
-                sink.close()
-            log_error = sink.error
-            # Check what it was handed before its slot is given back: a changed
-            # staged file is restored before the next consumer can start (at -j 1
-            # no other consumer ever reads it; docs/spec/inputs.md 3.4).
-            if not gone and held is not None and not held:
-                held_notes = []
-            elif not gone:
-                with contextlib.suppress(CrucibleError):  # capture checks again, and says why
-                    held_notes = self.stage.check_inputs(
-                        self.plan, self.state, name, workspace, key=key, units=held
-                    )
-        finally:
-            self.slots.release()
+    def _finish(
+        self,
+        started: _Started,
+        code: int,
+        stop_reason: str | None,
+        gone: bool,
+        held_notes: list[str] | None,
+    ) -> dict[str, Any]:
+        """After the slot: the agent's response, capture, the cache, the final reply."""
+        staged, proc, sink, agent_out = started.staged, started.proc, started.sink, started.agent_out
+        name, key, task, workspace, output = (
+            staged.name, staged.key, staged.task, staged.workspace, staged.output
+        )  # fmt: skip
+        attempt, cache_key = staged.attempt, staged.cache_key
+        log_error = sink.error
         # An agent that exited 0 without a result file: its stdout is `response`.
         response_problem = None
         if agent_out is not None and code == 0 and stop_reason in (None, "interrupt"):
@@ -482,7 +631,7 @@ class UnitRunner:
             "code": code,
             "duration": duration,
             "stop_reason": stop_reason,
-            "staged_env": staged_env,
+            "staged_env": staged.staged_env,
             "record": None,
             "capture_error": None,
             "log_error": log_error,
@@ -524,6 +673,154 @@ class UnitRunner:
         if self.cache is not None:
             finished["cache_warnings"] = self.cache.take_warnings()
         return finished
+
+    # ------------------------------------------------------- a pipelined worker
+
+    def serve(self, inbox: Inbox) -> None:
+        """A local worker's life (a pipelined pool, crucible.run._workers): it
+        holds one slot from one unit to the next. While its task runs it takes
+        the next request and stages it; when the task exits (and what it held
+        was checked) the slot passes straight to the staged unit, which starts
+        before the one that ended is captured. So a short task costs one
+        wake-up of its worker (the exit), not three (request, slot, exit), and
+        a slot is idle only for a reap and a spawn. A task that runs past
+        HANDBACK_AFTER hands its staged successor back (``handback``: another
+        worker starts it), so no unit waits long behind another's task."""
+        held: dict[int, None] = {}  # tokens without a final reply
+        try:
+            self._serve(inbox, held)
+        except Exception as exc:  # a bug: said for every token held, then gone
+            for token in held:
+                inbox.fail(token, exc)
+
+    def _serve(self, inbox: Inbox, held: dict[int, None]) -> None:
+        slot = False
+        running: tuple[int, _Started] | None = None
+        #: staged, in the order they start (at most AHEAD)
+        pending: list[tuple[int, _Staged]] = []
+        #: how long this worker's last tasks ran (seconds)
+        recent: deque[float] = deque(maxlen=RECENT)
+
+        def answer(token: int, payload: dict[str, Any], name: str | None = None) -> None:
+            held.pop(token, None)
+            record = payload.get("record")
+            if (
+                name in self.quiet
+                and payload.get("kind") == "finished"
+                and record is not None
+                and record.get("status") == PASSED
+            ):
+                # nothing waits for it: sent with the next reply, or once fewer
+                # than two units are staged here (below)
+                inbox.defer(token, payload)
+            else:
+                inbox.reply(token, payload)
+
+        def take(block: bool) -> bool:
+            """Take a request and stage it; False when none was whole yet (or,
+            without ``block``, none is waiting)."""
+            item = inbox.take(block=block)
+            if item is None:
+                return False
+            token, request = item
+            held[token] = None
+            try:
+                staged = self._begin(request)
+            except CrucibleError as exc:  # a refusal it did not expect to meet
+                held.pop(token, None)
+                inbox.fail(token, exc)
+                return True
+            if isinstance(staged, dict):
+                answer(token, staged)
+            else:
+                pending.append((token, staged))
+            return True
+
+        def hand_back() -> None:  # the running task runs long: what waits goes elsewhere
+            while take(block=False):  # sent before the dispatcher heard it runs long
+                pass
+            for token, staged in pending:
+                answer(token, {"kind": "handback", "staged_env": staged.staged_env})
+            pending.clear()
+
+        while True:
+            if running is None:
+                if not pending:
+                    inbox.flush()  # nothing to run: the dispatcher hears all first
+                    if not take(block=True):
+                        if inbox.closed:
+                            break
+                        continue
+                    continue
+                token, staged = pending.pop(0)
+                if not slot:
+                    if not self.slots.acquire(inbox.requests_fd):
+                        answer(token, _not_started(staged))
+                        continue
+                    slot = True
+                started = self._start(staged)
+                if isinstance(started, dict):
+                    self.slots.release()
+                    slot = False
+                    answer(token, started)
+                    continue
+                running = (token, started)
+            token, started = running
+            # Stage what the dispatcher sent meanwhile (it is waiting in the pipe:
+            # taking it now costs no wake-up), up to AHEAD units.
+            while len(pending) < AHEAD and take(block=False):
+                pass
+            channel = inbox.channel(token)
+            channel.pipeline = _Pipeline(
+                lambda: take(block=False), pending, hand_back, self._handback_after(recent)
+            )
+            code, stop_reason, gone = self._wait(
+                started.proc, channel, started.out_r, started.sink, started.agent_out
+            )
+            held_notes = self._ended(started, gone)
+            recent.append(time.monotonic() - started.proc.started)
+            running = None
+            if gone:
+                raise SystemExit(70)  # nobody to reply to (its group is killed)
+            if pending and self.slots.stopping():
+                for nt, ns in pending:
+                    answer(nt, _not_started(ns))
+                pending.clear()
+            if pending:  # the slot passes on: start the next before capturing this one
+                nt, ns = pending.pop(0)
+                following = self._start(ns)
+                if isinstance(following, dict):
+                    self.slots.release()
+                    slot = False
+                    answer(nt, following)
+                else:
+                    running = (nt, following)
+            else:
+                self.slots.release()
+                slot = False
+            try:
+                result = self._finish(started, code, stop_reason, gone, held_notes)
+            except CrucibleError as exc:
+                held.pop(token, None)
+                inbox.fail(token, exc)
+            else:
+                answer(token, result, started.staged.name)
+            if len(pending) < 2:  # the dispatcher refills while the next ones run
+                inbox.flush()
+        inbox.flush()
+        if slot:
+            self.slots.release()
+
+    @staticmethod
+    def _handback_after(recent: deque[float]) -> float:
+        """HANDBACK_AFTER, or HANDBACK_TIMES the median of the worker's recent
+        task durations when that is more: on a loaded machine a quick task
+        waits for a CPU for tens of ms, and handing back what is staged behind
+        it would only move the wait (and cost a round trip)."""
+        if len(recent) < 3:
+            return HANDBACK_AFTER
+        ordered = sorted(recent)
+        return max(HANDBACK_AFTER, HANDBACK_TIMES * ordered[len(ordered) // 2])
 
     def _passed(self, key: str | None, workspace: Path, output: Path) -> None:
         """A passed attempt leaves neither its output file (its record holds what
@@ -641,12 +938,16 @@ class UnitRunner:
         scheduling thread one wake-up, not two."""
         requests_fd = channel.requests_fd
         announce_at: float | None = proc.started + ANNOUNCE_AFTER
+        #: a pipelined worker's (serve): the next request is taken meanwhile
+        pipe: _Pipeline | None = getattr(channel, "pipeline", None)
+        long_at = None if pipe is None else proc.started + pipe.after
         poller = select.poll()
         poller.register(proc.pidfd, _POLL_IN)
         poller.register(out_r, _POLL_IN)
         poller.register(self.slots.stop_r, _POLL_IN)
         poller.register(self.slots.kill_r, _POLL_IN)
-        poller.register(requests_fd, 0)  # POLLHUP only
+        # POLLHUP only (the dispatcher is gone), unless a request is wanted
+        poller.register(requests_fd, _POLL_IN if pipe is not None and pipe.watching() else 0)
         if agent_out is not None:
             poller.register(agent_out.fd, _POLL_IN)
         grace = self.options.kill_grace
@@ -658,6 +959,8 @@ class UnitRunner:
                 wake = proc.deadline if wake is None else min(wake, proc.deadline)
             if announce_at is not None:
                 wake = announce_at if wake is None else min(wake, announce_at)
+            if long_at is not None:
+                wake = long_at if wake is None else min(wake, long_at)
             timeout_ms = None if wake is None else max(0, int((wake - now) * 1000) + 1)
             ready = dict(poller.poll(timeout_ms))
             if out_r in ready and not sink.drain(out_r):
@@ -666,10 +969,16 @@ class UnitRunner:
                 poller.unregister(agent_out.fd)
             if proc.pidfd in ready:
                 break
+            if pipe is not None and requests_fd in ready and not ready[requests_fd] & _POLL_GONE:
+                poller.modify(requests_fd, _POLL_IN if pipe.on_request() else 0)
             now = time.monotonic()
             if announce_at is not None and now >= announce_at:
                 channel.send({"kind": "started", "pid": proc.pid})
                 announce_at = None
+            if pipe is not None and long_at is not None and now >= long_at:
+                long_at = None  # it runs long: nothing waits behind it
+                pipe.on_long()
+                poller.modify(requests_fd, _POLL_IN)
             if self.slots.stop_r in ready:
                 poller.unregister(self.slots.stop_r)
                 if proc.stop_reason is None or proc.stop_reason == "timeout":

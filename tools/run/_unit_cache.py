@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ def usable_cache_dir(path: Path | None, warn: Warn) -> Path | None:
         path.mkdir(parents=True, exist_ok=True)
         if not path.is_dir():
             raise NotADirectoryError(20, "not a directory")
+        import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
         fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
         os.close(fd)
         os.unlink(probe)

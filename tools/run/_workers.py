@@ -31,8 +31,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import select
 import signal
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +40,7 @@ from typing import Any
 from crucible.core.errors import CrucibleError, OperationalError
 from crucible.core.fdio import write_all
 
-__all__ = ["Channel", "Reply", "WorkerPool"]
+__all__ = ["Channel", "Inbox", "Reply", "WorkerPool"]
 
 _HEADER = 4
 
@@ -67,9 +67,120 @@ class Channel:
         self.token = token
         self.requests_fd = requests_fd
         self._replies_fd = replies_fd
+        #: set by a pipelined worker's loop (crucible.run._unit.UnitRunner.serve)
+        self.pipeline: Any = None
 
     def send(self, payload: Any) -> None:
         write_all(self._replies_fd, _frame((self.token, "interim", payload)))
+
+
+class _InboxChannel(Channel):
+    """A pipelined worker's channel: its interim reply goes out after the
+    replies it deferred (:meth:`Inbox.defer`)."""
+
+    def __init__(self, token: int, inbox: Inbox) -> None:
+        super().__init__(token, inbox.requests_fd, inbox.replies_fd)
+        self._inbox = inbox
+
+    def send(self, payload: Any) -> None:
+        self._inbox.write(_frame((self.token, "interim", payload)))
+
+
+class Inbox:
+    """A worker's side of its pipes when it holds more than one request at a
+    time (a pipelined pool, ``depth=2``): it takes requests when it wants them
+    — the next one while its task runs — and answers each token itself."""
+
+    def __init__(self, requests_fd: int, replies_fd: int) -> None:
+        self.requests_fd = requests_fd
+        self.replies_fd = replies_fd
+        self._pending = bytearray()
+        self._poll: select.poll | None = None
+        #: framed final replies not sent yet (defer)
+        self._deferred: list[bytes] = []
+        #: the dispatcher closed the request pipe (nothing more will come)
+        self.closed = False
+
+    def take(self, *, block: bool) -> tuple[int, Any] | None:
+        """The next whole request ``(token, request)``. With ``block=False``,
+        one read at most and only when the pipe holds bytes: None while none
+        is whole yet. None once the pipe is closed (``closed``)."""
+        while True:
+            body = _frame_body(self._pending)
+            if body is not None:
+                token, request = pickle.loads(body)
+                return token, request
+            if self.closed:
+                return None
+            if not block and not self._readable():
+                return None
+            chunk = os.read(self.requests_fd, 1 << 16)
+            if not chunk:
+                self.closed = True
+                return None
+            self._pending += chunk
+            if not block and _frame_body(self._pending, peek=True) is None:
+                return None
+
+    def _readable(self) -> bool:
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.requests_fd, select.POLLIN)
+        return bool(self._poll.poll(0))
+
+    def buffered(self) -> bool:
+        """A whole request is already read (poll would not say so)."""
+        return _frame_body(self._pending, peek=True) is not None
+
+    def channel(self, token: int) -> Channel:
+        return _InboxChannel(token, self)
+
+    def reply(self, token: int, payload: Any) -> None:
+        """The final reply of ``token`` (the handler's result), after those deferred."""
+        self.write(_frame((token, "ok", payload)))
+
+    def defer(self, token: int, payload: Any) -> None:
+        """A final reply nothing waits for: it goes out with the next reply or
+        :meth:`flush` (one write, one wake-up of the dispatcher, for several)."""
+        self._deferred.append(_frame((token, "ok", payload)))
+
+    @property
+    def deferred(self) -> int:
+        return len(self._deferred)
+
+    def flush(self) -> None:
+        """Send the deferred replies."""
+        if self._deferred:
+            self.write(b"")
+
+    def write(self, frame: bytes) -> None:
+        """``frame`` after every deferred reply, in one write."""
+        if self._deferred:
+            self._deferred.append(frame)
+            frame = b"".join(self._deferred)
+            self._deferred.clear()
+        write_all(self.replies_fd, frame)
+
+    def fail(self, token: int, exc: BaseException) -> None:
+        """The final reply of a token whose handling raised (as _serve_loop says it)."""
+        if isinstance(exc, CrucibleError):
+            self.write(_frame((token, "error", str(exc))))
+        else:
+            self.write(_frame((token, "bug", traceback.format_exc())))
+
+
+def _frame_body(pending: bytearray, *, peek: bool = False) -> bytes | None:
+    """The body of the first whole frame in ``pending`` (removed from it unless
+    ``peek``), or None when it is not whole yet."""
+    if len(pending) < _HEADER:
+        return None
+    end = _HEADER + int.from_bytes(pending[:_HEADER], "little")
+    if len(pending) < end:
+        return None
+    body = bytes(pending[_HEADER:end])
+    if not peek:
+        del pending[:end]
+    return body
 
 
 @dataclass
@@ -79,6 +190,9 @@ class _Worker:
     replies: int  # read end
     in_flight: int = 0
     buffer: bytearray = field(default_factory=bytearray)
+    #: a pipelined worker's token whose task announced its start (runs long):
+    #: no second request is queued behind it until its final reply
+    long: int | None = None
 
 
 def _frame(value: Any) -> bytes:
@@ -103,7 +217,12 @@ def _next_request(fd: int, pending: bytearray) -> bytes | None:
         pending += chunk
 
 
-def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) -> None:
+def _serve(
+    handler: Callable[[Any, Channel], Any],
+    requests: int,
+    replies: int,
+    inbox_loop: Callable[[Inbox], None] | None = None,
+) -> None:
     """A worker's whole life: answer requests until the dispatcher closes the pipe."""
     # Ctrl-C (and a SIGTERM to the whole group) reaches every worker too; the
     # dispatcher decides what a signal means and tells the workers (see
@@ -114,6 +233,9 @@ def _serve(handler: Callable[[Any, Channel], Any], requests: int, replies: int) 
     # set: a signal sent to the group must not wake the dispatcher from here.
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
+    if inbox_loop is not None:
+        inbox_loop(Inbox(requests, replies))
+        return
     _serve_loop(handler, requests, replies)
 
 
@@ -131,10 +253,14 @@ def _serve_loop(handler: Callable[[Any, Channel], Any], requests: int, replies: 
         except CrucibleError as exc:
             reply = (token, "error", str(exc))
         except BaseException:
+            import traceback  # a bug's report only (it loads linecache and textwrap)
+
             reply = (token, "bug", traceback.format_exc())
         try:
             data = _frame(reply)
         except Exception:
+            import traceback
+
             data = _frame((token, "bug", traceback.format_exc()))
         write_all(replies, data)
 
@@ -142,13 +268,28 @@ def _serve_loop(handler: Callable[[Any, Channel], Any], requests: int, replies: 
 class WorkerPool:
     """``count`` forked workers running ``handler(request, channel)``; least-loaded
     dispatch. A ``lazy`` pool forks them at its first :meth:`submit` (see the
-    module's docstring); :meth:`watch` names who is told each new reply fd."""
+    module's docstring); :meth:`watch` names who is told each new reply fd.
+
+    With ``inbox_loop`` the pool is *pipelined*: each worker runs
+    ``inbox_loop(inbox)`` (:class:`Inbox`) and may hold four requests at
+    once — one it carries out, the next ones it prepares meanwhile — except
+    behind a request whose worker sent an interim reply (a task that runs
+    long: see crucible.run._unit.UnitRunner.serve)."""
 
     def __init__(
-        self, count: int, handler: Callable[[Any, Channel], Any], *, lazy: bool = False
+        self,
+        count: int,
+        handler: Callable[[Any, Channel], Any],
+        *,
+        lazy: bool = False,
+        inbox_loop: Callable[[Inbox], None] | None = None,
     ) -> None:
         self.count = count
         self._handler = handler
+        self._inbox_loop = inbox_loop
+        #: requests one worker may hold at once: a pipelined one, its running
+        #: unit and the ones it stages ahead (crucible.run._unit.AHEAD)
+        self.depth = 1 if inbox_loop is None else 4
         self.workers: list[_Worker] = []
         self.by_fd: dict[int, _Worker] = {}
         #: the largest peak RSS of the reaped workers (0: no worker ran)
@@ -197,7 +338,7 @@ class WorkerPool:
                     os.close(w.replies)
                 os.close(req_w)
                 os.close(rep_r)
-                _serve(handler, req_r, rep_w)
+                _serve(handler, req_r, rep_w, self._inbox_loop)
             except BaseException:
                 code = 70
             finally:
@@ -222,14 +363,21 @@ class WorkerPool:
     def idle(self) -> int:
         """How many workers hold no request (a lazy pool not started yet: all)."""
         if not self._started:
-            return self.count
-        return sum(1 for w in self.workers if not w.in_flight)
+            return self.count * self.depth
+        return sum(self._room(w) for w in self.workers)
+
+    def _room(self, w: _Worker) -> int:
+        if w.long is not None:
+            return 0  # behind a long task: nothing waits there
+        return max(0, self.depth - w.in_flight)
 
     def submit(self, token: int, request: Any) -> None:
         self.start()
         if not self.workers:
             raise OperationalError("the staging workers are gone")
-        worker = min(self.workers, key=lambda w: w.in_flight)
+        # least loaded first; a second request only where it waits behind no
+        # long task
+        worker = min(self.workers, key=lambda w: (w.in_flight, w.long is not None))
         worker.in_flight += 1
         try:
             write_all(worker.requests, _frame((token, request)))
@@ -269,6 +417,10 @@ class WorkerPool:
             reply = Reply(token, outcome, payload)
             if reply.final:
                 worker.in_flight -= 1
+                if worker.long == token:
+                    worker.long = None
+            elif self.depth > 1:
+                worker.long = token
             replies.append(reply)
         if gone and worker.in_flight and not replies:
             raise OperationalError(f"a staging worker (pid {worker.pid}) died mid-request")

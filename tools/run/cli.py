@@ -1,5 +1,11 @@
-"""``crucible-dispatch``: run a plan, or report on a state dir. Click only: each verb
-builds its options and calls its ``run_<verb>`` in :mod:`crucible.run.commands`.
+"""``crucible-dispatch``: run a plan, or report on a state dir.
+
+The commands are click's (:mod:`crucible.run._click_cli`, loaded on first use:
+``from crucible.run.cli import cli`` still works). A plain run's command line
+(``PLAN --state DIR -j N ...``) is read without loading click
+(:mod:`crucible.run._argv`, which declines everything else to click), and the
+program ends without the interpreter's teardown (core.cli's ``fast_exit``):
+together ~35 ms of a one-task run's ~110 ms (run.md, "Start-up").
 
 ``crucible-dispatch PLAN --state DIR ...`` and ``crucible-dispatch run PLAN ...``
 are the same command: a first argument that is not a subcommand name is taken
@@ -9,268 +15,59 @@ write ``./report``.)
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+import gc
 
-import click
+# The modules below (and the dataclasses, pathlib and typing they load) live
+# until exit: no collection while they load (~2 ms), whoever imports this.
+_collecting = gc.isenabled()
+gc.disable()
+try:
+    import sys
+    from collections.abc import Callable
+    from typing import Any
 
-from crucible import __version__
-from crucible.core.cli import run as run_command
-from crucible.run._options import JOBS_MAX, RunOptions
+    from crucible.core.cli import pause_gc
+    from crucible.core.cli import run as run_command
+finally:
+    if _collecting:
+        gc.enable()
 
-__all__ = ["main"]
+__all__ = ["main"]  # and, loaded on first use, the click group `cli`
 
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _flag(*decls: str, help: str) -> Callable[[_F], _F]:
-    """A boolean option: ``--x`` present or not (most of run's options)."""
-    return click.option(*decls, is_flag=True, help=help)
-
-
-def _cache_option(help: str) -> Callable[[_F], _F]:
-    """``--cache DIR`` (``$CRUCIBLE_CACHE``): run's and the cache commands'."""
-    return click.option(
-        "--cache",
-        "cache",
-        type=click.Path(path_type=Path),
-        envvar="CRUCIBLE_CACHE",
-        metavar="DIR",
-        help=help,
-    )
+PROG = "crucible-dispatch"
 
 
-class _DefaultRunGroup(click.Group):
-    """A group whose unknown first argument means ``run <it>``."""
+def __getattr__(name: str) -> Any:
+    # the click group and its commands, for tests and the umbrella's help
+    if name in ("cli", "run_cmd", "report_cmd", "cache_group", "cache_forget", "cache_gc"):
+        from crucible.run import _click_cli
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
-            if not os.path.lexists(args[0]):
-                # A typo of a subcommand (``reprot``) must not become a run's
-                # "Missing option '--state'".
-                from crucible.core.errors import UsageError
-
-                raise UsageError(f"no such command or file: {args[0]}")
-            args = ["run", *args]
-        elif args and args[0].startswith("-") and args[0] not in ("--help", "-h", "--version"):
-            # Options before PLAN (``crucible-dispatch --state s plan.json``) belong to run.
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
+        return getattr(_click_cli, name)
+    raise AttributeError(name)
 
 
-@click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="crucible-dispatch")
-def cli() -> None:
-    """Run a crucible plan (or manifest) end to end, or report on a run.
+def _click_group() -> Any:
+    from crucible.run._click_cli import cli
 
-    \b
-    crucible-dispatch PLAN --state DIR [options]     run (same as `run PLAN`)
-    crucible-dispatch report STATE [TASK] [--html FILE]
-
-    Exit codes: 0 every task passed; 1 a task failed or was skipped, or the input
-    was refused (bad params, PlanChanged, a state dir of another plan); 2 usage or
-    unparseable input; 3 I/O failure; 130/143 interrupted (resume with --resume).
-    """
+    return cli
 
 
-@cli.command("run")
-@click.argument("plan", type=click.Path(path_type=Path, dir_okay=False))
-@click.option(
-    "--state",
-    "state",
-    required=True,
-    type=click.Path(path_type=Path, file_okay=False),
-    help="Run state directory.",
-)
-@click.option(
-    "--params", "params_file", metavar="FILE", help="Params as a JSON object (- for stdin)."
-)
-@click.option(
-    "-p",
-    "params",
-    multiple=True,
-    metavar="NAME=VALUE",
-    help="One param (repeatable; overrides --params).",
-)
-@click.option(
-    "-j",
-    "--jobs",
-    type=click.IntRange(min=1, max=JOBS_MAX),
-    help=f"Tasks run at once (default: CPU count; at most {JOBS_MAX}, and the unit count).",
-)
-@click.option("--agent-cmd", metavar="CMD", help="Agent stand-in command line, run with sh -c.")
-@click.option(
-    "--emit-cap",
-    type=click.IntRange(min=1),
-    metavar="BYTES",
-    help="Cap per declared emits field (default $CRUCIBLE_EMIT_CAP or 65536).",
-)
-@_flag("--resume", help="Continue the run in --state; refuses if the plan changed.")
-@_flag(
-    "--retry-failed", help="With --resume: failed and skipped units, and all downstream, run again."
-)
-@_flag("--fresh", help="Start over; an earlier run in --state moves to STATE.prev.")
-@_flag("-n", "--dry-run", help="Print what would run and why; run nothing.")
-@_flag("--json", "as_json", help="With --dry-run: NDJSON lines on stdout.")
-@click.option(
-    "--target",
-    "targets",
-    multiple=True,
-    metavar="NAME",
-    help="Run only NAME and its ancestors (repeatable).",
-)
-@_flag("--fail-fast", help="Stop at the first failure (running tasks are stopped).")
-@_flag("--follow", help="Stream task output lines to stderr, prefixed task[key].")
-@_flag(
-    "--keep-workspaces",
-    help="Keep every unit's workspace (passed fan-out instances' are otherwise recycled).",
-)
-@click.option(
-    "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
-)
-@click.option(
-    "--outputs",
-    "outputs",
-    metavar="FILE|-",
-    help="At the end, also write the run results (STATE/outputs.json) to FILE (- = stdout).",
-)
-@click.option(
-    "--publish-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    metavar="DIR",
-    help="At the end, publish the [workflow.publish] files into DIR.",
-)
-@_cache_option("Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).")
-@click.option(
-    "--executor",
-    type=click.Choice(["local", "dask", "dask-local"]),
-    default="local",
-    show_default=True,
-    help="Where units run: forked workers, a Dask cluster, or a LocalCluster for the run.",
-)
-@click.option("--scheduler", metavar="tcp://HOST:PORT", help="With --executor dask: its scheduler.")
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1, max=JOBS_MAX),
-    help="With --executor dask-local: worker processes (default: min(-j, CPU count)).",
-)
-@click.option(
-    "--threads-per-worker",
-    type=click.IntRange(min=1, max=JOBS_MAX),
-    help="With --executor dask-local: Dask threads per worker (default: its share of -j"
-    " plus its share of the units staged ahead).",
-)
-def run_cmd(
-    plan: Path,
-    state: Path,
-    params_file: str | None,
-    params: tuple[str, ...],
-    jobs: int | None,
-    agent_cmd: str | None,
-    emit_cap: int | None,
-    resume: bool,
-    retry_failed: bool,
-    fresh: bool,
-    dry_run: bool,
-    as_json: bool,
-    targets: tuple[str, ...],
-    fail_fast: bool,
-    follow: bool,
-    keep_workspaces: bool,
-    events: str | None,
-    outputs: str | None,
-    publish_dir: Path | None,
-    cache: Path | None,
-    executor: str,
-    scheduler: str | None,
-    workers: int | None,
-    threads_per_worker: int | None,
-) -> int:
-    """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
-    from crucible.run.commands import DispatchOptions, run_run
+def _fast(args: list[str]) -> Callable[[], int] | None:
+    """The run a plain command line asks for, or None (click parses it)."""
+    from crucible.run._argv import parse
 
-    options = RunOptions(
-        plan=plan,
-        state=state,
-        params_file=params_file,
-        params=params,
-        jobs=jobs,
-        agent_cmd=agent_cmd,
-        emit_cap=emit_cap,
-        resume=resume,
-        retry_failed=retry_failed,
-        fresh=fresh,
-        dry_run=dry_run,
-        targets=targets,
-        fail_fast=fail_fast,
-        follow=follow,
-        keep_workspaces=keep_workspaces,
-        events=events,
-        outputs=outputs,
-        publish_dir=publish_dir,
-        cache=cache or None,
-        executor=executor,
-        scheduler=scheduler,
-        workers=workers,
-        threads_per_worker=threads_per_worker,
-    )
-    return run_run(DispatchOptions(options, as_json), sys.stdout.buffer, sys.stderr)
+    values = parse(args)
+    if values is None:
+        return None
+    pause_gc()  # until the run starts (run/_runner.py resumes it)
 
+    def call() -> int:
+        from crucible.run.commands import dispatch_options, run_run
 
-@cli.command("report")
-@click.argument("state", type=click.Path(path_type=Path, file_okay=False))
-@click.argument("task", required=False)
-@click.option(
-    "--html",
-    "html_file",
-    metavar="FILE",
-    help="Write a self-contained HTML timeline to FILE (- = stdout).",
-)
-@_flag("--json", "as_json", help="NDJSON rows on stdout instead of a table.")
-def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> int:
-    """Summarise the run in STATE: one row per task (per instance with TASK)."""
-    from crucible.run.commands import ReportOptions, run_report
+        return run_run(dispatch_options(**values), sys.stdout.buffer, sys.stderr)
 
-    return run_report(ReportOptions(state, task, html_file, as_json), sys.stdout, sys.stderr)
-
-
-@cli.group("cache")
-def cache_group() -> None:
-    """Inspect and trim a task cache (docs/spec/cache.md)."""
-
-
-_CACHE_OPTION = _cache_option("The task cache directory ($CRUCIBLE_CACHE).")
-
-
-@cache_group.command("forget")
-@click.argument("task")
-@_CACHE_OPTION
-def cache_forget(task: str, cache: Path | None) -> int:
-    """Drop every cached result of TASK (it runs again next time)."""
-    from crucible.run.commands import CacheForgetOptions, run_cache_forget
-
-    return run_cache_forget(CacheForgetOptions(task, cache), sys.stdout, sys.stderr)
-
-
-@cache_group.command("gc")
-@_CACHE_OPTION
-@click.option(
-    "--grace",
-    type=click.FloatRange(min=0),
-    default=60.0,
-    show_default=True,
-    metavar="SECONDS",
-    help="Keep store files younger than this (a running dispatcher's new files).",
-)
-def cache_gc(cache: Path | None, grace: float) -> int:
-    """Remove store files that no cached result names."""
-    from crucible.run.commands import CacheGcOptions, run_cache_gc
-
-    return run_cache_gc(CacheGcOptions(cache, grace), sys.stdout, sys.stderr)
+    return call
 
 
 def main() -> None:
-    run_command(cli, "crucible-dispatch")
+    run_command(_click_group, PROG, fast=_fast, fast_exit=True)

@@ -1,21 +1,31 @@
 """What each ``crucible-dispatch`` verb does, without click: an options dataclass in,
 data on ``out``, messages for people on ``err``, an exit code back (run.md, cache.md).
 
-The CLI (run/cli.py) only parses the command line into these dataclasses; the
-streams are parameters so tests and the CLI pass their own.
+The CLI (run/_click_cli.py, and run/_argv.py for a plain run) only parses the
+command line into these dataclasses; the streams are parameters so tests and
+the CLI pass their own. Run's verb is here; report's and cache's are in
+run/_commands_state.py, re-exported here and loaded on first use.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
-from crucible.core.errors import EXIT_OK, InputRefused, UsageError
+from crucible.core.errors import UsageError
 from crucible.run._options import RunOptions
+
+if TYPE_CHECKING:
+    from crucible.run._commands_state import (
+        CacheForgetOptions,
+        CacheGcOptions,
+        ReportOptions,
+        run_cache_forget,
+        run_cache_gc,
+        run_report,
+    )
 
 __all__ = [
     "PROG",
@@ -23,6 +33,7 @@ __all__ = [
     "CacheGcOptions",
     "DispatchOptions",
     "ReportOptions",
+    "dispatch_options",
     "run_cache_forget",
     "run_cache_gc",
     "run_report",
@@ -31,6 +42,25 @@ __all__ = [
 ]
 
 PROG = "crucible-dispatch"
+
+#: the report and cache verbs, in run/_commands_state.py: loaded on first use,
+#: so a run does not build their options (~1 ms of every dispatch's start-up)
+_STATE_VERBS = (
+    "CacheForgetOptions",
+    "CacheGcOptions",
+    "ReportOptions",
+    "run_cache_forget",
+    "run_cache_gc",
+    "run_report",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STATE_VERBS:
+        from crucible.run import _commands_state
+
+        return getattr(_commands_state, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -42,27 +72,10 @@ class DispatchOptions:
     as_json: bool = False
 
 
-@dataclass(frozen=True)
-class ReportOptions:
-    state: Path
-    #: one task's instances instead of the task table
-    task: str | None = None
-    #: ``--html FILE|-``: the HTML timeline instead of the table
-    html_file: str | None = None
-    as_json: bool = False
-
-
-@dataclass(frozen=True)
-class CacheForgetOptions:
-    task: str
-    cache: Path | None
-
-
-@dataclass(frozen=True)
-class CacheGcOptions:
-    cache: Path | None
-    #: store files younger than this many seconds are kept
-    grace: float = 60.0
+def dispatch_options(*, as_json: bool, cache: Path | None, **fields: Any) -> DispatchOptions:
+    """``run``'s options from its command line's values (parameter names as in
+    run/_click_cli.py's ``run_cmd``; run/_argv.py gives the same)."""
+    return DispatchOptions(RunOptions(cache=cache or None, **fields), as_json)
 
 
 def _warn(err: TextIO) -> Any:
@@ -152,86 +165,3 @@ def _print_dry_run(lines: Any, as_json: bool, out: BinaryIO) -> None:
     for line, unit in zip(lines, units, strict=True):
         out.write(f"{line['action']:<12} {unit:<{width}}  {line['reason']}\n".encode())
     out.flush()
-
-
-def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
-    """The task table (or one task's instances), the NDJSON rows, or the HTML page.
-    Text goes to ``out``, NDJSON to its byte stream ``out.buffer``."""
-    from crucible.core import ndjson, output
-    from crucible.run import _report as report
-
-    state, task = opts.state, opts.task
-    if not state.is_dir():
-        raise InputRefused("no such state dir", where=str(state))
-    rows = report.collect(state, task)
-    if opts.html_file is not None:
-        page = report.render_html(rows, title=f"crucible run {state}")
-        if opts.html_file == "-":
-            out.write(page)
-        else:
-            output.write_output(opts.html_file, page.encode("utf-8"))  # a device/FIFO: streamed
-            err.write(f"{PROG}: wrote {opts.html_file}\n")
-        return EXIT_OK
-    if opts.as_json:
-        instances = task is not None
-        for r in rows:
-            if r.key is None or instances:
-                out.buffer.write(ndjson.dumps_line(report.row_json(r)))
-        if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
-            from crucible.run import _loop_view as loop_view
-
-            out.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
-        return EXIT_OK
-    report.render_table(rows, out, instances=task is not None)
-    if task is None:
-        report.render_outputs(state, out)
-    return EXIT_OK
-
-
-def _cache_dir(cache: Path | None) -> Path | None:
-    """The --cache DIR of a maintenance command: None when it does not exist yet."""
-    if cache is None:
-        raise UsageError("give the cache directory: --cache DIR (or CRUCIBLE_CACHE)")
-    if not os.path.lexists(cache):
-        return None
-    if not cache.is_dir():
-        raise UsageError("not a directory", where=str(cache))
-    return cache
-
-
-def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -> None:
-    out.write(json.dumps(value, sort_keys=sort_keys, separators=(",", ":")) + "\n")
-    out.flush()
-
-
-def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
-    """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
-    from crucible.run._cache import TaskCache
-    from crucible.stage import escape_key
-
-    directory = _cache_dir(opts.cache)
-    n = 0
-    if directory is not None:
-        tc = TaskCache(directory, warn=_warn(err))
-        try:
-            n = tc.forget(opts.task, escape_key)
-        finally:
-            tc.close()
-    _json_line(out, {"forgotten": n, "task": opts.task})
-    return EXIT_OK
-
-
-def run_cache_gc(opts: CacheGcOptions, out: TextIO, err: TextIO) -> int:
-    """Remove store files no cached result names; the counts on ``out``."""
-    from crucible.run._cache import TaskCache
-
-    directory = _cache_dir(opts.cache)
-    counts: dict[str, Any] = {"removed": 0, "kept": 0, "bytes": 0}
-    if directory is not None:
-        tc = TaskCache(directory, warn=_warn(err))
-        try:
-            counts = tc.gc(grace=opts.grace)
-        finally:
-            tc.close()
-    _json_line(out, counts, sort_keys=True)
-    return EXIT_OK

@@ -5,7 +5,6 @@ capture its emits_files, write its settled record (docs/spec/inputs.md, "Capture
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +258,7 @@ def _capture_files(
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}capture-", dir=parent))
     except OSError as exc:
         raise OperationalError(f"cannot capture files: {exc.strerror}", where=str(parent)) from None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import os
 import stat
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -820,6 +819,7 @@ def stage_inputs(
 def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, bound: int) -> int:
     """The described tree in a new temp directory, renamed over ``inputs/``."""
     try:
+        import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}inputs-", dir=workspace))
     except OSError as exc:
         raise OperationalError(

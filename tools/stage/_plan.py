@@ -43,6 +43,8 @@ TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", 
 
 @dataclass(frozen=True)
 class TaskView:
+    """One task of the plan, as stage reads it (``raw``: the plan's task object)."""
+
     name: str
     kind: str
     needs: tuple[str, ...]
@@ -62,6 +64,8 @@ class TaskView:
 
 @dataclass(frozen=True)
 class PlanView:
+    """The plan's tasks by name, in declaration order."""
+
     version: int
     edition: int
     tasks: dict[str, TaskView]
@@ -101,14 +105,39 @@ def _split_ref(ref: object, where: str) -> tuple[str, str]:
     return producer, fld
 
 
-def _task(raw: Any, i: int) -> TaskView:
+def _task(raw: Any, i: int, checked: bool) -> TaskView:
     where = f"$.tasks[{i}]"  # a JSON path in the plan
+    if not checked:
+        _check_task(raw, where)
+    listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
+    if "map" in raw and isinstance(raw["map"], str):
+        mapped: tuple[str, str] | None = _split_ref(raw["map"], f"{where}.map")
+    else:
+        mapped = ("", "") if listed else None
+    prompt = raw.get("prompt")
+    return TaskView(
+        name=raw["name"],
+        kind=raw["kind"],
+        needs=tuple(raw.get("needs", [])),
+        join=raw.get("join", "all"),
+        emits=dict(raw.get("emits", {})),
+        emits_files=tuple(raw.get("emits_files", [])),
+        epilogue=bool(raw.get("epilogue", False)),
+        map=mapped,
+        inputs=dict(raw.get("inputs", {})),
+        prompt=prompt if isinstance(prompt, str) else None,
+        raw=raw,
+        listed=listed,
+    )
+
+
+def _check_task(raw: Any, where: str) -> None:
+    """What stage relies on in one task; the refusals of a plan no compiler checked."""
     if not isinstance(raw, dict):
         raise InputRefused("a task must be an object", where=in_plan(where))
     problem = task_name_problem(raw.get("name"))
     if problem is not None:
         raise InputRefused(problem, where=in_plan(f"{where}.name"))
-    name: str = raw["name"]
     kind = raw.get("kind")
     if kind not in ("command", "evaluate", "agent"):
         raise InputRefused(f"unknown kind {kind!r}", where=in_plan(f"{where}.kind"))
@@ -123,11 +152,8 @@ def _task(raw: Any, i: int) -> TaskView:
         raise InputRefused(
             "emits_files must be a list of paths", where=in_plan(f"{where}.emits_files")
         )
-    listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
     if "map" in raw and isinstance(raw["map"], str):
-        mapped: tuple[str, str] | None = _split_ref(raw["map"], f"{where}.map")
-    else:
-        mapped = ("", "") if listed else None
+        _split_ref(raw["map"], f"{where}.map")
     inputs = raw.get("inputs", {})
     if not isinstance(inputs, dict):
         raise InputRefused("inputs must be an object", where=in_plan(f"{where}.inputs"))
@@ -141,24 +167,14 @@ def _task(raw: Any, i: int) -> TaskView:
     join = raw.get("join", "all")
     if join not in ("all", "settled"):
         raise InputRefused(f"unknown join {join!r}", where=in_plan(f"{where}.join"))
-    prompt = raw.get("prompt")
-    return TaskView(
-        name=name,
-        kind=kind,
-        needs=tuple(needs),
-        join=join,
-        emits=dict(emits),
-        emits_files=tuple(files),
-        epilogue=bool(raw.get("epilogue", False)),
-        map=mapped,
-        inputs=dict(inputs),
-        prompt=prompt if isinstance(prompt, str) else None,
-        raw=raw,
-        listed=listed,
-    )
 
 
-def build_view(plan: Any) -> PlanView:
+def build_view(plan: Any, *, checked: bool = False) -> PlanView:
+    """The plan's view, after checking what stage relies on. ``checked``: the
+    plan passed the compiler's checks (a plan file in normal form, or a manifest
+    compiled), which refuse everything :func:`_check_task` does, so each task's
+    fields are not checked again (~2 ms of a 1,000-task dispatch's start-up;
+    tests/run/test_startup_plan.py holds the compiler to that)."""
     if not isinstance(plan, dict):
         raise InputRefused("a plan must be a JSON object", where=in_plan())
     version = plan.get("version")
@@ -177,7 +193,7 @@ def build_view(plan: Any) -> PlanView:
         raise InputRefused("tasks must be a list", where=in_plan("$.tasks"))
     tasks: dict[str, TaskView] = {}
     for i, raw in enumerate(raw_tasks):
-        t = _task(raw, i)
+        t = _task(raw, i, checked)
         if t.name in tasks:
             raise InputRefused(f"task {t.name!r} is declared twice", where=in_plan(f"$.tasks[{i}]"))
         tasks[t.name] = t
@@ -209,10 +225,14 @@ def view(plan: Any) -> PlanView:
     return v
 
 
-def prepare_plan(plan: Any) -> None:
+def prepare_plan(plan: Any, *, checked: bool = False) -> None:
     """Check ``plan`` and cache its view now. A dispatcher calls this before it
     forks its workers, so they inherit the checked view instead of each building
-    its own (~15 ms per worker for 1,000 tasks)."""
+    its own (~15 ms per worker for 1,000 tasks). ``checked``: as for
+    :func:`build_view` (a view already cached is kept)."""
+    global _cache
+    if checked and (_cache is None or _cache[0] is not plan):
+        _cache = (plan, build_view(plan, checked=True))
     v = view(plan)
     if v.order:
         v.ancestors(v.order[0])  # builds the cached position map

@@ -1,0 +1,136 @@
+"""``crucible-dispatch report`` and ``cache forget|gc``: what they do, without click
+(re-exported by :mod:`crucible.run.commands`, which holds run's verb; these are
+loaded only when one of them runs)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from crucible.core.errors import EXIT_OK, InputRefused, UsageError
+from crucible.run.commands import PROG, _warn
+
+__all__ = [
+    "CacheForgetOptions",
+    "CacheGcOptions",
+    "ReportOptions",
+    "run_cache_forget",
+    "run_cache_gc",
+    "run_report",
+]
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """``crucible-dispatch report``: the state dir and how to show it."""
+
+    state: Path
+    #: one task's instances instead of the task table
+    task: str | None = None
+    #: ``--html FILE|-``: the HTML timeline instead of the table
+    html_file: str | None = None
+    as_json: bool = False
+
+
+@dataclass(frozen=True)
+class CacheForgetOptions:
+    """``crucible-dispatch cache forget``: the task whose results go."""
+
+    task: str
+    cache: Path | None
+
+
+@dataclass(frozen=True)
+class CacheGcOptions:
+    """``crucible-dispatch cache gc``: the cache and how young a file is kept."""
+
+    cache: Path | None
+    #: store files younger than this many seconds are kept
+    grace: float = 60.0
+
+
+def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
+    """The task table (or one task's instances), the NDJSON rows, or the HTML page.
+    Text goes to ``out``, NDJSON to its byte stream ``out.buffer``."""
+    from crucible.core import ndjson, output
+    from crucible.run import _report as report
+
+    state, task = opts.state, opts.task
+    if not state.is_dir():
+        raise InputRefused("no such state dir", where=str(state))
+    rows = report.collect(state, task)
+    if opts.html_file is not None:
+        page = report.render_html(rows, title=f"crucible run {state}")
+        if opts.html_file == "-":
+            out.write(page)
+        else:
+            output.write_output(opts.html_file, page.encode("utf-8"))  # a device/FIFO: streamed
+            err.write(f"{PROG}: wrote {opts.html_file}\n")
+        return EXIT_OK
+    if opts.as_json:
+        instances = task is not None
+        for r in rows:
+            if r.key is None or instances:
+                out.buffer.write(ndjson.dumps_line(report.row_json(r)))
+        if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
+            from crucible.run import _loop_view as loop_view
+
+            out.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
+        return EXIT_OK
+    report.render_table(rows, out, instances=task is not None)
+    if task is None:
+        report.render_outputs(state, out)
+    return EXIT_OK
+
+
+def _cache_dir(cache: Path | None) -> Path | None:
+    """The --cache DIR of a maintenance command: None when it does not exist yet."""
+    if cache is None:
+        raise UsageError("give the cache directory: --cache DIR (or CRUCIBLE_CACHE)")
+    if not os.path.lexists(cache):
+        return None
+    if not cache.is_dir():
+        raise UsageError("not a directory", where=str(cache))
+    return cache
+
+
+def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -> None:
+    import json
+
+    out.write(json.dumps(value, sort_keys=sort_keys, separators=(",", ":")) + "\n")
+    out.flush()
+
+
+def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
+    """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
+    from crucible.run._cache import TaskCache
+    from crucible.stage import escape_key
+
+    directory = _cache_dir(opts.cache)
+    n = 0
+    if directory is not None:
+        tc = TaskCache(directory, warn=_warn(err))
+        try:
+            n = tc.forget(opts.task, escape_key)
+        finally:
+            tc.close()
+    _json_line(out, {"forgotten": n, "task": opts.task})
+    return EXIT_OK
+
+
+def run_cache_gc(opts: CacheGcOptions, out: TextIO, err: TextIO) -> int:
+    """Remove store files no cached result names; the counts on ``out``."""
+    from crucible.run._cache import TaskCache
+
+    directory = _cache_dir(opts.cache)
+    counts: dict[str, Any] = {"removed": 0, "kept": 0, "bytes": 0}
+    if directory is not None:
+        tc = TaskCache(directory, warn=_warn(err))
+        try:
+            counts = tc.gc(grace=opts.grace)
+        finally:
+            tc.close()
+    _json_line(out, counts, sort_keys=True)
+    return EXIT_OK
