@@ -223,6 +223,18 @@ def _documents(found: Found, data: bytes) -> Iterator[tuple[str, str, object]]:
             yield f":{number}", found.schema, orjson.loads(line)
 
 
+def cache_value(line: object) -> object | None:
+    """The value of a ledger line the task cache wrote for a passed unit (scope
+    ``dispatch``, step ``unit:sha256:…``, status ``ok``: docs/spec/cache.md), else None."""
+    record = line.get("r") if isinstance(line, dict) else None
+    if not isinstance(record, dict) or record.get("scope") != "dispatch":
+        return None
+    step = record.get("step")
+    if not isinstance(step, str) or not step.startswith("unit:sha256:"):
+        return None
+    return record.get("value") if record.get("status") == "ok" else None
+
+
 def check_file(found: Found) -> list[Problem]:
     if found.schema is None:
         return []
@@ -245,6 +257,14 @@ def check_file(found: Found) -> list[Problem]:
                 problems.append(Problem(found.path, f"{schema}{where}: {error}"))
                 if len(problems) >= 3:
                     break
+            # -- the task cache's ledger values (the ledger's schema knows no scope)
+            elif (
+                schema == "ledger-record.json"
+                and (cached := cache_value(value)) is not None
+                and (error := first_error("cache-value.json", cached)) is not None
+            ):
+                problems.append(Problem(found.path, f"cache-value.json{where}: {error}"))
+            # -- end task cache
     except (ValueError, UnicodeDecodeError) as exc:
         problems.append(Problem(found.path, f"not JSON: {exc}"))
     return problems

@@ -27,6 +27,7 @@ import functools
 import hashlib
 import os
 import shutil
+import stat
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ from typing import Any
 import orjson
 
 from crucible.core import canon, digest
+from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
 
 __all__ = [
@@ -75,30 +77,92 @@ def _digest_of(value: Any) -> str:
 
 #: store files up to this size are read with one read(2)
 _SMALL = 1 << 16
-_READ = os.O_RDONLY | os.O_CLOEXEC
+#: O_NOFOLLOW: a symlink is never a store file (ELOOP); O_NONBLOCK: a FIFO
+#: planted in the store must not hang the reader
+_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
 _NOATIME = getattr(os, "O_NOATIME", 0)
+#: a temporary file in the cache directory: created, never opened through
+#: whatever is at its name (O_EXCL refuses a symlink and a hard link alike)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """``digest.of_file``, with one ``read`` for a small file: most store files
-    (every restored record) are a few hundred bytes, and a buffered read of
-    the 1 MiB chunks of_file asks for allocates (and faults in) 1 MiB each
-    time: ~50 us per hit, measured. Opened with O_NOATIME where the owner may
-    (a first read of a file would otherwise dirty its inode for atime, under
-    relatime: ~20 us more, and one more inode for the group commit to write)."""
+    """``digest.of_file`` of a regular file, with one ``read`` for a small one:
+    most store files (every restored record) are a few hundred bytes, and a
+    buffered read of the 1 MiB chunks of_file asks for allocates (and faults
+    in) 1 MiB each time: ~50 us per hit, measured. Opened with O_NOATIME where
+    the owner may (a first read of a file would otherwise dirty its inode for
+    atime, under relatime: ~20 us more, and one more inode for the group
+    commit to write). A symlink, FIFO or directory at ``path`` is an OSError:
+    a link planted in the store is never read, kept or laid as a store file."""
     try:
         fd = os.open(path, _READ | _NOATIME)
     except PermissionError:  # O_NOATIME: not the file's owner
         fd = os.open(path, _READ)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        size = st.st_size
         if size <= _SMALL:
             data = os.read(fd, size + 1)
             if len(data) == size:  # else it changed while read: the careful way
                 return digest.of_bytes(data)
+            os.lseek(fd, 0, os.SEEK_SET)
+        with open(fd, "rb", closefd=False) as f:  # the fd opened O_NOFOLLOW
+            return f"sha256:{hashlib.file_digest(f, 'sha256').hexdigest()}"
     finally:
         os.close(fd)
-    return digest.of_file(path)
+
+
+#: link(2) errors that mean links cannot be made here (EXDEV: another
+#: filesystem; EPERM: protected_hardlinks; EMLINK; ENOTSUP): copies instead
+_NO_LINKS = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP})
+
+
+def _copy_new(src: str, target: str) -> None:
+    """Copy a store file to a new, read-only file at ``target`` (created O_EXCL:
+    nothing at the name is written through)."""
+    fin = os.open(src, _READ)
+    try:
+        fd = _create(target)
+        try:
+            while chunk := os.read(fin, 1 << 20):
+                write_all(fd, chunk)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(fin)
+
+
+def _create(path: str) -> int:
+    """A new temporary file at ``path`` (mode 0600 until its writer sets it).
+    Anything already at the name — a symlink or hard link planted there, or a
+    crash's leftover (``gc`` removes those in the store) — is FileExistsError:
+    never opened, so never written through."""
+    return os.open(path, _CREATE, 0o600)
+
+
+def _real_dirs(base: Path, path: Path, made: set[Path]) -> None:
+    """``mkdir -p`` of ``path`` under the cache directory ``base``, one
+    component at a time, each one a real directory before the next is made in
+    it: a symlink planted at a component (``files``, ``files/sha256/ab``,
+    ``last/<task>``) would take the writes outside the cache, so it is an
+    OSError (ENOTDIR), not followed. Once per directory per process (``made``)."""
+    if path in made:
+        return
+    base.mkdir(parents=True, exist_ok=True)  # the directory named: followed as named
+    current = base
+    for part in path.relative_to(base).parts:
+        current = current / part
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(current)
+        if not stat.S_ISDIR(os.lstat(current).st_mode):
+            raise OSError(
+                errno.ENOTDIR, "not a directory (a symlink is never followed)", str(current)
+            )
+    made.add(path)
 
 
 @functools.lru_cache(maxsize=1024, typed=True)
@@ -150,21 +214,20 @@ class CacheKey:
 def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
     """Replace ``path`` with ``data`` atomically, not durably (what it writes is
     found again or rebuilt after a power cut: a hit's record, the last key),
-    creating its directory once per process (``made_dirs``). The temporary name
-    is fixed per process — one thread of a process writes these — so there is no
-    random name to draw and no retry."""
+    creating its directory once per process (``made_dirs``; a caller in the
+    cache directory makes it with :func:`_real_dirs` first). The temporary
+    name is fixed per process — one thread of a process writes these — so
+    there is no random name to draw and no retry; it is created O_EXCL, so a
+    link planted at it is refused (OSError), never written through."""
     from crucible.core.atomic import TMP_PREFIX
-    from crucible.core.fdio import write_all
 
     parent = path.parent
     if parent not in made_dirs:
         parent.mkdir(parents=True, exist_ok=True)
         made_dirs.add(parent)
     tmp = f"{parent}/{TMP_PREFIX}q-{os.getpid()}"
+    fd = _create(tmp)  # before the try: what was at the name is not ours to remove
     try:
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
-        )
         try:
             write_all(fd, data)
             os.fchmod(fd, 0o644)
@@ -465,7 +528,15 @@ class TaskCache:
         self, task: str, key: str | None, escape_key: Callable[[str], str]
     ) -> dict[str, str] | None:
         try:
-            value = canon.loads(self._last_path(task, key, escape_key).read_bytes())
+            # as a store file is read: a link or FIFO planted there is no last key
+            # (a FIFO would hang the dry run)
+            fd = os.open(self._last_path(task, key, escape_key), _READ)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
+                value = canon.loads(_read_all(fd))
+            finally:
+                os.close(fd)
         except (OSError, canon.CanonError):
             return None
         return value if isinstance(value, dict) else None
@@ -492,7 +563,10 @@ class TaskCache:
         )
 
     def verify(self, ck: CacheKey, hit: Hit) -> bool:
-        """Every store file of ``hit`` holds its recorded digest; else warned."""
+        """Every store file of ``hit`` holds its recorded digest; else warned.
+        ValueError for entries the cache never writes (a path that leaves the
+        unit's files directory, no digest): a hand-edited ledger, never restored."""
+        _check_files(hit.files)
         for entry in hit.files:
             path = self._store_path(entry["digest"])
             try:
@@ -538,7 +612,7 @@ class TaskCache:
                 else:
                     raise
         except OSError as exc:
-            if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            if exc.errno in _NO_LINKS:
                 self._links_fail = True  # EXDEV: another filesystem; EPERM: protected_hardlinks
             return False
         return True
@@ -557,9 +631,12 @@ class TaskCache:
             src = self._store_path(entry["digest"])
             try:
                 os.link(src, target)
-            except OSError:
-                shutil.copyfile(src, target)
-                os.chmod(target, 0o444)
+            except OSError as exc:
+                # only where links cannot be made; anything already at the name
+                # (EEXIST) is never copied over: it may be a link to a store file
+                if exc.errno not in _NO_LINKS:
+                    raise
+                _copy_new(str(src), str(target))
 
     def save(
         self,
@@ -604,6 +681,7 @@ class TaskCache:
     def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
         path = self._last_path(ck.task, ck.key, escape_key)
         with contextlib.suppress(OSError):
+            _real_dirs(self.directory, path.parent, self._made_dirs)
             write_quick(path, canon.dumps(ck.components), self._made_dirs)
 
     # ------------------------------------------------------------ maintenance
@@ -633,9 +711,12 @@ class TaskCache:
                     CACHE_SCOPE, record["step"], Outcome.failed({"forgotten": True}), key=key
                 )
                 n += 1
-        last = self.directory / "last" / escape_key(task)
-        if last.is_dir() and not last.is_symlink():
+        root = self.directory / "last"
+        last = root / escape_key(task)
+        if _is_real_dir(root) and _is_real_dir(last):
             shutil.rmtree(last)
+        elif os.path.lexists(root) and not _is_real_dir(root):
+            self.warn(f"cache: {root} is not a directory (a symlink is never followed); kept")
         return n
 
     def gc(self, *, grace: float = 60.0) -> dict[str, int]:
@@ -650,8 +731,14 @@ class TaskCache:
             live.add(r["value"].get(RESTORED))
         removed = kept = freed = 0
         now = time.time()
-        if not self.store.is_dir():
-            return {"removed": 0, "kept": 0, "bytes": 0}
+        for d in (self.store.parent, self.store):  # files/, files/sha256/
+            if not os.path.lexists(d):
+                return {"removed": 0, "kept": 0, "bytes": 0}
+            if not _is_real_dir(d):  # a link planted there: gc would delete outside the cache
+                raise OperationalError(
+                    "cannot collect the cache store: not a directory (a symlink is never followed)",
+                    where=str(d),
+                )
         for sub in sorted(self.store.iterdir()):
             if not sub.is_dir() or sub.is_symlink():
                 continue
@@ -671,48 +758,112 @@ class TaskCache:
         a hit that links it has it synced by its group commit (a torn or lost
         one after a crash fails its digest check, and the record is written
         from the ledger instead: never a miss)."""
-        file_digest = digest.of_bytes(data)
-        target = self._store_path(file_digest)
-        if target.exists():
-            # Stored before: kept when it still holds those bytes, else replaced
-            with contextlib.suppress(OSError):
-                if digest.of_file(target) == file_digest:
-                    return file_digest
-        if target.parent not in self._made_dirs:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self._made_dirs.add(target.parent)
-        tmp = target.with_name(f"@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}")
-        # O_NOFOLLOW: a symlink planted at the temp name is refused (OSError: no
-        # restored copy, the hit writes its record), never written through
-        fd = os.open(
-            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o444
-        )
+        data_digest = digest.of_bytes(data)
+        target = self._store_path(data_digest)
+        # Stored before: kept when it still holds those bytes (a regular file:
+        # a link planted at the name is not one), else replaced
+        with contextlib.suppress(OSError):
+            if file_digest(target) == data_digest:
+                return data_digest
+        _real_dirs(self.directory, target.parent, self._made_dirs)
+        tmp = f"{target.parent}/@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}"
+        # O_EXCL|O_NOFOLLOW: a link planted at the temp name is refused, never
+        # written through (an OSError here: no restored copy, the hit writes
+        # its record)
+        fd = _create(tmp)
         try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-        return file_digest
-
-    def _put_file(self, src: Path, file_digest: str) -> None:
-        target = self._store_path(file_digest)
-        if target.exists():
-            # Stored before: kept when it still holds that content, replaced when
-            # it was altered meanwhile (else every later lookup would miss on it).
+            try:
+                write_all(fd, data)
+                os.fchmod(fd, 0o444)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
             with contextlib.suppress(OSError):
-                if digest.of_file(target) == file_digest:
-                    return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f"@tmp-{os.getpid()}-{target.name}")
+                os.unlink(tmp)
+            raise
+        return data_digest
+
+    def _put_file(self, src: Path, want: str) -> None:
+        """Copy a captured file into the store at its digest ``want`` (fsynced):
+        the temp file is created O_EXCL|O_NOFOLLOW in a store directory that is
+        a real directory, the source opened O_NOFOLLOW, so nothing is read or
+        written through a link planted in the cache or among the captured files."""
+        target = self._store_path(want)
+        # Stored before: kept when it still holds that content (a regular file),
+        # replaced when it was altered meanwhile (else every later lookup would
+        # miss on it) or when a link was planted at its name.
+        with contextlib.suppress(OSError):
+            if file_digest(target) == want:
+                return
+        _real_dirs(self.directory, target.parent, self._made_dirs)
+        tmp = f"{target.parent}/@tmp-{os.getpid()}-{target.name}"
         h = hashlib.sha256()
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            while chunk := fin.read(1 << 20):
-                h.update(chunk)
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        if f"sha256:{h.hexdigest()}" != file_digest:
-            tmp.unlink()
-            raise OSError(f"{src} changed while it was stored")
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, target)
+        fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fin).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", str(src))
+            fd = _create(tmp)
+            try:
+                try:
+                    while chunk := os.read(fin, 1 << 20):
+                        h.update(chunk)
+                        write_all(fd, chunk)
+                    os.fsync(fd)
+                    os.fchmod(fd, 0o444)
+                finally:
+                    os.close(fd)
+                if f"sha256:{h.hexdigest()}" != want:
+                    raise OSError(f"{src} changed while it was stored")
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        finally:
+            os.close(fin)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _is_real_dir(path: Path) -> bool:
+    """A directory, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _check_files(files: Any) -> None:
+    """A ledger value's ``files`` list as the cache writes it (docs/schemas/
+    cache-value.json): each path relative and inside its files directory, each
+    digest a SHA-256, no path twice. ValueError otherwise (a hand-edited ledger: a miss,
+    warned), so a restore never lays a file outside the unit's directory."""
+    if not isinstance(files, list):
+        raise ValueError("its files are not a list")
+    seen: set[str] = set()
+    for entry in files:
+        if not isinstance(entry, dict):
+            raise ValueError("a file entry is not an object")
+        path, d = entry.get("path"), entry.get("digest")
+        if not isinstance(path, str) or not _safe_relative(path):
+            raise ValueError(f"file path {path!r} is not inside the unit's files")
+        if path in seen:  # a second one would be laid over the first's store file
+            raise ValueError(f"file path {path!r} is listed twice")
+        seen.add(path)
+        if not digest.is_digest(d):
+            raise ValueError(f"file {path!r} has no sha256 digest")
+
+
+def _safe_relative(path: str) -> bool:
+    return (
+        bool(path)
+        and not path.startswith("/")
+        and "\0" not in path
+        and all(part not in ("", ".", "..") for part in path.split("/"))
+    )

@@ -14,12 +14,13 @@ the loop through the graph as usual.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused, ParseError
-from crucible.run._failures import write_record
 from crucible.run._loop_spec import LoopSpec, revision_key
 
 if TYPE_CHECKING:
@@ -131,10 +132,49 @@ class LoopRun:
         }
 
     def _write(self, *, durable: bool = False) -> None:
-        """Atomic always; durable when the loop stops (before the body's plain
-        records are written, which a resume takes as the loop being over). A
-        revision's entry lost to a crash only reruns that revision on resume."""
+        """Atomic always, durable only when asked: a revision's entry lost to a
+        crash only reruns that revision on resume. The write that says the loop
+        finished goes through :meth:`_durable_then`."""
         atomic.write_bytes(self.path, canon.dumps(self._doc()), durable=durable)
+
+    # ------------------------------------------------------------ durability
+    #
+    # The loop's one ordering rule (docs/spec/run.md, "Order between batches"):
+    # the loop.json that says the loop finished is durable BEFORE any
+    # body task's plain record is written, for a resume takes those records as
+    # the loop being over. A group-commit batch is made durable as a whole (one
+    # syncfs gives no order inside it, and writeback may store any of its files
+    # first), so loop.json joins one batch and the records it orders wait for
+    # that batch to be durable: they are written then, and ride the next batch.
+    # Nothing here fsyncs on the scheduling thread inside the dispatcher's loop.
+
+    def _in_place(self) -> bool:
+        """Outside the dispatcher's turns (a resume's start-up, before any unit
+        runs) no batch is waited for: what the loop writes is fsynced in place,
+        as everything read at start-up is durable."""
+        return not self.d._gating
+
+    def _durable_then(self, then: Callable[[], None], *, write: bool = True) -> None:
+        """Make loop.json (as written now, or as read at a resume's start when
+        ``write`` is false) durable, then call ``then``: once the next batch is
+        durable inside the loop, at once (after an fsync here) outside it."""
+        if self._in_place():
+            if write:
+                self._write(durable=True)
+            else:
+                _fsync_file(str(self.path))
+                atomic.fsync_dir(self.path.parent)
+            then()
+            return
+        if write:
+            self._write()
+        self.d.log.sync((str(self.path), str(self.path.parent)))
+        self.d._after_durable(then)
+
+    def _wrote(self, task: str, key: str | None, durable: bool) -> None:
+        """A record written without fsync rides the next batch."""
+        if not durable:
+            self.d._wrote(task, key)
 
     # ------------------------------------------------------------- starting
 
@@ -146,6 +186,7 @@ class LoopRun:
             return
         if all(t in d.status for t in self.body):  # settled in an earlier session
             self.started = True
+            self._rewrite_reserved()
             return
         if d.selected is not None and not self.body <= d.selected:
             return
@@ -154,8 +195,15 @@ class LoopRun:
         self.started = True
         self.session_start = time.monotonic()
         d.counts.total -= len(self.body)  # counted per revision unit from here
+        if self.finished and not self.revisions and self.stop_reason is None:
+            # It never ran (a before task it needs did not pass: _skip_body) and
+            # its skipped records are gone (--retry-failed, or a crash before
+            # they were written): decided again, skipped again or run.
+            self.finished = False
         if self.finished:  # loop.json says it stopped; the body's plain records are missing
-            self._conclude(self.stop_reason, write=False)
+            self._rewrite_reserved()
+            # the loop.json read may be one a crash left unsynced
+            self._durable_then(self._conclude, write=False)
             return
         blocked = self._blocked_by()
         if blocked is not None:
@@ -197,11 +245,15 @@ class LoopRun:
         return None
 
     def _skip_body(self, note: str) -> None:
-        d = self.d
         self.finished = True
-        self._write(durable=True)
+        self._durable_then(lambda: self._settle_skipped(note))
+
+    def _settle_skipped(self, note: str) -> None:
+        d = self.d
+        durable = self._in_place()
         for t in self.order:
-            d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note)
+            d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note, durable=durable)
+            self._wrote(t, None, durable)
             d.log.emit("task_finished", task=t, status=SKIPPED, note=note)
             d.counts.total += 1
             d._count_settled(SKIPPED)
@@ -211,7 +263,12 @@ class LoopRun:
         d = self.d
         key = revision_key(n)
         for t in self.order:  # an interrupted revision reruns whole
-            d.stage.remove_result(d.state, t, key)
+            if key in d.stage.load_all(d.state, t):  # only on a resume
+                # Its tombstone rides the next batch, even at start-up: nothing
+                # reads revision n's records before one of its new ones is
+                # durable, and each follows the tombstone in the same file.
+                d.stage.remove_result(d.state, t, key, durable=False)
+                d._wrote(t, key)
         self._write_reserved(n)
         self.current = n
         self.rev_started = time.monotonic()
@@ -226,6 +283,13 @@ class LoopRun:
         self.pending += len(roots)  # before any settles at once (a false condition)
         for t in roots:
             self._ready(t)
+
+    def _rewrite_reserved(self) -> None:
+        """A resume of a loop that stopped writes the final reserved inputs again
+        for the tasks after it: they are derived from loop.json and written
+        without fsync when it stopped, so a power cut may have lost them."""
+        if self.finished and self.revisions:
+            self._write_reserved(len(self.revisions))
 
     def _write_reserved(self, n: int) -> None:
         from crucible.run import _loop_reserved
@@ -308,10 +372,16 @@ class LoopRun:
             d.ready.append(Unit(name, key))
             return
         status, note = decided
-        d.stage.record_settled(d.plan, d.state, name, status=status, note=note, key=key)
+        durable = self._in_place()
+        d.stage.record_settled(
+            d.plan, d.state, name, status=status, note=note, key=key, durable=durable
+        )
+        self._wrote(name, key, durable)
         d.log.emit("task_finished", task=name, key=key, status=status, note=note)
         d._count_settled(status)
-        self.unit_settled(name, status)
+        # its body consumers are queued once the record is durable, as a worker's
+        # unit's are (pending still counts it meanwhile)
+        d._after_durable(lambda: self.unit_settled(name, status))
 
     def _out_of_time(self) -> bool:
         budget = self.spec.time_budget
@@ -416,29 +486,31 @@ class LoopRun:
     def _stop(self, reason: str | None) -> None:
         self.stop_reason = reason
         self.finished = True
-        self._write(durable=True)
         if self.revisions:  # the tasks after the loop see the final values
             self._write_reserved(len(self.revisions))
-        self.d.log.emit(
+        self.d.log.emit(  # in loop.json's batch: the log never says more than it
             "loop_finished",
             stop_reason=reason,
             revisions=len(self.revisions),
             kept_revision=self.kept,
             best_score=self.best,
         )
-        self._conclude(reason, write=False)
+        self._durable_then(self._conclude)
 
-    def _conclude(self, reason: str | None, *, write: bool) -> None:
+    def _conclude(self) -> None:
         """The body tasks settle as the kept revision: its records become their
         plain records (the files stay in the revision's directory, where stage
-        finds them for every task outside the body)."""
+        finds them for every task outside the body). Called once the loop.json
+        that says the loop finished is durable."""
         d = self.d
-        if write:
-            self._write()
+        durable = self._in_place()
         for t in self.order:
             path = d.layout.result_path(t)
             if self.kept is None:
-                d.stage.record_settled(d.plan, d.state, t, status=FAILED, note=NO_KEPT)
+                d.stage.record_settled(
+                    d.plan, d.state, t, status=FAILED, note=NO_KEPT, durable=durable
+                )
+                self._wrote(t, None, durable)
                 status = FAILED
             else:
                 rec = d.stage.load_result(d.state, t, revision_key(self.kept))
@@ -448,7 +520,8 @@ class LoopRun:
                     )
                 plain = {k: v for k, v in rec.items() if k != "key"}
                 plain["extra"] = {**(rec.get("extra") or {}), "revision": self.kept}
-                write_record(path, plain)
+                atomic.write_bytes(path, canon.dumps(plain), durable=durable)
+                self._wrote(t, None, durable)
                 status = str(rec.get("status", FAILED))
             d._settle(t, status)
 
@@ -471,3 +544,11 @@ class LoopRun:
         if self.started and not self.finished:
             self.stop_reason = "interrupted"
             self._write()
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
