@@ -101,16 +101,7 @@ def fact_line(scope: str, step: str, status: str, value: Any, key: Any, at: str)
     exactly as the record would be (same depths, same first error). Anything
     else takes ``canon.dumps`` of the whole record (tests/ledger/test_append_fast.py
     pins the two equal)."""
-    record: dict[str, Any] = {
-        "v": FORMAT_VERSION,
-        "scope": scope,
-        "step": step,
-        "status": status,
-        "value": value,
-        "at": at,
-    }
-    if key is not None:
-        record["key"] = key
+    record = make_record(scope, step, status, value, key, at)
     if (
         type(scope) is str
         and type(step) is str
