@@ -17,6 +17,7 @@ import errno
 import fcntl
 import os
 import stat
+import struct
 import threading
 import weakref
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from crucible.core.fdio import write_all
 from crucible.ledger._index import (
     FINGERPRINT,
     HEADER_SIZE,
+    MAGIC,
+    SLOT,
     Summary,
     Table,
     catch_up,
@@ -215,6 +218,31 @@ def quarantine(path: Path, expected: os.stat_result | None) -> Path | None:
         return target
 
 
+_HEADER_BODY = struct.Struct("<8sQQ8s" + "Q" * 10)  # _index.HEADER without its checksum
+_U64 = struct.Struct("<Q")
+_SLOT_BYTES = struct.Struct("<QQ")
+_HEADER_PAD = bytes(HEADER_SIZE - _HEADER_BODY.size - _U64.size)
+
+
+def _header_bytes(
+    s: Summary, covered: int, identities: int, records: int, newlines: int, fp: int
+) -> bytes:
+    """``Summary.pack`` of ``s`` with the fields an append changes replaced, without
+    changing ``s`` (the append is not durable yet) and without its per-field
+    ``getattr`` (tests/ledger/test_append_fast.py pins the two equal)."""
+    body = _HEADER_BODY.pack(
+        MAGIC, s.dev, s.ino, s.generation, covered, s.tail_len, s.slots, identities, records,
+        s.bad_lines, newlines, s.torn_tail, fp, s.first_bad_line,
+    )  # fmt: skip
+    return body + _U64.pack(xxh3_64_intdigest(body)) + _HEADER_PAD
+
+
+#: one record's index writes, worked out before its fsync: (table, slot offset,
+#: slot bytes, header bytes, 1 for a new identity else 0, end of the record,
+#: fingerprint)
+_Slot = tuple[Table, int, bytes, bytes, int, int, int]
+
+
 _LIVE: weakref.WeakSet[Appender] = weakref.WeakSet()
 
 
@@ -304,8 +332,52 @@ class Appender:
     def append(self, line: bytes, identity: tuple[str, str] | None = None) -> None:
         """Append ``line`` (``\\n``-terminated) durably; raises OSError on failure,
         after truncating away any partial write. With ``identity`` (the record's),
-        the index gets its slot under the same lock."""
-        self.append_many([(line, identity)])
+        the index gets its slot under the same lock.
+
+        Every ``Ledger.record`` comes here, so the path is kept short: a process
+        that wakes from an fsync runs cold (on a shared machine each Python step
+        then costs several times what it costs in a loop), and only the write and
+        the fsync are the work. The record's slot and the index header that
+        counts it are worked out before the fsync; after it only their two
+        writes are left."""
+        with self._thread_lock:
+            lock_fd = self._lock_fd
+            if lock_fd is None or self._forked:
+                lock_fd = self._lock()
+            else:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            try:
+                fd = self._fd
+                # _current_fd's answer when nothing changed, without its call
+                if (
+                    fd is not None
+                    and os.pread(lock_fd, GENERATION_SIZE, 0) == self._generation
+                    and (info := os.fstat(fd)).st_nlink
+                ):
+                    inode, size = info.st_ino, info.st_size
+                else:
+                    fd, inode, size = self._current_fd(lock_fd)
+                if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
+                try:
+                    written = os.write(fd, line)
+                    if written != len(line):  # a short write: the loop
+                        write_all(fd, line[written:])
+                    slot = self._prepare_slot(inode, size, line, identity) if identity else None
+                    os.fsync(fd)
+                except OSError:
+                    self._failed(fd, size)
+                    raise
+                self._clean_end = (inode, size + len(line))
+                # the record is durable; its index entry is a cache: a failure
+                # here leaves the index behind, and the next reader catches up
+                if slot is not None:
+                    self._write_slot(slot, inode)
+                elif identity is not None:
+                    with contextlib.suppress(OSError):
+                        self._index(fd, inode, size, line, identity)
+            finally:
+                fcntl.flock(lock_fd, fcntl.LOCK_UN)
 
     def append_many(self, entries: list[tuple[bytes, tuple[str, str] | None]]) -> None:
         """Append every ``(line, identity)`` of ``entries`` with one ``write`` and one
@@ -323,19 +395,14 @@ class Appender:
                 lines = [line for line, _ in entries]
                 if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
                     lines[0] = b"\n" + lines[0]
-                data = lines[0] if len(lines) == 1 else b"".join(lines)
+                data = b"".join(lines)
                 try:
                     write_all(fd, data)
                     os.fsync(fd)
-                    self._clean_end = (inode, size + len(data))
                 except OSError:
-                    self._clean_end = None
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, size)  # leave no partial line behind
+                    self._failed(fd, size)
                     raise
-                # the records are durable; their index entries are a cache: a
-                # failure here leaves the index behind, and the next reader
-                # catches up
+                self._clean_end = (inode, size + len(data))
                 at = size
                 for line, (_, identity) in zip(lines, entries, strict=True):
                     if identity is not None:
@@ -344,6 +411,85 @@ class Appender:
                     at += len(line)
             finally:
                 fcntl.flock(lock_fd, fcntl.LOCK_UN)
+
+    def _failed(self, fd: int, size: int) -> None:
+        """A write or fsync failed: leave no partial line behind."""
+        self._clean_end = None
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+
+    def _prepare_slot(
+        self, inode: int, size: int, line: bytes, identity: tuple[str, str]
+    ) -> _Slot | None:
+        """The index writes of one record just written at ``size`` (not yet
+        fsync'd), when nobody appended since our own last append, which left the
+        index fresh: its header is the one we wrote, so the next one is computed
+        from it. None when that does not hold, or the table must grow: the record
+        is then indexed by :meth:`_index` after its fsync, as a batch's are.
+        Every RECHECK_EVERY appends the table is checked anyway, in case it was
+        replaced (a rebuild by verify) under us. The probe is ``Table.insert``'s,
+        reading 16 slots at a time."""
+        table = self._table
+        if (
+            table is None
+            or self._indexed != (inode, size)
+            or self._unchecked >= RECHECK_EVERY
+            or line[:1] == b"\n"
+            or len(line) < FINGERPRINT
+        ):
+            return None
+        h = identity_hash(*identity)
+        s = table.summary
+        slots = s.slots
+        mask = slots - 1
+        i = h & mask
+        seen = 0
+        try:
+            while seen < slots:
+                count = min(16, slots - i)
+                raw = os.pread(table.fd, count * SLOT, HEADER_SIZE + i * SLOT)
+                if len(raw) < count * SLOT:
+                    return None
+                for k in range(count):
+                    slot_hash = _U64.unpack_from(raw, k * SLOT)[0]
+                    if slot_hash != h and slot_hash:
+                        continue
+                    new = 0 if slot_hash else 1
+                    if (s.identities + new) * 2 > slots:
+                        return None  # full: it grows on the slow path
+                    end = size + len(line)
+                    fp = xxh3_64_intdigest(line[-FINGERPRINT:])
+                    header = _header_bytes(
+                        s, end, s.identities + new, s.records + 1, s.newlines + 1, fp
+                    )
+                    slot = _SLOT_BYTES.pack(h, size + 1)
+                    return table, HEADER_SIZE + (i + k) * SLOT, slot, header, new, end, fp
+                i = (i + count) & mask
+                seen += count
+        except OSError:
+            pass
+        return None
+
+    def _write_slot(self, slot: _Slot, inode: int) -> None:
+        """Write a prepared slot and the header that counts it (after the fsync,
+        under the lock); the table's summary follows once both landed."""
+        self._indexed = None
+        table, at, data, header, new, end, fp = slot
+        try:
+            os.pwrite(table.fd, data, at)
+            os.pwrite(table.fd, header, 0)
+        except OSError:
+            self._header = b""  # the header on disk is read again at the next append
+            return
+        s = table.summary
+        s.covered = end
+        s.identities += new
+        s.records += 1
+        s.newlines += 1
+        s.fingerprint = fp
+        self._header = header
+        self._indexed = (inode, end)
+        self._unchecked += 1
 
     def _index(
         self, fd: int, inode: int, size: int, line: bytes, identity: tuple[str, str]

@@ -43,16 +43,18 @@ from crucible.ledger._index import (
 )
 from crucible.ledger._record import (
     decode_line,
-    encode_line,
+    fact_line,
     frame_problem,
-    make_record,
     read_line_at,
+    utc_now,
 )
 from crucible.ledger._scan import Scan, scan
 
 __all__ = ["Ledger", "OpenReport", "Outcome", "Reply", "stderr_warn"]
 
 Warn = Callable[[str], None]
+#: what the memo keeps of a fact: (status, value, at)
+_Known = tuple[str, Any, "str | None"]
 
 
 def stderr_warn(message: str) -> None:
@@ -157,7 +159,10 @@ class Ledger:
         self.path = self.directory / LEDGER_NAME
         self.readonly = readonly
         self._warn = warn if warn is not None else stderr_warn
-        self._memo: dict[tuple[str, str], Reply] = {}
+        #: identity -> (status, value, at) of what this Ledger found or recorded
+        #: (a tuple: a Reply is built for each replay anyway, and a record, on
+        #: the fsync-bound path, should not build one more)
+        self._memo: dict[tuple[str, str], _Known] = {}
         self._read_fd: int | None = None
         self._table: Table | None = None
         #: identities the table does not cover (or all of them, without a table)
@@ -349,12 +354,10 @@ class Ledger:
             record = self._read_record(identity)
             if record is None:
                 return None, False
-            known = Reply(scope, step, record["status"], record["value"], at=record["at"])
-            self._memo[identity] = known
+            known = self._memo[identity] = (record["status"], record["value"], record["at"])
         # built directly: dataclasses.replace costs more than the rest of a hit's
         # lookup (a task-cache run looks up every unit)
-        replay = Reply(known.scope, known.step, known.status, known.value, True, known.at)
-        return replay, from_ledger
+        return Reply(scope, step, known[0], known[1], True, known[2]), from_ledger
 
     def records(self, scope: str | None = None) -> list[bytes]:
         """The canonical payload bytes of the latest record of each identity, in
@@ -383,15 +386,13 @@ class Ledger:
         """Append the fact durably. False (reported through ``warn``) if it could
         not be recorded; the memo holds it either way."""
         _check_identity(scope, step)
-        record = make_record(scope, step, outcome.status, outcome.value, key)
-        self._memo[(scope, step)] = Reply(
-            scope, step, outcome.status, outcome.value, at=record["at"]
-        )
+        status, value, at = outcome.status, outcome.value, utc_now()
+        self._memo[(scope, step)] = (status, value, at)
         if self.readonly:
             self._warn(f"{self.path}: opened read-only; {step} not recorded")
             return False
         try:
-            line = encode_line(record)
+            line = fact_line(scope, step, status, value, key, at)
         except canon.CanonError as exc:
             self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
             return False
@@ -411,14 +412,12 @@ class Ledger:
         entries: list[tuple[bytes, tuple[str, str] | None]] = []
         for scope, step, outcome, key in facts:
             _check_identity(scope, step)
-            record = make_record(scope, step, outcome.status, outcome.value, key)
-            self._memo[(scope, step)] = Reply(
-                scope, step, outcome.status, outcome.value, at=record["at"]
-            )
+            status, value, at = outcome.status, outcome.value, utc_now()
+            self._memo[(scope, step)] = (status, value, at)
             if self.readonly:
                 continue
             try:
-                entries.append((encode_line(record), (scope, step)))
+                entries.append((fact_line(scope, step, status, value, key, at), (scope, step)))
             except canon.CanonError as exc:
                 self._warn(f"{step}: value cannot be recorded ({exc}); returning it unrecorded")
         return self._append_batch(entries, len(facts))
@@ -449,7 +448,7 @@ class Ledger:
         _check_identity(scope, step)
         if not outcome.settled:
             raise ValueError("only settled outcomes are recorded (Outcome.ok / Outcome.failed)")
-        return encode_line(make_record(scope, step, outcome.status, outcome.value, key))
+        return fact_line(scope, step, outcome.status, outcome.value, key, utc_now())
 
     def append_encoded(self, facts: list[tuple[bytes, str, str]]) -> int:
         """Append lines made by :meth:`encode_fact` — ``(line, scope, step)``

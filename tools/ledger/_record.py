@@ -26,8 +26,10 @@ __all__ = [
     "check_record",
     "decode_line",
     "encode_line",
+    "fact_line",
     "make_record",
     "read_line_at",
+    "utc_now",
 ]
 
 FORMAT_VERSION = 1
@@ -42,12 +44,18 @@ SUFFIX = b"}"
 MIN_LINE = PAYLOAD_START + 2 + len(SUFFIX)  # the smallest payload is "{}"
 
 _checksum = xxhash.xxh3_64_hexdigest
+_intsum = xxhash.xxh3_64_intdigest
+_orjson_dumps = orjson.dumps
+_SORTED = orjson.OPT_SORT_KEYS
+#: canonical JSON's domain walk (True: orjson's bytes are JCS), used by
+#: fact_line on the record's value and key only
+_domain_fast = canon._fast_ok
 
 
 _last_stamp: tuple[int, str] = (0, "")
 
 
-def _utc_now() -> str:
+def utc_now() -> str:
     """RFC 3339 UTC to the second (cached per second: appends are a hot path)."""
     global _last_stamp
     now = int(time.time())
@@ -66,7 +74,7 @@ def make_record(
         "step": step,
         "status": status,
         "value": value,
-        "at": at or _utc_now(),
+        "at": at or utc_now(),
     }
     if key is not None:
         record["key"] = key
@@ -76,8 +84,36 @@ def make_record(
 def encode_line(record: dict[str, Any]) -> bytes:
     """The framed, ``\\n``-terminated line of ``record`` (raises CanonError outside
     the canonical domain: such a value cannot be recorded)."""
-    payload = canon.dumps(record)
-    return PREFIX + _checksum(payload).encode("ascii") + MIDDLE + payload + SUFFIX + b"\n"
+    return _frame(canon.dumps(record))
+
+
+def _frame(payload: bytes) -> bytes:
+    # PREFIX, the checksum as 16 lowercase hex digits, MIDDLE, payload, SUFFIX
+    return b'{"c":"%016x","r":%b}\n' % (_intsum(payload), payload)
+
+
+def fact_line(scope: str, step: str, status: str, value: Any, key: Any, at: str) -> bytes:
+    """``encode_line(make_record(scope, step, status, value, key, at))``: the same
+    bytes and the same refusals, for the path every append takes. Canonical
+    JSON's domain walk visits only ``[value, key]``: the record's other members
+    are checked here to be plain strings (and ``v`` is 1), and a list at the
+    record's depth holding value and key, in the record's order, is walked
+    exactly as the record would be (same depths, same first error). Anything
+    else takes ``canon.dumps`` of the whole record (tests/ledger/test_append_fast.py
+    pins the two equal)."""
+    record = make_record(scope, step, status, value, key, at)
+    if (
+        type(scope) is str
+        and type(step) is str
+        and type(status) is str
+        and type(at) is str
+        and _domain_fast([value, key], "$")
+    ):
+        try:
+            return _frame(_orjson_dumps(record, option=_SORTED))
+        except TypeError as exc:  # a lone surrogate: what canon.dumps says
+            raise canon.CanonError(f"not canonical JSON: {exc}") from None
+    return _frame(canon.dumps(record))
 
 
 def check_record(record: Any) -> str | None:

@@ -288,17 +288,11 @@ def _build_record(
     record: dict[str, Any] = {"format": RESULT_FORMAT, "task": task}
     if key is not None:
         record["key"] = key
-    record.update(
-        status="failed" if problems else "passed",
-        note="; ".join(problems),
-        retryable=bool(problems) and not found.measured,
-        attempt=attempt,
-        exit_code=exit_code,
-        emit_cap=emit_cap,
-        emit_sizes=found.sizes,
-        files=files,
-        files_captured=files_captured,
-    )
+    record["status"] = "failed" if problems else "passed"
+    record["note"] = "; ".join(problems)
+    record["retryable"] = bool(problems) and not found.measured
+    record |= {"attempt": attempt, "exit_code": exit_code, "emit_cap": emit_cap}
+    record |= {"emit_sizes": found.sizes, "files": files, "files_captured": files_captured}
     if output is not None:
         record["output"] = output
     if found.over_cap:

@@ -101,6 +101,11 @@ class _Copier:
         self.budget = budget
         self.result = FileCapture()
         self.done: set[str] = set()
+        #: directories made under ``dest`` (relative): a file's parent is made
+        #: once, not asked for again before every file
+        self.made: set[str] = set()
+        #: ``dest``'s device, for the clone memo's key (no fstat per file)
+        self.dest_dev: int | None = None
         self.hasher: _Hasher | None = None  # started at the first large file
 
     def _refuse_outside(self, rel: str, real: str) -> CaptureRefused:
@@ -149,7 +154,7 @@ class _Copier:
             if real in visiting:
                 raise CaptureRefused(f"emits_files: {rel!r} is a symlink loop", retryable=False)
             visiting = visiting | {real}
-            (self.dest / rel).mkdir(parents=True, exist_ok=True)
+            self._make_dir(rel)
             with os.scandir(real) as it:
                 entries = sorted(e.name for e in it)
             children = []
@@ -169,10 +174,16 @@ class _Copier:
         if rel in self.done:
             return []
         self.done.add(rel)
-        target = self.dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self.result.files.append(self._copy_file(rel, real, target))
+        self._make_dir(rel.rpartition("/")[0])  # "": dest itself
+        self.result.files.append(self._copy_file(rel, real, self.dest / rel))
         return []
+
+    def _make_dir(self, rel: str) -> None:
+        if rel not in self.made:
+            (self.dest / rel).mkdir(parents=True, exist_ok=True)
+            self.made.add(rel)
+            if self.dest_dev is None:
+                self.dest_dev = os.stat(self.dest).st_dev
 
     def _copy_file(self, rel: str, real: str, target: Path) -> dict[str, object]:
         """Copy one checked file; returns its ``files`` entry (a large file's
@@ -210,17 +221,23 @@ class _Copier:
                     fd, target, limit=limit, expect=st.st_size
                 )
             else:
-                size = self._copy_large(fd, target, limit, entry)
+                size = self._copy_large(fd, target, limit, entry, st)
             entry["size"] = size
             self.result.total += size - st.st_size  # a file that grew while copied
             return entry
         finally:
             os.close(fd)
 
-    def _copy_large(self, fd: int, target: Path, limit: int, entry: dict[str, object]) -> int:
+    def _copy_large(
+        self, fd: int, target: Path, limit: int, entry: dict[str, object], st: os.stat_result
+    ) -> int:
         """Copy in the kernel while the hashing threads follow the copy: the
         digest is taken over the copy, never over a source that may still
-        change after it was read."""
+        change after it was read. A file the kernel copies in one step
+        (its size ``st.st_size`` at most one sendfile's) is handed over once
+        copied: its thread wakes once, not at the copy's start, its step and its
+        end (three context switches a file, which the CPU of a capture of many
+        files showed)."""
         out = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         if self.hasher is None:
             try:
@@ -229,16 +246,31 @@ class _Copier:
                 os.close(out)
                 raise
         job = _Copy(out, target, entry)
-        self.hasher.submit(job)  # from here on the hasher closes ``out``
+        follow = st.st_size > _SENDFILE_MAX
+        if follow:
+            self.hasher.submit(job)  # from here on the hasher closes ``out``
         try:
-            size = kernel_copy_bounded(fd, out, target, limit=limit, progress=job.advance)
-        except OSError as exc:
-            self.hasher.drop(job)
-            raise OperationalError(f"cannot capture into {target}: {exc.strerror or exc}") from None
-        except BaseException:
-            self.hasher.drop(job)
+            size = kernel_copy_bounded(
+                fd,
+                out,
+                target,
+                limit=limit,
+                progress=job.advance if follow else None,
+                key=None if self.dest_dev is None else (st.st_dev, self.dest_dev),
+            )
+        except BaseException as exc:
+            if follow:
+                self.hasher.drop(job)
+            else:
+                os.close(out)
+            if isinstance(exc, OSError):
+                raise OperationalError(
+                    f"cannot capture into {target}: {exc.strerror or exc}"
+                ) from None
             raise
         job.finish(size)
+        if not follow:
+            self.hasher.submit(job)  # from here on the hasher closes ``out``
         if not self.hasher.threaded:
             self.hasher.hash_here(job)
         return size
@@ -352,14 +384,21 @@ def clone_known_bad(key: tuple[int, int]) -> bool:
 
 
 def kernel_copy_bounded(
-    src: int, out: int, target: Path, *, limit: int, progress: Callable[[int], None] | None = None
+    src: int,
+    out: int,
+    target: Path,
+    *,
+    limit: int,
+    progress: Callable[[int], None] | None = None,
+    key: tuple[int, int] | None = None,
 ) -> int:
     """Copy all of ``src`` (from offset 0) into the empty ``out`` without the
     bytes passing through Python; returns the bytes copied, and tells
     ``progress`` how many are in ``out`` after each step. More than ``limit``
     fails the copy: ``sendfile`` is asked for at most ``limit + 1`` bytes in
-    all, and a clone's size is checked before anything else is done with it."""
-    if clone_fd(src, out):
+    all, and a clone's size is checked before anything else is done with it.
+    ``key``: the two files' devices, when the caller knows them (clone_fd)."""
+    if clone_fd(src, out, key):
         size = os.fstat(out).st_size
         if size > limit:
             raise _grew(target, limit)
