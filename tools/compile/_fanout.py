@@ -129,15 +129,10 @@ def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
 
 
 def _sequence(chk: Any, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
-    shape = _shape()
     ok = True
     for k, v in value.items():
         if type(v) is not int or abs(v) > MAX_SAFE_INTEGER:
-            chk.error(
-                "wrong-type",
-                (*path, k),
-                f"{what}: {k} must be an integer, not {shape.type_name(v)}",
-            )
+            chk.wrong_type((*path, k), v, f"{what}: {k} must be an integer")
             ok = False
     if not ok:
         return None
@@ -273,11 +268,7 @@ def _matrix_entries(
 ) -> list[dict[str, Any]] | None:
     shape = _shape()
     if not isinstance(value, list | tuple):
-        chk.error(
-            "wrong-type",
-            path,
-            f"matrix {what} must be an array of tables, not {shape.type_name(value)}",
-        )
+        chk.wrong_type(path, value, f"matrix {what} must be an array of tables")
         return None
     out: list[dict[str, Any]] = []
     ok = True
@@ -550,11 +541,7 @@ def check_outputs(chk: Any, path: KeyPath, value: Any) -> dict[str, str]:
     """``[workflow.outputs]``: result name → ``"task.field"``."""
     shape = _shape()
     if not isinstance(value, dict):
-        chk.error(
-            "wrong-type",
-            path,
-            f'outputs must be a table of name = "task.field", not {shape.type_name(value)}',
-        )
+        chk.wrong_type(path, value, 'outputs must be a table of name = "task.field"')
         return {}
     out: dict[str, str] = {}
     for name, ref in value.items():
@@ -610,11 +597,7 @@ def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
     ``{dest: {"from": ["task:glob", ...], "settled": bool}}``."""
     shape = _shape()
     if not isinstance(value, dict):
-        chk.error(
-            "wrong-type",
-            path,
-            f'publish must be a table of "dir/" = "task:glob", not {shape.type_name(value)}',
-        )
+        chk.wrong_type(path, value, 'publish must be a table of "dir/" = "task:glob"')
         return {}
     out: dict[str, Any] = {}
     for dest, spec in value.items():
@@ -623,13 +606,7 @@ def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
         settled: Any = False
         sources: Any = spec
         if isinstance(spec, dict):
-            for k in spec:
-                if k not in ("from", "settled"):
-                    chk.error(
-                        "unknown-key",
-                        (*dpath, k),
-                        f"unknown key {k!r} in publish entry {dest!r} (known: from, settled)",
-                    )
+            chk.known_keys(dpath, spec, ("from", "settled"), f"publish entry {dest!r}")
             if "from" not in spec:
                 chk.error("missing-key", dpath, f"publish entry {dest!r} has no from")
                 continue
@@ -704,11 +681,8 @@ def _check_dest(chk: Any, path: KeyPath, dest: str) -> str | None:
 
 
 def _check_publish_source(chk: Any, path: KeyPath, src: Any) -> bool:
-    shape = _shape()
     if not isinstance(src, str):
-        chk.error(
-            "wrong-type", path, f'a publish source must be "task:glob", not {shape.type_name(src)}'
-        )
+        chk.wrong_type(path, src, 'a publish source must be "task:glob"')
         return False
     task, colon, glob = src.partition(":")
     if not colon or not task or not glob:

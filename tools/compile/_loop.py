@@ -16,7 +16,7 @@ from typing import Any
 
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._names import ident_problem
-from crucible.compile._shape import Checker, str_items, type_name
+from crucible.compile._shape import Checker, str_items
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 __all__ = [
@@ -86,7 +86,7 @@ def _is_number(value: object) -> bool:
 def _integer(chk: Checker, key: str, value: object, low: int, high: int, what: str) -> int | None:
     where = (*_PATH, key)
     if type(value) is not int:
-        chk.error("wrong-type", where, f"[loop] {key} must be an integer, not {type_name(value)}")
+        chk.wrong_type(where, value, f"[loop] {key} must be an integer")
         return None
     if not low <= value <= high:
         chk.error("bad-value", where, f"[loop] {key} must be {what}, not {value}")
@@ -97,7 +97,7 @@ def _integer(chk: Checker, key: str, value: object, low: int, high: int, what: s
 def _number(chk: Checker, key: str, value: object) -> int | float | None:
     where = (*_PATH, key)
     if not _is_number(value):
-        chk.error("wrong-type", where, f"[loop] {key} must be a number, not {type_name(value)}")
+        chk.wrong_type(where, value, f"[loop] {key} must be a number")
         return None
     assert isinstance(value, int | float)
     if not math.isfinite(value) or abs(value) > MAX_SAFE_INTEGER:
@@ -109,16 +109,10 @@ def _number(chk: Checker, key: str, value: object) -> int | float | None:
 def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
     """``[loop]`` → the plan's ``loop`` member, or None when any part is refused."""
     if not isinstance(raw, dict):
-        chk.error("wrong-type", _PATH, f"loop must be a table, not {type_name(raw)}")
+        chk.wrong_type(_PATH, raw, "loop must be a table")
         return None
     before = len(chk.diagnostics)
-    for key in raw:
-        if key not in LOOP_KEYS:
-            chk.error(
-                "unknown-key",
-                (*_PATH, key),
-                f"unknown key {key!r} in [loop] (known: {', '.join(LOOP_KEYS)})",
-            )
+    chk.known_keys(_PATH, raw, LOOP_KEYS, "[loop]")
     for key in ("body", "score", "metric", "max_revisions"):
         if key not in raw:
             chk.error("missing-key", _PATH, f"[loop] has no {key}")
@@ -136,11 +130,7 @@ def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
             continue
         value = raw[key]
         if not isinstance(value, str):
-            chk.error(
-                "wrong-type",
-                (*_PATH, key),
-                f"[loop] {key} must be a string, not {type_name(value)}",
-            )
+            chk.wrong_type((*_PATH, key), value, f"[loop] {key} must be a string")
         elif key == "metric" and (problem := ident_problem("field", value)) is not None:
             chk.error("bad-name", (*_PATH, key), f"[loop] metric: {problem}")
         elif not value:
@@ -189,11 +179,7 @@ def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
 def _check_body(chk: Checker, value: object) -> list[str] | None:
     where = (*_PATH, "body")
     if not isinstance(value, list | tuple):
-        chk.error(
-            "wrong-type",
-            where,
-            f"[loop] body must be an array of task names, not {type_name(value)}",
-        )
+        chk.wrong_type(where, value, "[loop] body must be an array of task names")
         return None
     if not value:
         chk.error("bad-value", where, "[loop] body must name at least one task")
