@@ -192,8 +192,6 @@ def _exit_codes(chk: Checker, path: KeyPath, value: object, what: str) -> list[i
 
 
 def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | None:
-    from crucible.compile._shape import type_name
-
     if not isinstance(raw, dict):
         chk.wrong_type(path, raw, "retry must be a table")
         return None
@@ -205,11 +203,7 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
         return None
     limit = raw["limit"]
     if type(limit) is not int:
-        chk.error(
-            "wrong-type",
-            (*path, "limit"),
-            f"retry limit must be an integer, not {type_name(limit)}",
-        )
+        chk.wrong_type((*path, "limit"), limit, "retry limit must be an integer")
         return None
     if not 0 <= limit <= 1000:
         chk.error(
@@ -237,10 +231,8 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
         if isinstance(raw["on_timeout"], bool):
             out["on_timeout"] = raw["on_timeout"]
         else:
-            chk.error(
-                "wrong-type",
-                (*path, "on_timeout"),
-                f"retry on_timeout must be a boolean, not {type_name(raw['on_timeout'])}",
+            chk.wrong_type(
+                (*path, "on_timeout"), raw["on_timeout"], "retry on_timeout must be a boolean"
             )
             ok = False
     if "on_exit" in raw:

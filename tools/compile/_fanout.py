@@ -198,13 +198,11 @@ def describe_source(source: Any) -> str:
 
 
 def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
-    shape = _shape()
     if not isinstance(value, dict):
-        chk.error(
-            "wrong-type",
+        chk.wrong_type(
             path,
-            "matrix must be a table of axis = source (with optional exclude and include), "
-            f"not {shape.type_name(value)}",
+            value,
+            "matrix must be a table of axis = source (with optional exclude and include)",
         )
         return None
     axes: list[dict[str, Any]] = []
@@ -305,7 +303,6 @@ def check_fanout_task(
     chk: Any, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], edition: int
 ) -> None:
     """The edition-4 task keys ``map`` (new sources), ``matrix``, ``key``, ``parallelism``."""
-    shape = _shape()
     who = f"task {task['name']!r}" if task.get("name") else "the task"
     if "map" in raw:
         source = check_map_source(chk, (*path, "map"), raw["map"], "map", axis=False)
@@ -331,11 +328,7 @@ def check_fanout_task(
                 f"{who} has key but no map (a matrix instance is keyed by its combination)",
             )
         elif not isinstance(key, str) or not key:
-            chk.error(
-                "wrong-type",
-                (*path, "key"),
-                f"key must be the name of a field of each item, not {shape.type_name(key)}",
-            )
+            chk.wrong_type((*path, "key"), key, "key must be the name of a field of each item")
         else:
             task["key"] = key
             source = task.get("map")
@@ -350,11 +343,7 @@ def check_fanout_task(
                 f"{who} has parallelism but no map or matrix",
             )
         elif type(value) is not int:
-            chk.error(
-                "wrong-type",
-                (*path, "parallelism"),
-                f"parallelism must be an integer, not {shape.type_name(value)}",
-            )
+            chk.wrong_type((*path, "parallelism"), value, "parallelism must be an integer")
         elif not 1 <= value <= MAX_INSTANCES:
             chk.error(
                 "bad-value",
@@ -540,15 +529,11 @@ def _check_param_source(
 def check_outputs(chk: Any, path: KeyPath, value: Any) -> dict[str, str]:
     """``[workflow.outputs]``: result name → ``"task.field"``."""
     shape = _shape()
-    if not isinstance(value, dict):
-        chk.wrong_type(path, value, 'outputs must be a table of name = "task.field"')
-        return {}
     out: dict[str, str] = {}
-    for name, ref in value.items():
-        opath = (*path, name)
-        if (problem := ident_problem("output", name)) is not None:
-            chk.error("bad-name", opath, problem)
-            continue
+    entries = chk.named_entries(
+        path, value, "output", 'outputs must be a table of name = "task.field"'
+    )
+    for name, ref, opath in entries:
         checked = shape._check_ref(chk, opath, ref, f"output {name!r}")
         if checked is not None:
             out[name] = checked
@@ -595,7 +580,6 @@ def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
     """``[workflow.publish]``: destination dir → ``"task:glob"`` (or an array of
     them, or ``{from = ..., settled = bool}``). Plan form:
     ``{dest: {"from": ["task:glob", ...], "settled": bool}}``."""
-    shape = _shape()
     if not isinstance(value, dict):
         chk.wrong_type(path, value, 'publish must be a table of "dir/" = "task:glob"')
         return {}
@@ -613,11 +597,7 @@ def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
             sources = spec["from"]
             settled = spec.get("settled", False)
             if not isinstance(settled, bool):
-                chk.error(
-                    "wrong-type",
-                    (*dpath, "settled"),
-                    f"settled must be a boolean, not {shape.type_name(settled)}",
-                )
+                chk.wrong_type((*dpath, "settled"), settled, "settled must be a boolean")
                 continue
         if isinstance(sources, str):
             sources = [sources]

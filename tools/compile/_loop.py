@@ -11,7 +11,7 @@ its declared numeric fields). Both run on manifests and on plan files alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from crucible.compile._diagnostics import KeyPath
@@ -76,6 +76,17 @@ _INTEGERS: tuple[tuple[str, int, int, str], ...] = (
         HISTORY_BYTES_MAX,
         f"between {HISTORY_BYTES_MIN} and {HISTORY_BYTES_MAX} bytes",
     ),
+)
+
+#: the [loop] numbers with a lower bound: key, the check, what the key must be, why
+_BOUNDED_NUMBERS: tuple[tuple[str, Callable[[float], bool], str, str], ...] = (
+    (
+        "min_delta",
+        lambda n: n >= 0,
+        "0 or more",
+        ": an improvement is a score better than the kept one by at least min_delta",
+    ),
+    ("time_budget", lambda n: n > 0, "a positive number of seconds", ""),
 )
 
 
@@ -151,28 +162,15 @@ def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
             loop[key] = value
     if "target" in raw and (target := _number(chk, "target", raw["target"])) is not None:
         loop["target"] = target
-    if "min_delta" in raw and (delta := _number(chk, "min_delta", raw["min_delta"])) is not None:
-        if delta < 0:
-            chk.error(
-                "bad-value",
-                (*_PATH, "min_delta"),
-                f"[loop] min_delta must be 0 or more, not {delta}: an improvement is a "
-                "score better than the kept one by at least min_delta",
-            )
+    for key, in_range, expected, why in _BOUNDED_NUMBERS:
+        if key not in raw or (number := _number(chk, key, raw[key])) is None:
+            continue
+        if in_range(number):
+            loop[key] = number
         else:
-            loop["min_delta"] = delta
-    if (
-        "time_budget" in raw
-        and (budget := _number(chk, "time_budget", raw["time_budget"])) is not None
-    ):
-        if budget <= 0:
             chk.error(
-                "bad-value",
-                (*_PATH, "time_budget"),
-                f"[loop] time_budget must be a positive number of seconds, not {budget}",
+                "bad-value", (*_PATH, key), f"[loop] {key} must be {expected}, not {number}{why}"
             )
-        else:
-            loop["time_budget"] = budget
     return None if len(chk.diagnostics) > before else loop
 
 

@@ -10,7 +10,7 @@ says why).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +83,22 @@ class Checker:
                 )
                 ok = False
         return ok
+
+    def named_entries(
+        self, path: KeyPath, table: object, kind: str, expected: str
+    ) -> Iterator[tuple[str, Any, KeyPath]]:
+        """``(name, value, path)`` of each entry of a table keyed by ``kind`` names
+        (identifiers): a ``wrong-type`` error (``EXPECTED, not TYPE``) when ``table``
+        is not a table, a ``bad-name`` error for each key that is not a name."""
+        if not isinstance(table, dict):
+            self.wrong_type(path, table, expected)
+            return
+        for name, value in table.items():
+            where = (*path, name)
+            if (problem := ident_problem(kind, name)) is not None:
+                self.error("bad-name", where, problem)
+                continue
+            yield name, value, where
 
     @property
     def failed(self) -> bool:
@@ -240,15 +256,8 @@ def _check_ref(chk: Checker, path: KeyPath, value: object, what: str) -> str | N
 
 def check_params(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any]:
     """``[workflow.params.NAME]`` tables → ``{name: {type, default?, description?}}``."""
-    if not isinstance(raw, dict):
-        chk.wrong_type(path, raw, "params must be a table")
-        return {}
     params: dict[str, Any] = {}
-    for name, spec in raw.items():
-        ppath = (*path, name)
-        if (problem := ident_problem("param", name)) is not None:
-            chk.error("bad-name", ppath, problem)
-            continue
+    for name, spec, ppath in chk.named_entries(path, raw, "param", "params must be a table"):
         if not isinstance(spec, dict):
             chk.wrong_type(ppath, spec, f"param {name!r} must be a table with a type")
             continue
@@ -430,14 +439,10 @@ def _task_join(t: _TaskCheck, value: object) -> None:
 
 
 def _task_emits(t: _TaskCheck, emits: object) -> None:
-    if not isinstance(emits, dict):
-        t.chk.wrong_type(t.at("emits"), emits, "emits must be a table of field = type")
-        return
-    for field, type_ in emits.items():
-        fpath = t.at("emits", field)
-        if (problem := ident_problem("field", field)) is not None:
-            t.chk.error("bad-name", fpath, problem)
-            continue
+    entries = t.chk.named_entries(
+        t.at("emits"), emits, "field", "emits must be a table of field = type"
+    )
+    for field, type_, fpath in entries:
         checked = _check_type(t.chk, fpath, type_, f"type of emits field {field!r}")
         if checked is not None:
             t.task["emits"][field] = checked
@@ -529,17 +534,11 @@ def _task_env(t: _TaskCheck, value: object) -> None:
 
 
 def _task_inputs(t: _TaskCheck, inputs: object) -> None:
-    if not isinstance(inputs, dict):
-        t.chk.wrong_type(
-            t.at("inputs"), inputs, 'inputs must be a table of name = "producer.field"'
-        )
-        return
     declared: dict[str, Any] = {}
-    for name, source in inputs.items():
-        ipath = t.at("inputs", name)
-        if (problem := ident_problem("input", name)) is not None:
-            t.chk.error("bad-name", ipath, problem)
-            continue
+    entries = t.chk.named_entries(
+        t.at("inputs"), inputs, "input", 'inputs must be a table of name = "producer.field"'
+    )
+    for name, source, ipath in entries:
         if name in RESERVED_INPUTS:
             t.chk.error(
                 "input-reserved-name",
