@@ -922,7 +922,12 @@ class Replay:
             )
         for path, data in accepted:
             self._check_retained(
-                path, data, "output-mismatch", "the retained output differs from the derived one", k, j
+                path,
+                data,
+                "output-mismatch",
+                "the retained output differs from the derived one",
+                k,
+                j,
             )
             self.retain(path, len(data), k, j)
 

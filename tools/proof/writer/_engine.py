@@ -93,6 +93,18 @@ class _OpenEpoch:
     held: dict[int, Observe] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """An observation on its way into the proof: the operation, its instance, the
+    files received (pin -> bytes), their pins, the begun attempt's retry."""
+
+    op: Observe
+    inst: Instance
+    received: dict[str, bytes]
+    pins: dict[str, str | None]
+    retry: dict[str, str] | None
+
+
 @dataclass
 class CustodyItem:
     line: int
@@ -621,9 +633,7 @@ class Engine:
             "reservation": op.reservation,
             "starts": [{"instance": i, "number": 1, "retry": None} for i in ordered_starts],
             "deferred": deferred,
-            "cancelled": [
-                {"instance": c.instance, **c.by.as_json()} for c in ordered_cancels
-            ],
+            "cancelled": [{"instance": c.instance, **c.by.as_json()} for c in ordered_cancels],
             "results": [],
         }
         if max(len(ordered_starts), len(deferred), len(ordered_cancels)) > layout.MAX_PROOF_ARRAY:
@@ -816,7 +826,8 @@ class Engine:
                 f"§5: suppressed is allowed only after a cutoff of stage {inst.stage!r} in this epoch",
             )
         pins = self._observation_pins(op, received)
-        retry = inst.attempts[-1].retry  # the begun attempt's, before any candidate
+        # the begun attempt's retry, read before any candidate replaces the attempt
+        taken = _Taken(op, inst, received, pins, inst.attempts[-1].retry)
         observation = {
             "instance": op.instance,
             "number": op.attempt,
@@ -838,9 +849,7 @@ class Engine:
         measured = op.state == "evaluated" and records is not None and inst.stage not in o.cutoffs
         if measured:
             assert records is not None
-            accepted, acceptance = self._try_accept(
-                op, inst, received, pins, retry, records, psize, view
-            )
+            accepted, acceptance = self._try_accept(taken, records, psize, view)
             if accepted:
                 self._settle(observation, rb)
                 self._record(
@@ -849,7 +858,7 @@ class Engine:
                 return
         outcome, state, failure = self._derived_outcome(op, records, measured)
         st.begin()
-        self._record_attempt(inst, op, received, pins, retry, state, failure)
+        self._record_attempt(taken, state, failure)
         refusal = self._measure(psize, view)
         if not self._fits(refusal):
             st.rollback()
@@ -896,32 +905,20 @@ class Engine:
             self._signature_pins.add(signature_pin)
         return pins
 
-    def _record_attempt(
-        self,
-        inst: Instance,
-        op: Observe,
-        received: dict[str, bytes],
-        pins: dict[str, str | None],
-        retry: dict[str, str] | None,
-        state: str,
-        failure: str | None,
-    ) -> None:
+    def _record_attempt(self, taken: _Taken, state: str, failure: str | None) -> None:
         """What every outcome records: the received files and the attempt's new state
-        (``retry`` is the begun attempt's, kept)."""
-        st = self.branch_state
-        for pin, data in received.items():
-            st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
-        attempt = Attempt(op.attempt, state, failure, retry, tuple(pins.values())).sized()
+        (the begun attempt's retry, kept)."""
+        st, inst, number = self.branch_state, taken.inst, taken.op.attempt
+        for pin, data in taken.received.items():
+            st.add_file(layout.attempt_file(inst.id, number, pin), data)
+        pins = tuple(taken.pins.values())
+        attempt = Attempt(number, state, failure, taken.retry, pins).sized()
         st.replace_last_attempt(inst, attempt)
         st.set_status(inst, state, failure)
 
     def _try_accept(
         self,
-        op: Observe,
-        inst: Instance,
-        received: dict[str, bytes],
-        pins: dict[str, str | None],
-        retry: dict[str, str] | None,
+        taken: _Taken,
         records: list[Any],
         psize: int,
         view: Callable[[], list[dict[str, Any]]],
@@ -936,10 +933,11 @@ class Engine:
         if not local_ok:
             return False, None
         st.begin()
-        self._record_attempt(
-            inst, op, received, pins, retry, "completed" if records else "completed-zero", None
+        self._record_attempt(taken, "completed" if records else "completed-zero", None)
+        inst = taken.inst
+        files, set_records = emitted_outputs(
+            inst.stage, inst.id, taken.op.attempt, inst.parent, payloads
         )
-        files, set_records = emitted_outputs(inst.stage, inst.id, op.attempt, inst.parent, payloads)
         for path, data in files:
             st.add_file(path, data)
         st.add_records(inst, set_records)

@@ -266,9 +266,7 @@ def _group(f: _Form, obj: dict[str, Any], line: int) -> Group:
     cancelled = []
     for item in cancelled_raw:
         f.closed(item, ("instance", "actor", "at"))
-        cancelled.append(
-            Cancel(f.ident(item["instance"], "cancelled instance"), f.assertion(item))
-        )
+        cancelled.append(Cancel(f.ident(item["instance"], "cancelled instance"), f.assertion(item)))
     deferred = _ids(f, obj["deferred"], "deferred") if "deferred" in obj else None
     return Group(
         line,
