@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from crucible.run._dask_executor import local_layout
+from tests.run.dasktests import dispatch
 from tests.run.dispatchtests import events, write_pack
-from tests.run.test_dask_executor import dispatch
 
 pytest.importorskip("distributed")
 
