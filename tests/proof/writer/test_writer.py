@@ -17,16 +17,8 @@ from tests.proof.writer.prove_helpers import (
     people,
     proof_epochs,
     read_tree,
+    two_children,
 )
-
-
-def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
-    """root(1) group(2) r evaluated; select(3) both orgs -> children; group(4) starts both."""
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
-    s.select("org", [("r", 0), ("r", 1)], list(ids))
-    s.group(3, list(ids))
 
 
 def execution(bundle: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
-from tests.proof.writer.prove_helpers import AT, Scenario, orgs, people, stage
+from tests.proof.writer.prove_helpers import AT, Scenario, orgs, people, stage, two_children
 
 Build = Callable[[Path], Scenario]
 
@@ -78,14 +78,6 @@ def measure_once(make: Callable[[Path, int], Scenario], limit: int) -> Any:
 
 def obs(result: Any, n: int = -1) -> Any:
     return [d for d in result.decisions if d.kind == "observation"][n]
-
-
-def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
-    s.select("org", [("r", 0), ("r", 1)], list(ids))
-    s.group(3, list(ids))
 
 
 # -- positive and boundary recordings ----------------------------------------------
