@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from crucible.core import canon
 from crucible.run._cache_keyer import Keyer
+from tests.run.dispatchtests import DISPATCH
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,9 @@ from crucible.run._cache import unit_key
 from crucible.run._cache_keyer import Keyer
 from crucible.run._environ import task_environment
 from crucible.stage import escape_key, unescape_key
+from tests.run.dispatchtests import DISPATCH
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 STAND_IN = str(REPO / "examples" / "agent" / "stand-in.sh")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "X": "1"}
 
@@ -56,7 +55,16 @@ def test_keyed_before_staging_equals_the_staged_key(tmp_path: Path, case: str) -
     pack, args = CASES[case]
     state = tmp_path / "state"
     proc = subprocess.run(
-        [DISPATCH, pack, "--state", str(state), "--keep-workspaces", "--agent-cmd", STAND_IN, *args],
+        [
+            DISPATCH,
+            pack,
+            "--state",
+            str(state),
+            "--keep-workspaces",
+            "--agent-cmd",
+            STAND_IN,
+            *args,
+        ],
         cwd=REPO,
         env={**os.environ, **ENV},
         capture_output=True,

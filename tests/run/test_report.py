@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +16,9 @@ import pytest
 
 from crucible.core import canon
 from tests.packed import keyed
-from tests.run.dispatchtests import events
+from tests.run.dispatchtests import DISPATCH, events
 
 Pack = Callable[..., Path]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -8,7 +8,6 @@ import io
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ from hypothesis import strategies as st
 from crucible.core import canon
 from crucible.core.errors import CrucibleError
 from crucible.run import _report as report
+from tests.run.dispatchtests import DISPATCH
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 
 json_values = st.recursive(

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
+from tests.run.dispatchtests import DISPATCH
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
