@@ -251,11 +251,16 @@ def check_chain(bundle: Path) -> None:
 PROVE = Path(sys.executable).parent / "crucible-prove"
 
 
-def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
-    """root(1) group(2) r evaluated; select(3) both orgs -> children; group(4) starts both."""
+def evaluated_root(s: Scenario, *orgs_named: str) -> None:
+    """root(1), group(2) starts r, r evaluated: the orgs ``orgs_named``."""
     s.root_op()
     s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    s.evaluated("r", 1, orgs(*orgs_named))
+
+
+def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
+    """root(1) group(2) r evaluated; select(3) both orgs -> children; group(4) starts both."""
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], list(ids))
     s.group(3, list(ids))
 

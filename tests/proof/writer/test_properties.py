@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
-from tests.proof.writer.prove_helpers import Scenario, orgs, people, read_tree, two_children
+from tests.proof.writer.prove_helpers import (
+    Scenario,
+    evaluated_root,
+    people,
+    read_tree,
+    two_children,
+)
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -20,9 +26,7 @@ SETTINGS = settings(
 def run_with_ids(root: Path, ids: list[str]) -> list[dict[str, bytes]]:
     candidates: list[dict[str, bytes]] = []
     s = Scenario(root)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ids)
     s.group(3, ids)
     s.evaluated(ids[1], 1, people("Bob"))
