@@ -18,6 +18,9 @@ from typing import Any
 Pack = Callable[..., Path]
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+REPO = Path(__file__).resolve().parents[2]
+#: the example pack most run tests dispatch for real
+FANOUT = REPO / "examples" / "fanout" / "pack.toml"
 
 
 def dispatch(
@@ -27,6 +30,15 @@ def dispatch(
     return subprocess.run(
         [DISPATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, **kw
     )
+
+
+def fanout_run(state: Path, fail_on: str | None = None, **kw: Any) -> Path:
+    """A real run of examples/fanout into ``state``; with ``fail_on``, that instance
+    fails (exit 1). ``kw`` goes to :func:`dispatch`. Returns ``state``."""
+    params = ("-p", f"fail_on={fail_on}") if fail_on is not None else ()
+    done = dispatch(FANOUT, "--state", state, *params, **kw)
+    assert done.returncode == (0 if fail_on is None else 1), done.stderr
+    return state
 
 
 def write_pack(directory: Path, toml: str) -> Path:

@@ -16,7 +16,7 @@ import pytest
 
 from crucible.core import canon
 from tests.packed import keyed
-from tests.run.dispatchtests import DISPATCH, events
+from tests.run.dispatchtests import DISPATCH, events, fanout_run
 
 Pack = Callable[..., Path]
 REPO = Path(__file__).resolve().parents[2]
@@ -288,12 +288,7 @@ def _amend(state: Path, task: str, key: str | None = None, **fields: Any) -> Non
 @pytest.fixture(scope="module")
 def fanout_failed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """examples/fanout with its `beta` instance failing (a real run)."""
-    state = tmp_path_factory.mktemp("fanout") / "s"
-    done = dispatch(
-        str(REPO / "examples/fanout/pack.toml"), "--state", str(state), "-p", "fail_on=beta"
-    )
-    assert done.returncode == 1, done.stderr
-    return state
+    return fanout_run(tmp_path_factory.mktemp("fanout") / "s", fail_on="beta")
 
 
 def test_failed_unit_shows_its_log_and_stderr_tail(fanout_failed: Path, tmp_path: Path) -> None:
