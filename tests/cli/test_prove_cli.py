@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from crucible.core import canon
 from crucible.proof.writer.cli import command
+from tests.cli.edgetests import as_nobody
 from tests.proof.writer.prove_helpers import PROVE, org_people, prove_args, read_tree
 
 
@@ -147,11 +147,8 @@ def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path)
 
 def test_unreadable_workflow_is_one_error_line(tmp_path: Path) -> None:
     # click's readable check used to answer first with its three-line usage block
-    import os
     import shutil
     import tempfile
-
-    from crucible.core.cli import run as run_edge
 
     shared = Path(tempfile.mkdtemp(prefix="prove-test-"))
     try:
@@ -160,27 +157,8 @@ def test_unreadable_workflow_is_one_error_line(tmp_path: Path) -> None:
         for p in (shared / "s", Path(argv[5])):
             p.chmod(0o755)
         Path(argv[1]).chmod(0)
-        with tempfile.TemporaryFile() as err:
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child
-                code = 70
-                try:
-                    os.dup2(err.fileno(), 2)
-                    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-                    if os.geteuid() == 0:  # root reads anything: become nobody
-                        os.setgroups([])
-                        os.setgid(65534)
-                        os.setuid(65534)
-                    run_edge(command, "crucible-prove", argv)
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else 1
-                finally:
-                    sys.stderr.flush()
-                    os._exit(code)
-            _, status = os.waitpid(pid, 0)
-            err.seek(0)
-            text = err.read().decode()
-        assert os.waitstatus_to_exitcode(status) == 3, text
+        code, text = as_nobody(command, "crucible-prove", argv)
+        assert code == 3, text
         assert (
             text == f"crucible-prove: error: {argv[1]}: cannot read workflow: Permission denied\n"
         )
