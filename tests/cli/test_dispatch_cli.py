@@ -20,6 +20,7 @@ from tests.run.dispatchtests import (
     DISPATCH,
     events,
     parent_pid,
+    piped_dispatch,
     process_alive,
     result,
     start_dispatch,
@@ -161,11 +162,7 @@ run = '''echo last >> {tmp_path}/ran.txt'''
 """
     manifest = pack(tmp_path / "p", body)
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(manifest), "--state", str(state), "-j", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(manifest, state, "-j", "4")
 
     def both_blocked() -> bool:
         ran = (tmp_path / "ran.txt").read_text().split() if (tmp_path / "ran.txt").exists() else []
@@ -423,11 +420,7 @@ run = \'\'\'echo $$ > {tmp_path}/long.pid; while [ -e {gate} ]; do sleep 0.05; d
 """
     manifest = pack(tmp_path / "p", body)
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(manifest), "--state", str(state), "-j", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(manifest, state, "-j", "1", stdout=subprocess.DEVNULL)
     pid_file = tmp_path / "long.pid"
     wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
     leader = int(pid_file.read_text())

@@ -107,6 +107,15 @@ def finished(state: Path, key: str | None = None) -> list[dict[str, Any]]:
     ]
 
 
+def piped_dispatch(
+    pack: Path, state: Path, *args: str, stdout: int = subprocess.PIPE
+) -> subprocess.Popen[bytes]:
+    """``crucible-dispatch PACK --state STATE ARGS`` in the background, its stderr
+    (and stdout, unless ``stdout`` says otherwise) piped for ``communicate``."""
+    argv = [DISPATCH, str(pack), "--state", str(state), *args]
+    return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

@@ -16,7 +16,7 @@ import pytest
 
 from crucible.core import canon
 from tests.packed import keyed
-from tests.run.dispatchtests import DISPATCH, events, fanout_run
+from tests.run.dispatchtests import DISPATCH, events, fanout_run, piped_dispatch
 
 Pack = Callable[..., Path]
 REPO = Path(__file__).resolve().parents[2]
@@ -95,11 +95,7 @@ printf '{{}}' > "$CRUCIBLE_OUTPUT"
 """
     )
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(plan), "--state", str(state), "-j", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(plan, state, "-j", "2", stdout=subprocess.DEVNULL)
     try:
         # the first two instances to take a ticket pass; the next two hold both slots
         wait_for(lambda: _finished(state, "passed") == 2 and len(_started(state)) == 4)

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.run.dispatchtests import DISPATCH, events, result, run, wait_for
+from tests.run.dispatchtests import events, piped_dispatch, result, run, wait_for
 
 Pack = Callable[..., Path]
 #: glibc's posix_spawn leaves its two internal real-time signals (32, 33)
@@ -83,11 +82,7 @@ run = '''trap 'echo trapped > ../abrupt.txt; exit 5' TERM; touch ../abrupt.up; s
 """
     )
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(plan), "--state", str(state), "-j", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(plan, state, "-j", "2")
     work = state / "work"
     wait_for(lambda: (work / "graceful.up").exists() and (work / "abrupt.up").exists())
     proc.send_signal(signal.SIGTERM)
