@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from crucible.compile import compile_path
 from crucible.compile.cli import compile_command, validate_command
 from crucible.core import digest
+from tests.cli.edgetests import as_nobody
 
 BIN = Path(sys.executable).parent
 COMPILE = str(BIN / "crucible-compile")
@@ -291,33 +292,9 @@ def test_starlark_errors_through_the_command(tmp_path: Path) -> None:
 
 
 def _as_nobody(argv: list[str], validate: bool) -> tuple[int, str]:
-    """Run a command in a forked child that obeys file permissions (root ignores
-    them; the child drops to nobody once the interpreter is loaded)."""
-    import tempfile
-
-    from crucible.core.cli import run as run_edge
-
-    with tempfile.TemporaryFile() as err:
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            code = 70
-            try:
-                os.dup2(err.fileno(), 2)
-                sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-                if os.geteuid() == 0:
-                    os.setgroups([])
-                    os.setgid(65534)
-                    os.setuid(65534)
-                command = validate_command if validate else compile_command
-                run_edge(command, "crucible-validate" if validate else "crucible-compile", argv)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        err.seek(0)
-        return os.waitstatus_to_exitcode(status), err.read().decode()
+    if validate:
+        return as_nobody(validate_command, "crucible-validate", argv)
+    return as_nobody(compile_command, "crucible-compile", argv)
 
 
 def test_directory_and_unreadable_file_are_one_line_errors(tmp_path: Path) -> None:

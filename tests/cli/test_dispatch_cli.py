@@ -8,9 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -18,10 +16,18 @@ from click.testing import CliRunner
 from crucible.core.cli import run as run_edge
 from crucible.run.cli import cli
 from tests.packed import keyed
-from tests.run.dispatchtests import events, parent_pid, process_alive, result
+from tests.run.dispatchtests import (
+    DISPATCH,
+    events,
+    parent_pid,
+    piped_dispatch,
+    process_alive,
+    result,
+    start_dispatch,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
 
 def pack(root: Path, body: str, *, edition: int = 3) -> Path:
@@ -130,15 +136,6 @@ def test_plan_changed_refuses_with_both_digests(
     assert len(err.strip().splitlines()) == 1
 
 
-def _wait_for(predicate: Any, timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
-
-
 def test_sigterm_mid_run_then_resume_reruns_only_the_unsettled(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     gate.write_text("closed")
@@ -165,18 +162,14 @@ run = '''echo last >> {tmp_path}/ran.txt'''
 """
     manifest = pack(tmp_path / "p", body)
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(manifest), "--state", str(state), "-j", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(manifest, state, "-j", "4")
 
     def both_blocked() -> bool:
         ran = (tmp_path / "ran.txt").read_text().split() if (tmp_path / "ran.txt").exists() else []
         done = {"0", "2"} <= set(keyed(state, "each"))
         return "side" in ran and "1" in ran and done
 
-    _wait_for(both_blocked)
+    wait_for(both_blocked)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err
@@ -376,13 +369,9 @@ run = '''echo '{{}}' > "$CRUCIBLE_OUTPUT"'''
 """
     manifest = pack(tmp_path / "p", body)
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(manifest), "--state", str(state), "-j", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_dispatch(manifest, state, "-j", "2")
     child_pid = tmp_path / "child.pid"
-    _wait_for(lambda: child_pid.exists() and child_pid.read_text().strip() != "")
+    wait_for(lambda: child_pid.exists() and child_pid.read_text().strip() != "")
     leader = int((tmp_path / "long.pid").read_text())
     child = int(child_pid.read_text())
     workers = [
@@ -393,7 +382,7 @@ run = '''echo '{{}}' > "$CRUCIBLE_OUTPUT"'''
     assert workers, "no worker processes found"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    _wait_for(lambda: not any(process_alive(p) for p in (leader, child, *workers)))
+    wait_for(lambda: not any(process_alive(p) for p in (leader, child, *workers)))
     assert not (state / "results" / "long.json").exists()
     gate.unlink()
     done = subprocess.run(
@@ -431,19 +420,15 @@ run = \'\'\'echo $$ > {tmp_path}/long.pid; while [ -e {gate} ]; do sleep 0.05; d
 """
     manifest = pack(tmp_path / "p", body)
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(manifest), "--state", str(state), "-j", "1"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(manifest, state, "-j", "1", stdout=subprocess.DEVNULL)
     pid_file = tmp_path / "long.pid"
-    _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
     leader = int(pid_file.read_text())
     # The dispatcher kills the group of a task it knows started: wait until it
     # has heard the start (the task can write its pid before its worker has
     # reported it; a worker killed in between leaves the dispatcher nothing to
     # kill, which under load made this test fail).
-    _wait_for(lambda: _started_pid(state, "long") == leader, timeout=60)
+    wait_for(lambda: _started_pid(state, "long") == leader, timeout=60)
     worker = parent_pid(leader)
     assert parent_pid(worker) == proc.pid
     os.kill(worker, signal.SIGKILL)
@@ -451,5 +436,5 @@ run = \'\'\'echo $$ > {tmp_path}/long.pid; while [ -e {gate} ]; do sleep 0.05; d
     assert proc.returncode == 3, err
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1 and "worker" in lines[0] and "died" in lines[0], lines
-    _wait_for(lambda: not process_alive(leader))
+    wait_for(lambda: not process_alive(leader))
     assert events(state)[-1]["event"] == "shutdown"

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from typing import Any
 import pytest
 
 from tests.packed import keyed
+from tests.run.dispatchtests import DISPATCH
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 STAND_IN = str(REPO / "examples" / "agent" / "stand-in.sh")
 PACKS = sorted(REPO.glob("examples/*/pack.toml"))
 IDS = [p.parent.name for p in PACKS]

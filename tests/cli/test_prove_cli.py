@@ -3,88 +3,59 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from crucible.core import canon
 from crucible.proof.writer.cli import command
-from tests.proof.writer.prove_helpers import Scenario, orgs, people, read_tree
-
-SCRIPT = Path(sys.executable).parent / "crucible-prove"
-
-
-def scenario(tmp_path: Path, limits: dict[str, int] | None = None) -> Scenario:
-    s = Scenario(tmp_path, limits=limits)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
-    s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
-    s.group(3, ["a", "b"])
-    s.evaluated("a", 1, people("Ann"))
-    s.evaluated("b", 1, people("Bob"))
-    s.finish()
-    return s
-
-
-def args(s: Scenario, out: Path) -> list[str]:
-    wf, ops, art = s.write()
-    return [
-        "--workflow",
-        str(wf),
-        "--operations",
-        str(ops),
-        "--artifacts",
-        str(art),
-        "--out",
-        str(out),
-    ]
+from tests.cli.edgetests import as_nobody
+from tests.proof.writer.prove_helpers import PROVE, org_people, prove_args, read_tree
 
 
 def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), *argv], capture_output=True, text=True, check=False)
+    return subprocess.run([str(PROVE), *argv], capture_output=True, text=True, check=False)
 
 
 def test_cli_writes_bundle_and_prints_the_proof_digest(tmp_path: Path) -> None:
-    s = scenario(tmp_path)
-    result = CliRunner().invoke(command, args(s, tmp_path / "b"), standalone_mode=False)
+    s = org_people(tmp_path)
+    result = CliRunner().invoke(command, prove_args(s, tmp_path / "b"), standalone_mode=False)
     assert result.exit_code == 0, result.output
     digest_line = result.stdout.strip()
     assert digest_line == (tmp_path / "b" / "admission-proof.digest").read_text().strip()
 
 
 def test_cli_check_candidates_gives_the_same_bundle(tmp_path: Path) -> None:
-    s = scenario(tmp_path)
-    a = run([*args(s, tmp_path / "fast")])
-    b = run([*args(s, tmp_path / "checked"), "--check-candidates"])
+    s = org_people(tmp_path)
+    a = run([*prove_args(s, tmp_path / "fast")])
+    b = run([*prove_args(s, tmp_path / "checked"), "--check-candidates"])
     assert a.returncode == b.returncode == 0, a.stderr + b.stderr
     assert read_tree(tmp_path / "fast") == read_tree(tmp_path / "checked")
     assert "epochs" in a.stderr and a.stdout.startswith("sha256:")
 
 
 def test_exit_codes_of_the_real_script(tmp_path: Path) -> None:
-    ok = scenario(tmp_path / "ok")
-    assert run(args(ok, tmp_path / "out")).returncode == 0
+    ok = org_people(tmp_path / "ok")
+    assert run(prove_args(ok, tmp_path / "out")).returncode == 0
     before = read_tree(tmp_path / "out")
     # 1: a forbidden operation, naming the rule and the line
-    bad = scenario(tmp_path / "forbidden")
+    bad = org_people(tmp_path / "forbidden")
     bad.ops.insert(-1, {"op": "retry", "instance": "a", "actor": "x", "at": "2026-10-17T09:00:00Z"})
-    r = run(args(bad, tmp_path / "out"))
+    r = run(prove_args(bad, tmp_path / "out"))
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "operations.ndjson:8:" in r.stderr
     assert "ineligible" in r.stderr and "Traceback" not in r.stderr
     # 2: an unparsable line
     ops = tmp_path / "broken.ndjson"
     ops.write_bytes((tmp_path / "ok" / "operations.ndjson").read_bytes() + b"{oops\n")
-    argv = args(ok, tmp_path / "out")
+    argv = prove_args(ok, tmp_path / "out")
     argv[3] = str(ops)
     r = run(argv)
     assert r.returncode == 2 and "broken.ndjson:9:" in r.stderr
     assert read_tree(tmp_path / "out") == before
     # 3: recording unavailable: the last complete prefix, labelled partial
-    tight = scenario(tmp_path / "tight", limits={"maxBytes": 7000})
-    r = run(args(tight, tmp_path / "tight-out"))
+    tight = org_people(tmp_path / "tight", limits={"maxBytes": 7000})
+    r = run(prove_args(tight, tmp_path / "tight-out"))
     assert r.returncode == 3, r.stderr
     assert "recording unavailable" in r.stderr
     label = canon.loads((tmp_path / "tight-out" / "partial.json").read_bytes())
@@ -121,42 +92,40 @@ def test_probe_properties(tmp_path: Path) -> None:
 
 
 def test_operations_from_stdin(tmp_path: Path) -> None:
-    s = scenario(tmp_path)
-    argv = args(s, tmp_path / "b")
+    s = org_people(tmp_path)
+    argv = prove_args(s, tmp_path / "b")
     ops = Path(argv[3])
     argv[3] = "-"
     r = subprocess.run(
-        [str(SCRIPT), *argv], input=ops.read_bytes(), capture_output=True, check=False
+        [str(PROVE), *argv], input=ops.read_bytes(), capture_output=True, check=False
     )
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "b" / "admission-proof.json").is_file()
     bad = ops.read_bytes() + b'{"op": "nope"}\n'
-    r = subprocess.run([str(SCRIPT), *argv], input=bad, capture_output=True, check=False)
+    r = subprocess.run([str(PROVE), *argv], input=bad, capture_output=True, check=False)
     assert r.returncode == 1 and b"<stdin>:9:" in r.stderr
 
 
 def test_workflow_from_stdin(tmp_path: Path) -> None:
     # `--workflow -` passed the option check, then failed as "cannot read workflow:
     # No such file or directory" (exit 3): `-` must mean stdin wherever a path is taken.
-    s = scenario(tmp_path)
-    argv = args(s, tmp_path / "b")
+    s = org_people(tmp_path)
+    argv = prove_args(s, tmp_path / "b")
     wf = Path(argv[1])
     assert run(argv).returncode == 0
     expected = read_tree(tmp_path / "b")
     argv[1] = "-"
-    r = subprocess.run(
-        [str(SCRIPT), *argv], input=wf.read_bytes(), capture_output=True, check=False
-    )
+    r = subprocess.run([str(PROVE), *argv], input=wf.read_bytes(), capture_output=True, check=False)
     assert r.returncode == 0, r.stderr
     assert read_tree(tmp_path / "b") == expected
-    r = subprocess.run([str(SCRIPT), *argv], input=b"{", capture_output=True, check=False)
+    r = subprocess.run([str(PROVE), *argv], input=b"{", capture_output=True, check=False)
     assert r.returncode == 2 and r.stderr.startswith(b"crucible-prove: error: <stdin>:")
     assert r.stderr.count(b"\n") == 1
 
 
 def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path) -> None:
-    s = scenario(tmp_path)
-    argv = args(s, tmp_path / "b")
+    s = org_people(tmp_path)
+    argv = prove_args(s, tmp_path / "b")
     both = list(argv)
     both[1] = both[3] = "-"
     r = run(both)
@@ -178,40 +147,18 @@ def test_both_inputs_from_stdin_and_wrong_kinds_are_usage_errors(tmp_path: Path)
 
 def test_unreadable_workflow_is_one_error_line(tmp_path: Path) -> None:
     # click's readable check used to answer first with its three-line usage block
-    import os
     import shutil
     import tempfile
-
-    from crucible.core.cli import run as run_edge
 
     shared = Path(tempfile.mkdtemp(prefix="prove-test-"))
     try:
         shared.chmod(0o755)
-        argv = args(scenario(shared / "s"), shared / "b")
+        argv = prove_args(org_people(shared / "s"), shared / "b")
         for p in (shared / "s", Path(argv[5])):
             p.chmod(0o755)
         Path(argv[1]).chmod(0)
-        with tempfile.TemporaryFile() as err:
-            pid = os.fork()
-            if pid == 0:  # pragma: no cover - the child
-                code = 70
-                try:
-                    os.dup2(err.fileno(), 2)
-                    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
-                    if os.geteuid() == 0:  # root reads anything: become nobody
-                        os.setgroups([])
-                        os.setgid(65534)
-                        os.setuid(65534)
-                    run_edge(command, "crucible-prove", argv)
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else 1
-                finally:
-                    sys.stderr.flush()
-                    os._exit(code)
-            _, status = os.waitpid(pid, 0)
-            err.seek(0)
-            text = err.read().decode()
-        assert os.waitstatus_to_exitcode(status) == 3, text
+        code, text = as_nobody(command, "crucible-prove", argv)
+        assert code == 3, text
         assert (
             text == f"crucible-prove: error: {argv[1]}: cannot read workflow: Permission denied\n"
         )
@@ -223,8 +170,8 @@ def test_inputs_through_pipes(tmp_path: Path) -> None:
     # `--operations <(zcat ops.ndjson.gz)` was refused as "not a file"
     import os
 
-    s = scenario(tmp_path)
-    argv = args(s, tmp_path / "b")
+    s = org_people(tmp_path)
+    argv = prove_args(s, tmp_path / "b")
     assert run(argv).returncode == 0
     expected = read_tree(tmp_path / "b")
     fifos = []
@@ -240,7 +187,7 @@ def test_inputs_through_pipes(tmp_path: Path) -> None:
             fifo.write_bytes(data)  # blocks until the reader opens the pipe
 
     feeder = threading.Thread(target=feed, daemon=True)
-    proc = subprocess.Popen([str(SCRIPT), *argv], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([str(PROVE), *argv], stderr=subprocess.PIPE)
     feeder.start()
     _, err = proc.communicate(timeout=60)
     for fifo, _data in fifos:  # release a feeder the command never read from

@@ -57,6 +57,13 @@ def _v2(tmp_path: Path) -> tuple[dict, Path]:  # type: ignore[type-arg]
     return p, state
 
 
+def _capture(state: Path, task: str, ws: Path, *more: str, key: str | None = None) -> list[str]:
+    """``capture`` arguments settling ``task`` (instance ``key``) in ``ws`` with exit code 0."""
+    keyed_args = ["--key", key] if key is not None else []
+    return ["capture", "--state", str(state), "--task", task, *keyed_args,
+            "--workspace", str(ws), "--exit-code", "0", *more]  # fmt: skip
+
+
 def test_help_and_version() -> None:
     r = _run("--help")
     assert r.returncode == 0 and "inputs" in r.stdout and "capture" in r.stdout
@@ -113,41 +120,14 @@ def test_capture_pass_and_failure_exit_codes(tmp_path: Path) -> None:
     ws.mkdir()
     out = ws / "out.json"
     out.write_text('{"v": "hello"}')
-    r = _run(
-        "capture",
-        "--state",
-        str(state),
-        "--task",
-        "m",
-        "--key",
-        "..",
-        "--workspace",
-        str(ws),
-        "--exit-code",
-        "0",
-        env={"CRUCIBLE_OUTPUT": str(out)},
-    )
+    r = _run(*_capture(state, "m", ws, key=".."), env={"CRUCIBLE_OUTPUT": str(out)})
     assert r.returncode == 0, r.stderr
     rec = json.loads(r.stdout)
     assert rec["status"] == "passed" and rec["key"] == ".."
     assert ".." in keyed(state, "m")
 
     out.write_text('{"v": 5}')
-    r = _run(
-        "capture",
-        "--state",
-        str(state),
-        "--task",
-        "m",
-        "--key",
-        "..",
-        "--workspace",
-        str(ws),
-        "--exit-code",
-        "0",
-        "--output",
-        str(out),
-    )
+    r = _run(*_capture(state, "m", ws, "--output", str(out), key=".."))
     assert r.returncode == 1
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith(
@@ -174,37 +154,10 @@ def test_capture_bad_results_one_line_exit_1(
     out = ws / "o.json"
     if content is not None:
         out.write_text(content)
-    result = CliRunner().invoke(
-        cli,
-        [
-            "capture",
-            "--state",
-            str(state),
-            "--task",
-            "a",
-            "--workspace",
-            str(ws),
-            "--exit-code",
-            "0",
-            "--output",
-            str(out),
-        ],
-    )
+    result = CliRunner().invoke(cli, _capture(state, "a", ws, "--output", str(out)))
     # CliRunner shows the exception; the command edge (core.cli.run) maps it, tested below.
     assert fragment in str(result.exception)
-    r = _run(
-        "capture",
-        "--state",
-        str(state),
-        "--task",
-        "a",
-        "--workspace",
-        str(ws),
-        "--exit-code",
-        "0",
-        "--output",
-        str(out),
-    )
+    r = _run(*_capture(state, "a", ws, "--output", str(out)))
     assert r.returncode == 1 and fragment in r.stderr and r.stderr.count("\n") == 1
 
 
@@ -215,19 +168,7 @@ def test_emit_cap_option_and_env(tmp_path: Path) -> None:
     ws.mkdir()
     out = ws / "o.json"
     out.write_text('{"x": "0123456789"}')  # 12 bytes of canonical JSON
-    base = [
-        "capture",
-        "--state",
-        str(state),
-        "--task",
-        "a",
-        "--workspace",
-        str(ws),
-        "--exit-code",
-        "0",
-        "--output",
-        str(out),
-    ]
+    base = _capture(state, "a", ws, "--output", str(out))
     assert _run(*base, "--emit-cap", "12").returncode == 0
     r = _run(*base, "--emit-cap", "11")
     assert r.returncode == 1 and "12 bytes" in r.stderr and "cap of 11 bytes" in r.stderr

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 #: the ``pack`` fixture (tests/run/conftest.py): writes a pack, returns its manifest
 Pack = Callable[..., Path]
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+REPO = Path(__file__).resolve().parents[2]
+#: the example pack most run tests dispatch for real
+FANOUT = REPO / "examples" / "fanout" / "pack.toml"
 
 
 def dispatch(
@@ -25,6 +30,15 @@ def dispatch(
     return subprocess.run(
         [DISPATCH, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout, **kw
     )
+
+
+def fanout_run(state: Path, fail_on: str | None = None, **kw: Any) -> Path:
+    """A real run of examples/fanout into ``state``; with ``fail_on``, that instance
+    fails (exit 1). ``kw`` goes to :func:`dispatch`. Returns ``state``."""
+    params = ("-p", f"fail_on={fail_on}") if fail_on is not None else ()
+    done = dispatch(FANOUT, "--state", state, *params, **kw)
+    assert done.returncode == (0 if fail_on is None else 1), done.stderr
+    return state
 
 
 def write_pack(directory: Path, toml: str) -> Path:
@@ -44,6 +58,62 @@ def start_dispatch(
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with stderr.open("wb") as err:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``proc`` for the block; killed and reaped after it if it still runs (a
+    failed assertion leaves no dispatcher behind)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+class Gate:
+    """A file a task's shell waits on (``wait``) while it exists; a ``with`` block
+    opens it (removes the file) when it ends, whatever happened."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.write_text("closed")
+
+    @property
+    def wait(self) -> str:
+        """The shell loop that holds until the gate opens."""
+        return f"while [ -e {self.path} ]; do sleep 0.05; done"
+
+    def open(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> Gate:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.open()
+
+
+def finished(state: Path, key: str | None = None) -> list[dict[str, Any]]:
+    """The ``task_finished`` events of the session, in order; with ``key``, of that
+    instance only."""
+    return [
+        e
+        for e in events(state)
+        if e["event"] == "task_finished" and (key is None or e.get("key") == key)
+    ]
+
+
+def piped_dispatch(
+    pack: Path, state: Path, *args: str, stdout: int = subprocess.PIPE
+) -> subprocess.Popen[bytes]:
+    """``crucible-dispatch PACK --state STATE ARGS`` in the background, its stderr
+    (and stdout, unless ``stdout`` says otherwise) piped for ``communicate``."""
+    argv = [DISPATCH, str(pack), "--state", str(state), *args]
+    return subprocess.Popen(argv, stdout=stdout, stderr=subprocess.PIPE)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from crucible.run._agent_io import RESPONSE_MAX
-from tests.run.dispatchtests import result, run
+from tests.run.dispatchtests import DISPATCH, result, run
 
 Pack = Callable[..., Path]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
 
 def _agent(tmp_path: Path, body: str, name: str = "agent.sh") -> Path:

@@ -6,25 +6,18 @@ task and still equal to a fresh keyer's key for every instance."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from crucible.core import canon
 from crucible.run._cache_keyer import Keyer
+from tests.run.dispatchtests import fanout_run
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
 def _dispatched(tmp_path: Path) -> tuple[Path, dict[str, object]]:
-    state = tmp_path / "state"
-    done = subprocess.run(
-        [DISPATCH, "examples/fanout/pack.toml", "--state", str(state)],
-        cwd=REPO, env={**os.environ, **ENV}, capture_output=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    state = fanout_run(tmp_path / "state", env={**os.environ, **ENV})
     return state, canon.loads((state / "plan.json").read_bytes())
 
 

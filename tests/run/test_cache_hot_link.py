@@ -18,7 +18,7 @@ from crucible.core import canon, digest
 from crucible.run import RunOptions
 from crucible.run._cache import RESTORED, TaskCache, restored_record
 from crucible.run._runner import run_plan
-from tests.run.test_cache_run import Runner
+from tests.run.cachetests import Runner, live_values
 
 PACK = """edition = 4
 
@@ -40,14 +40,6 @@ run = 'echo m >> "$COUNT"'
 """
 
 
-def _values(cache: Path) -> list[dict[str, Any]]:
-    tc = TaskCache(cache, warn=lambda _w: None)
-    try:
-        return [r["value"] for r in tc._live()]
-    finally:
-        tc.close()
-
-
 def _store(cache: Path, d: str) -> Path:
     hexd = d.split(":", 1)[1]
     return cache / "files" / "sha256" / hexd[:2] / hexd[2:]
@@ -55,7 +47,7 @@ def _store(cache: Path, d: str) -> Path:
 
 def _plain_value(cache: Path, task: str) -> dict[str, Any]:
     (value,) = [
-        v for v in _values(cache) if v["record"]["task"] == task and "key" not in v["record"]
+        v for v in live_values(cache) if v["record"]["task"] == task and "key" not in v["record"]
     ]
     return value
 
@@ -76,7 +68,7 @@ def test_a_plain_hit_is_a_hard_link_to_the_stores_copy_of_its_bytes(tmp_path: Pa
     )
     assert digest.of_file(record) == value[RESTORED]
     # keyed units (m's instances) are lines of m.jsonl, and name no store copy
-    assert not [v for v in _values(r.cache) if "key" in v["record"] and RESTORED in v]
+    assert not [v for v in live_values(r.cache) if "key" in v["record"] and RESTORED in v]
 
 
 def test_an_altered_store_copy_is_not_linked_the_record_is_written(tmp_path: Path) -> None:

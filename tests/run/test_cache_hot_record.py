@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,27 +15,7 @@ import pytest
 
 from crucible.core.errors import OperationalError
 from crucible.run import _session as session
-
-#: crucible-dispatch with every os.fsync traced as "<pid> <path>" in $TRACE
-TRACED = """
-import os, sys
-trace = os.environ["TRACE"]
-real = os.fsync
-def traced(fd):
-    real(fd)
-    try:
-        what = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        what = "?"
-    with open(trace, "a") as f:
-        f.write(f"{os.getpid()} {what}\\n")
-os.fsync = traced
-with open(trace, "a") as f:
-    f.write(f"{os.getpid()} dispatcher\\n")
-sys.argv[0] = "crucible-dispatch"
-from crucible.run.cli import main
-main()
-"""
+from tests.run.cachetests import Traced, live_units, traced_dispatch
 
 
 def _pack(tmp_path: Path, n: int) -> Path:
@@ -51,38 +29,28 @@ def _pack(tmp_path: Path, n: int) -> Path:
     return pack
 
 
-def _dispatch(tmp_path: Path, pack: Path, state: str, cache: Path) -> list[str]:
-    trace = tmp_path / f"trace-{state}.txt"
-    done = subprocess.run(
-        [sys.executable, "-c", TRACED, str(pack), "--state", str(tmp_path / state), "-j", "2",
-         "--cache", str(cache)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "TRACE": str(trace)},
+def _dispatch(tmp_path: Path, pack: Path, state: str, cache: Path) -> Traced:
+    traced = traced_dispatch(
+        tmp_path / f"trace-{state}.txt",
+        pack, "--state", tmp_path / state, "-j", "2", "--cache", cache,
+        timeout=300,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert "warning" not in done.stderr, done.stderr
-    return trace.read_text().splitlines()
+    assert "warning" not in traced.done.stderr, traced.done.stderr
+    return traced
 
 
 def test_the_dispatcher_appends_the_workers_cache_records_in_batches(tmp_path: Path) -> None:
     pack = _pack(tmp_path, 40)
     cache = tmp_path / "cache"
-    lines = _dispatch(tmp_path, pack, "rec", cache)
-    dispatcher = lines[0].split()[0]
-    ledger = [line for line in lines if line.endswith("/cache/steps.jsonl")]
-    assert ledger and all(line.startswith(f"{dispatcher} ") for line in ledger)
+    traced = _dispatch(tmp_path, pack, "rec", cache)
+    ledger = [f for f in traced.fsyncs if f.path.endswith("/cache/steps.jsonl")]
+    assert ledger and all(f.pid == traced.dispatcher for f in ledger)
     assert len(ledger) < 43  # 43 units: batched, not one fsync each
-    from crucible.run._cache import TaskCache
-
-    tc = TaskCache(cache, warn=lambda _w: None)
-    try:
-        recorded = sorted((r["key"]["task"], r["key"]["instance"]) for r in tc._live())
-    finally:
-        tc.close()
-    assert recorded == sorted(
+    assert live_units(cache) == sorted(
         [(f"t{i}", None) for i in range(40)] + [("m", k) for k in ("0", "1", "2")]
     )
     # and every one of them hits
-    assert not [line for line in _dispatch(tmp_path, pack, "hit", cache) if "/work/" in line]
+    assert not [f for f in _dispatch(tmp_path, pack, "hit", cache).fsyncs if "/work/" in f.path]
     events = (tmp_path / "hit" / "session.jsonl").read_text()
     assert events.count('"cached":true') == 43
 

@@ -5,24 +5,10 @@ a scored loop does not import the loop engine. Checked on the modules a real
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from crucible.compile import compile_path
-
-#: crucible-dispatch, writing the names of its modules to $MODS at exit
-LISTED = """
-import atexit, os, sys
-def dump():
-    with open(os.environ["MODS"], "w") as f:
-        f.write("\\n".join(sorted(sys.modules)))
-atexit.register(dump)
-sys.argv[0] = "crucible-dispatch"
-from crucible.run.cli import main
-main()
-"""
+from tests.run.cachetests import MODULE_LISTER, dispatch_with
 
 PACK = """edition = 4
 
@@ -42,12 +28,8 @@ run = "true"
 
 def _modules(tmp_path: Path, plan: Path, *args: str) -> set[str]:
     mods = tmp_path / f"mods-{len(list(tmp_path.iterdir()))}.txt"
-    done = subprocess.run(
-        [sys.executable, "-c", LISTED, str(plan), "--state", str(tmp_path / mods.stem), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "MODS": str(mods)},
+    done = dispatch_with(
+        MODULE_LISTER, plan, "--state", tmp_path / mods.stem, *args, env={"MODS": str(mods)}
     )
     assert done.returncode == 0, done.stderr
     return set(mods.read_text().split())

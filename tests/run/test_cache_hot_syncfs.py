@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from crucible.core.errors import OperationalError
 from crucible.run import _session as session
 from crucible.run._syncfs import SYNCFS_MIN_PATHS, FsSync, _kernel_reports_errors
+from tests.run.cachetests import dispatch_with
 
 
 def _records(tmp_path: Path, n: int) -> list[str]:
@@ -153,7 +152,7 @@ def test_syncfs_is_used_only_where_it_reports_writeback_errors(release: str, ok:
     assert _kernel_reports_errors(release) is ok
 
 
-#: crucible-dispatch with the log's fsyncs and syncfs calls traced in $TRACE
+#: a dispatcher prelude tracing the log's fsyncs and syncfs calls in $TRACE
 TRACED = """
 import os, sys
 from crucible.run import _session
@@ -169,10 +168,20 @@ def syncfs(fs):
     real_syncfs(fs)
     note("syncfs")
 _session._fsync, _session._syncfs = fsync, syncfs
-sys.argv[0] = "crucible-dispatch"
-from crucible.run.cli import main
-main()
 """
+
+
+def _record_then_hit(tmp_path: Path, pack: Path, jobs: str) -> list[str]:
+    """A recording run, then a run that hits: the hit's traced lines."""
+    cache = tmp_path / "cache"
+    for state in ("rec", "hit"):
+        trace = tmp_path / f"trace-{state}.txt"
+        done = dispatch_with(
+            TRACED, pack, "--state", tmp_path / state, "-j", jobs, "--cache", cache,
+            env={"TRACE": str(trace)}, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    return trace.read_text().splitlines()
 
 
 def test_a_fully_cached_rerun_fsyncs_no_record_file_one_by_one(tmp_path: Path) -> None:
@@ -184,17 +193,7 @@ def test_a_fully_cached_rerun_fsyncs_no_record_file_one_by_one(tmp_path: Path) -
     )
     pack = tmp_path / "pack.toml"
     pack.write_text('edition = 3\n\n[workflow]\nname = "many"\n\n' + body)
-    cache = tmp_path / "cache"
-    for state in ("rec", "hit"):
-        trace = tmp_path / f"trace-{state}.txt"
-        done = subprocess.run(
-            [sys.executable, "-c", TRACED, str(pack), "--state", str(tmp_path / state),
-             "-j", "2", "--cache", str(cache)],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "TRACE": str(trace)},
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-    lines = trace.read_text().splitlines()
+    lines = _record_then_hit(tmp_path, pack, "2")
     assert not [line for line in lines if "/results/" in line]
     assert lines.count("syncfs") >= 1
     # every batch's records before its lines: the first syncfs precedes the log's fsync
@@ -213,17 +212,7 @@ def test_a_few_hits_fsync_their_linked_records_before_the_lines(tmp_path: Path) 
     )
     pack = tmp_path / "pack.toml"
     pack.write_text('edition = 4\n\n[workflow]\nname = "few"\n\n' + body)
-    cache = tmp_path / "cache"
-    for state in ("rec", "hit"):
-        trace = tmp_path / f"trace-{state}.txt"
-        done = subprocess.run(
-            [sys.executable, "-c", TRACED, str(pack), "--state", str(tmp_path / state),
-             "-j", "1", "--cache", str(cache)],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "TRACE": str(trace)},
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr
-    lines = trace.read_text().splitlines()
+    lines = _record_then_hit(tmp_path, pack, "1")
     results = tmp_path / "hit" / "results"
     log_sync = lines.index(f"fsync {tmp_path / 'hit' / 'session.jsonl'}")
     for synced in (results / "a.json", results, results / "m.jsonl"):

@@ -7,32 +7,9 @@ says they settled."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-#: crucible-dispatch with every fsync of the dispatcher traced as "<thread> <path>"
-TRACED = """
-import os, sys, threading
-trace = os.environ["TRACE"]
-real = os.fsync
-me = os.getpid()
-def traced(fd):
-    real(fd)
-    if os.getpid() != me:
-        return
-    try:
-        what = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        what = "?"
-    with open(trace, "a") as f:
-        f.write(f"{threading.current_thread().name} {what}\\n")
-os.fsync = traced
-sys.argv[0] = "crucible-dispatch"
-from crucible.run.cli import main
-main()
-"""
+from tests.run.cachetests import traced_dispatch
 
 PACK = """edition = 4
 
@@ -62,18 +39,12 @@ def test_amended_records_are_fsynced_by_the_writer_not_the_scheduler(tmp_path: P
     pack = tmp_path / "pack.toml"
     pack.write_text(PACK)
     state = tmp_path / "state"
-    trace = tmp_path / "trace.txt"
-    done = subprocess.run(
-        [sys.executable, "-c", TRACED, str(pack), "--state", str(state), "-j", "2"],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "TRACE": str(trace)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    traced = traced_dispatch(tmp_path / "trace.txt", pack, "--state", state, "-j", "2")
     flaky = json.loads((state / "results" / "flaky.json").read_bytes())
     assert flaky["status"] == "failed" and flaky["tolerated"] is True
     each = json.loads((state / "results" / "each.json").read_bytes())
     assert each["status"] == "skipped"
-    lines = trace.read_text().splitlines()
-    records = [line for line in lines if "/results/" in line]
-    assert any(line.endswith("results/flaky.json") for line in records)
-    assert any(line.endswith("results/each.json") for line in records)
-    assert all(line.startswith("session-log ") for line in records), records
+    records = [f for f in traced.of_dispatcher() if "/results/" in f.path]
+    assert any(f.path.endswith("results/flaky.json") for f in records)
+    assert any(f.path.endswith("results/each.json") for f in records)
+    assert all(f.thread == "session-log" for f in records), records

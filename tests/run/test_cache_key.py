@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +11,7 @@ import pytest
 from crucible.core import canon
 from crucible.run._cache import CacheKey, TaskCache, explain_miss, unit_key
 from crucible.stage import escape_key
-
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH
 
 PACK = """edition = 3
 

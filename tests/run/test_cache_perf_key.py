@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,9 @@ from crucible.run._cache import unit_key
 from crucible.run._cache_keyer import Keyer
 from crucible.run._environ import task_environment
 from crucible.stage import escape_key, unescape_key
+from tests.run.dispatchtests import DISPATCH, fanout_run
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 STAND_IN = str(REPO / "examples" / "agent" / "stand-in.sh")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "X": "1"}
 
@@ -56,7 +55,16 @@ def test_keyed_before_staging_equals_the_staged_key(tmp_path: Path, case: str) -
     pack, args = CASES[case]
     state = tmp_path / "state"
     proc = subprocess.run(
-        [DISPATCH, pack, "--state", str(state), "--keep-workspaces", "--agent-cmd", STAND_IN, *args],
+        [
+            DISPATCH,
+            pack,
+            "--state",
+            str(state),
+            "--keep-workspaces",
+            "--agent-cmd",
+            STAND_IN,
+            *args,
+        ],
         cwd=REPO,
         env={**os.environ, **ENV},
         capture_output=True,
@@ -92,14 +100,7 @@ def test_a_refused_staging_is_refused_before_staging(tmp_path: Path) -> None:
     unit goes to staging, which names the mismatch."""
     from crucible.core.errors import CrucibleError
 
-    state = tmp_path / "state"
-    proc = subprocess.run(
-        [DISPATCH, "examples/fanout/pack.toml", "--state", str(state)],
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    state = fanout_run(tmp_path / "state")
     record_path = state / "results" / "list.json"
     record = canon.loads(record_path.read_bytes())
     del record["output"]["fail_on"]
@@ -116,14 +117,7 @@ def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
     changed) are in the key exactly as staging hands them."""
     from crucible import stage
 
-    state = tmp_path / "state"
-    proc = subprocess.run(
-        [DISPATCH, "examples/fanout/pack.toml", "--state", str(state)],
-        cwd=REPO,
-        capture_output=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    state = fanout_run(tmp_path / "state")
     (state / "reserved").mkdir()
     (state / "reserved" / "history.json").write_text('[{"score": 1.5}]')
     (state / "reserved" / "revision.json").write_text('"r2"')

@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 
 from tests.packed import keyed
-from tests.run.test_cache_run import MAPPED, PACK, Runner
+from tests.run.cachetests import PACK, Runner
+from tests.run.test_cache_run import MAPPED
 
 #: what a state holds after a run whose every unit was restored from the cache
 HIT_ONLY_ENTRIES = {"lock", "params.json", "plan.json", "results", "session.jsonl", "files"}
@@ -184,7 +185,7 @@ def test_a_plan_with_a_loop_runs_uncached(tmp_path: Path) -> None:
     with --cache, such a plan runs as without it, twice, and nothing is a hit."""
     import subprocess
 
-    from tests.run.test_cache_run import DISPATCH
+    from tests.run.dispatchtests import DISPATCH
 
     repo = Path(__file__).resolve().parents[2]
     for n in (1, 2):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from tests.packed import keyed
+from tests.run.dispatchtests import DISPATCH
 
 REPO = Path(__file__).resolve().parents[2]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
 
 def run(pack: str, state: Path, *params: str) -> tuple[int, dict[str, dict[str, Any]]]:

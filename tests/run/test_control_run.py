@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH, start_dispatch
 
 HEAD = """
 edition = 4
@@ -452,11 +451,7 @@ def test_a_resumed_run_still_ignores_a_tolerated_failure(tmp_path: Path) -> None
         )
     )
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [DISPATCH, str(pack), "--state", str(state)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_dispatch(pack, state)
     run = Run(0, "", state)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH
 
 PACK = """edition = 4
 
@@ -40,6 +39,7 @@ def test_conditions_read_items_of_literal_maps_and_matrices(tmp_path: Path) -> N
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+
     def rows(task: str) -> list[dict[str, str]]:
         out = subprocess.run(
             [DISPATCH, "report", str(state), task, "--json"],

@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.run.dispatchtests import DISPATCH, Pack, dispatch, events, one_line, result
+from tests.run.dispatchtests import (
+    DISPATCH,
+    Pack,
+    dispatch,
+    events,
+    one_line,
+    piped_dispatch,
+    result,
+)
 from tests.run.dispatchtests import wait_for as _wait_for
 
 # ------------------------------------------------------------ item 6: a typo
@@ -148,11 +156,7 @@ needs = ["wait"]
 """
     )
     state = tmp_path / "s"
-    first = subprocess.Popen(
-        [DISPATCH, str(plan), "--state", str(state)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    first = piped_dispatch(plan, state)
     try:
         _wait_for(lambda: (state / "work" / "up").exists())
         second = dispatch(plan, "--state", state, "--resume")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.run.dasktests import LOCAL, dispatch
 from tests.run.dispatchtests import write_pack
-from tests.run.test_dask_executor import LOCAL, dispatch
 
 pytest.importorskip("distributed")
 

@@ -5,7 +5,6 @@ processes started here. Every wait is bounded."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -13,28 +12,33 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.packed import keyed
+from tests.run.dasktests import (
+    FIRST_OF_0,
+    LOCAL,
+    cluster,
+    dispatch,
+    held_pack,
+    start_worker,
+    wait_workers,
+)
 from tests.run.dispatchtests import (
-    DISPATCH,
+    Gate,
     events,
+    finished,
+    reaped,
     start_dispatch,
     wait_files,
-    wait_for,
     wait_gone,
     write_pack,
 )
 
 pytest.importorskip("distributed")
-
-BIN = Path(sys.executable).parent
-DASK = str(BIN / "dask")
-LOCAL = ("--executor", "dask-local", "--workers", "2")
 
 FANOUT = """
 edition = 4
@@ -62,17 +66,6 @@ SETTLED = FANOUT.replace(
     'run = \'case $CRUCIBLE_KEY in *37) echo "no $CRUCIBLE_KEY" >&2; exit 3;; esac;'
     ' echo "n$CRUCIBLE_KEY"',
 ).replace('needs = ["t"]', 'needs = ["t"]\njoin = "settled"')
-
-
-def dispatch(
-    pack: Path, state: Path, *args: str, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [DISPATCH, str(pack), "--state", str(state), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def tree(root: Path) -> dict[str, Any]:
@@ -202,69 +195,6 @@ def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) ->
     assert len(keyed(state, "t")) == 4
 
 
-@contextlib.contextmanager
-def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
-    """A ``dask scheduler`` on loopback; yields its address and a list the test
-    adds its worker processes to (all stopped at the end)."""
-    sched_file = tmp_path / "scheduler.json"
-    procs: list[subprocess.Popen[bytes]] = []
-    procs.append(
-        subprocess.Popen(
-            [
-                DASK,
-                "scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--no-dashboard",
-                "--scheduler-file",
-                str(sched_file),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    )
-    try:
-        wait_for(sched_file.exists, 30)
-        address = json.loads(sched_file.read_text())["address"]
-        yield address, procs
-    finally:
-        for p in reversed(procs):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(timeout=10)
-
-
-def start_worker(address: str, hide: Path | None = None) -> subprocess.Popen[bytes]:
-    """A ``dask worker`` process; with ``hide``, in its own mount namespace where
-    an empty tmpfs covers that directory."""
-    argv = [DASK, "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
-            "--host", "127.0.0.1"]  # fmt: skip
-    if hide is not None:
-        script = f'mount -t tmpfs none "{hide}" && exec "$@"'
-        argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]
-    return subprocess.Popen(
-        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-
-
-def wait_workers(address: str, n: int) -> None:
-    code = (
-        "from distributed import Client\n"
-        f"c = Client({address!r}, timeout=30)\n"
-        f"c.wait_for_workers({n}, timeout=60)\n"
-        "c.close()\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=90, capture_output=True)
-
-
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare(1)"
 )
@@ -291,41 +221,21 @@ def test_a_worker_that_cannot_see_the_state_is_refused_with_exit_3(tmp_path: Pat
 
 
 def test_a_worker_killed_mid_run_is_survived_with_its_unit_retried(tmp_path: Path) -> None:
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    gate = tmp_path / "gate"
-    gate.write_text("closed")
-    # Instance 0's first attempt records its worker process ($PPID: the task's
-    # parent is the worker) and waits; the test SIGKILLs that worker.
-    pack = write_pack(
-        tmp_path,
-        f"""
-        edition = 4
-        [workflow]
-        name = "lost"
-        [[workflow.task]]
-        name = "t"
-        map = {{ count = 4 }}
-        retries = 1
-        run = 'if [ "$CRUCIBLE_KEY" = 0 ] && [ "$CRUCIBLE_ATTEMPT" = 1 ]; then echo $PPID > {marks}/worker; echo $$ > {marks}/task; while [ -e {gate} ]; do sleep 0.05; done; fi; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
-        """,
-    )
+    # Instance 0's first attempt records its worker and waits; the test SIGKILLs
+    # that worker (whose reaper kills the task: test_dask_orphans.py).
     state = tmp_path / "state"
-    proc = start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")
-    try:
-        wait_files(marks, "task", 1)
-        time.sleep(0.2)
-        os.kill(int((marks / "worker").read_text()), signal.SIGKILL)
-        assert proc.wait(timeout=90) == 0, (tmp_path / "stderr").read_text()
-    finally:
-        gate.unlink()  # (the worker's reaper killed its task: test_dask_orphans.py)
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    finished = [e for e in events(state) if e["event"] == "task_finished" and e.get("key") == "0"]
-    assert finished[0]["status"] == "failed" and finished[0]["retry"] is True
-    assert finished[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
-    assert finished[1]["status"] == "passed" and finished[1]["attempt"] == 2
+    with Gate(tmp_path / "gate") as gate:
+        pack, marks = held_pack(tmp_path, "lost", held=FIRST_OF_0, hold=gate.wait, count=4)
+        stderr = tmp_path / "stderr"
+        with reaped(start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=stderr)) as proc:
+            wait_files(marks, "task", 1)
+            time.sleep(0.2)
+            os.kill(int((marks / "worker").read_text()), signal.SIGKILL)
+            assert proc.wait(timeout=90) == 0, stderr.read_text()
+    done = finished(state, key="0")
+    assert done[0]["status"] == "failed" and done[0]["retry"] is True
+    assert done[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
+    assert done[1]["status"] == "passed" and done[1]["attempt"] == 2
     assert len(keyed(state, "t")) == 4
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from crucible.run._log_tail import LogTailer
+from tests.run.dasktests import LOCAL, dispatch
 from tests.run.dispatchtests import start_dispatch, write_pack
-from tests.run.test_dask_executor import LOCAL, dispatch
 
 pytest.importorskip("distributed")
 

@@ -15,16 +15,17 @@ from pathlib import Path
 import pytest
 
 from crucible.run._reaper import Reaper
+from tests.run.dasktests import FIRST_OF_0, LOCAL, held_pack
 from tests.run.dispatchtests import (
-    events,
+    finished,
     process_alive,
     read_pids,
+    reaped,
     start_dispatch,
     wait_files,
     wait_gone,
     write_pack,
 )
-from tests.run.test_dask_executor import LOCAL
 
 pytest.importorskip("distributed")
 
@@ -82,26 +83,14 @@ def test_a_reaper_forgets_a_reaped_group(tmp_path: Path) -> None:
 
 
 def test_a_sigkilled_workers_task_and_its_grandchild_do_not_survive(tmp_path: Path) -> None:
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    # Instance 0's first attempt records its worker ($PPID), itself and a
-    # grandchild, then waits for ever; the test SIGKILLs that worker.
-    pack = write_pack(
-        tmp_path,
-        f"""
-        edition = 4
-        [workflow]
-        name = "orphan"
-        [[workflow.task]]
-        name = "t"
-        map = {{ count = 3 }}
-        retries = 1
-        run = 'if [ "$CRUCIBLE_KEY" = 0 ] && [ "$CRUCIBLE_ATTEMPT" = 1 ]; then sleep 300 & echo $! > {marks}/grandchild; echo $PPID > {marks}/worker; echo $$ > {marks}/task; wait; fi; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
-        """,
+    # Instance 0's first attempt records its worker, itself and a grandchild,
+    # then waits for ever; the test SIGKILLs that worker.
+    grandchild = f"sleep 300 & echo $! > {tmp_path / 'marks'}/grandchild; "
+    pack, marks = held_pack(
+        tmp_path, "orphan", held=FIRST_OF_0, hold="wait", count=3, before=grandchild
     )
     state = tmp_path / "state"
-    proc = start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")
-    try:
+    with reaped(start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")) as proc:
         wait_files(marks, "task", 1)
         wait_files(marks, "grandchild", 1)
         task = read_pids(marks, "task") + read_pids(marks, "grandchild")
@@ -115,12 +104,7 @@ def test_a_sigkilled_workers_task_and_its_grandchild_do_not_survive(tmp_path: Pa
         # The run's own outcome after a lost worker is test_dask_executor's
         # test_a_worker_killed_mid_run_is_survived_with_its_unit_retried.
         assert proc.wait(timeout=120) in (0, 1), (tmp_path / "stderr").read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    finished = [e for e in events(state) if e["event"] == "task_finished" and e.get("key") == "0"]
-    assert finished[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
+    assert finished(state, key="0")[0]["note"].startswith("worker lost: tcp://127.0.0.1:")
 
 
 def test_a_sigkilled_dispatcher_leaves_no_worker_and_no_task(tmp_path: Path) -> None:
@@ -163,38 +147,19 @@ def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(tmp_path
     staged and waiting for its slot) are lost with it: each is a lost-worker
     failure retried under its task's retries, as the unit whose task was
     running there (run.md, "Executors"); none hangs, none is rerun silently."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
     # Instance 0's first attempt holds its worker's only slot until the test
     # kills that worker; the 11 others are submitted at once (the window).
-    pack = write_pack(
-        tmp_path,
-        f"""
-        edition = 4
-        [workflow]
-        name = "queued"
-        [[workflow.task]]
-        name = "t"
-        map = {{ count = 12 }}
-        retries = 1
-        run = 'if [ "$CRUCIBLE_KEY" = 0 ] && [ "$CRUCIBLE_ATTEMPT" = 1 ]; then echo $PPID > {marks}/worker; echo $$ > {marks}/task; sleep 300; fi; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
-        """,
-    )
+    pack, marks = held_pack(tmp_path, "queued", held=FIRST_OF_0, hold="sleep 300", count=12)
     state = tmp_path / "state"
-    proc = start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")
-    try:
+    with reaped(start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")) as proc:
         wait_files(marks, "task", 1)
         time.sleep(1)  # mid-task (see above)
         os.kill(read_pids(marks, "worker")[0], signal.SIGKILL)
         assert proc.wait(timeout=120) == 0, (tmp_path / "stderr").read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-    finished = [e for e in events(state) if e["event"] == "task_finished" and "key" in e]
-    lost = [e for e in finished if e["status"] == "failed"]
+    done = [e for e in finished(state) if "key" in e]
+    lost = [e for e in done if e["status"] == "failed"]
     assert lost and all(e["note"].startswith("worker lost: ") and e["retry"] for e in lost)
     assert "0" in {e["key"] for e in lost}
-    assert sorted(e["key"] for e in finished if e["status"] == "passed") == sorted(
+    assert sorted(e["key"] for e in done if e["status"] == "passed") == sorted(
         str(i) for i in range(12)
     )

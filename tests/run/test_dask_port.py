@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.run.dasktests import LOCAL
 from tests.run.dispatchtests import DISPATCH, write_pack
-from tests.run.test_dask_executor import LOCAL
 
 pytest.importorskip("distributed")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from crucible.run._dask_executor import local_layout
+from tests.run.dasktests import dispatch
 from tests.run.dispatchtests import events, write_pack
-from tests.run.test_dask_executor import dispatch
 
 pytest.importorskip("distributed")
 
@@ -31,25 +31,31 @@ def test_local_layout_splits_the_slots_and_stages_ahead() -> None:
     assert given.slots == [2, 2] and given.threads == 1
 
 
-def test_j_bounds_the_running_tasks_while_units_are_submitted_ahead(tmp_path: Path) -> None:
+def _counting(tmp_path: Path, name: str, count: int, sleep: float) -> tuple[Path, Path]:
+    """A pack whose ``count`` instances each count the tasks running beside it
+    into ``counts`` (a line each) and check they started in their own workspace
+    (procs.spawn changes the working directory around posix_spawn, and one
+    worker runs units in several threads). Returns the pack and ``counts``."""
     running = tmp_path / "running"
     running.mkdir()
     counts = tmp_path / "counts"
-    # Each task counts the tasks running beside it, and checks it was started
-    # in its own workspace (procs.spawn changes the working directory around
-    # posix_spawn, and one worker runs units in several threads).
     pack = write_pack(
         tmp_path,
         f"""
         edition = 4
         [workflow]
-        name = "bound"
+        name = "{name}"
         [[workflow.task]]
         name = "t"
-        map = {{ count = 10 }}
-        run = '[ "$(pwd -P)" = "$(cd "$CRUCIBLE_WORKSPACE" && pwd -P)" ] || exit 9; touch {running}/$CRUCIBLE_KEY; ls {running} | wc -l >> {counts}; sleep 0.5; rm {running}/$CRUCIBLE_KEY; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+        map = {{ count = {count} }}
+        run = '[ "$(pwd -P)" = "$(cd "$CRUCIBLE_WORKSPACE" && pwd -P)" ] || exit 9; touch {running}/$CRUCIBLE_KEY; ls {running} | wc -l >> {counts}; sleep {sleep}; rm {running}/$CRUCIBLE_KEY; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
         """,
     )
+    return pack, counts
+
+
+def test_j_bounds_the_running_tasks_while_units_are_submitted_ahead(tmp_path: Path) -> None:
+    pack, counts = _counting(tmp_path, "bound", 10, 0.5)
     state = tmp_path / "state"
     proc = dispatch(pack, state, "-j", "2", "--executor", "dask-local", "--workers", "2",
                     "--threads-per-worker", "4")  # fmt: skip
@@ -63,21 +69,7 @@ def test_j_bounds_the_running_tasks_while_units_are_submitted_ahead(tmp_path: Pa
 
 def test_one_worker_runs_its_share_of_j_at_once(tmp_path: Path) -> None:
     """One worker, -j 3: its three slots run three tasks at once in one process."""
-    running = tmp_path / "running"
-    running.mkdir()
-    counts = tmp_path / "counts"
-    pack = write_pack(
-        tmp_path,
-        f"""
-        edition = 4
-        [workflow]
-        name = "one"
-        [[workflow.task]]
-        name = "t"
-        map = {{ count = 6 }}
-        run = '[ "$(pwd -P)" = "$(cd "$CRUCIBLE_WORKSPACE" && pwd -P)" ] || exit 9; touch {running}/$CRUCIBLE_KEY; ls {running} | wc -l >> {counts}; sleep 0.8; rm {running}/$CRUCIBLE_KEY; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
-        """,
-    )
+    pack, counts = _counting(tmp_path, "one", 6, 0.8)
     proc = dispatch(pack, tmp_path / "state", "-j", "3", "--executor", "dask-local",
                     "--workers", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 from crucible.run._matrix import combination_key, combinations
 from tests.packed import keyed
-
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH, start_dispatch
 
 #: each instance writes its key and item into its output
 ECHO = (
@@ -389,11 +387,7 @@ def test_sigterm_then_resume_of_a_matrix_reruns_only_unsettled_instances(tmp_pat
         ).lstrip()
     )
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [DISPATCH, str(pack), "--state", str(state), "-j", "4"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_dispatch(pack, state, "-j", "4")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         done = len(keyed(state, "t")) if state.exists() else 0

@@ -12,23 +12,14 @@ from hypothesis import strategies as st
 from crucible.core import canon
 from crucible.run import _loop_inputs as li
 from crucible.stage import StateLayout
+from tests.stage.stageplans import loop_entry
 
 
 def entry(
     n: int, *, note: str = "", score: Any = None, kept: bool = False, **fields: Any
 ) -> dict[str, Any]:
     """A STATE/loop.json revision entry (the engine's), with extra members history ignores."""
-    return {
-        "revision": n,
-        "status": "passed" if score is not None else "failed",
-        "score": score,
-        "verdict": "improved" if kept else ("failed" if score is None else "not_improved"),
-        "kept": kept,
-        "note": note,
-        "delta": None,
-        "fields": dict(fields),
-        "duration_ms": 12,
-    }
+    return loop_entry(n, score, kept=kept, note=note, fields=dict(fields), duration_ms=12)
 
 
 def test_history_record_has_the_seed_members_only() -> None:

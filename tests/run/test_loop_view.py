@@ -14,15 +14,14 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.run.dispatchtests import DISPATCH
 from tests.run.test_timeline import browse, needs_chromium
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
+from tests.run.dispatchtests import DISPATCH, start_dispatch
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 
 PACK = """
@@ -210,11 +210,7 @@ def test_a_crash_during_publish_leaves_no_half_directory(tmp_path: Path) -> None
     pack = tmp_path / "pack.toml"
     pack.write_text(textwrap.dedent(BIG).lstrip())
     state, out = tmp_path / "state", tmp_path / "out"
-    proc = subprocess.Popen(
-        [DISPATCH, str(pack), "--state", str(state), "--publish-dir", str(out)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_dispatch(pack, state, "--publish-dir", str(out))
     scratch = state / ".publish"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:

@@ -17,8 +17,7 @@ import pytest
 
 from crucible.run import _session as session
 from tests.packed import keyed
-
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH, start_dispatch
 
 #: crucible-dispatch with every os.fsync traced: "<pid> <what>" per call, in
 #: order, appended after the fsync returned
@@ -144,11 +143,7 @@ def test_sigkill_mid_fanout_then_resume_completes_with_every_record_once(
         ).lstrip()
     )
     state = tmp_path / "state"
-    proc = subprocess.Popen(
-        [DISPATCH, str(pack), "--state", str(state), "-j", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = start_dispatch(pack, state, "-j", "2")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         if state.exists() and len(keyed(state, "t")) >= 40:

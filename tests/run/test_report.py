@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,10 +16,9 @@ import pytest
 
 from crucible.core import canon
 from tests.packed import keyed
-from tests.run.dispatchtests import events
+from tests.run.dispatchtests import DISPATCH, events, fanout_run, piped_dispatch
 
 Pack = Callable[..., Path]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -97,11 +95,7 @@ printf '{{}}' > "$CRUCIBLE_OUTPUT"
 """
     )
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(plan), "--state", str(state), "-j", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(plan, state, "-j", "2", stdout=subprocess.DEVNULL)
     try:
         # the first two instances to take a ticket pass; the next two hold both slots
         wait_for(lambda: _finished(state, "passed") == 2 and len(_started(state)) == 4)
@@ -290,12 +284,7 @@ def _amend(state: Path, task: str, key: str | None = None, **fields: Any) -> Non
 @pytest.fixture(scope="module")
 def fanout_failed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """examples/fanout with its `beta` instance failing (a real run)."""
-    state = tmp_path_factory.mktemp("fanout") / "s"
-    done = dispatch(
-        str(REPO / "examples/fanout/pack.toml"), "--state", str(state), "-p", "fail_on=beta"
-    )
-    assert done.returncode == 1, done.stderr
-    return state
+    return fanout_run(tmp_path_factory.mktemp("fanout") / "s", fail_on="beta")
 
 
 def test_failed_unit_shows_its_log_and_stderr_tail(fanout_failed: Path, tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,8 @@ from hypothesis import strategies as st
 from crucible.core import canon
 from crucible.core.errors import CrucibleError
 from crucible.run import _report as report
+from tests.run.dispatchtests import fanout_run
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 
 json_values = st.recursive(
@@ -45,21 +43,7 @@ FIELDS = [
 
 @pytest.fixture(scope="module")
 def fanout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    state = tmp_path_factory.mktemp("fuzz") / "s"
-    done = subprocess.run(
-        [
-            DISPATCH,
-            str(REPO / "examples/fanout/pack.toml"),
-            "--state",
-            str(state),
-            "-p",
-            "fail_on=beta",
-        ],
-        capture_output=True,
-        timeout=120,
-    )
-    assert done.returncode == 1, done.stderr
-    return state
+    return fanout_run(tmp_path_factory.mktemp("fuzz") / "s", fail_on="beta")
 
 
 def _render_everything(state: Path) -> None:

@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,8 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
+from tests.run.dispatchtests import DISPATCH
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 HELLO = REPO / "examples" / "hello" / "pack.toml"
 MODES: list[tuple[str, ...]] = [(), ("--json",), ("--html", "{tmp}/t.html")]

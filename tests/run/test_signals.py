@@ -7,28 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.run.dispatchtests import events, result, run
+from tests.run.dispatchtests import events, piped_dispatch, result, run, wait_for
 
 Pack = Callable[..., Path]
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 #: glibc's posix_spawn leaves its two internal real-time signals (32, 33)
 #: ignored; no program can name them (docs/spec/run.md, "Task processes")
 GLIBC_INTERNAL = (1 << 31) | (1 << 32)
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out waiting")
 
 
 def test_a_task_ignores_and_blocks_no_signal(pack: Pack, tmp_path: Path) -> None:
@@ -94,13 +82,9 @@ run = '''trap 'echo trapped > ../abrupt.txt; exit 5' TERM; touch ../abrupt.up; s
 """
     )
     state = tmp_path / "s"
-    proc = subprocess.Popen(
-        [DISPATCH, str(plan), "--state", str(state), "-j", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = piped_dispatch(plan, state, "-j", "2")
     work = state / "work"
-    _wait_for(lambda: (work / "graceful.up").exists() and (work / "abrupt.up").exists())
+    wait_for(lambda: (work / "graceful.up").exists() and (work / "abrupt.up").exists())
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 143, err

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from crucible.core import canon
+from tests.run.dispatchtests import DISPATCH, fanout_run
 
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = next(
     (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
@@ -103,20 +103,7 @@ def html_report(state: Path, page: Path) -> str:
 
 @needs_chromium
 def test_real_run_timeline_in_chromium(tmp_path: Path) -> None:
-    state = tmp_path / "s"
-    done = subprocess.run(
-        [
-            DISPATCH,
-            str(REPO / "examples/fanout/pack.toml"),
-            "--state",
-            str(state),
-            "-p",
-            "fail_on=beta",
-        ],
-        capture_output=True,
-        timeout=120,
-    )
-    assert done.returncode == 1, done.stderr
+    state = fanout_run(tmp_path / "s", fail_on="beta")
     page = tmp_path / "t.html"
     html_report(state, page)
     dom = dump_dom(page, tmp_path)

@@ -20,59 +20,46 @@ from crucible.run._engine import Counts
 from crucible.run._graph import build_graph
 from crucible.run._progress import describe
 from crucible.run._session import SessionLog, read_events
-from tests.run.dispatchtests import process_alive
+from tests.run.dispatchtests import wait_for, wait_gone
+
+
+def _sh(tmp_path: Path, script: str) -> procs.TaskProcess:
+    """``sh -c SCRIPT`` as a task leader in ``tmp_path``, its output to ``tmp_path/log``."""
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
+    try:
+        return procs.spawn(
+            ["sh", "-c", script],
+            env={"PATH": os.environ["PATH"]},
+            cwd=tmp_path,
+            log_fd=log,
+            started=time.monotonic(),
+            deadline=None,
+        )
+    finally:
+        os.close(log)
 
 
 def test_group_kill_reaches_grandchildren(tmp_path: Path) -> None:
     pidfile = tmp_path / "grandchild.pid"
-    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
-    proc = procs.spawn(
-        ["sh", "-c", f"sleep 60 & echo $! > {pidfile}; wait"],
-        env={"PATH": os.environ["PATH"]},
-        cwd=tmp_path,
-        log_fd=log,
-        started=time.monotonic(),
-        deadline=None,
-    )
-    os.close(log)
-    for _ in range(200):
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        time.sleep(0.01)
+    proc = _sh(tmp_path, f"sleep 60 & echo $! > {pidfile}; wait")
+    wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", timeout=2)
     grandchild = int(pidfile.read_text())
     assert os.getpgid(grandchild) == proc.pid  # same group as the leader
     assert procs.kill_group(proc.pid, signal.SIGTERM)
     code = proc.reap()
     assert code == -signal.SIGTERM
-    for _ in range(200):
-        if not process_alive(grandchild):
-            break
-        time.sleep(0.01)
-    assert not process_alive(grandchild)
+    assert not wait_gone([grandchild], seconds=2)
 
 
 def test_reap_kills_leftovers_of_a_finished_leader(tmp_path: Path) -> None:
     pidfile = tmp_path / "bg.pid"
-    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
-    proc = procs.spawn(
-        ["sh", "-c", f"sleep 60 >/dev/null 2>&1 & echo $! > {pidfile}"],
-        env={"PATH": os.environ["PATH"]},
-        cwd=tmp_path,
-        log_fd=log,
-        started=time.monotonic(),
-        deadline=None,
-    )
-    os.close(log)
+    proc = _sh(tmp_path, f"sleep 60 >/dev/null 2>&1 & echo $! > {pidfile}")
     import select
 
     select.select([proc.pidfd], [], [], 10)
     assert proc.reap() == 0
     background = int(pidfile.read_text())
-    for _ in range(200):
-        if not process_alive(background):
-            break
-        time.sleep(0.01)
-    assert not process_alive(background)
+    assert not wait_gone([background], seconds=2)
 
 
 def test_spawn_does_what_popen_did_and_reports_failures(tmp_path: Path) -> None:

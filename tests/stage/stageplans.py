@@ -93,3 +93,44 @@ def settle(
     return capture(
         p, state, name, ws, output_file=out, exit_code=exit_code, key=key, emit_cap=emit_cap
     )
+
+
+def consume(p: dict[str, Any], state: Path, name: str) -> Path:
+    """Stage ``name``'s inputs into its default workspace, ``work/<name>``; the workspace."""
+    from crucible.stage import stage_inputs
+
+    ws = state / "work" / name
+    stage_inputs(p, state, name, ws)
+    return ws
+
+
+def finish(p: dict[str, Any], state: Path, name: str) -> dict[str, Any]:
+    """Settle ``name`` (staged by :func:`consume`) as passed without a result file."""
+    ws = state / "work" / name
+    return capture(p, state, name, ws, output_file=ws / "none", exit_code=0)
+
+
+def loop_entry(
+    n: int,
+    score: Any = None,
+    *,
+    kept: bool = False,
+    note: str = "",
+    fields: dict[str, Any] | None = None,
+    duration_ms: int = 5,
+) -> dict[str, Any]:
+    """A STATE/loop.json revision entry as the loop engine writes it: failed without
+    a ``score``; ``fields`` default to the score's own."""
+    if fields is None:
+        fields = {} if score is None else {"score": score}
+    return {
+        "revision": n,
+        "status": "passed" if score is not None else "failed",
+        "score": score,
+        "verdict": "improved" if kept else ("failed" if score is None else "not_improved"),
+        "kept": kept,
+        "note": note,
+        "delta": None,
+        "fields": fields,
+        "duration_ms": duration_ms,
+    }

@@ -14,12 +14,10 @@ from crucible.core.errors import InputRefused
 from crucible.stage import (
     KEY_COMPONENT_MAX,
     StateLayout,
-    capture,
     escape_key,
     settle_fold,
-    stage_inputs,
 )
-from tests.stage.stageplans import plan, settle, task
+from tests.stage.stageplans import consume, finish, plan, settle, task
 
 LONGEST = "t" * contract.NAME_MAX_BYTES
 LONG_KEY = "k" * KEY_COMPONENT_MAX  # escapes to itself: the longest unshortened key
@@ -75,17 +73,6 @@ def _tamper_through(ws: Path, rel: str) -> None:
         f.write(b"EVIL")
 
 
-def _consume(p: dict, state: Path, name: str) -> Path:  # type: ignore[type-arg]
-    ws = state / "work" / name
-    stage_inputs(p, state, name, ws)
-    return ws
-
-
-def _finish(p: dict, state: Path, name: str) -> dict:  # type: ignore[type-arg]
-    ws = state / "work" / name
-    return capture(p, state, name, ws, output_file=ws / "none", exit_code=0)
-
-
 def test_a_longest_named_units_tampered_list_fits(state: Path) -> None:
     """The replaced inodes of the longest-named unit are listed in
     ``shared/@tampered/<task>``: ``shared/<task>.tampered.jsonl`` was 264 bytes
@@ -94,12 +81,12 @@ def test_a_longest_named_units_tampered_list_fits(state: Path) -> None:
         task(LONGEST, emits_files=["o"]), task("a", needs=[LONGEST]), task("b", needs=[LONGEST])
     )
     settle(p, state, LONGEST, None, files={"o": b"captured"})
-    a = _consume(p, state, "a")
+    a = consume(p, state, "a")
     _tamper_through(a, f"{LONGEST}/o")
-    rec = _finish(p, state, "a")
+    rec = finish(p, state, "a")
     assert rec["status"] == "failed" and "changed while a held it" in rec["note"]
     assert (state / "shared" / "@tampered" / LONGEST).stat().st_size > 0
-    b = _consume(p, state, "b")
+    b = consume(p, state, "b")
     assert (b / "inputs" / LONGEST / "o").read_bytes() == b"captured"
 
 
@@ -115,12 +102,12 @@ def test_a_longest_keyed_instances_tampered_list_fits(state: Path) -> None:
     settle(p, state, "src", {"xs": {LONG_KEY: 1}})  # an object's keys are the instance keys
     settle(p, state, m, None, key=LONG_KEY, files={"o": b"captured"})
     settle_fold(p, state, m, [LONG_KEY])
-    j = _consume(p, state, "j")
+    j = consume(p, state, "j")
     _tamper_through(j, f"{m}/{LONG_KEY}/o")
-    rec = _finish(p, state, "j")
+    rec = finish(p, state, "j")
     assert rec["status"] == "failed" and "changed while j held it" in rec["note"]
     listed = state / "shared" / m / "@tampered" / LONG_KEY
     assert listed.stat().st_size > 0
     assert sorted(os.listdir(state / "shared" / m)) == ["@tampered", LONG_KEY]
-    k = _consume(p, state, "k")
+    k = consume(p, state, "k")
     assert (k / "inputs" / m / LONG_KEY / "o").read_bytes() == b"captured"

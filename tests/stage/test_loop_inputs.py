@@ -19,23 +19,13 @@ from crucible.core.errors import InputRefused
 from crucible.run import _loop_inputs as li
 from crucible.stage import StateLayout, capture, stage_inputs
 from tests.packed import keyed
-from tests.stage.stageplans import plan, settle, task
+from tests.stage.stageplans import loop_entry, plan, settle, task
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
 def rev_entry(n: int, score: Any, *, kept: bool = False, note: str = "") -> dict[str, Any]:
-    return {
-        "revision": n,
-        "status": "passed" if score is not None else "failed",
-        "score": score,
-        "verdict": "improved" if kept else ("failed" if score is None else "not_improved"),
-        "kept": kept,
-        "note": note,
-        "delta": None,
-        "fields": {} if score is None else {"score": score},
-        "duration_ms": 5,
-    }
+    return loop_entry(n, score, kept=kept, note=note)
 
 
 def loop_plan(**extra: Any) -> dict[str, Any]:

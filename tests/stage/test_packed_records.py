@@ -7,7 +7,6 @@ import json
 import multiprocessing
 import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ from crucible.core import canon
 from crucible.core.errors import OperationalError, ParseError
 from crucible.stage import _store
 from tests.packed import keyed
-
-DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
+from tests.run.dispatchtests import DISPATCH
 
 
 def rec(task: str, key: str, status: str = "passed", note: str = "") -> dict[str, Any]:

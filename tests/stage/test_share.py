@@ -21,7 +21,7 @@ from crucible.core import digest
 from crucible.core.errors import InputRefused
 from crucible.stage import capture, stage_inputs
 from crucible.stage._files import FICLONE
-from tests.stage.stageplans import plan, settle, task
+from tests.stage.stageplans import consume, finish, plan, settle, task
 
 BIG = os.urandom(3000) * 7  # 21,000 bytes: several blocks
 
@@ -44,17 +44,6 @@ def _sha(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _consumer(state: Path, p: dict, name: str) -> Path:  # type: ignore[type-arg]
-    ws = state / "work" / name
-    stage_inputs(p, state, name, ws)
-    return ws
-
-
-def _finish(state: Path, p: dict, name: str) -> dict:  # type: ignore[type-arg]
-    ws = state / "work" / name
-    return capture(p, state, name, ws, output_file=ws / "none", exit_code=0)
-
-
 def test_consumers_share_one_published_copy_whose_digests_equal_the_captured(
     state: Path,
 ) -> None:
@@ -64,7 +53,7 @@ def test_consumers_share_one_published_copy_whose_digests_equal_the_captured(
     assert captured == {"out/big": digest.of_bytes(BIG), "out/sub/small": digest.of_bytes(b"small")}
     inodes = set()
     for name in ("a", "b", "c"):
-        ws = _consumer(state, p, name)
+        ws = consume(p, state, name)
         for rel, want in captured.items():
             staged = ws / "inputs" / "p" / rel
             assert _sha(staged) == want
@@ -78,7 +67,7 @@ def test_consumers_share_one_published_copy_whose_digests_equal_the_captured(
         published = state / "shared" / "p" / "tree" / "out" / "big"
         assert published.stat().st_nlink == 4
     for name in ("a", "b", "c"):
-        assert _finish(state, p, name)["status"] == "passed"
+        assert finish(p, state, name)["status"] == "passed"
 
 
 @pytest.mark.parametrize("how", ["write", "chmod-and-write", "chmod", "truncate", "replace-inode"])
@@ -88,8 +77,8 @@ def test_a_consumer_writing_a_staged_file_is_detected_named_and_undone(
     p = _plan()
     rec = _produce(state, p)
     want = {f["path"]: f["digest"] for f in rec["files"]}
-    a = _consumer(state, p, "a")
-    _consumer(state, p, "b")  # staged at the same time as a: holds the same inodes
+    a = consume(p, state, "a")
+    consume(p, state, "b")  # staged at the same time as a: holds the same inodes
     victim = a / "inputs" / "p" / "out" / "big"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked: every consumer has a private copy")
@@ -106,43 +95,43 @@ def test_a_consumer_writing_a_staged_file_is_detected_named_and_undone(
         with open(victim, "r+b") as f:
             f.write(b"EVIL")
         os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
-    ra = _finish(state, p, "a")
+    ra = finish(p, state, "a")
     assert ra["status"] == "failed" and ra["retryable"] is False
     assert "inputs/p/out/big" in ra["note"] and "changed while a held it" in ra["note"]
     # the store never saw it; a consumer staged afterwards gets the captured bytes
     assert _sha(state / "files" / "p" / "out" / "big") == want["out/big"]
-    c = _consumer(state, p, "c")
+    c = consume(p, state, "c")
     assert _sha(c / "inputs" / "p" / "out" / "big") == want["out/big"]
     assert (c / "inputs" / "p" / "out" / "big").stat().st_mode & 0o777 == 0o444
-    assert _finish(state, p, "c")["status"] == "passed"
+    assert finish(p, state, "c")["status"] == "passed"
     # b held the changed inode: it is told too, never silently passed
-    rb = _finish(state, p, "b")
+    rb = finish(p, state, "b")
     assert rb["status"] == "failed" and "changed while b held it" in rb["note"]
 
 
 def test_a_change_found_when_a_later_consumer_is_staged_is_undone_first(state: Path) -> None:
     p = _plan()
     rec = _produce(state, p)
-    a = _consumer(state, p, "a")
+    a = consume(p, state, "a")
     victim = a / "inputs" / "p" / "out" / "sub" / "small"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked")
     victim.chmod(0o644)
     victim.write_bytes(b"EVIL!")
-    b = _consumer(state, p, "b")  # before a is captured
+    b = consume(p, state, "b")  # before a is captured
     assert (b / "inputs" / "p" / "out" / "sub" / "small").read_bytes() == b"small"
     assert _sha(b / "inputs/p/out/sub/small") == rec["files"][1]["digest"]
-    ra = _finish(state, p, "a")  # a still holds the changed inode: named
+    ra = finish(p, state, "a")  # a still holds the changed inode: named
     assert ra["status"] == "failed" and "inputs/p/out/sub/small" in ra["note"]
-    assert _finish(state, p, "b")["status"] == "passed"
+    assert finish(p, state, "b")["status"] == "passed"
 
 
 def test_a_touched_mtime_alone_is_not_tampering(state: Path) -> None:
     p = _plan()
     _produce(state, p)
-    a = _consumer(state, p, "a")
+    a = consume(p, state, "a")
     os.utime(a / "inputs" / "p" / "out" / "big", (1, 1))
-    assert _finish(state, p, "a")["status"] == "passed"
+    assert finish(p, state, "a")["status"] == "passed"
 
 
 def test_a_store_changed_after_capture_is_refused_at_staging(state: Path) -> None:
@@ -152,18 +141,18 @@ def test_a_store_changed_after_capture_is_refused_at_staging(state: Path) -> Non
     store.chmod(0o644)
     store.write_bytes(b"x" * len(BIG))
     with pytest.raises(InputRefused, match="no longer matches the digest its capture recorded"):
-        _consumer(state, p, "a")
+        consume(p, state, "a")
     assert not (state / "work" / "a" / "inputs").exists()
 
 
 def test_a_new_capture_is_published_again(state: Path) -> None:
     p = _plan()
     _produce(state, p)
-    _consumer(state, p, "a")
+    consume(p, state, "a")
     settle(p, state, "p", None, files={"out/big": b"second", "out/sub/small": b"2"})
-    b = _consumer(state, p, "b")
+    b = consume(p, state, "b")
     assert (b / "inputs" / "p" / "out" / "big").read_bytes() == b"second"
-    assert _finish(state, p, "a")["status"] == "passed"  # its old links: not a tamper
+    assert finish(p, state, "a")["status"] == "passed"  # its old links: not a tamper
 
 
 @pytest.mark.parametrize("code", [errno.EXDEV, errno.EMLINK])
@@ -177,7 +166,7 @@ def test_a_link_that_cannot_be_made_falls_back_to_a_copy(
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(os, "link", no_link)
-    ws = _consumer(state, p, "a")
+    ws = consume(p, state, "a")
     staged = ws / "inputs" / "p" / "out" / "big"
     assert staged.stat().st_nlink == 1 and _sha(staged) == rec["files"][0]["digest"]
     assert staged.stat().st_mode & 0o777 == 0o444
@@ -240,8 +229,8 @@ def test_with_reflinks_every_consumer_has_a_private_copy() -> None:
         state.mkdir()
         p = _plan()
         rec = _produce(state, p)
-        a = _consumer(state, p, "a")
-        b = _consumer(state, p, "b")
+        a = consume(p, state, "a")
+        b = consume(p, state, "b")
         va, vb = a / "inputs/p/out/big", b / "inputs/p/out/big"
         assert va.stat().st_nlink == 1 and va.stat().st_ino != vb.stat().st_ino
         va.chmod(0o644)
@@ -266,11 +255,11 @@ def test_mapped_producers_and_settled_joins_share_too(state: Path) -> None:
     settle(p, state, "m", None, key="1", files={"o": b"one"}, exit_code=1)  # retained files
     settle_fold(p, state, "m", ["0", "1"])
     for name in ("j", "e"):
-        ws = _consumer(state, p, name)
+        ws = consume(p, state, name)
         assert (ws / "inputs/m/0/o").read_bytes() == b"zero"
         assert (ws / "inputs/m/1/o").read_bytes() == b"one"
     assert (state / "shared/m/0/tree/o").stat().st_nlink in (1, 3)
-    assert _finish(state, p, "j")["status"] == "passed"
+    assert finish(p, state, "j")["status"] == "passed"
 
 
 def _du_files(*tops: Path) -> int:
@@ -328,7 +317,7 @@ def test_a_timed_out_consumer_is_checked_when_it_is_settled(state: Path) -> None
 
     p = _plan()
     _produce(state, p)
-    a = _consumer(state, p, "a")
+    a = consume(p, state, "a")
     victim = a / "inputs" / "p" / "out" / "big"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked")
@@ -336,7 +325,7 @@ def test_a_timed_out_consumer_is_checked_when_it_is_settled(state: Path) -> None
     victim.write_bytes(b"EVIL")
     rec = record_settled(p, state, "a", status="failed", note="timed out after 1 s")
     assert rec["note"].startswith("timed out after 1 s; staged file inputs/p/out/big")
-    b = _consumer(state, p, "b")
+    b = consume(p, state, "b")
     assert (b / "inputs/p/out/big").read_bytes() == BIG
 
 
@@ -347,13 +336,13 @@ def test_restaging_never_chmods_a_shared_file(state: Path) -> None:
     (each is an inode every other consumer holds)."""
     p = _plan()
     _produce(state, p)
-    a = _consumer(state, p, "a")
-    _consumer(state, p, "b")
+    a = consume(p, state, "a")
+    consume(p, state, "b")
     (a / "inputs" / "p" / "out").chmod(0o555)
-    _consumer(state, p, "a")  # the old tree is removed
+    consume(p, state, "a")  # the old tree is removed
     published = state / "shared" / "p" / "tree" / "out" / "big"
     assert published.stat().st_mode & 0o777 == 0o444
-    assert _finish(state, p, "b")["status"] == "passed"
+    assert finish(p, state, "b")["status"] == "passed"
 
 
 def test_a_consumer_staged_ahead_starts_with_the_captured_bytes(state: Path) -> None:
@@ -361,8 +350,8 @@ def test_a_consumer_staged_ahead_starts_with_the_captured_bytes(state: Path) -> 
 
     p = _plan()
     _produce(state, p)
-    a = _consumer(state, p, "a")
-    b = _consumer(state, p, "b")  # staged ahead, while a runs
+    a = consume(p, state, "a")
+    b = consume(p, state, "b")  # staged ahead, while a runs
     victim = a / "inputs" / "p" / "out" / "big"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked")
@@ -372,6 +361,6 @@ def test_a_consumer_staged_ahead_starts_with_the_captured_bytes(state: Path) -> 
     held = b / "inputs" / "p" / "out" / "big"
     assert held.read_bytes() == BIG and held.stat().st_mode & 0o777 == 0o444
     assert refresh_inputs(p, state, "b", b) == []
-    ra = _finish(state, p, "a")
+    ra = finish(p, state, "a")
     assert ra["status"] == "failed" and "changed while a held it" in ra["note"]
-    assert _finish(state, p, "b")["status"] == "passed"
+    assert finish(p, state, "b")["status"] == "passed"

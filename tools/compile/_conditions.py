@@ -157,10 +157,9 @@ def condition_reads(tree: ast.Expression) -> list[Read]:
 
 
 def _number(chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool) -> bool:
-    from crucible.compile._shape import type_name
 
     if isinstance(value, bool) or not isinstance(value, int | float):
-        chk.error("wrong-type", path, f"{what} must be a number, not {type_name(value)}")
+        chk.wrong_type(path, value, f"{what} must be a number")
         return False
     low_ok = value >= 0 if zero else value > 0
     if not (math.isfinite(value) and low_ok and value <= MAX_SAFE_INTEGER):
@@ -171,7 +170,6 @@ def _number(chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool
 
 
 def _exit_codes(chk: Checker, path: KeyPath, value: object, what: str) -> list[int] | None:
-    from crucible.compile._shape import type_name
 
     if not isinstance(value, list | tuple) or not value:
         chk.error("wrong-type", path, f"{what} must be a non-empty array of exit codes")
@@ -179,9 +177,7 @@ def _exit_codes(chk: Checker, path: KeyPath, value: object, what: str) -> list[i
     codes: list[int] = []
     for i, code in enumerate(value):
         if type(code) is not int:
-            chk.error(
-                "wrong-type", (*path, i), f"{what}[{i}] must be an integer, not {type_name(code)}"
-            )
+            chk.wrong_type((*path, i), code, f"{what}[{i}] must be an integer")
             return None
         if not 1 <= code <= 255:
             chk.error(
@@ -196,20 +192,10 @@ def _exit_codes(chk: Checker, path: KeyPath, value: object, what: str) -> list[i
 
 
 def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | None:
-    from crucible.compile._shape import type_name
-
     if not isinstance(raw, dict):
-        chk.error("wrong-type", path, f"retry must be a table, not {type_name(raw)}")
+        chk.wrong_type(path, raw, "retry must be a table")
         return None
-    ok = True
-    for key in raw:
-        if key not in RETRY_KEYS:
-            chk.error(
-                "unknown-key",
-                (*path, key),
-                f"unknown key {key!r} in retry (known: {', '.join(RETRY_KEYS)})",
-            )
-            ok = False
+    ok = chk.known_keys(path, raw, RETRY_KEYS, "retry")
     if "limit" not in raw:
         chk.error(
             "missing-key", path, "retry has no limit (how many retries after the first attempt)"
@@ -217,11 +203,7 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
         return None
     limit = raw["limit"]
     if type(limit) is not int:
-        chk.error(
-            "wrong-type",
-            (*path, "limit"),
-            f"retry limit must be an integer, not {type_name(limit)}",
-        )
+        chk.wrong_type((*path, "limit"), limit, "retry limit must be an integer")
         return None
     if not 0 <= limit <= 1000:
         chk.error(
@@ -249,10 +231,8 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
         if isinstance(raw["on_timeout"], bool):
             out["on_timeout"] = raw["on_timeout"]
         else:
-            chk.error(
-                "wrong-type",
-                (*path, "on_timeout"),
-                f"retry on_timeout must be a boolean, not {type_name(raw['on_timeout'])}",
+            chk.wrong_type(
+                (*path, "on_timeout"), raw["on_timeout"], "retry on_timeout must be a boolean"
             )
             ok = False
     if "on_exit" in raw:

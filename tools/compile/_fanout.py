@@ -129,15 +129,10 @@ def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
 
 
 def _sequence(chk: Any, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
-    shape = _shape()
     ok = True
     for k, v in value.items():
         if type(v) is not int or abs(v) > MAX_SAFE_INTEGER:
-            chk.error(
-                "wrong-type",
-                (*path, k),
-                f"{what}: {k} must be an integer, not {shape.type_name(v)}",
-            )
+            chk.wrong_type((*path, k), v, f"{what}: {k} must be an integer")
             ok = False
     if not ok:
         return None
@@ -203,13 +198,11 @@ def describe_source(source: Any) -> str:
 
 
 def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
-    shape = _shape()
     if not isinstance(value, dict):
-        chk.error(
-            "wrong-type",
+        chk.wrong_type(
             path,
-            "matrix must be a table of axis = source (with optional exclude and include), "
-            f"not {shape.type_name(value)}",
+            value,
+            "matrix must be a table of axis = source (with optional exclude and include)",
         )
         return None
     axes: list[dict[str, Any]] = []
@@ -273,11 +266,7 @@ def _matrix_entries(
 ) -> list[dict[str, Any]] | None:
     shape = _shape()
     if not isinstance(value, list | tuple):
-        chk.error(
-            "wrong-type",
-            path,
-            f"matrix {what} must be an array of tables, not {shape.type_name(value)}",
-        )
+        chk.wrong_type(path, value, f"matrix {what} must be an array of tables")
         return None
     out: list[dict[str, Any]] = []
     ok = True
@@ -314,7 +303,6 @@ def check_fanout_task(
     chk: Any, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], edition: int
 ) -> None:
     """The edition-4 task keys ``map`` (new sources), ``matrix``, ``key``, ``parallelism``."""
-    shape = _shape()
     who = f"task {task['name']!r}" if task.get("name") else "the task"
     if "map" in raw:
         source = check_map_source(chk, (*path, "map"), raw["map"], "map", axis=False)
@@ -340,11 +328,7 @@ def check_fanout_task(
                 f"{who} has key but no map (a matrix instance is keyed by its combination)",
             )
         elif not isinstance(key, str) or not key:
-            chk.error(
-                "wrong-type",
-                (*path, "key"),
-                f"key must be the name of a field of each item, not {shape.type_name(key)}",
-            )
+            chk.wrong_type((*path, "key"), key, "key must be the name of a field of each item")
         else:
             task["key"] = key
             source = task.get("map")
@@ -359,11 +343,7 @@ def check_fanout_task(
                 f"{who} has parallelism but no map or matrix",
             )
         elif type(value) is not int:
-            chk.error(
-                "wrong-type",
-                (*path, "parallelism"),
-                f"parallelism must be an integer, not {shape.type_name(value)}",
-            )
+            chk.wrong_type((*path, "parallelism"), value, "parallelism must be an integer")
         elif not 1 <= value <= MAX_INSTANCES:
             chk.error(
                 "bad-value",
@@ -549,19 +529,11 @@ def _check_param_source(
 def check_outputs(chk: Any, path: KeyPath, value: Any) -> dict[str, str]:
     """``[workflow.outputs]``: result name → ``"task.field"``."""
     shape = _shape()
-    if not isinstance(value, dict):
-        chk.error(
-            "wrong-type",
-            path,
-            f'outputs must be a table of name = "task.field", not {shape.type_name(value)}',
-        )
-        return {}
     out: dict[str, str] = {}
-    for name, ref in value.items():
-        opath = (*path, name)
-        if (problem := ident_problem("output", name)) is not None:
-            chk.error("bad-name", opath, problem)
-            continue
+    entries = chk.named_entries(
+        path, value, "output", 'outputs must be a table of name = "task.field"'
+    )
+    for name, ref, opath in entries:
         checked = shape._check_ref(chk, opath, ref, f"output {name!r}")
         if checked is not None:
             out[name] = checked
@@ -608,13 +580,8 @@ def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
     """``[workflow.publish]``: destination dir → ``"task:glob"`` (or an array of
     them, or ``{from = ..., settled = bool}``). Plan form:
     ``{dest: {"from": ["task:glob", ...], "settled": bool}}``."""
-    shape = _shape()
     if not isinstance(value, dict):
-        chk.error(
-            "wrong-type",
-            path,
-            f'publish must be a table of "dir/" = "task:glob", not {shape.type_name(value)}',
-        )
+        chk.wrong_type(path, value, 'publish must be a table of "dir/" = "task:glob"')
         return {}
     out: dict[str, Any] = {}
     for dest, spec in value.items():
@@ -623,24 +590,14 @@ def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
         settled: Any = False
         sources: Any = spec
         if isinstance(spec, dict):
-            for k in spec:
-                if k not in ("from", "settled"):
-                    chk.error(
-                        "unknown-key",
-                        (*dpath, k),
-                        f"unknown key {k!r} in publish entry {dest!r} (known: from, settled)",
-                    )
+            chk.known_keys(dpath, spec, ("from", "settled"), f"publish entry {dest!r}")
             if "from" not in spec:
                 chk.error("missing-key", dpath, f"publish entry {dest!r} has no from")
                 continue
             sources = spec["from"]
             settled = spec.get("settled", False)
             if not isinstance(settled, bool):
-                chk.error(
-                    "wrong-type",
-                    (*dpath, "settled"),
-                    f"settled must be a boolean, not {shape.type_name(settled)}",
-                )
+                chk.wrong_type((*dpath, "settled"), settled, "settled must be a boolean")
                 continue
         if isinstance(sources, str):
             sources = [sources]
@@ -704,11 +661,8 @@ def _check_dest(chk: Any, path: KeyPath, dest: str) -> str | None:
 
 
 def _check_publish_source(chk: Any, path: KeyPath, src: Any) -> bool:
-    shape = _shape()
     if not isinstance(src, str):
-        chk.error(
-            "wrong-type", path, f'a publish source must be "task:glob", not {shape.type_name(src)}'
-        )
+        chk.wrong_type(path, src, 'a publish source must be "task:glob"')
         return False
     task, colon, glob = src.partition(":")
     if not colon or not task or not glob:

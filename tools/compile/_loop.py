@@ -11,12 +11,12 @@ its declared numeric fields). Both run on manifests and on plan files alike.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._names import ident_problem
-from crucible.compile._shape import Checker, str_items, type_name
+from crucible.compile._shape import Checker, str_items
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 __all__ = [
@@ -78,6 +78,17 @@ _INTEGERS: tuple[tuple[str, int, int, str], ...] = (
     ),
 )
 
+#: the [loop] numbers with a lower bound: key, the check, what the key must be, why
+_BOUNDED_NUMBERS: tuple[tuple[str, Callable[[float], bool], str, str], ...] = (
+    (
+        "min_delta",
+        lambda n: n >= 0,
+        "0 or more",
+        ": an improvement is a score better than the kept one by at least min_delta",
+    ),
+    ("time_budget", lambda n: n > 0, "a positive number of seconds", ""),
+)
+
 
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
@@ -86,7 +97,7 @@ def _is_number(value: object) -> bool:
 def _integer(chk: Checker, key: str, value: object, low: int, high: int, what: str) -> int | None:
     where = (*_PATH, key)
     if type(value) is not int:
-        chk.error("wrong-type", where, f"[loop] {key} must be an integer, not {type_name(value)}")
+        chk.wrong_type(where, value, f"[loop] {key} must be an integer")
         return None
     if not low <= value <= high:
         chk.error("bad-value", where, f"[loop] {key} must be {what}, not {value}")
@@ -97,7 +108,7 @@ def _integer(chk: Checker, key: str, value: object, low: int, high: int, what: s
 def _number(chk: Checker, key: str, value: object) -> int | float | None:
     where = (*_PATH, key)
     if not _is_number(value):
-        chk.error("wrong-type", where, f"[loop] {key} must be a number, not {type_name(value)}")
+        chk.wrong_type(where, value, f"[loop] {key} must be a number")
         return None
     assert isinstance(value, int | float)
     if not math.isfinite(value) or abs(value) > MAX_SAFE_INTEGER:
@@ -109,16 +120,10 @@ def _number(chk: Checker, key: str, value: object) -> int | float | None:
 def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
     """``[loop]`` → the plan's ``loop`` member, or None when any part is refused."""
     if not isinstance(raw, dict):
-        chk.error("wrong-type", _PATH, f"loop must be a table, not {type_name(raw)}")
+        chk.wrong_type(_PATH, raw, "loop must be a table")
         return None
     before = len(chk.diagnostics)
-    for key in raw:
-        if key not in LOOP_KEYS:
-            chk.error(
-                "unknown-key",
-                (*_PATH, key),
-                f"unknown key {key!r} in [loop] (known: {', '.join(LOOP_KEYS)})",
-            )
+    chk.known_keys(_PATH, raw, LOOP_KEYS, "[loop]")
     for key in ("body", "score", "metric", "max_revisions"):
         if key not in raw:
             chk.error("missing-key", _PATH, f"[loop] has no {key}")
@@ -136,11 +141,7 @@ def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
             continue
         value = raw[key]
         if not isinstance(value, str):
-            chk.error(
-                "wrong-type",
-                (*_PATH, key),
-                f"[loop] {key} must be a string, not {type_name(value)}",
-            )
+            chk.wrong_type((*_PATH, key), value, f"[loop] {key} must be a string")
         elif key == "metric" and (problem := ident_problem("field", value)) is not None:
             chk.error("bad-name", (*_PATH, key), f"[loop] metric: {problem}")
         elif not value:
@@ -161,39 +162,22 @@ def check_loop_table(chk: Checker, raw: object) -> dict[str, Any] | None:
             loop[key] = value
     if "target" in raw and (target := _number(chk, "target", raw["target"])) is not None:
         loop["target"] = target
-    if "min_delta" in raw and (delta := _number(chk, "min_delta", raw["min_delta"])) is not None:
-        if delta < 0:
-            chk.error(
-                "bad-value",
-                (*_PATH, "min_delta"),
-                f"[loop] min_delta must be 0 or more, not {delta}: an improvement is a "
-                "score better than the kept one by at least min_delta",
-            )
+    for key, in_range, expected, why in _BOUNDED_NUMBERS:
+        if key not in raw or (number := _number(chk, key, raw[key])) is None:
+            continue
+        if in_range(number):
+            loop[key] = number
         else:
-            loop["min_delta"] = delta
-    if (
-        "time_budget" in raw
-        and (budget := _number(chk, "time_budget", raw["time_budget"])) is not None
-    ):
-        if budget <= 0:
             chk.error(
-                "bad-value",
-                (*_PATH, "time_budget"),
-                f"[loop] time_budget must be a positive number of seconds, not {budget}",
+                "bad-value", (*_PATH, key), f"[loop] {key} must be {expected}, not {number}{why}"
             )
-        else:
-            loop["time_budget"] = budget
     return None if len(chk.diagnostics) > before else loop
 
 
 def _check_body(chk: Checker, value: object) -> list[str] | None:
     where = (*_PATH, "body")
     if not isinstance(value, list | tuple):
-        chk.error(
-            "wrong-type",
-            where,
-            f"[loop] body must be an array of task names, not {type_name(value)}",
-        )
+        chk.wrong_type(where, value, "[loop] body must be an array of task names")
         return None
     if not value:
         chk.error("bad-value", where, "[loop] body must name at least one task")

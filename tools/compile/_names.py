@@ -28,10 +28,8 @@ __all__ = [
     "task_name_problems",
 ]
 
-
-#: fields, inputs, params, env names (our choice: identifier-like, no dots)
+#: fields, inputs, params, output names (our choice: identifier-like, no dots)
 IDENT_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_-]*\Z")
-ENV_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def ident_problem(kind: str, name: object) -> str | None:
@@ -45,6 +43,10 @@ def ident_problem(kind: str, name: object) -> str | None:
         # an input becomes a file name under inputs/ (stage refuses it there)
         return f"{kind} name {name[:40]!r}… is longer than {IDENT_MAX_BYTES} bytes"
     return None
+
+
+#: environment variable names: what a POSIX shell accepts (no "-")
+ENV_RE = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def env_problem(name: str) -> str | None:

@@ -10,7 +10,7 @@ says why).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,43 @@ class Checker:
 
     def error(self, code: str, path: KeyPath, message: str) -> None:
         self.diagnostics.append(Diagnostic(code, message, self.locator.locate(path)))
+
+    def wrong_type(self, path: KeyPath, value: object, expected: str) -> None:
+        """The ``wrong-type`` error every checker words alike: ``EXPECTED, not TYPE``."""
+        self.error("wrong-type", path, f"{expected}, not {type_name(value)}")
+
+    def known_keys(
+        self, path: KeyPath, table: Mapping[str, Any], allowed: tuple[str, ...], label: str
+    ) -> bool:
+        """True when every key of ``table`` is ``allowed``; else an ``unknown-key``
+        error for each other one (a ``label`` ending in ``()`` names a call's keywords)."""
+        ok = True
+        for key in table:
+            if key not in allowed:
+                noun = "keyword argument" if label.endswith("()") else "key"
+                self.error(
+                    "unknown-key",
+                    (*path, key),
+                    f"unknown {noun} {key!r} in {label} (known: {', '.join(allowed)})",
+                )
+                ok = False
+        return ok
+
+    def named_entries(
+        self, path: KeyPath, table: object, kind: str, expected: str
+    ) -> Iterator[tuple[str, Any, KeyPath]]:
+        """``(name, value, path)`` of each entry of a table keyed by ``kind`` names
+        (identifiers): a ``wrong-type`` error (``EXPECTED, not TYPE``) when ``table``
+        is not a table, a ``bad-name`` error for each key that is not a name."""
+        if not isinstance(table, dict):
+            self.wrong_type(path, table, expected)
+            return
+        for name, value in table.items():
+            where = (*path, name)
+            if (problem := ident_problem(kind, name)) is not None:
+                self.error("bad-name", where, problem)
+                continue
+            yield name, value, where
 
     @property
     def failed(self) -> bool:
@@ -160,7 +197,7 @@ def split_ref(ref: str) -> tuple[str, str] | None:
 
 def _check_str(chk: Checker, path: KeyPath, value: object, what: str, *, nonempty: bool) -> bool:
     if not isinstance(value, str):
-        chk.error("wrong-type", path, f"{what} must be a string, not {type_name(value)}")
+        chk.wrong_type(path, value, f"{what} must be a string")
         return False
     if nonempty and not value.strip():
         chk.error("bad-value", path, f"{what} must not be empty")
@@ -170,7 +207,7 @@ def _check_str(chk: Checker, path: KeyPath, value: object, what: str, *, nonempt
 
 def _check_str_list(chk: Checker, path: KeyPath, value: object, what: str) -> list[str] | None:
     if not isinstance(value, list | tuple):
-        chk.error("wrong-type", path, f"{what} must be an array of strings, not {type_name(value)}")
+        chk.wrong_type(path, value, f"{what} must be an array of strings")
         return None
     return str_items(chk, path, value, what)
 
@@ -181,9 +218,7 @@ def str_items(chk: Checker, path: KeyPath, value: Sequence[object], what: str) -
     ok = True
     for i, item in enumerate(value):
         if not isinstance(item, str):
-            chk.error(
-                "wrong-type", (*path, i), f"{what}[{i}] must be a string, not {type_name(item)}"
-            )
+            chk.wrong_type((*path, i), item, f"{what}[{i}] must be a string")
             ok = False
         elif item in out:
             chk.error("duplicate-entry", (*path, i), f"{what} lists {item!r} twice")
@@ -219,38 +254,14 @@ def _check_ref(chk: Checker, path: KeyPath, value: object, what: str) -> str | N
     return value
 
 
-def _check_keys(
-    chk: Checker, path: KeyPath, table: Mapping[str, Any], allowed: tuple[str, ...], label: str
-) -> None:
-    for key in table:
-        if key not in allowed:
-            noun = "keyword argument" if label.endswith("()") else "key"
-            chk.error(
-                "unknown-key",
-                (*path, key),
-                f"unknown {noun} {key!r} in {label} (known: {', '.join(allowed)})",
-            )
-
-
 def check_params(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any]:
     """``[workflow.params.NAME]`` tables → ``{name: {type, default?, description?}}``."""
-    if not isinstance(raw, dict):
-        chk.error("wrong-type", path, f"params must be a table, not {type_name(raw)}")
-        return {}
     params: dict[str, Any] = {}
-    for name, spec in raw.items():
-        ppath = (*path, name)
-        if (problem := ident_problem("param", name)) is not None:
-            chk.error("bad-name", ppath, problem)
-            continue
+    for name, spec, ppath in chk.named_entries(path, raw, "param", "params must be a table"):
         if not isinstance(spec, dict):
-            chk.error(
-                "wrong-type",
-                ppath,
-                f"param {name!r} must be a table with a type, not {type_name(spec)}",
-            )
+            chk.wrong_type(ppath, spec, f"param {name!r} must be a table with a type")
             continue
-        _check_keys(chk, ppath, spec, PARAM_KEYS, f"param {name!r}")
+        chk.known_keys(ppath, spec, PARAM_KEYS, f"param {name!r}")
         if "type" not in spec:
             chk.error("missing-key", ppath, f"param {name!r} has no type")
             continue
@@ -354,9 +365,7 @@ def _task_name(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
     elif isinstance(raw["name"], str):
         t.task["name"] = raw["name"]
     else:
-        t.chk.error(
-            "wrong-type", t.at("name"), f"name must be a string, not {type_name(raw['name'])}"
-        )
+        t.chk.wrong_type(t.at("name"), raw["name"], "name must be a string")
 
 
 def _task_kind(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
@@ -407,11 +416,7 @@ def _task_run(t: _TaskCheck, run: object) -> None:
         else:
             t.chk.error("wrong-type", t.at("run"), "every element of run must be a string")
     else:
-        t.chk.error(
-            "wrong-type",
-            t.at("run"),
-            f"run must be an argv array or a shell string, not {type_name(run)}",
-        )
+        t.chk.wrong_type(t.at("run"), run, "run must be an argv array or a shell string")
     if "run" in t.task and "\x00" in "".join(t.task["run"]):
         # no command line can carry NUL: exec would fail on every attempt
         del t.task["run"]
@@ -434,18 +439,10 @@ def _task_join(t: _TaskCheck, value: object) -> None:
 
 
 def _task_emits(t: _TaskCheck, emits: object) -> None:
-    if not isinstance(emits, dict):
-        t.chk.error(
-            "wrong-type",
-            t.at("emits"),
-            f"emits must be a table of field = type, not {type_name(emits)}",
-        )
-        return
-    for field, type_ in emits.items():
-        fpath = t.at("emits", field)
-        if (problem := ident_problem("field", field)) is not None:
-            t.chk.error("bad-name", fpath, problem)
-            continue
+    entries = t.chk.named_entries(
+        t.at("emits"), emits, "field", "emits must be a table of field = type"
+    )
+    for field, type_, fpath in entries:
         checked = _check_type(t.chk, fpath, type_, f"type of emits field {field!r}")
         if checked is not None:
             t.task["emits"][field] = checked
@@ -475,7 +472,7 @@ def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
 def _task_cache(t: _TaskCheck, value: object) -> None:
     # docs/spec/cache.md: false = never looked up or recorded
     if type(value) is not bool:
-        t.chk.error("wrong-type", t.at("cache"), f"cache must be a boolean, not {type_name(value)}")
+        t.chk.wrong_type(t.at("cache"), value, "cache must be a boolean")
     else:
         t.task["cache"] = value
 
@@ -488,9 +485,7 @@ def _task_resources(t: _TaskCheck, value: object) -> None:
 
 def _task_retries(t: _TaskCheck, retries: object) -> None:
     if type(retries) is not int:
-        t.chk.error(
-            "wrong-type", t.at("retries"), f"retries must be an integer, not {type_name(retries)}"
-        )
+        t.chk.wrong_type(t.at("retries"), retries, "retries must be an integer")
     elif not 0 <= retries <= 1000:
         t.chk.error(
             "bad-value", t.at("retries"), f"retries must be between 0 and 1000, not {retries}"
@@ -501,11 +496,7 @@ def _task_retries(t: _TaskCheck, retries: object) -> None:
 
 def _task_timeout(t: _TaskCheck, timeout: object) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        t.chk.error(
-            "wrong-type",
-            t.at("timeout"),
-            f"timeout must be a number of seconds, not {type_name(timeout)}",
-        )
+        t.chk.wrong_type(t.at("timeout"), timeout, "timeout must be a number of seconds")
     elif not (math.isfinite(timeout) and 0 < timeout <= MAX_SAFE_INTEGER):
         t.chk.error(
             "bad-value",
@@ -525,9 +516,7 @@ def _task_epilogue(t: _TaskCheck, value: object) -> None:
     if isinstance(value, bool):
         t.task["epilogue"] = value
     else:
-        t.chk.error(
-            "wrong-type", t.at("epilogue"), f"epilogue must be a boolean, not {type_name(value)}"
-        )
+        t.chk.wrong_type(t.at("epilogue"), value, "epilogue must be a boolean")
 
 
 def _task_env(t: _TaskCheck, value: object) -> None:
@@ -545,19 +534,11 @@ def _task_env(t: _TaskCheck, value: object) -> None:
 
 
 def _task_inputs(t: _TaskCheck, inputs: object) -> None:
-    if not isinstance(inputs, dict):
-        t.chk.error(
-            "wrong-type",
-            t.at("inputs"),
-            f'inputs must be a table of name = "producer.field", not {type_name(inputs)}',
-        )
-        return
     declared: dict[str, Any] = {}
-    for name, source in inputs.items():
-        ipath = t.at("inputs", name)
-        if (problem := ident_problem("input", name)) is not None:
-            t.chk.error("bad-name", ipath, problem)
-            continue
+    entries = t.chk.named_entries(
+        t.at("inputs"), inputs, "input", 'inputs must be a table of name = "producer.field"'
+    )
+    for name, source, ipath in entries:
         if name in RESERVED_INPUTS:
             t.chk.error(
                 "input-reserved-name",
@@ -709,11 +690,7 @@ def check_workflow(
     for i, raw_task in enumerate(raw_tasks):
         tpath = (*path, tasks_key, i)
         if not isinstance(raw_task, dict):
-            chk.error(
-                "wrong-type",
-                tpath,
-                f"{task_label} entry {i} must be a table, not {type_name(raw_task)}",
-            )
+            chk.wrong_type(tpath, raw_task, f"{task_label} entry {i} must be a table")
             continue
         tasks.append(check_task(chk, tpath, raw_task, edition, label=task_label))
         paths.append(tpath)

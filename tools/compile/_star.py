@@ -101,20 +101,12 @@ def _workflow_table(chk: Checker, kwargs: dict[str, Any], edition: int) -> dict[
     the manifest's ``[workflow]`` table, its ``task()`` values as ``task``."""
     # edition 4: outputs= and publish= (checked with the rest of the workflow)
     known = _WORKFLOW_KWARGS + (WORKFLOW_KEYS_SINCE_4 if edition >= EDITION_CONTROL else ())
-    for key in kwargs:
-        if key not in known:
-            chk.error(
-                "unknown-key",
-                (key,),
-                f"unknown keyword argument {key!r} in workflow() (known: {', '.join(known)})",
-            )
+    chk.known_keys((), kwargs, known, "workflow()")
     if "params" in kwargs:
         check_params(chk, ("params",), kwargs["params"])
     tasks = kwargs.get("tasks", [])
     if not isinstance(tasks, list | tuple):
-        chk.error(
-            "wrong-type", ("tasks",), f"tasks must be a list of task(), not {type_name(tasks)}"
-        )
+        chk.wrong_type(("tasks",), tasks, "tasks must be a list of task()")
         tasks = []
     for i, item in enumerate(tasks):
         if not isinstance(item, TaskHandle):

@@ -77,7 +77,8 @@ class Summary:
     bad_lines: int = 0
     #: "\n" bytes in the covered part (to number the lines of a later part)
     newlines: int = 0
-    torn_tail: int = 0
+    #: the ledger ends in an unterminated segment that is not a record (a 0/1 word on disk)
+    torn_tail: bool = False
     fingerprint: int = 0
     first_bad_line: int = 0
 
@@ -94,6 +95,7 @@ class Summary:
         if check != _xxh(raw[: HEADER.size - 8]):
             return None
         summary = cls(*values)
+        summary.torn_tail = bool(summary.torn_tail)
         slots = summary.slots
         if slots < MIN_SLOTS or slots & (slots - 1) or summary.identities * 2 > slots:
             return None
@@ -296,14 +298,19 @@ def write_table(directory: Path, summary: Summary, entries: dict[int, int]) -> N
 
 def summary_of(result: Scan, data: bytes, info: os.stat_result, generation: bytes) -> Summary:
     covered = data.rfind(b"\n") + 1
-    s = Summary(info.st_dev, info.st_ino, generation, covered, len(data) - covered)
-    s.records = result.records
-    s.bad_lines = result.bad_lines
-    s.newlines = data.count(b"\n", 0, covered)
-    s.torn_tail = int(result.torn_tail)
-    s.first_bad_line = result.bad_line_numbers[0] if result.bad_line_numbers else 0
-    s.fingerprint = _xxh(data[max(0, covered - FINGERPRINT) : covered])
-    return s
+    return Summary(
+        info.st_dev,
+        info.st_ino,
+        generation,
+        covered,
+        tail_len=len(data) - covered,
+        records=result.records,
+        bad_lines=result.bad_lines,
+        newlines=data.count(b"\n", 0, covered),
+        torn_tail=result.torn_tail,
+        fingerprint=_xxh(data[max(0, covered - FINGERPRINT) : covered]),
+        first_bad_line=result.bad_line_numbers[0] if result.bad_line_numbers else 0,
+    )
 
 
 def build(
@@ -332,7 +339,7 @@ def catch_up(table: Table, ledger_fd: int, size: int) -> Scan:
     s.newlines += data.count(b"\n", 0, covered)
     s.covered = start + covered
     s.tail_len = len(data) - covered
-    s.torn_tail = int(part.torn_tail)
+    s.torn_tail = part.torn_tail
     s.fingerprint = fingerprint(ledger_fd, s.covered)
     entries = {h: start + pos for h, pos in part.hashed.items()}
     if (s.identities + len(entries)) * 2 > s.slots:

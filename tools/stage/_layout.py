@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from crucible.stage._names import check_task_name, escape_key
 
@@ -15,6 +16,23 @@ __all__ = ["RESERVED_STATE_NAMES", "StateLayout"]
 RESERVED_STATE_NAMES = ("history", "revision", "kept")
 
 
+class _In:
+    """A fixed path directly under ``STATE``, read as an attribute of a layout."""
+
+    def __init__(self, name: str, doc: str | None = None) -> None:
+        self.name = name
+        self.__doc__ = f"``{name}``: {doc}" if doc else f"``{name}``"
+
+    @overload
+    def __get__(self, layout: None, owner: type[StateLayout]) -> _In: ...
+    @overload
+    def __get__(self, layout: StateLayout, owner: type[StateLayout]) -> Path: ...
+    def __get__(self, layout: StateLayout | None, owner: type[StateLayout]) -> Path | _In:
+        if layout is None:
+            return self
+        return layout.state / self.name
+
+
 @dataclass(frozen=True)
 class StateLayout:
     """Paths inside ``STATE``. Task names are checked and keys escaped, so every
@@ -22,58 +40,23 @@ class StateLayout:
 
     state: Path
 
-    @property
-    def plan_path(self) -> Path:
-        return self.state / "plan.json"
-
-    @property
-    def params_path(self) -> Path:
-        return self.state / "params.json"
-
-    @property
-    def session_path(self) -> Path:
-        return self.state / "session.jsonl"
-
-    @property
-    def lock_path(self) -> Path:
-        return self.state / "lock"
-
-    @property
-    def outputs_path(self) -> Path:
-        """IR v3: the run's results (run.md, "Run results")."""
-        return self.state / "outputs.json"
-
-    @property
-    def loop_path(self) -> Path:
-        """IR v3: the scored loop's revisions (loop.md; schema loop.json)."""
-        return self.state / "loop.json"
-
-    @property
-    def executor_token_path(self) -> Path:
-        """``executor-token``: what every Dask worker must read back (run.md, Executors)."""
-        return self.state / "executor-token"
-
-    @property
-    def publish_scratch(self) -> Path:
-        """``.publish/``: where --publish-dir builds a destination on STATE's file
-        system (run.md, "Published files")."""
-        return self.state / ".publish"
-
-    @property
-    def results_root(self) -> Path:
-        return self.state / "results"
-
-    @property
-    def files_root(self) -> Path:
-        return self.state / "files"
-
-    @property
-    def work_root(self) -> Path:
-        return self.state / "work"
-
-    @property
-    def shared_root(self) -> Path:
-        return self.state / "shared"
+    # the fixed paths directly under STATE; the spec's name for one, where it has
+    # more than its file name, is its doc
+    plan_path = _In("plan.json")
+    params_path = _In("params.json")
+    session_path = _In("session.jsonl")
+    lock_path = _In("lock")
+    outputs_path = _In("outputs.json", "IR v3: the run's results (run.md, 'Run results')")
+    loop_path = _In("loop.json", "IR v3: the scored loop's revisions (loop.md; schema loop.json)")
+    executor_token_path = _In("executor-token", "what every Dask worker must read back (run.md)")
+    publish_scratch = _In(
+        ".publish", "where --publish-dir builds a destination on STATE's file system (run.md)"
+    )
+    results_root = _In("results")
+    files_root = _In("files")
+    work_root = _In("work")
+    shared_root = _In("shared")
+    reserved_root = _In("reserved")
 
     def under(self, root: Path, task: str, key: str | None, suffix: str = "") -> Path:
         """``root/<task><suffix>``, or ``root/<task>/<escaped key><suffix>``: how
@@ -126,10 +109,6 @@ class StateLayout:
         """``shared/<task>``, or ``shared/<task>/<escaped key>``: a unit's published
         copy (inputs.md 3.4)."""
         return self._under(self.shared_root, task, key)
-
-    @property
-    def reserved_root(self) -> Path:
-        return self.state / "reserved"
 
     def reserved_path(self, name: str) -> Path:
         if name not in RESERVED_STATE_NAMES:

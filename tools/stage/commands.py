@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
 from crucible.core import canon
 from crucible.core.errors import (
@@ -182,6 +182,24 @@ def resolve_target(
     return Target(loaded, state_path, opts.task, opts.key, ws, name)
 
 
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class _TargetStep(Protocol[_T_co]):
+    """A library call about one task of one run: stage_inputs, render_prompt."""
+
+    def __call__(
+        self, plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
+    ) -> _T_co: ...
+
+
+def _for_target(opts: TargetOptions, stdin: IO[bytes] | None, step: _TargetStep[_T_co]) -> _T_co:
+    """``step`` on the target the options name, its errors naming the plan file."""
+    t = resolve_target(opts, stdin=stdin)
+    with naming_plan(t.plan_name):
+        return step(t.plan, t.state, t.task, t.workspace, key=t.key)
+
+
 # -- inputs ----------------------------------------------------------------------
 
 
@@ -191,9 +209,7 @@ def run_inputs(
     """Stage the task's inputs/ and print its environment."""
     from crucible.stage import stage_inputs
 
-    t = resolve_target(opts.target, stdin=stdin)
-    with naming_plan(t.plan_name):
-        staged = stage_inputs(t.plan, t.state, t.task, t.workspace, key=t.key)
+    staged = _for_target(opts.target, stdin, stage_inputs)
     if opts.fmt == "json":
         out.write(canon.dumps_str(staged.env) + "\n")
     else:
@@ -307,8 +323,5 @@ def run_prompt(
     """Print an agent task's prompt (staging its inputs first when needed)."""
     from crucible.stage import render_prompt
 
-    t = resolve_target(opts.target, stdin=stdin)
-    with naming_plan(t.plan_name):
-        prompt = render_prompt(t.plan, t.state, t.task, t.workspace, key=t.key)
-    out.write(prompt)
+    out.write(_for_target(opts.target, stdin, render_prompt))
     return 0

@@ -13,16 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
+from tests.proof.reader.bundlegen import FILES  # pin member -> attempt file name
 
 PROOF = "admission-proof.json"
 EXEC = "execution.json"
-FILES = {
-    "runDigest": "run.json",
-    "preparationDigest": "preparation.json",
-    "auditDigest": "audit.json",
-    "evaluationErrorDigest": "evaluation-error.json",
-    "auditSignaturesDigest": "audit.sig",
-}
 
 
 def load_dir(root: Path) -> dict[str, bytes]:
@@ -41,6 +35,11 @@ def write_dir(root: Path, files: dict[str, bytes]) -> Path:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     return root
+
+
+def attempt_file(o: dict[str, Any], name: str) -> str:
+    """The bundle path of the file ``name`` of observation ``o``'s attempt."""
+    return f"instances/{o['instance']}/attempts/{o['number']}/{name}"
 
 
 class Bundle:
@@ -71,9 +70,14 @@ class Bundle:
                 return e, j, o
         return None
 
+    def first_evaluated(self) -> dict[str, Any] | None:
+        """The first evaluated observation, or None when the bundle has none."""
+        found = self.first_obs()
+        return None if found is None else found[2]
+
     def repin_file(self, o: dict[str, Any], pin: str, data: bytes | None) -> None:
         """Replace an observation's pinned file (None removes it) and re-pin everywhere."""
-        path = f"instances/{o['instance']}/attempts/{o['number']}/{FILES[pin]}"
+        path = attempt_file(o, FILES[pin])
         if data is None:
             self.files.pop(path, None)
             new = None

@@ -17,7 +17,7 @@ import pytest
 from crucible.core import canon, digest
 from crucible.proof.reader import VerifyOptions, verify_bundle
 from tests.proof.reader.bundlegen import org_people, rich
-from tests.proof.reader.mutate import EXEC, PROOF, Bundle, load_dir, write_dir
+from tests.proof.reader.mutate import EXEC, PROOF, Bundle, attempt_file, load_dir, write_dir
 
 VECTORS = Path(__file__).resolve().parents[2] / "vectors" / "proof"
 
@@ -108,11 +108,9 @@ def workflow_version_1(b: Bundle) -> Result:
 
 @mutation
 def run_export_version_4(b: Bundle) -> Result:
-    found = b.first_obs()
-    if found is None:
+    if (o := b.first_evaluated()) is None:
         return None
-    _, _, o = found
-    path = f"instances/{o['instance']}/attempts/{o['number']}/run.json"
+    path = attempt_file(o, "run.json")
     run = canon.loads(b.files[path])
     run["exportVersion"] = 4
     b.repin_file(o, "runDigest", canon.dumps(run))
@@ -121,11 +119,9 @@ def run_export_version_4(b: Bundle) -> Result:
 
 @mutation
 def missing_pinned_artifact(b: Bundle) -> Result:
-    found = b.first_obs()
-    if found is None:
+    if (o := b.first_evaluated()) is None:
         return None
-    _, _, o = found
-    del b.files[f"instances/{o['instance']}/attempts/{o['number']}/audit.json"]
+    del b.files[attempt_file(o, "audit.json")]
     return b.files, "inventory-mismatch", 1
 
 
@@ -181,7 +177,7 @@ def bad_finished_at(b: Bundle) -> Result:
         if o["failure"] == "preparation-failed" or (
             o["failure"] == "admission-refused" and o["preparationDigest"] is None
         ):
-            path = f"instances/{o['instance']}/attempts/{o['number']}/run.json"
+            path = attempt_file(o, "run.json")
             run = canon.loads(b.files[path])
             run["finishedAt"] = "2026-10-17T09:00:00.5Z"
             b.repin_file(o, "runDigest", canon.dumps(run))
@@ -194,11 +190,9 @@ def bad_finished_at(b: Bundle) -> Result:
 
 @mutation
 def edited_audit_not_repinned(b: Bundle) -> Result:
-    found = b.first_obs()
-    if found is None:
+    if (o := b.first_evaluated()) is None:
         return None
-    _, _, o = found
-    path = f"instances/{o['instance']}/attempts/{o['number']}/preparation.json"
+    path = attempt_file(o, "preparation.json")
     b.files[path] = canon.dumps({"forged": True})
     return b.files, "digest-mismatch", 2
 
@@ -236,10 +230,8 @@ def frozen_stage_repinned(b: Bundle) -> Result:
 
 @mutation
 def evaluated_without_preparation(b: Bundle) -> Result:
-    found = b.first_obs()
-    if found is None:
+    if (o := b.first_evaluated()) is None:
         return None
-    _, _, o = found
     b.repin_file(o, "preparationDigest", None)
     return b.finish(), "preparation-mismatch", 3
 
@@ -522,9 +514,7 @@ def _over_supplied_bound(files: dict[str, bytes]) -> bool:
     plain = [
         v for k, v in files.items() if not k.startswith("__symlink__:") and k != "partial.json"
     ]
-    return bool(
-        sum(len(v) for v in plain) > limits["maxBytes"] or len(plain) > limits["maxFiles"]
-    )
+    return bool(sum(len(v) for v in plain) > limits["maxBytes"] or len(plain) > limits["maxFiles"])
 
 
 @pytest.mark.parametrize("name", sorted(VALID))

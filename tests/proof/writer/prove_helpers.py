@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,46 @@ def check_chain(bundle: Path) -> None:
         assert epoch["number"] == k
         expected = digest.of_bytes(rebuild_prefix(proof, epochs[: k - 1]))
         assert epoch["previousProofDigest"] == expected, k
+
+
+#: the installed ``crucible-prove`` script, for the subprocess tests
+PROVE = Path(sys.executable).parent / "crucible-prove"
+
+
+def evaluated_root(s: Scenario, *orgs_named: str) -> None:
+    """root(1), group(2) starts r, r evaluated: the orgs ``orgs_named``."""
+    s.root_op()
+    s.group(1, ["r"])
+    s.evaluated("r", 1, orgs(*orgs_named))
+
+
+def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
+    """root(1) group(2) r evaluated; select(3) both orgs -> children; group(4) starts both."""
+    evaluated_root(s, "Acme", "Globex")
+    s.select("org", [("r", 0), ("r", 1)], list(ids))
+    s.group(3, list(ids))
+
+
+def org_people(root: Path, limits: dict[str, int] | None = None) -> Scenario:
+    """A complete recording: ``two_children``, both evaluated (Ann, Bob), finished."""
+    s = Scenario(root, limits=limits)
+    two_children(s)
+    s.evaluated("a", 1, people("Ann"))
+    s.evaluated("b", 1, people("Bob"))
+    s.finish()
+    return s
+
+
+def prove_args(s: Scenario, out: Path) -> list[str]:
+    """``crucible-prove``'s arguments for the scenario (written now) into ``out``."""
+    wf, ops, art = s.write()
+    return [
+        "--workflow",
+        str(wf),
+        "--operations",
+        str(ops),
+        "--artifacts",
+        str(art),
+        "--out",
+        str(out),
+    ]

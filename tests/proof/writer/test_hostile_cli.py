@@ -8,7 +8,6 @@ import os
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,37 +15,11 @@ import pytest
 from crucible.core.errors import CrucibleError, OperationalError, UsageError
 from crucible.proof import layout
 from crucible.proof.writer import Unrecordable
-from tests.proof.writer.prove_helpers import Scenario, orgs, people, read_tree
-
-SCRIPT = Path(sys.executable).parent / "crucible-prove"
-
-
-def scenario(tmp_path: Path) -> Scenario:
-    s = Scenario(tmp_path)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
-    s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
-    s.group(3, ["a", "b"])
-    s.evaluated("a", 1, people("Ann"))
-    s.evaluated("b", 1, people("Bob"))
-    s.finish()
-    return s
+from tests.proof.writer.prove_helpers import PROVE, Scenario, org_people, prove_args, read_tree
 
 
 def argv(s: Scenario, out: Path) -> list[str]:
-    wf, ops, art = s.write()
-    return [
-        str(SCRIPT),
-        "--workflow",
-        str(wf),
-        "--operations",
-        str(ops),
-        "--artifacts",
-        str(art),
-        "--out",
-        str(out),
-    ]
+    return [str(PROVE), *prove_args(s, out)]
 
 
 def one_line(stderr: str) -> str:
@@ -58,7 +31,7 @@ def one_line(stderr: str) -> str:
 
 
 def test_dir_holding_a_proof_among_other_files_is_not_replaced(tmp_path: Path) -> None:
-    s = scenario(tmp_path / "s")
+    s = org_people(tmp_path / "s")
     p = tmp_path / "p"
     (p / "src").mkdir(parents=True)
     (p / "src" / "main.c").write_text("int main;")
@@ -73,21 +46,21 @@ def test_dir_holding_a_proof_among_other_files_is_not_replaced(tmp_path: Path) -
 
 
 def _bundle(tmp_path: Path) -> Path:
-    s = scenario(tmp_path / "s")
+    s = org_people(tmp_path / "s")
     s.prove(tmp_path / "b")
     return tmp_path / "b"
 
 
 def test_previous_bundle_is_replaced(tmp_path: Path) -> None:
     b = _bundle(tmp_path)
-    s = scenario(tmp_path / "again")
+    s = org_people(tmp_path / "again")
     proc = subprocess.run(argv(s, b), capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_empty_dir_is_replaced(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    scenario(tmp_path / "s").prove(tmp_path / "empty")
+    org_people(tmp_path / "s").prove(tmp_path / "empty")
     assert (tmp_path / "empty" / layout.WORKFLOW).is_file()
 
 
@@ -115,7 +88,7 @@ def test_bundle_with_foreign_content_is_not_replaced(
     damage(b)  # type: ignore[operator]
     before = sorted(p.name for p in b.rglob("*"))
     with pytest.raises(UsageError, match="is not a bundle") as info:
-        scenario(tmp_path / "again").prove(b)
+        org_people(tmp_path / "again").prove(b)
     assert says in str(info.value)
     assert sorted(p.name for p in b.rglob("*")) == before
 
@@ -125,7 +98,7 @@ def test_symlink_out_is_not_replaced(tmp_path: Path) -> None:
     link = tmp_path / "link"
     link.symlink_to(b)
     with pytest.raises(UsageError, match="symbolic link"):
-        scenario(tmp_path / "again").prove(link)
+        org_people(tmp_path / "again").prove(link)
     assert link.is_symlink()
 
 
@@ -168,7 +141,7 @@ def _small_files_only() -> None:
 def test_failed_write_is_exit_3_naming_the_file(tmp_path: Path) -> None:
     b = _bundle(tmp_path)
     before = read_tree(b)
-    s = scenario(tmp_path / "again")
+    s = org_people(tmp_path / "again")
     cmd = argv(s, b)
     proc = subprocess.run(
         cmd, capture_output=True, text=True, check=False, preexec_fn=_small_files_only

@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
-from tests.proof.writer.prove_helpers import Scenario, orgs, people, read_tree
+from tests.proof.writer.prove_helpers import (
+    Scenario,
+    evaluated_root,
+    people,
+    read_tree,
+    two_children,
+)
 
 SETTINGS = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -20,9 +26,7 @@ SETTINGS = settings(
 def run_with_ids(root: Path, ids: list[str]) -> list[dict[str, bytes]]:
     candidates: list[dict[str, bytes]] = []
     s = Scenario(root)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ids)
     s.group(3, ids)
     s.evaluated(ids[1], 1, people("Bob"))
@@ -73,11 +77,7 @@ def test_equal_contents_at_two_paths_count_twice(record: dict[str, Any]) -> None
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         s = Scenario(root)
-        s.root_op()
-        s.group(1, ["r"])
-        s.evaluated("r", 1, orgs("Acme", "Globex"))
-        s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
-        s.group(3, ["a", "b"])
+        two_children(s)
         shared = {
             "run": s.file("same/run.json", {"exportVersion": 3, "finishedAt": None}),
             "preparation": s.file("same/preparation.json", {"prepared": True}),

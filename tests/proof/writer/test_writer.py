@@ -13,20 +13,12 @@ from crucible.proof.writer import Forbidden
 from tests.proof.writer.prove_helpers import (
     Scenario,
     check_chain,
-    orgs,
+    evaluated_root,
     people,
     proof_epochs,
     read_tree,
+    two_children,
 )
-
-
-def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
-    """root(1) group(2) r evaluated; select(3) both orgs -> children; group(4) starts both."""
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
-    s.select("org", [("r", 0), ("r", 1)], list(ids))
-    s.group(3, list(ids))
 
 
 def execution(bundle: Path) -> dict[str, Any]:
@@ -126,9 +118,7 @@ def test_byte_boundary_equality_fits_one_less_refuses_with_fitting_carrier(tmp_p
 
 def test_cutoff_suppresses_later_valid_proposals_in_the_same_epoch(tmp_path: Path) -> None:
     s = Scenario(tmp_path, limits={"maxRecords": 2 + 1})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex", "Initech"))
+    evaluated_root(s, "Acme", "Globex", "Initech")
     s.select("org", [("r", 0), ("r", 1), ("r", 2)], ["a", "b", "c"])
     s.group(3, ["a", "b", "c"])
     s.evaluated("a", 1, people("A1", "A2"))  # refused: 3 + 2 > 3 + ... (records 3 retained)
@@ -195,9 +185,7 @@ def test_retry_of_completed_or_cancelled_or_consumed_is_forbidden(tmp_path: Path
     with pytest.raises(Forbidden, match="completed instance is ineligible"):
         s.prove()
     s = Scenario(tmp_path / "root")
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [("r", 0)], ["a"])
     s.op(op="retry", instance="r", actor="x", at="2026-10-17T09:00:00Z")
     with pytest.raises(Forbidden, match="ineligible"):
@@ -232,9 +220,7 @@ def test_first_begin_in_consumed_stage_requires_fork(tmp_path: Path) -> None:
 
     def base(where: str) -> Scenario:
         s = Scenario(tmp_path / where, stages=stages)
-        s.root_op()
-        s.group(1, ["r"])
-        s.evaluated("r", 1, orgs("Acme", "Globex"))
+        evaluated_root(s, "Acme", "Globex")
         s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
         s.group(3, ["a"])  # b deferred
         s.evaluated("a", 1, people("Ann"))
@@ -265,17 +251,13 @@ def test_first_begin_in_consumed_stage_requires_fork(tmp_path: Path) -> None:
 
 def test_reused_prospective_ids_are_forbidden_even_from_refused_selections(tmp_path: Path) -> None:
     s = Scenario(tmp_path / "refused", limits={"maxCaseBytes": 60})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [("r", 0)], ["a"])  # the projected case exceeds maxCaseBytes: refused
     s.select("org", [("r", 0)], ["a"])
     with pytest.raises(Forbidden, match="already proposed"):
         s.prove()
     s = Scenario(tmp_path / "root-id")
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [("r", 0)], ["r"])
     with pytest.raises(Forbidden, match="already proposed"):
         s.prove()
@@ -283,9 +265,7 @@ def test_reused_prospective_ids_are_forbidden_even_from_refused_selections(tmp_p
 
 def test_local_case_bound_refuses_the_whole_selection(tmp_path: Path) -> None:
     s = Scenario(tmp_path, limits={"maxCaseBytes": 60})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [("r", 0)], ["a"])
     s.select("org", [], [])  # revision 2, empty: admitted, consumers closed
     s.finish()
@@ -308,9 +288,7 @@ def test_local_case_bound_refuses_the_whole_selection(tmp_path: Path) -> None:
 
 def test_count_refusal_records_null_child_ids(tmp_path: Path) -> None:
     s = Scenario(tmp_path, limits={"maxInstances": 2})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ["a", "b"])  # 1 + 2 > 2
     s.select("org", [("r", 1)], ["a"])  # count fits; "a" was never retained
     s.finish()
@@ -322,9 +300,7 @@ def test_count_refusal_records_null_child_ids(tmp_path: Path) -> None:
 
 def test_child_ids_required_when_count_fits(tmp_path: Path) -> None:
     s = Scenario(tmp_path)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [("r", 0)], None)
     with pytest.raises(Forbidden, match="childIds must hold 1 ids"):
         s.prove()
@@ -643,9 +619,7 @@ def test_root_that_cannot_fit_writes_nothing(tmp_path: Path) -> None:
 
 def test_selection_needs_unconsumed_closed_stage_and_revision_limit(tmp_path: Path) -> None:
     s = Scenario(tmp_path / "consumed")
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [("r", 0)], ["a"])
     s.select("org", [("r", 0)], ["b"])
     with pytest.raises(Forbidden, match="consumed; a new one requires a fork"):
@@ -656,9 +630,7 @@ def test_selection_needs_unconsumed_closed_stage_and_revision_limit(tmp_path: Pa
     with pytest.raises(Forbidden, match="blocked"):
         s.prove()
     s = Scenario(tmp_path / "revisions", limits={"maxInstances": 1})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     for _ in range(17):
         s.select("org", [("r", 0)], None)  # count refusals, each a revision
     with pytest.raises(Forbidden, match="16 revisions"):
@@ -699,9 +671,7 @@ def test_late_observation_with_missing_files_is_kept_without_failing(tmp_path: P
 
 def test_fork_frees_no_instance_budget_and_a_refused_fork_unconsumes(tmp_path: Path) -> None:
     s = Scenario(tmp_path, limits={"maxInstances": 4})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ["a", "b"])  # reserved: 3
     s.select("org", [("r", 0), ("r", 1)], ["a2", "b2"], fork=True)  # 3 + 2 > 4: refused
     s.select("org", [("r", 0)], ["a3"])  # org unconsumed again: a selection (3 + 1 = 4 fits)
@@ -813,9 +783,7 @@ def test_finalization_paths_that_cannot_be_bundle_names_are_refused(
     tmp_path: Path, targets: list[str], needle: str
 ) -> None:
     s = Scenario(tmp_path)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     src = s.file("note.txt", b"note\n")
     s.finish({t: src for t in targets})
     with pytest.raises(InputRefused, match=needle) as info:
@@ -826,9 +794,7 @@ def test_finalization_paths_that_cannot_be_bundle_names_are_refused(
 
 def test_finalization_path_at_the_name_bounds_is_written(tmp_path: Path) -> None:
     s = Scenario(tmp_path)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     src = s.file("note.txt", b"note\n")
     long_name = "aux/" + "é" * 127  # 254 bytes of UTF-8
     s.finish({long_name: src, "aux/x/y": src})

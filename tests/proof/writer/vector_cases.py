@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
-from tests.proof.writer.prove_helpers import AT, Scenario, orgs, people, stage
+from tests.proof.writer.prove_helpers import (
+    AT,
+    Scenario,
+    evaluated_root,
+    people,
+    stage,
+    two_children,
+)
 
 Build = Callable[[Path], Scenario]
 
@@ -80,14 +87,6 @@ def obs(result: Any, n: int = -1) -> Any:
     return [d for d in result.decisions if d.kind == "observation"][n]
 
 
-def two_children(s: Scenario, ids: tuple[str, str] = ("a", "b")) -> None:
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
-    s.select("org", [("r", 0), ("r", 1)], list(ids))
-    s.group(3, list(ids))
-
-
 # -- positive and boundary recordings ----------------------------------------------
 
 
@@ -104,9 +103,7 @@ def complete(d: Path) -> Scenario:
 def _ids_case(ids: tuple[str, str]) -> Build:
     def make(d: Path, max_bytes: int, child_ids: tuple[str, str] = ("a", "b")) -> Scenario:
         s = Scenario(d, limits={"maxBytes": max_bytes})
-        s.root_op()
-        s.group(1, ["r"])
-        s.evaluated("r", 1, orgs("Acme", "Globex"))
+        evaluated_root(s, "Acme", "Globex")
         s.select("org", [("r", 0), ("r", 1)], list(child_ids))
         s.finish()
         return s
@@ -333,9 +330,7 @@ def proof_bytes(d: Path) -> Scenario:
 )
 def after_reservation(d: Path) -> Scenario:
     s = Scenario(d)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
     return s
 
@@ -406,9 +401,7 @@ THREE = [
 )
 def deferred_fork(d: Path) -> Scenario:
     s = Scenario(d, stages=THREE)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
     s.group(3, ["a"])
     s.evaluated("a", 1, people("Ann"))
@@ -427,9 +420,7 @@ def deferred_fork(d: Path) -> Scenario:
 )
 def empty_root_selection(d: Path) -> Scenario:
     s = Scenario(d)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme"))
+    evaluated_root(s, "Acme")
     s.select("org", [], [])
     s.finish()
     return s
@@ -449,9 +440,7 @@ def carry_deferred(d: Path) -> Scenario:
         stage("leaf", "left", "/bio", "one"),
     ]
     s = Scenario(d, stages=stages)
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ["x1", "x2", "y1", "y2"])
     s.group(3, ["x1"])
     s.evaluated("x1", 1, people("Xena"))
@@ -523,9 +512,7 @@ def failure_states(d: Path) -> Scenario:
 )
 def cutoff_suppressed(d: Path) -> Scenario:
     s = Scenario(d, limits={"maxRecords": 3 + 2})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex", "Initech"))
+    evaluated_root(s, "Acme", "Globex", "Initech")
     s.select("org", [("r", 0), ("r", 1), ("r", 2)], ["a", "b", "c"])
     s.group(3, ["a", "b", "c"])
     s.evaluated("a", 1, people("A1", "A2", "A3"))
@@ -545,9 +532,7 @@ def cutoff_suppressed(d: Path) -> Scenario:
 )
 def fork_refused(d: Path) -> Scenario:
     s = Scenario(d, limits={"maxInstances": 4})
-    s.root_op()
-    s.group(1, ["r"])
-    s.evaluated("r", 1, orgs("Acme", "Globex"))
+    evaluated_root(s, "Acme", "Globex")
     s.select("org", [("r", 0), ("r", 1)], ["a", "b"])
     s.select("org", [("r", 0), ("r", 1)], ["a2", "b2"], fork=True)
     s.select("org", [("r", 1)], ["b3"])

@@ -261,6 +261,19 @@ class Replay:
     def _read(self, path: str) -> bytes:
         return self.tree.read(path, self.ctx.file_ceiling)
 
+    def _check_retained(
+        self,
+        path: str,
+        data: bytes,
+        code: str,
+        message: str,
+        epoch: int,
+        observation: int | None = None,
+    ) -> None:
+        """Phase 4: the bundle holds ``path`` with exactly ``data``, the bytes replay derived."""
+        if path not in self.tree.sizes or self._read(path) != data:
+            raise Problem(code, 4, message, path=path, epoch=epoch, observation=observation)
+
     # ----------------------------------------------------------------- replay
 
     def run(self) -> None:
@@ -534,14 +547,9 @@ class Replay:
                         epoch=k,
                     )
                 continue
-            if cpath not in self.tree.sizes or self._read(cpath) != case:
-                raise Problem(
-                    "case-mismatch",
-                    4,
-                    "the retained case differs from the projected case",
-                    path=cpath,
-                    epoch=k,
-                )
+            self._check_retained(
+                cpath, case, "case-mismatch", "the retained case differs from the projected case", k
+            )
         self.retain(sel_path, len(core_bytes), k)
         for ch, case in children:
             if case is not None:
@@ -913,15 +921,14 @@ class Replay:
                 observation=j,
             )
         for path, data in accepted:
-            if path not in self.tree.sizes or self._read(path) != data:
-                raise Problem(
-                    "output-mismatch",
-                    4,
-                    "the retained output differs from the derived one",
-                    path=path,
-                    epoch=k,
-                    observation=j,
-                )
+            self._check_retained(
+                path,
+                data,
+                "output-mismatch",
+                "the retained output differs from the derived one",
+                k,
+                j,
+            )
             self.retain(path, len(data), k, j)
 
     def _check_pins(

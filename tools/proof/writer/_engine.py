@@ -21,6 +21,7 @@ from crucible.proof.writer._derive import emitted_outputs, project
 from crucible.proof.writer._model import Stage, Workflow
 from crucible.proof.writer._ops import (
     FILE_ROLES,
+    Assertion,
     Finish,
     Group,
     Observe,
@@ -42,7 +43,7 @@ from crucible.proof.writer._received import (
 )
 from crucible.proof.writer._state import PINS, Attempt, Instance, State, control_dumps
 
-__all__ = ["Decision", "Engine", "Forbidden", "Unrecordable"]
+__all__ = ["Decision", "Engine", "EngineSettings", "Forbidden", "Unrecordable"]
 
 
 _NO_PINS: tuple[str | None, ...] = (None,) * len(PINS)
@@ -92,6 +93,18 @@ class _OpenEpoch:
     held: dict[int, Observe] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _Taken:
+    """An observation on its way into the proof: the operation, its instance, the
+    files received (pin -> bytes), their pins, the begun attempt's retry."""
+
+    op: Observe
+    inst: Instance
+    received: dict[str, bytes]
+    pins: dict[str, str | None]
+    retry: dict[str, str] | None
+
+
 @dataclass
 class CustodyItem:
     line: int
@@ -99,6 +112,24 @@ class CustodyItem:
     attempt: int
     reason: str
     files: dict[str, str]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How an engine checks and what it keeps: the caller's choices, none of which
+    changes what is recorded."""
+
+    #: materialize every candidate and compare with the incremental measurement
+    check: bool = False
+    proof_ceiling: int = layout.MAX_PROOF_BYTES
+    #: the operation log's display name in errors (``OPS:LINE``)
+    ops_name: str = "operations"
+    #: called with every materialized candidate (path -> bytes) when ``check``
+    candidate_hook: Callable[[dict[str, bytes]], None] | None = None
+    keep_decisions: bool = True
+
+
+_DEFAULT_SETTINGS = EngineSettings()
 
 
 class Engine:
@@ -110,23 +141,14 @@ class Engine:
         artifacts: Path,
         sink: FileSink,
         spool: Any,
-        *,
-        check: bool = False,
-        proof_ceiling: int = layout.MAX_PROOF_BYTES,
-        ops_name: str = "operations",
-        candidate_hook: Callable[[dict[str, bytes]], None] | None = None,
-        keep_decisions: bool = True,
+        settings: EngineSettings = _DEFAULT_SETTINGS,
     ) -> None:
         self.wf = wf
         self.artifacts = artifacts
         self.sink = sink
         self.spool = spool
-        self.check = check
-        self.proof_ceiling = proof_ceiling
-        self.ops_name = ops_name
-        self.candidate_hook = candidate_hook
-        self.keep_decisions = keep_decisions
-        self._retries: dict[tuple[str, str], dict[str, str]] = {}
+        self.settings = settings
+        self._retries: dict[Assertion, dict[str, str]] = {}
         #: every auditSignaturesDigest pinned so far (workflow.md §9: one sidecar, one attempt)
         self._signature_pins: set[str] = set()
         self.state: State | None = None
@@ -142,10 +164,17 @@ class Engine:
 
     # -- helpers ---------------------------------------------------------------------
     def _where(self, line: int) -> Location:
-        return Location(self.ops_name, line)
+        return Location(self.settings.ops_name, line)
 
     def _forbid(self, line: int, message: str) -> Forbidden:
         return Forbidden(message, where=self._where(line))
+
+    def _between_epochs(self, line: int) -> State:
+        """The branch's state for an operation that begins an epoch (a selection, a
+        group, a retry): §2 forbids one while another is open."""
+        if self.open is not None:
+            raise self._forbid(line, "§2: an open epoch admits no following epoch")
+        return self.branch_state
 
     @property
     def branch_state(self) -> State:
@@ -166,9 +195,10 @@ class Engine:
                 f"({layout.MAX_BLOCKS} blocks of {layout.MAX_EPOCHS_PER_BLOCK})",
                 line,
             )
-        if size > self.proof_ceiling:
+        if size > self.settings.proof_ceiling:
             raise Unrecordable(
-                f"the proof would be {size} bytes, over its {self.proof_ceiling}-byte ceiling",
+                f"the proof would be {size} bytes, over its "
+                f"{self.settings.proof_ceiling}-byte ceiling",
                 line,
             )
 
@@ -180,7 +210,7 @@ class Engine:
         self, proof_size: int, epochs_view: Callable[[], list[dict[str, Any]]]
     ) -> tuple[int, int]:
         size = self.branch_state.measure(proof_size)
-        if self.check:
+        if self.settings.check:
             self._cross_check(size, proof_size, epochs_view())
         return size
 
@@ -199,11 +229,11 @@ class Engine:
         files.update(self.branch_state.control_files(proof, digest.of_bytes(proof)))
         full = (sum(len(b) for b in files.values()), len(files))
         assert full == size, (full, size)
-        if self.candidate_hook is not None:
-            self.candidate_hook(files)
+        if self.settings.candidate_hook is not None:
+            self.settings.candidate_hook(files)
 
     def _record(self, decision: Decision) -> None:
-        if self.keep_decisions:
+        if self.settings.keep_decisions:
             self.decisions.append(decision)
 
     def _commit(self) -> None:
@@ -307,7 +337,7 @@ class Engine:
             "selectionVersion": 1,
             "stage": op.stage,
             "revision": revision,
-            "review": op.review,
+            "review": op.review.as_json(),
             "offeredDigest": digest.of_json(offered),
             "selected": [{"instance": i, "output": k} for i, k in op.selected],
         }
@@ -344,9 +374,7 @@ class Engine:
         self, op: Select
     ) -> tuple[int, list[dict[str, Any]], list[tuple[Stage, dict[str, Any]]]]:
         """Forbidden selections (§2, §3, §6); the revision, offered set and child slots."""
-        st, wf = self.branch_state, self.wf
-        if self.open is not None:
-            raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
+        st, wf = self._between_epochs(op.line), self.wf
         if wf.stage(op.stage) is None:
             raise self._forbid(op.line, f"unknown stage {op.stage!r}")
         if st.stage_set[op.stage] != "closed":
@@ -547,14 +575,12 @@ class Engine:
         self, eb: bytes, epoch: dict[str, Any], number: int, kind: str, admitted: bool
     ) -> None:
         self.proof_chain.append_closed(eb)
-        if self.check:
+        if self.settings.check:
             self._epoch_dicts.append(epoch)
 
     # -- group and retry -------------------------------------------------------------
     def _group(self, op: Group) -> None:
-        st = self.branch_state
-        if self.open is not None:
-            raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
+        st = self._between_epochs(op.line)
         ids = st.reservations.get(op.reservation)
         if ids is None:
             raise self._forbid(
@@ -607,9 +633,7 @@ class Engine:
             "reservation": op.reservation,
             "starts": [{"instance": i, "number": 1, "retry": None} for i in ordered_starts],
             "deferred": deferred,
-            "cancelled": [
-                {"instance": c.instance, "actor": c.actor, "at": c.at} for c in ordered_cancels
-            ],
+            "cancelled": [{"instance": c.instance, **c.by.as_json()} for c in ordered_cancels],
             "results": [],
         }
         if max(len(ordered_starts), len(deferred), len(ordered_cancels)) > layout.MAX_PROOF_ARRAY:
@@ -627,9 +651,7 @@ class Engine:
         self._begin_epoch(op.line, number, "group", epoch, [(i, 1) for i in ordered_starts], mutate)
 
     def _retry(self, op: Retry) -> None:
-        st = self.branch_state
-        if self.open is not None:
-            raise self._forbid(op.line, "§2: an open epoch admits no following epoch")
+        st = self._between_epochs(op.line)
         inst = st.instances.get(op.instance)
         if inst is None:
             raise self._forbid(
@@ -660,7 +682,7 @@ class Engine:
                 f"§4: attempt {n} of {op.instance!r} exceeds maxAttempts {self.wf.limits.max_attempts}",
             )
         # one shared dict per distinct assertion keeps long retry histories compact
-        retry = self._retries.setdefault((op.actor, op.at), {"actor": op.actor, "at": op.at})
+        retry = self._retries.setdefault(op.by, op.by.as_json())
         number = self.proof_chain.closed_epochs + 1
         epoch = {
             "number": number,
@@ -710,12 +732,12 @@ class Engine:
         self._commit()
         if begins:
             self.proof_chain.open(head, tail)
-            if self.check:
+            if self.settings.check:
                 self._epoch_dicts.append(epoch)
             self.open = _OpenEpoch(number, kind, begins)
         else:
             self.proof_chain.append_closed(eb)
-            if self.check:
+            if self.settings.check:
                 self._epoch_dicts.append(epoch)
         self._record(Decision(line, number, None, kind, "begun", size, None))
 
@@ -804,7 +826,8 @@ class Engine:
                 f"§5: suppressed is allowed only after a cutoff of stage {inst.stage!r} in this epoch",
             )
         pins = self._observation_pins(op, received)
-        retry = inst.attempts[-1].retry  # the begun attempt's, before any candidate
+        # the begun attempt's retry, read before any candidate replaces the attempt
+        taken = _Taken(op, inst, received, pins, inst.attempts[-1].retry)
         observation = {
             "instance": op.instance,
             "number": op.attempt,
@@ -826,9 +849,7 @@ class Engine:
         measured = op.state == "evaluated" and records is not None and inst.stage not in o.cutoffs
         if measured:
             assert records is not None
-            accepted, acceptance = self._try_accept(
-                op, inst, received, pins, retry, records, psize, view
-            )
+            accepted, acceptance = self._try_accept(taken, records, psize, view)
             if accepted:
                 self._settle(observation, rb)
                 self._record(
@@ -837,7 +858,7 @@ class Engine:
                 return
         outcome, state, failure = self._derived_outcome(op, records, measured)
         st.begin()
-        self._record_attempt(inst, op, received, pins, retry, state, failure)
+        self._record_attempt(taken, state, failure)
         refusal = self._measure(psize, view)
         if not self._fits(refusal):
             st.rollback()
@@ -884,32 +905,20 @@ class Engine:
             self._signature_pins.add(signature_pin)
         return pins
 
-    def _record_attempt(
-        self,
-        inst: Instance,
-        op: Observe,
-        received: dict[str, bytes],
-        pins: dict[str, str | None],
-        retry: dict[str, str] | None,
-        state: str,
-        failure: str | None,
-    ) -> None:
+    def _record_attempt(self, taken: _Taken, state: str, failure: str | None) -> None:
         """What every outcome records: the received files and the attempt's new state
-        (``retry`` is the begun attempt's, kept)."""
-        st = self.branch_state
-        for pin, data in received.items():
-            st.add_file(layout.attempt_file(inst.id, op.attempt, pin), data)
-        attempt = Attempt(op.attempt, state, failure, retry, tuple(pins.values())).sized()
+        (the begun attempt's retry, kept)."""
+        st, inst, number = self.branch_state, taken.inst, taken.op.attempt
+        for pin, data in taken.received.items():
+            st.add_file(layout.attempt_file(inst.id, number, pin), data)
+        pins = tuple(taken.pins.values())
+        attempt = Attempt(number, state, failure, taken.retry, pins).sized()
         st.replace_last_attempt(inst, attempt)
         st.set_status(inst, state, failure)
 
     def _try_accept(
         self,
-        op: Observe,
-        inst: Instance,
-        received: dict[str, bytes],
-        pins: dict[str, str | None],
-        retry: dict[str, str] | None,
+        taken: _Taken,
         records: list[Any],
         psize: int,
         view: Callable[[], list[dict[str, Any]]],
@@ -924,10 +933,11 @@ class Engine:
         if not local_ok:
             return False, None
         st.begin()
-        self._record_attempt(
-            inst, op, received, pins, retry, "completed" if records else "completed-zero", None
+        self._record_attempt(taken, "completed" if records else "completed-zero", None)
+        inst = taken.inst
+        files, set_records = emitted_outputs(
+            inst.stage, inst.id, taken.op.attempt, inst.parent, payloads
         )
-        files, set_records = emitted_outputs(inst.stage, inst.id, op.attempt, inst.parent, payloads)
         for path, data in files:
             st.add_file(path, data)
         st.add_records(inst, set_records)
@@ -965,7 +975,7 @@ class Engine:
         o = self.open
         assert o is not None
         self.proof_chain.add_result(rb)
-        if self.check:
+        if self.settings.check:
             last = self._epoch_dicts[-1]
             last["results"] = [*last["results"], observation]
         o.next += 1

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from crucible.core import canon, digest
+from crucible.core import canon
+from crucible.core.digest import of_bytes
 from crucible.core.errors import InputRefused, OperationalError, UnsupportedVersion
 from crucible.proof import layout
 
@@ -18,6 +20,8 @@ MAX_STAGES = 64
 
 @dataclass(frozen=True)
 class Limits:
+    """The workflow's ``limits`` (workflow.md §2), each a positive integer."""
+
     max_bytes: int
     max_files: int
     max_instances: int
@@ -29,6 +33,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Stage:
+    """One member of ``stages``; ``index`` is its place in the document."""
+
     name: str
     index: int
     from_stage: str | None
@@ -42,12 +48,19 @@ class Stage:
 
 @dataclass(frozen=True)
 class Workflow:
+    """A parsed workflow: the canonical document, then what it says (``stages`` in
+    document order, which is topological)."""
+
+    #: canonical bytes of the whole document (workflow.json)
+    data: bytes
     name: str
     limits: Limits
     stages: tuple[Stage, ...]
-    #: canonical bytes of the whole document (workflow.json)
-    data: bytes
-    digest: str
+
+    @cached_property
+    def digest(self) -> str:
+        """The workflow's digest: always that of ``data``."""
+        return of_bytes(self.data)
 
     @property
     def root(self) -> Stage:
@@ -192,13 +205,7 @@ def parse_workflow(data: bytes, name: str = "workflow") -> Workflow:
             )
         )
     canonical = canon.dumps(doc)
-    return Workflow(
-        name=wf_name,
-        limits=limits,
-        stages=tuple(stages),
-        data=canonical,
-        digest=digest.of_bytes(canonical),
-    )
+    return Workflow(data=canonical, name=wf_name, limits=limits, stages=tuple(stages))
 
 
 def load_workflow(path: Path) -> Workflow:

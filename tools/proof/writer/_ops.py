@@ -19,6 +19,7 @@ from crucible.proof import layout
 __all__ = [
     "FILE_ROLES",
     "OBSERVATION_STATES",
+    "Assertion",
     "Cancel",
     "Finish",
     "Group",
@@ -46,33 +47,56 @@ FAILURES = ("acquisition-failed", "preparation-failed", "admission-refused", "ev
 
 
 @dataclass(frozen=True)
-class Root:
+class _Logged:
+    """What every operation carries: its line in the log (errors name ``OPS:LINE``)."""
+
     line: int
+
+
+@dataclass(frozen=True)
+class Assertion:
+    """Who took a decision and when: a selection's ``review``, a cancel's or a
+    retry's ``actor`` and ``at``."""
+
+    actor: str
+    at: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"actor": self.actor, "at": self.at}
+
+
+@dataclass(frozen=True)
+class Root(_Logged):
+    """``root``: the execution's first instance and its case file."""
+
     execution: str
     root_instance: str
     case: str
 
 
 @dataclass(frozen=True)
-class Select:
-    line: int
+class Select(_Logged):
+    """``select`` or ``fork`` (``fork`` set): outputs of a stage taken as children."""
+
     fork: bool
     stage: str
-    review: dict[str, str]
+    review: Assertion
     selected: tuple[tuple[str, int], ...]
     child_ids: tuple[str, ...] | None
 
 
 @dataclass(frozen=True)
 class Cancel:
+    """One member of a group's ``cancelled`` (not an operation of its own)."""
+
     instance: str
-    actor: str
-    at: str
+    by: Assertion
 
 
 @dataclass(frozen=True)
-class Group:
-    line: int
+class Group(_Logged):
+    """``group``: a reservation's instances started, cancelled or deferred."""
+
     reservation: int
     starts: tuple[str, ...]
     cancelled: tuple[Cancel, ...]
@@ -80,16 +104,17 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Retry:
-    line: int
+class Retry(_Logged):
+    """``retry``: a new attempt of one instance."""
+
     instance: str
-    actor: str
-    at: str
+    by: Assertion
 
 
 @dataclass(frozen=True)
-class Observe:
-    line: int
+class Observe(_Logged):
+    """``observe``: one attempt's outcome and the artifacts that pin it."""
+
     instance: str
     attempt: int
     state: str
@@ -99,18 +124,19 @@ class Observe:
 
 
 @dataclass(frozen=True)
-class Recover:
-    line: int
+class Recover(_Logged):
+    """``recover``: the open epoch's remaining begun slots closed ``interrupted``."""
 
 
 @dataclass(frozen=True)
-class Stop:
-    line: int
+class Stop(_Logged):
+    """``cancel``: the open epoch's remaining begun slots closed ``cancelled``."""
 
 
 @dataclass(frozen=True)
-class Finish:
-    line: int
+class Finish(_Logged):
+    """``finish``: the finalization files, bundle path -> artifact path."""
+
     files: dict[str, str]
 
 
@@ -161,6 +187,10 @@ class _Form:
             raise self.fail(f"{value!r} is not a UTC-second timestamp (YYYY-MM-DDTHH:MM:SSZ)")
         assert isinstance(value, str)
         return value
+
+    def assertion(self, obj: dict[str, Any]) -> Assertion:
+        """``actor`` and ``at`` of an object whose members were checked."""
+        return Assertion(self.actor(obj["actor"]), self.timestamp(obj["at"]))
 
     def count(self, value: Any, what: str, minimum: int = 0) -> int:
         if type(value) is not int or value < minimum:
@@ -222,7 +252,7 @@ def _select(f: _Form, obj: dict[str, Any], line: int) -> Select:
         line,
         obj["op"] == "fork",
         f.stage(obj["stage"]),
-        {"actor": f.actor(review["actor"]), "at": f.timestamp(review["at"])},
+        f.assertion(review),
         tuple(selected),
         child_ids,
     )
@@ -236,13 +266,7 @@ def _group(f: _Form, obj: dict[str, Any], line: int) -> Group:
     cancelled = []
     for item in cancelled_raw:
         f.closed(item, ("instance", "actor", "at"))
-        cancelled.append(
-            Cancel(
-                f.ident(item["instance"], "cancelled instance"),
-                f.actor(item["actor"]),
-                f.timestamp(item["at"]),
-            )
-        )
+        cancelled.append(Cancel(f.ident(item["instance"], "cancelled instance"), f.assertion(item)))
     deferred = _ids(f, obj["deferred"], "deferred") if "deferred" in obj else None
     return Group(
         line,
@@ -255,12 +279,7 @@ def _group(f: _Form, obj: dict[str, Any], line: int) -> Group:
 
 def _retry(f: _Form, obj: dict[str, Any], line: int) -> Retry:
     f.closed(obj, ("op", "instance", "actor", "at"))
-    return Retry(
-        line,
-        f.ident(obj["instance"], "instance"),
-        f.actor(obj["actor"]),
-        f.timestamp(obj["at"]),
-    )
+    return Retry(line, f.ident(obj["instance"], "instance"), f.assertion(obj))
 
 
 def _observe(f: _Form, obj: dict[str, Any], line: int) -> Observe:

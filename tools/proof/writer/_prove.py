@@ -26,7 +26,7 @@ from crucible.proof.writer._bundle import (
     write_custody,
     write_staged,
 )
-from crucible.proof.writer._engine import Decision, Engine, Unrecordable
+from crucible.proof.writer._engine import Decision, Engine, EngineSettings, Unrecordable
 from crucible.proof.writer._model import Workflow, load_workflow
 from crucible.proof.writer._ops import iter_operations
 
@@ -139,11 +139,13 @@ def _apply_log(wf: Workflow, options: ProveOptions, staging: Path) -> _Applied:
             options.artifacts,
             FileSink(staging, options.out, keep=options.check_candidates),
             spool,
-            check=options.check_candidates,
-            proof_ceiling=options.proof_ceiling,
-            ops_name=ops_name,
-            candidate_hook=options.candidate_hook,
-            keep_decisions=options.keep_decisions,
+            EngineSettings(
+                check=options.check_candidates,
+                proof_ceiling=options.proof_ceiling,
+                ops_name=ops_name,
+                candidate_hook=options.candidate_hook,
+                keep_decisions=options.keep_decisions,
+            ),
         )
         unrecordable: Unrecordable | None = None
         last_line = 0
