@@ -114,7 +114,12 @@ def test_fact_line_matches_for_any_json_value(value: Any, key: Any, status: str)
 def test_the_header_computed_before_the_fsync_is_summary_pack(
     fields: list[int], generation: bytes
 ) -> None:
-    s = Summary(fields[0], fields[1], generation, *fields[2:])
+    names = ("covered", "tail_len", "slots", "identities", "records", "bad_lines", "newlines")
+    s = Summary(fields[0], fields[1], generation)
+    for name, value in zip(names, fields[2:9], strict=True):
+        setattr(s, name, value)
+    s.torn_tail = bool(fields[9] & 1)  # a bool since the index header's tidy-up
+    s.fingerprint, s.first_bad_line = fields[10], fields[11]
     assert _header_bytes(s, s.covered, s.identities, s.records, s.newlines, s.fingerprint) == (
         s.pack()
     )
