@@ -144,6 +144,25 @@ def _create(path: str) -> int:
     return os.open(path, _CREATE, 0o600)
 
 
+def _write_new(tmp: str, path: str | Path, data: bytes, mode: int) -> None:
+    """``data`` at ``path`` by way of a new temporary file ``tmp`` (created by
+    :func:`_create` before the try: what was at that name is not ours to
+    remove), given ``mode`` and renamed over ``path``; the temp file is removed
+    when anything fails."""
+    fd = _create(tmp)
+    try:
+        try:
+            write_all(fd, data)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _real_dirs(base: Path, path: Path, made: set[Path]) -> None:
     """``mkdir -p`` of ``path`` under the cache directory ``base``, one
     component at a time, each one a real directory before the next is made in
@@ -226,18 +245,7 @@ def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
         parent.mkdir(parents=True, exist_ok=True)
         made_dirs.add(parent)
     tmp = f"{parent}/{TMP_PREFIX}q-{os.getpid()}"
-    fd = _create(tmp)  # before the try: what was at the name is not ours to remove
-    try:
-        try:
-            write_all(fd, data)
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    _write_new(tmp, path, data, 0o644)
 
 
 _TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
@@ -770,18 +778,7 @@ class TaskCache:
         # O_EXCL|O_NOFOLLOW: a link planted at the temp name is refused, never
         # written through (an OSError here: no restored copy, the hit writes
         # its record)
-        fd = _create(tmp)
-        try:
-            try:
-                write_all(fd, data)
-                os.fchmod(fd, 0o444)
-            finally:
-                os.close(fd)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        _write_new(tmp, target, data, 0o444)
         return data_digest
 
     def _put_file(self, src: Path, want: str) -> None:

@@ -10,16 +10,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from crucible.core.errors import EXIT_OK, InputRefused, UsageError
-from crucible.run.commands import PROG, _warn
+from crucible.run.commands import _STATE_VERBS, PROG, _warn
 
-__all__ = [
-    "CacheForgetOptions",
-    "CacheGcOptions",
-    "ReportOptions",
-    "run_cache_forget",
-    "run_cache_gc",
-    "run_report",
-]
+__all__ = list(_STATE_VERBS)
 
 
 @dataclass(frozen=True)
