@@ -341,22 +341,9 @@ class Appender:
         counts it are worked out before the fsync; after it only their two
         writes are left."""
         with self._thread_lock:
-            lock_fd = self._lock_fd
-            if lock_fd is None or self._forked:
-                lock_fd = self._lock()
-            else:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            lock_fd = self._lock()
             try:
-                fd = self._fd
-                # _current_fd's answer when nothing changed, without its call
-                if (
-                    fd is not None
-                    and os.pread(lock_fd, GENERATION_SIZE, 0) == self._generation
-                    and (info := os.fstat(fd)).st_nlink
-                ):
-                    inode, size = info.st_ino, info.st_size
-                else:
-                    fd, inode, size = self._current_fd(lock_fd)
+                fd, inode, size = self._current_fd(lock_fd)
                 if size and self._clean_end != (inode, size) and os.pread(fd, 1, size - 1) != b"\n":
                     line = b"\n" + line
                 try:
