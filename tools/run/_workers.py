@@ -163,12 +163,18 @@ class Inbox:
 
     def fail(self, token: int, exc: BaseException) -> None:
         """The final reply of a token whose handling raised (as _serve_loop says it)."""
-        if isinstance(exc, CrucibleError):
-            self.write(_frame((token, "error", str(exc))))
-        else:
-            import traceback  # a bug's report only (as in _serve_loop)
+        self.write(_frame(_failure_reply(token, exc)))
 
-            self.write(_frame((token, "bug", traceback.format_exc())))
+
+def _failure_reply(token: int, exc: BaseException) -> tuple[int, str, str]:
+    """The final reply of a request whose handling raised ``exc`` (called in its
+    ``except``): "error" with the message of one of ours, else "bug" with the
+    traceback."""
+    if isinstance(exc, CrucibleError):
+        return (token, "error", str(exc))
+    import traceback  # a bug's report only (it loads linecache and textwrap)
+
+    return (token, "bug", traceback.format_exc())
 
 
 def _frame_body(pending: bytearray, *, peek: bool = False) -> bytes | None:
@@ -207,12 +213,9 @@ def _next_request(fd: int, pending: bytearray) -> bytes | None:
     reading as much as the pipe holds at a time; bytes past it stay in
     ``pending``."""
     while True:
-        if len(pending) >= _HEADER:
-            end = _HEADER + int.from_bytes(pending[:_HEADER], "little")
-            if len(pending) >= end:
-                body = bytes(pending[_HEADER:end])
-                del pending[:end]
-                return body
+        body = _frame_body(pending)
+        if body is not None:
+            return body
         chunk = os.read(fd, 1 << 16)
         if not chunk:
             return None
@@ -252,12 +255,8 @@ def _serve_loop(handler: Callable[[Any, Channel], Any], requests: int, replies: 
         token, request = pickle.loads(body)
         try:
             reply = (token, "ok", handler(request, Channel(token, requests, replies)))
-        except CrucibleError as exc:
-            reply = (token, "error", str(exc))
-        except BaseException:
-            import traceback  # a bug's report only (it loads linecache and textwrap)
-
-            reply = (token, "bug", traceback.format_exc())
+        except BaseException as exc:
+            reply = _failure_reply(token, exc)
         try:
             data = _frame(reply)
         except Exception:
