@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from crucible.core.errors import OperationalError
+from crucible.core.errors import InputRefused, OperationalError
 from crucible.run._workers import Channel, WorkerPool
 
 
@@ -18,6 +18,10 @@ def _echo(request: Any, channel: Channel) -> Any:
     if request == "die after started":
         channel.send({"kind": "started", "pid": 4242})
         os._exit(9)
+    if request == "refuse":
+        raise InputRefused("refused here")
+    if request == "crash":
+        raise ValueError("a bug")
     return request
 
 
@@ -63,5 +67,22 @@ def test_a_worker_dying_mid_request_reports_what_it_sent_first() -> None:
         ]
         with pytest.raises(OperationalError, match="died mid-request"):
             _replies(pool, fd)
+    finally:
+        pool.close()
+
+
+def test_a_requests_error_and_bug_come_back_as_their_replies() -> None:
+    """One of ours is an "error" with its message; anything else a "bug" with
+    the traceback, and the worker serves on."""
+    pool = WorkerPool(1, _echo)
+    try:
+        fd = pool.reply_fds[0]
+        got = []
+        for token, request in ((1, "refuse"), (2, "crash"), (3, "fine")):
+            pool.submit(token, request)
+            got += [(r.token, r.outcome, r.payload) for r in _replies(pool, fd)]
+        assert got[0] == (1, "error", "refused here")
+        assert got[1][:2] == (2, "bug") and "ValueError: a bug" in got[1][2]
+        assert got[2] == (3, "ok", "fine")
     finally:
         pool.close()
