@@ -37,7 +37,7 @@ import orjson
 
 from crucible.core import canon, digest
 from crucible.core.errors import OperationalError
-from crucible.core.fdio import write_all
+from crucible.core.fdio import read_regular, write_all
 
 __all__ = [
     "CACHE_SCOPE",
@@ -536,15 +536,9 @@ class TaskCache:
         self, task: str, key: str | None, escape_key: Callable[[str], str]
     ) -> dict[str, str] | None:
         try:
-            # as a store file is read: a link or FIFO planted there is no last key
-            # (a FIFO would hang the dry run)
-            fd = os.open(self._last_path(task, key, escape_key), _READ)
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    return None
-                value = canon.loads(_read_all(fd))
-            finally:
-                os.close(fd)
+            # a link or FIFO planted there is no last key (an OSError; a FIFO
+            # would hang the dry run)
+            value = canon.loads(read_regular(self._last_path(task, key, escape_key), follow=False))
         except (OSError, canon.CanonError):
             return None
         return value if isinstance(value, dict) else None
@@ -819,13 +813,6 @@ class TaskCache:
                 raise
         finally:
             os.close(fin)
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 16):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _is_real_dir(path: Path) -> bool:
