@@ -14,7 +14,6 @@ the loop through the graph as usual.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -162,8 +161,10 @@ class LoopRun:
             if write:
                 self._write(durable=True)
             else:
-                _fsync_file(str(self.path))
-                atomic.fsync_dir(self.path.parent)
+                from crucible.run._session import _fsync_path
+
+                _fsync_path(str(self.path))
+                _fsync_path(str(self.path.parent))
             then()
             return
         if write:
@@ -544,11 +545,3 @@ class LoopRun:
         if self.started and not self.finished:
             self.stop_reason = "interrupted"
             self._write()
-
-
-def _fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
