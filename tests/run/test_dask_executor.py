@@ -156,7 +156,11 @@ def test_fanout_with_a_join_gives_the_same_records_and_files_as_local(tmp_path: 
     assert not any("worker" in e for e in events(tmp_path / "local"))
 
 
-def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("count", [4, 24])
+def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path, count: int) -> None:
+    """24 units go in batches of 3 (crucible.run._dask_batches): the ones
+    behind a running unit are handed back, wait for a slot, and are not
+    started when the run stops."""
     pids = tmp_path / "pids"
     pids.mkdir()
     gate = tmp_path / "gate"
@@ -169,7 +173,7 @@ def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) ->
         name = "slow"
         [[workflow.task]]
         name = "t"
-        map = {{ count = 4 }}
+        map = {{ count = {count} }}
         run = 'echo $$ > {pids}/$CRUCIBLE_KEY; sleep 300 & echo $! > {pids}/$CRUCIBLE_KEY.child; while [ -e {gate} ]; do sleep 0.05; done; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
         """,
     )
@@ -192,7 +196,7 @@ def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path) ->
     gate.unlink()
     again = dispatch(pack, state, "--resume", *LOCAL)
     assert again.returncode == 0, again.stderr
-    assert len(keyed(state, "t")) == 4
+    assert len(keyed(state, "t")) == count
 
 
 @pytest.mark.skipif(

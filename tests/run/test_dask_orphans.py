@@ -142,14 +142,19 @@ def test_a_sigkilled_dispatcher_leaves_no_worker_and_no_task(tmp_path: Path) -> 
             proc.wait(timeout=30)
 
 
-def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("count", [12, 40])
+def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(
+    tmp_path: Path, count: int
+) -> None:
     """Units submitted ahead to a worker that is SIGKILLed (queued there, or
     staged and waiting for its slot) are lost with it: each is a lost-worker
     failure retried under its task's retries, as the unit whose task was
     running there (run.md, "Executors"); none hangs, none is rerun silently."""
     # Instance 0's first attempt holds its worker's only slot until the test
-    # kills that worker; the 11 others are submitted at once (the window).
-    pack, marks = held_pack(tmp_path, "queued", held=FIRST_OF_0, hold="sleep 300", count=12)
+    # kills that worker; the others are submitted at once (the window): 12 go
+    # one per future, 40 in batches of 4 (crucible.run._dask_batches), whose
+    # units behind instance 0 are handed back.
+    pack, marks = held_pack(tmp_path, "queued", held=FIRST_OF_0, hold="sleep 300", count=count)
     state = tmp_path / "state"
     with reaped(start_dispatch(pack, state, "-j", "2", *LOCAL, stderr=tmp_path / "stderr")) as proc:
         wait_files(marks, "task", 1)
@@ -161,5 +166,5 @@ def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(tmp_path
     assert lost and all(e["note"].startswith("worker lost: ") and e["retry"] for e in lost)
     assert "0" in {e["key"] for e in lost}
     assert sorted(e["key"] for e in done if e["status"] == "passed") == sorted(
-        str(i) for i in range(12)
+        str(i) for i in range(count)
     )

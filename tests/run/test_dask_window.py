@@ -109,3 +109,32 @@ def test_a_workers_threads_start_tasks_one_at_a_time(tmp_path: Path) -> None:
 
     select.select([proc.pidfd], [], [], 30)  # type: ignore[attr-defined]
     assert proc.reap() == 0  # type: ignore[attr-defined]
+
+
+def test_units_batched_behind_a_long_task_are_handed_back_and_run_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """40 units on one worker's window of 10 batches go as batches of 4
+    (crucible.run._dask_batches), each run one after another on its worker. The
+    first unit of the first batch runs for seconds: the three batched behind it
+    are handed back once it ran past the handback threshold, and finish long
+    before it, on the worker's other slot."""
+    pack = write_pack(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "handback"
+        [[workflow.task]]
+        name = "t"
+        map = { count = 40 }
+        run = 'if [ "$CRUCIBLE_KEY" = 0 ]; then sleep 4; fi; echo "{}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    state = tmp_path / "state"
+    proc = dispatch(pack, state, "-j", "2", "--executor", "dask-local", "--workers", "1")
+    assert proc.returncode == 0, proc.stderr
+    order = [e["key"] for e in events(state) if e["event"] == "task_finished" and "key" in e]
+    assert sorted(order, key=int) == [str(i) for i in range(40)]
+    assert order[-1] == "0", order  # nothing waited behind the long one
+    assert {"1", "2", "3"} < set(order[: order.index("0")])

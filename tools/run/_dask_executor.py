@@ -1,14 +1,20 @@
 """The Dask executor: each unit runs on a Dask worker through the same unit code.
 
-The dispatcher keeps every scheduling decision; this module only submits one
-future per unit attempt. On the worker, :func:`_run_unit` builds (once per run
-and worker process) the same :class:`crucible.run._unit.UnitRunner` as the local
-workers use, with worker-side stand-ins for the slot pipes (:class:`_Control`)
-and the request channel (:class:`_Channel`), and runs the attempt: stage,
-spawn, wait, capture. Completion comes back through a future callback, and a
-task's start through a worker event; both run on the client's event-loop
-thread, queue the reply and write one byte to a pipe the dispatcher's selector
-watches. Stop and kill reach every worker by ``Client.run``.
+The dispatcher keeps every scheduling decision; this module only submits
+futures, each carrying a *batch* of unit attempts of one task (one, unless many
+units of a task wait at once: a future costs the scheduler, the client and the
+worker about a millisecond of CPU, more than a short task itself). On the
+worker, :func:`_run_batch` builds (once per run and worker process) the same
+:class:`crucible.run._unit.UnitRunner` as the local workers use, with
+worker-side stand-ins for the slot pipes (:class:`_Control`) and the request
+channel (:class:`_Channel`), and runs the batch's attempts one after another:
+stage, spawn, wait, capture. Each attempt's answer, and a task's start, come
+back as worker events; a future's end reports what has no event (cancelled, a
+lost worker). Both run on the client's event-loop thread, queue the reply and
+write one byte to a pipe the dispatcher's selector watches. A batch whose task
+runs long hands the attempts behind it back (the dispatcher starts them
+elsewhere), as a pipelined local worker does. Stop and kill reach every worker
+by ``Client.run``.
 
 Requires the state and pack directories at the same path on every worker
 (each worker proves it by reading a token the dispatcher wrote). See
@@ -26,6 +32,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,12 +40,13 @@ from typing import Any, cast
 
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
 from crucible.run._agent_io import AgentStdout
+from crucible.run._dask_batches import Batches
 from crucible.run._launch import serialised
 from crucible.run._log_tail import LogTailer
 from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess
 from crucible.run._reaper import Reaper
-from crucible.run._unit import Slots, UnitRunner
+from crucible.run._unit import RECENT, Slots, UnitRunner, _Pipeline
 from crucible.run._workers import Reply
 
 __all__ = ["INSTALL_HINT", "DaskExecutor", "check_options", "import_distributed"]
@@ -47,7 +55,7 @@ INSTALL_HINT = "--executor dask needs Dask distributed: pip install 'crucible[da
 #: bound on connecting to a scheduler and on its workers' first answer
 CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
-#: a unit future's value when its answer went as a worker event
+#: a batch future's value when its answers went as worker events
 _SENT = "sent"
 #: times a unit cancelled before it started (its run spec was lost with a
 #: worker) is sent again with the spec scattered anew, before it counts as lost
@@ -144,6 +152,8 @@ class _Channel:
         self.token = token
         self.requests_fd = requests_fd
         self._worker = worker
+        #: a batch's: the units behind this one are handed back once it runs long
+        self.pipeline: _Pipeline | None = None
 
     def send(self, payload: Any) -> None:
         message = {"run": self.run_id, "token": self.token, **payload}
@@ -241,37 +251,95 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
     return runner
 
 
-def _run_unit(spec: _Spec, token: int, request: tuple[Any, ...]) -> tuple[str, Any] | str:
-    """On a worker: one attempt of one unit, answered like a local worker's reply.
+#: how long each task's recent attempts took on this worker (seconds), by
+#: run and task: a batch's handback threshold (UnitRunner._handback_after)
+_RECENT: dict[tuple[str, str], collections.deque[float]] = {}
 
-    The answer travels as a ``final`` worker event, which reaches the client
-    ahead of the task's completion (both go through the worker's one stream
-    to the scheduler, in order, and on from there in order): the dispatcher
-    never fetches a result from the worker (a round trip per unit). The task
-    itself returns ``_SENT``, or the answer when it cannot be an event."""
+
+def _recent(run_id: str, name: str) -> collections.deque[float]:
+    with _LOCK:
+        return _RECENT.setdefault((run_id, name), collections.deque(maxlen=RECENT))
+
+
+def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
+    """On a worker: the attempts of one batch, one after another, each answered
+    like a local worker's reply.
+
+    Each answer travels as a worker event, which reaches the client ahead of
+    the batch's completion (both go through the worker's one stream to the
+    scheduler, in order, and on from there in order): the dispatcher never
+    fetches a result from the worker (a round trip per unit). Once an attempt's
+    task runs longer than the handback threshold, the attempts behind it are
+    answered ``handback`` at once (nothing was staged for them). The future
+    returns ``_SENT``, or the messages that could not be events."""
     from distributed import get_worker
 
     worker = get_worker()
-    answer: tuple[str, Any]
+    kept: list[dict[str, Any]] = []
+
+    def send(message: dict[str, Any]) -> None:
+        message["run"] = spec.run_id
+        try:
+            worker.log_event(_EVENT_TOPIC, message)
+        except TypeError:  # not msgpack-serialisable: the dispatcher fetches it
+            kept.append(message)
+
+    def answer_all(rest: list[tuple[int, tuple[Any, ...]]], answer: tuple[str, Any]) -> None:
+        if rest:
+            send({"finals": [[token, answer] for token, _ in rest]})
+
     try:
         runner = _runner(spec, worker)
         control = _control(spec.run_id)
-        if control.stopped:  # queued here when the run stopped: nothing staged
-            return ("ok", {"kind": "not_started", "staged_env": None})
-        channel = _Channel(spec.run_id, token, control.hold_r, worker)
-        result = runner.run(request, channel)  # type: ignore[arg-type]
-        if isinstance(result, dict):
-            result["worker"] = worker.address
-        answer = ("ok", result)
-    except CrucibleError as exc:
-        answer = ("error", str(exc))
     except BaseException:
-        answer = ("bug", traceback.format_exc())
-    try:
-        worker.log_event(_EVENT_TOPIC, {"run": spec.run_id, "token": token, "final": answer})
-    except TypeError:  # not msgpack-serialisable: the dispatcher fetches the result
-        return answer
-    return _SENT  # nothing for Dask to size and keep
+        answer_all(units, ("bug", traceback.format_exc()))
+        return kept or _SENT
+    recent = _recent(spec.run_id, units[0][1][1])
+    handed: list[bool] = []
+    for index, (token, request) in enumerate(units):
+        rest = units[index + 1 :]
+        if control.stopped:  # queued here when the run stopped: nothing staged
+            answer_all(units[index:], ("ok", {"kind": "not_started", "staged_env": None}))
+            break
+        channel = _Channel(spec.run_id, token, control.hold_r, worker)
+
+        def hand_back(rest: list[tuple[int, tuple[Any, ...]]] = rest) -> None:
+            if not handed:  # the task runs long: the units behind it go elsewhere
+                handed.append(True)
+                answer_all(rest, ("ok", {"kind": "handback", "staged_env": None}))
+
+        if rest:
+            channel.pipeline = _Pipeline(
+                lambda: None, [], hand_back, UnitRunner._handback_after(recent)
+            )
+        began = time.monotonic()
+        answer: tuple[str, Any]
+        try:
+            result = runner.run(request, channel)  # type: ignore[arg-type]
+            if isinstance(result, dict):
+                result["worker"] = worker.address
+            answer = ("ok", result)
+        except CrucibleError as exc:
+            answer = ("error", str(exc))
+        except BaseException:
+            answer = ("bug", traceback.format_exc())
+        recent.append(time.monotonic() - began)
+        send({"token": token, "final": answer})
+        if handed:
+            break
+    return kept or _SENT  # nothing for Dask to size and keep
+
+
+def _answers(messages: list[dict[str, Any]]) -> list[tuple[int, tuple[str, Any]]]:
+    """The (token, answer) pairs of the messages a batch returned unsent."""
+    out: list[tuple[int, tuple[str, Any]]] = []
+    for message in messages:
+        if "finals" in message:
+            out.extend((int(token), (answer[0], answer[1])) for token, answer in message["finals"])
+        elif "final" in message:
+            answer = message["final"]
+            out.append((int(message["token"]), (answer[0], answer[1])))
+    return out
 
 
 def _worker_signal(run_id: str, what: str) -> None:
@@ -287,6 +355,8 @@ def _worker_forget(run_id: str) -> None:
     with _LOCK:
         _RUNNERS.pop(run_id, None)
         control = _CONTROLS.pop(run_id, None)
+        for key in [k for k in _RECENT if k[0] == run_id]:
+            del _RECENT[key]
     if control is not None:
         for fd in (control.stop_r, control.stop_w, control.kill_r, control.kill_w,
                    control.hold_r, control.hold_w):  # fmt: skip
@@ -357,14 +427,15 @@ class LocalLayout:
     #: Dask threads per worker: its slots, plus threads that stage and
     #: capture the next units while the slots are busy
     threads: int
-    #: units the dispatcher keeps submitted and unfinished
+    #: batches the dispatcher keeps submitted and unfinished
+    #: (crucible.run._dask_batches)
     window: int
 
 
 def local_layout(jobs: int, workers: int | None, threads: int | None) -> LocalLayout:
     """As the local executor: N slots, and min(N, 8) + 1 more units staged
     ahead, here split among the workers; and each worker's queue holds one
-    more unit per thread, so a thread that finishes starts the next unit
+    more batch per thread, so a thread that finishes starts the next batch
     without a round trip to the scheduler and the dispatcher."""
     count = workers or max(1, min(jobs, os.cpu_count() or 1))
     slots = [max(1, jobs // count + (i < jobs % count)) for i in range(count)]
@@ -403,13 +474,13 @@ class DaskExecutor:
     def __init__(self, options: RunOptions, *, jobs: int, runner: UnitRunner) -> None:
         import_distributed()
         self.jobs = jobs
-        #: units kept submitted and unfinished (see _local_layout)
-        self.window = jobs
+        #: the units not sent yet and the batches in flight (the window: at
+        #: most -j of them, or local_layout's for dask-local)
+        self.batches = Batches(window=jobs)
         self._slots: dict[str, int] = {}
         self.run_id = secrets.token_hex(8)
-        #: token -> its future (None until flushed)
+        #: token -> its batch's future (None until sent)
         self._live: dict[int, Any] = {}
-        self._pending: list[tuple[int, tuple[Any, ...]]] = []
         #: started units, and the worker each started on
         self._started: dict[int, str] = {}
         #: token -> its request, until its end (a unit whose spec was lost is sent again)
@@ -447,7 +518,7 @@ class DaskExecutor:
         from distributed import Client, LocalCluster
 
         layout = local_layout(jobs, options.workers, options.threads_per_worker)
-        self.window = layout.window
+        self.batches.window = layout.window
         self._slots = {str(i): n for i, n in enumerate(layout.slots)}
         self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
         self._cluster = cast(Any, LocalCluster)(
@@ -535,12 +606,17 @@ class DaskExecutor:
     def _on_event(self, event: Any) -> None:
         _, message = event
         if isinstance(message, dict) and message.get("run") == self.run_id:
-            kind = "final" if "final" in message else "started"
-            self._queue.append((kind, int(message["token"]), message))
+            if "finals" in message:
+                for token, answer in message["finals"]:
+                    self._queue.append(("final", int(token), answer))
+            elif "final" in message:
+                self._queue.append(("final", int(message["token"]), message["final"]))
+            else:
+                self._queue.append(("started", int(message["token"]), message))
             self._wake()
 
-    def _on_done(self, token: int, future: Any) -> None:
-        self._queue.append(("done", token, future))
+    def _on_done(self, tokens: list[int], future: Any) -> None:
+        self._queue.append(("done", 0, (tokens, future)))
         self._wake()
 
     # ----------------------------------------------------------- the seam
@@ -559,43 +635,48 @@ class DaskExecutor:
 
     @property
     def idle(self) -> int:
-        return max(0, self.window - len(self._live))
+        return self.batches.room
 
     def submit(self, token: int, request: tuple[Any, ...]) -> None:
         # Held until flush: the units of one fill go to the scheduler as one
         # graph (one message and one pickle), not one per unit.
         self._live[token] = None
         self._requests[token] = request
-        self._pending.append((token, request))
+        self.batches.add((token, request))
         if self._tailer is not None:
             _, name, key = request[:3]
             self._tailer.add(token, self._log_path(name, key), name, key)
 
     def flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending and self._spec.status != "finished":
+        batches = self.batches
+        if self._stopping or not batches.pending or batches.in_flight >= batches.window:
+            return
+        if self._spec.status != "finished":
             # Scattered data lives only in workers' memory: a worker that died
             # holding the last copy took the spec with it (Dask then cancels
             # every unit waiting on it). Scatter it again for these units.
             self._spec = self._scatter_spec()
-        by_task: dict[str, list[tuple[int, tuple[Any, ...]]]] = {}
-        for token, request in pending:
-            by_task.setdefault(request[1], []).append((token, request))
-        for name, units in by_task.items():
-            keys = [f"crucible-{name}-{self.run_id}-{t}" + (f"r{self._resent[t]}" if t in self._resent else "")
-                    for t, _ in units]  # fmt: skip
+        for name, groups in self.batches.take().items():
+            keys = [self._batch_key(name, group) for group in groups]
             futures = self._client.map(
-                _run_unit,
-                [self._spec] * len(units),
-                [t for t, _ in units],
-                [r for _, r in units],
+                _run_batch,
+                [self._spec] * len(groups),
+                groups,
                 key=keys,
                 pure=False,
                 resources=self._resources.get(name),
             )
-            for (token, _), future in zip(units, futures, strict=True):
-                self._live[token] = future
-                future.add_done_callback(lambda f, t=token: self._on_done(t, f))
+            for key, group, future in zip(keys, groups, futures, strict=True):
+                tokens = [token for token, _ in group]
+                self.batches.sent(key, name, tokens)
+                for token in tokens:
+                    self._live[token] = future
+                future.add_done_callback(lambda f, ts=tokens: self._on_done(ts, f))
+
+    def _batch_key(self, name: str, group: list[tuple[int, tuple[Any, ...]]]) -> str:
+        first = group[0][0]
+        again = f"r{self._resent[first]}" if first in self._resent else ""
+        return f"crucible-{name}-{self.run_id}-{first}x{len(group)}{again}"
 
     def read(self, fd: int) -> list[Reply]:
         with contextlib.suppress(BlockingIOError):
@@ -604,6 +685,11 @@ class DaskExecutor:
         replies: list[Reply] = []
         while self._queue:
             kind, token, value = self._queue.popleft()
+            if kind == "done":
+                tokens, future = value
+                for reply in self._ended(tokens, future):
+                    self._settle(reply, replies)
+                continue
             if token not in self._live:
                 continue  # a start heard after its end, or an end heard twice
             if kind == "started":
@@ -611,38 +697,43 @@ class DaskExecutor:
                     self._started[token] = str(value.get("worker") or self._lost_worker)
                     replies.append(Reply(token, "interim", value))
                 continue
-            if kind == "final":
-                outcome, payload = value["final"]
-                reply: Reply | None = Reply(token, outcome, payload)
-            elif value is not self._live[token]:
-                continue  # the end of a future since sent again
-            else:
-                reply = self._final(token, value)
-            if reply is None:
-                continue
-            if self._tailer is not None:  # the rest of its output, before its end
-                self._tailer.finish(token)
-            del self._live[token]
-            self._requests.pop(token, None)
-            self._resent.pop(token, None)
-            self._started.pop(token, None)
-            replies.append(reply)
+            outcome, payload = value
+            self._settle(Reply(token, outcome, payload), replies)
         return replies
 
-    def _final(self, token: int, future: Any) -> Reply | None:
-        """The final reply a future's end gives, or None while its answer is
-        still on its way as an event."""
+    def _settle(self, reply: Reply, replies: list[Reply]) -> None:
+        """A token's final reply: it leaves its batch (and the batch the window,
+        once no token of it is left)."""
+        token = reply.token
+        if token not in self._live:
+            return
+        if self._tailer is not None:  # the rest of its output, before its end
+            self._tailer.finish(token)
+        del self._live[token]
+        self._requests.pop(token, None)
+        self._resent.pop(token, None)
+        self._started.pop(token, None)
+        kind = reply.payload.get("kind") if isinstance(reply.payload, dict) else None
+        ran = reply.payload.get("duration") if kind == "finished" else None
+        self.batches.leave(token, handed_back=kind == "handback", ran=ran)
+        replies.append(reply)
+
+    def _ended(self, tokens: list[int], future: Any) -> list[Reply]:
+        """The replies a batch future's end gives its tokens still without one
+        (none while their answers are on their way as events)."""
+        mine = [token for token in tokens if self._live.get(token) is future]
+        if not mine:
+            return []
         status = future.status
         if status == "finished":
             value = future.result()  # the rare path: fetched from the worker
             if value == _SENT:
-                return None
-            outcome, payload = value
-            return Reply(token, outcome, payload)
+                return []
+            return [Reply(token, *answer) for token, answer in _answers(value)]
         if status == "cancelled":
             if self._stopping:
-                return Reply(token, "ok", {"kind": "not_started", "staged_env": None})
-            return self._cancelled(token)
+                return [Reply(t, "ok", {"kind": "not_started", "staged_env": None}) for t in mine]
+            return [reply for t in mine if (reply := self._cancelled(t)) is not None]
         exc = future.exception()
         from distributed import KilledWorker
 
@@ -650,8 +741,8 @@ class DaskExecutor:
             last = getattr(exc, "last_worker", None)
             address = getattr(last, "address", None) or "unknown"
             self._lost_worker = address
-            return Reply(token, "ok", {"kind": "worker_lost", "worker": address})
-        return Reply(token, "bug", f"{type(exc).__name__}: {exc}")
+            return [Reply(t, "ok", {"kind": "worker_lost", "worker": address}) for t in mine]
+        return [Reply(t, "bug", f"{type(exc).__name__}: {exc}") for t in mine]
 
     def _cancelled(self, token: int) -> Reply | None:
         """A unit Dask cancelled while the run goes on: the spec it waited on
@@ -666,11 +757,15 @@ class DaskExecutor:
             return Reply(token, "ok", {"kind": "worker_lost", "worker": worker})
         self._resent[token] = tries + 1
         self._live[token] = None
-        self._pending.append((token, self._requests[token]))
+        self.batches.again((token, self._requests[token]))
         return None
 
     def stop(self) -> None:
         self._stopping = True
+        # what the window held back was never sent: not started
+        not_started = ("ok", {"kind": "not_started", "staged_env": None})
+        self._queue.extend(("final", token, not_started) for token in self.batches.drain())
+        self._wake()
         self._broadcast("stop")
 
     def kill(self) -> None:
@@ -693,7 +788,9 @@ class DaskExecutor:
                 self._broadcast("stop")
                 self._broadcast("kill")
                 with contextlib.suppress(Exception):
-                    client.cancel([f for f in self._live.values() if f is not None])
+                    client.cancel(
+                        list({id(f): f for f in self._live.values() if f is not None}.values())
+                    )
             with contextlib.suppress(Exception):
                 client.run(_worker_forget, self.run_id)
             with contextlib.suppress(Exception):
