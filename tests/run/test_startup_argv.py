@@ -15,6 +15,7 @@ import pytest
 
 from crucible.core.cli import run as run_edge
 from crucible.run import _argv, commands
+from crucible.run._options import JOBS_MAX
 from crucible.run.cli import cli
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
@@ -201,3 +202,74 @@ def test_atexit_handlers_still_run_at_the_fast_exit(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "handler ran\n"
+
+
+_LEAVES_A_FILE_OPEN = (
+    "import sys\n"
+    "left = open(sys.argv.pop(1), 'w')\n"
+    "left.write('buffered, never flushed')\n"
+    "sys.argv[0] = 'crucible-dispatch'\n"
+    "from crucible.run.cli import main\n"
+    "main()\n"
+)
+
+
+@pytest.mark.parametrize("check", ["1", "0"])
+def test_a_file_left_open_is_caught_at_the_fast_exit(tmp_path: Path, check: str) -> None:
+    """os._exit drops a buffer Python still holds. With CRUCIBLE_CHECK_EXIT=1
+    (every command the suite runs) a writable file left open is named and the
+    exit is the normal one, with code 70, which flushes it; without, the fast
+    exit loses its buffer, which is why the suite checks."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(one_task("true"))
+    left = tmp_path / "left.txt"
+    done = subprocess.run(
+        [sys.executable, "-c", _LEAVES_A_FILE_OPEN, str(left), str(plan), "--state", "s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+        env={**os.environ, "CRUCIBLE_CHECK_EXIT": check},
+    )
+    if check == "1":
+        assert done.returncode == 70, done.stderr
+        assert done.stderr.splitlines()[-1] == f"crucible-dispatch: bug: left open at exit: {left}"
+        assert left.read_text() == "buffered, never flushed"
+    else:
+        assert done.returncode == 0, done.stderr
+        assert left.read_text() == ""
+
+
+def test_the_fast_parser_knows_each_of_clicks_options_as_click_does() -> None:
+    """Every option of click's ``run`` is either one the fast parser reads, with
+    click's destination and arity (a flag, a value, a repeated value), or one
+    it declines (help, version, debug). A new option added to click alone
+    fails here until the fast parser reads it (or declines it on purpose)."""
+    import click
+
+    run_cmd = cli.commands["run"]  # type: ignore[attr-defined]
+    declined = {"--help", "-h", "--version", "--debug"}
+    seen: set[str] = set()
+    for param in run_cmd.params:
+        if not isinstance(param, click.Option):
+            assert param.name == "plan"
+            continue
+        for decl in param.opts + param.secondary_opts:
+            seen.add(decl)
+            if decl in declined:
+                continue
+            if param.is_flag:
+                assert _argv._FLAGS.get(decl) == param.name, decl
+            else:
+                name, kind = _argv._VALUED[decl]
+                assert name == param.name, decl
+                assert (kind == "texts") is param.multiple, decl
+                if kind in ("slots", "count"):  # the same range as click's
+                    assert isinstance(param.type, click.IntRange), decl
+                    top = JOBS_MAX if kind == "slots" else None
+                    assert (param.type.min, param.type.max) == (1, top), decl
+    known = set(_argv._FLAGS) | set(_argv._VALUED)
+    assert known <= seen, known - seen  # nothing the fast parser reads is gone from click
+    executor = next(p for p in run_cmd.params if p.name == "executor")
+    assert tuple(executor.type.choices) == _argv._EXECUTORS

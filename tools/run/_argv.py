@@ -18,7 +18,8 @@ path; ``IntRange``; ``Choice``), else it declines. It declines:
 - no PLAN, or a second positional argument.
 
 ``tests/run/test_startup_argv.py`` checks its options against click's over a
-grid of command lines.
+grid of command lines, and that it reads every option click's ``run`` has with
+click's destination, arity and range (or declines it on purpose).
 """
 
 from __future__ import annotations
