@@ -309,8 +309,10 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
                 answer_all(rest, ("ok", {"kind": "handback", "staged_env": None}))
 
         if rest:
+            with _LOCK:  # a copy: the worker's other threads append to it
+                seen = collections.deque(recent)
             channel.pipeline = _Pipeline(
-                lambda: None, [], hand_back, UnitRunner._handback_after(recent)
+                lambda: None, [], hand_back, UnitRunner._handback_after(seen)
             )
         began = time.monotonic()
         answer: tuple[str, Any]
@@ -323,7 +325,8 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
             answer = ("error", str(exc))
         except BaseException:
             answer = ("bug", traceback.format_exc())
-        recent.append(time.monotonic() - began)
+        with _LOCK:
+            recent.append(time.monotonic() - began)
         send({"token": token, "final": answer})
         if handed:
             break
