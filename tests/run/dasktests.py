@@ -73,13 +73,13 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]
 
 
 def start_worker(
-    address: str, hide: Path | None = None, *, nanny: bool = True
+    address: str, hide: Path | None = None, *, nanny: bool = True, threads: int = 1
 ) -> subprocess.Popen[bytes]:
-    """A ``dask worker`` process; with ``hide``, in its own mount namespace where
-    an empty tmpfs covers that directory; without a ``nanny``, a worker the test
-    kills stays dead (a nanny would restart it empty)."""
-    argv = [DASK, "worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
-            "--host", "127.0.0.1", *(() if nanny else ("--no-nanny",))]  # fmt: skip
+    """A ``dask worker`` process of ``threads`` threads; with ``hide``, in its own
+    mount namespace where an empty tmpfs covers that directory; without a
+    ``nanny``, a worker the test kills stays dead (a nanny would restart it empty)."""
+    argv = [DASK, "worker", address, "--nworkers", "1", "--nthreads", str(threads),
+            "--no-dashboard", "--host", "127.0.0.1", *(() if nanny else ("--no-nanny",))]  # fmt: skip
     if hide is not None:
         script = f'mount -t tmpfs none "{hide}" && exec "$@"'
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crucible.run._dask_executor import local_layout
-from tests.run.dasktests import dispatch
+from tests.run.dasktests import cluster, dispatch, start_worker, wait_workers
 from tests.run.dispatchtests import events, write_pack
 
 pytest.importorskip("distributed")
@@ -138,3 +138,19 @@ def test_units_batched_behind_a_long_task_are_handed_back_and_run_elsewhere(
     assert sorted(order, key=int) == [str(i) for i in range(40)]
     assert order[-1] == "0", order  # nothing waited behind the long one
     assert {"1", "2", "3"} < set(order[: order.index("0")])
+
+
+def test_on_a_scheduler_j_bounds_the_running_tasks_of_batches(tmp_path: Path) -> None:
+    """--executor dask: the window is -j batches, each running one task at a
+    time, so a worker with more threads than -j still runs at most -j tasks at
+    once; 30 units there go in batches (crucible.run._dask_batches)."""
+    pack, counts = _counting(tmp_path, "remote", 30, 0.2)
+    with cluster(tmp_path) as (address, procs):
+        procs.append(start_worker(address, threads=4))
+        wait_workers(address, 1)
+        proc = dispatch(pack, tmp_path / "state", "-j", "2", "--executor", "dask",
+                        "--scheduler", address)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    seen = [int(n) for n in counts.read_text().split()]
+    assert len(seen) == 30
+    assert max(seen) == 2, seen
