@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crucible.run._dask_batches import BATCH_MAX, Batches
 
 
@@ -117,3 +120,53 @@ def test_a_unit_sent_again_leaves_its_batch_and_waits_in_order() -> None:
     batches.leave(3)
     assert batches.in_flight == 0  # 2 is no longer the batch's
     assert [t for t, _ in batches.pending] == [2, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    window=st.integers(min_value=1, max_value=6),
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.sampled_from(["a", "b", "c"]), st.integers(1, 12)),
+            st.tuples(st.just("settle"), st.booleans(), st.floats(0.0, 1.0)),
+            st.tuples(st.just("again"), st.just(None), st.just(None)),
+        ),
+        max_size=40,
+    ),
+)
+def test_every_unit_is_sent_once_within_the_window_and_in_order(
+    window: int, steps: list[tuple[str, Any, Any]]
+) -> None:
+    """Whatever the sequence of submissions, flushes, settlements and resends:
+    the window is never exceeded, a batch holds one task's units in token
+    order, each submitted token is sent (again only after a resend) or still
+    pending, and room never goes below zero."""
+    batches = Batches(window=window)
+    token = 0
+    unsent: set[int] = set()
+    in_flight: list[int] = []  # sent, not settled, in the order sent
+    for kind, a, b in steps:
+        if kind == "add":
+            for _ in range(min(b, batches.room)):
+                token += 1
+                batches.add(_unit(token, a))
+                unsent.add(token)
+        elif kind == "settle" and in_flight:
+            batches.leave(in_flight.pop(0), handed_back=a, ran=b)
+        elif kind == "again" and in_flight:
+            again = in_flight.pop()
+            batches.again(_unit(again))
+            unsent.add(again)
+        assert batches.room >= 0
+        for task, groups in batches.take().items():
+            for group in groups:
+                tokens = [t for t, _ in group]
+                assert tokens == sorted(tokens)
+                assert all(request[1] == task for _, request in group)
+                assert 1 <= len(tokens) <= batches.size(task) <= BATCH_MAX
+                assert set(tokens) <= unsent
+                unsent -= set(tokens)
+                batches.sent(f"{task}-{tokens[0]}-{token}", task, tokens)
+                in_flight.extend(tokens)
+        assert batches.in_flight <= window
+        assert {t for t, _ in batches.pending} == unsent

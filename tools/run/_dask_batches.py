@@ -61,7 +61,9 @@ class Batches:
     @property
     def room(self) -> int:
         """How many more units fit: full batches in every free place."""
-        return max(0, self.window - len(self._batches)) * BATCH_MAX - len(self.pending)
+        # never below 0: a unit sent again waits here while its old batch
+        # still holds its place (and the dispatcher submits while room is truthy)
+        return max(0, (self.window - len(self._batches)) * BATCH_MAX - len(self.pending))
 
     def size(self, task: str) -> int:
         """The size of the task's next batches."""
