@@ -216,14 +216,14 @@ def run(
     except SystemExit as exc:
         if fast_exit:
             _guard_teardown()
-            _exit_now(exc)
+            _exit_now(exc, prog)
         raise
     finally:
         # a Ctrl-C while the interpreter winds down is still one line and 130
         _guard_teardown()
 
 
-def _exit_now(exc: SystemExit) -> None:
+def _exit_now(exc: SystemExit, prog: str) -> None:
     """End the process with ``exc``'s code without the interpreter's teardown
     (~15 ms of deallocating and collecting every imported module's objects at
     the end of each dispatch): the atexit handlers run, the standard streams
@@ -249,7 +249,7 @@ def _exit_now(exc: SystemExit) -> None:
     atexit._run_exitfuncs()
     if not _flushed():  # what a handler printed
         return
-    if os.environ.get(CHECK_EXIT_ENV) == "1" and _left_open():
+    if os.environ.get(CHECK_EXIT_ENV) == "1" and _left_open(prog):
         raise SystemExit(EXIT_BUG)  # the normal exit, which flushes them
     os._exit(code)
 
@@ -261,7 +261,7 @@ def _exit_now(exc: SystemExit) -> None:
 CHECK_EXIT_ENV = "CRUCIBLE_CHECK_EXIT"
 
 
-def _left_open() -> bool:
+def _left_open(prog: str) -> bool:
     """Whether a writable file object other than the standard streams is still
     open; if so, says which on stderr."""
     import gc
@@ -290,7 +290,7 @@ def _left_open() -> bool:
     if not left:
         return False
     names = ", ".join(sorted({str(getattr(f, "name", "?")) for f in left}))
-    sys.stderr.write(f"{sys.argv[0].rsplit('/', 1)[-1]}: bug: left open at exit: {names}\n")
+    sys.stderr.write(f"{prog}: bug: left open at exit: {names}\n")
     sys.stderr.flush()
     return True
 
