@@ -112,8 +112,7 @@ class Batches:
         how long its task ran), or is sent again. A batch with no token left
         frees its place in the window and sets its task's next batch size."""
         key = self._batch_of.pop(token, None)
-        batch = None if key is None else self._batches.get(key)
-        if batch is None:
+        if key is None or (batch := self._batches.get(key)) is None:
             return
         batch.handed_back = batch.handed_back or handed_back
         if ran is not None:
@@ -121,7 +120,7 @@ class Batches:
         batch.left.discard(token)
         if batch.left:
             return
-        del self._batches[key]  # type: ignore[arg-type]
+        del self._batches[key]
         size = self.size(batch.task)
         if batch.handed_back:
             self._size[batch.task] = max(1, size // 2)

@@ -57,6 +57,13 @@ CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
 #: a batch future's value when its answers went as worker events
 _SENT = "sent"
+
+
+def _not_started() -> tuple[str, dict[str, Any]]:
+    """The answer of a unit not started because the run stops (it stays unsettled)."""
+    return ("ok", {"kind": "not_started", "staged_env": None})
+
+
 #: times a unit cancelled before it started (its run spec was lost with a
 #: worker) is sent again with the spec scattered anew, before it counts as lost
 _RESENDS = 3
@@ -299,7 +306,7 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
     for index, (token, request) in enumerate(units):
         rest = units[index + 1 :]
         if control.stopped:  # queued here when the run stopped: nothing staged
-            answer_all(units[index:], ("ok", {"kind": "not_started", "staged_env": None}))
+            answer_all(units[index:], _not_started())
             break
         channel = _Channel(spec.run_id, token, control.hold_r, worker)
 
@@ -651,15 +658,15 @@ class DaskExecutor:
             self._tailer.add(token, self._log_path(name, key), name, key)
 
     def flush(self) -> None:
-        batches = self.batches
-        if self._stopping or not batches.pending or batches.in_flight >= batches.window:
+        batched = {} if self._stopping else self.batches.take()
+        if not batched:
             return
         if self._spec.status != "finished":
             # Scattered data lives only in workers' memory: a worker that died
             # holding the last copy took the spec with it (Dask then cancels
             # every unit waiting on it). Scatter it again for these units.
             self._spec = self._scatter_spec()
-        for name, groups in self.batches.take().items():
+        for name, groups in batched.items():
             keys = [self._batch_key(name, group) for group in groups]
             futures = self._client.map(
                 _run_batch,
@@ -735,7 +742,7 @@ class DaskExecutor:
             return [Reply(token, *answer) for token, answer in _answers(value)]
         if status == "cancelled":
             if self._stopping:
-                return [Reply(t, "ok", {"kind": "not_started", "staged_env": None}) for t in mine]
+                return [Reply(t, *_not_started()) for t in mine]
             return [reply for t in mine if (reply := self._cancelled(t)) is not None]
         exc = future.exception()
         from distributed import KilledWorker
@@ -766,8 +773,7 @@ class DaskExecutor:
     def stop(self) -> None:
         self._stopping = True
         # what the window held back was never sent: not started
-        not_started = ("ok", {"kind": "not_started", "staged_env": None})
-        self._queue.extend(("final", token, not_started) for token in self.batches.drain())
+        self._queue.extend(("final", token, _not_started()) for token in self.batches.drain())
         self._wake()
         self._broadcast("stop")
 
