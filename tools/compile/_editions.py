@@ -72,6 +72,10 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "cache": 4,
     # what a unit needs on its worker (issue 19; crucible.compile._resources)
     "resources": 4,
+    # declared reads and the sandbox that enforces them (issue 34; compile._reads)
+    "reads": 4,
+    "sandbox": 4,
+    "network": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task
@@ -92,6 +96,10 @@ _WORKFLOW_KEYS_SINCE: dict[str, int] = {
     # run results and published files (issue 17)
     "outputs": 4,
     "publish": 4,
+    # defaults every task inherits (issue 34): a task's reads add to these
+    "reads": 4,
+    "sandbox": 4,
+    "network": 4,
 }
 _TOP_KEYS_SINCE: dict[str, int] = {
     "edition": 1,

@@ -48,7 +48,9 @@ WORKFLOW_KEYS: tuple[str, ...] = tuple(
 )
 #: ``[workflow]`` keys of edition 4 (editions.py says when each key arrived)
 WORKFLOW_KEYS_SINCE_4: tuple[str, ...] = tuple(
-    k for k in ("outputs", "publish") if workflow_key_since(k) == EDITION_CONTROL
+    k
+    for k in ("outputs", "publish", "reads", "sandbox", "network")
+    if workflow_key_since(k) == EDITION_CONTROL
 )
 PARAM_KEYS: tuple[str, ...] = ("type", "default", "description")
 
@@ -477,6 +479,26 @@ def _task_cache(t: _TaskCheck, value: object) -> None:
         t.task["cache"] = value
 
 
+def _task_reads(t: _TaskCheck, value: object) -> None:
+    from crucible.compile._reads import check_reads
+
+    reads = check_reads(t.chk, t.at("reads"), value)
+    if reads:
+        t.task["reads"] = reads
+
+
+def _task_sandbox(t: _TaskCheck, value: object) -> None:
+    from crucible.compile._reads import check_flag
+
+    check_flag(t.chk, t.at("sandbox"), value, "sandbox", t.task)
+
+
+def _task_network(t: _TaskCheck, value: object) -> None:
+    from crucible.compile._reads import check_flag
+
+    check_flag(t.chk, t.at("network"), value, "network", t.task)
+
+
 def _task_resources(t: _TaskCheck, value: object) -> None:
     from crucible.compile._resources import check_resources
 
@@ -578,6 +600,9 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
     (None, _task_fanout),  # map, matrix, key, parallelism
     ("cache", _task_cache),
     ("resources", _task_resources),
+    ("reads", _task_reads),
+    ("sandbox", _task_sandbox),
+    ("network", _task_network),
     ("retries", _task_retries),
     ("timeout", _task_timeout),
     ("description", _task_description),
@@ -679,6 +704,12 @@ def check_workflow(
             workflow["outputs"] = outputs
         if "publish" in raw and (publish := check_publish(chk, (*path, "publish"), raw["publish"])):
             workflow["publish"] = publish
+    defaults: dict[str, Any] = {}
+    if edition >= EDITION_CONTROL:
+        # reads, sandbox, network: defaults merged into every task (compile._reads)
+        from crucible.compile._reads import check_defaults
+
+        defaults = check_defaults(chk, path, raw)
     tasks: list[dict[str, Any]] = []
     paths: list[KeyPath] = []
     raw_tasks = raw.get(tasks_key, [])
@@ -692,6 +723,11 @@ def check_workflow(
         if not isinstance(raw_task, dict):
             chk.wrong_type(tpath, raw_task, f"{task_label} entry {i} must be a table")
             continue
-        tasks.append(check_task(chk, tpath, raw_task, edition, label=task_label))
+        task = check_task(chk, tpath, raw_task, edition, label=task_label)
+        if defaults:
+            from crucible.compile._reads import inherit
+
+            inherit(task, raw_task, defaults)
+        tasks.append(task)
         paths.append(tpath)
     return workflow, tasks, paths

@@ -406,6 +406,7 @@ def unit_key(
     agent_cmd: str | None,
     emit_cap: int,
     escape_key: Callable[[str], str],
+    pack_dir: str = "",
 ) -> CacheKey:
     """The cache key of one unit, read from its staged workspace: the definition
     of the key. A run keys units before staging them
@@ -418,6 +419,10 @@ def unit_key(
     components = {**head, "instance": scalar_digest(key), **tail}
     components.update(_staged_inputs(workspace, int(plan["version"])))
     components.update(ancestor_files(plan, task_name, state, escape_key))
+    if task.get("reads"):
+        from crucible.run._reads import ReadsKeyer
+
+        components["reads"] = ReadsKeyer(pack_dir, None).component(task["reads"])
     return CacheKey(task_name, key, components)
 
 
@@ -474,6 +479,7 @@ _COMPONENT_WORDS = {
     "env": "changed environment passed",
     "emit_cap": "changed emit cap",
     "agent_cmd": "changed --agent-cmd",
+    "reads": "changed reads",
 }
 
 

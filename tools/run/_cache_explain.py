@@ -59,7 +59,6 @@ def explain_lines(
     """``lines`` (crucible.run._selection.dry_run_lines) with ``cache`` (hit, miss,
     off, unknown) on each unit that would run; a hit's action is ``cached``."""
     from crucible import stage
-    from crucible.run._cache import explain_miss
     from crucible.run._cache_keyer import Keyer
     from crucible.run._unit_cache import UnitCache, cacheable
 
@@ -74,7 +73,13 @@ def explain_lines(
             return out
         stage.prepare_plan(plan)
         keyer = Keyer(
-            plan, shadow, environ=environ, agent_cmd=options.agent_cmd, emit_cap=admission.emit_cap
+            plan,
+            shadow,
+            environ=environ,
+            agent_cmd=options.agent_cmd,
+            emit_cap=admission.emit_cap,
+            pack_dir=admission.pack_dir,
+            cache_dir=options.cache,
         )
         cache = UnitCache(options.cache, keyer)
         unknown: set[str] = set()  # tasks whose result this dry run cannot know
@@ -139,7 +144,7 @@ def explain_lines(
                 line["cache"] = "miss"
                 line["cache_key"] = ck.digest
                 last = cache.cache.last_components(name, key, stage.escape_key)
-                line["reason"] += f"; cache miss: {explain_miss(last, ck.components)}"
+                line["reason"] += f"; cache miss: {keyer.explain(last, ck.components)}"
         finally:
             cache.close()
     return out

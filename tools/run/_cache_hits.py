@@ -86,6 +86,7 @@ class CacheHits:
         agent_cmd: str | None,
         emit_cap: int,
         warn: Callable[[str], None],
+        pack_dir: str = "",
     ) -> None:
         self.tasks = tasks
         self.warn = warn
@@ -98,6 +99,8 @@ class CacheHits:
             environ=dict(environ),
             agent_cmd=agent_cmd,
             emit_cap=emit_cap,
+            pack_dir=pack_dir,
+            cache_dir=directory,
         )
         self.cache = UnitCache(directory, keyer)
         #: units looked up already: a unit that missed is not looked up again when

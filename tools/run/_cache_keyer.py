@@ -33,6 +33,7 @@ from crucible.run._cache import (
     scalar_digest,
 )
 from crucible.run._environ import task_environment
+from crucible.run._reads import ReadsKeyer
 
 # Stage's own readers, so a value is read exactly as staging reads it (a fold's
 # instances with the fast reader, a declared value with the strict one).
@@ -81,6 +82,8 @@ class Keyer:
         environ: Mapping[str, str],
         agent_cmd: str | None,
         emit_cap: int,
+        pack_dir: str = "",
+        cache_dir: Path | None = None,
     ) -> None:
         self.plan = plan
         self.state = Path(state)
@@ -101,6 +104,8 @@ class Keyer:
         self._file_ancestors: dict[str, list[str]] = {}
         #: what STATE/reserved/ held at its last listing, by the directory's identity
         self._reserved_listing: tuple[tuple[int, int] | None, frozenset[str]] | None = None
+        #: declared reads (crucible.run._reads): listed and hashed once per run
+        self.reads = ReadsKeyer(pack_dir, cache_dir)
 
     def key(self, name: str, key: str | None) -> CacheKey:
         pv = self._pv
@@ -125,7 +130,24 @@ class Keyer:
             components.update(
                 ancestor_files(self.plan, name, self.state, escape_key, self._files_memo, ancestors)
             )
+        if t.raw.get("reads"):
+            components["reads"] = self.reads.component(t.raw["reads"])
         return CacheKey(name, key, components)
+
+    def explain(self, previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
+        """Why a unit missed (crucible.run._cache.explain_miss), naming the
+        declared read that changed when that is the first difference."""
+        from crucible.run._cache import explain_miss
+        from crucible.run._reads import describe_change
+
+        why = explain_miss(previous, current)
+        if why == "changed reads" and previous is not None and "reads" in current:
+            now = self.reads.kept_listing(current["reads"])
+            if now is not None:
+                before = previous.get("reads")
+                was = self.reads.kept_listing(before) if before else []
+                why = describe_change(was, now)
+        return why
 
     def _ancestors_with_files(self, pv: PlanView, name: str) -> list[str]:
         found = self._file_ancestors.get(name)

@@ -225,7 +225,7 @@ class Dispatcher:
             self.hits = CacheHits(
                 options.cache, plan=self.plan, tasks=self.graph.tasks, state=options.state,
                 environ=environ, agent_cmd=options.agent_cmd, emit_cap=admission.emit_cap,
-                warn=self.warn,
+                warn=self.warn, pack_dir=admission.pack_dir,
             )  # fmt: skip
             self.ready = self.hits.ready_queue()  # each unit looked up once
             # the cache records workers encoded are appended once their batch is durable

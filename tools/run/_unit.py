@@ -448,7 +448,13 @@ class UnitRunner:
             from crucible.run._unit_cache import UnitCache
 
             keyer = Keyer(
-                plan, options.state, environ=environ, agent_cmd=options.agent_cmd, emit_cap=emit_cap
+                plan,
+                options.state,
+                environ=environ,
+                agent_cmd=options.agent_cmd,
+                emit_cap=emit_cap,
+                pack_dir=pack_dir,
+                cache_dir=options.cache,
             )
             self.cache = UnitCache(options.cache, keyer)
 

@@ -1,0 +1,241 @@
+"""A task's declared ``reads``: the files they match, their digests, and the
+``reads`` component of its cache key (docs/spec/cache.md, "Declared reads").
+
+A relative entry is a glob under the pack directory (``*``, ``?``, ``[...]``
+within a segment, ``**`` any number of segments: crucible.core.globs); an
+absolute entry is a path or glob on the host. An entry naming a directory
+(no glob characters) stands for every file beneath it. Only regular files
+match (a symlink to one counts, under its own name); directories are walked
+without following symlinks, so a link loop cannot hang the keying.
+
+Each file is hashed once: the **stat memo** (``DIR/reads-memo.json``) maps
+its absolute path to ``[dev, ino, size, mtime_ns, ctime_ns, digest]``; a
+file whose stat still says the same is not read again. ``ctime`` changes with
+any write or rename over the file, so an edit that restores the mtime still
+misses. The listing behind each ``reads`` digest is kept content-addressed
+(``DIR/reads/<2 hex>/<62 hex>.json``) so a miss can name the file that
+changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat as stat_mod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from crucible.core import canon, digest
+from crucible.core.globs import GLOB_CHARS, pattern_regex
+
+__all__ = ["Listing", "ReadsKeyer", "describe_change", "match_files"]
+
+#: one entry's matches: (path as keyed, absolute path), sorted by the first
+Matches = list[tuple[str, str]]
+#: per entry: [pattern, [[path, digest], ...]]; what the component digests
+Listing = list[list[Any]]
+
+_MEMO = "reads-memo.json"
+
+
+def _split(entry: str, pack_dir: str) -> tuple[str, tuple[str, ...], bool]:
+    """(base directory to walk, glob segments below it, absolute entry)."""
+    absolute = entry.startswith("/")
+    root = "/" if absolute else pack_dir
+    parts = [p for p in entry.split("/") if p not in ("", ".")]
+    fixed: list[str] = []
+    for i, part in enumerate(parts):
+        if GLOB_CHARS & set(part):
+            return os.path.normpath(os.path.join(root, *fixed)), tuple(parts[i:]), absolute
+        fixed.append(part)
+    return os.path.normpath(os.path.join(root, *fixed)), (), absolute
+
+
+def _walk(base: str) -> Iterator[tuple[str, str]]:
+    """(path relative to ``base``, absolute path) of every file beneath it."""
+    stack = [("", base)]
+    while stack:
+        rel, where = stack.pop()
+        try:
+            entries = list(os.scandir(where))
+        except OSError:
+            continue
+        for e in entries:
+            name = f"{rel}/{e.name}" if rel else e.name
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append((name, e.path))
+                elif e.is_file(follow_symlinks=True):
+                    yield name, e.path
+            except OSError:
+                continue
+
+
+def _keyed(path: str, absolute: bool, pack_dir: str) -> str:
+    return path if absolute else os.path.relpath(path, pack_dir)
+
+
+def match_files(entry: str, pack_dir: str) -> Matches:
+    """The files ``entry`` matches, sorted: (path as keyed: relative to the pack
+    directory, or absolute for an absolute entry; absolute path)."""
+    base, globs, absolute = _split(entry, pack_dir)
+    out: Matches = []
+    if not globs:
+        try:
+            st = os.stat(base)
+        except OSError:
+            return out
+        if stat_mod.S_ISREG(st.st_mode):
+            out.append((_keyed(base, absolute, pack_dir), base))
+        elif stat_mod.S_ISDIR(st.st_mode):
+            for _rel, full in _walk(base):
+                out.append((_keyed(full, absolute, pack_dir), full))
+    else:
+        regex: re.Pattern[str] = pattern_regex(globs)
+        for rel, full in _walk(base):
+            if regex.match(rel):
+                out.append((_keyed(full, absolute, pack_dir), full))
+    out.sort()
+    return out
+
+
+class ReadsKeyer:
+    """Lists and hashes declared reads for one process (a run's keyer): each
+    distinct ``reads`` list is listed once per run, each file hashed once per
+    stat (the memo)."""
+
+    def __init__(self, pack_dir: str, cache_dir: Path | None) -> None:
+        self.pack_dir = pack_dir or os.getcwd()
+        self.cache_dir = cache_dir
+        self._memo: dict[str, list[Any]] | None = None
+        self._memo_dirty = False
+        self._components: dict[tuple[str, ...], str] = {}
+        self._listings: dict[str, Listing] = {}
+
+    # ---------------------------------------------------------------- memo
+
+    def _load_memo(self) -> dict[str, list[Any]]:
+        if self._memo is None:
+            self._memo = {}
+            if self.cache_dir is not None:
+                from crucible.core.fdio import read_regular
+
+                with contextlib.suppress(Exception):  # a damaged memo only costs rereads
+                    import orjson
+
+                    loaded = orjson.loads(read_regular(self.cache_dir / _MEMO, follow=False))
+                    if isinstance(loaded, dict):
+                        self._memo = loaded
+        return self._memo
+
+    def _save_memo(self) -> None:
+        if not self._memo_dirty or self.cache_dir is None or self._memo is None:
+            return
+        self._memo_dirty = False
+        import orjson
+
+        from crucible.core import atomic
+
+        with contextlib.suppress(OSError):
+            atomic.write_bytes(self.cache_dir / _MEMO, orjson.dumps(self._memo), durable=False)
+
+    def file_digest(self, path: str) -> str:
+        """``sha256:`` of the file's bytes, from the memo while its stat holds."""
+        memo = self._load_memo()
+        st = os.stat(path)
+        ident = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        known = memo.get(path)
+        if known is not None and known[:5] == ident:
+            return str(known[5])
+        from crucible.run._cache import file_digest
+
+        found = file_digest(path)
+        memo[path] = [*ident, found]
+        self._memo_dirty = True
+        return found
+
+    # ----------------------------------------------------------- component
+
+    def listing(self, reads: Sequence[str]) -> Listing:
+        out: Listing = []
+        for entry in reads:
+            files = []
+            for keyed, full in match_files(entry, self.pack_dir):
+                try:
+                    files.append([keyed, self.file_digest(full)])
+                except OSError:  # gone between listing and hashing: keyed as absent
+                    continue
+            out.append([entry, files])
+        return out
+
+    def component(self, reads: Sequence[str]) -> str:
+        """The ``reads`` component: the digest of every entry's matches (path as
+        keyed and content digest); an entry matching nothing is ``[entry, []]``."""
+        ident = tuple(reads)
+        found = self._components.get(ident)
+        if found is None:
+            listing = self.listing(reads)
+            found = digest.of_bytes(canon.dumps(listing))
+            self._components[ident] = found
+            self._listings[found] = listing
+            self._save_memo()
+            self._keep_listing(found, listing)
+        return found
+
+    def _listing_path(self, value: str) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        hexed = value.removeprefix("sha256:")
+        return self.cache_dir / "reads" / hexed[:2] / f"{hexed[2:]}.json"
+
+    def _keep_listing(self, value: str, listing: Listing) -> None:
+        where = self._listing_path(value)
+        if where is None or where.exists():
+            return
+        from crucible.core import atomic
+
+        with contextlib.suppress(OSError):
+            where.parent.mkdir(parents=True, exist_ok=True)
+            atomic.write_bytes(where, canon.dumps(listing), durable=False)
+
+    def kept_listing(self, value: str) -> Listing | None:
+        """The listing a ``reads`` digest was computed from (this run's, or kept
+        in the cache dir by an earlier one), or None."""
+        if value in self._listings:
+            return self._listings[value]
+        where = self._listing_path(value)
+        if where is None:
+            return None
+        from crucible.core.fdio import read_regular
+
+        try:
+            loaded = canon.loads(read_regular(where, follow=False))
+        except Exception:
+            return None
+        return loaded if isinstance(loaded, list) else None
+
+
+def describe_change(before: Listing | None, now: Listing) -> str:
+    """``read data/b.csv changed`` (or ``added``, ``removed``; ``reads entry 'x'
+    added``) for the first difference, in entry and path order."""
+    if before is None:
+        return "changed reads"
+    old = {str(e[0]): {str(p): d for p, d in e[1]} for e in before if len(e) == 2}
+    for entry, files in now:
+        was = old.get(entry)
+        if was is None:
+            return f"reads entry {entry!r} added"
+        current = {p: d for p, d in files}
+        for path in sorted(set(was) | set(current)):
+            if path not in was:
+                return f"read {path} added"
+            if path not in current:
+                return f"read {path} removed"
+            if was[path] != current[path]:
+                return f"read {path} changed"
+    for entry in old:
+        if entry not in {e[0] for e in now}:
+            return f"reads entry {entry!r} removed"
+    return "changed reads"
