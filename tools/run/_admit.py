@@ -15,6 +15,7 @@ for its whole life.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,21 @@ def _check_state_path(state: Path) -> None:
         raise UsageError("the state dir is not a directory", where=str(state))
 
 
+def _check_sandbox(
+    plan: dict[str, Any], options: RunOptions, environ: Mapping[str, str]
+) -> None:
+    """A sandboxed run where neither Landlock nor bubblewrap can be used is
+    refused before anything is written: never run unsandboxed silently."""
+    if options.dry_run or not (options.sandbox or any(t.get("sandbox") for t in plan["tasks"])):
+        return
+    from crucible.run._sandbox import SandboxUnavailable, choose
+
+    try:
+        choose(environ)
+    except SandboxUnavailable as exc:
+        raise UsageError(f"cannot run sandboxed: {exc}") from None
+
+
 def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Admission:
     """Check a run's whole input and lock its state dir; write nothing else."""
     _check_flags(options)
@@ -237,6 +253,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     if any(t.get("kind") == "agent" for t in plan["tasks"]) and not options.agent_cmd:
         names = ", ".join(t["name"] for t in plan["tasks"] if t.get("kind") == "agent")
         raise UsageError(f"the plan has agent tasks ({names}): pass --agent-cmd CMD")
+    _check_sandbox(plan, options, environ)
     _check_targets(plan, options.targets)
     jobs = _jobs(options.jobs, plan)
     _check_state_path(state)

@@ -47,6 +47,7 @@ _FLAGS = {
     "--fail-fast": "fail_fast",
     "--follow": "follow",
     "--keep-workspaces": "keep_workspaces",
+    "--sandbox": "sandbox",
 }
 
 #: option taking a value -> (option name, kind of value)
@@ -163,6 +164,7 @@ def _with_defaults(plan: Path, values: dict[str, Any]) -> dict[str, Any]:
         "fail_fast": False,
         "follow": False,
         "keep_workspaces": False,
+        "sandbox": False,
         "events": None,
         "outputs": None,
         "publish_dir": None,

@@ -130,6 +130,10 @@ def cli() -> None:
     "--keep-workspaces",
     help="Keep every unit's workspace (passed fan-out instances' are otherwise recycled).",
 )
+@_flag(
+    "--sandbox",
+    help="Run every task sandboxed: it reads only system dirs, its inputs and its reads.",
+)
 @click.option(
     "--events", metavar="FILE|-", help="Also write the session events to FILE (- = stdout)."
 )
@@ -182,6 +186,7 @@ def run_cmd(
     fail_fast: bool,
     follow: bool,
     keep_workspaces: bool,
+    sandbox: bool,
     events: str | None,
     outputs: str | None,
     publish_dir: Path | None,
@@ -211,6 +216,7 @@ def run_cmd(
         fail_fast=fail_fast,
         follow=follow,
         keep_workspaces=keep_workspaces,
+        sandbox=sandbox,
         events=events,
         outputs=outputs,
         publish_dir=publish_dir,

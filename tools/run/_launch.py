@@ -10,10 +10,13 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.run._agent_io import AgentStdout
 from crucible.run._procs import TaskProcess, spawn
+
+if TYPE_CHECKING:
+    from crucible.run._sandbox import SandboxSpec
 
 __all__ = ["Launched", "launch", "serialised"]
 
@@ -28,6 +31,7 @@ def launch(
     timeout: Any,
     stdin: str,
     agent: bool,
+    sandbox: SandboxSpec | None = None,
 ) -> Launched:
     """Start the task with stdout+stderr on a pipe (an agent's stdout on a
     second one); return it, the pipe's read end (non-blocking) and the
@@ -45,6 +49,7 @@ def launch(
             deadline=None if timeout is None else now + float(timeout),
             stdin=stdin,
             stdout_fd=resp_w if agent else None,
+            sandbox=sandbox,
         )
     except BaseException:
         os.close(out_r)

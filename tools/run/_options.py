@@ -57,6 +57,8 @@ class RunOptions:
     publish_dir: Path | None = None
     #: ``--cache DIR``: the task cache (docs/spec/cache.md); None = off
     cache: Path | None = None
+    #: ``--sandbox``: every task runs sandboxed (docs/spec/cache.md, "The sandbox")
+    sandbox: bool = False
     #: ``--executor``: ``local`` (forked workers), ``dask`` (a running cluster at
     #: ``scheduler``) or ``dask-local`` (a LocalCluster for the run); see run/_executor.py
     executor: str = "local"

@@ -26,8 +26,12 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crucible.core.fsio import which
+
+if TYPE_CHECKING:
+    from crucible.run._sandbox import SandboxSpec
 
 __all__ = ["TaskProcess", "close_inherited", "kill_group", "spawn"]
 
@@ -121,12 +125,42 @@ def spawn(
     deadline: float | None,
     stdin: str = os.devnull,
     stdout_fd: int | None = None,
+    sandbox: SandboxSpec | None = None,
 ) -> TaskProcess:
     """Start ``argv`` in a new session in ``cwd``, with stdin opened read-only
     from ``stdin`` (an absolute path: /dev/null, or an agent's prompt file) and
     stdout+stderr on ``log_fd`` (stdout on ``stdout_fd`` when given: an
     agent's, see crucible.run._agent_io). Raises OSError when the program cannot
-    be started (ValueError for a NUL in argv or env: a bug of the caller)."""
+    be started (ValueError for a NUL in argv or env: a bug of the caller).
+    With ``sandbox``, the task starts sandboxed (crucible.run._sandbox)."""
+    if sandbox is not None:
+        from crucible.run._sandbox import sandboxed
+
+        pid = sandboxed(
+            sandbox,
+            argv,
+            str(cwd),
+            lambda args: _posix_spawn(args, env, cwd, stdin, log_fd, stdout_fd),
+        )
+    else:
+        pid = _posix_spawn(argv, env, cwd, stdin, log_fd, stdout_fd)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        kill_group(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return TaskProcess(pid=pid, pidfd=pidfd, started=started, deadline=deadline)
+
+
+def _posix_spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    stdin: str,
+    log_fd: int,
+    stdout_fd: int | None,
+) -> int:
     executable = _executable(argv[0], env.get("PATH"))
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, stdin, os.O_RDONLY, 0),
@@ -151,13 +185,7 @@ def spawn(
             os.fchdir(here)
     finally:
         os.close(here)
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        kill_group(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        raise
-    return TaskProcess(pid=pid, pidfd=pidfd, started=started, deadline=deadline)
+    return pid
 
 
 def kill_group(pgid: int, sig: int) -> bool:

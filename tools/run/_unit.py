@@ -433,6 +433,10 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[Any, dict[str, str]] = {}
+        #: the sandbox (crucible.run._sandbox): its mechanism once a sandboxed
+        #: unit needs it, and each reads list's files and listable dirs
+        self._sandbox_mech: tuple[str, str] | None = None
+        self._sandbox_reads: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
         #: tasks whose settling wakes nothing (no consumer, outside a scored
         #: loop): a pipelined worker defers their passed replies (serve); set
         #: by the dispatcher before its workers are forked
@@ -551,10 +555,14 @@ class UnitRunner:
         # --- agent streams (crucible.run._agent_io): prompt on stdin, own stdout pipe
         stdin = stdin_source(task, prepared["prompt_file"])
         # --- end agent streams
+        sandbox = None
+        if self._sandboxed(task):
+            sandbox = self._sandbox_spec(task, workspace, staged.output, stdin)
+            env["TMPDIR"] = str(self._tmp_dir(workspace))
         started_at = time.time()
         try:
             proc, out_r, agent_out = self._launch(
-                argv, env, workspace, timeout, stdin, task.get("kind") == "agent"
+                argv, env, workspace, timeout, stdin, task.get("kind") == "agent", sandbox=sandbox
             )
         except (OSError, ValueError) as exc:
             # ValueError: a NUL in argv or the environment (none should get
@@ -576,6 +584,59 @@ class UnitRunner:
         sink = _LogSink(self.paths, name, key, attempt, header, follow)
         return _Started(staged, proc, out_r, agent_out, sink, held)
 
+    # ------------------------------------------------------------- sandbox
+
+    def _sandboxed(self, task: Mapping[str, Any]) -> bool:
+        return bool(task.get("sandbox")) or self.options.sandbox
+
+    def _tmp_dir(self, workspace: Path) -> Path:
+        from crucible.run._sandbox import tmp_dir
+
+        return tmp_dir(workspace)
+
+    def _sandbox_spec(
+        self, task: Mapping[str, Any], workspace: Path, output: Path, stdin: str
+    ) -> Any:
+        """What this unit may touch (crucible.run._sandbox.SandboxSpec)."""
+        from crucible.run._sandbox import SYSTEM_READ, SandboxSpec, choose
+
+        if self._sandbox_mech is None:
+            self._sandbox_mech = choose(self.environ)
+        mech, bwrap = self._sandbox_mech
+        reads = tuple(task.get("reads") or ())
+        found = self._sandbox_reads.get(reads)
+        if found is None:
+            found = self._reads_paths(reads)
+            self._sandbox_reads[reads] = found
+        files, dirs = found
+        shared = [str(self.state / "shared"), str(self.state / "files")]
+        read = [*SYSTEM_READ, *shared, *files, stdin]
+        return SandboxSpec(
+            mech,
+            read=read,
+            list_dirs=dirs,
+            write=[str(workspace), str(output.parent)],
+            network=bool(task.get("network")),
+            bwrap=bwrap,
+        )
+
+    def _reads_paths(self, reads: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """(files and trees it may read, directories it may list): each entry's
+        matches, and the directory a glob is matched under."""
+        from crucible.run._reads import _split, match_files
+
+        pack = self.pack_dir or os.getcwd()
+        files: list[str] = []
+        dirs: list[str] = []
+        for entry in reads:
+            base, globs, _ = _split(entry, pack)
+            if globs:
+                dirs.append(base)
+                files += [full for _, full in match_files(entry, pack)]
+            else:
+                files.append(base)  # a file, or a tree read whole
+        return files, dirs
+
     def _ended(self, started: _Started, gone: bool) -> list[str] | None:
         """The leader was reaped: close its pipes and log, and check what it was
         handed before its slot is given back (or handed on): a changed staged
@@ -588,6 +649,12 @@ class UnitRunner:
         started.sink.close()
         held = started.held
         staged = started.staged
+        if self._sandboxed(staged.task):  # its private TMPDIR goes with it
+            import shutil
+
+            from crucible.run._sandbox import TMP_NAME
+
+            shutil.rmtree(staged.workspace / TMP_NAME, ignore_errors=True)
         if gone:
             return None
         if held is not None and not held:
@@ -1055,11 +1122,17 @@ class UnitRunner:
         if response_problem is not None:  # an agent's stdout over RESPONSE_MAX
             note = "; ".join(n for n in (response_problem, record.get("note")) if n)
             record = self.stage.amend_record(record, status=FAILED, note=note, retryable=False)
+        sandboxed = self._sandboxed(task)
         if record.get("status") != PASSED:
             log, tail = log_fields()
             record = dict(record)
-            record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
+            note = str(record.get("note", ""))
+            if sandboxed:
+                note = self._sandbox_note(task, workspace, output, tail, note)
+            record["note"] = compose_note(note, code, log, tail)
             add_log_fields(record, log, tail)
+        if sandboxed:
+            record = {**record, "sandbox": True}
         wrote = self.stage.write_result_where(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
@@ -1067,6 +1140,17 @@ class UnitRunner:
         if not self.durable_records:  # the dispatcher fsyncs these in its group commit
             summary["wrote"] = list(wrote)
         return summary
+
+    def _sandbox_note(
+        self, task: Mapping[str, Any], workspace: Path, output: Path, tail: str, note: str
+    ) -> str:
+        """A sandboxed attempt's note, led by what the sandbox refused (when its
+        output says)."""
+        from crucible.run._sandbox import denied_note
+
+        spec = self._sandbox_spec(task, workspace, output, os.devnull)
+        said = denied_note(tail, spec, self.pack_dir)
+        return f"{said}; {note}" if said and note else said or note
 
     def _apply_verdict(self, record: dict[str, Any], output: Path) -> dict[str, Any]:
         """An evaluate task that passed capture passes only with ``verdict: "pass"``.

@@ -1,0 +1,346 @@
+"""Running a task sandboxed (docs/spec/cache.md, "The sandbox").
+
+A sandboxed task reads only the system directories (:data:`SYSTEM_READ`), the
+run's published files, its workspace and its declared ``reads``; writes only
+its workspace (``TMPDIR`` is a directory inside it) and its output's
+directory; has no TCP unless ``network = true``.
+
+**Landlock** (kernel >= 5.13; ABI >= 4 so that TCP is restricted too) is the
+first choice. A Landlock domain is enforced on the calling *thread* and
+inherited by every process it starts, so the dispatcher's worker builds the
+ruleset, then starts a short-lived thread that sets ``no_new_privs``,
+enforces the ruleset on itself and starts the task with ``posix_spawn``
+(``clone(CLONE_VFORK)``, no copy of the interpreter), then ends, dropping its
+restrictions with it. No fork of the interpreter, no helper program: a
+sandboxed start costs a thread, a ruleset and one rule per path.
+
+**bubblewrap** (``bwrap``) is the fallback where Landlock is missing: the
+task's argv is run under ``bwrap`` with a read-only root of the same paths,
+its workspace and output directory bound writable, and ``--unshare-net``.
+
+Which one: ``CRUCIBLE_SANDBOX`` = ``landlock`` | ``bwrap`` forces one (the
+tests force the fallback so); unset, Landlock when the kernel has it, else
+bwrap when found on PATH. Neither: a sandboxed run is refused up front.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SYSTEM_READ",
+    "SandboxSpec",
+    "SandboxUnavailable",
+    "choose",
+    "denied_note",
+    "landlock_abi",
+    "sandboxed",
+]
+
+#: what every sandboxed task may read (and execute), when it exists
+SYSTEM_READ: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    "/proc",
+    "/sys/devices/system/cpu",
+    "/dev/null",
+    "/dev/zero",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/full",
+)
+#: system paths a task may also write (the bit buckets)
+SYSTEM_WRITE: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")
+
+ENV_SWITCH = "CRUCIBLE_SANDBOX"
+#: the workspace directory a sandboxed task gets as TMPDIR (removed after it)
+TMP_NAME = ".tmp"
+
+
+class SandboxUnavailable(Exception):
+    """Neither Landlock nor bubblewrap can be used here."""
+
+
+# ----------------------------------------------------------------- Landlock
+
+_SYS_CREATE_RULESET = 444  # the same number on every architecture (new syscalls)
+_SYS_ADD_RULE = 445
+_SYS_RESTRICT_SELF = 446
+_PR_SET_NO_NEW_PRIVS = 38
+_CREATE_RULESET_VERSION = 1
+_RULE_PATH_BENEATH = 1
+
+_FS_EXECUTE = 1 << 0
+_FS_WRITE_FILE = 1 << 1
+_FS_READ_FILE = 1 << 2
+_FS_READ_DIR = 1 << 3
+_FS_TRUNCATE = 1 << 14
+_FS_IOCTL_DEV = 1 << 15
+_NET_BIND_TCP = 1 << 0
+_NET_CONNECT_TCP = 1 << 1
+_SCOPE_ABSTRACT_UNIX = 1 << 0
+_SCOPE_SIGNAL = 1 << 1
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1  # the kernel's struct is packed: 12 bytes
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+_libc: Any = None
+
+
+def _lib() -> Any:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    return _libc
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none, or disabled)."""
+    try:
+        version = int(_lib().syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION))
+    except (OSError, AttributeError):
+        return 0
+    return max(version, 0)
+
+
+def _fs_all(abi: int) -> int:
+    """Every filesystem right this ABI handles."""
+    rights = (1 << 13) - 1  # EXECUTE .. MAKE_SYM (ABI 1)
+    if abi >= 2:
+        rights |= 1 << 13  # REFER
+    if abi >= 3:
+        rights |= _FS_TRUNCATE
+    if abi >= 5:
+        rights |= _FS_IOCTL_DEV
+    return rights
+
+
+_FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS_IOCTL_DEV
+
+
+# ---------------------------------------------------------------- the spec
+
+
+@dataclass
+class SandboxSpec:
+    """What one sandboxed unit may touch."""
+
+    mechanism: str  # "landlock" or "bwrap"
+    read: list[str] = field(default_factory=list)  # files or trees, read + execute
+    list_dirs: list[str] = field(default_factory=list)  # directories it may list
+    write: list[str] = field(default_factory=list)  # trees, every right
+    network: bool = False
+    bwrap: str = "bwrap"
+
+    def allowed_read(self, path: str) -> bool:
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.read + self.write)
+
+
+def choose(environ: Mapping[str, str]) -> tuple[str, str]:
+    """(mechanism, bwrap's path) for this host; SandboxUnavailable (one line)
+    when neither can be used."""
+    from crucible.core.fsio import which
+
+    forced = environ.get(ENV_SWITCH, "")
+    if forced not in ("", "landlock", "bwrap"):
+        raise SandboxUnavailable(f"{ENV_SWITCH}={forced!r}: use landlock or bwrap")
+    if forced in ("", "landlock"):
+        abi = landlock_abi()
+        if abi >= 4:
+            return "landlock", ""
+        if forced:
+            raise SandboxUnavailable(
+                f"{ENV_SWITCH}=landlock but the kernel's Landlock ABI is {abi} (4 or later needed)"
+            )
+    found = which("bwrap", environ.get("PATH", os.defpath))
+    if found is None:
+        if forced:
+            raise SandboxUnavailable(f"{ENV_SWITCH}=bwrap but bwrap is not on PATH")
+        raise SandboxUnavailable(
+            "neither Landlock (kernel ABI 4 or later) nor bubblewrap (bwrap on PATH) is available"
+        )
+    return "bwrap", found
+
+
+def _existing(paths: Sequence[str]) -> list[str]:
+    return [p for p in paths if os.path.lexists(p)]
+
+
+# ------------------------------------------------------------ spawning
+
+
+def _landlock_ruleset(spec: SandboxSpec, abi: int) -> int:
+    libc = _lib()
+    handled_fs = _fs_all(abi)
+    file_rights = _FILE_RIGHTS & handled_fs
+    attr = _RulesetAttr(handled_fs, 0 if spec.network else _NET_BIND_TCP | _NET_CONNECT_TCP, 0)
+    if abi >= 6:
+        attr.scoped = _SCOPE_ABSTRACT_UNIX | _SCOPE_SIGNAL
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else 16 if abi >= 4 else 8
+    fd = int(libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), size, 0))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"landlock_create_ruleset: {os.strerror(err)}")
+    try:
+        read = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+        rules: list[tuple[str, int]] = [(p, read) for p in spec.read]
+        rules += [(p, _FS_READ_DIR) for p in spec.list_dirs]
+        rules += [(p, handled_fs) for p in spec.write]
+        rules += [(p, read | _FS_WRITE_FILE | _FS_TRUNCATE) for p in SYSTEM_WRITE]
+        for path, rights in rules:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # what does not exist cannot be read either
+            try:
+                if not os.path.isdir(f"/proc/self/fd/{pfd}"):
+                    rights &= file_rights  # a file's rule takes file rights only
+                rights &= handled_fs
+                rule = _PathBeneath(rights, pfd)
+                if libc.syscall(_SYS_ADD_RULE, fd, _RULE_PATH_BENEATH, ctypes.byref(rule), 0):
+                    err = ctypes.get_errno()
+                    raise OSError(err, f"landlock_add_rule {path}: {os.strerror(err)}")
+            finally:
+                os.close(pfd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_ABI: int | None = None
+
+
+def _landlocked(spawn: Callable[[], int], spec: SandboxSpec) -> int:
+    """``spawn()`` called on a new thread restricted by the unit's ruleset:
+    the process it starts inherits the thread's domain; the thread ends."""
+    global _ABI
+    if _ABI is None:
+        _ABI = landlock_abi()
+    ruleset = _landlock_ruleset(spec, _ABI)
+    outcome: list[Any] = []
+
+    def restricted() -> None:
+        try:
+            libc = _lib()
+            if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0):
+                err = ctypes.get_errno()
+                raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+            if libc.syscall(_SYS_RESTRICT_SELF, ruleset, 0):
+                err = ctypes.get_errno()
+                raise OSError(err, f"landlock_restrict_self: {os.strerror(err)}")
+            outcome.append(spawn())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    try:
+        thread = threading.Thread(target=restricted, name="crucible-sandboxed-spawn")
+        thread.start()
+        thread.join()
+    finally:
+        os.close(ruleset)
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return int(outcome[0])
+
+
+def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], cwd: str) -> list[str]:
+    """``argv`` under bubblewrap: a read-only root holding only the allowed paths."""
+    # no --new-session: the task stays in the session spawn made, which is
+    # what kill_group reaches
+    out = [spec.bwrap]
+    for p in _existing(SYSTEM_READ):
+        if p.startswith("/dev/"):
+            continue
+        if p == "/proc":
+            out += ["--proc", "/proc"]
+        else:
+            out += ["--ro-bind", p, p]
+    out += ["--dev", "/dev"]
+    for p in _existing(spec.read):
+        if p not in SYSTEM_READ:
+            out += ["--ro-bind", p, p]
+    for p in _existing(spec.write):
+        out += ["--bind", p, p]
+    if not spec.network:
+        out.append("--unshare-net")
+    out += ["--remount-ro", "/", "--chdir", cwd, "--", *argv]
+    return out
+
+
+def sandboxed(
+    spec: SandboxSpec | None,
+    argv: Sequence[str],
+    cwd: str,
+    spawn: Callable[[Sequence[str]], int],
+) -> int:
+    """Start ``argv`` (through ``spawn``, which takes the argv to exec) under
+    ``spec``, or as is when ``spec`` is None."""
+    if spec is None:
+        return spawn(argv)
+    if spec.mechanism == "bwrap":
+        return spawn(bwrap_argv(spec, argv, cwd))
+    return _landlocked(lambda: spawn(argv), spec)
+
+
+# ------------------------------------------------------------ failure notes
+
+_DENIED = re.compile(r"(?:Permission denied|No such file or directory|Read-only file system)")
+_PATH = re.compile(r"(/[^\s:'\"`,;()]+)")
+
+
+def denied_note(tail: str, spec: SandboxSpec, pack_dir: str) -> str | None:
+    """The failure note of a sandboxed attempt whose output says a path was
+    refused: ``sandbox: permission denied reading P (not in reads)`` for a
+    host file it could not read, ``... writing P (outside the workspace)`` for
+    one it could read, else that it ran sandboxed and hit a permission error
+    (None when its output shows none)."""
+    for line in reversed(tail.splitlines()):
+        if not _DENIED.search(line):
+            continue
+        for path in _PATH.findall(line):
+            path = os.path.normpath(path)
+            if not os.path.lexists(path) and not os.path.isdir(os.path.dirname(path)):
+                continue
+            if os.path.exists(path) and not spec.allowed_read(path):
+                return f"sandbox: permission denied reading {path} (not in reads)"
+            if not any(path.startswith(w.rstrip("/") + "/") for w in spec.write):
+                return f"sandbox: permission denied writing {path} (outside the workspace)"
+        if "Permission denied" in line or "Read-only file system" in line:
+            return "sandbox: the task ran sandboxed and hit a permission error"
+    return None
+
+
+def tmp_dir(workspace: Path) -> Path:
+    """The private TMPDIR inside a sandboxed unit's workspace (made)."""
+    where = workspace / TMP_NAME
+    with contextlib.suppress(FileExistsError):
+        where.mkdir()
+    return where
