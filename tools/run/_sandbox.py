@@ -314,27 +314,40 @@ def sandboxed(
 
 _DENIED = re.compile(r"(?:Permission denied|No such file or directory|Read-only file system)")
 _PATH = re.compile(r"(/[^\s:'\"`,;()]+)")
+_NO_NETWORK = re.compile(r"Network is unreachable|Cannot assign requested address")
+#: said when the output shows a refusal but no path the sandbox hid
+GENERIC_NOTE = (
+    "sandbox: the task ran sandboxed and hit a permission error (it reads only system "
+    "dirs, its inputs and its reads, writes only its workspace, and has no network "
+    "unless network = true)"
+)
 
 
-def denied_note(tail: str, spec: SandboxSpec, pack_dir: str) -> str | None:
+def denied_note(tail: str, spec: SandboxSpec) -> str | None:
     """The failure note of a sandboxed attempt whose output says a path was
     refused: ``sandbox: permission denied reading P (not in reads)`` for a
-    host file it could not read, ``... writing P (outside the workspace)`` for
-    one it could read, else that it ran sandboxed and hit a permission error
-    (None when its output shows none)."""
+    host file the sandbox hid, ``... writing P (outside the workspace)`` for a
+    write it refused, else that it ran sandboxed and hit a permission error
+    (None when its output shows no refusal at all)."""
     for line in reversed(tail.splitlines()):
+        # under bwrap the task has a network namespace of its own: a loopback
+        # with no listener, so a connection is refused rather than denied
+        refused = spec.mechanism == "bwrap" and "Connection refused" in line
+        if (refused or _NO_NETWORK.search(line)) and not spec.network:
+            return "sandbox: no network (network = true allows it)"
         if not _DENIED.search(line):
             continue
+        missing = "No such file or directory" in line
         for path in _PATH.findall(line):
             path = os.path.normpath(path)
-            if not os.path.lexists(path) and not os.path.isdir(os.path.dirname(path)):
-                continue
             if os.path.exists(path) and not spec.allowed_read(path):
                 return f"sandbox: permission denied reading {path} (not in reads)"
+            if missing or not os.path.isdir(os.path.dirname(path)):
+                continue  # really absent, or no path at all: not the sandbox's doing
             if not any(path.startswith(w.rstrip("/") + "/") for w in spec.write):
                 return f"sandbox: permission denied writing {path} (outside the workspace)"
-        if "Permission denied" in line or "Read-only file system" in line:
-            return "sandbox: the task ran sandboxed and hit a permission error"
+        if not missing:
+            return GENERIC_NOTE
     return None
 
 

@@ -1149,7 +1149,7 @@ class UnitRunner:
         from crucible.run._sandbox import denied_note
 
         spec = self._sandbox_spec(task, workspace, output, os.devnull)
-        said = denied_note(tail, spec, self.pack_dir)
+        said = denied_note(tail, spec)
         return f"{said}; {note}" if said and note else said or note
 
     def _apply_verdict(self, record: dict[str, Any], output: Path) -> dict[str, Any]:
