@@ -64,7 +64,7 @@ class Pack:
         (self.dir / "data" / "a.csv").write_text("one two\n")
         (self.dir / "data" / "b.csv").write_text("three\n")
         (self.dir / "scripts" / "lib" / "tok.sh").write_text("echo unused\n")
-        (self.dir / "scripts" / "tok.sh").write_text("echo '{\"out\": \"v1\"}'\n")
+        (self.dir / "scripts" / "tok.sh").write_text('echo \'{"out": "v1"}\'\n')
         self.tmp = tmp
         self.count = tmp / "count"
         self.cache = tmp / "cache"
@@ -164,7 +164,7 @@ def test_editing_a_script_named_in_reads_reruns_its_task(tmp_path: Path) -> None
     p = Pack(tmp_path)
     p.run()
     assert p.output("tok") == {"out": "v1"}
-    (p.dir / "scripts" / "tok.sh").write_text("echo '{\"out\": \"v2\"}'\n")
+    (p.dir / "scripts" / "tok.sh").write_text('echo \'{"out": "v2"}\'\n')
     assert "cache miss: read scripts/tok.sh changed" in p.dry()["tok"]
     ran, _ = p.run()
     assert ran == ["tok"]

@@ -160,7 +160,9 @@ class SandboxSpec:
     bwrap: str = "bwrap"
 
     def allowed_read(self, path: str) -> bool:
-        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.read + self.write)
+        return any(
+            path == p or path.startswith(p.rstrip("/") + "/") for p in self.read + self.write
+        )
 
 
 def choose(environ: Mapping[str, str]) -> tuple[str, str]:
