@@ -1,0 +1,146 @@
+"""The ``reads`` component and its stat memo (crucible.run._reads;
+docs/spec/cache.md, "Declared reads")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import crucible.run._cache as cache_mod
+from crucible.run._reads import ReadsKeyer, describe_change, match_files
+
+
+def _tree(root: Path) -> None:
+    (root / "data" / "sub").mkdir(parents=True)
+    (root / "data" / "a.csv").write_text("a\n")
+    (root / "data" / "b.csv").write_text("b\n")
+    (root / "data" / "note.txt").write_text("n\n")
+    (root / "data" / "sub" / "c.csv").write_text("c\n")
+
+
+def test_globs_directories_and_absolute_entries(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    pack = str(tmp_path)
+    assert [k for k, _ in match_files("data/*.csv", pack)] == ["data/a.csv", "data/b.csv"]
+    assert [k for k, _ in match_files("data/**/*.csv", pack)] == [
+        "data/a.csv",
+        "data/b.csv",
+        "data/sub/c.csv",
+    ]
+    # a directory named without a glob is every file beneath it
+    assert [k for k, _ in match_files("data", pack)] == [
+        "data/a.csv",
+        "data/b.csv",
+        "data/note.txt",
+        "data/sub/c.csv",
+    ]
+    assert match_files("missing/*.csv", pack) == []
+    absolute = str(tmp_path / "data" / "a.csv")
+    assert match_files(absolute, "/elsewhere") == [(absolute, absolute)]
+
+
+def test_a_symlink_loop_is_not_followed(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    (tmp_path / "data" / "sub" / "loop").symlink_to(tmp_path / "data")
+    found = [k for k, _ in match_files("data/**", str(tmp_path))]
+    assert "data/sub/c.csv" in found
+    assert not any("loop" in k for k in found)
+
+
+def test_each_file_is_hashed_once_across_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _tree(tmp_path)
+    hashed: list[str] = []
+    real = cache_mod.file_digest
+
+    def counting(path: str | os.PathLike[str]) -> str:
+        hashed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(cache_mod, "file_digest", counting)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    first = ReadsKeyer(str(tmp_path), cache).component(["data/**"])
+    assert len(hashed) == 4
+    hashed.clear()
+    # a later run (a new keyer, the memo read back from the cache dir) only stats
+    again = ReadsKeyer(str(tmp_path), cache).component(["data/**"])
+    assert again == first and hashed == []
+    with open(tmp_path / "data" / "b.csv", "a") as f:
+        f.write("more\n")
+    keyer = ReadsKeyer(str(tmp_path), cache)
+    changed = keyer.component(["data/**"])
+    assert changed != first
+    assert hashed == [str(tmp_path / "data" / "b.csv")]
+    # the listing behind each digest is kept, so a miss can name the file
+    before = keyer.kept_listing(first)
+    now = keyer.kept_listing(changed)
+    assert before is not None and now is not None
+    assert describe_change(before, now) == "read data/b.csv changed"
+
+
+def test_an_empty_match_is_part_of_the_key(tmp_path: Path) -> None:
+    keyer = ReadsKeyer(str(tmp_path), None)
+    none = keyer.component(["extra/*.txt"])
+    assert none != ReadsKeyer(str(tmp_path), None).component(["other/*.txt"])
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "x.txt").write_text("x")
+    assert ReadsKeyer(str(tmp_path), None).component(["extra/*.txt"]) != none
+
+
+def test_describe_change() -> None:
+    before = [["d/*", [["d/a", "sha256:1"], ["d/b", "sha256:2"]]]]
+    assert describe_change(before, [["d/*", [["d/a", "sha256:1"]]]]) == "read d/b removed"
+    assert (
+        describe_change(before, [["d/*", [["d/a", "sha256:1"], ["d/b", "sha256:2"], ["d/c", "x"]]]])
+        == "read d/c added"
+    )
+    assert describe_change(before, [*before, ["e", []]]) == "reads entry 'e' added"
+    assert describe_change(before, []) == "reads entry 'd/*' removed"
+    assert describe_change(None, before) == "changed reads"
+
+
+def test_the_keyer_and_the_staged_key_agree_on_reads(tmp_path: Path) -> None:
+    """The key computed before staging (Keyer) holds the same reads component
+    as the definition (unit_key)."""
+    from crucible.compile import compile_bytes
+    from crucible.run._cache import unit_key
+    from crucible.run._cache_keyer import Keyer
+    from crucible.stage import escape_key, prepare_plan
+
+    _tree(tmp_path)
+    manifest = b"""edition = 4
+[workflow]
+name = "k"
+reads = ["data/*.csv"]
+[[workflow.task]]
+name = "t"
+run = "true"
+"""
+    plan = compile_bytes(manifest, "pack.toml", tmp_path).plan
+    prepare_plan(plan)
+    state = tmp_path / "state"
+    state.mkdir()
+    keyer = Keyer(plan, state, environ={}, agent_cmd=None, emit_cap=65536, pack_dir=str(tmp_path))
+    ck = keyer.key("t", None)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    assert "reads" in ck.components
+    from crucible.run._environ import task_environment
+
+    staged = unit_key(
+        plan=plan,
+        task_name="t",
+        key=None,
+        state=state,
+        workspace=ws,
+        host_env=task_environment(plan, plan["tasks"][0], {}),
+        agent_cmd=None,
+        emit_cap=65536,
+        escape_key=escape_key,
+        pack_dir=str(tmp_path),
+    )
+    assert staged.components["reads"] == ck.components["reads"]
