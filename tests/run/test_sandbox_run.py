@@ -103,8 +103,8 @@ def test_sandboxed_tasks_read_only_what_they_declare(
     assert all(r["sandbox"] is True for r in records.values())
     assert records["declared"]["status"] == "passed"
     assert records["declared"]["output"] == {"words": 3}
-    # its private TMPDIR is gone with it
-    assert not (tmp_path / "st" / "work" / "declared" / ".tmp").exists()
+    # its private TMPDIR is its workspace
+    assert (tmp_path / "st" / "work" / "declared" / "t").read_text() == "tmp\n"
     bad = records["undeclared"]
     assert bad["status"] == "failed"
     assert str(bad["note"]).startswith(

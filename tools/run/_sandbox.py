@@ -2,7 +2,7 @@
 
 A sandboxed task reads only the system directories (:data:`SYSTEM_READ`), the
 run's published files, its workspace and its declared ``reads``; writes only
-its workspace (``TMPDIR`` is a directory inside it) and its output's
+its workspace (which is also its ``TMPDIR``) and its output's
 directory; has no TCP unless ``network = true``.
 
 **Landlock** (kernel >= 5.13; ABI >= 4 so that TCP is restricted too) is the
@@ -25,14 +25,13 @@ bwrap when found on PATH. Neither: a sandboxed run is refused up front.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import re
+import stat as stat_mod
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -68,8 +67,6 @@ SYSTEM_READ: tuple[str, ...] = (
 SYSTEM_WRITE: tuple[str, ...] = ("/dev/null", "/dev/zero", "/dev/full")
 
 ENV_SWITCH = "CRUCIBLE_SANDBOX"
-#: the workspace directory a sandboxed task gets as TMPDIR (removed after it)
-TMP_NAME = ".tmp"
 
 
 class SandboxUnavailable(Exception):
@@ -198,6 +195,25 @@ def _existing(paths: Sequence[str]) -> list[str]:
 # ------------------------------------------------------------ spawning
 
 
+#: path -> (its O_PATH descriptor, is a directory), or None where it does not
+#: exist: the system paths are opened once per process, not once per task
+_OPENED: dict[str, tuple[int, bool] | None] = {}
+
+
+def _opened(path: str) -> tuple[int, bool] | None:
+    if path in _OPENED:
+        return _OPENED[path]
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        found = None
+    else:
+        found = (fd, stat_mod.S_ISDIR(os.fstat(fd).st_mode))
+    if len(_OPENED) < 256:  # the system paths, and a few more
+        _OPENED[path] = found
+    return found
+
+
 def _landlock_ruleset(spec: SandboxSpec, abi: int) -> int:
     libc = _lib()
     handled_fs = _fs_all(abi)
@@ -216,27 +232,42 @@ def _landlock_ruleset(spec: SandboxSpec, abi: int) -> int:
         rules += [(p, _FS_READ_DIR) for p in spec.list_dirs]
         rules += [(p, handled_fs) for p in spec.write]
         rules += [(p, read | _FS_WRITE_FILE | _FS_TRUNCATE) for p in SYSTEM_WRITE]
+        rule = _PathBeneath()
         for path, rights in rules:
-            try:
-                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
+            kept = path in _OPENED or path in _SYSTEM
+            found = _opened(path) if kept else _open_once(path)
+            if found is None:
                 continue  # what does not exist cannot be read either
+            pfd, is_dir = found
             try:
-                if not os.path.isdir(f"/proc/self/fd/{pfd}"):
-                    rights &= file_rights  # a file's rule takes file rights only
-                rights &= handled_fs
-                rule = _PathBeneath(rights, pfd)
+                rule.allowed_access = (rights if is_dir else rights & file_rights) & handled_fs
+                rule.parent_fd = pfd
                 if libc.syscall(_SYS_ADD_RULE, fd, _RULE_PATH_BENEATH, ctypes.byref(rule), 0):
                     err = ctypes.get_errno()
                     raise OSError(err, f"landlock_add_rule {path}: {os.strerror(err)}")
             finally:
-                os.close(pfd)
+                if not kept:
+                    os.close(pfd)
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
+def _open_once(path: str) -> tuple[int, bool] | None:
+    """A unit's own path (its workspace, a declared read): opened for one rule."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return fd, stat_mod.S_ISDIR(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        return None
+
+
+_SYSTEM = frozenset(SYSTEM_READ) | frozenset(SYSTEM_WRITE)
 _ABI: int | None = None
 
 
@@ -351,11 +382,3 @@ def denied_note(tail: str, spec: SandboxSpec) -> str | None:
         if not missing:
             return GENERIC_NOTE
     return None
-
-
-def tmp_dir(workspace: Path) -> Path:
-    """The private TMPDIR inside a sandboxed unit's workspace (made)."""
-    where = workspace / TMP_NAME
-    with contextlib.suppress(FileExistsError):
-        where.mkdir()
-    return where
