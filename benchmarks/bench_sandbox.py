@@ -201,7 +201,7 @@ def main() -> int:
     ap.add_argument("--spawns", type=int, default=500)
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--file-kib", type=int, default=105)
-    ap.add_argument("--reads-tasks", type=int, default=100)
+    ap.add_argument("--reads-tasks", type=int, default=1000)
     args = ap.parse_args()
     if not Path(BIN / "crucible-dispatch").exists():
         print("crucible-dispatch is not installed beside this interpreter")

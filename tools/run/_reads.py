@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import stat as stat_mod
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -73,14 +72,16 @@ def _walk(base: str) -> Iterator[tuple[str, str]]:
                 continue
 
 
-def _keyed(path: str, absolute: bool, pack_dir: str) -> str:
-    return path if absolute else os.path.relpath(path, pack_dir)
-
-
 def match_files(entry: str, pack_dir: str) -> Matches:
     """The files ``entry`` matches, sorted: (path as keyed: relative to the pack
     directory, or absolute for an absolute entry; absolute path)."""
     base, globs, absolute = _split(entry, pack_dir)
+    # the keyed spelling of what lies under ``base``: one prefix, not a relpath a file
+    if absolute:
+        prefix = base.rstrip("/") + "/"
+    else:
+        under = os.path.relpath(base, pack_dir)
+        prefix = "" if under == "." else under + "/"
     out: Matches = []
     if not globs:
         try:
@@ -88,15 +89,12 @@ def match_files(entry: str, pack_dir: str) -> Matches:
         except OSError:
             return out
         if stat_mod.S_ISREG(st.st_mode):
-            out.append((_keyed(base, absolute, pack_dir), base))
+            out.append((base if absolute else prefix.rstrip("/"), base))
         elif stat_mod.S_ISDIR(st.st_mode):
-            for _rel, full in _walk(base):
-                out.append((_keyed(full, absolute, pack_dir), full))
+            out.extend((prefix + rel, full) for rel, full in _walk(base))
     else:
-        regex: re.Pattern[str] = pattern_regex(globs)
-        for rel, full in _walk(base):
-            if regex.match(rel):
-                out.append((_keyed(full, absolute, pack_dir), full))
+        match = pattern_regex(globs).match
+        out.extend((prefix + rel, full) for rel, full in _walk(base) if match(rel))
     out.sort()
     return out
 
@@ -159,13 +157,31 @@ class ReadsKeyer:
     # ----------------------------------------------------------- component
 
     def listing(self, reads: Sequence[str]) -> Listing:
+        memo = self._load_memo()
+        stat = os.stat
         out: Listing = []
         for entry in reads:
             files = []
             for keyed, full in match_files(entry, self.pack_dir):
+                # the memo's test inlined: a no-change rerun does only this per file
+                try:
+                    st = stat(full)
+                except OSError:  # gone between listing and hashing: keyed as absent
+                    continue
+                known = memo.get(full)
+                if (
+                    known is not None
+                    and known[3] == st.st_mtime_ns
+                    and known[4] == st.st_ctime_ns
+                    and known[2] == st.st_size
+                    and known[1] == st.st_ino
+                    and known[0] == st.st_dev
+                ):
+                    files.append([keyed, known[5]])
+                    continue
                 try:
                     files.append([keyed, self.file_digest(full)])
-                except OSError:  # gone between listing and hashing: keyed as absent
+                except OSError:
                     continue
             out.append([entry, files])
         return out
