@@ -162,6 +162,13 @@ def test_a_sandboxed_hit_keeps_sandbox_true(tmp_path: Path, mechanism: str, list
         )  # fmt: skip
     record = _records(tmp_path / "st2")["declared"]
     assert record["cached"] is True and record["sandbox"] is True
+    dry = _dispatch(
+        pack, tmp_path / "st3", mechanism, listener, "--target", "declared",
+        "--cache", str(tmp_path / "cache"), "-n",
+    )  # fmt: skip
+    assert "cache hit: nothing it depends on changed; sandboxed: its key is complete" in (
+        dry.stdout
+    )
 
 
 def test_no_sandbox_available_is_refused_up_front(tmp_path: Path, listener: int) -> None:

@@ -137,6 +137,9 @@ def explain_lines(
                 if record is not None:
                     line["action"], line["cache"], line["cache_key"] = "cached", "hit", ck.digest
                     line["reason"] = "cache hit: nothing it depends on changed"
+                    if record.get("sandbox") is True:
+                        # it ran sandboxed when recorded: its reads were enforced
+                        line["reason"] += "; sandboxed: its key is complete"
                     hits[name] = hits.get(name, 0) + 1
                     continue
                 if key is None:
