@@ -82,6 +82,19 @@ def test_each_file_is_hashed_once_across_runs(
     assert describe_change(before, now) == "read data/b.csv changed"
 
 
+def test_a_linked_file_is_keyed_by_its_target_bytes(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    target = tmp_path / "elsewhere.csv"
+    target.write_text("linked\n")
+    (tmp_path / "data" / "l.csv").symlink_to(target)
+    keyer = ReadsKeyer(str(tmp_path), None)
+    listing = keyer.listing(["data/*.csv"])
+    assert ["data/l.csv", cache_mod.file_digest(target)] in listing[0][1]
+    before = keyer.component(["data/*.csv"])
+    target.write_text("changed\n")
+    assert ReadsKeyer(str(tmp_path), None).component(["data/*.csv"]) != before
+
+
 def test_an_empty_match_is_part_of_the_key(tmp_path: Path) -> None:
     keyer = ReadsKeyer(str(tmp_path), None)
     none = keyer.component(["extra/*.txt"])

@@ -149,7 +149,9 @@ class ReadsKeyer:
             return str(known[5])
         from crucible.run._cache import file_digest
 
-        found = file_digest(path)
+        # a declared read may be a link to a file: its target's bytes are keyed
+        # (the store's reader refuses links, on purpose: it reads the store)
+        found = file_digest(os.path.realpath(path))
         memo[path] = [*ident, found]
         self._memo_dirty = True
         return found
