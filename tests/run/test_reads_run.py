@@ -132,6 +132,18 @@ def test_appending_to_a_data_file_reruns_only_its_readers_with_the_right_answer(
     # count's dependant
     assert ran == ["count", "lister", "total"]
     assert p.output("total") == {"n": 5}
+    # the report says why each reran, in its NOTE column and its JSON rows
+    report = subprocess.run(
+        [DISPATCH, "report", str(p.state()), "--json"], capture_output=True, text=True, check=True
+    )
+    rows = {row["task"]: row for row in map(json.loads, report.stdout.splitlines())}
+    assert rows["count"]["cache_miss"] == "read data/b.csv changed"
+    assert rows["total"]["cache_miss"] == "changed input 'n'"
+    assert "cache_miss" not in rows["tok"] and rows["tok"]["cached"] is True
+    table = subprocess.run(
+        [DISPATCH, "report", str(p.state())], capture_output=True, text=True, check=True
+    ).stdout
+    assert "cache miss: read data/b.csv changed" in table
 
 
 def test_a_file_the_glob_gains_reruns_the_lister(tmp_path: Path) -> None:

@@ -899,6 +899,8 @@ class Dispatcher:
             fields["files_bytes"] = int(record["files_bytes"])
         if result.get("log_error") is not None:
             fields["log_error"] = result["log_error"]
+        if result.get("cache_miss") is not None:  # why the cache did not restore it
+            fields["cache_miss"] = str(result["cache_miss"])
         finished = _Finished(
             unit=unit,
             code=result["code"],

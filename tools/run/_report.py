@@ -88,6 +88,8 @@ class Row:
     log: str | None = None
     stderr_tail: str | None = None
     cached: bool = False
+    #: why the task cache did not restore it (task_finished.cache_miss), if asked
+    cache_miss: str | None = None
     tolerated: bool = False
     #: its last attempt failed with ``retry: true`` and no next attempt started
     awaiting_retry: bool = False
@@ -177,6 +179,7 @@ def _apply(r: Row, e: Event) -> None:
         if name in f:
             setattr(r, name, f[name])
     r.cached = f.get("cached", r.cached)
+    r.cache_miss = f.get("cache_miss", r.cache_miss)
     r.tolerated = f.get("tolerated", r.tolerated)
 
 
@@ -415,6 +418,8 @@ def display_note(r: Row) -> str:
 
 
 def short_note(r: Row) -> str:
+    if not r.note and r.cache_miss and r.status == "passed":
+        return f"cache miss: {r.cache_miss}"
     note = name_signals(r.note or "", r.exit_code)
     if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
         note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
@@ -518,6 +523,7 @@ def row_json(r: Row) -> dict[str, Any]:
         "files_bytes": r.files_bytes,
         "log": r.log,
         "stderr_tail": r.stderr_tail,
+        "cache_miss": r.cache_miss,
     }
     # flags appear only when true (report-row.json), so a plain row stays short
     data.update(

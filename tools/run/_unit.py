@@ -704,6 +704,8 @@ class UnitRunner:
         }
         with contextlib.suppress(OSError):
             finished["output_bytes"] = output.stat().st_size
+        if cache_key is not None and attempt == 1:  # looked up and missed: why (report)
+            finished["cache_miss"] = self._miss_reason(name, key, cache_key)
         if gone:
             raise SystemExit(70)  # nobody to reply to
         # A task stopped by an interrupt that still exits 0 (a TERM trap that
@@ -1131,6 +1133,16 @@ class UnitRunner:
         if not self.durable_records:  # the dispatcher fsyncs these in its group commit
             summary["wrote"] = list(wrote)
         return summary
+
+    def _miss_reason(self, name: str, key: str | None, cache_key: Any) -> str:
+        """Why a unit the cache was asked for missed (docs/spec/cache.md, "Why
+        did it run"), against the last key recorded for it: read before this
+        attempt records its own."""
+        try:
+            last = self.cache.cache.last_components(name, key, self.stage.escape_key)
+            return str(self.cache.keyer.explain(last, cache_key.components))
+        except (OSError, CrucibleError, ValueError):
+            return "cannot say (the cache's last key cannot be read)"
 
     def _sandbox_note(
         self, task: Mapping[str, Any], workspace: Path, output: Path, tail: str, note: str
