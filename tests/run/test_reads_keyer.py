@@ -157,3 +157,15 @@ run = "true"
         pack_dir=str(tmp_path),
     )
     assert staged.components["reads"] == ck.components["reads"]
+
+
+def test_a_fifo_or_a_directory_is_never_matched(tmp_path: Path) -> None:
+    """Only regular files: a FIFO among the data is listed past, never opened
+    (opening one would wait for a writer)."""
+    _tree(tmp_path)
+    os.mkfifo(tmp_path / "data" / "pipe.csv")
+    (tmp_path / "data" / "dir.csv").mkdir()
+    found = [k for k, _ in match_files("data/*.csv", str(tmp_path))]
+    assert found == ["data/a.csv", "data/b.csv"]
+    assert match_files("data/pipe.csv", str(tmp_path)) == []
+    ReadsKeyer(str(tmp_path), None).component(["data/**"])  # returns: nothing blocks

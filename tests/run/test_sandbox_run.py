@@ -226,3 +226,33 @@ def test_a_dry_run_of_a_sandboxed_pack_is_not_refused(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+
+
+AGENT_PACK = """edition = 4
+
+[workflow]
+name = "agents"
+sandbox = true
+
+[[workflow.task]]
+name = "ask"
+kind = "agent"
+prompt = "Summarise the data."
+READS
+"""
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_an_agent_runs_under_the_same_rule(tmp_path: Path, mechanism: str, listener: int) -> None:
+    pack = _pack(tmp_path)
+    agent_cmd = 'cat > /dev/null; cat "$CRUCIBLE_PACK_DIR/data/c.txt"'
+    for reads, status in (("", "failed"), ('reads = ["data/c.txt"]', "passed")):
+        (pack / "pack.toml").write_text(AGENT_PACK.replace("READS", reads))
+        state = tmp_path / f"st-{status}"
+        _dispatch(pack, state, mechanism, listener, "--agent-cmd", agent_cmd)
+        record = _records(state)["ask"]
+        assert record["status"] == status, record.get("note")
+        assert record["sandbox"] is True
+    assert str(_records(tmp_path / "st-failed")["ask"]["note"]).startswith(
+        f"sandbox: permission denied reading {pack / 'data' / 'c.txt'} (not in reads)"
+    )
