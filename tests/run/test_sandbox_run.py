@@ -256,3 +256,24 @@ def test_an_agent_runs_under_the_same_rule(tmp_path: Path, mechanism: str, liste
     assert str(_records(tmp_path / "st-failed")["ask"]["note"]).startswith(
         f"sandbox: permission denied reading {pack / 'data' / 'c.txt'} (not in reads)"
     )
+
+
+def test_a_worker_without_a_sandbox_fails_the_unit_never_runs_it_unsandboxed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that cannot sandbox (a Dask worker on a host without Landlock
+    or bwrap, after the dispatcher's own check passed) fails the attempt."""
+    import crucible.run._admit as admit
+    from crucible.run import RunOptions
+    from crucible.run._runner import run_plan
+
+    pack = _pack(tmp_path)
+    monkeypatch.setattr(admit, "_check_sandbox", lambda *_a: None)  # passed on its host
+    options = RunOptions(plan=pack / "pack.toml", state=tmp_path / "st", targets=("writer",))
+    outcome = run_plan(options, environ={"PATH": "/usr/bin:/bin", "CRUCIBLE_SANDBOX": "chroot"})
+    assert outcome.exit_code == 1
+    record = _records(tmp_path / "st")["writer"]
+    assert str(record["note"]).startswith(
+        "cannot start sandboxed: CRUCIBLE_SANDBOX='chroot': use landlock or bwrap"
+    )
+    assert not (pack / "data" / "written.txt").exists()

@@ -557,7 +557,16 @@ class UnitRunner:
         # --- end agent streams
         sandbox = None
         if self._sandboxed(task):
-            sandbox = self._sandbox_spec(task, workspace, staged.output, stdin)
+            from crucible.run._sandbox import SandboxUnavailable
+
+            try:
+                sandbox = self._sandbox_spec(task, workspace, staged.output, stdin)
+            except SandboxUnavailable as exc:  # a worker on another host: never unsandboxed
+                return {
+                    "kind": "spawn_error",
+                    "message": f"cannot start sandboxed: {exc}",
+                    "staged_env": staged.staged_env,
+                }
             # its private TMPDIR is the workspace itself: a directory more per
             # unit would cost a third of a sandboxed start (bench_sandbox.py)
             env["TMPDIR"] = str(workspace)
