@@ -169,3 +169,14 @@ def test_a_fifo_or_a_directory_is_never_matched(tmp_path: Path) -> None:
     assert found == ["data/a.csv", "data/b.csv"]
     assert match_files("data/pipe.csv", str(tmp_path)) == []
     ReadsKeyer(str(tmp_path), None).component(["data/**"])  # returns: nothing blocks
+
+
+def test_a_name_that_is_not_utf8_is_keyed_escaped(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    (tmp_path / "data").joinpath(os.fsdecode(b"caf\xe9.csv")).write_text("x\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    keyer = ReadsKeyer(str(tmp_path), cache)
+    keyer.component(["data/*.csv"])
+    listing = keyer.listing(["data/*.csv"])
+    assert [p for p, _ in listing[0][1]] == ["data/a.csv", "data/b.csv", "data/caf\\xe9.csv"]

@@ -29,7 +29,7 @@ from typing import Any
 from crucible.core import canon, digest
 from crucible.core.globs import GLOB_CHARS, pattern_regex
 
-__all__ = ["Listing", "ReadsKeyer", "describe_change", "match_files"]
+__all__ = ["Listing", "ReadsKeyer", "describe_change", "match_files", "split_entry"]
 
 #: one entry's matches: (path as keyed, absolute path), sorted by the first
 Matches = list[tuple[str, str]]
@@ -39,7 +39,7 @@ Listing = list[list[Any]]
 _MEMO = "reads-memo.json"
 
 
-def _split(entry: str, pack_dir: str) -> tuple[str, tuple[str, ...], bool]:
+def split_entry(entry: str, pack_dir: str) -> tuple[str, tuple[str, ...], bool]:
     """(base directory to walk, glob segments below it, absolute entry)."""
     absolute = entry.startswith("/")
     root = "/" if absolute else pack_dir
@@ -72,10 +72,22 @@ def _walk(base: str) -> Iterator[tuple[str, str]]:
                 continue
 
 
+def _printable(path: str) -> str:
+    """A path as keyed: a name that is not UTF-8 (held by Python as lone
+    surrogates, which no JSON can carry) keyed with its bytes escaped."""
+    if path.isascii():
+        return path
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path).decode("utf-8", "backslashreplace")
+    return path
+
+
 def match_files(entry: str, pack_dir: str) -> Matches:
     """The files ``entry`` matches, sorted: (path as keyed: relative to the pack
     directory, or absolute for an absolute entry; absolute path)."""
-    base, globs, absolute = _split(entry, pack_dir)
+    base, globs, absolute = split_entry(entry, pack_dir)
     # the keyed spelling of what lies under ``base``: one prefix, not a relpath a file
     if absolute:
         prefix = base.rstrip("/") + "/"
@@ -95,6 +107,7 @@ def match_files(entry: str, pack_dir: str) -> Matches:
     else:
         match = pattern_regex(globs).match
         out.extend((prefix + rel, full) for rel, full in _walk(base) if match(rel))
+    out = [(_printable(keyed), full) for keyed, full in out]
     out.sort()
     return out
 
@@ -136,7 +149,9 @@ class ReadsKeyer:
 
         from crucible.core import atomic
 
-        with contextlib.suppress(OSError):
+        # TypeError: a path that is not UTF-8 cannot be a JSON key (its file is
+        # hashed again next run, nothing worse)
+        with contextlib.suppress(OSError, TypeError):
             atomic.write_bytes(self.cache_dir / _MEMO, orjson.dumps(self._memo), durable=False)
 
     def file_digest(self, path: str) -> str:

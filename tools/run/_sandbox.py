@@ -38,6 +38,7 @@ __all__ = [
     "SYSTEM_READ",
     "SandboxSpec",
     "SandboxUnavailable",
+    "UnitSandbox",
     "choose",
     "denied_note",
     "landlock_abi",
@@ -382,3 +383,62 @@ def denied_note(tail: str, spec: SandboxSpec) -> str | None:
         if not missing:
             return GENERIC_NOTE
     return None
+
+
+class UnitSandbox:
+    """A worker's sandbox: the mechanism (chosen at the first sandboxed unit)
+    and what each unit may touch. Each distinct ``reads`` list is matched once
+    per worker."""
+
+    def __init__(self, environ: Mapping[str, str], state: str, pack_dir: str) -> None:
+        self.environ = environ
+        #: the run's published files: staged inputs may be links to them
+        self.shared = [os.path.join(state, "shared"), os.path.join(state, "files")]
+        self.pack_dir = pack_dir or os.getcwd()
+        self._mechanism: tuple[str, str] | None = None
+        self._reads: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+
+    def spec(
+        self, task: Mapping[str, Any], workspace: str, output_dir: str, stdin: str
+    ) -> SandboxSpec:
+        """What this unit may touch; SandboxUnavailable when nothing can sandbox it."""
+        if self._mechanism is None:
+            self._mechanism = choose(self.environ)
+        mechanism, bwrap = self._mechanism
+        reads = tuple(task.get("reads") or ())
+        found = self._reads.get(reads)
+        if found is None:
+            found = self._reads[reads] = self._reads_paths(reads)
+        files, dirs = found
+        return SandboxSpec(
+            mechanism,
+            read=[*SYSTEM_READ, *self.shared, *files, stdin],
+            list_dirs=dirs,
+            write=[workspace, output_dir],
+            network=bool(task.get("network")),
+            bwrap=bwrap,
+        )
+
+    def _reads_paths(self, reads: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """(files and trees it may read, directories it may list): each entry's
+        matches, and the directory a glob is matched under."""
+        from crucible.run._reads import match_files, split_entry
+
+        files: list[str] = []
+        dirs: list[str] = []
+        for entry in reads:
+            base, globs, _ = split_entry(entry, self.pack_dir)
+            if globs:
+                dirs.append(base)
+                files += [full for _, full in match_files(entry, self.pack_dir)]
+            else:
+                files.append(base)  # a file, or a tree read whole
+        return files, dirs
+
+    def note(
+        self, task: Mapping[str, Any], workspace: str, output_dir: str, tail: str, note: str
+    ) -> str:
+        """A failed sandboxed attempt's note, led by what the sandbox refused
+        (when its output says)."""
+        said = denied_note(tail, self.spec(task, workspace, output_dir, os.devnull))
+        return f"{said}; {note}" if said and note else said or note

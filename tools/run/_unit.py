@@ -433,10 +433,8 @@ class UnitRunner:
         self.slots = slots
         self.pack_dir = pack_dir
         self._host_env: dict[Any, dict[str, str]] = {}
-        #: the sandbox (crucible.run._sandbox): its mechanism once a sandboxed
-        #: unit needs it, and each reads list's files and listable dirs
-        self._sandbox_mech: tuple[str, str] | None = None
-        self._sandbox_reads: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        #: what a sandboxed unit may touch (crucible.run._sandbox), made at the first
+        self._sandbox: Any = None
         #: tasks whose settling wakes nothing (no consumer, outside a scored
         #: loop): a pipelined worker defers their passed replies (serve); set
         #: by the dispatcher before its workers are forked
@@ -560,7 +558,9 @@ class UnitRunner:
             from crucible.run._sandbox import SandboxUnavailable
 
             try:
-                sandbox = self._sandbox_spec(task, workspace, staged.output, stdin)
+                sandbox = self._sandbox_of().spec(
+                    task, str(workspace), str(staged.output.parent), stdin
+                )
             except SandboxUnavailable as exc:  # a worker on another host: never unsandboxed
                 return {
                     "kind": "spawn_error",
@@ -600,48 +600,12 @@ class UnitRunner:
     def _sandboxed(self, task: Mapping[str, Any]) -> bool:
         return bool(task.get("sandbox")) or self.options.sandbox
 
-    def _sandbox_spec(
-        self, task: Mapping[str, Any], workspace: Path, output: Path, stdin: str
-    ) -> Any:
-        """What this unit may touch (crucible.run._sandbox.SandboxSpec)."""
-        from crucible.run._sandbox import SYSTEM_READ, SandboxSpec, choose
+    def _sandbox_of(self) -> Any:
+        if self._sandbox is None:
+            from crucible.run._sandbox import UnitSandbox
 
-        if self._sandbox_mech is None:
-            self._sandbox_mech = choose(self.environ)
-        mech, bwrap = self._sandbox_mech
-        reads = tuple(task.get("reads") or ())
-        found = self._sandbox_reads.get(reads)
-        if found is None:
-            found = self._reads_paths(reads)
-            self._sandbox_reads[reads] = found
-        files, dirs = found
-        shared = [str(self.state / "shared"), str(self.state / "files")]
-        read = [*SYSTEM_READ, *shared, *files, stdin]
-        return SandboxSpec(
-            mech,
-            read=read,
-            list_dirs=dirs,
-            write=[str(workspace), str(output.parent)],
-            network=bool(task.get("network")),
-            bwrap=bwrap,
-        )
-
-    def _reads_paths(self, reads: tuple[str, ...]) -> tuple[list[str], list[str]]:
-        """(files and trees it may read, directories it may list): each entry's
-        matches, and the directory a glob is matched under."""
-        from crucible.run._reads import _split, match_files
-
-        pack = self.pack_dir or os.getcwd()
-        files: list[str] = []
-        dirs: list[str] = []
-        for entry in reads:
-            base, globs, _ = _split(entry, pack)
-            if globs:
-                dirs.append(base)
-                files += [full for _, full in match_files(entry, pack)]
-            else:
-                files.append(base)  # a file, or a tree read whole
-        return files, dirs
+            self._sandbox = UnitSandbox(self.environ, str(self.state), self.pack_dir)
+        return self._sandbox
 
     def _ended(self, started: _Started, gone: bool) -> list[str] | None:
         """The leader was reaped: close its pipes and log, and check what it was
@@ -1129,8 +1093,10 @@ class UnitRunner:
             log, tail = log_fields()
             record = dict(record)
             note = str(record.get("note", ""))
-            if sandboxed:
-                note = self._sandbox_note(task, workspace, output, tail, note)
+            if sandboxed:  # led by what the sandbox refused, when its output says
+                note = self._sandbox_of().note(
+                    task, str(workspace), str(output.parent), tail, note
+                )
             record["note"] = compose_note(note, code, log, tail)
             add_log_fields(record, log, tail)
         if sandboxed:
@@ -1152,17 +1118,6 @@ class UnitRunner:
             return str(self.cache.keyer.explain(last, cache_key.components))
         except (OSError, CrucibleError, ValueError):
             return "cannot say (the cache's last key cannot be read)"
-
-    def _sandbox_note(
-        self, task: Mapping[str, Any], workspace: Path, output: Path, tail: str, note: str
-    ) -> str:
-        """A sandboxed attempt's note, led by what the sandbox refused (when its
-        output says)."""
-        from crucible.run._sandbox import denied_note
-
-        spec = self._sandbox_spec(task, workspace, output, os.devnull)
-        said = denied_note(tail, spec)
-        return f"{said}; {note}" if said and note else said or note
 
     def _apply_verdict(self, record: dict[str, Any], output: Path) -> dict[str, Any]:
         """An evaluate task that passed capture passes only with ``verdict: "pass"``.
