@@ -180,3 +180,14 @@ def test_a_name_that_is_not_utf8_is_keyed_escaped(tmp_path: Path) -> None:
     keyer.component(["data/*.csv"])
     listing = keyer.listing(["data/*.csv"])
     assert [p for p, _ in listing[0][1]] == ["data/a.csv", "data/b.csv", "data/caf\\xe9.csv"]
+
+
+def test_the_listing_bytes_are_canonical_json(tmp_path: Path) -> None:
+    from crucible.core import canon
+    from crucible.run._reads import _listing_bytes
+
+    _tree(tmp_path)
+    (tmp_path / "data" / "sp\u00e9cial \"q\" \t.csv").write_text("x")
+    (tmp_path / "data" / os.fsdecode(b"raw\xff.csv")).write_text("y")
+    listing = ReadsKeyer(str(tmp_path), None).listing(["data/**", "/abs/none"])
+    assert _listing_bytes(listing) == canon.dumps(listing)
