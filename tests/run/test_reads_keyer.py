@@ -61,6 +61,7 @@ def test_each_file_is_hashed_once_across_runs(
         return real(path)
 
     monkeypatch.setattr(cache_mod, "file_digest", counting)
+    monkeypatch.setattr(ReadsKeyer, "RACY_NS", 0)  # the files were written just now
     cache = tmp_path / "cache"
     cache.mkdir()
     first = ReadsKeyer(str(tmp_path), cache).component(["data/**"])
@@ -191,3 +192,18 @@ def test_the_listing_bytes_are_canonical_json(tmp_path: Path) -> None:
     (tmp_path / "data" / os.fsdecode(b"raw\xff.csv")).write_text("y")
     listing = ReadsKeyer(str(tmp_path), None).listing(["data/**", "/abs/none"])
     assert _listing_bytes(listing) == canon.dumps(listing)
+
+
+def test_a_file_changed_just_now_is_not_memoized(tmp_path: Path) -> None:
+    """It could change again within the same timestamp tick, same size, after
+    it was read: read again next run until it has been still for RACY_NS."""
+    _tree(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ReadsKeyer(str(tmp_path), cache).component(["data/**"])
+    assert not (cache / "reads-memo.json").exists()
+    old = 1_000_000_000
+    for p in (tmp_path / "data").rglob("*.csv"):
+        os.utime(p, ns=(old, old))  # mtime old; ctime is now: still racy
+    ReadsKeyer(str(tmp_path), cache).component(["data/**"])
+    assert not (cache / "reads-memo.json").exists()

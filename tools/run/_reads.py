@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat as stat_mod
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,9 @@ class ReadsKeyer:
     distinct ``reads`` list is listed once per run, each file hashed once per
     stat (the memo)."""
 
+    #: how long a file must have been unchanged before its digest is memoized
+    RACY_NS = 2_000_000_000
+
     def __init__(self, pack_dir: str, cache_dir: Path | None) -> None:
         self.pack_dir = pack_dir or os.getcwd()
         self.cache_dir = cache_dir
@@ -178,8 +182,13 @@ class ReadsKeyer:
         # a declared read may be a link to a file: its target's bytes are keyed
         # (the store's reader refuses links, on purpose: it reads the store)
         found = file_digest(os.path.realpath(path))
-        memo[path] = [*ident, found]
-        self._memo_dirty = True
+        # A file changed within the last RACY_NS may change again within the
+        # same timestamp tick, same size, after it was read, and its stat would
+        # not show it (git's "racily clean" entries): such a digest is not kept,
+        # the file is read again next run, until it has been still a while.
+        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= self.RACY_NS:
+            memo[path] = [*ident, found]
+            self._memo_dirty = True
         return found
 
     # ----------------------------------------------------------- component
