@@ -200,6 +200,7 @@ def test_every_report_row_member_is_in_the_schema() -> None:
         log="logs/t.log",
         stderr_tail="boom",
         cached=True,
+        cache_miss="read data/b.csv changed",
         tolerated=True,
     )
     data = row_json(row)
