@@ -277,3 +277,20 @@ def test_a_worker_without_a_sandbox_fails_the_unit_never_runs_it_unsandboxed(
         "cannot start sandboxed: CRUCIBLE_SANDBOX='chroot': use landlock or bwrap"
     )
     assert not (pack / "data" / "written.txt").exists()
+
+
+def test_a_double_star_entry_is_one_rule_for_its_tree(tmp_path: Path) -> None:
+    from crucible.run._sandbox import UnitSandbox
+
+    (tmp_path / "data" / "sub").mkdir(parents=True)
+    for i in range(5):
+        (tmp_path / "data" / "sub" / f"{i}.csv").write_text("x")
+    env = {"CRUCIBLE_SANDBOX": "bwrap", "PATH": "/usr/bin:/bin"}
+    box = UnitSandbox(env, str(tmp_path / "state"), str(tmp_path))
+    if shutil.which("bwrap") is None:
+        pytest.skip("no bwrap")
+    spec = box.spec({"reads": ["data/**", "data/sub/*.csv"]}, "/w", "/o", "/dev/null")
+    tree = str(tmp_path / "data")
+    assert tree in spec.read
+    assert len([p for p in spec.read if p.startswith(tree + "/")]) == 5  # the glob's files
+    assert spec.list_dirs == [str(tmp_path / "data" / "sub")]

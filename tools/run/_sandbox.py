@@ -428,7 +428,9 @@ class UnitSandbox:
         dirs: list[str] = []
         for entry in reads:
             base, globs, _ = split_entry(entry, self.pack_dir)
-            if globs:
+            if globs == ("**",):  # every file beneath: one rule for the tree
+                files.append(base)
+            elif globs:
                 dirs.append(base)
                 files += [full for _, full in match_files(entry, self.pack_dir)]
             else:
