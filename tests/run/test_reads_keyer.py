@@ -207,3 +207,21 @@ def test_a_file_changed_just_now_is_not_memoized(tmp_path: Path) -> None:
         os.utime(p, ns=(old, old))  # mtime old; ctime is now: still racy
     ReadsKeyer(str(tmp_path), cache).component(["data/**"])
     assert not (cache / "reads-memo.json").exists()
+
+
+def test_nothing_is_written_or_read_through_a_link_planted_in_the_cache(tmp_path: Path) -> None:
+    _tree(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (cache / "reads").symlink_to(outside)
+    (cache / "reads-memo.json").symlink_to(tmp_path / "data" / "a.csv")
+    keyer = ReadsKeyer(str(tmp_path), cache)
+    keyer.RACY_NS = 0
+    value = keyer.component(["data/**"])
+    assert list(outside.iterdir()) == []  # the listing was not kept through the link
+    assert ReadsKeyer(str(tmp_path), cache).kept_listing(value) is None
+    # the memo's link was replaced by the memo, never written through
+    assert (tmp_path / "data" / "a.csv").read_text() == "a\n"
+    assert not (cache / "reads-memo.json").is_symlink()

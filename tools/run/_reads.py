@@ -248,9 +248,14 @@ class ReadsKeyer:
         if where is None or where.exists():
             return
         from crucible.core import atomic
+        from crucible.run._cache import _real_dirs
 
+        assert self.cache_dir is not None
+        # a link planted at reads/ or reads/<2 hex>/ is refused, not followed
+        # (cache.md, "Nothing through a link planted in DIR"): the listing is
+        # then not kept, and a miss says "changed reads"
         with contextlib.suppress(OSError):
-            where.parent.mkdir(parents=True, exist_ok=True)
+            _real_dirs(self.cache_dir, where.parent, set())
             atomic.write_bytes(where, _listing_bytes(listing), durable=False)
 
     def kept_listing(self, value: str) -> Listing | None:
@@ -264,6 +269,9 @@ class ReadsKeyer:
         from crucible.core.fdio import read_regular
 
         try:
+            for parent in (where.parent.parent, where.parent):  # no link followed
+                if not stat_mod.S_ISDIR(os.lstat(parent).st_mode):
+                    return None
             loaded = canon.loads(read_regular(where, follow=False))
         except Exception:
             return None
