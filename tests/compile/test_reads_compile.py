@@ -112,3 +112,25 @@ def test_a_compiled_plan_is_accepted_back() -> None:
     ).plan
     assert plan["tasks"][0]["reads"] == ["d/*", "x/**"]
     assert load_plan_bytes(canon.dumps(plan), "plan.json").plan == plan
+
+
+def test_starlark_takes_the_same_keys(tmp_path: Path) -> None:
+    from crucible.compile import compile_path
+    from crucible.compile._diagnostics import ValidationFailed
+
+    (tmp_path / "pack.toml").write_text('edition = 4\n[workflow]\nsource = "pack.star"\n')
+    star = tmp_path / "pack.star"
+    star.write_text(
+        'a = task(name = "a", run = "true", reads = ["data/*.csv"], sandbox = True)\n'
+        'workflow(name = "s", tasks = [a], reads = ["x/*"], network = True)\n'
+    )
+    task = compile_path(tmp_path / "pack.toml").plan["tasks"][0]
+    assert task["reads"] == ["x/*", "data/*.csv"]
+    assert task["sandbox"] is True and task["network"] is True
+    star.write_text(
+        'a = task(name = "a", run = "true", reads = ["../data/*.csv"])\n'
+        'workflow(name = "s", tasks = [a])\n'
+    )
+    with pytest.raises(ValidationFailed) as caught:
+        compile_path(tmp_path / "pack.toml")
+    assert "climbs above the pack directory" in str(caught.value)
