@@ -210,8 +210,7 @@ def _opened(path: str) -> tuple[int, bool] | None:
         found = None
     else:
         found = (fd, stat_mod.S_ISDIR(os.fstat(fd).st_mode))
-    if len(_OPENED) < 256:  # the system paths, and a few more
-        _OPENED[path] = found
+    _OPENED[path] = found  # only ever the system paths: a fixed few
     return found
 
 
@@ -235,7 +234,7 @@ def _landlock_ruleset(spec: SandboxSpec, abi: int) -> int:
         rules += [(p, read | _FS_WRITE_FILE | _FS_TRUNCATE) for p in SYSTEM_WRITE]
         rule = _PathBeneath()
         for path, rights in rules:
-            kept = path in _OPENED or path in _SYSTEM
+            kept = path in _SYSTEM
             found = _opened(path) if kept else _open_once(path)
             if found is None:
                 continue  # what does not exist cannot be read either
