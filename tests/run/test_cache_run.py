@@ -267,7 +267,7 @@ def test_dry_run_says_hit_or_why_it_misses(tmp_path: Path) -> None:
     assert [lines[t]["action"] for t in "abcd"] == ["cached", "cached", "cached", "run"]
     lines = {line["task"]: line for line in _dry(r, env=r.env(X="9"))}
     assert lines["a"]["cache"] == "miss"
-    assert "changed environment passed" in str(lines["a"]["reason"])
+    assert "changed environment variable X" in str(lines["a"]["reason"])
     assert lines["b"]["cache"] == "unknown" and "'a'" in str(lines["b"]["reason"])
     r.pack.write_text(r.pack.read_text().replace("cp inputs", "cp  inputs"))
     lines = {line["task"]: line for line in _dry(r)}

@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 CACHE_SCOPE = "dispatch"
-KEY_FORMAT = "crucible.cache-key/1"
+KEY_FORMAT = "crucible.cache-key/2"
 #: plan task members that never change what a unit does (documentation only)
 _NOT_IN_KEY = frozenset({"description"})
 #: host variables an edition-1 task is keyed on: it is handed the whole host
@@ -360,20 +360,6 @@ def ancestor_files(
     return out
 
 
-_ENV_DIGESTS: dict[tuple[tuple[str, str], ...], str] = {}
-
-
-def _env_digest(env: dict[str, str]) -> str:
-    """Most tasks of a plan are handed the same variables: hashed once."""
-    ident = tuple(env.items())
-    found = _ENV_DIGESTS.get(ident)
-    if found is None:
-        if len(_ENV_DIGESTS) > 64:
-            _ENV_DIGESTS.clear()
-        found = _ENV_DIGESTS[ident] = _digest_of(env)
-    return found
-
-
 def fixed_components(
     plan: Mapping[str, Any],
     task: Mapping[str, Any],
@@ -382,14 +368,23 @@ def fixed_components(
     emit_cap: int,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The components that depend on the task alone, as (those before
-    ``instance``, those after it) in key order."""
+    ``instance``, those after it) in key order.
+
+    One ``env:<NAME>`` component per host variable the task is handed, so a
+    miss names each variable that changed; ``PATH`` is keyed as the programs
+    it resolves (``program:<name>``, crucible.run._cache_programs), not as a
+    string."""
+    from crucible.run._cache_programs import program_components
+
     version = int(plan["version"])
     if int(plan.get("edition", 1)) <= 1:
         env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
     else:
         env = dict(host_env)
     head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
-    tail = {"env": _env_digest(env), "emit_cap": scalar_digest(emit_cap)}
+    tail = {f"env:{k}": _digest_of(env[k]) for k in sorted(env) if k != "PATH"}
+    tail.update(program_components(task, env, _digest_of))
+    tail["emit_cap"] = scalar_digest(emit_cap)
     if task.get("kind") == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)
     return head, tail
@@ -471,19 +466,27 @@ _COMPONENT_WORDS = {
     "plan_version": "changed plan version",
     "task": "changed task definition",
     "instance": "new instance",
-    "env": "changed environment passed",
     "emit_cap": "changed emit cap",
     "agent_cmd": "changed --agent-cmd",
 }
 
 
+def _grouped(previous: Mapping[str, str], current: Mapping[str, str], prefix: str) -> list[str]:
+    """The names under ``prefix`` whose component changed, appeared or went."""
+    names = {n for n in (*previous, *current) if n.startswith(prefix)}
+    return sorted(n[len(prefix) :] for n in names if previous.get(n) != current.get(n))
+
+
 def explain_miss(previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
     """Why a unit missed, against the last key recorded for the same task and
-    instance: the first component (in key order) that differs."""
+    instance: the first component (in key order) that differs; a change of
+    environment names every variable and program that changed."""
     if previous is None:
         return "never run with this cache"
     for name, value in current.items():
         if previous.get(name) != value:
+            if name.startswith(("env:", "program:")):
+                return _environment_change(previous, current)
             if name.startswith("input:"):
                 return f"changed input {name[6:]!r}"
             if name.startswith("files:"):
@@ -493,8 +496,22 @@ def explain_miss(previous: Mapping[str, str] | None, current: Mapping[str, str])
             return _COMPONENT_WORDS.get(name, f"changed {name}")
     for name in previous:
         if name not in current:
+            if name.startswith(("env:", "program:")):
+                return _environment_change(previous, current)
             return f"input {name.split(':', 1)[-1]!r} no longer staged"
     return "same key, no record (a failure, or not cached)"
+
+
+def _environment_change(previous: Mapping[str, str], current: Mapping[str, str]) -> str:
+    parts = []
+    variables = _grouped(previous, current, "env:")
+    if variables:
+        parts.append("changed environment variable " + ", ".join(variables))
+    programs = _grouped(previous, current, "program:")
+    if programs:
+        listed = ", ".join(repr(p) for p in programs)
+        parts.append(f"changed program {listed} (another file on PATH, or edited)")
+    return "; ".join(parts)
 
 
 class TaskCache:
