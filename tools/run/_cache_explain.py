@@ -48,6 +48,16 @@ def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
     return shadow
 
 
+def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
+    """A static fan-out's instances file in the shadow, as the run writes it at
+    admission (a producer-mapped task's comes with its producer's records)."""
+    from crucible.run._matrix import expand, is_static, write_instances
+
+    if is_static(task):
+        with contextlib.suppress(CrucibleError, OSError):
+            write_instances(shadow, task["name"], expand(task, params, shadow))
+
+
 def explain_lines(
     lines: list[dict[str, Any]],
     *,
@@ -81,6 +91,7 @@ def explain_lines(
         instances: dict[str, list[str]] = {}
         hits: dict[str, int] = {}
         folded: set[str] = set()
+        listed: set[str] = set()
 
         def fold_before(current: str) -> None:
             """A mapped task whose instances all hit folds, for its consumers."""
@@ -102,13 +113,16 @@ def explain_lines(
                 task = tasks[name]
                 if key is not None:
                     instances.setdefault(name, []).append(key)
+                    if name not in listed:  # a static fan-out: its items, for the keyer
+                        listed.add(name)
+                        _list_instances(shadow, task, admission.params)
                 blocked = [a for a in _ancestors(tasks, name) if a in unknown]
                 why: str | None = None
                 if not cacheable(task):
                     line["cache"], why = "off", "cache = false: always runs"
                 elif blocked:
                     line["cache"], why = "unknown", f"cache: keyed once {blocked[0]!r} ran"
-                elif task.get("map") is not None and key is None:
+                elif ("map" in task or "matrix" in task) and key is None:
                     line["cache"], why = "unknown", "cache: keyed per instance"
                 if why is not None:
                     unknown.add(name)

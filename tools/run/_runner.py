@@ -127,7 +127,9 @@ def _run_admitted(
             options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
         )
     if options.dry_run:
-        lines = dry_run_lines(stage, options.state, admission.plan, graph, selection)
+        lines = dry_run_lines(
+            stage, options.state, admission.plan, graph, selection, admission.params
+        )
         if options.cache is not None:  # hit, or miss and why (crucible.run._cache_explain)
             from crucible.run._cache_explain import explain_lines
 
