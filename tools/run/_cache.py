@@ -366,6 +366,7 @@ def fixed_components(
     host_env: Mapping[str, str],
     agent_cmd: str | None,
     emit_cap: int,
+    programs_changed_after: int | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The components that depend on the task alone, as (those before
     ``instance``, those after it) in key order.
@@ -383,7 +384,7 @@ def fixed_components(
         env = dict(host_env)
     head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
     tail = {f"env:{k}": _digest_of(env[k]) for k in sorted(env) if k != "PATH"}
-    tail.update(program_components(task, env, _digest_of))
+    tail.update(program_components(task, env, _digest_of, programs_changed_after))
     tail["emit_cap"] = scalar_digest(emit_cap)
     if task.get("kind") == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)

@@ -82,8 +82,11 @@ class Keyer:
         environ: Mapping[str, str],
         agent_cmd: str | None,
         emit_cap: int,
+        programs_changed_after: int | None = None,
     ) -> None:
         self.plan = plan
+        #: --reuse keys an earlier run: a program changed since it started differs
+        self.programs_changed_after = programs_changed_after
         self.state = Path(state)
         self.environ = environ
         self.agent_cmd = agent_cmd
@@ -142,7 +145,14 @@ class Keyer:
         fixed = self._fixed.get(t.name)
         if fixed is None:
             host_env = task_environment(dict(self.plan), t.raw, self.environ)
-            fixed = fixed_components(self.plan, t.raw, host_env, self.agent_cmd, self.emit_cap)
+            fixed = fixed_components(
+                self.plan,
+                t.raw,
+                host_env,
+                self.agent_cmd,
+                self.emit_cap,
+                self.programs_changed_after,
+            )
             self._fixed[t.name] = fixed
         return fixed
 

@@ -92,11 +92,13 @@ def _resolve(name: str, path_var: str | None) -> str | None:
     return found
 
 
-def _file_digest(path: str) -> str | None:
+def _file_digest(path: str, changed_after: int | None) -> str | None:
     try:
         st = os.stat(path)
     except OSError:
         return None
+    if changed_after is not None and st.st_ctime_ns > changed_after:
+        return "changed"  # since the run being keyed again started (--reuse)
     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     found = _DIGESTS.get(ident)
     if found is None:
@@ -109,16 +111,21 @@ def _file_digest(path: str) -> str | None:
 
 
 def program_components(
-    task: Mapping[str, Any], host_env: Mapping[str, str], value_digest: Any
+    task: Mapping[str, Any],
+    host_env: Mapping[str, str],
+    value_digest: Any,
+    changed_after: int | None = None,
 ) -> dict[str, str]:
     """``program:<name>`` → the digest of ``{"path", "digest"}`` for each program
-    the task's command line names (an agent's: ``sh``, which runs --agent-cmd)."""
+    the task's command line names (an agent's: ``sh``, which runs --agent-cmd).
+    ``changed_after`` (ns since the epoch): a program file changed since then
+    is keyed as changed, whatever its bytes (an earlier run keyed again)."""
     run = task.get("run")
     words = ["sh"] if task.get("kind") == "agent" or run is None else command_words(run)
     path_var = host_env.get("PATH")
     out: dict[str, str] = {}
     for name in words:
         resolved = _resolve(name, path_var)
-        found = None if resolved is None else _file_digest(resolved)
+        found = None if resolved is None else _file_digest(resolved, changed_after)
         out[f"program:{name}"] = value_digest({"path": resolved, "digest": found})
     return out
