@@ -360,6 +360,12 @@ def ancestor_files(
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _value_of_env(value: str) -> str:
+    """A variable's digest (most tasks of a plan are handed the same values)."""
+    return _digest_of(value)
+
+
 def fixed_components(
     plan: Mapping[str, Any],
     task: Mapping[str, Any],
@@ -383,7 +389,7 @@ def fixed_components(
     else:
         env = dict(host_env)
     head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
-    tail = {f"env:{k}": _digest_of(env[k]) for k in sorted(env) if k != "PATH"}
+    tail = {f"env:{k}": _value_of_env(env[k]) for k in sorted(env) if k != "PATH"}
     tail.update(program_components(task, env, _digest_of, programs_changed_after))
     tail["emit_cap"] = scalar_digest(emit_cap)
     if task.get("kind") == "agent":

@@ -15,6 +15,7 @@ of them hits.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -46,6 +47,12 @@ def command_words(run: str | list[str]) -> list[str]:
     """The program names a task's ``run`` starts, in order, each once."""
     if isinstance(run, list):
         return run[:1]
+    return list(_shell_words(run))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shell_words(run: str) -> tuple[str, ...]:
+    """(a plan's tasks often share one run string: parsed once)"""
     words = ["sh"]
     text = run.replace("$(", " $( ").replace("`", " ` ")
     try:
@@ -54,7 +61,7 @@ def command_words(run: str | list[str]) -> list[str]:
         lexer.commenters = ""
         tokens = list(lexer)
     except ValueError:  # unbalanced quotes: sh reports it; key on sh alone
-        return words
+        return tuple(words)
     expect = True
     for token in tokens:
         if token in _COMMAND_STARTS:
@@ -67,7 +74,7 @@ def command_words(run: str | list[str]) -> list[str]:
         expect = False
         if _PLAIN.fullmatch(token) and token not in words:
             words.append(token)
-    return words
+    return tuple(words)
 
 
 def _resolve(name: str, path_var: str | None) -> str | None:
@@ -126,6 +133,6 @@ def program_components(
     out: dict[str, str] = {}
     for name in words:
         resolved = _resolve(name, path_var)
-        found = None if resolved is None else _file_digest(resolved, changed_after)
-        out[f"program:{name}"] = value_digest({"path": resolved, "digest": found})
+        data = None if resolved is None else _file_digest(resolved, changed_after)
+        out[f"program:{name}"] = value_digest({"path": resolved, "digest": data})
     return out
