@@ -162,3 +162,22 @@ def test_a_miss_names_every_variable_that_changed(tmp_path: Path) -> None:
     assert lines["sweep"]["reason"].endswith("cache miss: changed environment variable TZ")
     lines = r.dry(env={k: v for k, v in r.env(TZ="UTC").items() if k != "X"})
     assert lines["prep"]["reason"].endswith("cache miss: changed environment variable X")
+
+
+def test_the_report_says_why_each_unit_ran(tmp_path: Path) -> None:
+    r = Runs(tmp_path)
+    r.run(env=r.env(X="1", TZ="UTC"))
+    assert r.run(env=r.env(X="2", TZ="UTC")) == ["prep"]  # count's input is unchanged
+    state = str(tmp_path / f"s{r.n}")
+    table = subprocess.run(
+        [DISPATCH, "report", state], capture_output=True, text=True, timeout=60
+    )  # fmt: skip
+    assert table.returncode == 0, table.stderr
+    row = next(line for line in table.stdout.splitlines() if line.startswith("prep "))
+    assert "cache miss: changed environment variable X" in row
+    rows = subprocess.run(
+        [DISPATCH, "report", state, "--json"], capture_output=True, text=True, timeout=60
+    )  # fmt: skip
+    by_task = {row["task"]: row for row in map(json.loads, rows.stdout.splitlines())}
+    assert by_task["prep"]["cache_miss"] == "changed environment variable X"
+    assert "cache_miss" not in by_task["count"] and by_task["count"]["cached"] is True

@@ -106,6 +106,8 @@ class CacheHits:
         #: keyed units on their way to a worker: their key, and whether they hit
         #: (with files too large to check on this thread)
         self._handoff: dict[tuple[str, str | None], tuple[str, Any]] = {}
+        #: keyed units that missed: why (task_started's ``cache_miss``)
+        self._miss_reasons: dict[tuple[str, str | None], str] = {}
         self._directory = directory
         #: the ledger the session log's writer thread appends the workers'
         #: deferred cache records to (its own: opened on that thread)
@@ -162,9 +164,25 @@ class CacheHits:
             self.warn(f"cache: cannot use the record of {unit.name!r}: {exc}; running it")
         if reply is None and ck is not None and ident not in self._handoff:
             self._handoff[ident] = ("key", ck)  # the worker need not key it again
+            self._miss_reasons[ident] = self._why(ck)
         for warning in cache.take_warnings():
             self.warn(warning)
         return reply
+
+    def _why(self, ck: Any) -> str:
+        """Why a unit missed, against the last key recorded for it (cache.md,
+        "Why did it run"): one small read of ``last/``, for units that run."""
+        from crucible.run._cache import explain_miss
+
+        try:
+            last = self.cache.cache.last_components(ck.task, ck.key, self.cache.stage.escape_key)
+        except (OSError, ValueError, TypeError):
+            last = None
+        return explain_miss(last, ck.components)
+
+    def miss_reason(self, name: str, key: str | None) -> str | None:
+        """Why the unit missed (its first start's ``task_started.cache_miss``), once."""
+        return self._miss_reasons.pop((name, key), None)
 
     def handoff(self, unit: _Unit) -> tuple[str, Any] | None:
         """What a worker is told about ``unit`` (crucible.run._unit): ``("hit", key)``

@@ -876,7 +876,16 @@ class Dispatcher:
             workspace=self._workspace_rel(unit),
             **self._item_preview(unit),
             **({} if worker is None else {"worker": worker}),  # a Dask executor's
+            **self._cache_miss(unit),
         )
+
+    def _cache_miss(self, unit: Unit) -> dict[str, str]:
+        """``cache_miss``: why a keyed unit was not restored (cache.md, "Why did it
+        run"), on its first attempt (report shows it)."""
+        if self.hits is None or unit.attempt > 1:
+            return {}
+        why = self.hits.miss_reason(unit.name, unit.key)
+        return {} if why is None else {"cache_miss": why}
 
     def _item_preview(self, unit: Unit) -> dict[str, str]:
         """``item``: a short preview of an instance's item (report, timeline), on

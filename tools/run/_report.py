@@ -88,6 +88,8 @@ class Row:
     log: str | None = None
     stderr_tail: str | None = None
     cached: bool = False
+    #: ``--cache``: why the unit was not restored (task_started's ``cache_miss``)
+    cache_miss: str | None = None
     tolerated: bool = False
     #: its last attempt failed with ``retry: true`` and no next attempt started
     awaiting_retry: bool = False
@@ -136,6 +138,8 @@ def _sessions(events: list[Event]) -> list[Session]:
 def _apply(r: Row, e: Event) -> None:
     f = e.fields
     if e.kind == "task_started":
+        if isinstance(f.get("cache_miss"), str):
+            r.cache_miss = f["cache_miss"]
         r.attempts += 1
         r.tries.append(Attempt(e.session, f["attempt"], e.time))
         r.awaiting_retry = False
@@ -415,6 +419,8 @@ def display_note(r: Row) -> str:
 
 
 def short_note(r: Row) -> str:
+    if not r.note and r.cache_miss and r.status == "passed":
+        return f"cache miss: {r.cache_miss}"  # why it ran rather than being restored
     note = name_signals(r.note or "", r.exit_code)
     if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
         note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
@@ -518,6 +524,7 @@ def row_json(r: Row) -> dict[str, Any]:
         "files_bytes": r.files_bytes,
         "log": r.log,
         "stderr_tail": r.stderr_tail,
+        "cache_miss": r.cache_miss,
     }
     # flags appear only when true (report-row.json), so a plain row stays short
     data.update(

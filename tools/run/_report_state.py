@@ -150,7 +150,12 @@ class Event:
 
 _OPTIONAL: dict[str, dict[str, tuple[str, ...]]] = {
     # field -> accepted JSON types, per event kind (docs/schemas/session-event.json)
-    "task_started": {"key": ("string",), "pid": ("integer",), "workspace": ("string",)},
+    "task_started": {
+        "key": ("string",),
+        "pid": ("integer",),
+        "workspace": ("string",),
+        "cache_miss": ("string",),
+    },
     "task_finished": {
         "key": ("string",),
         "note": ("string",),
