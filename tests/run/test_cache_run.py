@@ -278,6 +278,13 @@ def test_dry_run_says_hit_or_why_it_misses(tmp_path: Path) -> None:
         [DISPATCH, str(r.pack), "--state", str(tmp_path / "x"), "--cache", str(r.cache), "-n"],
         capture_output=True, env=r.env(), check=True,
     ).stdout.decode()  # fmt: skip
+    assert text.startswith("4 units: 3 run, 1 cached, 0 kept, 0 skipped\n")  # then what runs
+    assert "cached       a" not in text and "run          b" in text
+    text = subprocess.run(
+        [DISPATCH, str(r.pack), "--state", str(tmp_path / "x"), "--cache", str(r.cache), "-n",
+         "--all"],
+        capture_output=True, env=r.env(), check=True,
+    ).stdout.decode()  # fmt: skip
     assert "cached       a" in text
 
 

@@ -58,6 +58,24 @@ def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
             write_instances(shadow, task["name"], expand(task, params, shadow))
 
 
+def _mapped_instances(
+    stage: Any,
+    plan: Any,
+    shadow: Path,
+    tasks: Mapping[str, Mapping[str, Any]],
+    name: str,
+    unknown: set[str],
+) -> list[str] | None:
+    """A producer-mapped task's instance keys once the dry run has restored its
+    producer (a hit) into the shadow; None while an ancestor's result is unknown."""
+    if any(a in unknown for a in _ancestors(tasks, name)):
+        return None
+    try:
+        return [key for key, _ in stage.map_items(plan, shadow, name)]
+    except (CrucibleError, OSError):
+        return None
+
+
 def explain_lines(
     lines: list[dict[str, Any]],
     *,
@@ -105,12 +123,24 @@ def explain_lines(
                         unknown.add(name)
 
         try:
-            for line in out:
+            i = 0
+            while i < len(out):
+                line = out[i]
+                i += 1
                 if line["action"] != "run":
                     continue
                 name, key = line["task"], line.get("key")
                 fold_before(name)
                 task = tasks[name]
+                if key is None and isinstance(task.get("map"), str):
+                    found = _mapped_instances(stage, plan, shadow, tasks, name, unknown)
+                    if found:  # its producer hits: its instances are known now
+                        out[i - 1 : i] = [
+                            {"task": name, "key": k, "action": "run", "reason": "new"}
+                            for k in found
+                        ]
+                        i -= 1
+                        continue
                 if key is not None:
                     instances.setdefault(name, []).append(key)
                     if name not in listed:  # a static fan-out: its items, for the keyer
