@@ -181,3 +181,21 @@ def test_the_report_says_why_each_unit_ran(tmp_path: Path) -> None:
     by_task = {row["task"]: row for row in map(json.loads, rows.stdout.splitlines())}
     assert by_task["prep"]["cache_miss"] == "changed environment variable X"
     assert "cache_miss" not in by_task["count"] and by_task["count"]["cached"] is True
+
+
+def test_dry_run_counts_per_action_and_a_fanout_as_one_line(tmp_path: Path) -> None:
+    r = Runs(tmp_path)
+    r.run()
+    state = tmp_path / "next"
+    proc = subprocess.run(
+        [DISPATCH, str(r.pack), "--state", str(state), "--cache", str(r.cache), "-n",
+         "-p", "t0=[1,10,1000]", "-p", "top=4"],
+        capture_output=True, text=True, timeout=120, env=r.env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    head, *rows = proc.stdout.splitlines()
+    assert head == "9 units: 3 run, 6 cached, 0 kept, 0 skipped"
+    assert [row.split()[:2] for row in rows] == [["run", "sweep"], ["run", "merge"]]
+    assert "sweep (2 of 6 instances)" in rows[0]
+    assert "cache miss: new instance" in rows[0] or "never run" in rows[0]
+    assert "cache miss: changed input 'params'" in rows[1]

@@ -144,3 +144,22 @@ def test_reuse_and_resume_are_one_or_the_other(tmp_path: Path) -> None:
     loop = Loop(tmp_path)
     refused = loop.dispatch("--reuse", "--resume", code=2)
     assert "--reuse" in refused.stderr and not loop.state.exists()
+
+
+def test_reuse_records_the_earlier_run_in_a_given_cache(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    cache = tmp_path / "cache"
+    loop.dispatch()  # without a cache
+    loop.edit('params = ["top"]\nenv', "params = []\nenv")  # c no longer reads top
+    loop.dispatch("--reuse", "--cache", str(cache))
+    assert loop.ran() == ["c"]
+    assert sorted(p.name for p in (cache / "last").iterdir()) == ["a", "b", "c", "d"]
+    other = tmp_path / "other"  # a new state dir: the cache alone reuses them all
+    loop.count.write_text("")
+    proc = subprocess.run(
+        [DISPATCH, str(loop.pack), "--state", str(other), "--cache", str(cache)],
+        capture_output=True, text=True, timeout=120, env=loop.env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert loop.count.read_text() == ""
+    assert not any(p.name.startswith(".run.reuse-") for p in tmp_path.iterdir())
