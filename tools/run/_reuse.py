@@ -112,6 +112,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     from crucible.run._cache import TaskCache
     from crucible.run._cache_keyer import Keyer
     from crucible.run._unit_cache import cacheable
+    from crucible.stage.readers import loop_of, view
 
     doc = _read_environ(prev)
     if doc is None:
@@ -126,6 +127,9 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     except (OSError, CrucibleError, canon.CanonError) as exc:
         warn(f"--reuse: cannot read the earlier run's plan in {prev}: {exc}; nothing is reused")
         return 0
+    if loop_of(plan, view(plan)) is not None:  # its units are not keyed (cache.md)
+        warn("--reuse: a plan with a [loop] is not keyed: nothing of the earlier run is reused")
+        return 0
     keyer = Keyer(
         plan,
         prev,
@@ -137,6 +141,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     cache = TaskCache(cache_dir, warn=warn)
     layout = stage.StateLayout(prev)
     saved = 0
+    facts: list[Any] = []
     try:
         for task in plan["tasks"]:
             if not cacheable(task):
@@ -145,14 +150,16 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
             for key, record in _passed_units(stage, prev, task):
                 try:
                     ck = keyer.key(name, key)
-                except CrucibleError as exc:
-                    if "[loop]" in str(exc):  # a scored loop's plan is not keyed
-                        warn("--reuse: a plan with a [loop] is not keyed: nothing is reused")
-                        return saved
+                except CrucibleError:
                     continue  # staging refused it then: nothing to reuse
                 kept = {k: v for k, v in record.items() if k not in ("cached", "cache_key")}
-                cache.save(ck, kept, layout.files_dir(name, key), stage.escape_key)
+                fact = cache.save(
+                    ck, kept, layout.files_dir(name, key), stage.escape_key, defer=True
+                )
+                if fact is not None:
+                    facts.append(fact)
                 saved += 1
+        cache.append_facts(facts)  # one write and one fsync for all of them
     except (OSError, ValueError, KeyError, TypeError) as exc:
         warn(f"--reuse: cannot record the earlier run's units: {exc}; the rest run")
     finally:
