@@ -163,3 +163,25 @@ def test_reuse_records_the_earlier_run_in_a_given_cache(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert loop.count.read_text() == ""
     assert not any(p.name.startswith(".run.reuse-") for p in tmp_path.iterdir())
+
+
+def test_a_unit_whose_files_are_gone_runs_again_and_the_rest_are_reused(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.dispatch()
+    (loop.state / "files" / "a" / "out.txt").unlink()  # a's captured file, lost
+    leftover = tmp_path / ".run.reuse-killed"  # what a SIGKILLed --reuse leaves
+    leftover.mkdir()
+    done = loop.dispatch("--reuse")
+    assert loop.ran() == ["a"]  # b's inputs are the same again: reused
+    assert "--reuse: cannot reuse a (" in done.stderr
+    assert not leftover.exists()
+    assert (loop.state / "files" / "a" / "out.txt").read_text() == "data\n"
+
+
+def test_a_run_without_environ_json_is_reused_for_nothing(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.dispatch()
+    (loop.state / "environ.json").unlink()  # as a run of an older engine
+    done = loop.dispatch("--reuse")
+    assert loop.ran() == ["a", "b", "c", "d"]
+    assert "records no environment" in done.stderr

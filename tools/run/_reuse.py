@@ -142,6 +142,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     layout = stage.StateLayout(prev)
     saved = 0
     facts: list[Any] = []
+    failed: list[str] = []
     try:
         for task in plan["tasks"]:
             if not cacheable(task):
@@ -153,18 +154,25 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
                 except CrucibleError:
                     continue  # staging refused it then: nothing to reuse
                 kept = {k: v for k, v in record.items() if k not in ("cached", "cache_key")}
-                fact = cache.save(
-                    ck, kept, layout.files_dir(name, key), stage.escape_key, defer=True
-                )
+                files = layout.files_dir(name, key)
+                try:
+                    fact = cache.save(ck, kept, files, stage.escape_key, defer=True)
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    failed.append(f"{name if key is None else f'{name}[{key}]'} ({exc})")
+                    continue  # that unit runs again
                 if fact is not None:
                     facts.append(fact)
                 saved += 1
         cache.append_facts(facts)  # one write and one fsync for all of them
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        warn(f"--reuse: cannot record the earlier run's units: {exc}; the rest run")
+        warn(f"--reuse: cannot record the earlier run's units: {exc}; they run again")
+        saved = 0
     finally:
         with contextlib.suppress(OSError, CrucibleError):
             cache.close()
+    if failed:
+        more = f" and {len(failed) - 1} more" if len(failed) > 1 else ""
+        warn(f"--reuse: cannot reuse {failed[0]}{more}: they run again")
     return saved
 
 
@@ -189,7 +197,15 @@ def _passed_units(
 
 
 def reuse_dir(state: Path) -> Path:
-    """A temporary cache beside ``state`` (its filesystem: files are hard-linked)."""
+    """A temporary cache beside ``state`` (its filesystem: files are hard-linked).
+    One a killed run left is removed first (the caller holds the state's lock:
+    no other run of this state uses one)."""
+    import shutil
     import tempfile
 
-    return Path(tempfile.mkdtemp(prefix=f".{state.name}.reuse-", dir=os.fspath(state.parent)))
+    prefix = f".{state.name}.reuse-"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(state.parent):
+            if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=os.fspath(state.parent)))

@@ -238,7 +238,11 @@ def _reuse_previous(
     warn = on_warning or (lambda _w: None)
     cache = options.cache
     if cache is None:
-        cache = reuse_dir(options.state)
+        try:
+            cache = reuse_dir(options.state)
+        except OSError as exc:
+            warn(f"--reuse: cannot make a cache beside {options.state}: {exc}; nothing is reused")
+            return options
         stack.callback(shutil.rmtree, cache, ignore_errors=True)
     if previous is not None:
         import_previous(previous, cache, warn=warn)
@@ -257,7 +261,11 @@ def _reuse_for_dry_run(
     from crucible.run._reuse import import_previous
 
     warn = on_warning or (lambda _w: None)
-    cache = Path(tempfile.mkdtemp(prefix="crucible-reuse-"))
+    try:
+        cache = Path(tempfile.mkdtemp(prefix="crucible-reuse-"))
+    except OSError as exc:
+        warn(f"--reuse: cannot make a temporary cache: {exc}; nothing is reused")
+        return options
     stack.callback(shutil.rmtree, cache, ignore_errors=True)
     if (options.state / "plan.json").is_file():
         import_previous(options.state, cache, warn=warn)
