@@ -199,3 +199,18 @@ def test_dry_run_counts_per_action_and_a_fanout_as_one_line(tmp_path: Path) -> N
     assert "sweep (2 of 6 instances)" in rows[0]
     assert "cache miss: new instance" in rows[0] or "never run" in rows[0]
     assert "cache miss: changed input 'params'" in rows[1]
+
+
+def test_widening_a_literal_axis_in_the_manifest_runs_only_the_new_combinations(
+    tmp_path: Path,
+) -> None:
+    r = Runs(tmp_path, PACK.replace('t1 = "params.t1"', 't1 = ["a", "b"]'))
+    r.run()
+    r.pack.write_text(r.pack.read_text().replace('t1 = ["a", "b"]', 't1 = ["a", "b", "c"]'))
+    assert r.run() == ["sweep"] * 3  # t1 = c with each t0
+    r.pack.write_text(
+        r.pack.read_text()
+        .replace("parallelism", "x")
+        .replace('name = "sweep"\n', 'name = "sweep"\nparallelism = 2\n')
+    )
+    assert r.run() == []  # a scheduling bound reruns nothing

@@ -264,7 +264,20 @@ def _tasks_of(plan: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
+    """The task's plan object as its key holds it. A static fan-out's sources
+    (a literal list, a sequence, a param, the matrix's axes, include and
+    exclude) decide which instances exist, not what one does: an instance is
+    keyed on its own key and item, so widening or narrowing a list reuses the
+    instances already computed (docs/spec/cache.md, "Params"). ``parallelism``
+    is a scheduling bound, like ``-j``."""
+    out = {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
+    matrix = out.get("matrix")
+    if isinstance(matrix, dict):
+        out["matrix"] = [a.get("name") for a in matrix.get("axes", ()) if isinstance(a, dict)]
+    if "map" in out and not isinstance(out["map"], str):
+        out["map"] = "static"  # a "producer.field" source stays as it is
+    out.pop("parallelism", None)
+    return out
 
 
 def _staged_inputs(workspace: Path, version: int) -> dict[str, str]:
