@@ -185,3 +185,15 @@ def test_a_run_without_environ_json_is_reused_for_nothing(tmp_path: Path) -> Non
     done = loop.dispatch("--reuse")
     assert loop.ran() == ["a", "b", "c", "d"]
     assert "records no environment" in done.stderr
+
+
+def test_the_plan_changed_refusal_names_added_removed_and_params(tmp_path: Path) -> None:
+    loop = Loop(tmp_path)
+    loop.dispatch()
+    loop.edit('[[workflow.task]]\nname = "d"', '[[workflow.task]]\nname = "e"')
+    loop.edit('top = { type = "integer", default = 3 }', 'top = { type = "integer", default = 4 }')
+    refused = loop.dispatch("--resume", code=1)
+    line = refused.stderr.strip()
+    assert "\n" not in line
+    assert "tasks added: e; tasks removed: d; params declared differently: top" in line
+    assert line.endswith(f"crucible-dispatch {loop.pack} --state {loop.state} --reuse")
