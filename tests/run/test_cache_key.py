@@ -71,7 +71,7 @@ def test_key_is_stable_and_names_its_parts(tmp_path: Path) -> None:
     state = dispatched(tmp_path)
     first, second = key_of(state), key_of(state)
     assert first.digest == second.digest and first.digest.startswith("sha256:")
-    assert {"task", "env", "emit_cap", "input:n", "input:params", "files:make"} <= set(
+    assert {"task", "program:sh", "emit_cap", "input:n", "input:params", "files:make"} <= set(
         first.components
     )
 
@@ -79,7 +79,7 @@ def test_key_is_stable_and_names_its_parts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"host_env": {"PATH": "/bin"}}, "changed environment passed"),
+        ({"host_env": {"PATH": "/usr/bin", "LANG": "C"}}, "changed environment variable LANG"),
         ({"emit_cap": 10}, "changed emit cap"),
         ({"key": "x"}, "new instance"),
     ],

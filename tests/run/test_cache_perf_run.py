@@ -13,7 +13,9 @@ from tests.run.cachetests import PACK, Runner
 from tests.run.test_cache_run import MAPPED
 
 #: what a state holds after a run whose every unit was restored from the cache
-HIT_ONLY_ENTRIES = {"lock", "params.json", "plan.json", "results", "session.jsonl", "files"}
+HIT_ONLY_ENTRIES = {
+    "lock", "params.json", "plan.json", "environ.json", "results", "session.jsonl", "files"
+}  # fmt: skip
 
 
 def _events(state: Path) -> list[dict[str, object]]:

@@ -267,7 +267,7 @@ def test_dry_run_says_hit_or_why_it_misses(tmp_path: Path) -> None:
     assert [lines[t]["action"] for t in "abcd"] == ["cached", "cached", "cached", "run"]
     lines = {line["task"]: line for line in _dry(r, env=r.env(X="9"))}
     assert lines["a"]["cache"] == "miss"
-    assert "changed environment passed" in str(lines["a"]["reason"])
+    assert "changed environment variable X" in str(lines["a"]["reason"])
     assert lines["b"]["cache"] == "unknown" and "'a'" in str(lines["b"]["reason"])
     r.pack.write_text(r.pack.read_text().replace("cp inputs", "cp  inputs"))
     lines = {line["task"]: line for line in _dry(r)}
@@ -276,6 +276,13 @@ def test_dry_run_says_hit_or_why_it_misses(tmp_path: Path) -> None:
     assert r.count.read_text() == ""  # nothing was spawned by any dry run
     text = subprocess.run(
         [DISPATCH, str(r.pack), "--state", str(tmp_path / "x"), "--cache", str(r.cache), "-n"],
+        capture_output=True, env=r.env(), check=True,
+    ).stdout.decode()  # fmt: skip
+    assert text.startswith("4 units: 3 run, 1 cached, 0 kept, 0 skipped\n")  # then what runs
+    assert "cached       a" not in text and "run          b" in text
+    text = subprocess.run(
+        [DISPATCH, str(r.pack), "--state", str(tmp_path / "x"), "--cache", str(r.cache), "-n",
+         "--all"],
         capture_output=True, env=r.env(), check=True,
     ).stdout.decode()  # fmt: skip
     assert "cached       a" in text

@@ -523,9 +523,11 @@ def test_fresh_moves_the_old_run_aside_and_never_loses_it(pack: Pack, tmp_path: 
 def test_target_runs_ancestors_only_and_resume_completes(pack: Pack, tmp_path: Path) -> None:
     plan = pack(RERUN.format(fixed=tmp_path))  # every task passes
     state = tmp_path / "s"
-    dry = dispatch(plan, "--state", state, "--target", "after", "--dry-run")
+    dry = dispatch(plan, "--state", state, "--target", "after", "--dry-run", "--all")
     assert dry.returncode == 0 and not state.exists()
-    assert [line.split()[0] for line in dry.stdout.splitlines()] == ["not", "run", "run", "not"]
+    head, *rows = dry.stdout.splitlines()
+    assert head == "4 units: 2 run, 0 cached, 0 kept, 0 skipped, 2 not selected"
+    assert [line.split()[0] for line in rows] == ["not", "run", "run", "not"]
     r = dispatch(plan, "--state", state, "--target", "after")
     assert r.returncode == 0, r.stderr
     assert sorted((state / "work" / "ran.txt").read_text().split()) == ["after", "flaky"]
@@ -554,7 +556,10 @@ def test_dry_run_text_lists_every_unit_with_a_reason(pack: Pack, tmp_path: Path)
     before = (state / "session.jsonl").read_bytes()
     r = dispatch(plan, "--state", state, "--resume", "-n")
     assert r.returncode == 0, r.stderr
-    text = r.stdout.splitlines()
+    assert r.stdout == "4 units: 0 run, 0 cached, 3 kept, 1 skipped\n"  # nothing runs
+    r = dispatch(plan, "--state", state, "--resume", "-n", "--all")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout.splitlines()[1:]
     assert [line.split()[:2] for line in text] == [
         ["keep", "ok"],
         ["keep", "flaky"],

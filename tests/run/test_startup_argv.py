@@ -73,6 +73,7 @@ ACCEPTED = [
     ["plan.json", "--state", "s", "--target", "x", "--target=y", "--fail-fast", "--follow"],
     ["plan.json", "--state", "s", "--resume", "--retry-failed", "--keep-workspaces"],
     ["plan.json", "--state", "s", "--fresh", "--dry-run", "--emit-cap", "10"],
+    ["plan.json", "--state", "s", "--reuse", "-n", "--all"],
     ["plan.json", "--state", "s", "--events", "-", "--outputs", "out.json"],
     ["plan.json", "--state", "s", "--publish-dir", "adir", "--cache", "c", "--agent-cmd", "cat"],
     ["plan.json", "--state", "s", "--cache", "afile"],

@@ -34,6 +34,7 @@ STATE_FILES: dict[str, str] = {
     "params.json": "params.json",
     "session.jsonl": "session-event.json",
     "outputs.json": "outputs.json",
+    "environ.json": "run-environ.json",  # what --reuse keys an earlier run with
 }
 #: state files whose schema another change of this session brings: allowed
 #: unchecked only while docs/schemas/<schema> does not exist

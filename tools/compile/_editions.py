@@ -70,6 +70,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "parallelism": 4,
     # the task cache (issue 15): false = always run (its results are state)
     "cache": 4,
+    # the params a task may read: staged, offered to when, keyed (issue 34)
+    "params": 4,
     # what a unit needs on its worker (issue 19; crucible.compile._resources)
     "resources": 4,
     # declared reads and the sandbox that enforces them (issue 34; compile._reads)

@@ -487,6 +487,9 @@ def check_fanout_graph(
                 _check_param_source(chk, apath, task, src["param"], params, axis=True)
     _check_outputs_graph(chk, workflow, by_name)
     _check_publish_graph(chk, workflow, by_name)
+    from crucible.compile._task_params import check_task_params
+
+    check_task_params(chk, params, tasks, paths)
 
 
 def _check_param_source(

@@ -499,6 +499,14 @@ def _task_network(t: _TaskCheck, value: object) -> None:
     check_flag(t.chk, t.at("network"), value, "network", t.task)
 
 
+def _task_params(t: _TaskCheck, value: object) -> None:
+    # the params the task may read (docs/spec/manifest.md); names checked
+    # against [workflow.params] by crucible.compile._task_params
+    names = _check_str_list(t.chk, t.at("params"), value, "params")
+    if names is not None:
+        t.task["params"] = names
+
+
 def _task_resources(t: _TaskCheck, value: object) -> None:
     from crucible.compile._resources import check_resources
 
@@ -599,6 +607,7 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
     ("emits_files", _task_emits_files),
     (None, _task_fanout),  # map, matrix, key, parallelism
     ("cache", _task_cache),
+    ("params", _task_params),
     ("resources", _task_resources),
     ("reads", _task_reads),
     ("sandbox", _task_sandbox),

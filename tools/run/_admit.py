@@ -149,6 +149,8 @@ def _load(path: Path) -> tuple[dict[str, Any], bytes, str, tuple[str, ...]]:
 
 
 def _check_flags(options: RunOptions) -> None:
+    if options.reuse and options.resume:
+        raise UsageError("--reuse starts a new run and --resume continues: pass one of them")
     if options.fresh and options.resume:
         raise UsageError("--fresh starts over and --resume continues: pass one of them")
     if options.retry_failed and not options.resume:
@@ -275,7 +277,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         admitted_digest = digest.of_bytes(held_bytes)
         if admitted_digest != plan_digest:
             raise InputRefused(
-                f"the state dir holds a run of another plan ({admitted_digest}, this plan {plan_digest}): use a fresh --state or pass --fresh",
+                f"the state dir holds a run of another plan ({admitted_digest}, this plan {plan_digest}): pass --reuse to rerun only what changed, --fresh to start over, or use a fresh --state",
                 where=str(state),
             )
         raise InputRefused(
@@ -326,7 +328,9 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
         admitted_digest = digest.of_bytes(held_bytes)
         if admitted_digest != base.digest:
             raise PlanChanged(
-                f"the plan changed since the run started: run {admitted_digest}, now {base.digest}",
+                f"the plan changed since the run started ({_plan_changes(held_bytes, base.plan)}; "
+                f"run {admitted_digest}, now {base.digest}); to rerun only what the edit "
+                f"changed: crucible-dispatch {options.plan} --state {state} --reuse",
                 where=str(options.plan),
             )
         stored = _read_json(layout.params_path)
@@ -342,7 +346,7 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
                 now = canon.dumps_str(resolved[name]) if name in resolved else "unset"
                 raise InputRefused(
                     f"param {name!r} is {was} in this run, not {now}: a changed param is a "
-                    "different run (use --fresh or another --state)",
+                    "different run (--reuse reruns only the units it changes; or --fresh, or another --state)",
                     where=str(layout.params_path),
                 )
         base.params = stored
@@ -350,6 +354,44 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
         base.release()
         raise
     return base
+
+
+def _plan_changes(held: bytes, plan: dict[str, Any]) -> str:
+    """What an edit changed, as a --resume refusal says it: tasks added,
+    removed and changed (a description alone is said so), declared params."""
+    try:
+        old = canon.loads(held)
+        old_tasks = {t["name"]: t for t in old["tasks"]}
+        old_params = old.get("workflow", {}).get("params", {})
+    except (canon.CanonError, KeyError, TypeError, AttributeError):
+        return "the earlier plan cannot be read"
+    new_tasks = {t["name"]: t for t in plan["tasks"]}
+    parts = []
+    added = [n for n in new_tasks if n not in old_tasks]
+    removed = [n for n in old_tasks if n not in new_tasks]
+    changed = [n for n in new_tasks if n in old_tasks and new_tasks[n] != old_tasks[n]]
+    described = [
+        n
+        for n in changed
+        if {k: v for k, v in new_tasks[n].items() if k != "description"}
+        == {k: v for k, v in old_tasks[n].items() if k != "description"}
+    ]
+    changed = [n for n in changed if n not in described]
+    for what, names in (
+        ("tasks added", added),
+        ("tasks removed", removed),
+        ("tasks changed", changed),
+        ("descriptions changed", described),
+    ):
+        if names:
+            parts.append(f"{what}: {', '.join(names)}")
+    params = plan.get("workflow", {}).get("params", {})
+    touched = sorted(n for n in {*params, *old_params} if params.get(n) != old_params.get(n))
+    if touched:
+        parts.append(f"params declared differently: {', '.join(touched)}")
+    if not parts:
+        parts.append("the workflow's other settings")
+    return "; ".join(parts)
 
 
 def _read(path: Path) -> bytes:

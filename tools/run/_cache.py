@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 CACHE_SCOPE = "dispatch"
-KEY_FORMAT = "crucible.cache-key/1"
+KEY_FORMAT = "crucible.cache-key/2"
 #: plan task members that never change what a unit does (documentation only)
 _NOT_IN_KEY = frozenset({"description"})
 #: host variables an edition-1 task is keyed on: it is handed the whole host
@@ -264,7 +264,20 @@ def _tasks_of(plan: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
+    """The task's plan object as its key holds it. A static fan-out's sources
+    (a literal list, a sequence, a param, the matrix's axes, include and
+    exclude) decide which instances exist, not what one does: an instance is
+    keyed on its own key and item, so widening or narrowing a list reuses the
+    instances already computed (docs/spec/cache.md, "Params"). ``parallelism``
+    is a scheduling bound, like ``-j``."""
+    out = {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
+    matrix = out.get("matrix")
+    if isinstance(matrix, dict):
+        out["matrix"] = [a.get("name") for a in matrix.get("axes", ()) if isinstance(a, dict)]
+    if "map" in out and not isinstance(out["map"], str):
+        out["map"] = "static"  # a "producer.field" source stays as it is
+    out.pop("parallelism", None)
+    return out
 
 
 def _staged_inputs(workspace: Path, version: int) -> dict[str, str]:
@@ -360,18 +373,10 @@ def ancestor_files(
     return out
 
 
-_ENV_DIGESTS: dict[tuple[tuple[str, str], ...], str] = {}
-
-
-def _env_digest(env: dict[str, str]) -> str:
-    """Most tasks of a plan are handed the same variables: hashed once."""
-    ident = tuple(env.items())
-    found = _ENV_DIGESTS.get(ident)
-    if found is None:
-        if len(_ENV_DIGESTS) > 64:
-            _ENV_DIGESTS.clear()
-        found = _ENV_DIGESTS[ident] = _digest_of(env)
-    return found
+@functools.lru_cache(maxsize=4096)
+def _value_of_env(value: str) -> str:
+    """A variable's digest (most tasks of a plan are handed the same values)."""
+    return _digest_of(value)
 
 
 def fixed_components(
@@ -380,16 +385,26 @@ def fixed_components(
     host_env: Mapping[str, str],
     agent_cmd: str | None,
     emit_cap: int,
+    programs_changed_after: int | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The components that depend on the task alone, as (those before
-    ``instance``, those after it) in key order."""
+    ``instance``, those after it) in key order.
+
+    One ``env:<NAME>`` component per host variable the task is handed, so a
+    miss names each variable that changed; ``PATH`` is keyed as the programs
+    it resolves (``program:<name>``, crucible.run._cache_programs), not as a
+    string."""
+    from crucible.run._cache_programs import program_components
+
     version = int(plan["version"])
     if int(plan.get("edition", 1)) <= 1:
         env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
     else:
         env = dict(host_env)
     head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
-    tail = {"env": _env_digest(env), "emit_cap": scalar_digest(emit_cap)}
+    tail = {f"env:{k}": _value_of_env(env[k]) for k in sorted(env) if k != "PATH"}
+    tail.update(program_components(task, env, _digest_of, programs_changed_after))
+    tail["emit_cap"] = scalar_digest(emit_cap)
     if task.get("kind") == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)
     return head, tail
@@ -476,20 +491,28 @@ _COMPONENT_WORDS = {
     "plan_version": "changed plan version",
     "task": "changed task definition",
     "instance": "new instance",
-    "env": "changed environment passed",
     "emit_cap": "changed emit cap",
     "agent_cmd": "changed --agent-cmd",
     "reads": "changed reads",
 }
 
 
+def _grouped(previous: Mapping[str, str], current: Mapping[str, str], prefix: str) -> list[str]:
+    """The names under ``prefix`` whose component changed, appeared or went."""
+    names = {n for n in (*previous, *current) if n.startswith(prefix)}
+    return sorted(n[len(prefix) :] for n in names if previous.get(n) != current.get(n))
+
+
 def explain_miss(previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
     """Why a unit missed, against the last key recorded for the same task and
-    instance: the first component (in key order) that differs."""
+    instance: the first component (in key order) that differs; a change of
+    environment names every variable and program that changed."""
     if previous is None:
         return "never run with this cache"
     for name, value in current.items():
         if previous.get(name) != value:
+            if name.startswith(("env:", "program:")):
+                return _environment_change(previous, current)
             if name.startswith("input:"):
                 return f"changed input {name[6:]!r}"
             if name.startswith("files:"):
@@ -499,8 +522,22 @@ def explain_miss(previous: Mapping[str, str] | None, current: Mapping[str, str])
             return _COMPONENT_WORDS.get(name, f"changed {name}")
     for name in previous:
         if name not in current:
+            if name.startswith(("env:", "program:")):
+                return _environment_change(previous, current)
             return f"input {name.split(':', 1)[-1]!r} no longer staged"
     return "same key, no record (a failure, or not cached)"
+
+
+def _environment_change(previous: Mapping[str, str], current: Mapping[str, str]) -> str:
+    parts = []
+    variables = _grouped(previous, current, "env:")
+    if variables:
+        parts.append("changed environment variable " + ", ".join(variables))
+    programs = _grouped(previous, current, "program:")
+    if programs:
+        listed = ", ".join(repr(p) for p in programs)
+        parts.append(f"changed program {listed} (another file on PATH, or edited)")
+    return "; ".join(parts)
 
 
 class TaskCache:

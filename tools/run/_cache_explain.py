@@ -48,6 +48,34 @@ def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
     return shadow
 
 
+def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
+    """A static fan-out's instances file in the shadow, as the run writes it at
+    admission (a producer-mapped task's comes with its producer's records)."""
+    from crucible.run._matrix import expand, is_static, write_instances
+
+    if is_static(task):
+        with contextlib.suppress(CrucibleError, OSError):
+            write_instances(shadow, task["name"], expand(task, params, shadow))
+
+
+def _mapped_instances(
+    stage: Any,
+    plan: Any,
+    shadow: Path,
+    tasks: Mapping[str, Mapping[str, Any]],
+    name: str,
+    unknown: set[str],
+) -> list[str] | None:
+    """A producer-mapped task's instance keys once the dry run has restored its
+    producer (a hit) into the shadow; None while an ancestor's result is unknown."""
+    if any(a in unknown for a in _ancestors(tasks, name)):
+        return None
+    try:
+        return [key for key, _ in stage.map_items(plan, shadow, name)]
+    except (CrucibleError, OSError):
+        return None
+
+
 def explain_lines(
     lines: list[dict[str, Any]],
     *,
@@ -86,6 +114,7 @@ def explain_lines(
         instances: dict[str, list[str]] = {}
         hits: dict[str, int] = {}
         folded: set[str] = set()
+        listed: set[str] = set()
 
         def fold_before(current: str) -> None:
             """A mapped task whose instances all hit folds, for its consumers."""
@@ -99,21 +128,36 @@ def explain_lines(
                         unknown.add(name)
 
         try:
-            for line in out:
+            i = 0
+            while i < len(out):
+                line = out[i]
+                i += 1
                 if line["action"] != "run":
                     continue
                 name, key = line["task"], line.get("key")
                 fold_before(name)
                 task = tasks[name]
+                if key is None and isinstance(task.get("map"), str):
+                    found = _mapped_instances(stage, plan, shadow, tasks, name, unknown)
+                    if found:  # its producer hits: its instances are known now
+                        out[i - 1 : i] = [
+                            {"task": name, "key": k, "action": "run", "reason": "new"}
+                            for k in found
+                        ]
+                        i -= 1
+                        continue
                 if key is not None:
                     instances.setdefault(name, []).append(key)
+                    if name not in listed:  # a static fan-out: its items, for the keyer
+                        listed.add(name)
+                        _list_instances(shadow, task, admission.params)
                 blocked = [a for a in _ancestors(tasks, name) if a in unknown]
                 why: str | None = None
                 if not cacheable(task):
                     line["cache"], why = "off", "cache = false: always runs"
                 elif blocked:
                     line["cache"], why = "unknown", f"cache: keyed once {blocked[0]!r} ran"
-                elif task.get("map") is not None and key is None:
+                elif ("map" in task or "matrix" in task) and key is None:
                     line["cache"], why = "unknown", "cache: keyed per instance"
                 if why is not None:
                     unknown.add(name)

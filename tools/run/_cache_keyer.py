@@ -54,6 +54,7 @@ from crucible.stage.readers import (
     reserved_entry,
     scalar_bytes,
     staged_units,
+    task_params,
     utf16_order,
     v1_dep_value,
     view,
@@ -84,15 +85,21 @@ class Keyer:
         emit_cap: int,
         pack_dir: str = "",
         cache_dir: Path | None = None,
+        programs_changed_after: int | None = None,
     ) -> None:
         self.plan = plan
+        #: --reuse keys an earlier run: a program changed since it started differs
+        self.programs_changed_after = programs_changed_after
         self.state = Path(state)
         self.environ = environ
         self.agent_cmd = agent_cmd
         self.emit_cap = emit_cap
         #: task -> its components that do not depend on the instance or the state
         self._fixed: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
-        self._params: tuple[tuple[int, ...] | None, str] | None = None
+        #: params.json's identity when read, the params, and per task the
+        #: digest of the params its units are handed (task_params)
+        self._params: tuple[tuple[int, ...] | None, dict[str, Any]] | None = None
+        self._params_digests: dict[str, str] = {}
         self._reserved_entries: dict[tuple[str, str], str] = {}
         self._files_memo: FilesMemo = {}
         self._reserved_root = str(self.state / "reserved")
@@ -160,7 +167,14 @@ class Keyer:
         fixed = self._fixed.get(t.name)
         if fixed is None:
             host_env = task_environment(dict(self.plan), t.raw, self.environ)
-            fixed = fixed_components(self.plan, t.raw, host_env, self.agent_cmd, self.emit_cap)
+            fixed = fixed_components(
+                self.plan,
+                t.raw,
+                host_env,
+                self.agent_cmd,
+                self.emit_cap,
+                self.programs_changed_after,
+            )
             self._fixed[t.name] = fixed
         return fixed
 
@@ -194,7 +208,7 @@ class Keyer:
         stage._inputs.reserved_values), params read once per run."""
         out: dict[str, str] = {}
         if t.kind in ("command", "evaluate"):  # agents never receive params
-            out["params"] = self._params_digest()
+            out["params"] = self._params_digest(t)
         if key is not None:
             out["item"] = _value_digest(instance_item(self.plan, self.state, t.name, key))
         present = self._reserved_present()
@@ -234,17 +248,23 @@ class Keyer:
         self._reserved_listing = (ident, present)
         return present
 
-    def _params_digest(self) -> str:
-        """The params' digest, read again only when params.json changed (it is
-        written once, at admission: most runs read it once)."""
+    def _params_digest(self, t: TaskView) -> str:
+        """The digest of the params ``t`` is handed, params.json read again only
+        when it changed (it is written once, at admission: most runs read it
+        once). Tasks handed the same params share one digest."""
         try:
             st = os.stat(self._params_path)
             ident: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             ident = None  # the plan's defaults
         if self._params is None or self._params[0] != ident:
-            self._params = (ident, _value_digest(load_params(self.plan, self.state)))
-        return self._params[1]
+            self._params = (ident, load_params(self.plan, self.state))
+            self._params_digests.clear()
+        found = self._params_digests.get(t.name)
+        if found is None:
+            handed = task_params(self.plan, t.raw, self._params[1])
+            found = self._params_digests[t.name] = _value_digest(handed)
+        return found
 
     def _files_staged(self, pv: PlanView, t: TaskView, key: str | None) -> set[str]:
         """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped

@@ -115,8 +115,14 @@ def cli() -> None:
     "--retry-failed", help="With --resume: failed and skipped units, and all downstream, run again."
 )
 @_flag("--fresh", help="Start over; an earlier run in --state moves to STATE.prev.")
+@_flag(
+    "--reuse",
+    help="After an edit: start over as --fresh, reusing each unit of the earlier run "
+    "whose cache key did not change.",
+)
 @_flag("-n", "--dry-run", help="Print what would run and why; run nothing.")
 @_flag("--json", "as_json", help="With --dry-run: NDJSON lines on stdout.")
+@_flag("--all", "show_all", help="With --dry-run: list every unit, not only those that run.")
 @click.option(
     "--target",
     "targets",
@@ -180,8 +186,10 @@ def run_cmd(
     resume: bool,
     retry_failed: bool,
     fresh: bool,
+    reuse: bool,
     dry_run: bool,
     as_json: bool,
+    show_all: bool,
     targets: tuple[str, ...],
     fail_fast: bool,
     follow: bool,
@@ -210,8 +218,10 @@ def run_cmd(
         resume=resume,
         retry_failed=retry_failed,
         fresh=fresh,
+        reuse=reuse,
         dry_run=dry_run,
         as_json=as_json,
+        show_all=show_all,
         targets=targets,
         fail_fast=fail_fast,
         follow=follow,

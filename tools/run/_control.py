@@ -115,6 +115,13 @@ class Control:
             self._params = dict(orjson.loads(Path(path).read_bytes()))
         return self._params
 
+    def _params_of(self, task: Mapping[str, Any]) -> dict[str, Any]:
+        """The params a condition is offered: the task's ``params`` (all when it
+        lists none; compile refuses a when naming another)."""
+        listed = task.get("params")
+        params = self.params()
+        return params if listed is None else {k: params[k] for k in listed if k in params}
+
     def _inputs_of(self, task: dict[str, Any]) -> dict[str, Any]:
         values = self._input_values.get(task["name"])
         if values is None:
@@ -169,7 +176,7 @@ class Control:
         values: dict[str, Any] = {
             # Read here, in the dispatcher: an agent's condition may test params,
             # which still never reach the agent.
-            "params": self.params(),
+            "params": self._params_of(task),
             "inputs": self._inputs_of(task) if "inputs" in expression else {},
             "needs": {n: self._need(n, statuses) for n in task["needs"]},
         }

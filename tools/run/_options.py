@@ -33,6 +33,9 @@ class RunOptions:
     retry_failed: bool = False
     #: start over in a state dir that holds a run (the old one moves to STATE.prev)
     fresh: bool = False
+    #: ``--reuse``: start over as ``fresh``, reusing every unit of the earlier
+    #: run whose cache key did not change (docs/spec/cache.md, "After an edit")
+    reuse: bool = False
     #: print what would run and why; run nothing, write nothing
     dry_run: bool = False
     #: run only these tasks and their ancestors (empty: every task)

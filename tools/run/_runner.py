@@ -81,6 +81,8 @@ def run_plan(
     env = os.environ if environ is None else environ
     # Tasks run in their workspaces: every path handed to them must be absolute.
     options = dataclasses.replace(options, state=options.state.absolute())
+    if options.reuse:  # a new run, as --fresh (crucible.run._reuse)
+        options = dataclasses.replace(options, fresh=True)
     admission = admit(options, dict(env))
     try:
         for warning in admission.warnings:
@@ -127,17 +129,10 @@ def _run_admitted(
             options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
         )
     if options.dry_run:
-        lines = dry_run_lines(stage, options.state, admission.plan, graph, selection)
-        if options.cache is not None:  # hit, or miss and why (crucible.run._cache_explain)
-            from crucible.run._cache_explain import explain_lines
-
-            lines = explain_lines(
-                lines,
-                admission=admission,
-                options=options,
-                environ=env,
-                warn=on_warning or (lambda _w: None),
-            )
+        with ExitStack() as dry_stack:
+            if options.reuse:  # what --reuse would rerun (nothing written)
+                options = _reuse_for_dry_run(dry_stack, options, on_warning)
+            lines = _dry_run(admission, options, graph, selection, env, on_warning)
         return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
     if options.resume and not selection.to_run(graph):
         outcome = _nothing_to_resume(admission, graph, selection)
@@ -147,6 +142,12 @@ def _run_admitted(
     with ExitStack() as stack:
         mirror = _open_mirror(stack, options.events)
         admission.claim(options.state)
+        from crucible.run._reuse import environ_record, note_environ
+
+        record = environ_record(admission.plan, env, options.agent_cmd, admission.emit_cap)
+        note_environ(options.state, record, resumed=options.resume)
+        if options.reuse:
+            options = _reuse_previous(stack, options, admission.previous, on_warning)
         selection_apply(stage, options.state, graph, selection)
         session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
         log = SessionLog(log_path, session, mirror, on_warning)
@@ -195,6 +196,80 @@ def _run_admitted(
             signum=outcome.exit_code - 128,
         )
     return outcome
+
+
+def _dry_run(
+    admission: Admission,
+    options: RunOptions,
+    graph: TaskGraph,
+    selection: Selection,
+    env: Mapping[str, str],
+    on_warning: Callable[[str], None] | None,
+) -> list[dict[str, Any]]:
+    from crucible import stage
+
+    lines = dry_run_lines(stage, options.state, admission.plan, graph, selection, admission.params)
+    if options.cache is not None:  # hit, or miss and why (crucible.run._cache_explain)
+        from crucible.run._cache_explain import explain_lines
+
+        lines = explain_lines(
+            lines,
+            admission=admission,
+            options=options,
+            environ=env,
+            warn=on_warning or (lambda _w: None),
+        )
+    return lines
+
+
+def _reuse_previous(
+    stack: ExitStack,
+    options: RunOptions,
+    previous: Any,
+    on_warning: Callable[[str], None] | None,
+) -> RunOptions:
+    """--reuse: the earlier run's passed units recorded in the cache (--cache, or
+    a temporary one beside the state dir, removed after the run), so that each
+    unit whose key did not change is restored from it (crucible.run._reuse)."""
+    import shutil
+
+    from crucible.run._reuse import import_previous, reuse_dir
+
+    warn = on_warning or (lambda _w: None)
+    cache = options.cache
+    if cache is None:
+        try:
+            cache = reuse_dir(options.state)
+        except OSError as exc:
+            warn(f"--reuse: cannot make a cache beside {options.state}: {exc}; nothing is reused")
+            return options
+        stack.callback(shutil.rmtree, cache, ignore_errors=True)
+    if previous is not None:
+        import_previous(previous, cache, warn=warn)
+    return dataclasses.replace(options, cache=cache)
+
+
+def _reuse_for_dry_run(
+    stack: ExitStack, options: RunOptions, on_warning: Callable[[str], None] | None
+) -> RunOptions:
+    """-n --reuse: the state's run recorded in a temporary cache (never in
+    --cache: a dry run writes nothing), against which -n keys the units."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from crucible.run._reuse import import_previous
+
+    warn = on_warning or (lambda _w: None)
+    try:
+        cache = Path(tempfile.mkdtemp(prefix="crucible-reuse-"))
+    except OSError as exc:
+        warn(f"--reuse: cannot make a temporary cache: {exc}; nothing is reused")
+        return options
+    stack.callback(shutil.rmtree, cache, ignore_errors=True)
+    if (options.state / "plan.json").is_file():
+        import_previous(options.state, cache, warn=warn)
+    return dataclasses.replace(options, cache=cache)
 
 
 def _nothing_to_resume(admission: Admission, graph: TaskGraph, selection: Selection) -> RunOutcome:

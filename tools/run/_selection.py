@@ -139,13 +139,20 @@ def apply(stage: Any, state: Path, graph: TaskGraph, selection: Selection) -> No
 
 
 def _instance_lines(
-    stage: Any, state: Path, plan: dict[str, Any], name: str, selection: Selection
+    stage: Any,
+    state: Path,
+    plan: dict[str, Any],
+    name: str,
+    selection: Selection,
+    keys: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """A mapped task's instances, when its map source is already settled."""
-    try:
-        keys = [key for key, _ in stage.map_items(plan, state, name)]
-    except CrucibleError:
-        return []
+    """A mapped task's instances, when its map source is already settled (or
+    ``keys``: a static fan-out's, known before the run)."""
+    if keys is None:
+        try:
+            keys = [key for key, _ in stage.map_items(plan, state, name)]
+        except CrucibleError:
+            return []
     lines = []
     records: dict[str, dict[str, Any]] = {}
     with contextlib.suppress(CrucibleError):
@@ -165,17 +172,43 @@ def _instance_lines(
     return lines
 
 
+def _static_keys(task: dict[str, Any], params: Any, state: Path) -> list[str] | None:
+    """A static fan-out's instance keys (a matrix, a literal or param map), or
+    None when it is not one or cannot expand (the run reports why)."""
+    from crucible.run._matrix import FanoutFailed, expand, is_static
+
+    if params is None or not is_static(task):
+        return None
+    try:
+        return [key for key, _ in expand(task, params, state)]
+    except (FanoutFailed, CrucibleError):
+        return None
+
+
 def dry_run_lines(
-    stage: Any, state: Path, plan: dict[str, Any], graph: TaskGraph, selection: Selection
+    stage: Any,
+    state: Path,
+    plan: dict[str, Any],
+    graph: TaskGraph,
+    selection: Selection,
+    params: Any = None,
 ) -> list[dict[str, Any]]:
     """One entry per unit: ``task``, ``key``?, ``action`` (run, keep, not selected)
-    and ``reason``. Instances are listed once their map source has settled;
-    before that, the task's line says when they will be known."""
+    and ``reason``. A static fan-out's instances are listed from ``params``;
+    a mapped task's once its map source has settled; before that, the task's
+    line says when they will be known."""
     lines: list[dict[str, Any]] = []
     for name in graph.order:
         action, why = selection.reasons[name]
         task = graph.tasks[name]
         source = task.get("map")
+        if action == "run":
+            keys = _static_keys(task, params, state)
+            if keys:
+                lines.extend(_instance_lines(stage, state, plan, name, selection, keys))
+                continue
+            if keys is not None:
+                why += "; no instances"
         if action == "run" and isinstance(source, str):
             instances = []
             if selection.reasons.get(source.rpartition(".")[0], ("",))[0] == "keep":

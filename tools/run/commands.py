@@ -70,12 +70,16 @@ class DispatchOptions:
     run: RunOptions
     #: with ``--dry-run``: NDJSON lines on stdout instead of the table
     as_json: bool = False
+    #: ``--all``: the table lists every unit, not only those that will run
+    show_all: bool = False
 
 
-def dispatch_options(*, as_json: bool, cache: Path | None, **fields: Any) -> DispatchOptions:
+def dispatch_options(
+    *, as_json: bool, cache: Path | None, show_all: bool = False, **fields: Any
+) -> DispatchOptions:
     """``run``'s options from its command line's values (parameter names as in
     run/_click_cli.py's ``run_cmd``; run/_argv.py gives the same)."""
-    return DispatchOptions(RunOptions(cache=cache or None, **fields), as_json)
+    return DispatchOptions(RunOptions(cache=cache or None, **fields), as_json, show_all)
 
 
 def _warn(err: TextIO) -> Any:
@@ -94,6 +98,8 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     options = opts.run
     if opts.as_json and not options.dry_run:
         raise UsageError("--json goes with --dry-run (the events are --events -)")
+    if opts.show_all and not options.dry_run:
+        raise UsageError("--all goes with --dry-run (it lists every unit)")
     # the live line and followed output would overwrite each other
     progress = err.isatty() and not options.follow and not options.dry_run
     options = dataclasses.replace(options, progress=progress)
@@ -114,7 +120,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         if live is not None:
             live.close()
     if options.dry_run:
-        _print_dry_run(outcome.plan_lines, opts.as_json, out)
+        _print_dry_run(outcome.plan_lines, opts.as_json, opts.show_all, out)
         return int(outcome.exit_code)
     if options.outputs is not None:
         from crucible.run._outputs import copy_outputs
@@ -149,7 +155,7 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
 
 
-def _print_dry_run(lines: Any, as_json: bool, out: BinaryIO) -> None:
+def _print_dry_run(lines: Any, as_json: bool, show_all: bool, out: BinaryIO) -> None:
     from crucible.core import ndjson
 
     if as_json:
@@ -157,11 +163,8 @@ def _print_dry_run(lines: Any, as_json: bool, out: BinaryIO) -> None:
             out.write(ndjson.dumps_line(line))
         out.flush()
         return
-    units = [
-        _printable(line["task"] if "key" not in line else f"{line['task']}[{line['key']}]")
-        for line in lines
-    ]
-    width = min(max((len(u) for u in units), default=0), 40)
-    for line, unit in zip(lines, units, strict=True):
-        out.write(f"{line['action']:<12} {unit:<{width}}  {line['reason']}\n".encode())
+    from crucible.run._dry_text import dry_run_text
+
+    for text in dry_run_text(list(lines), show_all=show_all, printable=_printable):
+        out.write(f"{text}\n".encode())
     out.flush()

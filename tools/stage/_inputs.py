@@ -62,6 +62,7 @@ __all__ = [
     "refresh_inputs",
     "stage_inputs",
     "staged_units",
+    "task_params",
     "utf16_order",
 ]
 
@@ -318,6 +319,37 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
     return {"tasks": tasks}
 
 
+def axis_params(task: Mapping[str, Any]) -> frozenset[str]:
+    """The params a task's ``map`` or matrix axes read: each instance receives
+    its own element as ``item``, not the whole list (docs/spec/cache.md)."""
+    names: set[str] = set()
+    source = task.get("map")
+    if isinstance(source, dict) and isinstance(source.get("param"), str):
+        names.add(source["param"])
+    matrix = task.get("matrix")
+    if isinstance(matrix, dict):
+        for axis in matrix.get("axes", ()):
+            src = axis.get("source") if isinstance(axis, dict) else None
+            if isinstance(src, dict) and isinstance(src.get("param"), str):
+                names.add(src["param"])
+    return frozenset(names)
+
+
+def task_params(plan: Any, task: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """The params a unit of ``task`` is handed (IR v3): those its ``params`` key
+    lists (all when it has none), less those its fan-out reads, which reach
+    each instance as its item. Earlier IR versions hand every param."""
+    if int(plan.get("version", 1)) < 3:
+        return params
+    listed = task.get("params")
+    dropped = axis_params(task)
+    if listed is None and not dropped:
+        return params
+    return {
+        k: v for k, v in params.items() if (listed is None or k in listed) and k not in dropped
+    }
+
+
 def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[str, Any]:
     """The reserved inputs that apply to this task, by name, in RESERVED_INPUTS order."""
     pv = view(plan)
@@ -325,7 +357,7 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     layout = StateLayout(state)
     out: dict[str, Any] = {}
     if t.kind in ("command", "evaluate"):  # agents never receive params
-        out["params"] = load_params(plan, state)
+        out["params"] = task_params(plan, t.raw, load_params(plan, state))
     if key is not None and revision_of(key) is None:  # a revision of a loop body has no item
         out["item"] = instance_item(plan, state, task, key)
     lv = loop_of(plan, pv)

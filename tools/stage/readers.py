@@ -19,6 +19,7 @@ from crucible.stage._inputs import (
     load_params,
     reserved_entry,
     staged_units,
+    task_params,
     utf16_order,
 )
 from crucible.stage._inputs import _check_join as check_join
@@ -70,6 +71,7 @@ __all__ = [
     "reserved_entry",
     "scalar_bytes",
     "staged_units",
+    "task_params",
     "units_of",
     "update_record",
     "utf16_order",
