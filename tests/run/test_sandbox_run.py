@@ -164,7 +164,7 @@ def test_a_sandboxed_hit_keeps_sandbox_true(tmp_path: Path, mechanism: str, list
     assert record["cached"] is True and record["sandbox"] is True
     dry = _dispatch(
         pack, tmp_path / "st3", mechanism, listener, "--target", "declared",
-        "--cache", str(tmp_path / "cache"), "-n",
+        "--cache", str(tmp_path / "cache"), "-n", "--all",
     )  # fmt: skip
     assert "cache hit: nothing it depends on changed; sandboxed: its key is complete" in (
         dry.stdout
