@@ -186,8 +186,11 @@ class Dispatcher:
         self.stop_signal: int | None = None
         self._escalate = False
         # Control flow (run/_control.py): conditions, and the tasks whose failure
-        # was tolerated (the run's exit code ignores them).
-        self.control = control.Control(self.plan, options.state, stage)
+        # was tolerated (the run's exit code ignores them). A signal abandons a
+        # condition being evaluated, so the dispatcher always stops.
+        self.control = control.Control(
+            self.plan, options.state, stage, cancelled=lambda: self.stop_signal is not None
+        )
         self.tolerated: set[str] = set()
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
