@@ -100,8 +100,16 @@ def parse_condition(text: str) -> ast.Expression | str:
     """The expression's Python AST, or a one-line reason it is not one Starlark expression."""
     import starlark
 
+    from crucible.compile._starbound import MAX_NESTING, nesting_problem
+
     if len(text) > MAX_CONDITION:
         return f"a condition is at most {MAX_CONDITION} characters"
+    # Both parsers recurse on the nesting (4,000 unary minus signs: a RecursionError
+    # in Python's, a native stack overflow in Starlark's): bounded first.
+    deep = nesting_problem(text)
+    if deep is not None:
+        where = deep[0]
+        return f"nested deeper than {MAX_NESTING} levels (at {where.line}:{where.col})"
     try:
         starlark.parse("when", text)
     except starlark.StarlarkError as exc:
@@ -112,6 +120,8 @@ def parse_condition(text: str) -> ast.Expression | str:
         # Starlark accepted a statement (x = 1) or syntax Python lacks.
         where = f" at 1:{exc.offset}" if exc.offset else ""
         return f"not a single expression{where}"
+    except (RecursionError, MemoryError):  # a shape the nesting bound did not foresee
+        return f"nested too deeply to parse (at most {MAX_NESTING} levels)"
     return tree
 
 
@@ -263,7 +273,7 @@ def check_control_keys(
         else:
             parsed = parse_condition(when)
             if isinstance(parsed, str):
-                chk.error("when-syntax", (*path, "when"), f"when {when!r}: {parsed}")
+                chk.error("when-syntax", (*path, "when"), f"when {_shown(when)}: {parsed}")
             else:
                 task["when"] = when
     if "on_failure" in raw and "on_failure" in known:
@@ -311,6 +321,11 @@ def check_control_keys(
         )
     ):
         task["deadline"] = raw["deadline"]
+
+
+def _shown(text: str) -> str:
+    """The condition as a message quotes it: a long one by its start."""
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}… ({len(text)} characters)"
 
 
 # -- rules across tasks ------------------------------------------------------

@@ -270,7 +270,7 @@ def _child(
         # a crash here is reported by the parent; no dump of this child's stack
         # (PYTHONFAULTHANDLER, pytest) on a descriptor the parent shares
         faulthandler.disable()
-        limit_memory()
+        limit_memory(MAX_EVAL_MEMORY)
         try:
             outcome = _evaluate_here(text, display, edition, timeout)
         except ParseError as exc:

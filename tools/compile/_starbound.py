@@ -105,8 +105,8 @@ def nesting_problem(text: str) -> tuple[Location, str] | None:
     return None
 
 
-def limit_memory() -> None:
-    """Cap this process's data segment at what it holds now plus MAX_EVAL_MEMORY."""
+def limit_memory(extra: int = MAX_EVAL_MEMORY) -> None:
+    """Cap this process's data segment at what it holds now plus ``extra`` bytes."""
     import resource
 
     try:
@@ -114,7 +114,7 @@ def limit_memory() -> None:
             data_kib = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
     except (OSError, StopIteration, ValueError):
         return
-    limit = data_kib * 1024 + MAX_EVAL_MEMORY
+    limit = data_kib * 1024 + extra
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
     if hard != resource.RLIM_INFINITY:
         limit = min(limit, hard)
