@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._durations import duration_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 if TYPE_CHECKING:
@@ -166,15 +167,23 @@ def condition_reads(tree: ast.Expression) -> list[Read]:
 # -- one task's keys ---------------------------------------------------------
 
 
-def _number(chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool) -> bool:
-
+def _number(
+    chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool, duration: bool = True
+) -> bool:
+    """A number of seconds within MAX_DURATION_S (``duration``), or a factor."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         chk.wrong_type(path, value, f"{what} must be a number")
         return False
+    if duration:
+        problem = duration_problem(value, zero=zero)
+        if problem is not None:
+            chk.error("bad-value", path, f"{what} {problem}, not {value!r}")
+            return False
+        return True
     low_ok = value >= 0 if zero else value > 0
     if not (math.isfinite(value) and low_ok and value <= MAX_SAFE_INTEGER):
         bound = "zero or more" if zero else "greater than zero"
-        chk.error("bad-value", path, f"{what} must be {bound}, not {value}")
+        chk.error("bad-value", path, f"{what} must be {bound} and at most 2^53-1, not {value!r}")
         return False
     return True
 
@@ -229,7 +238,10 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
                 ok = False
     if "factor" in raw:
         factor = raw["factor"]
-        if _number(chk, (*path, "factor"), factor, "retry factor", zero=False) and factor >= 1:
+        if (
+            _number(chk, (*path, "factor"), factor, "retry factor", zero=False, duration=False)
+            and factor >= 1
+        ):
             out["factor"] = factor
         else:
             if not isinstance(factor, bool) and isinstance(factor, int | float) and 0 < factor < 1:

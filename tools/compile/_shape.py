@@ -16,6 +16,7 @@ from typing import Any
 
 from crucible.compile._conditions import check_control_keys
 from crucible.compile._diagnostics import Diagnostic, KeyPath, Locator
+from crucible.compile._durations import duration_problem
 from crucible.compile._editions import (
     EDITION_CONTROL,
     RESERVED_INPUTS,
@@ -497,12 +498,8 @@ def _task_retries(t: _TaskCheck, retries: object) -> None:
 def _task_timeout(t: _TaskCheck, timeout: object) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         t.chk.wrong_type(t.at("timeout"), timeout, "timeout must be a number of seconds")
-    elif not (math.isfinite(timeout) and 0 < timeout <= MAX_SAFE_INTEGER):
-        t.chk.error(
-            "bad-value",
-            t.at("timeout"),
-            f"timeout must be a positive number of seconds, not {timeout}",
-        )
+    elif (problem := duration_problem(timeout, zero=False)) is not None:
+        t.chk.error("bad-value", t.at("timeout"), f"timeout {problem}, not {timeout!r}")
     else:
         t.task["timeout"] = timeout
 

@@ -10,6 +10,7 @@ runs a process or touches a file except the records it marks tolerated.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ __all__ = [
     "Control",
     "Retry",
     "amend_record",
+    "backoff_delay",
     "evaluate",
     "fold_verdict",
     "last_attempt_env",
@@ -306,7 +308,7 @@ def next_retry(
     if policy is None:
         if attempt >= int(task.get("retries", 0)) + 1:
             return Retry(None)
-        delay = min(BACKOFF_MAX, backoff * 2 ** (attempt - 1))
+        delay = backoff_delay(backoff, 2, attempt - 1, BACKOFF_MAX)
     else:
         if attempt >= int(policy["limit"]) + 1:
             return Retry(None)
@@ -314,9 +316,8 @@ def next_retry(
             return Retry(None, "no retry: on_timeout is false")
         if not timed_out and "on_exit" in policy and exit_code not in policy["on_exit"]:
             return Retry(None, f"no retry: exit code {exit_code} is not in on_exit")
-        delay = min(
-            float(policy["max_delay"]),
-            float(policy["delay"]) * float(policy["factor"]) ** (attempt - 1),
+        delay = backoff_delay(
+            float(policy["delay"]), float(policy["factor"]), attempt - 1, float(policy["max_delay"])
         )
     deadline = task.get("deadline")
     if deadline is not None and elapsed is not None and elapsed + delay >= float(deadline):
@@ -324,6 +325,17 @@ def next_retry(
             None, f"no retry: the deadline of {deadline} s is reached after {attempt} attempts"
         )
     return Retry(delay)
+
+
+def backoff_delay(delay: float, factor: float, n: int, cap: float) -> float:
+    """``min(cap, delay × factor^n)`` without computing a power that overflows
+    (factor 2^53−1 at n = 21, factor 10 at n = 309): once the growth in log space
+    reaches the cap, the answer is the cap."""
+    if delay <= 0 or cap <= 0:
+        return max(0.0, min(cap, delay))
+    if factor > 1 and n * math.log(factor) >= math.log(cap / delay):
+        return cap
+    return min(cap, delay * factor**n)
 
 
 def last_attempt_env(exit_code: int | None, timed_out: bool) -> dict[str, str]:
