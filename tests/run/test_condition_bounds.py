@@ -9,8 +9,8 @@ import signal
 from pathlib import Path
 
 from crucible.compile._bounded import MAX_EXPRESSION_SECONDS
-from tests.run.test_control_run import dispatch, task
 from tests.run.dispatchtests import reaped, start_dispatch, wait_for, write_pack
+from tests.run.test_control_run import dispatch, task
 
 LOOP = "len([1 for a in range(100000) for b in range(100000) if False]) == 0"
 

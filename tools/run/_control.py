@@ -88,9 +88,7 @@ def evaluate(
     if done.kind != "value":
         raise ConditionError(done.message)
     if not isinstance(done.value, bool):
-        raise ConditionError(
-            f"a condition must be true or false, not {_starlark_type(done.value)}"
-        )
+        raise ConditionError(f"a condition must be true or false, not {_starlark_type(done.value)}")
     return done.value
 
 
