@@ -68,3 +68,32 @@ def test_a_huge_loop_number_is_not_called_infinite() -> None:
     ((code, _, message),) = found(text)
     assert code == "bad-value"
     assert message == "[loop] target must be within ±(2^53−1) = ±9007199254740991, not 1e+308"
+
+
+MAP_OVER_MAPPED = """edition = {edition}
+[workflow]
+name = "m"
+[[workflow.task]]
+name = "src"
+run = "true"
+emits = {{ xs = "array" }}
+[[workflow.task]]
+name = "a"
+needs = ["src"]
+map = "src.xs"
+run = "true"
+emits = {{ v = "array" }}
+[[workflow.task]]
+name = "b"
+needs = ["a"]
+map = "a.v"
+run = "true"
+"""
+
+
+@pytest.mark.parametrize("edition", [3, 4])
+def test_a_map_over_a_mapped_task_is_refused_at_its_map(edition: int) -> None:
+    # issue 27 item 18: validated and compiled, then failed at run time
+    ((code, where, message),) = found(MAP_OVER_MAPPED.format(edition=edition))
+    assert (code, where) == ("map-mapped-source", "pack.toml:17:1")
+    assert message.startswith("map of task 'b' reads 'a.v', but 'a' is itself mapped")
