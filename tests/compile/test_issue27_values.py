@@ -4,12 +4,18 @@ say what is wrong (docs/spec/manifest.md, "Durations")."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crucible.compile._durations import MAX_DURATION_S
+from crucible.compile._fanout import MAX_INSTANCES
 from crucible.compile._manifest import analyze_manifest
+from crucible.compile._matrix_rules import TooManyCombinations, matrix_combinations, matrix_size
 from tests.compile.test_loop_validate import HEAD, TASKS, line_of, loop_text
 
 TASK = 'edition = 4\n[workflow]\nname = "x"\n[[workflow.task]]\nname = "a"\nrun = "true"\n'
@@ -97,3 +103,80 @@ def test_a_map_over_a_mapped_task_is_refused_at_its_map(edition: int) -> None:
     ((code, where, message),) = found(MAP_OVER_MAPPED.format(edition=edition))
     assert (code, where) == ("map-mapped-source", "pack.toml:17:1")
     assert message.startswith("map of task 'b' reads 'a.v', but 'a' is itself mapped")
+
+
+def _naive(
+    axes: list[tuple[str, list[Any]]], exclude: list[dict[str, Any]], include: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The matrix rules as written (combinations x entries): the reference."""
+    from crucible.core import canon
+
+    def matches(combo: dict[str, Any], entry: dict[str, Any]) -> bool:
+        return all(canon.dumps(combo[k]) == canon.dumps(v) for k, v in entry.items() if k in combo)
+
+    names = [n for n, _ in axes]
+    out = [
+        dict(zip(names, values, strict=True)) for values in itertools.product(*(v for _, v in axes))
+    ]
+    out = [c for c in out if not any(matches(c, e) for e in exclude)]
+    originals = [dict(c) for c in out]
+    added = []
+    for entry in include:
+        hit = False
+        for combo, original in zip(out, originals, strict=True):
+            if matches(original, entry):
+                combo.update({k: v for k, v in entry.items() if k not in names})
+                hit = True
+        if not hit:
+            added.append(dict(entry))
+    return out + added
+
+
+VALUES = [1, 2, "1", True, None, 1.5]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    a=st.lists(st.sampled_from(VALUES), min_size=1, max_size=4, unique_by=repr),
+    b=st.lists(st.sampled_from(VALUES), min_size=1, max_size=3, unique_by=repr),
+    exclude=st.lists(
+        st.dictionaries(st.sampled_from(["a", "b"]), st.sampled_from(VALUES), min_size=1),
+        max_size=4,
+    ),
+    include=st.lists(
+        st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.sampled_from(VALUES)),
+        max_size=4,
+    ),
+)
+def test_linear_matching_gives_the_rules_result(
+    a: list[Any], b: list[Any], exclude: list[dict[str, Any]], include: list[dict[str, Any]]
+) -> None:
+    # issue 27 item 19: the same combinations as matching every entry against every one
+    axes = [("a", a), ("b", b)]
+    got = matrix_combinations(axes, exclude, include, limit=MAX_INSTANCES)
+    assert got == _naive(axes, exclude, include)
+
+
+def test_a_static_matrix_past_the_bound_with_its_includes_is_refused() -> None:
+    # was: validated, then failed at run time
+    entries = ", ".join(f"{{ x = 3, n = {i} }}" for i in range(MAX_INSTANCES + 1))
+    text = TASK + f"[workflow.task.matrix]\nx = [1, 2]\ninclude = [{entries}]\n"
+    ((code, where, message),) = found(text)
+    assert code == "fanout-too-large" and where is not None and where.startswith("pack.toml:7")
+    assert message == (
+        "matrix has 100,003 combinations with its include entries, more than 100,000"
+    )
+
+
+def test_a_static_matrix_whose_includes_match_stays_within_the_bound() -> None:
+    entries = ", ".join(f"{{ x = {i}, n = {i} }}" for i in range(3))
+    text = (
+        TASK + f"[workflow.task.matrix]\nx = {{ count = {MAX_INSTANCES} }}\ninclude = [{entries}]\n"
+    )
+    assert found(text) == []
+
+
+def test_the_bound_is_checked_once_the_product_is_over() -> None:
+    with pytest.raises(TooManyCombinations) as info:
+        matrix_size([("x", list(range(400))), ("y", list(range(400)))], limit=MAX_INSTANCES)
+    assert info.value.count == 160_000

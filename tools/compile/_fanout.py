@@ -250,7 +250,33 @@ def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
             f"matrix has {product:,} combinations, more than {MAX_INSTANCES:,}",
         )
         return None
+    if None not in sizes and product + len(out.get("include", ())) > MAX_INSTANCES:
+        # a static matrix whose includes may pass the bound: counted as the run
+        # would (unmatched includes are combinations of their own)
+        from crucible.compile._matrix_rules import TooManyCombinations, matrix_size
+
+        axes_values = [(a["name"], _static_values(a["source"])) for a in axes]
+        try:
+            matrix_size(
+                axes_values, out.get("exclude", ()), out.get("include", ()), limit=MAX_INSTANCES
+            )
+        except TooManyCombinations as exc:
+            chk.error(
+                "fanout-too-large",
+                path,
+                f"matrix has {exc.count:,} combinations with its include entries, "
+                f"more than {MAX_INSTANCES:,}",
+            )
+            return None
     return out
+
+
+def _static_values(source: Any) -> list[Any]:
+    """The values of a source known before the run (a literal or a sequence)."""
+    if "items" in source:
+        return list(source["items"])
+    seq = source["sequence"]
+    return list(range(seq["start"], seq["start"] + seq["count"] * seq["step"], seq["step"]))
 
 
 def _static_size(source: Any) -> int | None:
