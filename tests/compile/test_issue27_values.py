@@ -180,3 +180,32 @@ def test_the_bound_is_checked_once_the_product_is_over() -> None:
     with pytest.raises(TooManyCombinations) as info:
         matrix_size([("x", list(range(400))), ("y", list(range(400)))], limit=MAX_INSTANCES)
     assert info.value.count == 160_000
+
+
+@pytest.mark.parametrize(
+    "source", ["map = { end = 9007199254740993 }", "map = { count = 9007199254740993 }"]
+)
+def test_a_sequence_integer_out_of_range_says_so(source: str) -> None:
+    # was: "end must be an integer, not integer"
+    ((code, _, message),) = found(TASK + source + "\n")
+    key = source.split("{ ")[1].split(" =")[0]
+    assert code == "bad-value"
+    assert (
+        message == f"map: {key} must be within ±(2^53−1) = ±9007199254740991, not 9007199254740993"
+    )
+
+
+def test_a_deep_literal_map_is_refused_at_its_key() -> None:
+    # was: "$: error: nesting deeper than 128 levels" with no file or line (exit 2)
+    deep = "[" * 200 + "]" * 200
+    ((code, where, message),) = found(TASK + f"map = {deep}\n")
+    assert (code, where) == ("bad-value", "pack.toml:7:1")
+    assert message == "map: items are nested deeper than 120 levels"
+
+
+def test_a_default_deep_enough_to_break_the_plan_is_bad_default() -> None:
+    # 128 levels passed the check, then the plan (4 levels more) could not be written
+    deep = "[" * 128 + "]" * 128
+    text = 'edition = 4\n[workflow]\nname = "x"\n[workflow.params.p]\ntype = "array"\n'
+    ((code, where, _),) = found(text + f"default = {deep}\n" + TASK.split("\n", 3)[3])
+    assert (code, where) == ("bad-default", "pack.toml:6:1")
