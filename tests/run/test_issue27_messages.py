@@ -117,3 +117,39 @@ def test_a_result_with_a_huge_integer_is_valid_json_crucible_refuses(tmp_path: P
     assert (
         "holds JSON crucible does not accept: integer 9007199254740993 is outside" in record["note"]
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("..", "task name '..' is a relative directory"),
+        ("", "task name is empty"),
+        ("/abs", "task name '/abs' contains a path separator"),
+    ],
+)
+def test_cache_forget_refuses_a_name_no_task_can_have(tmp_path: Path, name: str, why: str) -> None:
+    # was: {"forgotten":0} and exit 0
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    done = subprocess.run(
+        [DISPATCH, "cache", "forget", name, "--cache", str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"crucible-dispatch: error: {why}: no task can have this name\n"
+
+
+def test_a_resource_no_worker_offers_that_much_of_says_the_most_offered() -> None:
+    # was: "no Dask worker offers memory" for a 1000 TiB need, while every worker did
+    from crucible.core.errors import InputRefused
+    from crucible.run._dask_executor import _check_resources
+
+    info = {"workers": {"a": {"resources": {"cpus": 4, "memory": 16 * 2**30}}}}
+    with pytest.raises(InputRefused) as refused:
+        _check_resources({"big": {"resources": {"memory": 1000 * 2**40, "gpu": 1}}}, info)
+    assert refused.value.message == (
+        "task 'big' needs resources gpu=1, memory=1000 TiB; no Dask worker offers gpu; "
+        "no Dask worker offers memory=1000 TiB (the most one offers: 16 GiB)"
+    )
