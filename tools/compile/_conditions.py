@@ -109,8 +109,8 @@ def parse_condition(text: str) -> ast.Expression | str:
     # in Python's, a native stack overflow in Starlark's): bounded first.
     deep = nesting_problem(text)
     if deep is not None:
-        where = deep[0]
-        return f"nested deeper than {MAX_NESTING} levels (at {where.line}:{where.col})"
+        at = deep[0]
+        return f"nested deeper than {MAX_NESTING} levels (at {at.line}:{at.col})"
     try:
         starlark.parse("when", text)
     except starlark.StarlarkError as exc:

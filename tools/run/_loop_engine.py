@@ -432,10 +432,9 @@ class LoopRun:
             delta = None if previous is None else _difference(score, previous)
             if previous is None:
                 reason = "the first passed revision"
-            elif kept and delta is None:
-                reason = f"improved on revision {self.kept} by more than a number can hold"
             elif kept:
-                reason = f"improved on revision {self.kept} by {abs(delta):g}"
+                by = "more than a number can hold" if delta is None else f"{abs(delta):g}"
+                reason = f"improved on revision {self.kept} by {by}"
             else:
                 reason = f"no improvement of at least {spec.min_delta:g} on revision {self.kept}"
         entry = {
