@@ -94,8 +94,10 @@ def evaluate_expression(
 
     if cancelled is not None and cancelled():
         return Evaluated("cancelled", message="stopped before it was evaluated")
+    # the data travels as JSON text, bound as is to ``_data`` in the child
+    text = orjson.dumps(data).decode()
     request = orjson.dumps(
-        {"expression": expression, "prelude": prelude, "data": data, "timeout": timeout}
+        {"expression": expression, "prelude": prelude, "data": text, "timeout": timeout}
     )
     with _LOCK:
         return _CHILD.ask(request + b"\n", timeout, cancelled or _never)
@@ -273,17 +275,17 @@ def _evaluate_here(
     deadline = time.monotonic() + float(request["timeout"])
     options = sl.EvalOptions(check_cancelled=lambda: time.monotonic() > deadline)
     module = sl.Module()
-    module["_data"] = orjson.dumps(request["data"]).decode()
+    module["_data"] = request["data"]
     prelude = "_d = json.decode(_data)\n" + request["prelude"]
     try:
-        sl.eval_with(options, module, sl.parse("values", prelude), globals_)
+        sl.eval_with(options, module, _parsed(sl, "values", prelude), globals_)
     except sl.StarlarkError as exc:
         if time.monotonic() > deadline:
             return {"kind": "timeout"}
         return {"kind": "prelude", "message": _first_line(str(exc))}
     try:
         value = sl.eval_with(
-            options, module, sl.parse("expression", request["expression"]), globals_
+            options, module, _parsed(sl, "expression", request["expression"]), globals_
         ).value
     except sl.StarlarkError as exc:
         if time.monotonic() > deadline:
@@ -299,6 +301,20 @@ def _evaluate_here(
     except TypeError:
         return {"kind": "error", "message": f"its value is a {type(value).__name__}, not JSON"}
     return {"kind": "value", "value": value}
+
+
+#: parsed sources by text: a run evaluates the same few expressions and preludes
+#: for every instance (an AST can be evaluated again)
+_PARSED: dict[tuple[str, str], Any] = {}
+
+
+def _parsed(sl: Any, name: str, text: str) -> Any:  # pragma: no cover - runs in the child
+    ast = _PARSED.get((name, text))
+    if ast is None:
+        if len(_PARSED) >= 256:
+            _PARSED.clear()
+        ast = _PARSED[(name, text)] = sl.parse(name, text)
+    return ast
 
 
 def _first_line(report: str) -> str:
