@@ -55,3 +55,22 @@ def test_sigterm_stops_a_run_while_a_condition_is_evaluated(tmp_path: Path) -> N
         assert proc.wait(timeout=30) == 143
     # undecided, not failed: a resume evaluates the condition again
     assert not (state / "results" / "spin.jsonl").exists()
+
+
+def test_the_evaluator_dies_with_a_killed_dispatcher(tmp_path: Path) -> None:
+    pack = write_pack(
+        tmp_path, "edition = 4\n[workflow]\nname = 'c'\n" + task("spin", "true", when=LOOP)
+    )
+    with reaped(start_dispatch(pack, tmp_path / "state")) as proc:
+        wait_for(lambda: bool(_children(proc.pid)))
+        (child,) = _children(proc.pid)
+        proc.kill()
+        proc.wait(timeout=30)
+    wait_for(lambda: not Path(f"/proc/{child}").exists() or _zombie(child))
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
