@@ -140,6 +140,8 @@ ISSUE_27: dict[int, list[str]] = {
         "compile/test_issue27_values.py::test_the_timeout_bound_holds_in_every_edition",
         "compile/test_issue27_values.py::test_a_time_budget_past_a_year_is_refused_at_its_key",
         "run/test_control_policy.py::test_backoff_never_overflows",
+        "run/test_long_durations.py::test_a_task_with_the_longest_timeout_runs",
+        "run/test_long_durations.py::test_a_retry_a_year_away_waits_and_stops_on_sigterm",
     ],
     7: ["run/test_loop_values.py::test_an_infinite_delta_is_recorded_as_none_and_reported"],
     8: ["run/test_loop_values.py::test_a_loop_with_no_revision_reports_and_fails_by_its_body"],

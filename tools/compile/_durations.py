@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_DURATION_S", "duration_problem"]
+__all__ = ["MAX_DURATION_S", "MAX_WAIT_S", "duration_problem"]
 
 #: our choice: 365 days, far below any clock's range and above any real wait
 MAX_DURATION_S = 365 * 24 * 3600
+#: the longest single wait of the dispatcher (a day): poll and epoll take at most
+#: 2^31−1 ms (24.8 days; a 30-day timeout was ``OverflowError: timeout is too
+#: large``), so a wait for a later point in time wakes and waits again
+MAX_WAIT_S = 86_400.0
 
 
 def duration_problem(value: float, *, zero: bool) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._durations import MAX_WAIT_S
 from crucible.core.errors import CrucibleError
 from crucible.run import _control as control
 from crucible.run import _executor as executor
@@ -493,6 +494,8 @@ class Dispatcher:
                 # durable before it was waited for: the writer may not have
                 # woken us for it (_durable_wake), so do not sleep
                 wake = 0.0
+            if wake is not None:  # a retry a month away: wake, and wait again
+                wake = min(wake, MAX_WAIT_S)
             for key, _ in self.selector.select(wake):
                 if key.data is None:
                     with contextlib.suppress(BlockingIOError):
