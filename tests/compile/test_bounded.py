@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from crucible.compile._bounded import MAX_EVAL_MEMORY, evaluate_expression
 
 LOOP = "len([1 for a in range(100000) for b in range(100000) if False]) == 0"
@@ -51,3 +53,18 @@ def test_errors_and_non_json_values_are_one_line() -> None:
     assert done.kind == "prelude" and "missing" in done.message
     done = evaluate_expression("lambda: 1", {})
     assert done.kind == "error" and "not JSON" in done.message
+
+
+def test_an_exception_mid_wait_never_leaves_a_stale_reply() -> None:
+    asked: list[int] = []
+
+    def interrupt_once_sent() -> bool:
+        asked.append(1)
+        if len(asked) > 1:  # the first ask is before the request is sent
+            raise KeyboardInterrupt
+        return False
+
+    evaluate_expression("1", {})  # a child is up
+    with pytest.raises(KeyboardInterrupt):
+        evaluate_expression(LOOP, {}, cancelled=interrupt_once_sent)
+    assert evaluate_expression("3", {}).value == 3

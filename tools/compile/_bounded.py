@@ -100,7 +100,13 @@ def evaluate_expression(
         {"expression": expression, "prelude": prelude, "data": text, "timeout": timeout}
     )
     with _LOCK:
-        return _CHILD.ask(request + b"\n", timeout, cancelled or _never)
+        try:
+            return _CHILD.ask(request + b"\n", timeout, cancelled or _never)
+        except BaseException:
+            # (a KeyboardInterrupt mid-wait) the child's reply to this request
+            # must never be read as the next one's
+            _CHILD.stop()
+            raise
 
 
 def _never() -> bool:
