@@ -4,6 +4,10 @@
    irreducible cost: ``tomllib.loads`` of the same manifest + ``orjson.dumps`` of
    the resulting plan. Budget: 3x.
 2. ``crucible-compile --help`` cold start vs ``python -c pass``. Budget: +150 ms.
+3. A matrix's combinations (``crucible.compile._matrix_rules``, what compile counts
+   and dispatch expands) over a 100,000-value axis with 1,000 ``exclude`` and 1,000
+   ``include`` entries vs the same axis with none: matching is linear, not
+   combinations x entries (issue 27 item 19: 10 s with 100 excludes). Budget: 3x.
 
 Prints one line per figure; exits 1 if a budget is exceeded.
 """
@@ -25,6 +29,9 @@ from crucible.compile import compile_bytes
 TASKS = 10_000
 COMPILE_BUDGET = 3.0
 STARTUP_BUDGET_MS = 150.0
+MATRIX_VALUES = 100_000
+MATRIX_ENTRIES = 1_000
+MATRIX_BUDGET = 3.0
 
 
 def generate(n: int) -> str:
@@ -103,7 +110,29 @@ def main() -> int:
         f"+{STARTUP_BUDGET_MS:.0f} ms [{'ok' if extra <= STARTUP_BUDGET_MS else 'OVER'}]"
     )
     ok &= extra <= STARTUP_BUDGET_MS
+    ok &= matrix_figure()
     return 0 if ok else 1
+
+
+def matrix_figure() -> bool:
+    from crucible.compile._fanout import MAX_INSTANCES
+    from crucible.compile._matrix_rules import matrix_combinations
+
+    axes = [("x", list(range(MATRIX_VALUES)))]
+    exclude = [{"x": i} for i in range(0, MATRIX_VALUES, MATRIX_VALUES // MATRIX_ENTRIES)]
+    include = [
+        {"x": i + 1, "tag": i} for i in range(0, MATRIX_VALUES, MATRIX_VALUES // MATRIX_ENTRIES)
+    ]
+    plain = best_of(3, lambda: matrix_combinations(axes, limit=MAX_INSTANCES))
+    ruled = best_of(3, lambda: matrix_combinations(axes, exclude, include, limit=MAX_INSTANCES))
+    ratio = ruled / plain
+    print(
+        f"matrix of {MATRIX_VALUES:,} values with {MATRIX_ENTRIES:,} excludes and "
+        f"{MATRIX_ENTRIES:,} includes: {ruled * 1000:.0f} ms; baseline without them "
+        f"{plain * 1000:.0f} ms; ratio {ratio:.2f}x; budget {MATRIX_BUDGET:.1f}x "
+        f"[{'ok' if ratio <= MATRIX_BUDGET else 'OVER'}]"
+    )
+    return ratio <= MATRIX_BUDGET
 
 
 if __name__ == "__main__":

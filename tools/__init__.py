@@ -16,6 +16,19 @@ def _interrupted_early(signum: int, frame: object) -> None:
     os._exit(130)
 
 
+def _terminated_early(signum: int, frame: object) -> None:
+    """SIGTERM before the command edge is reached: one line and exit 143, as the
+    edge says it (a default SIGTERM ended the process without a word)."""
+    import contextlib
+    import os
+    import sys
+
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "crucible"
+    with contextlib.suppress(OSError):
+        os.write(2, f"{prog}: interrupted by SIGTERM\n".encode())
+    os._exit(143)
+
+
 def _guard_startup() -> None:
     # Only in a crucible program (its script imports this package first); a
     # library user or a test runner keeps its own SIGINT behaviour.
@@ -27,11 +40,12 @@ def _guard_startup() -> None:
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if not prog.startswith("crucible"):
         return
-    # A SIGINT ignored by the parent (a background job) stays ignored.
-    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        return
     with contextlib.suppress(ValueError):  # not the main thread
-        signal.signal(signal.SIGINT, _interrupted_early)
+        # A signal ignored by the parent (SIGINT in a background job) stays ignored.
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminated_early)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _interrupted_early)
 
 
 _guard_startup()

@@ -230,3 +230,36 @@ def test_the_evaluating_child_ends_with_its_parent(tmp_path: Path) -> None:
     while child.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not child.exists() or "Z" in (child / "stat").read_text().split()[2]
+
+
+DEEP_WHEN = "-" * 4000 + "1 == 1"  # within the 4,096-character cap
+
+
+def test_a_deep_when_is_when_syntax_with_its_location(tmp_path: Path) -> None:
+    # issue 27 item 9: a RecursionError in validate and compile (exit 70)
+    manifest = tmp_path / "pack.toml"
+    manifest.write_text(
+        'edition = 4\n[workflow]\nname = "w"\n[[workflow.task]]\nname = "a"\nrun = "true"\n'
+        f'when = "{DEEP_WHEN}"\n'
+    )
+    for tool in ("crucible-validate", "crucible-compile"):
+        proc = _tool(tool, manifest)
+        assert proc.returncode == 1, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert f"{manifest}:7:1:" in line and "[when-syntax]" in line, line
+        assert f"nested deeper than {MAX_NESTING} levels (at 1:201)" in line
+        assert len(line) < 300  # the condition is quoted by its start
+
+
+def test_a_deep_when_through_starlark_is_when_syntax(tmp_path: Path) -> None:
+    manifest = tmp_path / "pack.toml"
+    manifest.write_text('edition = 4\n[workflow]\nsource = "pack.star"\n')
+    source = (
+        f'workflow(name = "w", tasks = [task(name = "a", run = "true", when = "{DEEP_WHEN}")])\n'
+    )
+    (tmp_path / "pack.star").write_text(source)
+    proc = _tool("crucible-validate", manifest)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert "[when-syntax]" in line and "pack.star:1:" in line, line
+    assert "RecursionError" not in line and "recursion" not in line

@@ -123,3 +123,61 @@ def test_listed_regression_test_exists(node: str) -> None:
     path, name = node.split("::")
     source = (TESTS / path).read_text()
     assert re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), node
+
+
+#: issue 27 ("Defects found by probing every new surface"): item -> "file::test",
+#: for the items fixed on the values side (1, 6, 7, 8, 9, 18, 19, 21); the other
+#: items' rows join them as they are fixed
+ISSUE_27: dict[int, list[str]] = {
+    1: [
+        "run/test_condition_bounds.py::test_a_looping_condition_fails_its_unit_with_a_condition_note",
+        "run/test_condition_bounds.py::test_a_condition_past_the_memory_bound_fails_its_unit",
+        "run/test_condition_bounds.py::test_sigterm_stops_a_run_while_a_condition_is_evaluated",
+        "compile/test_bounded.py::test_cancelled_abandons_the_evaluation",
+    ],
+    6: [
+        "compile/test_issue27_values.py::test_a_duration_past_a_year_is_refused_at_its_key",
+        "compile/test_issue27_values.py::test_the_timeout_bound_holds_in_every_edition",
+        "compile/test_issue27_values.py::test_a_time_budget_past_a_year_is_refused_at_its_key",
+        "run/test_control_policy.py::test_backoff_never_overflows",
+        "run/test_long_durations.py::test_a_task_with_the_longest_timeout_runs",
+        "run/test_long_durations.py::test_a_retry_a_year_away_waits_and_stops_on_sigterm",
+    ],
+    7: ["run/test_loop_values.py::test_an_infinite_delta_is_recorded_as_none_and_reported"],
+    8: ["run/test_loop_values.py::test_a_loop_with_no_revision_reports_and_fails_by_its_body"],
+    9: [
+        "compile/test_compile_hostile.py::test_a_deep_when_is_when_syntax_with_its_location",
+        "compile/test_compile_hostile.py::test_a_deep_when_through_starlark_is_when_syntax",
+    ],
+    18: ["compile/test_issue27_values.py::test_a_map_over_a_mapped_task_is_refused_at_its_map"],
+    19: [
+        "compile/test_issue27_values.py::test_linear_matching_gives_the_rules_result",
+        "compile/test_issue27_values.py::"
+        "test_a_static_matrix_past_the_bound_with_its_includes_is_refused",
+    ],
+    21: [
+        "compile/test_issue27_values.py::test_a_sequence_integer_out_of_range_says_so",
+        "compile/test_issue27_values.py::test_a_huge_loop_number_is_not_called_infinite",
+        "run/test_issue27_messages.py::"
+        "test_param_values_crucible_refuses_are_named_and_printed_as_given",
+        "compile/test_issue27_values.py::test_a_deep_literal_map_is_refused_at_its_key",
+        "run/test_issue27_messages.py::"
+        "test_a_result_with_a_huge_integer_is_valid_json_crucible_refuses",
+        "run/test_issue27_messages.py::"
+        "test_a_resource_no_worker_offers_that_much_of_says_the_most_offered",
+        "core/test_sigterm_edge.py::test_sigterm_while_the_tool_loads_is_143_with_one_line",
+        "core/test_sigterm_edge.py::"
+        "test_sigterm_inside_the_command_is_143_with_one_line_after_cleanups",
+        "run/test_issue27_messages.py::test_cache_forget_refuses_a_name_no_task_can_have",
+        "run/test_loop_values.py::test_a_loop_with_no_revision_reports_and_fails_by_its_body",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "node", [n for tests in ISSUE_27.values() for n in tests], ids=lambda n: n.split("::")[1]
+)
+def test_issue_27_regression_test_exists(node: str) -> None:
+    path, name = node.split("::")
+    source = (TESTS / path).read_text()
+    assert re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), node

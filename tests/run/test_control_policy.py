@@ -9,6 +9,7 @@ import pytest
 
 from crucible.run._control import (
     ConditionError,
+    backoff_delay,
     evaluate,
     last_attempt_env,
     next_retry,
@@ -105,3 +106,27 @@ def test_conditions_see_statuses_and_builtins() -> None:
         item=True,
         outcome=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("policy", "attempt", "expected"),
+    [
+        # issue 27 item 6: OverflowError (34, 'Numerical result out of range') at attempt 21
+        ({"delay": 0.5, "factor": 9007199254740991, "max_delay": 30}, 21, 30.0),
+        ({"delay": 0.5, "factor": 9007199254740991, "max_delay": 30}, 1000, 30.0),
+        # factor 10 with max_delay 1: after ~308 attempts
+        ({"delay": 0.5, "factor": 10, "max_delay": 1}, 400, 1.0),
+        ({"delay": 0.5, "factor": 10, "max_delay": 1}, 2, 1.0),
+        ({"delay": 0.1, "factor": 2, "max_delay": 30}, 3, 0.4),
+        ({"delay": 0, "factor": 9007199254740991, "max_delay": 30}, 1000, 0.0),
+    ],
+)
+def test_backoff_never_overflows(policy: dict[str, Any], attempt: int, expected: float) -> None:
+    task = {"retry": {"limit": 1000, "on_timeout": True, **policy}}
+    assert retry(task, attempt) == pytest.approx(expected)
+
+
+def test_backoff_delay_is_min_of_cap_and_growth() -> None:
+    assert backoff_delay(1.0, 3.0, 2, 100.0) == 9.0
+    assert backoff_delay(1.0, 3.0, 5, 100.0) == 100.0
+    assert backoff_delay(50.0, 1.0, 10**6, 30.0) == 30.0

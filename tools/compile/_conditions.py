@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._durations import duration_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 if TYPE_CHECKING:
@@ -100,8 +101,16 @@ def parse_condition(text: str) -> ast.Expression | str:
     """The expression's Python AST, or a one-line reason it is not one Starlark expression."""
     import starlark
 
+    from crucible.compile._starbound import MAX_NESTING, nesting_problem
+
     if len(text) > MAX_CONDITION:
         return f"a condition is at most {MAX_CONDITION} characters"
+    # Both parsers recurse on the nesting (4,000 unary minus signs: a RecursionError
+    # in Python's, a native stack overflow in Starlark's): bounded first.
+    deep = nesting_problem(text)
+    if deep is not None:
+        at = deep[0]
+        return f"nested deeper than {MAX_NESTING} levels (at {at.line}:{at.col})"
     try:
         starlark.parse("when", text)
     except starlark.StarlarkError as exc:
@@ -112,6 +121,8 @@ def parse_condition(text: str) -> ast.Expression | str:
         # Starlark accepted a statement (x = 1) or syntax Python lacks.
         where = f" at 1:{exc.offset}" if exc.offset else ""
         return f"not a single expression{where}"
+    except (RecursionError, MemoryError):  # a shape the nesting bound did not foresee
+        return f"nested too deeply to parse (at most {MAX_NESTING} levels)"
     return tree
 
 
@@ -156,15 +167,23 @@ def condition_reads(tree: ast.Expression) -> list[Read]:
 # -- one task's keys ---------------------------------------------------------
 
 
-def _number(chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool) -> bool:
-
+def _number(
+    chk: Checker, path: KeyPath, value: object, what: str, *, zero: bool, duration: bool = True
+) -> bool:
+    """A number of seconds within MAX_DURATION_S (``duration``), or a factor."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         chk.wrong_type(path, value, f"{what} must be a number")
         return False
+    if duration:
+        problem = duration_problem(value, zero=zero)
+        if problem is not None:
+            chk.error("bad-value", path, f"{what} {problem}, not {value!r}")
+            return False
+        return True
     low_ok = value >= 0 if zero else value > 0
     if not (math.isfinite(value) and low_ok and value <= MAX_SAFE_INTEGER):
         bound = "zero or more" if zero else "greater than zero"
-        chk.error("bad-value", path, f"{what} must be {bound}, not {value}")
+        chk.error("bad-value", path, f"{what} must be {bound} and at most 2^53-1, not {value!r}")
         return False
     return True
 
@@ -219,7 +238,10 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
                 ok = False
     if "factor" in raw:
         factor = raw["factor"]
-        if _number(chk, (*path, "factor"), factor, "retry factor", zero=False) and factor >= 1:
+        if (
+            _number(chk, (*path, "factor"), factor, "retry factor", zero=False, duration=False)
+            and factor >= 1
+        ):
             out["factor"] = factor
         else:
             if not isinstance(factor, bool) and isinstance(factor, int | float) and 0 < factor < 1:
@@ -263,7 +285,7 @@ def check_control_keys(
         else:
             parsed = parse_condition(when)
             if isinstance(parsed, str):
-                chk.error("when-syntax", (*path, "when"), f"when {when!r}: {parsed}")
+                chk.error("when-syntax", (*path, "when"), f"when {_shown(when)}: {parsed}")
             else:
                 task["when"] = when
     if "on_failure" in raw and "on_failure" in known:
@@ -311,6 +333,11 @@ def check_control_keys(
         )
     ):
         task["deadline"] = raw["deadline"]
+
+
+def _shown(text: str) -> str:
+    """The condition as a message quotes it: a long one by its start."""
+    return repr(text) if len(text) <= 80 else f"{text[:60]!r}… ({len(text)} characters)"
 
 
 # -- rules across tasks ------------------------------------------------------

@@ -121,6 +121,13 @@ def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
     if not shape.is_json_value(items):
         chk.error("bad-value", path, f"{what}: items must be JSON values (no dates or times)")
         return None
+    if shape.json_depth(items) > shape.MAX_DEFAULT_DEPTH:
+        chk.error(
+            "bad-value",
+            path,
+            f"{what}: items are nested deeper than {shape.MAX_DEFAULT_DEPTH} levels",
+        )
+        return None
     n = len(items)
     if n > MAX_INSTANCES:
         chk.error("fanout-too-large", path, f"{what} lists {n} items, more than {MAX_INSTANCES:,}")
@@ -131,8 +138,15 @@ def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
 def _sequence(chk: Any, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
     ok = True
     for k, v in value.items():
-        if type(v) is not int or abs(v) > MAX_SAFE_INTEGER:
+        if type(v) is not int:
             chk.wrong_type((*path, k), v, f"{what}: {k} must be an integer")
+            ok = False
+        elif abs(v) > MAX_SAFE_INTEGER:  # an integer still: say what is wrong with it
+            chk.error(
+                "bad-value",
+                (*path, k),
+                f"{what}: {k} must be within ±(2^53−1) = ±{MAX_SAFE_INTEGER}, not {v}",
+            )
             ok = False
     if not ok:
         return None
@@ -250,7 +264,33 @@ def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
             f"matrix has {product:,} combinations, more than {MAX_INSTANCES:,}",
         )
         return None
+    if None not in sizes and product + len(out.get("include", ())) > MAX_INSTANCES:
+        # a static matrix whose includes may pass the bound: counted as the run
+        # would (unmatched includes are combinations of their own)
+        from crucible.compile._matrix_rules import TooManyCombinations, matrix_size
+
+        axes_values = [(a["name"], _static_values(a["source"])) for a in axes]
+        try:
+            matrix_size(
+                axes_values, out.get("exclude", ()), out.get("include", ()), limit=MAX_INSTANCES
+            )
+        except TooManyCombinations as exc:
+            chk.error(
+                "fanout-too-large",
+                path,
+                f"matrix has {exc.count:,} combinations with its include entries, "
+                f"more than {MAX_INSTANCES:,}",
+            )
+            return None
     return out
+
+
+def _static_values(source: Any) -> list[Any]:
+    """The values of a source known before the run (a literal or a sequence)."""
+    if "items" in source:
+        return list(source["items"])
+    seq = source["sequence"]
+    return list(range(seq["start"], seq["start"] + seq["count"] * seq["step"], seq["step"]))
 
 
 def _static_size(source: Any) -> int | None:
@@ -290,6 +330,14 @@ def _matrix_entries(
                 ok = False
             elif not shape.is_json_value(v):
                 chk.error("bad-value", (*epath, k), f"matrix {what}[{i}].{k} is not a JSON value")
+                ok = False
+            elif shape.json_depth(v) > shape.MAX_DEFAULT_DEPTH - 1:
+                chk.error(
+                    "bad-value",
+                    (*epath, k),
+                    f"matrix {what}[{i}].{k} is nested deeper than "
+                    f"{shape.MAX_DEFAULT_DEPTH - 1} levels",
+                )
                 ok = False
         out.append(shape._to_json(dict(entry)))
     return out if ok else None

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from crucible.compile._diagnostics import KeyPath
+from crucible.compile._durations import MAX_DURATION_S, duration_problem
 from crucible.compile._names import ident_problem
 from crucible.compile._shape import Checker, str_items
 from crucible.core.canon import MAX_SAFE_INTEGER
@@ -86,7 +87,12 @@ _BOUNDED_NUMBERS: tuple[tuple[str, Callable[[float], bool], str, str], ...] = (
         "0 or more",
         ": an improvement is a score better than the kept one by at least min_delta",
     ),
-    ("time_budget", lambda n: n > 0, "a positive number of seconds", ""),
+    (
+        "time_budget",
+        lambda n: duration_problem(n, zero=False) is None,
+        f"a number of seconds greater than zero and at most {MAX_DURATION_S} (365 days)",
+        "",
+    ),
 )
 
 
@@ -111,8 +117,15 @@ def _number(chk: Checker, key: str, value: object) -> int | float | None:
         chk.wrong_type(where, value, f"[loop] {key} must be a number")
         return None
     assert isinstance(value, int | float)
-    if not math.isfinite(value) or abs(value) > MAX_SAFE_INTEGER:
+    if not math.isfinite(value):
         chk.error("bad-value", where, f"[loop] {key} must be a finite number, not {value}")
+        return None
+    if abs(value) > MAX_SAFE_INTEGER:  # 1e308 is finite: say what is wrong with it
+        chk.error(
+            "bad-value",
+            where,
+            f"[loop] {key} must be within ±(2^53−1) = ±{MAX_SAFE_INTEGER}, not {value!r}",
+        )
         return None
     return value
 

@@ -138,6 +138,16 @@ def _check_map(
             f"map of task {task['name']!r} reads {task['map']!r}, declared {type_}; "
             "a fan-out needs an array, object or any field",
         )
+    elif "map" in by_name[producer] or "matrix" in by_name[producer]:
+        # the run would refuse it only when the task is staged (stage.map_items):
+        # a fan-out over a fan-out, which matrix-mapped-source refuses for an axis
+        chk.error(
+            "map-mapped-source",
+            where,
+            f"map of task {task['name']!r} reads {task['map']!r}, but {producer!r} is itself "
+            "mapped (a fan-out over a fan-out is not supported): map over a field of a task "
+            "that is not mapped, e.g. one that gathers the instances' values",
+        )
 
 
 def _check_input(

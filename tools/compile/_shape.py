@@ -16,6 +16,7 @@ from typing import Any
 
 from crucible.compile._conditions import check_control_keys
 from crucible.compile._diagnostics import Diagnostic, KeyPath, Locator
+from crucible.compile._durations import duration_problem
 from crucible.compile._editions import (
     EDITION_CONTROL,
     RESERVED_INPUTS,
@@ -145,13 +146,15 @@ def is_json_value(value: object) -> bool:
     return True
 
 
-#: deepest nesting of arrays/objects a param default may have (our choice): the plan
-#: wraps a default in four more levels and the canonical serializer's fast path
-#: (orjson) stops at 255, so a deeper default could not be written out.
-MAX_DEFAULT_DEPTH = 128
+#: deepest nesting of arrays/objects a literal of the manifest may have (a param
+#: default, a literal fan-out's items, a matrix entry's value): the plan wraps a
+#: literal in at most eight more levels (tasks[i].matrix.axes[j].source.items) and
+#: canonical JSON stops at 128 (canon.MAX_DEPTH), so a deeper literal could not be
+#: written out (or read back by dispatch).
+MAX_DEFAULT_DEPTH = 120
 
 
-def _json_depth(value: object) -> int:
+def json_depth(value: object) -> int:
     """Nesting depth of arrays/objects in ``value`` (a scalar is 0), without recursion."""
     deepest = 0
     stack: list[tuple[object, int]] = [(value, 0)]
@@ -273,7 +276,7 @@ def check_params(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any]:
         out: dict[str, Any] = {"type": type_}
         if "default" in spec:
             default = spec["default"]
-            if _json_depth(default) > MAX_DEFAULT_DEPTH:
+            if json_depth(default) > MAX_DEFAULT_DEPTH:
                 chk.error(
                     "bad-default",
                     (*ppath, "default"),
@@ -527,12 +530,8 @@ def _task_retries(t: _TaskCheck, retries: object) -> None:
 def _task_timeout(t: _TaskCheck, timeout: object) -> None:
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         t.chk.wrong_type(t.at("timeout"), timeout, "timeout must be a number of seconds")
-    elif not (math.isfinite(timeout) and 0 < timeout <= MAX_SAFE_INTEGER):
-        t.chk.error(
-            "bad-value",
-            t.at("timeout"),
-            f"timeout must be a positive number of seconds, not {timeout}",
-        )
+    elif (problem := duration_problem(timeout, zero=False)) is not None:
+        t.chk.error("bad-value", t.at("timeout"), f"timeout {problem}, not {timeout!r}")
     else:
         t.task["timeout"] = timeout
 

@@ -29,7 +29,7 @@ from crucible.compile._shape import (
     check_task,
     type_name,
 )
-from crucible.compile._starbound import MAX_EVAL_MEMORY, nesting_problem
+from crucible.compile._starbound import MAX_EVAL_MEMORY, limit_memory, nesting_problem
 from crucible.core.errors import ParseError
 from crucible.core.fdio import write_all
 
@@ -252,7 +252,9 @@ def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResu
     return StarResult(None, [Diagnostic("starlark-error", message, where)])
 
 
-def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> None:  # pragma: no cover
+def _child(
+    text: str, display: str, edition: int, timeout: float, fd: int
+) -> None:  # pragma: no cover
     import faulthandler
     import pickle
 
@@ -268,7 +270,7 @@ def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> No
         # a crash here is reported by the parent; no dump of this child's stack
         # (PYTHONFAULTHANDLER, pytest) on a descriptor the parent shares
         faulthandler.disable()
-        _limit_memory()
+        limit_memory(MAX_EVAL_MEMORY)
         try:
             outcome = _evaluate_here(text, display, edition, timeout)
         except ParseError as exc:
@@ -284,23 +286,6 @@ def _child(text: str, display: str, edition: int, timeout: float, fd: int) -> No
         write_all(fd, data)
     finally:
         os._exit(0)
-
-
-def _limit_memory() -> None:
-    """Cap the child's data segment at what it holds now plus MAX_EVAL_MEMORY."""
-    import resource
-
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            data_kib = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
-    except (OSError, StopIteration, ValueError):
-        return
-    limit = data_kib * 1024 + MAX_EVAL_MEMORY
-    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    with contextlib.suppress(ValueError, OSError):
-        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
 @contextlib.contextmanager

@@ -22,11 +22,12 @@ Two bounds, both documented in docs/spec/manifest.md:
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from crucible.core.errors import Location
 
-__all__ = ["MAX_EVAL_MEMORY", "MAX_NESTING", "nesting_problem"]
+__all__ = ["MAX_EVAL_MEMORY", "MAX_NESTING", "limit_memory", "nesting_problem"]
 
 #: our choice: real packs nest a few levels; the evaluator's native stack gave
 #: out near 1,600 chained calls and 2,300 nested lists on an 8 MiB stack
@@ -102,3 +103,20 @@ def nesting_problem(text: str) -> tuple[Location, str] | None:
                 "(brackets, chained operators and indented blocks)",
             )
     return None
+
+
+def limit_memory(extra: int = MAX_EVAL_MEMORY) -> None:
+    """Cap this process's data segment at what it holds now plus ``extra`` bytes."""
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            data_kib = next(int(line.split()[1]) for line in f if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    limit = data_kib * 1024 + extra
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    with contextlib.suppress(ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))

@@ -37,9 +37,21 @@ _encode_string: Callable[[str], str] = json.encoder.encode_basestring  # type: i
 
 
 class CanonError(ParseError):
-    """A value outside the canonical domain, or JSON text the strict parser refuses."""
+    """A value outside the canonical domain, or JSON text the strict parser refuses.
+
+    ``valid_json``: the text is JSON (RFC 8259's grammar) that crucible's domain
+    refuses (an integer past ±(2^53−1), a number past a double, a duplicate key,
+    nesting past MAX_DEPTH), so a reader says "holds a value crucible does not
+    accept", never "is not valid JSON"."""
 
     code = "canonical-json"
+    valid_json = False
+
+
+class _OutsideDomain(CanonError):
+    """Valid JSON outside crucible's domain (see :class:`CanonError`)."""
+
+    valid_json = True
 
 
 def _has_surrogate(s: str) -> bool:
@@ -213,14 +225,14 @@ def _refuse_constant(name: str) -> Any:
 def _parse_int(text: str) -> int:
     value = int(text)
     if not -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
-        raise CanonError(f"integer {text} is outside ±(2^53−1)")
+        raise _OutsideDomain(f"integer {text} is outside ±(2^53−1)")
     return value
 
 
 def _parse_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise CanonError(f"number {text} overflows a double")
+        raise _OutsideDomain(f"number {text} overflows a double")
     return value
 
 
@@ -230,7 +242,7 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         seen: set[str] = set()
         for k, _ in pairs:
             if k in seen:
-                raise CanonError(f"duplicate object key {k!r}")
+                raise _OutsideDomain(f"duplicate object key {k!r}")
             seen.add(k)
     return obj
 
@@ -258,6 +270,8 @@ def loads(data: bytes | str) -> Any:
             # the message compile gives for a manifest, not orjson's "str is not
             # valid UTF-8: surrogates not allowed"
             raise CanonError(f"not UTF-8 (byte {bad.start})") from None
+        if _is_json(data):  # orjson refuses 1e400 and lone surrogates: valid JSON
+            raise _OutsideDomain(str(exc)) from None
         raise CanonError(f"invalid JSON: {exc}") from None
     try:
         return json.loads(
@@ -270,7 +284,17 @@ def loads(data: bytes | str) -> Any:
     except json.JSONDecodeError as exc:
         raise CanonError(f"invalid JSON: {exc}") from None
     except RecursionError:
-        raise CanonError(f"nesting deeper than {MAX_DEPTH} levels") from None
+        raise _OutsideDomain(f"nesting deeper than {MAX_DEPTH} levels") from None
+
+
+def _is_json(data: bytes) -> bool:
+    """Is ``data`` JSON by RFC 8259's grammar (numbers of any size, any escapes)?
+    Asked only of a text orjson refused, to word the refusal."""
+    try:
+        json.loads(data, parse_constant=_refuse_constant, parse_float=str, parse_int=str)
+    except (ValueError, RecursionError, CanonError):
+        return False
+    return True
 
 
 #: a JSON string token (escapes skipped), the loop unrolled: the same matches as
@@ -292,7 +316,7 @@ def _check_depth_text(data: bytes) -> None:
     bracket was half of loading a 1,000-task plan."""
     brackets = _STRING_TOKENS.sub(b"", data).translate(None, _NOT_BRACKETS)
     if brackets and max(accumulate(map(_DEPTH_STEP.__getitem__, brackets))) > MAX_DEPTH:
-        raise CanonError(f"nesting deeper than {MAX_DEPTH} levels")
+        raise _OutsideDomain(f"nesting deeper than {MAX_DEPTH} levels")
 
 
 #: orjson's float output checked once against ES6 on values spanning the fast

@@ -20,6 +20,7 @@ from crucible.core.errors import (
     EXIT_BUG,
     EXIT_OPERATIONAL,
     EXIT_SIGINT,
+    EXIT_SIGTERM,
     EXIT_USAGE,
     CrucibleError,
 )
@@ -170,14 +171,26 @@ def _invoke(command: Any, args: list[str], prog: str) -> Any:
         return command.invoke(ctx)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM at the command edge: a KeyboardInterrupt, so that every cleanup an
+    interrupt runs (temp files, records of an interrupted run) runs for it too;
+    the edge says ``interrupted by SIGTERM`` and exits 143."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def _restore_sigint() -> None:
-    # crucible/__init__ guards the startup (import time) with a handler that
-    # exits 130 at once; from here a Ctrl-C is a KeyboardInterrupt again, so
-    # cleanups (temp files, records of an interrupted run) get to run.
+    # crucible/__init__ guards the startup (import time) with handlers that
+    # exit 130 / 143 at once; from here a Ctrl-C is a KeyboardInterrupt again,
+    # and a SIGTERM its Terminated, so cleanups get to run.
     import crucible
 
     if signal.getsignal(signal.SIGINT) is crucible._interrupted_early:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is crucible._terminated_early:
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 def _guard_teardown() -> None:
@@ -186,8 +199,18 @@ def _guard_teardown() -> None:
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, crucible._interrupted_early)
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:
+            signal.signal(signal.SIGTERM, crucible._terminated_early)
     except ValueError:  # not the main thread
         pass
+
+
+def _interrupted(prog: str, exc: KeyboardInterrupt) -> NoReturn:
+    if isinstance(exc, Terminated):
+        sys.stderr.write(f"{prog}: interrupted by SIGTERM\n")
+        raise SystemExit(EXIT_SIGTERM) from None
+    sys.stderr.write(f"{prog}: interrupted\n")
+    raise SystemExit(EXIT_SIGINT) from None
 
 
 #: a command line the program runs without click (see :func:`run`'s ``fast``):
@@ -326,9 +349,8 @@ def _run(command: Any, prog: str, argv: list[str] | None, fast: FastPath | None)
             sys.stderr = _StderrSurvivingEpipe(sys.stderr)  # type: ignore[assignment]
         args = list(sys.argv[1:] if argv is None else argv)
         _debug = _requested or os.environ.get("CRUCIBLE_DEBUG") == "1"
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
-        raise SystemExit(EXIT_SIGINT) from None
+    except KeyboardInterrupt as exc:
+        _interrupted(prog, exc)
     try:
         call = fast(args) if fast is not None else None
         if call is not None:
@@ -368,9 +390,8 @@ def _run(command: Any, prog: str, argv: list[str] | None, fast: FastPath | None)
         raise SystemExit(exc.exit_code) from None
     except BrokenPipeError:
         _quiet_broken_pipe()
-    except KeyboardInterrupt:
-        sys.stderr.write(f"{prog}: interrupted\n")
-        raise SystemExit(EXIT_SIGINT) from None
+    except KeyboardInterrupt as exc:
+        _interrupted(prog, exc)
     except OSError as exc:
         # An unanticipated I/O failure (a full disk under stdout, EIO) is
         # operational, not a bug.

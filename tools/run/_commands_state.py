@@ -98,9 +98,13 @@ def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -
 
 def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
     """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
+    from crucible.core.contract import task_name_problems
     from crucible.run._cache import TaskCache
     from crucible.stage import escape_key
 
+    problems = task_name_problems(opts.task)
+    if problems:  # no task has it: {"forgotten": 0} would say the cache held none
+        raise UsageError(f"{problems[0][1]}: no task can have this name")
     directory = _cache_dir(opts.cache)
     n = 0
     if directory is not None:

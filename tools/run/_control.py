@@ -10,17 +10,20 @@ runs a process or touches a file except the records it marks tolerated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "NO_ITEM",
+    "ConditionCancelled",
     "ConditionError",
     "Control",
     "Retry",
     "amend_record",
+    "backoff_delay",
     "evaluate",
     "fold_verdict",
     "last_attempt_env",
@@ -37,11 +40,10 @@ BACKOFF_MAX = 30.0
 #: a non-mapped unit has no item (``None`` is a valid item)
 NO_ITEM: Any = object()
 
-# Builds the names a condition reads from one JSON document: struct() gives the
-# fixed dotted spelling (params.x, needs.t.status); values below stay Starlark
-# dicts and lists.
+# Builds the names a condition reads from the JSON document ``_d`` (bound by the
+# bounded evaluator): struct() gives the fixed dotted spelling (params.x,
+# needs.t.status); values below stay Starlark dicts and lists.
 _PRELUDE = """
-_d = json.decode(_data)
 params = struct(**_d["params"])
 inputs = struct(**_d["inputs"])
 needs = struct(**{k: struct(**v) for k, v in _d["needs"].items()})
@@ -56,46 +58,63 @@ outcome = struct(**_d["outcome"])
 
 class ConditionError(Exception):
     """A condition that could not be evaluated (a type error, a missing attribute,
-    a non-boolean value): the unit fails with it, never silently false."""
+    a non-boolean value, past its time or memory bound): the unit fails with it,
+    never silently false."""
 
 
-def _first_line(exc: BaseException) -> str:
-    """starlark's ``error: …`` line (after a call stack, when there is one)."""
-    lines = str(exc).strip().splitlines()
-    for line in lines:
-        if line.startswith("error: "):
-            return line.removeprefix("error: ")
-    return lines[0] if lines else type(exc).__name__
+class ConditionCancelled(Exception):
+    """The evaluation was stopped because the dispatcher is stopping (a signal):
+    the condition is undecided."""
 
 
-def evaluate(expression: str, values: Mapping[str, Any], *, item: bool, outcome: bool) -> bool:
-    """Evaluate ``expression`` over ``values`` (params, inputs, needs[, item][, outcome])."""
-    import orjson
-    import starlark
+def evaluate(
+    expression: str,
+    values: Mapping[str, Any],
+    *,
+    item: bool,
+    outcome: bool,
+    cancelled: Callable[[], bool] | None = None,
+) -> bool:
+    """Evaluate ``expression`` over ``values`` (params, inputs, needs[, item][, outcome])
+    within the bounds of crucible.compile._bounded (time, memory, signals)."""
+    from crucible.compile._bounded import evaluate_expression
 
-    lib = starlark.LibraryExtension
-    globals_ = starlark.Globals.extended_by([lib.StructType, lib.Json])
-    module = starlark.Module()
-    module["_data"] = orjson.dumps(values).decode()
     prelude = _PRELUDE + (_PRELUDE_ITEM if item else "") + (_PRELUDE_OUTCOME if outcome else "")
-    try:
-        starlark.eval(module, starlark.parse("values", prelude), globals_)
-    except starlark.StarlarkError as exc:  # a value struct() cannot hold (an empty key)
-        raise ConditionError(f"cannot build its names: {_first_line(exc)}") from None
-    try:
-        result = starlark.eval(module, starlark.parse("when", expression), globals_)
-    except starlark.StarlarkError as exc:
-        raise ConditionError(_first_line(exc)) from None
-    if not isinstance(result, bool):
-        raise ConditionError(f"a condition must be true or false, not {type(result).__name__}")
-    return result
+    done = evaluate_expression(expression, values, prelude, cancelled=cancelled)
+    if done.kind == "cancelled":
+        raise ConditionCancelled(done.message)
+    if done.kind == "prelude":  # a value struct() cannot hold (an empty key)
+        raise ConditionError(f"cannot build its names: {done.message}")
+    if done.kind != "value":
+        raise ConditionError(done.message)
+    if not isinstance(done.value, bool):
+        raise ConditionError(f"a condition must be true or false, not {_starlark_type(done.value)}")
+    return done.value
+
+
+def _starlark_type(value: object) -> str:
+    """The Starlark name of a JSON value's type (what the condition's author wrote)."""
+    if value is None:
+        return "NoneType"
+    return {dict: "dict", list: "list", str: "string", int: "int", float: "float"}.get(
+        type(value), type(value).__name__
+    )
 
 
 class Control:
     """Decides conditions for one run; holds what they read that does not change."""
 
-    def __init__(self, plan: dict[str, Any], state: Path, stage: Any) -> None:
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        state: Path,
+        stage: Any,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
         self.plan = plan
+        #: the dispatcher is stopping (a signal): a running evaluation is abandoned
+        self.cancelled = cancelled
         self.state = state
         self.stage = stage
         self._params: dict[str, Any] | None = None
@@ -186,8 +205,16 @@ class Control:
             values["outcome"] = {"status": run or PASSED}
         try:
             holds = evaluate(
-                expression, values, item=item is not NO_ITEM, outcome=bool(task["epilogue"])
+                expression,
+                values,
+                item=item is not NO_ITEM,
+                outcome=bool(task["epilogue"]),
+                cancelled=self.cancelled,
             )
+        except ConditionCancelled:
+            # Undecided: the unit is queued like one that runs, and the stopping
+            # dispatcher starts nothing queued (a resume evaluates it again).
+            return None
         except ConditionError as exc:
             return FAILED, f"condition error: {expression}: {exc}"
         return None if holds else (SKIPPED, f"condition false: {expression}")
@@ -286,7 +313,7 @@ def next_retry(
     if policy is None:
         if attempt >= int(task.get("retries", 0)) + 1:
             return Retry(None)
-        delay = min(BACKOFF_MAX, backoff * 2 ** (attempt - 1))
+        delay = backoff_delay(backoff, 2, attempt - 1, BACKOFF_MAX)
     else:
         if attempt >= int(policy["limit"]) + 1:
             return Retry(None)
@@ -294,9 +321,8 @@ def next_retry(
             return Retry(None, "no retry: on_timeout is false")
         if not timed_out and "on_exit" in policy and exit_code not in policy["on_exit"]:
             return Retry(None, f"no retry: exit code {exit_code} is not in on_exit")
-        delay = min(
-            float(policy["max_delay"]),
-            float(policy["delay"]) * float(policy["factor"]) ** (attempt - 1),
+        delay = backoff_delay(
+            float(policy["delay"]), float(policy["factor"]), attempt - 1, float(policy["max_delay"])
         )
     deadline = task.get("deadline")
     if deadline is not None and elapsed is not None and elapsed + delay >= float(deadline):
@@ -304,6 +330,17 @@ def next_retry(
             None, f"no retry: the deadline of {deadline} s is reached after {attempt} attempts"
         )
     return Retry(delay)
+
+
+def backoff_delay(delay: float, factor: float, n: int, cap: float) -> float:
+    """``min(cap, delay × factor^n)`` without computing a power that overflows
+    (factor 2^53−1 at n = 21, factor 10 at n = 309): once the growth in log space
+    reaches the cap, the answer is the cap."""
+    if delay <= 0 or cap <= 0:
+        return max(0.0, min(cap, delay))
+    if factor > 1 and n * math.log(factor) >= math.log(cap / delay):
+        return cap
+    return min(cap, delay * factor**n)
 
 
 def last_attempt_env(exit_code: int | None, timed_out: bool) -> dict[str, str]:

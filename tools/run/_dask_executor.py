@@ -410,15 +410,33 @@ def _check_resources(tasks: Any, info: dict[str, Any]) -> dict[str, dict[str, fl
         if not need:
             continue
         if not any(all(offer.get(r, 0) >= v for r, v in need.items()) for offer in offers.values()):
-            wanted = ", ".join(f"{r}={v}" for r, v in sorted(need.items()))
+            wanted = ", ".join(f"{r}={_amount(r, v)}" for r, v in sorted(need.items()))
             short = [r for r, v in sorted(need.items())
                      if not any(o.get(r, 0) >= v for o in offers.values())]  # fmt: skip
-            which = ", ".join(short) if short else "that combination"
-            raise InputRefused(
-                f"task {name!r} needs resources {wanted}; no Dask worker offers {which}"
-            )
+            # a resource some worker offers, only not that much, says the most offered
+            # ("no Dask worker offers memory" for 1000 TiB read as none offering any)
+            most = {r: max((o.get(r, 0) for o in offers.values()), default=0) for r in short}
+            parts = [
+                f"no Dask worker offers {r}={_amount(r, need[r])} "
+                f"(the most one offers: {_amount(r, most[r])})"
+                if most[r] > 0
+                else f"no Dask worker offers {r}"
+                for r in short
+            ]
+            which = "; ".join(parts) or "no Dask worker offers that combination"
+            raise InputRefused(f"task {name!r} needs resources {wanted}; {which}")
         out[name] = {r: float(v) for r, v in need.items()}
     return out
+
+
+def _amount(resource: str, value: float) -> str:
+    """A resource amount as people read it: memory in binary units (1000 TiB)."""
+    if resource != "memory":
+        return f"{value:g}"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{value:g} B"
 
 
 def _absolute(options: RunOptions) -> RunOptions:

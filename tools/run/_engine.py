@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._durations import MAX_WAIT_S
 from crucible.core.errors import CrucibleError
 from crucible.run import _control as control
 from crucible.run import _executor as executor
@@ -186,8 +187,11 @@ class Dispatcher:
         self.stop_signal: int | None = None
         self._escalate = False
         # Control flow (run/_control.py): conditions, and the tasks whose failure
-        # was tolerated (the run's exit code ignores them).
-        self.control = control.Control(self.plan, options.state, stage)
+        # was tolerated (the run's exit code ignores them). A signal abandons a
+        # condition being evaluated, so the dispatcher always stops.
+        self.control = control.Control(
+            self.plan, options.state, stage, cancelled=lambda: self.stop_signal is not None
+        )
         self.tolerated: set[str] = set()
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
@@ -490,6 +494,8 @@ class Dispatcher:
                 # durable before it was waited for: the writer may not have
                 # woken us for it (_durable_wake), so do not sleep
                 wake = 0.0
+            if wake is not None:  # a retry a month away: wake, and wait again
+                wake = min(wake, MAX_WAIT_S)
             for key, _ in self.selector.select(wake):
                 if key.data is None:
                     with contextlib.suppress(BlockingIOError):

@@ -14,6 +14,7 @@ the loop through the graph as usual.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -428,11 +429,12 @@ class LoopRun:
         else:
             kept = spec.better(score, previous)
             verdict = "improved" if kept else "not_improved"
-            delta = None if previous is None else score - previous
+            delta = None if previous is None else _difference(score, previous)
             if previous is None:
                 reason = "the first passed revision"
             elif kept:
-                reason = f"improved on revision {self.kept} by {abs(score - previous):g}"
+                by = "more than a number can hold" if delta is None else f"{abs(delta):g}"
+                reason = f"improved on revision {self.kept} by {by}"
             else:
                 reason = f"no improvement of at least {spec.min_delta:g} on revision {self.kept}"
         entry = {
@@ -508,8 +510,19 @@ class LoopRun:
         for t in self.order:
             path = d.layout.result_path(t)
             if self.kept is None:
+                note = NO_KEPT
+                if not self.revisions:
+                    # No revision ran (a time budget spent before the first): no
+                    # unit of the body settled, so none was counted or listed;
+                    # the run fails by these tasks, and its last line says so.
+                    from crucible.run._engine import FAILURES_SHOWN
+
+                    note = f"{NO_KEPT}: no revision ran (stopped by {self.stop_reason})"
+                    d.counts.failed += 1
+                    if len(d.failures) < FAILURES_SHOWN:
+                        d.failures.append((t, None))
                 d.stage.record_settled(
-                    d.plan, d.state, t, status=FAILED, note=NO_KEPT, durable=durable
+                    d.plan, d.state, t, status=FAILED, note=note, durable=durable
                 )
                 self._wrote(t, None, durable)
                 status = FAILED
@@ -545,3 +558,10 @@ class LoopRun:
         if self.started and not self.finished:
             self.stop_reason = "interrupted"
             self._write()
+
+
+def _difference(score: float, previous: float) -> float | None:
+    """``score − previous``, or None when it is past a float's range (-1e308 to
+    1e308 is inf, which JSON, loop.json and the session log cannot hold)."""
+    delta = score - previous
+    return delta if math.isfinite(delta) else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -292,7 +293,8 @@ def render_table(view: LoopView, out: IO[str]) -> None:
     out.write(f"\nLOOP  {summary(view)}\n")
     header = ("REVISION", "STATUS", "SCORE", "BEST", "DELTA", "KEPT", "DURATION", "NOTE")
     rows = [_cells(view, r, NOTE_CELL_MAX) for r in view.revisions]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    # max over a list: with no revision (zero rows) max(len(h)) was a TypeError
+    widths = [max([len(h), *(len(row[i]) for row in rows)]) for i, h in enumerate(header)]
     for cells in (header, *rows):
         padded = "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells[:-1]))
         out.write(f"{padded}  {cells[-1]}".rstrip(" ") + "\n")
@@ -357,13 +359,24 @@ _CSS = """
 """
 
 
+#: the largest power of ten a float holds (1e308)
+_MAX_EXP = 308
+
+
 def _nice_ticks(lo: float, hi: float, count: int = 8) -> list[float]:
     """Round tick values covering [lo, hi]: a step of 1, 2 or 5 x 10^k."""
-    span = hi - lo
-    raw = span / max(count - 1, 1)
+    # halves first: hi − lo of scores near ±1e308 is inf (an OverflowError below)
+    raw = (hi / 2 - lo / 2) / max(count - 1, 1) * 2
+    if not math.isfinite(raw):
+        raw = sys.float_info.max
     exp = math.floor(math.log10(raw)) if raw > 0 else 0
     step = min(
-        (m * 10.0**e for m in (1, 2, 5) for e in (exp - 1, exp, exp + 1) if m * 10.0**e >= raw),
+        (
+            m * 10.0**e
+            for m in (1, 2, 5)
+            for e in (exp - 1, exp, exp + 1)
+            if e <= _MAX_EXP and math.isfinite(m * 10.0**e) and m * 10.0**e >= raw
+        ),
         default=raw or 1.0,
     )
     first = math.ceil(lo / step - 1e-9) * step
@@ -382,19 +395,19 @@ class _Scale:
         if view.target is not None:
             values.append(view.target)
         lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-        if hi - lo < 1e-12:
-            pad = abs(hi) * 0.1 or 1.0
-            lo, hi = lo - pad, hi + pad
-        else:
-            pad = (hi - lo) * 0.06
-            lo, hi = lo - pad, hi + pad
-        self.lo, self.hi = float(lo), float(hi)
+        # in halves, and the padded ends kept within a float's range: scores
+        # near ±1e308 have a span past it
+        half_span = hi / 2 - lo / 2
+        pad = (abs(hi) * 0.1 or 1.0) if half_span < 5e-13 else half_span * 0.12
+        top = sys.float_info.max
+        self.lo, self.hi = float(max(lo - pad, -top)), float(min(hi + pad, top))
 
     def x(self, revision: int) -> float:
         return LEFT + (revision - 0.5) / self.n * (W - LEFT - RIGHT)
 
     def y(self, score: float) -> float:
-        return TOP + (self.hi - score) / (self.hi - self.lo) * (H - TOP - BOTTOM)
+        share = (self.hi / 2 - score / 2) / (self.hi / 2 - self.lo / 2)
+        return TOP + share * (H - TOP - BOTTOM)
 
 
 def _f(v: float) -> str:

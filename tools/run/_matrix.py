@@ -19,7 +19,6 @@ matches none. At most :data:`MAX_INSTANCES` combinations.
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -147,50 +146,17 @@ def combinations(
     exclude: Sequence[Mapping[str, Any]] = (),
     include: Sequence[Mapping[str, Any]] = (),
 ) -> list[dict[str, Any]]:
-    """The matrix's combinations (module doc), in order. Raises
-    :class:`FanoutFailed` above :data:`MAX_INSTANCES`."""
-    names = [name for name, _ in axes]
-    total = 1
-    for _, values in axes:
-        total *= len(values)
-    if total > MAX_INSTANCES:
-        raise FanoutFailed(
-            f"the matrix has {total:,} combinations, more than the bound {MAX_INSTANCES:,}"
-        )
-    # Equality is JSON equality (1 is not true, 1 equals 1.0 only if both spell it so):
-    # compare canonical texts, computed once per axis value and per entry value.
-    texts = [[canon.dumps(v) for v in values] for _, values in axes]
-    position = {name: i for i, name in enumerate(names)}
+    """The matrix's combinations (module doc), in order, matched in linear time
+    (crucible.compile._matrix_rules). Raises :class:`FanoutFailed` above
+    :data:`MAX_INSTANCES`."""
+    from crucible.compile._matrix_rules import TooManyCombinations, matrix_combinations
 
-    def compiled(entry: Mapping[str, Any]) -> list[tuple[int, bytes]]:
-        return [(position[k], canon.dumps(v)) for k, v in entry.items() if k in position]
-
-    excluded = [compiled(e) for e in exclude]
-    kept: list[tuple[int, ...]] = []
-    for combo in itertools.product(*(range(len(v)) for _, v in axes)):
-        if any(all(texts[a][combo[a]] == t for a, t in rule) for rule in excluded):
-            continue
-        kept.append(combo)
-    out: list[dict[str, Any]] = [
-        {names[a]: axes[a][1][i] for a, i in enumerate(combo)} for combo in kept
-    ]
-    added: list[dict[str, Any]] = []
-    for entry in include:
-        rule = compiled(entry)
-        extra = {k: v for k, v in entry.items() if k not in position}
-        matched = False
-        for combo, combination in zip(kept, out, strict=True):
-            if all(texts[a][combo[a]] == t for a, t in rule):
-                combination.update(extra)
-                matched = True
-        if not matched:
-            added.append(dict(entry))
-    out.extend(added)
-    if len(out) > MAX_INSTANCES:
+    try:
+        return matrix_combinations(axes, exclude, include, limit=MAX_INSTANCES)
+    except TooManyCombinations as exc:
         raise FanoutFailed(
-            f"the matrix has {len(out):,} combinations, more than the bound {MAX_INSTANCES:,}"
-        )
-    return out
+            f"the matrix has {exc.count:,} combinations, more than the bound {MAX_INSTANCES:,}"
+        ) from None
 
 
 def _matrix_pairs(

@@ -59,9 +59,13 @@ def _typed(name: str, declared: str, value: Any) -> Any:
         and not isinstance(value, bool)
         and abs(value) > canon.MAX_SAFE_INTEGER
         and json_type(value) == "integer"
+        # an integer literal past 2^53 has no exact value; 1.5e308 is a fine number,
+        # only not an integer
+        and (isinstance(value, int) or declared == "integer")
     ):
         raise InputRefused(
-            f"param {name!r}: {value:.0f} is outside the integers JSON carries exactly, ±(2^53−1)",
+            f"param {name!r}: {_number_text(value)} is outside the integers JSON carries "
+            "exactly, ±(2^53−1)",
             where=where,
         )
     if declared == "any":
@@ -82,6 +86,16 @@ def _typed(name: str, declared: str, value: Any) -> Any:
     )
 
 
+def _number_text(value: int | float) -> str:
+    """A number as its JSON text: an integer exactly (``{:.0f}`` of 2^53+1 rounded
+    it to 2^53), a float by its shortest spelling (``1.5e+308``, not 309 digits)."""
+    return str(value) if isinstance(value, int) else repr(value)
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 60 else f"{text[:50]!r}… ({len(text)} characters)"
+
+
 def _from_text(name: str, declared: str, text: str) -> Any:
     if declared == "string":
         return text
@@ -90,14 +104,24 @@ def _from_text(name: str, declared: str, text: str) -> Any:
     except canon.CanonError as exc:
         import json
 
-        try:  # JSON, but outside what crucible accepts (NaN, a huge integer)
-            return _typed(name, declared, json.loads(text))
-        except ValueError:
-            pass
+        try:
+            parsed = json.loads(text)
+        except (ValueError, RecursionError):
+            parsed = exc  # not JSON at all
+        if parsed is not exc:
+            # JSON, but outside what crucible accepts: a number at the top says so in
+            # its own words (_typed raises); anything else by what canon refused —
+            # never let through to be refused later, without the param's name.
+            _typed(name, declared, parsed)
+            raise InputRefused(
+                f"param {name!r}: {_shown(text)} is JSON crucible does not accept "
+                f"({exc.message.removeprefix('invalid JSON: ')})",
+                where=f"params.{name}",
+            ) from None
         if declared == "any":
             return text
         raise InputRefused(
-            f"param {name!r} expects {_article(declared)}; {text!r} is not JSON "
+            f"param {name!r} expects {_article(declared)}; {_shown(text)} is not JSON "
             f"({exc.message.removeprefix('invalid JSON: ')})",
             where=f"params.{name}",
         ) from None

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._durations import MAX_WAIT_S
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.core.fdio import write_all
@@ -60,6 +61,8 @@ PASSED, FAILED = "passed", "failed"
 
 #: how long a task runs before its start is reported on its own (see _wait)
 ANNOUNCE_AFTER = 0.002
+#: the longest single poll (crucible.compile._durations.MAX_WAIT_S)
+_MAX_WAIT_MS = int(MAX_WAIT_S * 1000)
 #: units a pipelined worker stages ahead of its running one (UnitRunner.serve;
 #: its pool queues AHEAD + 1 requests to it: crucible.run._workers)
 AHEAD = 3
@@ -1000,7 +1003,10 @@ class UnitRunner:
                 wake = announce_at if wake is None else min(wake, announce_at)
             if long_at is not None:
                 wake = long_at if wake is None else min(wake, long_at)
-            timeout_ms = None if wake is None else max(0, int((wake - now) * 1000) + 1)
+            # at most MAX_WAIT_S: poll takes no more than 2^31−1 ms (a long timeout)
+            timeout_ms = (
+                None if wake is None else min(max(0, int((wake - now) * 1000) + 1), _MAX_WAIT_MS)
+            )
             ready = dict(poller.poll(timeout_ms))
             if out_r in ready and not sink.drain(out_r):
                 poller.unregister(out_r)  # every writer closed it

@@ -139,7 +139,8 @@ def _read_output(
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:
-        return _Output(None, f"result file {shown} is not valid JSON: {exc.message}")
+        what = "holds JSON crucible does not accept" if exc.valid_json else "is not valid JSON"
+        return _Output(None, f"result file {shown} {what}: {exc.message}")
     if not isinstance(value, dict):
         return _Output(None, f"result in {shown} is a JSON {json_type(value)}, not an object")
     return _Output(value)
