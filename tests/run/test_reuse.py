@@ -140,6 +140,36 @@ def test_reuse_sees_a_changed_environment(tmp_path: Path) -> None:
     assert loop.ran() == ["d"]  # the one task handed X
 
 
+def test_reuse_keys_each_unit_under_the_session_it_passed_in(tmp_path: Path) -> None:
+    # README's daily loop: a variable makes d fail; the fix unsets it and
+    # resumes; then an edit. d passed in the resumed session (without X), a, b,
+    # c in the first (with X): each is keyed under its own session's environment.
+    loop = Loop(tmp_path)
+    loop.edit(
+        'name = "d"\nparams = []\nenv = ["COUNT"]', 'name = "d"\nparams = []\nenv = ["COUNT", "X"]'
+    )
+    loop.edit("run = 'echo d >> \"$COUNT\"'", "run = 'echo d >> \"$COUNT\"; test -z \"$X\"'")
+
+    def run(*args: str, code: int, **extra: str) -> None:
+        loop.count.write_text("")
+        proc = subprocess.run(
+            [DISPATCH, str(loop.pack), "--state", str(loop.state), *args],
+            capture_output=True, text=True, timeout=120, env={**loop.env(), **extra},
+        )  # fmt: skip
+        assert proc.returncode == code, proc.stderr
+
+    run(code=1, X="1")
+    run("--resume", "--retry-failed", code=0)
+    assert loop.ran() == ["d"]
+    environ = json.loads((loop.state / "environ.json").read_text())
+    assert environ["environ"]["X"] == "1"
+    assert [(e["session"], "X" in e["environ"]) for e in environ["later"]] == [(2, False)]
+    loop.edit('echo "{\\"n\\": 1}"', 'echo "{\\"n\\": 5}"')  # a's run
+    run("--reuse", code=0)
+    assert loop.ran() == ["a", "b", "c"]  # d reused under the environment it passed in
+    assert loop.result("d")["cached"] is True
+
+
 def test_reuse_and_resume_are_one_or_the_other(tmp_path: Path) -> None:
     loop = Loop(tmp_path)
     refused = loop.dispatch("--reuse", "--resume", code=2)

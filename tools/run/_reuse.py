@@ -71,20 +71,36 @@ def write_environ(state: Path, record: Mapping[str, Any]) -> None:
     atomic.write_bytes(state / ENVIRON_FILE, canon.dumps(dict(record)), durable=False)
 
 
-def note_environ(state: Path, record: Mapping[str, Any], *, resumed: bool) -> None:
-    """A new run records its environment; a resumed one whose environment
-    differs from the recorded one drops the record (its units were keyed under
-    two environments: --reuse then reuses none of them, and says so)."""
+def note_environ(state: Path, record: Mapping[str, Any], *, resumed: bool, session: int) -> None:
+    """A new run records its environment; a resumed session whose environment
+    differs from the one in force adds it to ``later`` with its session number,
+    so that ``--reuse`` keys each unit under the environment of the session it
+    passed in (cache.md, "After an edit: --reuse")."""
     if not resumed:
         write_environ(state, record)
         return
     held = _read_environ(state)
     if held is None:
+        return  # nothing recorded (an older engine's run): --reuse reuses nothing
+    later = list(held.get("later", ()))
+    current = later[-1] if later else held
+    if all(current.get(k) == record[k] for k in _KEYED):
         return
-    same = all(held.get(k) == record[k] for k in ("environ", "agent_cmd", "emit_cap"))
-    if not same:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(state / ENVIRON_FILE)
+    later.append({"session": session, **{k: record[k] for k in _KEYED}})
+    write_environ(state, {**held, "later": later})
+
+
+#: what a session's units are keyed on besides the plan (environ.json)
+_KEYED = ("environ", "agent_cmd", "emit_cap")
+
+
+def _environment_ok(doc: Mapping[str, Any]) -> bool:
+    return (
+        isinstance(doc.get("environ"), dict)
+        and all(isinstance(v, str) for v in doc["environ"].values())
+        and isinstance(doc.get("emit_cap"), int)
+        and (doc.get("agent_cmd") is None or isinstance(doc["agent_cmd"], str))
+    )
 
 
 def _read_environ(prev: Path) -> dict[str, Any] | None:
@@ -95,14 +111,43 @@ def _read_environ(prev: Path) -> dict[str, Any] | None:
     ok = (
         isinstance(doc, dict)
         and doc.get("format") == ENVIRON_FORMAT
-        and isinstance(doc.get("environ"), dict)
-        and all(isinstance(v, str) for v in doc["environ"].values())
-        and isinstance(doc.get("emit_cap"), int)
+        and _environment_ok(doc)
         and isinstance(doc.get("started_ns"), str)
         and doc["started_ns"].isdigit()
-        and (doc.get("agent_cmd") is None or isinstance(doc["agent_cmd"], str))
+        and isinstance(doc.get("later", []), list)
+        and all(
+            isinstance(e, dict) and isinstance(e.get("session"), int) and _environment_ok(e)
+            for e in doc.get("later", [])
+        )
     )
     return doc if ok else None
+
+
+def _passed_in(prev: Path) -> dict[tuple[str, str | None], int] | None:
+    """The session each unit last passed in, from the earlier run's session log
+    (None when it cannot be read: then no unit of a run with several
+    environments is reused)."""
+    from crucible.run._session import read_events
+
+    try:
+        events = read_events(prev / "session.jsonl")
+    except (OSError, CrucibleError):
+        return None
+    passed: dict[tuple[str, str | None], int] = {}
+    for e in events:
+        if e.get("event") == "task_finished" and e.get("status") == "passed":
+            passed[(str(e.get("task")), e.get("key"))] = int(e.get("session", 0))
+    return passed
+
+
+def _environment_of(doc: Mapping[str, Any], session: int) -> Mapping[str, Any]:
+    """The environment in force in ``session``: the last ``later`` entry that
+    began at or before it, else the first session's."""
+    chosen: Mapping[str, Any] = doc
+    for entry in doc.get("later", ()):
+        if entry["session"] <= session:
+            chosen = entry
+    return chosen
 
 
 def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
@@ -130,14 +175,21 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     if loop_of(plan, view(plan)) is not None:  # its units are not keyed (cache.md)
         warn("--reuse: a plan with a [loop] is not keyed: nothing of the earlier run is reused")
         return 0
-    keyer = Keyer(
-        plan,
-        prev,
-        environ=doc["environ"],
-        agent_cmd=doc["agent_cmd"],
-        emit_cap=doc["emit_cap"],
-        programs_changed_after=int(doc["started_ns"]),
-    )
+    # one keyer per environment a session of the earlier run had (index 0: the
+    # first session's); a unit is keyed under the one it passed in
+    environments = [doc, *doc.get("later", ())]
+    keyers = [
+        Keyer(
+            plan,
+            prev,
+            environ=env["environ"],
+            agent_cmd=env["agent_cmd"],
+            emit_cap=env["emit_cap"],
+            programs_changed_after=int(doc["started_ns"]),
+        )
+        for env in environments
+    ]
+    passed_in = _passed_in(prev) if len(environments) > 1 else {}
     cache = TaskCache(cache_dir, warn=warn)
     layout = stage.StateLayout(prev)
     saved = 0
@@ -149,6 +201,14 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
                 continue
             name = task["name"]
             for key, record in _passed_units(stage, prev, task):
+                if len(keyers) == 1:
+                    keyer = keyers[0]
+                else:
+                    session = None if passed_in is None else passed_in.get((name, key))
+                    if session is None:
+                        continue  # the session it passed in is unknown: it runs again
+                    env = _environment_of(doc, session)
+                    keyer = keyers[next(i for i, e in enumerate(environments) if e is env)]
                 try:
                     ck = keyer.key(name, key)
                 except CrucibleError:

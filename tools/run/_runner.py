@@ -145,11 +145,11 @@ def _run_admitted(
         from crucible.run._reuse import environ_record, note_environ
 
         record = environ_record(admission.plan, env, options.agent_cmd, admission.emit_cap)
-        note_environ(options.state, record, resumed=options.resume)
+        session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
+        note_environ(options.state, record, resumed=options.resume, session=session)
         if options.reuse:
             options = _reuse_previous(stack, options, admission.previous, on_warning)
         selection_apply(stage, options.state, graph, selection)
-        session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
         log = SessionLog(log_path, session, mirror, on_warning)
         stack.callback(log.close)
         dispatcher = Dispatcher(
