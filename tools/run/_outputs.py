@@ -91,7 +91,10 @@ def finish_results(
     run: a resume finishes it and publishes then)."""
     plan = admission.plan
     if plan["workflow"].get("outputs") or options.outputs is not None:
-        write_outputs(plan, options.state, admission.digest, status)
+        doc = build_outputs(plan, options.state, admission.digest, status)
+        atomic.write_bytes(_layout(options.state).outputs_path, canon.dumps(doc))
+        if status == "passed" and doc["@absent"] and on_warning is not None:
+            on_warning(_absent_warning(doc, _layout(options.state).outputs_path))
     if options.publish_dir is None:
         return
     if not plan["workflow"].get("publish"):
@@ -103,6 +106,19 @@ def finish_results(
     from crucible.run._publish import publish
 
     publish(plan, options.state, options.publish_dir, admission.digest)
+
+
+def _absent_warning(doc: Mapping[str, Any], path: Path) -> str:
+    """A passed run whose declared outputs are (partly) absent, said once: tolerated
+    failures and skips let a run pass without the tasks that produce its results
+    (issue 27 item 15)."""
+    absent = doc["@absent"]
+    shown = "; ".join(f"{name} ({why['note']})" for name, why in list(absent.items())[:3])
+    more = len(absent) - 3
+    return (
+        f"the run passed, but {len(absent)} of {len(doc['@from'])} declared outputs are "
+        f"absent: {shown}" + (f" and {more} more" if more > 0 else "") + f" (see {path})"
+    )
 
 
 def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:

@@ -140,7 +140,7 @@ def _run_admitted(
             )
         return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
     if options.resume and not selection.to_run(graph):
-        outcome = _nothing_to_resume(admission, graph, selection)
+        outcome = _nothing_to_resume(admission, graph, selection, earlier)
         if options.publish_dir is not None:  # a publish an earlier session did not finish
             finish_results(admission, options, outcome.status, on_warning)
         return outcome
@@ -197,11 +197,16 @@ def _run_admitted(
     return outcome
 
 
-def _nothing_to_resume(admission: Admission, graph: TaskGraph, selection: Selection) -> RunOutcome:
+def _nothing_to_resume(
+    admission: Admission, graph: TaskGraph, selection: Selection, earlier: list[dict[str, Any]]
+) -> RunOutcome:
     """--resume when every selected task has settled: nothing runs and nothing is
-    written (no empty session); the exit code is the run's, as recorded."""
+    written (no empty session); the exit code is the run's, as recorded: the
+    dispatcher's rule (crucible.run._engine), so an IR v3 run that passed with
+    tolerated failures or skips exits 0 again (issue 27 item 14)."""
     expected = [n for n in graph.order if selection.selected is None or n in selection.selected]
-    statuses = [selection.kept[n].get("status") for n in expected]
+    records = [selection.kept[n] for n in expected]
+    statuses = [r.get("status") for r in records]
     counts = {
         "tasks": len(graph.order),
         "units": len(graph.order),
@@ -209,7 +214,17 @@ def _nothing_to_resume(admission: Admission, graph: TaskGraph, selection: Select
         "failed": statuses.count("failed"),
         "skipped": statuses.count("skipped"),
     }
-    passed = all(s == "passed" for s in statuses)
+    tolerated = sum(1 for r in records if r.get("status") == "failed" and r.get("tolerated") is True)
+    if tolerated:
+        counts["tolerated"] = tolerated
+    passed = all(s == "passed" for s in statuses) or (
+        admission.plan["version"] >= 3
+        and all(
+            r.get("status") == "skipped" or r.get("status") == "passed" or r.get("tolerated") is True
+            for r in records
+        )
+        and not _loop_failed(admission, earlier)
+    )
     hint = "" if passed else "; pass --retry-failed to run the failed and skipped again"
     return RunOutcome(
         "passed" if passed else "failed",
@@ -219,3 +234,12 @@ def _nothing_to_resume(admission: Admission, graph: TaskGraph, selection: Select
         0.0,
         message=f"nothing to resume: every task has settled{hint}",
     )
+
+
+def _loop_failed(admission: Admission, earlier: list[dict[str, Any]]) -> bool:
+    """A scored loop whose body failed fails its run (loop.md) whatever its records
+    say: the last session's recorded status decides then."""
+    if admission.plan.get("loop") is None:
+        return False
+    finished = [e for e in earlier if e.get("event") == "run_finished"]
+    return bool(finished) and finished[-1].get("status") != "passed"

@@ -117,24 +117,50 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         _print_dry_run(outcome.plan_lines, opts.as_json, out)
         return int(outcome.exit_code)
     if options.outputs is not None:
-        from crucible.run._outputs import copy_outputs
-
-        copy_outputs(options.state, options.outputs, out)
+        _copy_outputs(options, out)
     err.write(f"{PROG}: {summary_line(outcome, options.state)}\n")
     err.flush()
     return int(outcome.exit_code)
+
+
+def _copy_outputs(options: RunOptions, out: BinaryIO) -> None:
+    """``--outputs``: STATE/outputs.json to stdout or FILE. A stdout whose reader
+    has left (``| head -c 0``) only loses the copy: the run's own exit code and
+    last line stand, as with ``--events -`` (issue 27 item 13)."""
+    import os
+
+    from crucible.run._outputs import copy_outputs
+
+    try:
+        copy_outputs(options.state, str(options.outputs), out)
+    except BrokenPipeError:
+        if options.outputs != "-":
+            raise
+        # nothing more reaches the closed pipe, not even the flush at exit
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, out.fileno())
+        finally:
+            os.close(null)
+
+
+def _counts_text(c: Any) -> str:
+    """``3 passed, 2 failed, 1 skipped``; failures the plan tolerated are
+    counted apart: ``2 failed (tolerated)``, or ``5 failed (2 tolerated)``."""
+    failed = f"{c['failed']} failed"
+    tolerated = int(c.get("tolerated", 0))
+    if tolerated:
+        failed += " (tolerated)" if tolerated >= c["failed"] else f" ({tolerated} tolerated)"
+    return f"{c['passed']} passed, {failed}, {c['skipped']} skipped"
 
 
 def summary_line(outcome: Any, state: Path) -> str:
     """The run's last line: its counts, and the first failed units with their logs."""
     c = outcome.counts
     if outcome.message is not None:
-        head = f"{outcome.message} ({c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped)"
+        head = f"{outcome.message} ({_counts_text(c)})"
     else:
-        head = (
-            f"run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "
-            f"{c['skipped']} skipped in {outcome.duration:.2f}s"
-        )
+        head = f"run {outcome.status}: {_counts_text(c)} in {outcome.duration:.2f}s"
     if outcome.failures:
         shown = ", ".join(
             _printable(label) + (f" ({state / log})" if log else "")
