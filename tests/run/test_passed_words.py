@@ -16,7 +16,7 @@ TOLERATED = (
     task("enrich", "exit 7", on_failure="continue")
     + task("gate", OK, when="1 == 2")
     + task("use", emit({"total": 3}), needs=["enrich"], emits={"total": "integer"})
-    + "\n[workflow.outputs]\ntotal = \"use.total\"\n"
+    + '\n[workflow.outputs]\ntotal = "use.total"\n'
 )
 
 
@@ -40,7 +40,7 @@ def test_a_passed_run_with_every_output_present_does_not_warn(tmp_path: Path) ->
     run = dispatch(
         tmp_path,
         task("use", emit({"total": 3}), emits={"total": "integer"})
-        + "\n[workflow.outputs]\ntotal = \"use.total\"\n",
+        + '\n[workflow.outputs]\ntotal = "use.total"\n',
     )
     assert run.code == 0 and "warning" not in run.stderr, run.stderr
 

@@ -9,6 +9,7 @@ run/_commands_state.py, re-exported here and loaded on first use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,9 +80,25 @@ def dispatch_options(*, as_json: bool, cache: Path | None, **fields: Any) -> Dis
 
 
 def _warn(err: TextIO) -> Any:
+    """One warning line on ``err``, written so that a stderr nobody reads drops
+    it instead of holding the dispatcher (crucible.run._mirror)."""
+    from crucible.run._mirror import BoundedOut
+
+    bounded: list[BoundedOut] = []
+
     def warn(message: str) -> None:
-        err.write(f"{PROG}: warning: {message}\n")
+        line = f"{PROG}: warning: {message}\n"
+        try:
+            fd = err.fileno()
+        except (AttributeError, OSError, ValueError):  # not a descriptor (a test's stream)
+            err.write(line)
+            err.flush()
+            return
         err.flush()
+        if not bounded:
+            bounded.append(BoundedOut(fd))
+        with contextlib.suppress(OSError):  # stalled or closed: the line is dropped
+            bounded[0].write(line.encode("utf-8", "backslashreplace"))
 
     return warn
 
@@ -108,11 +125,20 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         from crucible.run._progress import LiveProgress
 
         live = LiveProgress(err)
+    warn = _warn(err)
     try:
-        outcome = run_plan(options, on_progress=live, on_warning=_warn(err))
+        outcome = run_plan(options, on_progress=live, on_warning=warn)
     finally:
         if live is not None:
             live.close()
+        if options.follow:
+            from crucible.run._mirror import STALL, follow_dropped
+
+            if follow_dropped():
+                warn(
+                    f"--follow: stderr's reader took nothing for {STALL:g} s; the stream was "
+                    "dropped, the tasks' output is complete in their logs"
+                )
     if options.dry_run:
         _print_dry_run(outcome.plan_lines, opts.as_json, out)
         return int(outcome.exit_code)
