@@ -12,6 +12,12 @@ reports end of file, the worker is gone, by exit or by death: the reaper sends
 SIGTERM to every group still registered, SIGKILL to those left after the kill
 grace, and exits. A worker that exits cleanly has nothing registered.
 
+The local executor starts one reaper for the session's workers, before it
+forks them (they inherit its pipe, and each registers the groups it starts:
+:func:`crucible.run._procs.watch_groups`); that reaper also holds the state
+lock until it exits, so a ``--resume`` after a SIGKILL of the dispatcher's
+whole process group waits until the killed run's tasks are gone.
+
 The reaper runs ``python -I -S`` on the code in :data:`_CODE` (no crucible
 import, nothing from the environment), so it starts in a few milliseconds and
 needs nothing from the worker's ``sys.path``.
@@ -70,8 +76,12 @@ class Reaper:
     covered from the moment its ``+PGID`` is written, and starting the reaper
     takes a few milliseconds a dying worker may not have."""
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, hold_fds: tuple[int, ...] = ()) -> None:
         self._grace = grace
+        #: descriptors the reaper holds until it exits: the local executor's
+        #: state lock, so no other dispatcher takes the state dir while a task
+        #: of this one may still run (docs/spec/run.md, "Orphans")
+        self._hold_fds = hold_fds
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -85,6 +95,7 @@ class Reaper:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 close_fds=True,
+                pass_fds=self._hold_fds,
                 start_new_session=True,
             )
         except BaseException:
