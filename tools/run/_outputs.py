@@ -121,10 +121,11 @@ def _absent_warning(doc: Mapping[str, Any], path: Path) -> str:
     )
 
 
-def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
+def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None = None) -> None:
     """``--outputs -|FILE``: the bytes of STATE/outputs.json, to ``out`` or FILE
     (through :mod:`crucible.core.output`, as every command's output: a FIFO or a
-    device is written through, a regular file replaced atomically)."""
+    device is written through, a regular file replaced atomically). ``fd``: a
+    FIFO's write end opened at admission (crucible.run._preflight)."""
     from crucible.core.output import write_output, write_stream
 
     path = _layout(state).outputs_path
@@ -133,6 +134,16 @@ def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
     except OSError as exc:
         raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
     if target == "-":
+        assert out is not None
         write_stream(out, data + b"\n")
+    elif fd is not None:
+        from crucible.core.fdio import write_all
+
+        try:
+            write_all(fd, data)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot write the outputs: {exc.strerror or exc}", where=target
+            ) from None
     else:
         write_output(target, data)

@@ -143,26 +143,36 @@ def _run_admitted(
         outcome = _nothing_to_resume(admission, graph, selection, earlier)
         if options.publish_dir is not None:  # a publish an earlier session did not finish
             finish_results(admission, options, outcome.status, on_warning)
+        _copy_outputs_file(admission, options)
         return outcome
     with ExitStack() as stack:
         mirror = _open_mirror(stack, options.events)
+        fresh = admission.unclaimed
         admission.claim(options.state)
-        selection_apply(stage, options.state, graph, selection)
-        session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
-        log = SessionLog(log_path, session, mirror, on_warning)
-        stack.callback(log.close)
-        dispatcher = Dispatcher(
-            admission,
-            options,
-            log,
-            environ=env,
-            on_progress=on_progress,
-            selection=selection,
-            on_warning=on_warning,
-        )
-        stack.callback(dispatcher.close)
-        admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
-        dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
+        try:
+            selection_apply(stage, options.state, graph, selection)
+            session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
+            log = SessionLog(log_path, session, mirror, on_warning)
+            stack.callback(log.close)
+            dispatcher = Dispatcher(
+                admission,
+                options,
+                log,
+                environ=env,
+                on_progress=on_progress,
+                selection=selection,
+                on_warning=on_warning,
+            )
+            stack.callback(dispatcher.close)
+            admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
+            dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
+        except BaseException:
+            # Refused before its first event (an unreachable scheduler, a resource
+            # no worker offers): a fresh run leaves the state dir unclaimed, so
+            # the same command works once the cause is fixed (issue 27 item 12).
+            if fresh:
+                admission.unclaim(options.state)
+            raise
         # Queued, not committed: the loop's first turn commits it with that turn's
         # events, after the turn has forked the workers if any unit needs one
         # (the session log's writer thread starts at the first commit, and the
@@ -175,6 +185,8 @@ def _run_admitted(
             outcome = dispatcher.run()
             # run results and published files (IR v3): crucible.run._outputs
             finish_results(admission, options, outcome.status, on_warning)
+            if outcome.status != "interrupted":
+                _copy_outputs_file(admission, options)
         except CrucibleError as exc:
             log.emit("shutdown", reason="error", note=str(exc), exit_code=exc.exit_code)
             raise
@@ -195,6 +207,16 @@ def _run_admitted(
             signum=outcome.exit_code - 128,
         )
     return outcome
+
+
+def _copy_outputs_file(admission: Admission, options: RunOptions) -> None:
+    """``--outputs FILE``: STATE/outputs.json copied there (through the FIFO held
+    since admission, if it is one). ``--outputs -`` is the command's (stdout)."""
+    if options.outputs is None or options.outputs == "-":
+        return
+    from crucible.run._outputs import copy_outputs
+
+    copy_outputs(options.state, options.outputs, None, fd=admission.outputs_fd)
 
 
 def _nothing_to_resume(

@@ -142,7 +142,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     if options.dry_run:
         _print_dry_run(outcome.plan_lines, opts.as_json, out)
         return int(outcome.exit_code)
-    if options.outputs is not None:
+    if options.outputs == "-":  # a FILE was written by the run (crucible.run._runner)
         _copy_outputs(options, out)
     err.write(f"{PROG}: {summary_line(outcome, options.state)}\n")
     err.flush()
@@ -158,10 +158,8 @@ def _copy_outputs(options: RunOptions, out: BinaryIO) -> None:
     from crucible.run._outputs import copy_outputs
 
     try:
-        copy_outputs(options.state, str(options.outputs), out)
+        copy_outputs(options.state, "-", out)
     except BrokenPipeError:
-        if options.outputs != "-":
-            raise
         # nothing more reaches the closed pipe, not even the flush at exit
         null = os.open(os.devnull, os.O_WRONLY)
         try:
