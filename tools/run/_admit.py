@@ -282,6 +282,10 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         names = ", ".join(t["name"] for t in plan["tasks"] if t.get("kind") == "agent")
         raise UsageError(f"the plan has agent tasks ({names}): pass --agent-cmd CMD")
     _check_targets(plan, options.targets)
+    if options.publish_dir is not None and plan["workflow"].get("publish"):
+        from crucible.run._publish import check_destinations
+
+        check_destinations(plan, options.publish_dir)  # never replace a user's files
     jobs = _jobs(options.jobs, plan)
     _check_state_path(state)
     given = read_params_file(options.params_file) if options.params_file else {}
