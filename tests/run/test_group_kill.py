@@ -124,3 +124,79 @@ def test_the_killed_run_tasks_die_without_a_resume(tmp_path: Path) -> None:
         assert marks.read_text().splitlines()[-1] == "end"
     finally:
         _cleanup(marks)
+
+
+#: a first attempt that ignores SIGTERM (only SIGKILL ends it)
+STUBBORN = """\
+M="$CRUCIBLE_WORKSPACE/../../marks.txt"
+if [ -f "$M" ]; then echo "start again" >> "$M"; exit 0; fi
+echo "start $$" >> "$M"
+trap '' TERM
+while :; do sleep 0.1; done
+"""
+
+
+def _lock_holders(lock: Path) -> list[int]:
+    """The processes holding ``lock`` open (after the group kill: the reaper)."""
+    holders = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{name}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{name}/fd/{fd}") == str(lock):
+                    holders.append(int(name))
+                    break
+            except OSError:
+                continue
+    return holders
+
+
+def test_resume_stops_an_earlier_attempt_even_when_the_reaper_was_killed(tmp_path: Path) -> None:
+    pack = tmp_path / "pack.toml"
+    pack.write_text(
+        'edition = 4\n[workflow]\nname = "stubborn"\n'
+        f"[[workflow.task]]\nname = \"long\"\nrun = '''{STUBBORN}'''\n"
+    )
+    state = tmp_path / "state"
+    marks = state / "marks.txt"
+    proc = subprocess.Popen(
+        [DISPATCH, str(pack), "--state", str(state)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (marks.exists() and marks.read_text().startswith("start ")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        task = int(marks.read_text().split()[1])
+        time.sleep(0.1)  # its task_started is in the log (announced after 2 ms)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    try:
+        # the reaper too, inside its kill grace (the task ignores its SIGTERM)
+        for pid in _lock_holders((state / "lock").resolve()):
+            os.kill(pid, signal.SIGKILL)
+        assert _alive(task)
+        resumed = subprocess.run(
+            [DISPATCH, str(pack), "--state", str(state), "--resume"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert resumed.returncode == 0, resumed.stderr
+        assert "still runs" in resumed.stderr and "'long'" in resumed.stderr
+        assert not _alive(task)
+        assert marks.read_text().splitlines() == [f"start {task}", "start again"]
+    finally:
+        _cleanup(marks)

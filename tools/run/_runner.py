@@ -106,6 +106,11 @@ def _run_admitted(
     log_path = stage.StateLayout(options.state).session_path
     graph = build_graph(admission.plan)
     earlier = [] if admission.unclaimed else read_events(log_path)
+    if options.resume and not options.dry_run and options.executor == "local":
+        from crucible.run._leftovers import stop_leftovers
+
+        # the reaper's lock covers a killed run; this covers a killed reaper
+        stop_leftovers(options.state, earlier, options.kill_grace, on_warning)
     selection = select(
         stage,
         options.state,
