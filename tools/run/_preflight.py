@@ -35,7 +35,7 @@ def check_output_flags(options: RunOptions) -> None:
     if options.outputs is not None and options.outputs != "-":
         _check_file_target("--outputs", options.outputs)
     if options.publish_dir is not None:
-        _check_publish_dir(options.publish_dir, state)
+        _check_publish_dir(options.publish_dir)
 
 
 def _refuse_inside_state(flag: str, value: str, state: str) -> None:
@@ -72,7 +72,7 @@ def _check_file_target(flag: str, value: str) -> None:
         raise UsageError(f"{flag}: is a block device; write to a file or a stream", where=value)
 
 
-def _check_publish_dir(path: Path, state: str) -> None:
+def _check_publish_dir(path: Path) -> None:
     if os.path.lexists(path) and not os.path.isdir(path):
         what = "a dangling symbolic link" if not os.path.exists(path) else "not a directory"
         raise UsageError(f"--publish-dir: {what}", where=str(path))

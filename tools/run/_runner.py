@@ -154,30 +154,25 @@ def _run_admitted(
         mirror = _open_mirror(stack, options.events)
         fresh = admission.unclaimed
         admission.claim(options.state)
-        try:
-            selection_apply(stage, options.state, graph, selection)
-            session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
-            log = SessionLog(log_path, session, mirror, on_warning)
-            stack.callback(log.close)
-            dispatcher = Dispatcher(
-                admission,
-                options,
-                log,
-                environ=env,
-                on_progress=on_progress,
-                selection=selection,
-                on_warning=on_warning,
-            )
-            stack.callback(dispatcher.close)
-            admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
-            dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
-        except BaseException:
-            # Refused before its first event (an unreachable scheduler, a resource
-            # no worker offers): a fresh run leaves the state dir unclaimed, so
-            # the same command works once the cause is fixed (issue 27 item 12).
-            if fresh:
-                admission.unclaim(options.state)
-            raise
+        # refused before its first event: a fresh run is unclaimed again
+        unclaim = stack.enter_context(_UnclaimOnError(admission, options.state, fresh))
+        selection_apply(stage, options.state, graph, selection)
+        session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
+        log = SessionLog(log_path, session, mirror, on_warning)
+        stack.callback(log.close)
+        dispatcher = Dispatcher(
+            admission,
+            options,
+            log,
+            environ=env,
+            on_progress=on_progress,
+            selection=selection,
+            on_warning=on_warning,
+        )
+        stack.callback(dispatcher.close)
+        admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
+        dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
+        unclaim.armed = False
         # Queued, not committed: the loop's first turn commits it with that turn's
         # events, after the turn has forked the workers if any unit needs one
         # (the session log's writer thread starts at the first commit, and the
@@ -212,6 +207,27 @@ def _run_admitted(
             signum=outcome.exit_code - 128,
         )
     return outcome
+
+
+class _UnclaimOnError:
+    """Entered right after a fresh run's claim, disarmed once the session is set
+    up: an error meanwhile (an unreachable scheduler, a resource no worker
+    offers) unclaims the state dir as it unwinds, after the session log and the
+    dispatcher were closed, so the same command works once the cause is fixed
+    (issue 27 item 12)."""
+
+    def __init__(self, admission: Admission, state: Any, armed: bool) -> None:
+        self.admission = admission
+        self.state = state
+        #: only a fresh run's claim is undone (a resume's state stays as it was)
+        self.armed = armed
+
+    def __enter__(self) -> _UnclaimOnError:
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is not None and self.armed:
+            self.admission.unclaim(self.state)
 
 
 def _copy_outputs_file(admission: Admission, options: RunOptions) -> None:
