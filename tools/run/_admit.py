@@ -34,6 +34,7 @@ from crucible.run._lock import StateLock
 from crucible.run._matrix import check_fanout_params
 from crucible.run._options import JOBS_MAX, RunOptions
 from crucible.run._params import changed_param, read_params_file, resolve_params
+from crucible.run._preflight import check_output_flags, open_outputs_stream
 
 __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
 
@@ -78,6 +79,12 @@ class Admission:
     move_aside: bool = False
     #: set once the claim moved an earlier run aside
     previous: Path | None = field(default=None)
+    #: ``--outputs`` naming a FIFO: its write end, held from admission to the
+    #: end of the run (crucible.run._preflight.open_outputs_stream)
+    outputs_fd: int | None = None
+    #: a fresh run's state dir was created by this admission (an undone claim
+    #: removes it again: :meth:`unclaim`)
+    created_state: bool = False
 
     def claim(self, state: Path) -> None:
         """Write what marks the state dir as this run's (fresh runs only)."""
@@ -115,27 +122,65 @@ class Admission:
         self.previous = prev
         self.move_aside = False
 
+    def unclaim(self, state: Path) -> None:
+        """Undo the claim of a fresh run that failed before its first event (an
+        unreachable scheduler, a resource no worker offers): the state dir is
+        left as it was, so the same command works once the cause is fixed.
+        ``plan.json`` first: its absence marks the dir unclaimed again."""
+        import contextlib
+
+        layout = _layout(state)
+        from crucible.run._reuse import ENVIRON_FILE
+
+        for path in (layout.plan_path, layout.params_path, state / ENVIRON_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        with contextlib.suppress(OSError):
+            if layout.session_path.stat().st_size == 0:  # opened, never written
+                layout.session_path.unlink()
+        self.unclaimed = True
+        if self.created_state:
+            self.release()
+            with contextlib.suppress(OSError):
+                layout.executor_token_path.unlink()  # the session's, if it got that far
+            with contextlib.suppress(OSError):
+                layout.lock_path.unlink()
+                state.rmdir()  # only when nothing else is there
+
     def release(self) -> None:
+        if self.outputs_fd is not None:
+            import contextlib
+
+            with contextlib.suppress(OSError):
+                os.close(self.outputs_fd)
+            self.outputs_fd = None
         if self.lock is not None:
             self.lock.release()
             self.lock = None
 
 
 def emit_cap_from(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> int:
+    """``--emit-cap``, else ``CRUCIBLE_EMIT_CAP``, else the default: stage's one
+    rule (1 to 2^53-1 bytes, so it can be recorded in ``plan_admitted``), and
+    its one message naming the source, checked before anything is written."""
+    from crucible.stage._capture import EMIT_CAP_MAX, emit_cap_problem
+
     if options.emit_cap is not None:
         cap = options.emit_cap
         where = "--emit-cap"
+        shown = repr(str(cap))
     else:
         text = environ.get("CRUCIBLE_EMIT_CAP")
         if not text:
             return EMIT_CAP_DEFAULT
         where = "CRUCIBLE_EMIT_CAP"
+        shown = repr(text)
         try:
             cap = int(text)
         except ValueError:
-            raise UsageError(f"not an integer: {text!r}", where=where) from None
-    if cap < 1:
-        raise UsageError("the emit cap must be at least 1 byte", where=where)
+            cap = 0
+    if not 1 <= cap <= EMIT_CAP_MAX:
+        raise UsageError(emit_cap_problem(shown), where=where)
     return cap
 
 
@@ -249,6 +294,7 @@ def _check_sandbox(
 def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Admission:
     """Check a run's whole input and lock its state dir; write nothing else."""
     _check_flags(options)
+    check_output_flags(options)
     plan, data, plan_digest, warnings = _load(options.plan)
     state = options.state
     emit_cap = emit_cap_from(options, environ)
@@ -257,6 +303,10 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         raise UsageError(f"the plan has agent tasks ({names}): pass --agent-cmd CMD")
     _check_sandbox(plan, options, environ)
     _check_targets(plan, options.targets)
+    if options.publish_dir is not None and plan["workflow"].get("publish"):
+        from crucible.run._publish import check_destinations
+
+        check_destinations(plan, options.publish_dir)  # never replace a user's files
     jobs = _jobs(options.jobs, plan)
     _check_state_path(state)
     given = read_params_file(options.params_file) if options.params_file else {}
@@ -265,7 +315,13 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         pack_dir=_pack_dir(options.plan),
     )  # fmt: skip
     if options.resume:
-        return _admit_resume(options, base, given)
+        if not options.dry_run:
+            base.outputs_fd = open_outputs_stream(options.outputs)
+        try:
+            return _admit_resume(options, base, given)
+        except BaseException:
+            base.release()
+            raise
     params = resolve_params(plan, given, options.params)
     check_fanout_params(plan, params)  # a param a fan-out ranges over (IR v3)
     base.params = params
@@ -288,12 +344,19 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     base.move_aside = held
     if options.dry_run:
         return base
-    make_dirs(state, "state dir")
-    base.lock = StateLock(state)
-    # Another dispatcher may have claimed it between our look and our lock.
-    if not options.fresh and plan_file.exists():
+    base.outputs_fd = open_outputs_stream(options.outputs)  # before the state dir is made
+    try:
+        base.created_state = not os.path.lexists(state)
+        make_dirs(state, "state dir")
+        base.lock = StateLock(state)
+        # Another dispatcher may have claimed it between our look and our lock.
+        if not options.fresh and plan_file.exists():
+            raise InputRefused(
+                "the state dir was claimed by another run meanwhile", where=str(state)
+            )
+    except BaseException:
         base.release()
-        raise InputRefused("the state dir was claimed by another run meanwhile", where=str(state))
+        raise
     return base
 
 

@@ -13,11 +13,14 @@ executor (a batch scheduler, Kubernetes jobs) is one module implementing
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crucible.run._options import RunOptions
 from crucible.run._unit import Slots, UnitRunner
 from crucible.run._workers import Channel, Reply, WorkerPool
+
+if TYPE_CHECKING:
+    from crucible.run._reaper import Reaper
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "create"]
 
@@ -81,9 +84,12 @@ class Executor(Protocol):
 class LocalExecutor:
     """Today's forked workers (crucible.run._workers) with the slot pipes."""
 
-    def __init__(self, pool: WorkerPool, slots: Slots) -> None:
+    def __init__(self, pool: WorkerPool, slots: Slots, reaper: Reaper | None = None) -> None:
         self.pool = pool
         self.slots = slots
+        #: kills the tasks' groups should the dispatcher and its workers all die
+        #: (a SIGKILL of their process group): started before the pool forks
+        self.reaper = reaper
 
     #: forked here: every task pid is this host's
     pids_are_local = True
@@ -126,6 +132,13 @@ class LocalExecutor:
 
     def close(self) -> None:
         self.pool.close()
+        if self.reaper is not None:
+            # the workers are reaped: nothing is registered, the reaper exits
+            # (and lets go of the state lock it holds)
+            from crucible.run import _procs
+
+            _procs.watch_groups(None)
+            self.reaper.close()
 
 
 def create(
@@ -135,16 +148,32 @@ def create(
     slots: Slots,
     runner: UnitRunner,
     serve: Callable[[Any, Channel], Any],
+    lock: Any = None,
 ) -> Executor:
     """The executor ``options.executor`` names. The local one forks its workers
     at its first unit (a fully cached run forks none: crucible.run._workers)."""
     if options.executor == "local":
         # one pipelined worker per slot (crucible.run._unit.UnitRunner.serve):
         # each stages its next unit while its task runs
+        from crucible.run import _procs
         from crucible.run._admit import worker_count
+        from crucible.run._reaper import Reaper
 
-        pool = WorkerPool(worker_count(jobs), serve, lazy=True, inbox_loop=runner.serve)
-        return LocalExecutor(pool, slots)
+        # The workers and the dispatcher are one process group, the tasks each
+        # their own session: a SIGKILL of the group would orphan the running
+        # tasks. A reaper (in a session of its own) started before the workers
+        # fork kills them then, and holds the state lock (``lock``) until they
+        # are dead: docs/spec/run.md, "Orphans".
+        reaper = Reaper(options.kill_grace, (lock.fileno(),) if lock is not None else ())
+
+        def start_reaper() -> None:
+            reaper.start()
+            _procs.watch_groups(reaper)
+
+        pool = WorkerPool(
+            worker_count(jobs), serve, lazy=True, inbox_loop=runner.serve, before_fork=start_reaper
+        )
+        return LocalExecutor(pool, slots, reaper)
     from crucible.run._dask_executor import DaskExecutor
 
     return DaskExecutor(options, jobs=jobs, runner=runner)

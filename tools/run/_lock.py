@@ -18,14 +18,17 @@ from pathlib import Path
 from crucible.core.errors import InputRefused, OperationalError, UsageError
 from crucible.core.fdio import write_all
 
-__all__ = ["StateLock"]
+__all__ = ["REAPER_WAIT", "StateLock"]
+
+#: how long a dispatcher waits for a lock held by the reaper of a killed
+#: dispatcher's tasks (it sends SIGTERM, then SIGKILL after the kill grace)
+REAPER_WAIT = 15.0
 
 
 class StateLock:
     """The held lock of one state dir (:meth:`release` is idempotent)."""
 
     def __init__(self, state: Path) -> None:
-        import fcntl
 
         from crucible.stage import StateLayout
 
@@ -42,10 +45,16 @@ class StateLock:
                 f"cannot open the state lock: {exc.strerror}", where=str(self.path)
             ) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _take(fd)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
+            if holder.isdigit() and not _alive(int(holder)):
+                raise InputRefused(
+                    f"the tasks of a dispatcher that is gone (pid {holder}) are still being "
+                    f"stopped after {REAPER_WAIT:g} s; try again once they are",
+                    where=str(state),
+                ) from None
             raise InputRefused(
                 f"another dispatcher (pid {holder}) is running on this state dir",
                 where=str(state),
@@ -62,11 +71,56 @@ class StateLock:
             pass  # the lock holds without the pid; a refusal then names none
         self._fd: int | None = fd
 
+    def fileno(self) -> int:
+        """The locked descriptor (the local executor's reaper holds it too)."""
+        assert self._fd is not None
+        return self._fd
+
     def release(self) -> None:
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = None
+
+
+def _take(fd: int) -> None:
+    """Take the lock, or raise BlockingIOError. A lock whose holder named in the
+    file is gone is held by the reaper of a killed dispatcher's tasks
+    (crucible.run._reaper), which lets go once those tasks are dead: it is
+    waited for, up to REAPER_WAIT, so a ``--resume`` never starts a unit whose
+    previous attempt may still run."""
+    import fcntl
+    import time
+
+    deadline: float | None = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _holder(fd)
+            if not holder.isdigit() or _alive(int(holder)):
+                raise
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + REAPER_WAIT
+            elif now >= deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (its parent has not reaped it yet) holds nothing
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2][:2] != b" Z"
+    except OSError:
+        return True
 
 
 def _holder(fd: int) -> str:

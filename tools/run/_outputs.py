@@ -91,7 +91,10 @@ def finish_results(
     run: a resume finishes it and publishes then)."""
     plan = admission.plan
     if plan["workflow"].get("outputs") or options.outputs is not None:
-        write_outputs(plan, options.state, admission.digest, status)
+        doc = build_outputs(plan, options.state, admission.digest, status)
+        atomic.write_bytes(_layout(options.state).outputs_path, canon.dumps(doc))
+        if status == "passed" and doc["@absent"] and on_warning is not None:
+            on_warning(_absent_warning(doc, _layout(options.state).outputs_path))
     if options.publish_dir is None:
         return
     if not plan["workflow"].get("publish"):
@@ -105,10 +108,24 @@ def finish_results(
     publish(plan, options.state, options.publish_dir, admission.digest)
 
 
-def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
+def _absent_warning(doc: Mapping[str, Any], path: Path) -> str:
+    """A passed run whose declared outputs are (partly) absent, said once: tolerated
+    failures and skips let a run pass without the tasks that produce its results
+    (issue 27 item 15)."""
+    absent = doc["@absent"]
+    shown = "; ".join(f"{name} ({why['note']})" for name, why in list(absent.items())[:3])
+    more = len(absent) - 3
+    return (
+        f"the run passed, but {len(absent)} of {len(doc['@from'])} declared outputs are "
+        f"absent: {shown}" + (f" and {more} more" if more > 0 else "") + f" (see {path})"
+    )
+
+
+def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None = None) -> None:
     """``--outputs -|FILE``: the bytes of STATE/outputs.json, to ``out`` or FILE
     (through :mod:`crucible.core.output`, as every command's output: a FIFO or a
-    device is written through, a regular file replaced atomically)."""
+    device is written through, a regular file replaced atomically). ``fd``: a
+    FIFO's write end opened at admission (crucible.run._preflight)."""
     from crucible.core.output import write_output, write_stream
 
     path = _layout(state).outputs_path
@@ -117,6 +134,16 @@ def copy_outputs(state: Path, target: str, out: BinaryIO) -> None:
     except OSError as exc:
         raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
     if target == "-":
+        assert out is not None
         write_stream(out, data + b"\n")
+    elif fd is not None:
+        from crucible.core.fdio import write_all
+
+        try:
+            write_all(fd, data)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot write the outputs: {exc.strerror or exc}", where=target
+            ) from None
     else:
         write_output(target, data)

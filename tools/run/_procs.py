@@ -26,14 +26,14 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from crucible.core.fsio import which
 
 if TYPE_CHECKING:
     from crucible.run._sandbox import SandboxSpec
 
-__all__ = ["TaskProcess", "close_inherited", "kill_group", "spawn"]
+__all__ = ["TaskProcess", "close_inherited", "kill_group", "spawn", "watch_groups"]
 
 #: reset to SIG_DFL in the child, every one of them: an ignored signal stays
 #: ignored across exec, and the worker that spawns a task ignores SIGINT and
@@ -47,6 +47,26 @@ __all__ = ["TaskProcess", "close_inherited", "kill_group", "spawn"]
 _DEFAULT_SIGNALS = tuple(
     s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)
 )
+
+
+class GroupWatcher(Protocol):
+    """Who kills the started groups should their starter die (crucible.run._reaper)."""
+
+    def watch(self, pgid: int) -> None: ...
+
+    def forget(self, pgid: int) -> None: ...
+
+
+#: this process's watcher: set by the local executor before it forks its
+#: workers, which inherit it (their spawns register, their reaps forget)
+_watcher: GroupWatcher | None = None
+
+
+def watch_groups(watcher: GroupWatcher | None) -> None:
+    """Register every group :func:`spawn` starts from now on with ``watcher``
+    (None: stop), and forget it once :meth:`TaskProcess.reap` reaped it."""
+    global _watcher
+    _watcher = watcher
 
 
 @dataclass
@@ -78,6 +98,8 @@ class TaskProcess:
                 continue
         with contextlib.suppress(OSError):
             os.close(self.pidfd)
+        if _watcher is not None:  # its group is dead: nothing left to kill
+            _watcher.forget(self.pid)
         return os.waitstatus_to_exitcode(status)
 
 
@@ -150,6 +172,8 @@ def spawn(
         kill_group(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         raise
+    if _watcher is not None:
+        _watcher.watch(pid)
     return TaskProcess(pid=pid, pidfd=pidfd, started=started, deadline=deadline)
 
 

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import atomic, canon
-from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.errors import InputRefused, OperationalError, UsageError
+from crucible.core.fdio import read_regular
 from crucible.core.fsio import make_dirs
 
-__all__ = ["PUBLISH_FORMAT", "publish"]
+__all__ = ["PUBLISH_FORMAT", "check_destinations", "publish"]
 
 PUBLISH_FORMAT = "crucible.publish/1"
 _TMP = ".crucible-publish-"
@@ -145,12 +146,87 @@ def _sweep(parent: Path) -> None:
 
 
 def _remove(path: Path) -> None:
+    """Remove our scratch or an earlier publication set aside (a directory), or
+    a non-directory left under one of our names: rmtree alone would fail on that
+    at every later publish (issue 27 item 11)."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+
     def writable(func: Any, p: str, _exc: Any) -> None:
         with contextlib.suppress(OSError):
             os.chmod(os.path.dirname(p), 0o755)
         func(p)
 
     shutil.rmtree(path, onerror=writable)
+
+
+def check_destinations(plan: Mapping[str, Any], target: Path) -> None:
+    """Refuse (before anything is published, and before the run at admission) a
+    destination that holds anything crucible did not publish there: a publish
+    replaces only an earlier publication, which its ``@publish.json`` lists
+    whole (issue 27 item 11). Also a component on the way that is no directory."""
+    for dest in plan["workflow"].get("publish", {}):
+        final = _inside(target, dest)
+        inside = [p for p in final.parents if p == target or target in p.parents]
+        for parent in reversed(inside):
+            if os.path.lexists(parent) and not parent.is_dir():
+                raise UsageError(
+                    f"publish destination {dest!r}: {parent} is in the way and is not "
+                    "a directory; crucible never replaces what it did not publish",
+                    where=str(parent),
+                )
+        if os.path.lexists(final):
+            foreign = _foreign(final, dest)
+            if foreign is not None:
+                raise UsageError(
+                    f"publish destination {dest!r} {foreign}: crucible replaces only what it "
+                    "published there; move it away or publish elsewhere",
+                    where=str(final),
+                )
+
+
+def _foreign(final: Path, dest: str) -> str | None:
+    """What in ``final`` is not part of crucible's publication of ``dest``, said
+    after the destination's name (None: ``final`` is one, whole, or empty)."""
+    if not final.is_dir():
+        return "is not a directory"
+    first = min((e.name for e in os.scandir(final)), default=None)
+    if first is None:
+        return None  # an empty directory: nothing to lose
+    manifest_path = final / "@publish.json"
+    try:
+        manifest = canon.loads(read_regular(manifest_path, follow=False))
+    except (OSError, canon.CanonError):
+        return f"holds {first!r} and no readable @publish.json"
+    if not (
+        isinstance(manifest, dict)
+        and manifest.get("format") == PUBLISH_FORMAT
+        and manifest.get("destination") == dest
+        and isinstance(manifest.get("files"), list)
+    ):
+        return "holds an @publish.json of another destination or format"
+    listed = {f.get("path") for f in manifest["files"] if isinstance(f, dict)}
+    dirs = {p for path in listed if isinstance(path, str) for p in _parents(path)}
+    for root, subdirs, files in os.walk(final):
+        rel_root = os.path.relpath(root, final)
+        for name in files:
+            rel = name if rel_root == "." else f"{rel_root}/{name}"
+            if rel == "@publish.json":
+                continue
+            if rel not in listed or not os.path.isfile(os.path.join(root, name)):
+                return f"holds {rel!r}, which its @publish.json does not list"
+        for name in subdirs:
+            rel = name if rel_root == "." else f"{rel_root}/{name}"
+            if rel not in dirs or os.path.islink(os.path.join(root, name)):
+                return f"holds {rel + '/'!r}, which its @publish.json does not list"
+    return None
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def _workdir(state: Path, parent: Path) -> Path:
@@ -230,6 +306,7 @@ def publish(
     """Publish every destination of ``[workflow.publish]`` into ``target``; returns
     their manifests."""
     make_dirs(target)
+    check_destinations(plan, target)  # all of them, before any is replaced
     from crucible.stage import StateLayout
 
     _sweep(StateLayout(state).publish_scratch)

@@ -12,6 +12,12 @@ reports end of file, the worker is gone, by exit or by death: the reaper sends
 SIGTERM to every group still registered, SIGKILL to those left after the kill
 grace, and exits. A worker that exits cleanly has nothing registered.
 
+The local executor starts one reaper for the session's workers, before it
+forks them (they inherit its pipe, and each registers the groups it starts:
+:func:`crucible.run._procs.watch_groups`); that reaper also holds the state
+lock until it exits, so a ``--resume`` after a SIGKILL of the dispatcher's
+whole process group waits until the killed run's tasks are gone.
+
 The reaper runs ``python -I -S`` on the code in :data:`_CODE` (no crucible
 import, nothing from the environment), so it starts in a few milliseconds and
 needs nothing from the worker's ``sys.path``.
@@ -21,9 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 import threading
+from typing import Any
 
 __all__ = ["Reaper"]
 
@@ -70,22 +76,34 @@ class Reaper:
     covered from the moment its ``+PGID`` is written, and starting the reaper
     takes a few milliseconds a dying worker may not have."""
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, hold_fds: tuple[int, ...] = ()) -> None:
         self._grace = grace
+        #: descriptors the reaper holds until it exits: the local executor's
+        #: state lock, so no other dispatcher takes the state dir while a task
+        #: of this one may still run (docs/spec/run.md, "Orphans")
+        self._hold_fds = hold_fds
         self._lock = threading.Lock()
         self._fd: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._pid: int | None = None
 
     def _start(self) -> int:
+        # posix_spawn, not subprocess: a plain run must not import subprocess
+        # (its start-up budget), and the reaper needs nothing Popen adds
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        actions: list[tuple[Any, ...]] = [
+            (os.POSIX_SPAWN_DUP2, read_end, 0),
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        # each held descriptor at 3, 4, ...: dup2 leaves the copy open across exec
+        actions += [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(self._hold_fds)]
         try:
-            self._proc = subprocess.Popen(
+            self._pid = os.posix_spawn(
+                sys.executable,
                 [sys.executable, "-I", "-S", "-c", _CODE, str(self._grace)],
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                close_fds=True,
-                start_new_session=True,
+                {},
+                file_actions=actions,
+                setsid=True,
             )
         except BaseException:
             os.close(write_end)
@@ -116,15 +134,36 @@ class Reaper:
 
     @property
     def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+        return self._pid
 
     def close(self) -> None:
         """End the reaper (it kills what is still registered) and reap it."""
         with self._lock:
             fd, self._fd = self._fd, None
-            proc, self._proc = self._proc, None
+            pid, self._pid = self._pid, None
         if fd is not None:
             os.close(fd)
-        if proc is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=self._grace + 5)
+        if pid is not None:
+            _reap(pid, self._grace + 5)
+
+
+def _reap(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for the reaper to exit, and reap it."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return  # left to init; it exits once it has killed what it holds
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                time.sleep(min(left, 0.01))
+                continue
+            try:
+                select.select([pidfd], [], [], left)
+            finally:
+                os.close(pidfd)

@@ -18,6 +18,7 @@ filesystem instead, :mod:`crucible.run._syncfs`), then says which batch is durab
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -29,6 +30,7 @@ from typing import IO, Any
 from crucible.core import ndjson
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
+from crucible.run._mirror import BoundedOut
 from crucible.run._syncfs import FsSync
 
 __all__ = ["EVENT_KINDS", "GROUP_COMMIT_WINDOW", "SessionLog", "now_text", "read_events"]
@@ -102,6 +104,12 @@ class SessionLog:
         self.path = path
         self.session = session
         self.mirror = mirror
+        #: the mirror's writes, bounded (crucible.run._mirror): a reader that
+        #: stops reading drops the mirror instead of holding the log's writer
+        self._mirror_out: BoundedOut | None = None
+        if mirror is not None:
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                self._mirror_out = BoundedOut(mirror.fileno())
         self._on_warning = on_warning
         self._pending: list[bytes] = []
         #: record files (and directories) to fsync before the next batch's lines
@@ -236,6 +244,9 @@ class SessionLog:
         if self.mirror is None:
             return
         try:
+            if self._mirror_out is not None:
+                self._mirror_out.write(data)
+                return
             view = memoryview(data)
             while view:  # an unbuffered stream may take part of it
                 n = self.mirror.write(view)
@@ -247,12 +258,18 @@ class SessionLog:
             # A broken mirror (a closed reader, a full device) must not stop the
             # run: it is dropped, and the log on disk stays complete.
             self.mirror = None
+            self._close_mirror_out()
             if self._on_warning is not None and not isinstance(exc, BrokenPipeError):
                 why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
                 self._on_warning(
                     f"--events: cannot write the events mirror ({why}); it is dropped, "
                     f"{self.path} stays complete"
                 )
+
+    def _close_mirror_out(self) -> None:
+        if self._mirror_out is not None:
+            self._mirror_out.close()
+            self._mirror_out = None
 
     def close(self) -> None:
         """Write everything queued, wait until it is durable, close the file."""
@@ -262,6 +279,7 @@ class SessionLog:
             self._writer.join()
         if self.on_close is not None:
             self.on_close()
+        self._close_mirror_out()
         os.close(self._fd)
         if self._error is not None:
             raise self._error

@@ -46,6 +46,7 @@ from crucible.run._agent_io import AgentStdout, stdin_source
 from crucible.run._environ import task_environment
 from crucible.run._failures import TAIL_BYTES, add_log_fields, compose_note, tail_text
 from crucible.run._launch import launch
+from crucible.run._mirror import follow_out
 from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess, kill_group
 from crucible.run._recycle import WorkspacePool
@@ -305,8 +306,8 @@ class _Follow:
 
     def _emit(self, lines: bytes) -> None:
         out = b"".join(self._prefix + line + b"\n" for line in lines[:-1].split(b"\n"))
-        with contextlib.suppress(OSError):  # a closed terminal never fails a task
-            write_all(self._fd, out)
+        # bounded: a stderr nobody reads drops the stream, never blocks the worker
+        follow_out(self._fd, out)
 
 
 def follow_prefix(name: str, key: str | None) -> bytes:

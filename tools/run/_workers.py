@@ -284,8 +284,12 @@ class WorkerPool:
         *,
         lazy: bool = False,
         inbox_loop: Callable[[Inbox], None] | None = None,
+        before_fork: Callable[[], None] | None = None,
     ) -> None:
         self.count = count
+        #: called once, just before the first worker is forked (the local
+        #: executor starts its reaper there: the workers inherit its pipe)
+        self._before_fork = before_fork
         self._handler = handler
         self._inbox_loop = inbox_loop
         #: requests one worker may hold at once: a pipelined one, its running
@@ -318,6 +322,8 @@ class WorkerPool:
             return
         self._started = True
         try:
+            if self._before_fork is not None:
+                self._before_fork()
             for _ in range(self.count):
                 self._fork(self._handler)
         except BaseException:

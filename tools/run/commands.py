@@ -9,6 +9,7 @@ run/_commands_state.py, re-exported here and loaded on first use.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,9 +84,25 @@ def dispatch_options(
 
 
 def _warn(err: TextIO) -> Any:
+    """One warning line on ``err``, written so that a stderr nobody reads drops
+    it instead of holding the dispatcher (crucible.run._mirror)."""
+    from crucible.run._mirror import BoundedOut
+
+    bounded: list[BoundedOut] = []
+
     def warn(message: str) -> None:
-        err.write(f"{PROG}: warning: {message}\n")
+        line = f"{PROG}: warning: {message}\n"
+        try:
+            fd = err.fileno()
+        except (AttributeError, OSError, ValueError):  # not a descriptor (a test's stream)
+            err.write(line)
+            err.flush()
+            return
         err.flush()
+        if not bounded:
+            bounded.append(BoundedOut(fd))
+        with contextlib.suppress(OSError):  # stalled or closed: the line is dropped
+            bounded[0].write(line.encode("utf-8", "backslashreplace"))
 
     return warn
 
@@ -114,33 +131,66 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         from crucible.run._progress import LiveProgress
 
         live = LiveProgress(err)
+    warn = _warn(err)
     try:
-        outcome = run_plan(options, on_progress=live, on_warning=_warn(err))
+        outcome = run_plan(options, on_progress=live, on_warning=warn)
     finally:
         if live is not None:
             live.close()
+        if options.follow:
+            from crucible.run._mirror import STALL, follow_dropped
+
+            if follow_dropped():
+                warn(
+                    f"--follow: stderr's reader took nothing for {STALL:g} s; the stream was "
+                    "dropped, the tasks' output is complete in their logs"
+                )
     if options.dry_run:
         _print_dry_run(outcome.plan_lines, opts.as_json, opts.show_all, out)
         return int(outcome.exit_code)
-    if options.outputs is not None:
-        from crucible.run._outputs import copy_outputs
-
-        copy_outputs(options.state, options.outputs, out)
+    if options.outputs == "-":  # a FILE was written by the run (crucible.run._runner)
+        _copy_outputs(options, out)
     err.write(f"{PROG}: {summary_line(outcome, options.state)}\n")
     err.flush()
     return int(outcome.exit_code)
+
+
+def _copy_outputs(options: RunOptions, out: BinaryIO) -> None:
+    """``--outputs``: STATE/outputs.json to stdout or FILE. A stdout whose reader
+    has left (``| head -c 0``) only loses the copy: the run's own exit code and
+    last line stand, as with ``--events -`` (issue 27 item 13)."""
+    import os
+
+    from crucible.run._outputs import copy_outputs
+
+    try:
+        copy_outputs(options.state, "-", out)
+    except BrokenPipeError:
+        # nothing more reaches the closed pipe, not even the flush at exit
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, out.fileno())
+        finally:
+            os.close(null)
+
+
+def _counts_text(c: Any) -> str:
+    """``3 passed, 2 failed, 1 skipped``; failures the plan tolerated are
+    counted apart: ``2 failed (tolerated)``, or ``5 failed (2 tolerated)``."""
+    failed = f"{c['failed']} failed"
+    tolerated = int(c.get("tolerated", 0))
+    if tolerated:
+        failed += " (tolerated)" if tolerated >= c["failed"] else f" ({tolerated} tolerated)"
+    return f"{c['passed']} passed, {failed}, {c['skipped']} skipped"
 
 
 def summary_line(outcome: Any, state: Path) -> str:
     """The run's last line: its counts, and the first failed units with their logs."""
     c = outcome.counts
     if outcome.message is not None:
-        head = f"{outcome.message} ({c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped)"
+        head = f"{outcome.message} ({_counts_text(c)})"
     else:
-        head = (
-            f"run {outcome.status}: {c['passed']} passed, {c['failed']} failed, "
-            f"{c['skipped']} skipped in {outcome.duration:.2f}s"
-        )
+        head = f"run {outcome.status}: {_counts_text(c)} in {outcome.duration:.2f}s"
     if outcome.failures:
         shown = ", ".join(
             _printable(label) + (f" ({state / log})" if log else "")
