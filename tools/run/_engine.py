@@ -623,6 +623,8 @@ class Dispatcher:
         fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
         if result["record"].get("files_bytes") is not None:
             fields["files_bytes"] = int(result["record"]["files_bytes"])
+        # the usage of the attempt that produced it, marked by ``cached``
+        fields.update(result["record"].get("usage") or {})
         self._settle_unit(unit, PASSED, result["record"].get("note"), exit_code=0, fields=fields)
 
     def _release_timers(self) -> None:
@@ -899,6 +901,7 @@ class Dispatcher:
             fields["files_bytes"] = int(record["files_bytes"])
         if result.get("log_error") is not None:
             fields["log_error"] = result["log_error"]
+        fields.update(result.get("usage") or {})  # what it cost (crucible.run._usage)
         finished = _Finished(
             unit=unit,
             code=result["code"],

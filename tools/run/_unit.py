@@ -49,6 +49,7 @@ from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess, kill_group
 from crucible.run._recycle import WorkspacePool
 from crucible.run._unit_cache import cacheable
+from crucible.run._usage import from_rusage
 from crucible.run._workers import Channel, Inbox
 
 if TYPE_CHECKING:
@@ -625,6 +626,7 @@ class UnitRunner:
             return rel, tail_text(sink.tail)
 
         duration = time.monotonic() - proc.started
+        usage = from_rusage(proc.usage, proc.spawner_rss_kib)
         finished: dict[str, Any] = {
             "kind": "finished",
             "pid": proc.pid,
@@ -637,6 +639,7 @@ class UnitRunner:
             "log_error": log_error,
             "log": None,
             "tail": "",
+            "usage": usage,
         }
         with contextlib.suppress(OSError):
             finished["output_bytes"] = output.stat().st_size
@@ -657,6 +660,7 @@ class UnitRunner:
                     log_fields,
                     response_problem=response_problem,
                     held_notes=held_notes,
+                    usage=usage,
                 )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
@@ -1024,6 +1028,7 @@ class UnitRunner:
         log_fields: Callable[[], tuple[str | None, str]],
         response_problem: str | None = None,
         held_notes: list[str] | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Capture one attempt's result; reply with what the scheduler needs (never
         the output itself, which may be large). A failed record gains the log
@@ -1054,6 +1059,8 @@ class UnitRunner:
             record = dict(record)
             record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
             add_log_fields(record, log, tail)
+        if usage is not None:  # what the attempt cost (crucible.run._usage)
+            record = {**record, "usage": usage}
         wrote = self.stage.write_result_where(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
