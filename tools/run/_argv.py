@@ -47,6 +47,7 @@ _FLAGS = {
     "--fail-fast": "fail_fast",
     "--follow": "follow",
     "--keep-workspaces": "keep_workspaces",
+    "--enforce-memory": "enforce_memory",
 }
 
 #: option taking a value -> (option name, kind of value)
@@ -171,6 +172,7 @@ def _with_defaults(plan: Path, values: dict[str, Any]) -> dict[str, Any]:
         "scheduler": None,
         "workers": None,
         "threads_per_worker": None,
+        "enforce_memory": False,
     }
     out.update(values)
     return out

@@ -165,6 +165,10 @@ def cli() -> None:
     help="With --executor dask-local: Dask threads per worker (default: its share of -j"
     " plus its share of the units staged ahead).",
 )
+@_flag(
+    "--enforce-memory",
+    help="Limit each task to its resources.memory (RLIMIT_DATA): an allocation past it fails.",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -190,6 +194,7 @@ def run_cmd(
     scheduler: str | None,
     workers: int | None,
     threads_per_worker: int | None,
+    enforce_memory: bool,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.commands import dispatch_options, run_run
@@ -219,6 +224,7 @@ def run_cmd(
         scheduler=scheduler,
         workers=workers,
         threads_per_worker=threads_per_worker,
+        enforce_memory=enforce_memory,
     )
     return run_run(options, sys.stdout.buffer, sys.stderr)
 

@@ -43,13 +43,19 @@ from crucible.core.fdio import write_all
 from crucible.run import _verdict as verdict_rules
 from crucible.run._agent_io import AgentStdout, stdin_source
 from crucible.run._environ import task_environment
-from crucible.run._failures import TAIL_BYTES, add_log_fields, compose_note, tail_text
+from crucible.run._failures import TAIL_BYTES, add_log_fields, compose_note, exit_text, tail_text
 from crucible.run._launch import launch
 from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess, kill_group
 from crucible.run._recycle import WorkspacePool
 from crucible.run._unit_cache import cacheable
-from crucible.run._usage import from_rusage
+from crucible.run._usage import (
+    format_memory,
+    from_rusage,
+    hit_memory_limit,
+    memory_limit,
+    memory_limit_argv,
+)
 from crucible.run._workers import Channel, Inbox
 
 if TYPE_CHECKING:
@@ -535,6 +541,9 @@ class UnitRunner:
         else:
             run = task["run"]
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
+        limit = memory_limit(task, self.options.enforce_memory)
+        if limit is not None:  # --enforce-memory
+            argv = memory_limit_argv(argv, limit)
         env = self._environment(
             task, name, key, staged.attempt, staged.staged_env, prepared, staged.output
         )
@@ -1057,7 +1066,11 @@ class UnitRunner:
         if record.get("status") != PASSED:
             log, tail = log_fields()
             record = dict(record)
-            record["note"] = compose_note(str(record.get("note", "")), code, log, tail)
+            note = str(record.get("note", ""))
+            limit = memory_limit(task, self.options.enforce_memory)
+            if limit is not None and code != 0 and hit_memory_limit(tail):
+                note = f"killed: exceeded memory {format_memory(limit)} ({exit_text(code)})"
+            record["note"] = compose_note(note, code, log, tail)
             add_log_fields(record, log, tail)
         if usage is not None:  # what the attempt cost (crucible.run._usage)
             record = {**record, "usage": usage}

@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import re
 import resource
+import sys
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
     "USAGE_FIELDS",
+    "data_limit_problem",
     "format_memory",
     "from_rusage",
+    "hit_memory_limit",
+    "memory_limit",
     "memory_limit_argv",
     "parse_memory",
+    "self_peak_rss_kib",
 ]
 
 #: the per-attempt members, in the order records and events carry them
@@ -100,6 +106,53 @@ def parse_memory(text: str) -> int | None:
         return None
     scale = {"B": 1, **dict(_UNITS)}[match.group(2)]
     return int(match.group(1)) * scale
+
+
+def memory_limit(task: Mapping[str, Any], enforce: bool) -> int | None:
+    """The bytes of RLIMIT_DATA a task runs under: its ``resources.memory``
+    with ``--enforce-memory``, else None (no limit)."""
+    if not enforce:
+        return None
+    memory = (task.get("resources") or {}).get("memory")
+    return memory if isinstance(memory, int) and memory > 0 else None
+
+
+#: what a program prints when an allocation fails (ENOMEM's strerror, Python's,
+#: C++'s, glibc's and common runtimes'): an attempt under --enforce-memory
+#: that failed with one of these in its output tail died of the limit
+_OUT_OF_MEMORY = re.compile(
+    r"MemoryError|Cannot allocate memory|std::bad_alloc|[Oo]ut of memory|"
+    r"memory exhausted|failed to allocate|cannot allocate"
+)
+
+
+def hit_memory_limit(tail: str) -> bool:
+    """Whether an attempt's output tail says an allocation failed."""
+    return _OUT_OF_MEMORY.search(tail) is not None
+
+
+def data_limit_problem(tasks: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
+    """Why ``--enforce-memory`` cannot be applied here (None: it can): no
+    RLIMIT_DATA on this platform, or a task's memory above this process's hard
+    limit (no process may raise its hard limit; the task would get less than
+    it asked for)."""
+    limit_id = getattr(resource, "RLIMIT_DATA", None)
+    if limit_id is None or not sys.platform.startswith("linux"):
+        return "--enforce-memory needs Linux's RLIMIT_DATA, which this platform lacks"
+    try:
+        _, hard = resource.getrlimit(limit_id)
+    except (OSError, ValueError) as exc:  # pragma: no cover - exotic kernels
+        return f"--enforce-memory: cannot read RLIMIT_DATA: {exc}"
+    if hard == resource.RLIM_INFINITY:
+        return None
+    for name, task in tasks:
+        memory = memory_limit(task, True)
+        if memory is not None and memory > hard:
+            return (
+                f"--enforce-memory: task {name!r} asks for memory {format_memory(memory)},"
+                f" above this process's hard RLIMIT_DATA ({format_memory(hard)})"
+            )
+    return None
 
 
 def memory_limit_argv(argv: list[str], limit_bytes: int) -> list[str]:
