@@ -239,11 +239,20 @@ def run_cmd(
     help="Write a self-contained HTML timeline to FILE (- = stdout).",
 )
 @_flag("--json", "as_json", help="NDJSON rows on stdout instead of a table.")
-def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> int:
+@click.option(
+    "--tsv",
+    "tsv_file",
+    metavar="FILE",
+    help="Write a trace (one line per attempt, Nextflow's trace fields) to FILE (- = stdout).",
+)
+def report_cmd(
+    state: Path, task: str | None, html_file: str | None, as_json: bool, tsv_file: str | None
+) -> int:
     """Summarise the run in STATE: one row per task (per instance with TASK)."""
     from crucible.run.commands import ReportOptions, run_report
 
-    return run_report(ReportOptions(state, task, html_file, as_json), sys.stdout, sys.stderr)
+    options = ReportOptions(state, task, html_file, as_json, tsv_file)
+    return run_report(options, sys.stdout, sys.stderr)
 
 
 @cli.group("cache")

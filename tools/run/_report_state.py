@@ -168,6 +168,31 @@ _OPTIONAL: dict[str, dict[str, tuple[str, ...]]] = {
 _NONNEG = {
     "task_finished": ("output_bytes", "files_bytes", "instances"),
 }
+#: task_finished's usage members (crucible.run._usage): null, or a number >= 0
+#: (seconds) / an integer >= 0 (the others)
+_USAGE_SECONDS = ("cpu_user_s", "cpu_sys_s")
+_USAGE_COUNTS = (
+    "max_rss_kib",
+    "spawner_rss_kib",
+    "read_bytes",
+    "write_bytes",
+    "vol_ctxt",
+    "inv_ctxt",
+)
+
+
+def _check_usage(value: dict[str, Any], where: str) -> None:
+    for name in _USAGE_SECONDS + _USAGE_COUNTS:
+        v = value.get(name)
+        if v is None:
+            continue
+        if name in _USAGE_SECONDS:
+            ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v < _SAFE
+        else:
+            ok = _int(v, 0)
+        if not ok:
+            kind = "a number" if name in _USAGE_SECONDS else "an integer"
+            raise ParseError(f"{name} must be null or {kind} >= 0, not {v!r}", where=where)
 
 
 def _check_event(value: dict[str, Any], where: str) -> Event:
@@ -216,6 +241,7 @@ def _check_event(value: dict[str, Any], where: str) -> Event:
                     raise ParseError(
                         f"{name} must be an integer >= 0, not {value[name]!r}", where=where
                     )
+            _check_usage(value, where)
     for name, types in _OPTIONAL.get(kind, {}).items():
         if name in value and _type(value[name]) not in types:
             raise ParseError(f"{name} must be a {types[0]}, not {_type(value[name])}", where=where)
@@ -269,6 +295,7 @@ _RECORD_TYPES: dict[str, tuple[str, ...]] = {
     "stderr_tail": ("string",),
     "cached": ("boolean",),
     "tolerated": ("boolean",),
+    "usage": ("object",),
 }
 
 
@@ -359,4 +386,6 @@ def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | Non
     keys = record.get("keys")
     if keys is not None and not all(isinstance(k, str) for k in keys):
         raise ParseError("keys must be an array of strings", where=f"{where}:$.keys")
+    if "usage" in record:
+        _check_usage(record["usage"], f"{where}:$.usage")
     return record
