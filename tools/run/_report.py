@@ -21,12 +21,12 @@ from crucible.run._report_usage import (
     UnitUsage,
     cpu_text,
     pct_text,
-    render_resources,
     rss_text,
     stats,
     task_json,
     unit_json,
     unit_usage,
+    usage_line,
 )
 
 __all__ = [
@@ -552,6 +552,9 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
                     f"    ... {len(bad) - FAILED_SHOWN} more failed instances "
                     f"(report STATE {escape(r.task)})"
                 )
+            spread = usage_line(r.member_usage)
+            if spread:
+                details.append(f"    {spread}")
         lines.append((cells, details))
     widths = [
         max(len(h), *(len(cells[i]) for cells, _ in lines)) if lines else len(h)
@@ -562,9 +565,6 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
         out.write(f"{padded}  {row_cells[-1]}".rstrip(" ") + "\n")
         for line in details:
             out.write(line + "\n")
-    render_resources(
-        [(display_name(r), r.member_usage) for r in rows if r.key is None and r.mapped], out
-    )
     if isinstance(rows, Report) and rows.loop is not None:  # a scored loop's revisions
         from crucible.run import _loop_view as loop_view
 

@@ -16,10 +16,10 @@ from typing import IO, Any
 __all__ = [
     "Stats",
     "UnitUsage",
-    "render_resources",
     "render_tsv",
     "stats",
     "unit_usage",
+    "usage_line",
 ]
 
 
@@ -177,33 +177,27 @@ def pct_text(pct: float | None) -> str:
     return "-" if pct is None else f"{pct:.0f}%"
 
 
-def render_resources(tasks: Sequence[tuple[str, Sequence[UnitUsage]]], out: IO[str]) -> None:
-    """The ``RESOURCES`` block under the table: per task with more than one
-    measured unit, the sum, max and median of CPU, %CPU, peak RSS and I/O."""
-    lines = []
-    for name, units in tasks:
-        if len(units) < 2:
-            continue  # one unit: its row says it all
-        s = task_stats(units)
-        parts = [f"  {name}: {len(units)} units"]
-        if "cpu_s" in s:
-            c = s["cpu_s"]
-            parts.append(
-                f"cpu sum {cpu_text(c.sum)} max {cpu_text(c.max)} median {cpu_text(c.median)}"
-            )
-        if "cpu_pct" in s:
-            parts.append(f"%cpu median {pct_text(s['cpu_pct'].median)}")
-        if "max_rss_kib" in s:
-            r = s["max_rss_kib"]
-            parts.append(f"peak rss max {rss_text(r.max)} median {rss_text(r.median)}")
-        for figure, label in (("read_bytes", "read"), ("write_bytes", "write")):
-            if figure in s:
-                f = s[figure]
-                parts.append(f"{label} sum {size_text(f.sum)} max {size_text(f.max)}")
-        lines.append("; ".join(parts))
-    if lines:
-        out.write("\nRESOURCES (per task: sum, max, median over its units)\n")
-        out.write("".join(line + "\n" for line in lines))
+def usage_line(units: Sequence[UnitUsage]) -> str:
+    """The line under a mapped task's row: over its measured units, the sum,
+    max and median of CPU, the median %CPU, the max and median peak RSS, and
+    the sum and max of its I/O ("" with fewer than two: its row says it all)."""
+    if len(units) < 2:
+        return ""
+    s = task_stats(units)
+    parts = []
+    if "cpu_s" in s:
+        c = s["cpu_s"]
+        parts.append(f"cpu sum {cpu_text(c.sum)} max {cpu_text(c.max)} median {cpu_text(c.median)}")
+    if "cpu_pct" in s:
+        parts.append(f"%cpu median {pct_text(s['cpu_pct'].median)}")
+    if "max_rss_kib" in s:
+        r = s["max_rss_kib"]
+        parts.append(f"peak rss max {rss_text(r.max)} median {rss_text(r.median)}")
+    for figure, label in (("read_bytes", "read"), ("write_bytes", "write")):
+        if figure in s:
+            f = s[figure]
+            parts.append(f"{label} sum {size_text(f.sum)} max {size_text(f.max)}")
+    return f"usage of {len(units)} units: " + "; ".join(parts)
 
 
 # -- report --tsv: a Nextflow trace ---------------------------------------------
