@@ -16,7 +16,13 @@ from typing import IO, Any
 
 from crucible.core.errors import CrucibleError, InputRefused
 from crucible.run._display import clip, escape, name_signals, signal_name
-from crucible.run._report_state import Event, load_plan, load_record, read_events
+from crucible.run._report_state import (
+    Event,
+    load_plan,
+    load_record,
+    load_resources,
+    read_events,
+)
 from crucible.run._report_usage import (
     UnitUsage,
     cpu_text,
@@ -130,11 +136,20 @@ class Report(list[Row]):
     sessions: list[Session]
     #: the scored loop's revisions (STATE/loop.json; crucible.run._loop_view), or None
     loop: Any
+    #: each task's declared resources (cpus, memory), for the HTML's Resources
+    resources: dict[str, dict[str, int]]
 
-    def __init__(self, rows: list[Row], sessions: list[Session], loop: Any = None) -> None:
+    def __init__(
+        self,
+        rows: list[Row],
+        sessions: list[Session],
+        loop: Any = None,
+        resources: dict[str, dict[str, int]] | None = None,
+    ) -> None:
         super().__init__(rows)
         self.sessions = sessions
         self.loop = loop
+        self.resources = resources or {}
 
 
 def _sessions(events: list[Event]) -> list[Session]:
@@ -410,7 +425,7 @@ def collect(state: Path, task: str | None = None) -> Report:
     loop = None
     if task is None:  # the loop's revisions, under the whole run's table only
         loop = loop_view.load(state, plan_loop)
-    return Report(rows, sessions, loop)
+    return Report(rows, sessions, loop, load_resources(state))
 
 
 # -- table ----------------------------------------------------------------------
@@ -613,7 +628,8 @@ def render_html(rows: list[Row], title: str) -> str:
 
     sessions = rows.sessions if isinstance(rows, Report) else []
     loop = rows.loop if isinstance(rows, Report) else None
-    return render(rows, sessions, title, loop=loop)
+    resources = rows.resources if isinstance(rows, Report) else {}
+    return render(rows, sessions, title, loop=loop, resources=resources)
 
 
 def render_outputs(state: Path, out: IO[str]) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from crucible.core.errors import OperationalError, ParseError
 
-__all__ = ["Event", "load_plan", "load_record", "read_events", "read_regular"]
+__all__ = ["Event", "load_plan", "load_record", "load_resources", "read_events", "read_regular"]
 
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
 #: event kinds whose fields the report reads; other kinds (added by later
@@ -132,6 +132,25 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
         # a matrix (edition 4) fans out as a map does
         tasks.append((t["name"], m is not None or t.get("matrix") is not None, source))
     return tasks
+
+
+def load_resources(state: Path) -> dict[str, dict[str, int]]:
+    """Each task's declared ``resources`` (``cpus``, ``memory`` in bytes) from
+    ``STATE/plan.json``, where the plan declares them (IR v3); a value that is
+    not a positive integer is left out (the report only shows them)."""
+    from crucible.stage import StateLayout
+
+    data = read_regular(StateLayout(state).plan_path, "plan.json")
+    plan = _load_json(data or b"null", str(StateLayout(state).plan_path))
+    found: dict[str, dict[str, int]] = {}
+    for t in plan.get("tasks", []) if isinstance(plan, dict) else []:
+        asked = t.get("resources") if isinstance(t, dict) else None
+        if not isinstance(asked, dict) or not isinstance(t.get("name"), str):
+            continue
+        kept = {k: int(asked[k]) for k in ("cpus", "memory") if _int(asked.get(k), 1)}
+        if kept:
+            found[t["name"]] = kept
+    return found
 
 
 # -- session.jsonl ---------------------------------------------------------------
