@@ -236,3 +236,51 @@ def test_enforce_memory_that_cannot_be_applied_is_one_line_exit_2(tmp_path: Path
         " above this process's hard RLIMIT_DATA (1GiB)\n"
     )
     assert not (state / "session.jsonl").exists()  # nothing ran
+
+
+def test_a_timed_out_attempt_records_what_it_cost(tmp_path: Path) -> None:
+    """Killed by its timeout, nothing is captured: the dispatcher writes the
+    record, with the usage its worker measured."""
+    body = """
+    edition = 4
+
+    [workflow]
+    name = "slow"
+
+    [[workflow.task]]
+    name = "spin"
+    timeout = 0.5
+    run = ["python3", "-c", "while True: pass"]
+    """
+    pack = write_pack(tmp_path, body)
+    state = tmp_path / "state"
+    done = subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stderr
+    (event,) = finished(state)
+    record = json.loads((state / "results" / "spin.json").read_text())
+    assert record["usage"] == {k: event[k] for k in USAGE_FIELDS}
+    assert record["usage"]["cpu_user_s"] > 0  # it spun until killed
+
+
+def test_report_refuses_a_usage_member_of_the_wrong_type(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    pack = write_pack(tmp_path, MEMORY_PACK.replace("MEMORY", "256MiB").replace("64MiB", "1GiB"))
+    done = subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    log = state / "session.jsonl"
+    lines = log.read_text().splitlines()
+    number = next(i for i, line in enumerate(lines, 1) if '"max_rss_kib"' in line)
+    lines[number - 1] = lines[number - 1].replace('"max_rss_kib":', '"max_rss_kib":"big","x":')
+    log.write_text("\n".join(lines) + "\n")
+    shown = subprocess.run(
+        [DISPATCH, "report", str(state)], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 2
+    assert shown.stderr == (
+        f"crucible-dispatch: error: {log}:{number}: max_rss_kib must be null or an integer"
+        " >= 0, not 'big'\n"
+    )
