@@ -163,6 +163,17 @@ def test_usage_that_cannot_be_read_is_null_never_a_failure() -> None:
     assert usage["write_bytes"] is None and usage["vol_ctxt"] is None
 
 
+def test_null_usage_reads_as_not_measured() -> None:
+    from crucible.run._report import Row, row_json, usage_cells
+    from crucible.run._report_usage import unit_usage
+
+    usage = unit_usage(dict.fromkeys(USAGE_FIELDS), 1.0)
+    assert usage is not None and usage.cpu_s is None and not usage.rss_bound
+    row = Row("t", None, status="passed", attempts=1, usage=usage)
+    assert usage_cells(row) == ("-", "-", "-", "-", "-")
+    assert not set(row_json(row)) & {"cpu_s", "cpu_pct", "max_rss_kib", "read_bytes"}
+
+
 def test_memory_sizes_round_trip() -> None:
     assert format_memory(512 * MIB) == "512MiB"
     assert format_memory(3 * (1 << 30)) == "3GiB"
