@@ -235,9 +235,12 @@ def render_section(
         "</tr>",
     ]
     for task, units in tasks.items():
-        if not units:
-            continue
         cells = [f"<tr><td>{html.escape(clip(escape(task), 40))}</td>"]
+        if not units:  # every task has its line: this one ran nothing measured
+            span = len(_FIGURES) + (2 if any_asked else 0)
+            cells.append(f'<td class="n">0</td><td colspan="{span}">no attempt measured</td></tr>')
+            parts.append("".join(cells))
+            continue
         cells.append(f'<td class="n">{len(units)}</td>')
         for fig, top in zip(_FIGURES, tops, strict=True):
             values = [v for u in units if (v := fig.value(u)) is not None]
