@@ -500,10 +500,10 @@ def usage_cells(r: Row) -> tuple[str, str, str, str, str]:
         )
         rss = stats(u.max_rss_kib for u in units)
         bound = rss is not None and all(u.rss_bound for u in units if u.max_rss_kib == rss.max)
-        walls = [
-            u.cpu_s * 100.0 / u.cpu_pct for u in units if u.cpu_pct and u.cpu_s is not None
-        ]
-        pct = None if cpu is None or not walls else 100.0 * cpu.sum / sum(walls)
+        # CPU over the summed wall time of the same units
+        timed = [u for u in units if u.cpu_s is not None and u.wall_s]
+        wall = sum(u.wall_s or 0.0 for u in timed)
+        pct = None if not wall else 100.0 * sum(u.cpu_s or 0.0 for u in timed) / wall
         return (
             cpu_text(None if cpu is None else cpu.sum),
             pct_text(pct),

@@ -29,6 +29,8 @@ class UnitUsage:
 
     cpu_s: float | None
     cpu_pct: float | None
+    #: the attempt's wall time (its ``duration``), the base of cpu_pct
+    wall_s: float | None
     max_rss_kib: int | None
     #: max_rss_kib is only an upper bound (at or below the spawner's RSS)
     rss_bound: bool
@@ -63,6 +65,7 @@ def unit_usage(fields: dict[str, Any], duration: float | None) -> UnitUsage | No
     return UnitUsage(
         cpu_s=cpu,
         cpu_pct=pct,
+        wall_s=duration,
         max_rss_kib=rss,
         rss_bound=rss is not None and spawner is not None and rss <= spawner,
         read_bytes=_count(fields.get("read_bytes")),
