@@ -104,11 +104,15 @@ def _check_costs(by_task: dict[str, dict[str, Any]]) -> None:
     busy = by_task["busy"]
     assert busy["cpu_user_s"] >= 0.45, busy
     cpu = busy["cpu_user_s"] + busy["cpu_sys_s"]
-    # ~100 %CPU on an idle core (measured 95-99 %); this 2-core machine is
-    # shared (load 3 and more), so a third of it is all a test may count on
-    assert 0.3 < cpu / busy["duration"] <= 1.05, busy
+    # ~100 %CPU on an idle core (measured 95-99 % quiet); this 2-core machine
+    # is shared (load 3 to 16 seen), and what the others take is not the
+    # task's: the bound is relative, busy against asleep, never a timing
+    busy_pct = cpu / busy["duration"]
+    assert busy_pct <= 1.05, busy
     sleepy = by_task["sleepy"]
-    assert (sleepy["cpu_user_s"] + sleepy["cpu_sys_s"]) / sleepy["duration"] < 0.05, sleepy
+    sleepy_pct = (sleepy["cpu_user_s"] + sleepy["cpu_sys_s"]) / sleepy["duration"]
+    assert sleepy_pct < 0.05, sleepy
+    assert busy_pct > max(10 * sleepy_pct, 0.1), (busy, sleepy)
     assert sleepy["vol_ctxt"] >= 1
     parent = by_task["parent"]  # the child it waited for is included
     assert abs(parent["max_rss_kib"] - 200 * KIB) <= 20 * KIB, parent
@@ -161,6 +165,20 @@ def test_usage_that_cannot_be_read_is_null_never_a_failure() -> None:
     assert usage["cpu_user_s"] is None and usage["max_rss_kib"] is None
     assert usage["read_bytes"] == 3 * 512 and usage["spawner_rss_kib"] == 1234
     assert usage["write_bytes"] is None and usage["vol_ctxt"] is None
+
+
+def test_usage_members_keep_events_on_canonical_jsons_fast_path() -> None:
+    """CPU seconds are written to 0.1 ms and a whole number as an integer: a
+    float below 1e-4 or ending in .0 sends a whole event down canon's slow
+    path (measured: ~150 us a task, a tenth of a short task's cost)."""
+    from crucible.core import canon
+
+    for seconds in (0.0, 0.000053, 0.00015, 1.0, 0.5, 12.34567):
+        rusage = SimpleNamespace(ru_utime=seconds, ru_stime=seconds, ru_maxrss=1)
+        usage = from_rusage(rusage, 2)
+        assert canon._fast_ok(usage, "$"), usage
+        assert abs(usage["cpu_user_s"] - seconds) <= 0.00005
+    assert from_rusage(SimpleNamespace(ru_utime=0.0), None)["cpu_user_s"] == 0
 
 
 def test_null_usage_reads_as_not_measured() -> None:
