@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from crucible.run._usage import USAGE_FIELDS
 from tests.packed import keyed
 from tests.run.dasktests import (
     FIRST_OF_0,
@@ -68,11 +69,20 @@ SETTLED = FANOUT.replace(
 ).replace('needs = ["t"]', 'needs = ["t"]\njoin = "settled"')
 
 
+def _measured_out(record: Any) -> Any:
+    """A record without what its attempt cost (run.md, "Resource usage"): CPU
+    and memory differ from one run to the next, and between executors."""
+    return {k: v for k, v in record.items() if k != "usage"}
+
+
 def tree(root: Path) -> dict[str, Any]:
-    """Every file's bytes; a packed records file's records by key (its lines'
-    order is the order units settled in)."""
+    """Every file's bytes; a record without its usage; a packed records file's
+    records by key (its lines' order is the order units settled in)."""
     return {
-        str(p.relative_to(root)): keyed(root.parent, p.stem) if p.suffix == ".jsonl"
+        str(p.relative_to(root)): {k: _measured_out(r) for k, r in keyed(root.parent, p.stem).items()}
+        if p.suffix == ".jsonl"
+        else _measured_out(json.loads(p.read_bytes()))
+        if root.name == "results" and p.suffix == ".json"
         else p.read_bytes()
         for p in sorted(root.rglob("*"))
         if p.is_file()
@@ -80,6 +90,7 @@ def tree(root: Path) -> dict[str, Any]:
 
 
 _VARYING = {"time", "pid", "worker", "duration", "max_rss_kib", "worker_max_rss_kib", "session"}
+_VARYING |= set(USAGE_FIELDS)  # what each attempt cost
 
 
 def event_contents(state: Path) -> list[str]:

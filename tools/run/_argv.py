@@ -50,6 +50,7 @@ _FLAGS = {
     "--follow": "follow",
     "--keep-workspaces": "keep_workspaces",
     "--sandbox": "sandbox",
+    "--enforce-memory": "enforce_memory",
 }
 
 #: option taking a value -> (option name, kind of value)
@@ -177,6 +178,7 @@ def _with_defaults(plan: Path, values: dict[str, Any]) -> dict[str, Any]:
         "scheduler": None,
         "workers": None,
         "threads_per_worker": None,
+        "enforce_memory": False,
     }
     out.update(values)
     return out

@@ -175,6 +175,10 @@ def cli() -> None:
     help="With --executor dask-local: Dask threads per worker (default: its share of -j"
     " plus its share of the units staged ahead).",
 )
+@_flag(
+    "--enforce-memory",
+    help="Limit each task to its resources.memory (RLIMIT_DATA): an allocation past it fails.",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -203,6 +207,7 @@ def run_cmd(
     scheduler: str | None,
     workers: int | None,
     threads_per_worker: int | None,
+    enforce_memory: bool,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.commands import dispatch_options, run_run
@@ -235,6 +240,7 @@ def run_cmd(
         scheduler=scheduler,
         workers=workers,
         threads_per_worker=threads_per_worker,
+        enforce_memory=enforce_memory,
     )
     return run_run(options, sys.stdout.buffer, sys.stderr)
 
@@ -249,11 +255,20 @@ def run_cmd(
     help="Write a self-contained HTML timeline to FILE (- = stdout).",
 )
 @_flag("--json", "as_json", help="NDJSON rows on stdout instead of a table.")
-def report_cmd(state: Path, task: str | None, html_file: str | None, as_json: bool) -> int:
+@click.option(
+    "--tsv",
+    "tsv_file",
+    metavar="FILE",
+    help="Write a trace (one line per attempt, Nextflow's trace fields) to FILE (- = stdout).",
+)
+def report_cmd(
+    state: Path, task: str | None, html_file: str | None, as_json: bool, tsv_file: str | None
+) -> int:
     """Summarise the run in STATE: one row per task (per instance with TASK)."""
     from crucible.run.commands import ReportOptions, run_report
 
-    return run_report(ReportOptions(state, task, html_file, as_json), sys.stdout, sys.stderr)
+    options = ReportOptions(state, task, html_file, as_json, tsv_file)
+    return run_report(options, sys.stdout, sys.stderr)
 
 
 @cli.group("cache")

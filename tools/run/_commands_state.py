@@ -25,6 +25,8 @@ class ReportOptions:
     #: ``--html FILE|-``: the HTML timeline instead of the table
     html_file: str | None = None
     as_json: bool = False
+    #: ``--tsv FILE|-``: the trace (one line per attempt) instead of the table
+    tsv_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,22 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
     state, task = opts.state, opts.task
     if not state.is_dir():
         raise InputRefused("no such state dir", where=str(state))
+    if opts.tsv_file is not None and (opts.html_file is not None or opts.as_json):
+        raise UsageError("--tsv goes alone (not with --html or --json)")
     rows = report.collect(state, task)
+    if opts.tsv_file is not None:
+        import io
+
+        from crucible.run._report_usage import render_tsv
+
+        trace = io.StringIO()
+        render_tsv(((r.task, r.key, t) for r in rows for t in r.tries), trace)
+        if opts.tsv_file == "-":
+            out.write(trace.getvalue())
+        else:
+            output.write_output(opts.tsv_file, trace.getvalue().encode("utf-8"))
+            err.write(f"{PROG}: wrote {opts.tsv_file}\n")
+        return EXIT_OK
     if opts.html_file is not None:
         page = report.render_html(rows, title=f"crucible run {state}")
         if opts.html_file == "-":

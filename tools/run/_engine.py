@@ -40,6 +40,7 @@ from crucible.run._procs import close_inherited, kill_group
 from crucible.run._selection import NOT_SELECTED, Selection
 from crucible.run._session import SessionLog
 from crucible.run._unit import Slots, UnitRunner
+from crucible.run._usage import USAGE_FIELDS
 from crucible.run._workers import Channel, Reply
 
 if TYPE_CHECKING:  # imported at run time only for a plan with a loop
@@ -630,6 +631,8 @@ class Dispatcher:
         fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
         if result["record"].get("files_bytes") is not None:
             fields["files_bytes"] = int(result["record"]["files_bytes"])
+        # the usage of the attempt that produced it, marked by ``cached``
+        fields.update(result["record"].get("usage") or {})
         self._settle_unit(unit, PASSED, result["record"].get("note"), exit_code=0, fields=fields)
 
     def _release_timers(self) -> None:
@@ -908,6 +911,7 @@ class Dispatcher:
             fields["log_error"] = result["log_error"]
         if result.get("cache_miss") is not None:  # why the cache did not restore it
             fields["cache_miss"] = str(result["cache_miss"])
+        fields.update(result.get("usage") or {})  # what it cost (crucible.run._usage)
         finished = _Finished(
             unit=unit,
             code=result["code"],
@@ -995,19 +999,18 @@ class Dispatcher:
             heapq.heappush(self.timers, (time.monotonic() + delay, self._timer_seq, unit))
             return
         if record is None:
-            self.stage.write_result(
-                self.state,
-                failure_record(
-                    self.stage.RESULT_FORMAT,
-                    unit.name,
-                    unit.key,
-                    note or "",
-                    log=finished.log,
-                    tail=finished.tail,
-                    exit_code=finished.code,
-                ),
-                durable=False,
+            failed = failure_record(
+                self.stage.RESULT_FORMAT,
+                unit.name,
+                unit.key,
+                note or "",
+                log=finished.log,
+                tail=finished.tail,
+                exit_code=finished.code,
             )
+            if all(k in fields for k in USAGE_FIELDS):  # it ran (a timeout): what it cost
+                failed["usage"] = {k: fields[k] for k in USAGE_FIELDS}
+            self.stage.write_result(self.state, failed, durable=False)
             self._wrote(unit.name, unit.key)
         elif retry.why_not is not None:  # the note says why the policy stopped here
             self.stage.amend_result(

@@ -72,3 +72,6 @@ class RunOptions:
     #: ``--threads-per-worker`` (``--executor dask-local``); None = its share of
     #: -j plus its share of the units staged ahead (dask_executor.local_layout)
     threads_per_worker: int | None = None
+    #: ``--enforce-memory``: a task's ``resources.memory`` is its RLIMIT_DATA
+    #: (crucible.run._usage.memory_limit_argv)
+    enforce_memory: bool = False

@@ -26,9 +26,10 @@ import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crucible.core.fsio import which
+from crucible.run._usage import self_peak_rss_kib
 
 if TYPE_CHECKING:
     from crucible.run._sandbox import SandboxSpec
@@ -80,19 +81,25 @@ class TaskProcess:
     #: set when the dispatcher decided to stop it (timeout or interrupt)
     stop_reason: str | None = None
     kill_at: float | None = None
+    #: the spawner's peak RSS right after the spawn (crucible.run._usage)
+    spawner_rss_kib: int | None = None
+    #: what the leader and the descendants waited for cost (``wait4``'s
+    #: rusage), set by :meth:`reap`; None until then, or where it cannot be read
+    usage: Any = None
 
     def reap(self) -> int:
         """Collect the leader's exit status (it has exited: the pidfd was readable).
 
         Returns the exit code, or ``-signum`` for a leader killed by a signal, and
         kills whatever the leader left behind in its group: a task's processes do
-        not outlive it."""
+        not outlive it. ``wait4`` also hands back what the task cost
+        (:attr:`usage`), for free: no second system call."""
         # The leader is a zombie until waited for, so its pid (the group id) cannot
         # be reused yet: kill the group first, then reap.
         kill_group(self.pid, signal.SIGKILL)
         while True:
             try:
-                _, status = os.waitpid(self.pid, 0)
+                _, status, self.usage = os.wait4(self.pid, 0)
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries
                 continue
@@ -174,7 +181,13 @@ def spawn(
         raise
     if _watcher is not None:
         _watcher.watch(pid)
-    return TaskProcess(pid=pid, pidfd=pidfd, started=started, deadline=deadline)
+    return TaskProcess(
+        pid=pid,
+        pidfd=pidfd,
+        started=started,
+        deadline=deadline,
+        spawner_rss_kib=self_peak_rss_kib(),
+    )
 
 
 def _posix_spawn(

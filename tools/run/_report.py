@@ -16,7 +16,24 @@ from typing import IO, Any
 
 from crucible.core.errors import CrucibleError, InputRefused
 from crucible.run._display import clip, escape, name_signals, signal_name
-from crucible.run._report_state import Event, load_plan, load_record, read_events
+from crucible.run._report_state import (
+    Event,
+    load_plan,
+    load_record,
+    load_resources,
+    read_events,
+)
+from crucible.run._report_usage import (
+    UnitUsage,
+    cpu_text,
+    pct_text,
+    rss_text,
+    stats,
+    task_json,
+    unit_json,
+    unit_usage,
+    usage_line,
+)
 
 __all__ = [
     "Attempt",
@@ -58,6 +75,8 @@ class Attempt:
     status: str = "running"
     note: str = ""
     exit_code: int | None = None
+    #: its ``task_finished``'s fields (usage: crucible.run._report_usage)
+    fields: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -93,6 +112,10 @@ class Row:
     tolerated: bool = False
     #: its last attempt failed with ``retry: true`` and no next attempt started
     awaiting_retry: bool = False
+    #: what its last attempt cost (None: not measured); a mapped task's: None
+    usage: UnitUsage | None = None
+    #: a mapped task: its instances' usage (crucible.run._report_usage)
+    member_usage: list[UnitUsage] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -115,11 +138,20 @@ class Report(list[Row]):
     sessions: list[Session]
     #: the scored loop's revisions (STATE/loop.json; crucible.run._loop_view), or None
     loop: Any
+    #: each task's declared resources (cpus, memory), for the HTML's Resources
+    resources: dict[str, dict[str, int]]
 
-    def __init__(self, rows: list[Row], sessions: list[Session], loop: Any = None) -> None:
+    def __init__(
+        self,
+        rows: list[Row],
+        sessions: list[Session],
+        loop: Any = None,
+        resources: dict[str, dict[str, int]] | None = None,
+    ) -> None:
         super().__init__(rows)
         self.sessions = sessions
         self.loop = loop
+        self.resources = resources or {}
 
 
 def _sessions(events: list[Event]) -> list[Session]:
@@ -164,12 +196,16 @@ def _apply(r: Row, e: Event) -> None:
         open_try.status = f["status"]
         open_try.note = f.get("note", "")
         open_try.exit_code = f.get("exit_code")
+        open_try.fields = f
     r.status = f["status"]
     r.note = f.get("note")
     if "exit_code" in f:
         r.exit_code = f["exit_code"]
     if duration is not None:
         r.duration = float(duration)
+    measured = unit_usage(f, r.duration if duration is not None else None)
+    if measured is not None:
+        r.usage = measured
     for name in ("output_bytes", "files_bytes"):
         if name in f:
             setattr(r, name, f[name])
@@ -218,6 +254,8 @@ def _settle(r: Row, record: dict[str, Any] | None) -> None:
     for name in ("log", "stderr_tail"):
         if name in record:
             setattr(r, name, record[name])
+    if r.usage is None and isinstance(record.get("usage"), dict):  # a log without it
+        r.usage = unit_usage(record["usage"], r.duration)
     extra = record.get("extra") or {}
     r.cached = bool(record.get("cached", extra.get("cached", r.cached)))
     r.tolerated = bool(record.get("tolerated", extra.get("tolerated", r.tolerated)))
@@ -280,6 +318,7 @@ def _aggregate(agg: Row, instances: list[Row]) -> None:
             lo_hi[1] = max(lo_hi[1], t.end or t.start)
     if spans:
         agg.duration = round(sum(hi - lo for lo, hi in spans.values()), 6)
+    agg.member_usage = [i.usage for i in instances if i.usage is not None]
     if instances:
         agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
         if any(i.files_bytes is not None for i in instances):
@@ -389,7 +428,7 @@ def collect(state: Path, task: str | None = None) -> Report:
     loop = None
     if task is None:  # the loop's revisions, under the whole run's table only
         loop = loop_view.load(state, plan_loop)
-    return Report(rows, sessions, loop)
+    return Report(rows, sessions, loop, load_resources(state))
 
 
 # -- table ----------------------------------------------------------------------
@@ -452,10 +491,56 @@ def _details(r: Row) -> list[str]:
     return lines
 
 
+#: the table's usage columns: CPU (user+sys), %CPU (CPU / wall), peak RSS, block I/O
+USAGE_HEADER = ("CPU", "%CPU", "PEAK_RSS", "READ", "WRITE")
+
+
+def usage_cells(r: Row) -> tuple[str, str, str, str, str]:
+    """A unit's last attempt's figures; a mapped task's: CPU summed, %CPU of
+    the sums, the largest peak RSS, I/O summed (``-``: not measured)."""
+    if r.mapped and r.key is None:
+        units = r.member_usage
+        cpu, read, write = (
+            stats(getattr(u, a) for u in units) for a in ("cpu_s", "read_bytes", "write_bytes")
+        )
+        rss = stats(u.max_rss_kib for u in units)
+        bound = rss is not None and all(u.rss_bound for u in units if u.max_rss_kib == rss.max)
+        # CPU over the summed wall time of the same units
+        timed = [u for u in units if u.cpu_s is not None and u.wall_s]
+        wall = sum(u.wall_s or 0.0 for u in timed)
+        pct = None if not wall else 100.0 * sum(u.cpu_s or 0.0 for u in timed) / wall
+        return (
+            cpu_text(None if cpu is None else cpu.sum),
+            pct_text(pct),
+            rss_text(None if rss is None else rss.max, bound),
+            _size(None if read is None else int(read.sum)),
+            _size(None if write is None else int(write.sum)),
+        )
+    u = r.usage
+    if u is None:
+        return ("-", "-", "-", "-", "-")
+    return (
+        cpu_text(u.cpu_s),
+        pct_text(u.cpu_pct),
+        rss_text(u.max_rss_kib, u.rss_bound),
+        _size(u.read_bytes),
+        _size(u.write_bytes),
+    )
+
+
 def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
     """A plain fixed-width table (mapped tasks one row each unless ``instances``);
     under a failed unit, its log path and stderr tail."""
-    header: tuple[str, ...] = ("TASK", "STATUS", "ATTEMPTS", "DURATION", "OUTPUT", "FILES", "NOTE")
+    header: tuple[str, ...] = (
+        "TASK",
+        "STATUS",
+        "ATTEMPTS",
+        "DURATION",
+        "OUTPUT",
+        "FILES",
+        *USAGE_HEADER,
+        "NOTE",
+    )
     lines: list[tuple[tuple[str, ...], list[str]]] = []
     failed_members: dict[str, list[Row]] = {}
     for r in rows:
@@ -471,6 +556,7 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
             _seconds(r.duration),
             _size(r.output_bytes),
             _size(r.files_bytes),
+            *usage_cells(r),
             clip(display_note(r), NOTE_CELL_MAX),
         )
         details = _details(r)
@@ -486,6 +572,9 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
                     f"    ... {len(bad) - FAILED_SHOWN} more failed instances "
                     f"(report STATE {escape(r.task)})"
                 )
+            spread = usage_line(r.member_usage)
+            if spread:
+                details.append(f"    {spread}")
         lines.append((cells, details))
     widths = [
         max(len(h), *(len(cells[i]) for cells, _ in lines)) if lines else len(h)
@@ -532,6 +621,10 @@ def row_json(r: Row) -> dict[str, Any]:
     if r.key is None and r.mapped and r.instances is not None:
         data["instances"] = r.instances
         data["instance_status"] = dict(r.counts)
+    if r.key is None and r.mapped:
+        data["usage"] = task_json(r.member_usage)
+    elif r.usage is not None:
+        data.update(unit_json(r.usage))
     return {k: v for k, v in data.items() if v is not None}
 
 
@@ -541,7 +634,8 @@ def render_html(rows: list[Row], title: str) -> str:
 
     sessions = rows.sessions if isinstance(rows, Report) else []
     loop = rows.loop if isinstance(rows, Report) else None
-    return render(rows, sessions, title, loop=loop)
+    resources = rows.resources if isinstance(rows, Report) else {}
+    return render(rows, sessions, title, loop=loop, resources=resources)
 
 
 def render_outputs(state: Path, out: IO[str]) -> None:

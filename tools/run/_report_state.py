@@ -23,7 +23,7 @@ from typing import Any
 
 from crucible.core.errors import OperationalError, ParseError
 
-__all__ = ["Event", "load_plan", "load_record", "read_events", "read_regular"]
+__all__ = ["Event", "load_plan", "load_record", "load_resources", "read_events", "read_regular"]
 
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
 #: event kinds whose fields the report reads; other kinds (added by later
@@ -134,6 +134,25 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
     return tasks
 
 
+def load_resources(state: Path) -> dict[str, dict[str, int]]:
+    """Each task's declared ``resources`` (``cpus``, ``memory`` in bytes) from
+    ``STATE/plan.json``, where the plan declares them (IR v3); a value that is
+    not a positive integer is left out (the report only shows them)."""
+    from crucible.stage import StateLayout
+
+    data = read_regular(StateLayout(state).plan_path, "plan.json")
+    plan = _load_json(data or b"null", str(StateLayout(state).plan_path))
+    found: dict[str, dict[str, int]] = {}
+    for t in plan.get("tasks", []) if isinstance(plan, dict) else []:
+        asked = t.get("resources") if isinstance(t, dict) else None
+        if not isinstance(asked, dict) or not isinstance(t.get("name"), str):
+            continue
+        kept = {k: int(asked[k]) for k in ("cpus", "memory") if _int(asked.get(k), 1)}
+        if kept:
+            found[t["name"]] = kept
+    return found
+
+
 # -- session.jsonl ---------------------------------------------------------------
 
 
@@ -168,6 +187,31 @@ _OPTIONAL: dict[str, dict[str, tuple[str, ...]]] = {
 _NONNEG = {
     "task_finished": ("output_bytes", "files_bytes", "instances"),
 }
+#: task_finished's usage members (crucible.run._usage): null, or a number >= 0
+#: (seconds) / an integer >= 0 (the others)
+_USAGE_SECONDS = ("cpu_user_s", "cpu_sys_s")
+_USAGE_COUNTS = (
+    "max_rss_kib",
+    "spawner_rss_kib",
+    "read_bytes",
+    "write_bytes",
+    "vol_ctxt",
+    "inv_ctxt",
+)
+
+
+def _check_usage(value: dict[str, Any], where: str) -> None:
+    for name in _USAGE_SECONDS + _USAGE_COUNTS:
+        v = value.get(name)
+        if v is None:
+            continue
+        if name in _USAGE_SECONDS:
+            ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 <= v < _SAFE
+        else:
+            ok = _int(v, 0)
+        if not ok:
+            kind = "a number" if name in _USAGE_SECONDS else "an integer"
+            raise ParseError(f"{name} must be null or {kind} >= 0, not {v!r}", where=where)
 
 
 def _check_event(value: dict[str, Any], where: str) -> Event:
@@ -216,6 +260,7 @@ def _check_event(value: dict[str, Any], where: str) -> Event:
                     raise ParseError(
                         f"{name} must be an integer >= 0, not {value[name]!r}", where=where
                     )
+            _check_usage(value, where)
     for name, types in _OPTIONAL.get(kind, {}).items():
         if name in value and _type(value[name]) not in types:
             raise ParseError(f"{name} must be a {types[0]}, not {_type(value[name])}", where=where)
@@ -269,6 +314,7 @@ _RECORD_TYPES: dict[str, tuple[str, ...]] = {
     "stderr_tail": ("string",),
     "cached": ("boolean",),
     "tolerated": ("boolean",),
+    "usage": ("object",),
 }
 
 
@@ -359,4 +405,6 @@ def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | Non
     keys = record.get("keys")
     if keys is not None and not all(isinstance(k, str) for k in keys):
         raise ParseError("keys must be an array of strings", where=f"{where}:$.keys")
+    if "usage" in record:
+        _check_usage(record["usage"], f"{where}:$.usage")
     return record

@@ -105,6 +105,12 @@ def _run_admitted(
     # The compiler checked the plan (a plan file's normal form, or the manifest it
     # compiled): stage's view of it is built without checking each task again.
     stage.prepare_plan(admission.plan, checked=True)
+    if options.enforce_memory:  # before anything runs: one line, exit 2
+        from crucible.run._usage import data_limit_problem
+
+        problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
+        if problem is not None:
+            raise UsageError(problem)
     log_path = stage.StateLayout(options.state).session_path
     graph = build_graph(admission.plan)
     earlier = [] if admission.unclaimed else read_events(log_path)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from crucible.run._display import clip, escape, name_signals
 from crucible.run._report import display_note
+from crucible.run._report_usage import unit_usage
 
 if TYPE_CHECKING:
     from crucible.run._report import Attempt, Row, Session
@@ -198,6 +199,25 @@ def _attempt_note(t: Attempt) -> str:
     return _LOG_SUFFIX.sub("", name_signals(t.note, t.exit_code).split("\n", 1)[0])
 
 
+def _cost(t: Attempt) -> str:
+    """``62% cpu, 20M``: an attempt's %CPU and peak RSS for its bar's title
+    ("" when it was not measured); a peak that only bounds (run.md,
+    "Resource usage") reads ``<=20M``. Terse: 10,000 bars carry it."""
+    if not t.fields:
+        return ""
+    duration = t.fields.get("duration")
+    u = unit_usage(t.fields, float(duration) if isinstance(duration, int | float) else None)
+    if u is None:
+        return ""
+    parts = []
+    if u.cpu_pct is not None:
+        parts.append(f"{u.cpu_pct:.0f}% cpu")
+    if u.max_rss_kib is not None:
+        mib = u.max_rss_kib / 1024
+        parts.append(("<=" if u.rss_bound else "") + (f"{mib:.0f}M" if mib >= 10 else f"{mib:.1f}M"))
+    return ", ".join(parts)
+
+
 def _bars(r: Row, axis: _Axis, name: str) -> str:
     """One bar per attempt; ``name`` heads each tooltip (an instance's row
     already shows its key: its bars say only ``#attempt``). A unit's one
@@ -215,14 +235,19 @@ def _bars(r: Row, axis: _Axis, name: str) -> str:
         status = r.status if last and r.status in ("passed", "failed", "skipped") else t.status
         code = _code(status, r.tolerated and last)
         title = ""
+        cost = _cost(t)
         if not (len(r.tries) == 1 and status == "passed" and not t.note and not name):
             tip = f"{name}#{t.number or n} s{t.session}: {status}"
             if t.end is not None:
                 tip += f" {t.end - t.start:.3f}s"
+            if cost:
+                tip += f" ({cost})"
             note = _attempt_note(t)
             if note:
                 tip += " \u2014 " + escape(note)
             title = f' title="{html.escape(clip(tip, TIP_MAX))}"'
+        elif cost:  # a passed attempt alone in its row: what it cost only (bytes)
+            title = f' title="{html.escape(cost)}"'
         out.append(
             f'<i class="bar" data-s={code}{cached if last else ""} style="left:{_pc(left)};'
             f'width:{_pc(width)}"{title}></i>'
@@ -314,13 +339,23 @@ def _loop_section(loop: Any) -> str:
     return loop_view.render_html(loop)
 
 
-def render(rows: list[Row], sessions: list[Session], title: str, loop: Any = None) -> str:
+def render(
+    rows: list[Row],
+    sessions: list[Session],
+    title: str,
+    loop: Any = None,
+    resources: dict[str, dict[str, int]] | None = None,
+) -> str:
     """The page for ``rows`` (as :func:`crucible.run._report.collect` returns them);
-    ``loop`` (a :class:`crucible.run._loop_view.LoopView`) adds its chart."""
+    ``loop`` (a :class:`crucible.run._loop_view.LoopView`) adds its chart;
+    ``resources``: each task's declared resources, for the Resources section."""
+    from crucible.run import _resources_html as resources_html
+
     axis = _Axis(sessions)
     ids: dict[int, str] = {}
+    linked = resources_html.heaviest(rows)  # the Resources section links to them
     for i, r in enumerate(rows):
-        if r.status == "failed":
+        if r.status == "failed" or i in linked:
             ids[i] = f"u{i}"
     body: list[str] = []
     i = 0
@@ -372,12 +407,13 @@ def render(rows: list[Row], sessions: list[Session], title: str, loop: Any = Non
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
         f"<title>{html.escape(escape(title))} \u2014 crucible timeline</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{_CSS}{resources_html.CSS}</style></head><body>",
         f"<h1>{html.escape(escape(title))}</h1>",
         f'<p class="sum">{len(units)} units ({html.escape(summary) or "none started"}); '
         f"{drawn} attempts drawn over {axis.busy:.3f} s busy in {len(sessions)} "
         f"session{'s' if len(sessions) != 1 else ''}.</p>",
         _failures(rows, ids),
+        resources_html.render_section(rows, resources or {}, ids),
         _loop_section(loop),
         f'<div class="top">{_legend()}{_axis_row(axis)}</div>',
         f'<div class="tl"><div class="ov">{overlay}</div>',

@@ -44,13 +44,20 @@ from crucible.core.fdio import write_all
 from crucible.run import _verdict as verdict_rules
 from crucible.run._agent_io import AgentStdout, stdin_source
 from crucible.run._environ import task_environment
-from crucible.run._failures import TAIL_BYTES, add_log_fields, compose_note, tail_text
+from crucible.run._failures import TAIL_BYTES, add_log_fields, compose_note, exit_text, tail_text
 from crucible.run._launch import launch
 from crucible.run._mirror import follow_out
 from crucible.run._options import RunOptions
 from crucible.run._procs import TaskProcess, kill_group
 from crucible.run._recycle import WorkspacePool
 from crucible.run._unit_cache import cacheable
+from crucible.run._usage import (
+    format_memory,
+    from_rusage,
+    hit_memory_limit,
+    memory_limit,
+    memory_limit_argv,
+)
 from crucible.run._workers import Channel, Inbox
 
 if TYPE_CHECKING:
@@ -546,6 +553,9 @@ class UnitRunner:
         else:
             run = task["run"]
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
+        limit = memory_limit(task, self.options.enforce_memory)
+        if limit is not None:  # --enforce-memory
+            argv = memory_limit_argv(argv, limit)
         env = self._environment(
             task, name, key, staged.attempt, staged.staged_env, prepared, staged.output
         )
@@ -666,6 +676,7 @@ class UnitRunner:
             return rel, tail_text(sink.tail)
 
         duration = time.monotonic() - proc.started
+        usage = from_rusage(proc.usage, proc.spawner_rss_kib)
         finished: dict[str, Any] = {
             "kind": "finished",
             "pid": proc.pid,
@@ -678,6 +689,7 @@ class UnitRunner:
             "log_error": log_error,
             "log": None,
             "tail": "",
+            "usage": usage,
         }
         with contextlib.suppress(OSError):
             finished["output_bytes"] = output.stat().st_size
@@ -700,6 +712,7 @@ class UnitRunner:
                     log_fields,
                     response_problem=response_problem,
                     held_notes=held_notes,
+                    usage=usage,
                 )
             except CrucibleError as exc:
                 finished["capture_error"] = str(exc)
@@ -1070,6 +1083,7 @@ class UnitRunner:
         log_fields: Callable[[], tuple[str | None, str]],
         response_problem: str | None = None,
         held_notes: list[str] | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Capture one attempt's result; reply with what the scheduler needs (never
         the output itself, which may be large). A failed record gains the log
@@ -1104,10 +1118,15 @@ class UnitRunner:
                 note = self._sandbox_of().note(
                     task, str(workspace), str(output.parent), tail, note
                 )
+            limit = memory_limit(task, self.options.enforce_memory)
+            if limit is not None and code != 0 and hit_memory_limit(tail):
+                note = f"killed: exceeded memory {format_memory(limit)} ({exit_text(code)})"
             record["note"] = compose_note(note, code, log, tail)
             add_log_fields(record, log, tail)
         if sandboxed:
             record = {**record, "sandbox": True}
+        if usage is not None:  # what the attempt cost (crucible.run._usage)
+            record = {**record, "usage": usage}
         wrote = self.stage.write_result_where(self.state, record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):

@@ -166,6 +166,8 @@ class UnitCache:
         """What the scheduling thread settles a restored unit with (the shape of
         a worker's reply: kind ``cached``)."""
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if isinstance(record.get("usage"), dict):  # of the attempt that produced it
+            summary["usage"] = record["usage"]
         if record.get("files_captured"):
             with contextlib.suppress(AttributeError, KeyError, TypeError, ValueError):  # junk
                 summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record["files"])
