@@ -148,10 +148,11 @@ def cli() -> None:
 @_cache_option("Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).")
 @click.option(
     "--executor",
-    type=click.Choice(["local", "dask", "dask-local"]),
+    type=click.Choice(["local", "dask", "dask-local", "slurm"]),
     default="local",
     show_default=True,
-    help="Where units run: forked workers, a Dask cluster, or a LocalCluster for the run.",
+    help="Where units run: forked workers, a Dask cluster, a LocalCluster for the run,"
+    " or SLURM job arrays.",
 )
 @click.option("--scheduler", metavar="tcp://HOST:PORT", help="With --executor dask: its scheduler.")
 @click.option(
@@ -164,6 +165,26 @@ def cli() -> None:
     type=click.IntRange(min=1, max=JOBS_MAX),
     help="With --executor dask-local: Dask threads per worker (default: its share of -j"
     " plus its share of the units staged ahead).",
+)
+@click.option(
+    "--slurm-partition",
+    envvar="CRUCIBLE_SLURM_PARTITION",
+    metavar="NAME",
+    help="With --executor slurm: the partition (default: the cluster's).",
+)
+@click.option(
+    "--slurm-account", envvar="CRUCIBLE_SLURM_ACCOUNT", metavar="NAME",
+    help="With --executor slurm: the account jobs are charged to.",
+)  # fmt: skip
+@click.option(
+    "--slurm-qos", envvar="CRUCIBLE_SLURM_QOS", metavar="NAME",
+    help="With --executor slurm: the quality of service.",
+)  # fmt: skip
+@click.option(
+    "--slurm-extra",
+    envvar="CRUCIBLE_SLURM_EXTRA",
+    metavar="ARGS",
+    help="With --executor slurm: more sbatch options (not --output, --wrap, --array, ...).",
 )
 def run_cmd(
     plan: Path,
@@ -190,6 +211,10 @@ def run_cmd(
     scheduler: str | None,
     workers: int | None,
     threads_per_worker: int | None,
+    slurm_partition: str | None,
+    slurm_account: str | None,
+    slurm_qos: str | None,
+    slurm_extra: str | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.commands import dispatch_options, run_run
@@ -219,6 +244,10 @@ def run_cmd(
         scheduler=scheduler,
         workers=workers,
         threads_per_worker=threads_per_worker,
+        slurm_partition=slurm_partition,
+        slurm_account=slurm_account,
+        slurm_qos=slurm_qos,
+        slurm_extra=slurm_extra,
     )
     return run_run(options, sys.stdout.buffer, sys.stderr)
 

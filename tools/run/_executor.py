@@ -21,7 +21,7 @@ from crucible.run._workers import Channel, Reply, WorkerPool
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "create"]
 
-EXECUTORS = ("local", "dask", "dask-local")
+EXECUTORS = ("local", "dask", "dask-local", "slurm")
 
 
 class Executor(Protocol):
@@ -145,6 +145,10 @@ def create(
 
         pool = WorkerPool(worker_count(jobs), serve, lazy=True, inbox_loop=runner.serve)
         return LocalExecutor(pool, slots)
+    if options.executor == "slurm":
+        from crucible.run._slurm_executor import SlurmExecutor
+
+        return SlurmExecutor(options, jobs=jobs, runner=runner)
     from crucible.run._dask_executor import DaskExecutor
 
     return DaskExecutor(options, jobs=jobs, runner=runner)

@@ -58,7 +58,8 @@ class RunOptions:
     #: ``--cache DIR``: the task cache (docs/spec/cache.md); None = off
     cache: Path | None = None
     #: ``--executor``: ``local`` (forked workers), ``dask`` (a running cluster at
-    #: ``scheduler``) or ``dask-local`` (a LocalCluster for the run); see run/_executor.py
+    #: ``scheduler``), ``dask-local`` (a LocalCluster for the run) or ``slurm`` (job
+    #: arrays through sbatch); see run/_executor.py
     executor: str = "local"
     #: ``--scheduler tcp://HOST:PORT`` (``--executor dask``)
     scheduler: str | None = None
@@ -67,3 +68,9 @@ class RunOptions:
     #: ``--threads-per-worker`` (``--executor dask-local``); None = its share of
     #: -j plus its share of the units staged ahead (dask_executor.local_layout)
     threads_per_worker: int | None = None
+    #: ``--slurm-partition``, ``--slurm-account``, ``--slurm-qos``, ``--slurm-extra``
+    #: (``--executor slurm``; run/_slurm_executor.py)
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_qos: str | None = None
+    slurm_extra: str | None = None
