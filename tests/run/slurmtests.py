@@ -70,7 +70,9 @@ def wait_no_jobs(seconds: float = 30) -> list[tuple[str, str]]:
 
 
 def hostname() -> str:
-    return subprocess.run(["hostname", "-s"], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["hostname", "-s"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def paths_of(root: Path) -> list[str]:

@@ -161,3 +161,13 @@ class SlurmCommands:
         if jobs:
             signal = ["--full", "--signal", "KILL"] if kill else []
             self.run(["scancel", *signal, *jobs], check=False)
+
+    def stop(self, jobs: Sequence[str]) -> None:
+        """The run stops: SIGTERM to the running elements' unit runners only
+        (``--batch``: the runner stops its task as a local stop does, and the
+        task is not killed under it), and the pending ones cancelled."""
+        if jobs:
+            self.run(
+                ["scancel", "--batch", "--signal", "TERM", "--state", "RUNNING", *jobs], check=False
+            )
+            self.run(["scancel", "--state", "PENDING", *jobs], check=False)

@@ -453,8 +453,23 @@ class SlurmExecutor:
                     replies.append(Reply(token, "interim", payload))
                 continue
             outcome, result = payload
-            self._settle(Reply(token, outcome, result), replies)
+            reply = self._cluster_stop(token, outcome, result)
+            if reply is not None:
+                self._settle(reply, replies)
         return replies
+
+    def _cluster_stop(self, token: int, outcome: str, result: Any) -> Reply | None:
+        """A node's answer, unless the cluster stopped its job while the run
+        goes on (scancel by someone else, preemption, the walltime): then its
+        running unit is a lost attempt and the units it did not start go back."""
+        kind = result.get("kind") if isinstance(result, dict) else None
+        if self._stopping or outcome != "ok":
+            return Reply(token, outcome, result)
+        if kind == "not_started":
+            return Reply(token, "ok", {"kind": "handback", "staged_env": None})
+        if kind == "finished" and result.get("slurm_signalled"):
+            return None  # answered once its job left the queue, with SLURM's final state (_ended)
+        return Reply(token, outcome, result)
 
     def _settle(self, reply: Reply, replies: list[Reply]) -> None:
         token = reply.token
@@ -567,15 +582,18 @@ class SlurmExecutor:
                 ("final", (token, ("ok", {"kind": "not_started", "staged_env": None})))
             )
         self._wake()
-        self._cancel()
+        self._cancel(graceful=True)
 
-    def _cancel(self, *, kill: bool = False) -> None:
+    def _cancel(self, *, kill: bool = False, graceful: bool = False) -> None:
         with self._lock:
             jobs = sorted({e.split("_")[0] for e in self._elements})
         if jobs:
             self._cancelled = True
             with contextlib.suppress(OperationalError, UsageError):
-                self.commands.scancel(jobs, kill=kill)
+                if graceful:
+                    self.commands.stop(jobs)
+                else:
+                    self.commands.scancel(jobs, kill=kill)
 
     def kill(self) -> None:
         self._cancel(kill=True)

@@ -208,6 +208,10 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
             result = runner.run(request, cast(Any, channel))
             if isinstance(result, dict):
                 result["worker"] = replies.worker
+                if slots.stopped and result.get("kind") == "finished":
+                    # SLURM's SIGTERM (scancel, preemption, the walltime) reached
+                    # it: the dispatcher tells its own stop from the cluster's
+                    result["slurm_signalled"] = True
             answer = ("ok", result)
         except CrucibleError as exc:
             answer = ("error", str(exc))
