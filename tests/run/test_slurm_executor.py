@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from tests.run.dispatchtests import (
     wait_for,
     write_pack,
 )
-from tests.run.slurmtests import SLURM, crucible_jobs, wait_no_jobs
+from tests.run.slurmtests import SLURM, crucible_jobs, hostname, wait_no_jobs
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 from tests.run.slurmtests import slurm_cluster  # noqa: E402,F401  (the fixture)
@@ -137,6 +138,58 @@ def test_resume_after_a_killed_dispatcher_cancels_its_jobs_first(tmp_path: Path)
     assert log[-2:] == [f"start {resumed}", f"end {resumed}"], log
     assert log[0] == f"start {orphan}", log
     assert json.loads((state / "results" / "t.json").read_bytes())["status"] == "passed"
+
+
+def test_a_drained_node_makes_units_wait_without_a_failure(tmp_path: Path) -> None:
+    """Two elements run on the node's 2 CPUs and two wait for them; the node is
+    drained meanwhile (the running ones finish, the pending ones stay queued,
+    several squeue polls long), then resumed: every unit passes at its first
+    attempt."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    gate = Gate(tmp_path / "gate")
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "drained"
+        [[workflow.task]]
+        name = "t"
+        map = {{ count = 4 }}
+        run = 'echo $$ > {marks}/$CRUCIBLE_KEY; {gate.wait}; echo "{{}}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    state = tmp_path / "state"
+    node = hostname()
+    drained = False
+    try:
+        with (
+            gate,
+            reaped(start_dispatch(pack, state, *SLURM, "-j", "4", stderr=tmp_path / "err")) as proc,
+        ):
+            wait_files(marks, "*", 2)
+            subprocess.run(
+                ["scontrol", "update", f"nodename={node}", "state=drain", "reason=crucible-test"],
+                check=True, timeout=30,
+            )  # fmt: skip
+            drained = True
+            gate.open()
+            wait_for(lambda: len(keyed(state, "t")) == 2, 30)
+            pending = crucible_jobs("PENDING")
+            assert len(pending) == 2, pending
+            time.sleep(3)  # three squeue polls: the pending elements only wait
+            assert len(keyed(state, "t")) == 2 and not finished(state, "2") + finished(state, "3")
+            subprocess.run(
+                ["scontrol", "update", f"nodename={node}", "state=resume"], check=True, timeout=30
+            )
+            drained = False
+            assert proc.wait(timeout=60) == 0, (tmp_path / "err").read_text()
+    finally:
+        if drained:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], timeout=30)
+    assert sorted(keyed(state, "t")) == ["0", "1", "2", "3"]
+    assert all(e["attempt"] == 1 and e["status"] == "passed" for e in finished(state) if "key" in e)
 
 
 def test_a_task_asking_1tib_is_refused_before_anything_runs(tmp_path: Path) -> None:
