@@ -244,7 +244,8 @@ def test_a_controller_that_does_not_answer_is_exit_3_and_the_state_is_not_claime
     """A slurm.conf whose controller port nothing listens on."""
     conf = tmp_path / "slurm.conf"
     text = Path("/etc/slurm/slurm.conf").read_text()
-    conf.write_text(text.replace("SlurmctldPort=6817", "SlurmctldPort=9"))
+    # MessageTimeout=1: the commands give up at once, not after 9 s of retries
+    conf.write_text(text.replace("SlurmctldPort=6817", "SlurmctldPort=9") + "MessageTimeout=1\n")
     pack = _one_task(tmp_path, 'echo "{}" > "$CRUCIBLE_OUTPUT"')
     state = tmp_path / "state"
     env = {**os.environ, "SLURM_CONF": str(conf)}
