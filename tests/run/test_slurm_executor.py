@@ -217,6 +217,13 @@ def test_a_job_killed_past_its_memory_has_slurms_reason_in_the_note(tmp_path: Pa
     assert wait_no_jobs() == []
 
 
+def test_follow_tails_the_units_logs_on_the_shared_state(tmp_path: Path) -> None:
+    pack = _one_task(tmp_path, 'echo hello; echo there >&2; echo "{}" > "$CRUCIBLE_OUTPUT"')
+    done = dispatch(pack, "--state", tmp_path / "state", *SLURM, "--follow", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "t hello\nt there\n" in done.stderr
+
+
 # ---------------------------------------------------------------- bad input
 
 

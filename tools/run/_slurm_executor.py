@@ -276,19 +276,13 @@ class SlurmExecutor:
             version=crucible.__version__,
             python=(sys.version_info[0], sys.version_info[1]),
         )
-        self._write_spec()
+        atomic.write_bytes(self.run_dir / "spec.pickle", pickle.dumps(self._spec, protocol=5))
         script = (
             "#!/bin/sh\n# crucible --executor slurm: one array element (crucible.run._slurm_node)\n"
             f"exec {shlex.quote(sys.executable)} -m crucible.run._slurm_node"
             f' {shlex.quote(str(self.run_dir))} "$1"\n'
         )
         atomic.write_bytes(self.run_dir / "job.sh", script.encode("utf-8"), mode=0o755)
-
-    def _write_spec(self) -> None:
-        from crucible.core import atomic
-
-        spec = replace(self._spec, recent={k: list(v) for k, v in self._recent.items()})
-        atomic.write_bytes(self.run_dir / "spec.pickle", pickle.dumps(spec, protocol=5))
 
     # --------------------------------------------------------- poller thread
 
@@ -373,15 +367,16 @@ class SlurmExecutor:
         batched = {} if self._stopping else self.batches.take()
         if not batched:
             return
-        self._write_spec()  # the tasks' recent durations: each batch's handback threshold
         for name, groups in batched.items():
+            # the task's recent durations: the element's handback threshold
+            recent = list(self._recent.get(name, ()))
             self._tags += 1
             tag = f"{self._tags}"
             directory = self.run_dir / "jobs" / tag
             directory.mkdir()
             for index, group in enumerate(groups):
                 with open(directory / f"{index}.units", "wb") as f:
-                    pickle.dump(group, f, protocol=5)
+                    pickle.dump({"units": group, "recent": recent}, f, protocol=5)
             job = self._sbatch(name, tag, groups)
             now = time.monotonic()
             with self._lock:

@@ -4,7 +4,8 @@ run on the node through the same unit code as the local and Dask workers.
 ``python -m crucible.run._slurm_node RUN_DIR TAG`` (the run's job script,
 crucible.run._slurm_executor) reads the run's spec (``RUN_DIR/spec.pickle``:
 plan, options, environment, pack dir, what the node must match) and the units
-of element ``$SLURM_ARRAY_TASK_ID`` (``RUN_DIR/jobs/TAG/<index>.units``), then
+of element ``$SLURM_ARRAY_TASK_ID`` with their task's recent durations
+(``RUN_DIR/jobs/TAG/<index>.units``), then
 
 1. checks the node sees the dispatcher's state (its ``executor-token``), runs
    the same crucible and Python version, and sees the pack directory; if not,
@@ -33,7 +34,7 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -57,8 +58,6 @@ class NodeSpec:
     #: crucible's version and Python's (major, minor) on the dispatcher
     version: str
     python: tuple[int, int]
-    #: recent durations of each task's units (seconds), for the handback threshold
-    recent: dict[str, list[float]] = field(default_factory=dict)
 
 
 def check_node(spec: NodeSpec) -> str | None:
@@ -160,7 +159,8 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
     with open(run_dir / "spec.pickle", "rb") as f:
         spec = cast(NodeSpec, pickle.load(f))
     with open(run_dir / "jobs" / tag / f"{index}.units", "rb") as f:
-        units = cast(list[tuple[int, tuple[Any, ...]]], pickle.load(f))
+        batch = cast(dict[str, Any], pickle.load(f))
+    units = cast(list[tuple[int, tuple[Any, ...]]], batch["units"])
     replies = _Replies(run_dir / "replies", f"{socket.gethostname()} (slurm job {element})")
     problem = check_node(spec)
     if problem is not None:
@@ -182,7 +182,8 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
     )
     # the node may share STATE over another host's mount: it fsyncs its records
     runner.durable_records = True
-    recent: deque[float] = deque(spec.recent.get(units[0][1][1], ()), maxlen=31)
+    # the task's recent durations (the dispatcher's): the handback threshold
+    recent: deque[float] = deque(batch["recent"], maxlen=31)
     handed: list[bool] = []
     for position, (token, request) in enumerate(units):
         rest = units[position + 1 :]
