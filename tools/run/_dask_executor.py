@@ -64,6 +64,9 @@ def _not_started() -> tuple[str, dict[str, Any]]:
     return ("ok", {"kind": "not_started", "staged_env": None})
 
 
+#: the answer of a unit a closing worker did not start (the dispatcher starts it elsewhere)
+_HANDBACK = ("ok", {"kind": "handback", "staged_env": None})
+
 #: times a unit cancelled before it started (its run spec was lost with a
 #: worker) is sent again with the spec scattered anew, before it counts as lost
 _RESENDS = 3
@@ -121,6 +124,8 @@ class _Control:
         # the request pipe stand-in: its write end stays open, so it never hangs up
         self.hold_r, self.hold_w = os.pipe2(os.O_CLOEXEC)
         self.stopped = False
+        #: stopped because the worker closes (crucible.run._dask_close), not by the run
+        self.closing = False
         self._free = slots
         self._changed = threading.Condition()
 
@@ -306,7 +311,8 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
     for index, (token, request) in enumerate(units):
         rest = units[index + 1 :]
         if control.stopped:  # queued here when the run stopped: nothing staged
-            answer_all(units[index:], _not_started())
+            # (the worker closes: the dispatcher starts them elsewhere)
+            answer_all(units[index:], _HANDBACK if control.closing else _not_started())
             break
         channel = _Channel(spec.run_id, token, control.hold_r, worker)
 
@@ -328,6 +334,9 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
             if isinstance(result, dict):
                 result["worker"] = worker.address
             answer = ("ok", result)
+            if control.closing and result.get("kind") in ("finished", "not_started"):
+                # stopped by the worker's close, not by the run: a lost attempt
+                answer = ("ok", {"kind": "worker_lost", "worker": worker.address})
         except CrucibleError as exc:
             answer = ("error", str(exc))
         except BaseException:
@@ -359,6 +368,16 @@ def _worker_signal(run_id: str, what: str) -> None:
         control.stop()
     else:
         control.kill()
+
+
+def stop_on_worker(run_id: str) -> None:
+    """On a worker that closes (crucible.run._dask_close): stop the run's units
+    there, if any ran there (else nothing is created)."""
+    with _LOCK:
+        control = _CONTROLS.get(run_id)
+    if control is not None:
+        control.closing = True
+        control.stop()
 
 
 def _worker_forget(run_id: str) -> None:
@@ -575,6 +594,10 @@ class DaskExecutor:
         self._prove_state(options.state)
         self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
         self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
+        # a worker that closes mid-run (a batch system's walltime) stops its units
+        from crucible.run._dask_close import StopOnClose
+
+        self._client.register_plugin(StopOnClose(self.run_id), name=f"crucible-close-{self.run_id}")
         self._spec_value = _Spec(
             run_id=self.run_id,
             plan=runner.plan,
@@ -800,8 +823,10 @@ class DaskExecutor:
                     client.cancel(
                         list({id(f): f for f in self._live.values() if f is not None}.values())
                     )
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # its teardown finds no control left
                 client.run(_worker_forget, self.run_id)
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin(f"crucible-close-{self.run_id}")
             with contextlib.suppress(Exception):
                 client.close(timeout=CONNECT_TIMEOUT)
         if self._cluster is not None:
