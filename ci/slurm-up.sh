@@ -54,7 +54,7 @@ KillWait=10
 ReturnToService=2
 SchedulerType=sched/backfill
 # a small test cluster: look for work every second, not every minute
-SchedulerParameters=sched_interval=1
+SchedulerParameters=sched_interval=1,batch_sched_delay=0,sched_min_interval=0
 SlurmctldPort=6817
 SlurmdPort=6818
 SlurmUser=root
