@@ -30,6 +30,9 @@ NOT_ON_THE_PLAIN_PATH = (
     # what only other features need
     "crucible.run._loop_engine",
     "crucible.run._dask_executor",
+    "crucible.run._slurm_executor",
+    "crucible.run._slurm_node",
+    "crucible.run._slurm_cli",
     "crucible.run._cache",
     "crucible.run._cache_explain",
     "crucible.run._report",

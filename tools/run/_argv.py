@@ -71,12 +71,24 @@ _VALUED = {
     "--scheduler": ("scheduler", "text"),
     "--workers": ("workers", "slots"),
     "--threads-per-worker": ("threads_per_worker", "slots"),
+    "--slurm-partition": ("slurm_partition", "text"),
+    "--slurm-account": ("slurm_account", "text"),
+    "--slurm-qos": ("slurm_qos", "text"),
+    "--slurm-extra": ("slurm_extra", "text"),
+}
+
+#: options click also reads from the environment when not given (their envvar)
+_FROM_ENV = {
+    "slurm_partition": "CRUCIBLE_SLURM_PARTITION",
+    "slurm_account": "CRUCIBLE_SLURM_ACCOUNT",
+    "slurm_qos": "CRUCIBLE_SLURM_QOS",
+    "slurm_extra": "CRUCIBLE_SLURM_EXTRA",
 }
 
 #: short options whose value may be attached (``-j2``, ``-pNAME=VALUE``)
 _ATTACHED = ("-j", "-p")
 
-_EXECUTORS = ("local", "dask", "dask-local")
+_EXECUTORS = ("local", "dask", "dask-local", "slurm")
 
 
 class _Declined(Exception):
@@ -146,6 +158,9 @@ def _parse(args: list[str]) -> dict[str, Any]:
         from_env = os.environ.get("CRUCIBLE_CACHE")  # click reads it when --cache is not given
         if from_env:
             values["cache"] = _convert("path", from_env)
+    for dest, variable in _FROM_ENV.items():
+        if dest not in values and os.environ.get(variable):
+            values[dest] = _convert("text", os.environ[variable])
     return _with_defaults(_convert("file", plan), values)
 
 
@@ -179,6 +194,10 @@ def _with_defaults(plan: Path, values: dict[str, Any]) -> dict[str, Any]:
         "workers": None,
         "threads_per_worker": None,
         "enforce_memory": False,
+        "slurm_partition": None,
+        "slurm_account": None,
+        "slurm_qos": None,
+        "slurm_extra": None,
     }
     out.update(values)
     return out

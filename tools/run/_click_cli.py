@@ -158,10 +158,11 @@ def cli() -> None:
 @_cache_option("Task cache: reuse passed results whose inputs did not change ($CRUCIBLE_CACHE).")
 @click.option(
     "--executor",
-    type=click.Choice(["local", "dask", "dask-local"]),
+    type=click.Choice(["local", "dask", "dask-local", "slurm"]),
     default="local",
     show_default=True,
-    help="Where units run: forked workers, a Dask cluster, or a LocalCluster for the run.",
+    help="Where units run: forked workers, a Dask cluster, a LocalCluster for the run,"
+    " or SLURM job arrays.",
 )
 @click.option("--scheduler", metavar="tcp://HOST:PORT", help="With --executor dask: its scheduler.")
 @click.option(
@@ -178,6 +179,26 @@ def cli() -> None:
 @_flag(
     "--enforce-memory",
     help="Limit each task to its resources.memory (RLIMIT_DATA): an allocation past it fails.",
+)
+@click.option(
+    "--slurm-partition",
+    envvar="CRUCIBLE_SLURM_PARTITION",
+    metavar="NAME",
+    help="With --executor slurm: the partition (default: the cluster's).",
+)
+@click.option(
+    "--slurm-account", envvar="CRUCIBLE_SLURM_ACCOUNT", metavar="NAME",
+    help="With --executor slurm: the account jobs are charged to.",
+)  # fmt: skip
+@click.option(
+    "--slurm-qos", envvar="CRUCIBLE_SLURM_QOS", metavar="NAME",
+    help="With --executor slurm: the quality of service.",
+)  # fmt: skip
+@click.option(
+    "--slurm-extra",
+    envvar="CRUCIBLE_SLURM_EXTRA",
+    metavar="ARGS",
+    help="With --executor slurm: more sbatch options (not --output, --wrap, --array, ...).",
 )
 def run_cmd(
     plan: Path,
@@ -208,6 +229,10 @@ def run_cmd(
     workers: int | None,
     threads_per_worker: int | None,
     enforce_memory: bool,
+    slurm_partition: str | None,
+    slurm_account: str | None,
+    slurm_qos: str | None,
+    slurm_extra: str | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.commands import dispatch_options, run_run
@@ -241,6 +266,10 @@ def run_cmd(
         workers=workers,
         threads_per_worker=threads_per_worker,
         enforce_memory=enforce_memory,
+        slurm_partition=slurm_partition,
+        slurm_account=slurm_account,
+        slurm_qos=slurm_qos,
+        slurm_extra=slurm_extra,
     )
     return run_run(options, sys.stdout.buffer, sys.stderr)
 

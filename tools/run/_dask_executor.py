@@ -64,6 +64,9 @@ def _not_started() -> tuple[str, dict[str, Any]]:
     return ("ok", {"kind": "not_started", "staged_env": None})
 
 
+#: the answer of a unit a closing worker did not start (the dispatcher starts it elsewhere)
+_HANDBACK = ("ok", {"kind": "handback", "staged_env": None})
+
 #: times a unit cancelled before it started (its run spec was lost with a
 #: worker) is sent again with the spec scattered anew, before it counts as lost
 _RESENDS = 3
@@ -105,6 +108,9 @@ class _Spec:
     #: the -j slots split among its workers); a worker not named here runs at
     #: most its Dask thread count of them
     slots: dict[str, int] = field(default_factory=dict)
+    #: ``STATE/.dask/RUN``: a token's file there says a worker took its unit
+    #: (_claim: Dask may send a batch again, silently, when a worker retires)
+    claims: str = ""
 
 
 class _Control:
@@ -121,6 +127,8 @@ class _Control:
         # the request pipe stand-in: its write end stays open, so it never hangs up
         self.hold_r, self.hold_w = os.pipe2(os.O_CLOEXEC)
         self.stopped = False
+        #: stopped because the worker closes (crucible.run._dask_close), not by the run
+        self.closing = False
         self._free = slots
         self._changed = threading.Condition()
 
@@ -306,14 +314,19 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
     for index, (token, request) in enumerate(units):
         rest = units[index + 1 :]
         if control.stopped:  # queued here when the run stopped: nothing staged
-            answer_all(units[index:], _not_started())
+            if control.closing:  # the worker closes: the dispatcher starts them elsewhere
+                answer_all([u for u in units[index:] if _claim(spec, u[0])], _HANDBACK)
+            else:
+                answer_all(units[index:], _not_started())
             break
+        if not _claim(spec, token):
+            continue  # this batch was sent again: the worker that claimed it answers
         channel = _Channel(spec.run_id, token, control.hold_r, worker)
 
         def hand_back(rest: list[tuple[int, tuple[Any, ...]]] = rest) -> None:
             if not handed:  # the task runs long: the units behind it go elsewhere
                 handed.append(True)
-                answer_all(rest, ("ok", {"kind": "handback", "staged_env": None}))
+                answer_all([u for u in rest if _claim(spec, u[0])], _HANDBACK)
 
         if rest:
             with _LOCK:  # a copy: the worker's other threads append to it
@@ -328,6 +341,9 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
             if isinstance(result, dict):
                 result["worker"] = worker.address
             answer = ("ok", result)
+            if control.closing and result.get("kind") in ("finished", "not_started"):
+                # stopped by the worker's close, not by the run: a lost attempt
+                answer = ("ok", {"kind": "worker_lost", "worker": worker.address})
         except CrucibleError as exc:
             answer = ("error", str(exc))
         except BaseException:
@@ -338,6 +354,24 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
         if handed:
             break
     return kept or _SENT  # nothing for Dask to size and keep
+
+
+def _claim(spec: _Spec, token: int) -> bool:
+    """Whether this worker is the first to take ``token``'s unit. A worker that
+    retires gracefully (dask-jobqueue's ``--lifetime``) has the scheduler send
+    the batches it was running to another worker, whatever ``allowed-failures``
+    says; the retiring worker stops and answers its units (_dask_close), so the
+    copy must not run them again: each unit is claimed, on the shared state,
+    before it is run or answered ``handback``, and a copy skips what is
+    claimed (its answer comes from the worker that claimed it)."""
+    if not spec.claims:
+        return True
+    path = os.path.join(spec.claims, str(token))
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _answers(messages: list[dict[str, Any]]) -> list[tuple[int, tuple[str, Any]]]:
@@ -359,6 +393,16 @@ def _worker_signal(run_id: str, what: str) -> None:
         control.stop()
     else:
         control.kill()
+
+
+def stop_on_worker(run_id: str) -> None:
+    """On a worker that closes (crucible.run._dask_close): stop the run's units
+    there, if any ran there (else nothing is created)."""
+    with _LOCK:
+        control = _CONTROLS.get(run_id)
+    if control is not None:
+        control.closing = True
+        control.stop()
 
 
 def _worker_forget(run_id: str) -> None:
@@ -525,6 +569,7 @@ class DaskExecutor:
         self.pids_are_local = options.executor == "dask-local"
         self._client: Any = None
         self._scratch: str | None = None
+        self._claims: Path | None = None
         self._closed = False
         #: --follow: the units' logs tailed on the shared state (crucible.run._log_tail)
         self._tailer: LogTailer | None = LogTailer() if options.follow else None
@@ -591,8 +636,14 @@ class DaskExecutor:
         """Prove the workers see this state, check the tasks' resources, listen
         for the workers' events and scatter the run's spec."""
         self._prove_state(options.state)
+        self._claims = Path(os.path.abspath(options.state)) / ".dask" / self.run_id
+        self._claims.mkdir(parents=True, exist_ok=True)
         self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
         self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
+        # a worker that closes mid-run (a batch system's walltime) stops its units
+        from crucible.run._dask_close import StopOnClose
+
+        self._client.register_plugin(StopOnClose(self.run_id), name=f"crucible-close-{self.run_id}")
         self._spec_value = _Spec(
             run_id=self.run_id,
             plan=runner.plan,
@@ -602,6 +653,7 @@ class DaskExecutor:
             environ=dict(runner.environ),
             pack_dir=runner.pack_dir,
             slots=self._slots,
+            claims=str(self._claims),
         )
         self._spec = self._scatter_spec()
 
@@ -818,8 +870,10 @@ class DaskExecutor:
                     client.cancel(
                         list({id(f): f for f in self._live.values() if f is not None}.values())
                     )
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # its teardown finds no control left
                 client.run(_worker_forget, self.run_id)
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin(f"crucible-close-{self.run_id}")
             with contextlib.suppress(Exception):
                 client.close(timeout=CONNECT_TIMEOUT)
         if self._cluster is not None:
@@ -829,6 +883,10 @@ class DaskExecutor:
             self._tailer.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._claims is not None:
+            shutil.rmtree(self._claims, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the last run's: .dask goes too
+                self._claims.parent.rmdir()
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

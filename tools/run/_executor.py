@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "create"]
 
-EXECUTORS = ("local", "dask", "dask-local")
+EXECUTORS = ("local", "dask", "dask-local", "slurm")
 
 
 class Executor(Protocol):
@@ -174,6 +174,10 @@ def create(
             worker_count(jobs), serve, lazy=True, inbox_loop=runner.serve, before_fork=start_reaper
         )
         return LocalExecutor(pool, slots, reaper)
+    if options.executor == "slurm":
+        from crucible.run._slurm_executor import SlurmExecutor
+
+        return SlurmExecutor(options, jobs=jobs, runner=runner)
     from crucible.run._dask_executor import DaskExecutor
 
     return DaskExecutor(options, jobs=jobs, runner=runner)

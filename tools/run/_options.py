@@ -63,7 +63,8 @@ class RunOptions:
     #: ``--sandbox``: every task runs sandboxed (docs/spec/cache.md, "The sandbox")
     sandbox: bool = False
     #: ``--executor``: ``local`` (forked workers), ``dask`` (a running cluster at
-    #: ``scheduler``) or ``dask-local`` (a LocalCluster for the run); see run/_executor.py
+    #: ``scheduler``), ``dask-local`` (a LocalCluster for the run) or ``slurm`` (job
+    #: arrays through sbatch); see run/_executor.py
     executor: str = "local"
     #: ``--scheduler tcp://HOST:PORT`` (``--executor dask``)
     scheduler: str | None = None
@@ -75,3 +76,9 @@ class RunOptions:
     #: ``--enforce-memory``: a task's ``resources.memory`` is its RLIMIT_DATA
     #: (crucible.run._usage.memory_limit_argv)
     enforce_memory: bool = False
+    #: ``--slurm-partition``, ``--slurm-account``, ``--slurm-qos``, ``--slurm-extra``
+    #: (``--executor slurm``; run/_slurm_executor.py)
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_qos: str | None = None
+    slurm_extra: str | None = None

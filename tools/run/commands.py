@@ -120,7 +120,11 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     # the live line and followed output would overwrite each other
     progress = err.isatty() and not options.follow and not options.dry_run
     options = dataclasses.replace(options, progress=progress)
-    if options.executor != "local" and not options.dry_run:
+    if options.executor == "slurm" and not options.dry_run:
+        from crucible.run._slurm_executor import check_options as check_slurm
+
+        check_slurm(options)  # before the state dir is touched
+    elif options.executor != "local" and not options.dry_run:
         from crucible.run._dask_executor import check_options
 
         check_options(options)  # before the state dir is touched
