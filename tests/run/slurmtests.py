@@ -5,6 +5,7 @@ installed), and what the tests ask it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from crucible.run._usage import USAGE_FIELDS
 from tests.run.dispatchtests import REPO
 
 SLURM = ("--executor", "slurm")
@@ -86,15 +88,32 @@ def tree(root: Path) -> dict[str, object]:
 
     if not root.exists():
         return {}
-    return {
-        str(p.relative_to(root)): keyed(root.parent, p.stem) if p.suffix == ".jsonl"
-        else p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }  # fmt: skip
+    out: dict[str, object] = {}
+    for p in sorted(root.rglob("*")):
+        if not p.is_file():
+            continue
+        if p.suffix == ".jsonl":
+            out[str(p.relative_to(root))] = {
+                k: _without_usage(r) for k, r in keyed(root.parent, p.stem).items()
+            }
+        elif root.name == "results":
+            out[str(p.relative_to(root))] = _without_usage(json.loads(p.read_bytes()))
+        else:
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
 
 
-_VARYING = {"time", "pid", "worker", "duration", "max_rss_kib", "worker_max_rss_kib", "session"}
+def _without_usage(record: object) -> object:
+    """A record without what its attempt cost (measured: differs run to run)."""
+    if isinstance(record, dict):
+        return {k: v for k, v in record.items() if k != "usage"}
+    return record
+
+
+_VARYING = {
+    "time", "pid", "worker", "duration", "max_rss_kib", "worker_max_rss_kib", "session",
+    *USAGE_FIELDS,
+}
 
 
 def event_contents(state: Path) -> list[str]:

@@ -199,7 +199,9 @@ def test_a_task_asking_1tib_is_refused_before_anything_runs(tmp_path: Path) -> N
     assert done.returncode == 1, done.stderr
     line = one_line(done.stderr)
     assert "task 't' needs resources no node of the default SLURM partition offers: memory=" in line
-    assert not any(e["event"] == "task_started" for e in events(state))
+    # refused before the session's first event: the state dir is left as it
+    # was (unclaimed, issue 27 item 12), so the same command works once fixed
+    assert not (state / "plan.json").exists()
     assert crucible_jobs() == []
 
 
