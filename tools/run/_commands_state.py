@@ -47,7 +47,8 @@ class CacheGcOptions:
 
 
 def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
-    """The task table (or one task's instances), the NDJSON rows, or the HTML page.
+    """The task table (or one task's instances), the NDJSON rows, the trace
+    (``--tsv``), or the HTML page.
     Text goes to ``out``, NDJSON to its byte stream ``out.buffer``."""
     from crucible.core import ndjson, output
     from crucible.run import _report as report

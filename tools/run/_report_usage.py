@@ -14,10 +14,17 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 __all__ = [
+    "TRACE_COLUMNS",
     "Stats",
     "UnitUsage",
+    "cpu_text",
+    "pct_text",
     "render_tsv",
+    "rss_text",
+    "size_text",
     "stats",
+    "task_json",
+    "unit_json",
     "unit_usage",
     "usage_line",
 ]
