@@ -34,6 +34,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -41,6 +42,7 @@ from typing import Any, cast
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
 from crucible.run._agent_io import AgentStdout
 from crucible.run._dask_batches import Batches
+from crucible.run._executor import ExecutorLost
 from crucible.run._launch import serialised
 from crucible.run._log_tail import LogTailer
 from crucible.run._options import RunOptions
@@ -57,6 +59,8 @@ CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
 #: a batch future's value when its answers went as worker events
 _SENT = "sent"
+#: how often the dispatcher checks its connection to the scheduler (s)
+_WATCH_SECONDS = 0.2
 
 
 def _not_started() -> tuple[str, dict[str, Any]]:
@@ -121,7 +125,11 @@ class _Control:
         # the request pipe stand-in: its write end stays open, so it never hangs up
         self.hold_r, self.hold_w = os.pipe2(os.O_CLOEXEC)
         self.stopped = False
+        #: this worker leaves the cluster (:class:`_LeaveGuard`): its units were killed
+        self.lost = False
         self._free = slots
+        #: batches of the run running on this worker (the guard waits for them)
+        self._batches = 0
         self._changed = threading.Condition()
 
     def acquire(self, requests_fd: int) -> bool:
@@ -148,6 +156,138 @@ class _Control:
     def kill(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.write(self.kill_w, b"k")
+
+    def batch_began(self) -> None:
+        with self._changed:
+            self._batches += 1
+
+    def batch_ended(self) -> None:
+        with self._changed:
+            self._batches -= 1
+            self._changed.notify_all()
+
+    def leave(self) -> None:
+        """This worker leaves: start nothing more, SIGKILL every running task's
+        group (stopped first: a killed attempt is then not captured)."""
+        with self._changed:
+            self.lost = True
+        self.stop()
+        self.kill()
+
+    def wait_idle(self, timeout: float) -> None:
+        """Return once every batch of the run here has answered (bounded)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._batches > 0 and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+
+
+def _lost_answer(result: dict[str, Any], address: str) -> dict[str, Any]:
+    """What an attempt ended by its worker's departure answers: ``worker_lost``
+    (its task was killed; known dead before the dispatcher retries it), or
+    ``handback`` for one not started (it runs elsewhere). An attempt that
+    ended by itself keeps its answer (its record is written)."""
+    staged_env = result.get("staged_env")
+    if result.get("kind") == "not_started":
+        return {"kind": "handback", "staged_env": staged_env}
+    if result.get("kind") == "finished" and result.get("record") is None:
+        # as a KilledWorker answer: the retry stages anew (this attempt's
+        # workspace may be one it recycled, under another name)
+        return {"kind": "worker_lost", "worker": address}
+    return result
+
+
+#: a worker's states once it leaves the cluster (Dask's ``Status`` names)
+_LEAVING = frozenset({"closing", "closed", "failed"})
+#: how often a worker checks whether it is leaving (ms)
+_LEAVE_CHECK_MS = 100
+
+
+def _leave_all() -> list[_Control]:
+    with _LOCK:
+        controls = list(_CONTROLS.values())
+    for control in controls:
+        control.leave()
+    return controls
+
+
+class _LeaveGuard:
+    """A worker that leaves the cluster (SIGTERM, a lost scheduler, a nanny's
+    restart) kills its units' tasks and answers them ``worker_lost`` before it
+    leaves the scheduler, so that no retry overlaps an attempt still running
+    (docs/spec/run.md, "A lost worker"). Dask lets a closing worker's running
+    tasks finish first (up to its close timeout) and only then tears its
+    plugins down: the guard checks the worker's status every 100 ms on its
+    event loop to kill them at once, and its ``teardown`` (a duck-typed worker
+    plugin) holds the departure until every batch has answered."""
+
+    name = "crucible-leave-guard"
+
+    def __init__(self, worker: Any) -> None:
+        self._worker = worker
+
+    def check(self) -> None:
+        if getattr(self._worker.status, "name", "") in _LEAVING:
+            _leave_all()
+
+    async def teardown(self, worker: Any) -> None:
+        import asyncio
+
+        if getattr(worker.status, "name", "") not in _LEAVING:
+            return  # removed from a worker that stays
+        loop = asyncio.get_running_loop()
+        for control in _leave_all():
+            await loop.run_in_executor(None, control.wait_idle, CONNECT_TIMEOUT)
+
+
+def _guard(worker: Any) -> None:
+    """On the worker's event loop: its leave guard, once."""
+    from tornado.ioloop import PeriodicCallback
+
+    if _LeaveGuard.name in worker.plugins:
+        return
+    guard = worker.plugins[_LeaveGuard.name] = _LeaveGuard(worker)
+    check = PeriodicCallback(guard.check, _LEAVE_CHECK_MS)
+    worker.periodic_callbacks[_LeaveGuard.name] = check  # stopped when the worker closes
+    check.start()
+    _leave_on_signals()
+
+
+def _leave_on_signals() -> None:
+    """``dask worker --no-nanny`` answers SIGTERM and SIGINT by leaving its event
+    loop without closing the worker (no status change, no teardown) while its
+    threads finish their tasks: the units leave at the signal itself. The
+    handler only wakes a thread (a signal handler runs between two bytecodes of
+    the main thread, which may hold the locks the leave takes), then calls the
+    handler it replaced."""
+    import signal
+
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            os.read(wake_r, 1)
+            _leave_all()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+
+        def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
+            with contextlib.suppress(OSError):
+                os.write(wake_w, b"x")
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        try:
+            signal.signal(signum, on_signal)
+        except ValueError:  # not the main thread: the worker closes by other paths
+            os.close(wake_r)
+            os.close(wake_w)
+            return
+    threading.Thread(target=watch, name="crucible-leave", daemon=True).start()
 
 
 class _Channel:
@@ -255,6 +395,8 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
         runner.durable_records = spec.options.executor != "dask-local"
         with _LOCK:
             runner = _RUNNERS.setdefault(spec.run_id, runner)
+        # the plugins dict is the event loop's (the worker iterates it there)
+        worker.loop.add_callback(_guard, worker)
     return runner
 
 
@@ -301,12 +443,31 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
     except BaseException:
         answer_all(units, ("bug", traceback.format_exc()))
         return kept or _SENT
+    control.batch_began()
+    try:
+        _run_units(spec, units, runner, control, worker, send, answer_all)
+    finally:
+        control.batch_ended()
+    return kept or _SENT  # nothing for Dask to size and keep
+
+
+def _run_units(
+    spec: _Spec,
+    units: list[tuple[int, tuple[Any, ...]]],
+    runner: UnitRunner,
+    control: _Control,
+    worker: Any,
+    send: Callable[[dict[str, Any]], None],
+    answer_all: Callable[[list[tuple[int, tuple[Any, ...]]], tuple[str, Any]], None],
+) -> None:
+    """:func:`_run_batch`'s loop (the batch counted on its run's control meanwhile)."""
     recent = _recent(spec.run_id, units[0][1][1])
     handed: list[bool] = []
     for index, (token, request) in enumerate(units):
         rest = units[index + 1 :]
         if control.stopped:  # queued here when the run stopped: nothing staged
-            answer_all(units[index:], _not_started())
+            answer_all(units[index:], _not_started() if not control.lost else
+                       ("ok", {"kind": "handback", "staged_env": None}))  # fmt: skip
             break
         channel = _Channel(spec.run_id, token, control.hold_r, worker)
 
@@ -326,6 +487,8 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
         try:
             result = runner.run(request, channel)  # type: ignore[arg-type]
             if isinstance(result, dict):
+                if control.lost:
+                    result = _lost_answer(result, worker.address)
                 result["worker"] = worker.address
             answer = ("ok", result)
         except CrucibleError as exc:
@@ -337,7 +500,6 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
         send({"token": token, "final": answer})
         if handed:
             break
-    return kept or _SENT  # nothing for Dask to size and keep
 
 
 def _answers(messages: list[dict[str, Any]]) -> list[tuple[int, tuple[str, Any]]]:
@@ -374,11 +536,15 @@ def _worker_forget(run_id: str) -> None:
                 os.close(fd)
 
 
-def _check_token(path: str, expected: str) -> str | None:
-    """On every worker (Client.run): None if it reads the dispatcher's token.
-    Also loads the unit code there now, before the run, not at its first unit."""
+def _check_token(path: str, expected: str, dask_worker: Any = None) -> str | None:
+    """On every worker (Client.run, on its event loop): None if it reads the
+    dispatcher's token. Also loads the unit code there now, before the run, not
+    at its first unit, and installs the worker's leave guard."""
     import crucible.run._session
     import crucible.stage  # noqa: F401
+
+    if dask_worker is not None:
+        _guard(dask_worker)
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -454,12 +620,17 @@ def local_layout(jobs: int, workers: int | None, threads: int | None) -> LocalLa
     return LocalLayout(slots=slots, threads=per_worker, window=2 * per_worker * count)
 
 
+_DASK_LOGGERS = ("distributed", "tornado", "asyncio")
+
+
 def _configure_dask() -> None:
     """Dask settings for a run: quiet, no silent reruns, no per-unit overhead."""
     import dask
 
-    # Dask's own logging would break the one-line stderr contract.
-    for name in ("distributed", "tornado"):
+    # Dask's own logging would break the one-line stderr contract; its config
+    # gave some loggers (distributed.client ...) levels of their own.
+    names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in _DASK_LOGGERS]
+    for name in [*_DASK_LOGGERS, *names]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     # A lost worker's unit must not be rerun silently by the scheduler:
     # the dispatcher decides on retries (KilledWorker at once).
@@ -508,6 +679,10 @@ class DaskExecutor:
         self._client: Any = None
         self._scratch: str | None = None
         self._closed = False
+        #: the scheduler's address, and whether the connection to it was lost
+        self._address = options.scheduler or "(dask-local)"
+        self._lost = False
+        self._watching = threading.Event()
         #: --follow: the units' logs tailed on the shared state (crucible.run._log_tail)
         self._tailer: LogTailer | None = LogTailer() if options.follow else None
         self._log_path = runner.paths.log_path
@@ -521,6 +696,23 @@ class DaskExecutor:
         except BaseException:
             self.close()
             raise
+        self._address = str(cast(Any, self._client).scheduler.address)
+        watch = threading.Thread(target=self._watch_scheduler, name="crucible-dask-watch")
+        watch.daemon = True
+        watch.start()
+
+    def _connected(self) -> bool:
+        return cast(Any, self._client).status in ("running", "closing", "closed")
+
+    def _watch_scheduler(self) -> None:
+        """Mid-run, a lost connection to the scheduler ends the run at once
+        (the client would retry for 30 s, then fail every future): the units'
+        fate is unknown here, so none is counted (read raises ExecutorLost)."""
+        while not self._watching.wait(_WATCH_SECONDS):
+            if not self._connected():
+                self._queue.append(("lost", 0, self._client.status))
+                self._wake()
+                return
 
     def _start_local_cluster(self, options: RunOptions, jobs: int) -> None:
         """dask-local: a cluster of worker processes on this host, every worker
@@ -695,6 +887,14 @@ class DaskExecutor:
         replies: list[Reply] = []
         while self._queue:
             kind, token, value = self._queue.popleft()
+            if kind == "lost" or (kind == "done" and not self._connected()):
+                # the client fails every future once the connection is gone:
+                # those ends say nothing of the units (their workers may finish them)
+                self._lost = True
+                raise ExecutorLost(
+                    f"lost the Dask scheduler {self._address} mid-run (the connection closed);"
+                    " the units in flight stay unsettled: resume with --resume"
+                )
             if kind == "done":
                 tokens, future = value
                 for reply in self._ended(tokens, future):
@@ -781,7 +981,7 @@ class DaskExecutor:
         self._broadcast("kill")
 
     def _broadcast(self, what: str) -> None:
-        if self._client is None:
+        if self._client is None or self._lost:  # no scheduler to reach the workers by
             return
         with contextlib.suppress(Exception):
             self._client.run(_worker_signal, self.run_id, what)
@@ -791,8 +991,12 @@ class DaskExecutor:
             return
         self._closed = True
         self._stopping = True
+        self._watching.set()
         client = self._client
-        if client is not None:
+        if client is not None and self._lost:  # nothing to reach: drop the connection
+            with contextlib.suppress(Exception):
+                client.close(timeout=1)
+        elif client is not None:
             if self._live:  # leaving early (an error): leave no task running
                 self._broadcast("stop")
                 self._broadcast("kill")

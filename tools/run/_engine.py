@@ -315,6 +315,7 @@ class Dispatcher:
         # -- end lazy workers
         previous = self._install_signals(wake_w)
         started = time.monotonic()
+        lost: executor.ExecutorLost | None = None
         self._wake_fd = wake_w
         self.log.on_durable = self._durable_wake
         try:
@@ -328,6 +329,11 @@ class Dispatcher:
             self._loop(wake_r)
             if self.loop is not None:
                 self.loop.at_end()
+        except executor.ExecutorLost as exc:  # recorded as a failed run, then raised
+            lost = exc
+            self.workers.stop()
+            self.workers.kill()
+            self._kill_orphaned_groups()
         except BaseException:
             # The workers kill their tasks' groups; a task whose worker died
             # (the likely cause of getting here) has nobody else to do it.
@@ -357,7 +363,9 @@ class Dispatcher:
         }
         if self.counts.tolerated:
             counts["tolerated"] = self.counts.tolerated
-        if self.stop_signal is not None:
+        if lost is not None:
+            status, code = FAILED, lost.exit_code
+        elif self.stop_signal is not None:
             status = INTERRUPTED
             code = 128 + self.stop_signal
         elif self.loop is not None and self.loop.fails_run:  # scored loop: body_failed
@@ -383,6 +391,8 @@ class Dispatcher:
             max_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             worker_max_rss_kib=self.workers.peak_rss_kib,
         )
+        if lost is not None:
+            raise lost  # after run_finished: the runner logs its shutdown (exit 3)
         return RunOutcome(
             status, code, counts, self.admission.digest, duration, tuple(self.failures)
         )

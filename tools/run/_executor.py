@@ -15,11 +15,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from crucible.core.errors import OperationalError
 from crucible.run._options import RunOptions
 from crucible.run._unit import Slots, UnitRunner
 from crucible.run._workers import Channel, Reply, WorkerPool
 
-__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "create"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorLost", "LocalExecutor", "create"]
+
+
+class ExecutorLost(OperationalError):
+    """``read`` found the executor gone (a Dask scheduler stopped mid-run): the
+    run ends at once (exit 3) with ``run_finished`` logged; the units in flight
+    stay unsettled, for a resume (docs/spec/run.md, "Executors")."""
+
 
 EXECUTORS = ("local", "dask", "dask-local")
 
