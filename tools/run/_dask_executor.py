@@ -39,7 +39,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
+from crucible.core.errors import (
+    CrucibleError,
+    InputRefused,
+    Location,
+    OperationalError,
+    ParseError,
+    UsageError,
+)
 from crucible.run._agent_io import AgentStdout
 from crucible.run._dask_batches import Batches
 from crucible.run._executor import ExecutorLost
@@ -74,21 +81,100 @@ _RESENDS = 3
 
 
 def import_distributed() -> Any:
-    """``distributed``, or a one-line usage error saying how to install it."""
+    """``distributed``, or a one-line usage error saying how to install it (or
+    which Dask config file it cannot read: Dask reads them at its import)."""
     try:
         import distributed
     except ImportError:
         raise UsageError(INSTALL_HINT) from None
+    except ValueError as exc:  # a Dask config file that is no YAML mapping
+        raise _config_error(exc) from None
     return distributed
 
 
+def _config_error(exc: ValueError) -> CrucibleError:
+    """The Dask config file that stopped Dask's import, located (one line)."""
+    import importlib
+
+    yaml: Any = importlib.import_module("yaml")  # Dask's dependency (no stubs here)
+
+    for path in _dask_config_files():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                loaded = yaml.safe_load(f)
+        except OSError:
+            continue  # Dask skips what it cannot read
+        except yaml.YAMLError as problem:
+            mark = getattr(problem, "problem_mark", None)
+            where = Location(
+                file=path,
+                line=None if mark is None else mark.line + 1,
+                col=None if mark is None else mark.column + 1,
+            )
+            what = getattr(problem, "problem", None) or type(problem).__name__
+            return ParseError(f"malformed Dask config (YAML: {what})", where=where)
+        if loaded is not None and not isinstance(loaded, dict):
+            return ParseError("malformed Dask config: not a mapping", where=path)
+    return ParseError(f"malformed Dask config: {str(exc).splitlines()[0]}")
+
+
+def _dask_config_files() -> list[str]:
+    """The files Dask reads its config from (dask.config's paths, DASK_CONFIG
+    last), each directory's ``*.yaml``, ``*.yml`` and ``*.json``."""
+    import site
+    import sys
+
+    dirs = [
+        os.getenv("DASK_ROOT_CONFIG", "/etc/dask"),
+        os.path.join(sys.prefix, "etc", "dask"),
+        *[os.path.join(prefix, "etc", "dask") for prefix in site.PREFIXES],
+        os.path.join(os.path.expanduser("~"), ".config", "dask"),
+    ]
+    if os.getenv("DASK_CONFIG"):
+        dirs.append(os.environ["DASK_CONFIG"])
+    files: list[str] = []
+    for directory in dict.fromkeys(dirs):
+        if os.path.isfile(directory):
+            files.append(directory)
+            continue
+        with contextlib.suppress(OSError):
+            files.extend(
+                os.path.join(directory, name)
+                for name in sorted(os.listdir(directory))
+                if name.endswith((".yaml", ".yml", ".json"))
+            )
+    return files
+
+
 def check_options(options: RunOptions) -> None:
-    """At the command edge: Dask installed, and a scheduler for ``dask``."""
-    import_distributed()
+    """At the command edge, before the state dir is claimed: Dask installed and
+    its config readable, a scheduler address Dask can dial for ``dask``, a
+    usable temporary directory for ``dask-local``."""
+    distributed = import_distributed()
     if options.executor == "dask" and not options.scheduler:
         raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
     if options.executor != "dask" and options.scheduler:
         raise UsageError("--scheduler needs --executor dask")
+    if options.scheduler:
+        from distributed.comm.registry import backends
+
+        scheme, _ = distributed.comm.parse_address(options.scheduler, strict=False)
+        if scheme not in backends:
+            known = ", ".join(f"{name}://" for name in sorted(backends))
+            raise UsageError(
+                f"--scheduler {options.scheduler}: unknown address scheme {scheme!r}"
+                f" (Dask dials {known})"
+            )
+    if options.executor == "dask-local":
+        import dask
+
+        scratch = dask.config.get("temporary-directory", None)
+        if scratch and not (os.path.isdir(scratch) and os.access(scratch, os.W_OK | os.X_OK)):
+            raise UsageError(
+                "Dask's temporary directory (DASK_TEMPORARY_DIRECTORY or temporary-directory)"
+                " is not a writable directory",
+                where=str(scratch),
+            )
 
 
 # ------------------------------------------------------------------ worker side
@@ -536,23 +622,64 @@ def _worker_forget(run_id: str) -> None:
                 os.close(fd)
 
 
-def _check_token(path: str, expected: str, dask_worker: Any = None) -> str | None:
-    """On every worker (Client.run, on its event loop): None if it reads the
-    dispatcher's token. Also loads the unit code there now, before the run, not
-    at its first unit, and installs the worker's leave guard."""
-    import crucible.run._session
-    import crucible.stage  # noqa: F401
+def _pack_file(pack_dir: str, plan: Path) -> tuple[str, int] | None:
+    """What tells the pack directory from another at its path: the plan or
+    manifest file read from it (name and size), if it was a file there."""
+    path = os.path.abspath(plan)
+    if str(plan) == "-" or os.path.dirname(path) != pack_dir:
+        return None
+    try:
+        return os.path.basename(path), os.stat(path).st_size
+    except OSError:
+        return None
 
+
+def _sees_pack(pack_dir: str, pack_file: tuple[str, int] | None) -> str | None:
+    """On a worker: None if it sees the pack directory (and the file read
+    there, of the same size), else why not."""
+    if not os.path.isdir(pack_dir):
+        return "not a directory there"
+    if pack_file is None:
+        return None
+    name, size = pack_file
+    try:
+        seen = os.stat(os.path.join(pack_dir, name)).st_size
+    except OSError as exc:
+        return f"cannot read {name} there: {exc.strerror}"
+    return None if seen == size else f"{name} there is another file"
+
+
+def _check_worker(
+    path: str,
+    expected: str,
+    version: str,
+    pack_dir: str,
+    pack_file: tuple[str, int] | None,
+    dask_worker: Any = None,
+) -> tuple[str, str] | None:
+    """On every worker (Client.run, on its event loop): None if it runs the
+    dispatcher's crucible version, reads the dispatcher's token in the state
+    directory and sees the pack directory; else (what, why): ``version``,
+    ``state`` or ``pack``. Also loads the
+    unit code there now, before the run, not at its first unit, and installs
+    the worker's leave guard."""
+    import crucible
+    import crucible.run._session
+    import crucible.stage
+
+    if crucible.__version__ != version:
+        return ("version", f"runs crucible {crucible.__version__}, the dispatcher {version}")
     if dask_worker is not None:
         _guard(dask_worker)
-
     try:
         with open(path, encoding="utf-8") as f:
             found = f.read()
     except OSError as exc:
-        return f"cannot read {path}: {exc.strerror}"
+        return ("state", f"cannot read {path}: {exc.strerror}")
     if found != expected:
-        return f"{path} holds another run's token"
+        return ("state", f"{path} holds another run's token")
+    if pack_dir and (why := _sees_pack(pack_dir, pack_file)) is not None:
+        return ("pack", why)
     return None
 
 
@@ -652,9 +779,17 @@ def _configure_dask() -> None:
 class DaskExecutor:
     """The :class:`crucible.run._executor.Executor` on a Dask cluster."""
 
-    def __init__(self, options: RunOptions, *, jobs: int, runner: UnitRunner) -> None:
+    def __init__(
+        self,
+        options: RunOptions,
+        *,
+        jobs: int,
+        runner: UnitRunner,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         import_distributed()
         self.jobs = jobs
+        self._warn = warn or (lambda _w: None)
         #: the units not sent yet and the batches in flight (the window: at
         #: most -j of them, or local_layout's for dask-local)
         self.batches = Batches(window=jobs)
@@ -696,7 +831,6 @@ class DaskExecutor:
         except BaseException:
             self.close()
             raise
-        self._address = str(cast(Any, self._client).scheduler.address)
         watch = threading.Thread(target=self._watch_scheduler, name="crucible-dask-watch")
         watch.daemon = True
         watch.start()
@@ -717,13 +851,26 @@ class DaskExecutor:
     def _start_local_cluster(self, options: RunOptions, jobs: int) -> None:
         """dask-local: a cluster of worker processes on this host, every worker
         registered before the token and the spec go out."""
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
         layout = local_layout(jobs, options.workers, options.threads_per_worker)
         self.batches.window = layout.window
         self._slots = {str(i): n for i, n in enumerate(layout.slots)}
         self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
-        self._cluster = cast(Any, LocalCluster)(
+        try:
+            self._cluster = self._local_cluster(layout)
+        except RuntimeError as exc:  # "Cluster failed to start", its cause attached
+            cause = exc.__cause__ or exc
+            raise OperationalError(f"cannot start the Dask local cluster: {cause}") from None
+        self._client = cast(Any, Client)(self._cluster, timeout=CONNECT_TIMEOUT)
+        # every worker, before the token and the spec go out: a worker
+        # that registers later would prove nothing and hold no copy
+        self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
+
+    def _local_cluster(self, layout: LocalLayout) -> Any:
+        from distributed import LocalCluster
+
+        return cast(Any, LocalCluster)(
             n_workers=len(layout.slots),
             threads_per_worker=layout.threads,
             processes=True,
@@ -737,10 +884,6 @@ class DaskExecutor:
             silence_logs=logging.CRITICAL,
             resources=_local_resources(),
         )
-        self._client = cast(Any, Client)(self._cluster, timeout=CONNECT_TIMEOUT)
-        # every worker, before the token and the spec go out: a worker
-        # that registers later would prove nothing and hold no copy
-        self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
 
     def _connect(self, options: RunOptions) -> None:
         """--executor dask: the scheduler at --scheduler, with a worker at least."""
@@ -764,7 +907,10 @@ class DaskExecutor:
     def _prepare_run(self, options: RunOptions, runner: UnitRunner) -> None:
         """Prove the workers see this state, check the tasks' resources, listen
         for the workers' events and scatter the run's spec."""
-        self._prove_state(options.state)
+        self._prove_state(options.state, runner.pack_dir, options.plan)
+        self._address = str(cast(Any, self._client).scheduler.address)
+        if options.executor == "dask":  # dask-local's scheduler is set here (_configure_dask)
+            self._warn_allowed_failures()
         self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
         self._client.subscribe_topic(_EVENT_TOPIC, self._on_event)
         self._spec_value = _Spec(
@@ -783,20 +929,54 @@ class DaskExecutor:
         """The run's spec on every worker (one future the units depend on)."""
         return self._client.scatter(self._spec_value, broadcast=True, hash=False)
 
-    def _prove_state(self, state: Path) -> None:
-        """Every worker reads a token written here; refuse (exit 3) otherwise."""
+    def _prove_state(self, state: Path, pack_dir: str, plan: Path) -> None:
+        """Every worker runs this crucible version, reads a token written here
+        and sees the pack directory; refuse (exit 3) otherwise."""
+        import crucible
         from crucible.core import atomic
         from crucible.stage import StateLayout
 
         path = StateLayout(state).executor_token_path
         token = f"{socket.gethostname()} {os.getpid()} {self.run_id}\n"
         atomic.write_bytes(path, token.encode("utf-8"))
-        answers = self._client.run(_check_token, str(path), token)
+        answers = self._client.run(
+            _check_worker, str(path), token, crucible.__version__, pack_dir,
+            _pack_file(pack_dir, plan), on_error="return",
+        )  # fmt: skip
         for address, problem in sorted(answers.items()):
-            if problem is not None:
+            if isinstance(problem, BaseException):  # it could not even load crucible
                 raise OperationalError(
-                    f"{path}: Dask worker {address} cannot see the state directory"
-                    f" ({problem}); it must be at the same path on every worker"
+                    f"Dask worker {address} cannot run crucible's code"
+                    f" ({type(problem).__name__}: {problem}); install crucible"
+                    f" {crucible.__version__} in the workers' environment, as here"
+                )
+            if problem is None:
+                continue
+            what, why = problem
+            if what == "version":
+                raise OperationalError(
+                    f"Dask worker {address} {why}: install the same crucible version on"
+                    " every worker"
+                )
+            place = "state" if what == "state" else "pack"
+            raise OperationalError(
+                f"Dask worker {address} cannot see the {place} directory ({why});"
+                " it must be at the same path on every worker",
+                where=str(path) if what == "state" else pack_dir,
+            )
+
+    def _warn_allowed_failures(self) -> None:
+        """A scheduler that reruns a lost worker's task itself (its
+        ``allowed-failures`` above 0) would do so behind the dispatcher's back."""
+        with contextlib.suppress(Exception):
+            allowed = self._client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.allowed_failures
+            )
+            if allowed:
+                self._warn(
+                    f"the Dask scheduler {self._address} has allowed-failures {allowed}: it may"
+                    " rerun a lost worker's unit behind the dispatcher's back; set"
+                    " distributed.scheduler.allowed-failures to 0 there"
                 )
 
     # ----------------------------------------------------- client-thread hooks

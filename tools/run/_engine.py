@@ -238,8 +238,9 @@ class Dispatcher:
         # while the slots are busy.
         try:
             self.workers: Executor = executor.create(
-                options, jobs=self.jobs, slots=self.slots, runner=self.runner, serve=self._serve
-            )
+                options, jobs=self.jobs, slots=self.slots, runner=self.runner, serve=self._serve,
+                warn=self.warn,
+            )  # fmt: skip
         except BaseException:
             self.slots.close()
             raise

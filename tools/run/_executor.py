@@ -143,6 +143,7 @@ def create(
     slots: Slots,
     runner: UnitRunner,
     serve: Callable[[Any, Channel], Any],
+    warn: Callable[[str], None] | None = None,
 ) -> Executor:
     """The executor ``options.executor`` names. The local one forks its workers
     at its first unit (a fully cached run forks none: crucible.run._workers)."""
@@ -155,4 +156,4 @@ def create(
         return LocalExecutor(pool, slots)
     from crucible.run._dask_executor import DaskExecutor
 
-    return DaskExecutor(options, jobs=jobs, runner=runner)
+    return DaskExecutor(options, jobs=jobs, runner=runner, warn=warn)
