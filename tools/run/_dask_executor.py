@@ -481,7 +481,8 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
         runner.durable_records = spec.options.executor != "dask-local"
         with _LOCK:
             runner = _RUNNERS.setdefault(spec.run_id, runner)
-        # the plugins dict is the event loop's (the worker iterates it there)
+        # a worker that joined after the run's checks (_check_worker) gets its
+        # leave guard now; the plugins dict is the event loop's
         worker.loop.add_callback(_guard, worker)
     return runner
 

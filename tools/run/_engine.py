@@ -30,7 +30,7 @@ from crucible.run import _control as control
 from crucible.run import _executor as executor
 from crucible.run._admit import Admission
 from crucible.run._executor import Executor
-from crucible.run._failures import compose_note, exit_text, failure_record
+from crucible.run._failures import compose_note, exit_text, failure_record, with_reason
 from crucible.run._graph import TaskGraph, build_graph
 from crucible.run._matrix import Fanouts
 from crucible.run._options import RunOptions
@@ -981,7 +981,7 @@ class Dispatcher:
                 elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
             )
             if retry.why_not is not None and note is not None:
-                note = f"{note}; {retry.why_not}"
+                note = with_reason(note, retry.why_not)
         if retry.delay is not None:
             # Remove this attempt's record so an interruption during the backoff
             # leaves the unit unsettled (a resume runs it again).
