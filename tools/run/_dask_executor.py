@@ -287,6 +287,8 @@ def _lost_answer(result: dict[str, Any], address: str) -> dict[str, Any]:
 _LEAVING = frozenset({"closing", "closed", "failed"})
 #: how often a worker checks whether it is leaving (ms)
 _LEAVE_CHECK_MS = 100
+#: how long a worker's signal waits for its units to answer before it leaves (s)
+_LEAVE_WAIT = 5.0
 
 
 def _leave_all() -> list[_Control]:
@@ -326,8 +328,10 @@ class _LeaveGuard:
             await loop.run_in_executor(None, control.wait_idle, CONNECT_TIMEOUT)
 
 
-def _guard(worker: Any) -> None:
-    """On the worker's event loop: its leave guard, once."""
+def _guard(worker: Any, on_signals: bool) -> None:
+    """On the worker's event loop: its leave guard, once; ``on_signals``: also
+    at SIGTERM and SIGINT (a cluster's worker; a ``dask-local`` worker is the
+    dispatcher's child, stopped by it, and shares its terminal's Ctrl-C)."""
     from tornado.ioloop import PeriodicCallback
 
     if _LeaveGuard.name in worker.plugins:
@@ -336,24 +340,29 @@ def _guard(worker: Any) -> None:
     check = PeriodicCallback(guard.check, _LEAVE_CHECK_MS)
     worker.periodic_callbacks[_LeaveGuard.name] = check  # stopped when the worker closes
     check.start()
-    _leave_on_signals()
+    if on_signals:
+        _leave_on_signals()
 
 
 def _leave_on_signals() -> None:
     """``dask worker --no-nanny`` answers SIGTERM and SIGINT by leaving its event
     loop without closing the worker (no status change, no teardown) while its
-    threads finish their tasks: the units leave at the signal itself. The
-    handler only wakes a thread (a signal handler runs between two bytecodes of
-    the main thread, which may hold the locks the leave takes), then calls the
-    handler it replaced."""
+    threads finish their tasks: the units leave at the signal itself, before
+    the worker's own handler runs. The handler only wakes a thread and waits
+    for it (bounded: a signal handler runs between two bytecodes of the main
+    thread, which may hold a lock the leave takes), then calls the handler it
+    replaced."""
     import signal
 
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+    left = threading.Event()
 
     def watch() -> None:
         with contextlib.suppress(OSError):
             os.read(wake_r, 1)
-            _leave_all()
+            for control in _leave_all():  # every task killed and reaped
+                control.wait_idle(_LEAVE_WAIT)
+        left.set()
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous = signal.getsignal(signum)
@@ -361,6 +370,7 @@ def _leave_on_signals() -> None:
         def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
             with contextlib.suppress(OSError):
                 os.write(wake_w, b"x")
+            left.wait(_LEAVE_WAIT)
             if callable(previous):
                 previous(signum, frame)
             elif previous != signal.SIG_IGN:
@@ -483,7 +493,7 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
             runner = _RUNNERS.setdefault(spec.run_id, runner)
         # a worker that joined after the run's checks (_check_worker) gets its
         # leave guard now; the plugins dict is the event loop's
-        worker.loop.add_callback(_guard, worker)
+        worker.loop.add_callback(_guard, worker, spec.options.executor == "dask")
     return runner
 
 
@@ -656,6 +666,7 @@ def _check_worker(
     version: str,
     pack_dir: str,
     pack_file: tuple[str, int] | None,
+    on_signals: bool,
     dask_worker: Any = None,
 ) -> tuple[str, str] | None:
     """On every worker (Client.run, on its event loop): None if it runs the
@@ -671,7 +682,7 @@ def _check_worker(
     if crucible.__version__ != version:
         return ("version", f"runs crucible {crucible.__version__}, the dispatcher {version}")
     if dask_worker is not None:
-        _guard(dask_worker)
+        _guard(dask_worker, on_signals)
     try:
         with open(path, encoding="utf-8") as f:
             found = f.read()
@@ -942,7 +953,7 @@ class DaskExecutor:
         atomic.write_bytes(path, token.encode("utf-8"))
         answers = self._client.run(
             _check_worker, str(path), token, crucible.__version__, pack_dir,
-            _pack_file(pack_dir, plan), on_error="return",
+            _pack_file(pack_dir, plan), self._cluster is None, on_error="return",
         )  # fmt: skip
         for address, problem in sorted(answers.items()):
             if isinstance(problem, BaseException):  # it could not even load crucible
