@@ -268,6 +268,13 @@ class _Control:
                 self._changed.wait(left)
 
 
+def _unstarted(control: _Control) -> tuple[str, dict[str, Any]]:
+    """The answer of a unit a stopped control never started: ``not_started``
+    (the run stops: it stays unsettled), or ``handback`` when the worker leaves
+    (it runs elsewhere)."""
+    return ("ok", {"kind": "handback", "staged_env": None}) if control.lost else _not_started()
+
+
 def _lost_answer(result: dict[str, Any], address: str) -> dict[str, Any]:
     """What an attempt ended by its worker's departure answers: ``worker_lost``
     (its task was killed; known dead before the dispatcher retries it), or
@@ -563,8 +570,7 @@ def _run_units(
     for index, (token, request) in enumerate(units):
         rest = units[index + 1 :]
         if control.stopped:  # queued here when the run stopped: nothing staged
-            answer_all(units[index:], _not_started() if not control.lost else
-                       ("ok", {"kind": "handback", "staged_env": None}))  # fmt: skip
+            answer_all(units[index:], _unstarted(control))
             break
         channel = _Channel(spec.run_id, token, control.hold_r, worker)
 
@@ -672,9 +678,8 @@ def _check_worker(
     """On every worker (Client.run, on its event loop): None if it runs the
     dispatcher's crucible version, reads the dispatcher's token in the state
     directory and sees the pack directory; else (what, why): ``version``,
-    ``state`` or ``pack``. Also loads the
-    unit code there now, before the run, not at its first unit, and installs
-    the worker's leave guard."""
+    ``state`` or ``pack``. Also loads the unit code there now, before the run,
+    not at its first unit, and installs the worker's leave guard."""
     import crucible
     import crucible.run._session
     import crucible.stage
