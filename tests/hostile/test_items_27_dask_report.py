@@ -15,7 +15,9 @@ TESTS = Path(__file__).resolve().parents[1]
 #: item -> "file::test" (a parametrized test by its function name)
 ITEMS: dict[int, list[str]] = {
     4: [
-        "run/test_dask_leaving_worker.py::test_a_sigtermed_workers_unit_is_dead_before_it_runs_again"
+        "run/test_dask_leaving_worker.py::test_a_sigtermed_workers_unit_is_dead_before_it_runs_again",
+        "run/test_dask_leaving_worker.py::"
+        "test_a_unit_whose_answer_was_lost_with_its_record_written_is_not_run_again",
     ],
     5: [
         "run/test_dask_lost_scheduler.py::"

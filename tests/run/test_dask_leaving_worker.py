@@ -7,6 +7,7 @@ scheduler`` and ``dask worker`` processes; every wait is bounded."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -62,3 +63,32 @@ def test_a_sigtermed_workers_unit_is_dead_before_it_runs_again(tmp_path: Path) -
     assert all(r["status"] == "passed" for r in records.values())
     lines = (state / "results" / "t.jsonl").read_text().splitlines()
     assert len(lines) == 2, lines  # never two passed records for one unit
+
+
+def test_a_unit_whose_answer_was_lost_with_its_record_written_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """Library level, the narrow case the leave guard cannot cover: an attempt
+    that passed and wrote its record in the instant before its worker left,
+    its answer lost with the connection. The batch's end (lost worker,
+    cancelled) answers it from its record instead of a retry or a resend that
+    would give it a second passed record."""
+    from crucible.run._dask_executor import DaskExecutor
+
+    results = tmp_path / "results"
+    results.mkdir()
+    record = {
+        "attempt": 1, "emit_cap": 65536, "emit_sizes": {}, "exit_code": 0, "files": [],
+        "files_captured": False, "format": "crucible.result/1", "key": "0", "note": "",
+        "output": {}, "retryable": False, "status": "passed", "task": "t",
+    }  # fmt: skip
+    (results / "t.jsonl").write_text(json.dumps(record) + "\n")
+    executor = DaskExecutor.__new__(DaskExecutor)
+    executor._state = tmp_path
+    executor._requests = {7: ("unit", "t", "0", 1, None), 8: ("unit", "t", "0", 2, None)}
+    executor._pids, executor._started, executor._lost_worker = {7: 42}, {7: "tcp://w"}, "x"
+    reply = executor._recorded(7)
+    assert reply is not None and reply.token == 7
+    assert reply.payload["kind"] == "finished" and reply.payload["pid"] == 42
+    assert reply.payload["record"]["status"] == "passed"
+    assert executor._recorded(8) is None  # another attempt's record: it runs

@@ -816,6 +816,9 @@ class DaskExecutor:
         self._live: dict[int, Any] = {}
         #: started units, and the worker each started on
         self._started: dict[int, str] = {}
+        #: started units' task pids (a unit answered from its record: _recorded)
+        self._pids: dict[int, int] = {}
+        self._state = options.state
         #: token -> its request, until its end (a unit whose spec was lost is sent again)
         self._requests: dict[int, tuple[Any, ...]] = {}
         self._resent: dict[int, int] = {}
@@ -1102,6 +1105,7 @@ class DaskExecutor:
             if kind == "started":
                 if token not in self._started:
                     self._started[token] = str(value.get("worker") or self._lost_worker)
+                    self._pids[token] = int(value.get("pid") or 0)
                     replies.append(Reply(token, "interim", value))
                 continue
             outcome, payload = value
@@ -1120,6 +1124,7 @@ class DaskExecutor:
         self._requests.pop(token, None)
         self._resent.pop(token, None)
         self._started.pop(token, None)
+        self._pids.pop(token, None)
         kind = reply.payload.get("kind") if isinstance(reply.payload, dict) else None
         ran = reply.payload.get("duration") if kind == "finished" else None
         self.batches.leave(token, handed_back=kind == "handback", ran=ran)
@@ -1148,7 +1153,10 @@ class DaskExecutor:
             last = getattr(exc, "last_worker", None)
             address = getattr(last, "address", None) or "unknown"
             self._lost_worker = address
-            return [Reply(t, "ok", {"kind": "worker_lost", "worker": address}) for t in mine]
+            return [
+                self._recorded(t) or Reply(t, "ok", {"kind": "worker_lost", "worker": address})
+                for t in mine
+            ]
         return [Reply(t, "bug", f"{type(exc).__name__}: {exc}") for t in mine]
 
     def _cancelled(self, token: int) -> Reply | None:
@@ -1158,6 +1166,8 @@ class DaskExecutor:
         that started, or was sent again too often, is a lost-worker unit, so it
         is retried or fails under its task's policy (never left unsettled: a
         run that counts no failure would then say it failed)."""
+        if (recorded := self._recorded(token)) is not None:
+            return recorded
         tries = self._resent.get(token, 0)
         if token in self._started or tries >= _RESENDS:
             worker = self._started.get(token, self._lost_worker)
@@ -1166,6 +1176,33 @@ class DaskExecutor:
         self._live[token] = None
         self.batches.again((token, self._requests[token]))
         return None
+
+    def _recorded(self, token: int) -> Reply | None:
+        """The answer of a unit whose batch ended without it (its worker left,
+        the connection dropping its answer) although its attempt passed and
+        wrote its record: that record's, so that no retry gives the unit a
+        second passed record (docs/spec/run.md, "A lost worker")."""
+        from crucible import stage
+
+        request = self._requests.get(token)
+        if request is None:
+            return None
+        _, name, key, attempt = request[:4]
+        try:
+            record = stage.load_result(self._state, name, key)
+        except (CrucibleError, OSError):
+            return None
+        if record is None or record.get("status") != "passed" or record.get("attempt") != attempt:
+            return None
+        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if record.get("files_captured"):
+            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        return Reply(token, "ok", {
+            "kind": "finished", "pid": self._pids.get(token, 0),
+            "code": int(record.get("exit_code") or 0), "duration": None, "stop_reason": None,
+            "staged_env": None, "record": summary,
+            "worker": self._started.get(token, self._lost_worker),
+        })  # fmt: skip
 
     def stop(self) -> None:
         self._stopping = True
