@@ -110,7 +110,8 @@ ITEMS: dict[int, list[str]] = {
     ],
 }
 
-#: issue 27 (defects found by probing the edition-4 surfaces): item -> "file::test"
+#: issue 27 (defects found by probing the edition-4 surfaces): item -> "file::test",
+#: every one of its 21 items
 ISSUE_27: dict[int, list[str]] = {
     2: [
         "run/test_stalled_readers.py::test_a_stalled_events_fifo_is_dropped_and_signals_stop_the_run",
@@ -150,29 +151,6 @@ ISSUE_27: dict[int, list[str]] = {
         "run/test_passed_words.py::test_tolerated_failures_are_counted_apart_in_the_summary",
         "run/test_passed_words.py::test_a_passed_run_with_absent_outputs_warns",
     ],
-}
-
-
-def test_every_item_has_a_guard() -> None:
-    assert sorted(ITEMS) == list(range(1, 33))
-    assert all(ITEMS[i] for i in ITEMS)
-
-
-@pytest.mark.parametrize(
-    "node",
-    [n for index in (ITEMS, ISSUE_27) for tests in index.values() for n in tests],
-    ids=lambda n: n.split("::")[1],
-)
-def test_listed_regression_test_exists(node: str) -> None:
-    path, name = node.split("::")
-    source = (TESTS / path).read_text()
-    assert re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), node
-
-
-#: issue 27 ("Defects found by probing every new surface"): item -> "file::test",
-#: for the items fixed on the values side (1, 6, 7, 8, 9, 18, 19, 21); the other
-#: items' rows join them as they are fixed
-ISSUE_27: dict[int, list[str]] = {
     1: [
         "run/test_condition_bounds.py::test_a_looping_condition_fails_its_unit_with_a_condition_note",
         "run/test_condition_bounds.py::test_a_condition_past_the_memory_bound_fails_its_unit",
@@ -215,13 +193,55 @@ ISSUE_27: dict[int, list[str]] = {
         "run/test_issue27_messages.py::test_cache_forget_refuses_a_name_no_task_can_have",
         "run/test_loop_values.py::test_a_loop_with_no_revision_reports_and_fails_by_its_body",
     ],
+    4: [
+        "run/test_dask_leaving_worker.py::test_a_sigtermed_workers_unit_is_dead_before_it_runs_again",
+        "run/test_dask_leaving_worker.py::"
+        "test_a_unit_whose_answer_was_lost_with_its_record_written_is_not_run_again",
+    ],
+    5: [
+        "run/test_dask_lost_scheduler.py::"
+        "test_a_scheduler_stopped_mid_run_ends_it_in_one_line_with_exit_3"
+    ],
+    10: [
+        "run/test_dask_setup_errors.py::test_a_malformed_dask_config_is_located_exit_2_before_the_claim",
+        "run/test_dask_setup_errors.py::"
+        "test_a_temporary_directory_that_is_a_file_is_exit_2_before_the_claim",
+        "run/test_dask_setup_errors.py::test_an_unknown_scheduler_scheme_is_exit_2_before_the_claim",
+        "run/test_dask_setup_errors.py::test_a_worker_without_this_crucible_is_named_exit_3",
+        "run/test_dask_setup_errors.py::test_a_worker_that_cannot_see_the_pack_directory_is_exit_3",
+        "run/test_dask_setup_errors.py::test_a_scheduler_that_reruns_lost_units_itself_is_warned_about",
+    ],
+    16: [
+        "run/test_fold_note.py::"
+        "test_the_aggregate_note_names_the_first_failure_and_counts_skips_apart"
+    ],
+    17: [
+        "run/test_retry_reason.py::"
+        "test_the_no_retry_reason_is_on_the_first_line_and_the_tail_shown_once",
+        "run/test_retry_reason.py::test_a_long_headline_is_cut_before_the_reason",
+        "run/test_retry_reason.py::test_a_note_recorded_with_the_reason_after_the_tail_shows_it_once",
+    ],
+    20: [
+        "run/test_report_listed.py::test_a_listed_fanout_interrupted_in_instance_0_shows_every_instance",
+        "run/test_report_listed.py::test_a_mapped_task_all_cache_hits_is_cached_with_its_output_size",
+        "run/test_report_listed.py::test_a_failed_instance_that_captured_nothing_stages_no_files",
+    ],
 }
 
 
+def test_every_item_has_a_guard() -> None:
+    assert sorted(ITEMS) == list(range(1, 33))
+    assert all(ITEMS[i] for i in ITEMS)
+    assert sorted(ISSUE_27) == list(range(1, 22))
+    assert all(ISSUE_27[i] for i in ISSUE_27)
+
+
 @pytest.mark.parametrize(
-    "node", [n for tests in ISSUE_27.values() for n in tests], ids=lambda n: n.split("::")[1]
+    "node",
+    [n for index in (ITEMS, ISSUE_27) for tests in index.values() for n in tests],
+    ids=lambda n: n.split("::")[1],
 )
-def test_issue_27_regression_test_exists(node: str) -> None:
+def test_listed_regression_test_exists(node: str) -> None:
     path, name = node.split("::")
     source = (TESTS / path).read_text()
     assert re.search(rf"^(async )?def {re.escape(name)}\(", source, re.M), node

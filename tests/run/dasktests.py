@@ -33,10 +33,14 @@ def dispatch(
 
 
 @contextlib.contextmanager
-def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
-    """A ``dask scheduler`` on loopback; yields its address and a list the test
-    adds its worker processes to (all stopped at the end)."""
+def cluster(
+    tmp_path: Path, *, allowed_failures: int = 0
+) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]]]:
+    """A ``dask scheduler`` on loopback (``allowed-failures`` 0, as
+    docs/run-on-a-cluster.md asks, unless told otherwise); yields its address
+    and a list the test adds its worker processes to (all stopped at the end)."""
     sched_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": str(allowed_failures)}
     procs: list[subprocess.Popen[bytes]] = []
     procs.append(
         subprocess.Popen(
@@ -54,6 +58,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
     )
     try:
@@ -73,13 +78,20 @@ def cluster(tmp_path: Path) -> Iterator[tuple[str, list[subprocess.Popen[bytes]]
 
 
 def start_worker(
-    address: str, hide: Path | None = None, *, nanny: bool = True, threads: int = 1
+    address: str,
+    hide: Path | None = None,
+    *,
+    nanny: bool = True,
+    threads: int = 1,
+    preload: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """A ``dask worker`` process of ``threads`` threads; with ``hide``, in its own
     mount namespace where an empty tmpfs covers that directory; without a
-    ``nanny``, a worker the test kills stays dead (a nanny would restart it empty)."""
+    ``nanny``, a worker the test kills stays dead (a nanny would restart it empty);
+    with ``preload``, running that script first (``--preload``)."""
     argv = [DASK, "worker", address, "--nworkers", "1", "--nthreads", str(threads),
-            "--no-dashboard", "--host", "127.0.0.1", *(() if nanny else ("--no-nanny",))]  # fmt: skip
+            "--no-dashboard", "--host", "127.0.0.1", *(() if nanny else ("--no-nanny",)),
+            *(() if preload is None else ("--preload", str(preload)))]  # fmt: skip
     if hide is not None:
         script = f'mount -t tmpfs none "{hide}" && exec "$@"'
         argv = ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *argv]

@@ -34,13 +34,22 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from crucible.core.errors import CrucibleError, InputRefused, OperationalError, UsageError
+from crucible.core.errors import (
+    CrucibleError,
+    InputRefused,
+    Location,
+    OperationalError,
+    ParseError,
+    UsageError,
+)
 from crucible.run._agent_io import AgentStdout
 from crucible.run._dask_batches import Batches
+from crucible.run._executor import ExecutorLost
 from crucible.run._launch import serialised
 from crucible.run._log_tail import LogTailer
 from crucible.run._options import RunOptions
@@ -57,6 +66,8 @@ CONNECT_TIMEOUT = 30.0
 _EVENT_TOPIC = "crucible-unit"
 #: a batch future's value when its answers went as worker events
 _SENT = "sent"
+#: how often the dispatcher checks its connection to the scheduler (s)
+_WATCH_SECONDS = 0.2
 
 
 def _not_started() -> tuple[str, dict[str, Any]]:
@@ -73,21 +84,100 @@ _RESENDS = 3
 
 
 def import_distributed() -> Any:
-    """``distributed``, or a one-line usage error saying how to install it."""
+    """``distributed``, or a one-line usage error saying how to install it (or
+    which Dask config file it cannot read: Dask reads them at its import)."""
     try:
         import distributed
     except ImportError:
         raise UsageError(INSTALL_HINT) from None
+    except ValueError as exc:  # a Dask config file that is no YAML mapping
+        raise _config_error(exc) from None
     return distributed
 
 
+def _config_error(exc: ValueError) -> CrucibleError:
+    """The Dask config file that stopped Dask's import, located (one line)."""
+    import importlib
+
+    yaml: Any = importlib.import_module("yaml")  # Dask's dependency (no stubs here)
+
+    for path in _dask_config_files():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                loaded = yaml.safe_load(f)
+        except OSError:
+            continue  # Dask skips what it cannot read
+        except yaml.YAMLError as problem:
+            mark = getattr(problem, "problem_mark", None)
+            where = Location(
+                file=path,
+                line=None if mark is None else mark.line + 1,
+                col=None if mark is None else mark.column + 1,
+            )
+            what = getattr(problem, "problem", None) or type(problem).__name__
+            return ParseError(f"malformed Dask config (YAML: {what})", where=where)
+        if loaded is not None and not isinstance(loaded, dict):
+            return ParseError("malformed Dask config: not a mapping", where=path)
+    return ParseError(f"malformed Dask config: {str(exc).splitlines()[0]}")
+
+
+def _dask_config_files() -> list[str]:
+    """The files Dask reads its config from (dask.config's paths, DASK_CONFIG
+    last), each directory's ``*.yaml``, ``*.yml`` and ``*.json``."""
+    import site
+    import sys
+
+    dirs = [
+        os.getenv("DASK_ROOT_CONFIG", "/etc/dask"),
+        os.path.join(sys.prefix, "etc", "dask"),
+        *[os.path.join(prefix, "etc", "dask") for prefix in site.PREFIXES],
+        os.path.join(os.path.expanduser("~"), ".config", "dask"),
+    ]
+    if os.getenv("DASK_CONFIG"):
+        dirs.append(os.environ["DASK_CONFIG"])
+    files: list[str] = []
+    for directory in dict.fromkeys(dirs):
+        if os.path.isfile(directory):
+            files.append(directory)
+            continue
+        with contextlib.suppress(OSError):
+            files.extend(
+                os.path.join(directory, name)
+                for name in sorted(os.listdir(directory))
+                if name.endswith((".yaml", ".yml", ".json"))
+            )
+    return files
+
+
 def check_options(options: RunOptions) -> None:
-    """At the command edge: Dask installed, and a scheduler for ``dask``."""
-    import_distributed()
+    """At the command edge, before the state dir is claimed: Dask installed and
+    its config readable, a scheduler address Dask can dial for ``dask``, a
+    usable temporary directory for ``dask-local``."""
+    distributed = import_distributed()
     if options.executor == "dask" and not options.scheduler:
         raise UsageError("--executor dask needs --scheduler tcp://HOST:PORT")
     if options.executor != "dask" and options.scheduler:
         raise UsageError("--scheduler needs --executor dask")
+    if options.scheduler:
+        from distributed.comm.registry import backends
+
+        scheme, _ = distributed.comm.parse_address(options.scheduler, strict=False)
+        if scheme not in backends:
+            known = ", ".join(f"{name}://" for name in sorted(backends))
+            raise UsageError(
+                f"--scheduler {options.scheduler}: unknown address scheme {scheme!r}"
+                f" (Dask dials {known})"
+            )
+    if options.executor == "dask-local":
+        import dask
+
+        scratch = dask.config.get("temporary-directory", None)
+        if scratch and not (os.path.isdir(scratch) and os.access(scratch, os.W_OK | os.X_OK)):
+            raise UsageError(
+                "Dask's temporary directory (DASK_TEMPORARY_DIRECTORY or temporary-directory)"
+                " is not a writable directory",
+                where=str(scratch),
+            )
 
 
 # ------------------------------------------------------------------ worker side
@@ -129,7 +219,11 @@ class _Control:
         self.stopped = False
         #: stopped because the worker closes (crucible.run._dask_close), not by the run
         self.closing = False
+        #: this worker leaves the cluster (:class:`_LeaveGuard`): its units were killed
+        self.lost = False
         self._free = slots
+        #: batches of the run running on this worker (the guard waits for them)
+        self._batches = 0
         self._changed = threading.Condition()
 
     def acquire(self, requests_fd: int) -> bool:
@@ -156,6 +250,148 @@ class _Control:
     def kill(self) -> None:
         with contextlib.suppress(BlockingIOError):
             os.write(self.kill_w, b"k")
+
+    def batch_began(self) -> None:
+        with self._changed:
+            self._batches += 1
+
+    def batch_ended(self) -> None:
+        with self._changed:
+            self._batches -= 1
+            self._changed.notify_all()
+
+    def leave(self) -> None:
+        """This worker leaves: start nothing more, SIGKILL every running task's
+        group (stopped first: a killed attempt is then not captured)."""
+        with self._changed:
+            self.lost = True
+        self.stop()
+        self.kill()
+
+    def wait_idle(self, timeout: float) -> None:
+        """Return once every batch of the run here has answered (bounded)."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self._batches > 0 and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+
+
+def _lost_answer(result: dict[str, Any], address: str) -> dict[str, Any]:
+    """What an attempt ended by its worker's departure answers: ``worker_lost``
+    (its task was killed; known dead before the dispatcher retries it), or
+    ``handback`` for one not started (it runs elsewhere). An attempt that
+    ended by itself keeps its answer (its record is written)."""
+    staged_env = result.get("staged_env")
+    if result.get("kind") == "not_started":
+        return {"kind": "handback", "staged_env": staged_env}
+    if result.get("kind") == "finished" and result.get("record") is None:
+        # as a KilledWorker answer: the retry stages anew (this attempt's
+        # workspace may be one it recycled, under another name)
+        return {"kind": "worker_lost", "worker": address}
+    return result
+
+
+#: a worker's states once it leaves the cluster (Dask's ``Status`` names)
+_LEAVING = frozenset({"closing", "closed", "failed"})
+#: how often a worker checks whether it is leaving (ms)
+_LEAVE_CHECK_MS = 100
+#: how long a worker's signal waits for its units to answer before it leaves (s)
+_LEAVE_WAIT = 5.0
+
+
+def _leave_all() -> list[_Control]:
+    with _LOCK:
+        controls = list(_CONTROLS.values())
+    for control in controls:
+        control.leave()
+    return controls
+
+
+class _LeaveGuard:
+    """A worker that leaves the cluster (SIGTERM, a lost scheduler, a nanny's
+    restart) kills its units' tasks and answers them ``worker_lost`` before it
+    leaves the scheduler, so that no retry overlaps an attempt still running
+    (docs/spec/run.md, "A lost worker"). Dask lets a closing worker's running
+    tasks finish first (up to its close timeout) and only then tears its
+    plugins down: the guard checks the worker's status every 100 ms on its
+    event loop to kill them at once, and its ``teardown`` (a duck-typed worker
+    plugin) holds the departure until every batch has answered."""
+
+    name = "crucible-leave-guard"
+
+    def __init__(self, worker: Any) -> None:
+        self._worker = worker
+
+    def check(self) -> None:
+        if getattr(self._worker.status, "name", "") in _LEAVING:
+            _leave_all()
+
+    async def teardown(self, worker: Any) -> None:
+        import asyncio
+
+        if getattr(worker.status, "name", "") not in _LEAVING:
+            return  # removed from a worker that stays
+        loop = asyncio.get_running_loop()
+        for control in _leave_all():
+            await loop.run_in_executor(None, control.wait_idle, CONNECT_TIMEOUT)
+
+
+def _guard(worker: Any, on_signals: bool) -> None:
+    """On the worker's event loop: its leave guard, once; ``on_signals``: also
+    at SIGTERM and SIGINT (a cluster's worker; a ``dask-local`` worker is the
+    dispatcher's child, stopped by it, and shares its terminal's Ctrl-C)."""
+    from tornado.ioloop import PeriodicCallback
+
+    if _LeaveGuard.name in worker.plugins:
+        return
+    guard = worker.plugins[_LeaveGuard.name] = _LeaveGuard(worker)
+    check = PeriodicCallback(guard.check, _LEAVE_CHECK_MS)
+    worker.periodic_callbacks[_LeaveGuard.name] = check  # stopped when the worker closes
+    check.start()
+    if on_signals:
+        _leave_on_signals()
+
+
+def _leave_on_signals() -> None:
+    """``dask worker --no-nanny`` answers SIGTERM and SIGINT by leaving its event
+    loop without closing the worker (no status change, no teardown) while its
+    threads finish their tasks: the units leave at the signal itself, before
+    the worker's own handler runs. The handler only wakes a thread and waits
+    for it (bounded: a signal handler runs between two bytecodes of the main
+    thread, which may hold a lock the leave takes), then calls the handler it
+    replaced."""
+    import signal
+
+    wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
+    left = threading.Event()
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            os.read(wake_r, 1)
+            for control in _leave_all():  # every task killed and reaped
+                control.wait_idle(_LEAVE_WAIT)
+        left.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(signum)
+
+        def on_signal(signum: int, frame: Any, previous: Any = previous) -> None:
+            with contextlib.suppress(OSError):
+                os.write(wake_w, b"x")
+            left.wait(_LEAVE_WAIT)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous != signal.SIG_IGN:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        try:
+            signal.signal(signum, on_signal)
+        except ValueError:  # not the main thread: the worker closes by other paths
+            os.close(wake_r)
+            os.close(wake_w)
+            return
+    threading.Thread(target=watch, name="crucible-leave", daemon=True).start()
 
 
 class _Channel:
@@ -263,6 +499,9 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
         runner.durable_records = spec.options.executor != "dask-local"
         with _LOCK:
             runner = _RUNNERS.setdefault(spec.run_id, runner)
+        # a worker that joined after the run's checks (_check_worker) gets its
+        # leave guard now; the plugins dict is the event loop's
+        worker.loop.add_callback(_guard, worker, spec.options.executor == "dask")
     return runner
 
 
@@ -309,12 +548,33 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
     except BaseException:
         answer_all(units, ("bug", traceback.format_exc()))
         return kept or _SENT
+    control.batch_began()
+    try:
+        _run_units(spec, units, runner, control, worker, send, answer_all)
+    finally:
+        control.batch_ended()
+    return kept or _SENT  # nothing for Dask to size and keep
+
+
+def _run_units(
+    spec: _Spec,
+    units: list[tuple[int, tuple[Any, ...]]],
+    runner: UnitRunner,
+    control: _Control,
+    worker: Any,
+    send: Callable[[dict[str, Any]], None],
+    answer_all: Callable[[list[tuple[int, tuple[Any, ...]]], tuple[str, Any]], None],
+) -> None:
+    """:func:`_run_batch`'s loop (the batch counted on its run's control meanwhile)."""
     recent = _recent(spec.run_id, units[0][1][1])
     handed: list[bool] = []
     for index, (token, request) in enumerate(units):
         rest = units[index + 1 :]
         if control.stopped:  # queued here when the run stopped: nothing staged
-            if control.closing:  # the worker closes: the dispatcher starts them elsewhere
+            if control.closing or control.lost:
+                # the worker leaves: the dispatcher starts them elsewhere; each is
+                # claimed first, so a copy of this batch the scheduler sends to
+                # another worker skips it (_claim)
                 answer_all([u for u in units[index:] if _claim(spec, u[0])], _HANDBACK)
             else:
                 answer_all(units[index:], _not_started())
@@ -339,6 +599,8 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
         try:
             result = runner.run(request, channel)  # type: ignore[arg-type]
             if isinstance(result, dict):
+                if control.lost:
+                    result = _lost_answer(result, worker.address)
                 result["worker"] = worker.address
             answer = ("ok", result)
             if control.closing and result.get("kind") in ("finished", "not_started"):
@@ -353,7 +615,6 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
         send({"token": token, "final": answer})
         if handed:
             break
-    return kept or _SENT  # nothing for Dask to size and keep
 
 
 def _claim(spec: _Spec, token: int) -> bool:
@@ -418,19 +679,64 @@ def _worker_forget(run_id: str) -> None:
                 os.close(fd)
 
 
-def _check_token(path: str, expected: str) -> str | None:
-    """On every worker (Client.run): None if it reads the dispatcher's token.
-    Also loads the unit code there now, before the run, not at its first unit."""
-    import crucible.run._session
-    import crucible.stage  # noqa: F401
+def _pack_file(pack_dir: str, plan: Path) -> tuple[str, int] | None:
+    """What tells the pack directory from another at its path: the plan or
+    manifest file read from it (name and size), if it was a file there."""
+    path = os.path.abspath(plan)
+    if str(plan) == "-" or os.path.dirname(path) != pack_dir:
+        return None
+    try:
+        return os.path.basename(path), os.stat(path).st_size
+    except OSError:
+        return None
 
+
+def _sees_pack(pack_dir: str, pack_file: tuple[str, int] | None) -> str | None:
+    """On a worker: None if it sees the pack directory (and the file read
+    there, of the same size), else why not."""
+    if not os.path.isdir(pack_dir):
+        return "not a directory there"
+    if pack_file is None:
+        return None
+    name, size = pack_file
+    try:
+        seen = os.stat(os.path.join(pack_dir, name)).st_size
+    except OSError as exc:
+        return f"cannot read {name} there: {exc.strerror}"
+    return None if seen == size else f"{name} there is another file"
+
+
+def _check_worker(
+    path: str,
+    expected: str,
+    version: str,
+    pack_dir: str,
+    pack_file: tuple[str, int] | None,
+    on_signals: bool,
+    dask_worker: Any = None,
+) -> tuple[str, str] | None:
+    """On every worker (Client.run, on its event loop): None if it runs the
+    dispatcher's crucible version, reads the dispatcher's token in the state
+    directory and sees the pack directory; else (what, why): ``version``,
+    ``state`` or ``pack``. Also loads the unit code there now, before the run,
+    not at its first unit, and installs the worker's leave guard."""
+    import crucible
+    import crucible.run._session
+    import crucible.stage
+
+    if crucible.__version__ != version:
+        return ("version", f"runs crucible {crucible.__version__}, the dispatcher {version}")
+    if dask_worker is not None:
+        _guard(dask_worker, on_signals)
     try:
         with open(path, encoding="utf-8") as f:
             found = f.read()
     except OSError as exc:
-        return f"cannot read {path}: {exc.strerror}"
+        return ("state", f"cannot read {path}: {exc.strerror}")
     if found != expected:
-        return f"{path} holds another run's token"
+        return ("state", f"{path} holds another run's token")
+    if pack_dir and (why := _sees_pack(pack_dir, pack_file)) is not None:
+        return ("pack", why)
     return None
 
 
@@ -516,12 +822,17 @@ def local_layout(jobs: int, workers: int | None, threads: int | None) -> LocalLa
     return LocalLayout(slots=slots, threads=per_worker, window=2 * per_worker * count)
 
 
+_DASK_LOGGERS = ("distributed", "tornado", "asyncio")
+
+
 def _configure_dask() -> None:
     """Dask settings for a run: quiet, no silent reruns, no per-unit overhead."""
     import dask
 
-    # Dask's own logging would break the one-line stderr contract.
-    for name in ("distributed", "tornado"):
+    # Dask's own logging would break the one-line stderr contract; its config
+    # gave some loggers (distributed.client ...) levels of their own.
+    names = [n for n in logging.root.manager.loggerDict if n.split(".")[0] in _DASK_LOGGERS]
+    for name in [*_DASK_LOGGERS, *names]:
         logging.getLogger(name).setLevel(logging.CRITICAL)
     # A lost worker's unit must not be rerun silently by the scheduler:
     # the dispatcher decides on retries (KilledWorker at once).
@@ -543,9 +854,17 @@ def _configure_dask() -> None:
 class DaskExecutor:
     """The :class:`crucible.run._executor.Executor` on a Dask cluster."""
 
-    def __init__(self, options: RunOptions, *, jobs: int, runner: UnitRunner) -> None:
+    def __init__(
+        self,
+        options: RunOptions,
+        *,
+        jobs: int,
+        runner: UnitRunner,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         import_distributed()
         self.jobs = jobs
+        self._warn = warn or (lambda _w: None)
         #: the units not sent yet and the batches in flight (the window: at
         #: most -j of them, or local_layout's for dask-local)
         self.batches = Batches(window=jobs)
@@ -555,6 +874,9 @@ class DaskExecutor:
         self._live: dict[int, Any] = {}
         #: started units, and the worker each started on
         self._started: dict[int, str] = {}
+        #: started units' task pids (a unit answered from its record: _recorded)
+        self._pids: dict[int, int] = {}
+        self._state = options.state
         #: token -> its request, until its end (a unit whose spec was lost is sent again)
         self._requests: dict[int, tuple[Any, ...]] = {}
         self._resent: dict[int, int] = {}
@@ -571,6 +893,10 @@ class DaskExecutor:
         self._scratch: str | None = None
         self._claims: Path | None = None
         self._closed = False
+        #: the scheduler's address, and whether the connection to it was lost
+        self._address = options.scheduler or "(dask-local)"
+        self._lost = False
+        self._watching = threading.Event()
         #: --follow: the units' logs tailed on the shared state (crucible.run._log_tail)
         self._tailer: LogTailer | None = LogTailer() if options.follow else None
         self._log_path = runner.paths.log_path
@@ -584,17 +910,46 @@ class DaskExecutor:
         except BaseException:
             self.close()
             raise
+        watch = threading.Thread(target=self._watch_scheduler, name="crucible-dask-watch")
+        watch.daemon = True
+        watch.start()
+
+    def _connected(self) -> bool:
+        return cast(Any, self._client).status in ("running", "closing", "closed")
+
+    def _watch_scheduler(self) -> None:
+        """Mid-run, a lost connection to the scheduler ends the run at once
+        (the client would retry for 30 s, then fail every future): the units'
+        fate is unknown here, so none is counted (read raises ExecutorLost)."""
+        while not self._watching.wait(_WATCH_SECONDS):
+            if not self._connected():
+                self._queue.append(("lost", 0, self._client.status))
+                self._wake()
+                return
 
     def _start_local_cluster(self, options: RunOptions, jobs: int) -> None:
         """dask-local: a cluster of worker processes on this host, every worker
         registered before the token and the spec go out."""
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
         layout = local_layout(jobs, options.workers, options.threads_per_worker)
         self.batches.window = layout.window
         self._slots = {str(i): n for i, n in enumerate(layout.slots)}
         self._scratch = tempfile.mkdtemp(prefix="crucible-dask-")
-        self._cluster = cast(Any, LocalCluster)(
+        try:
+            self._cluster = self._local_cluster(layout)
+        except RuntimeError as exc:  # "Cluster failed to start", its cause attached
+            cause = exc.__cause__ or exc
+            raise OperationalError(f"cannot start the Dask local cluster: {cause}") from None
+        self._client = cast(Any, Client)(self._cluster, timeout=CONNECT_TIMEOUT)
+        # every worker, before the token and the spec go out: a worker
+        # that registers later would prove nothing and hold no copy
+        self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
+
+    def _local_cluster(self, layout: LocalLayout) -> Any:
+        from distributed import LocalCluster
+
+        return cast(Any, LocalCluster)(
             n_workers=len(layout.slots),
             threads_per_worker=layout.threads,
             processes=True,
@@ -608,10 +963,6 @@ class DaskExecutor:
             silence_logs=logging.CRITICAL,
             resources=_local_resources(),
         )
-        self._client = cast(Any, Client)(self._cluster, timeout=CONNECT_TIMEOUT)
-        # every worker, before the token and the spec go out: a worker
-        # that registers later would prove nothing and hold no copy
-        self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
 
     def _connect(self, options: RunOptions) -> None:
         """--executor dask: the scheduler at --scheduler, with a worker at least."""
@@ -635,7 +986,10 @@ class DaskExecutor:
     def _prepare_run(self, options: RunOptions, runner: UnitRunner) -> None:
         """Prove the workers see this state, check the tasks' resources, listen
         for the workers' events and scatter the run's spec."""
-        self._prove_state(options.state)
+        self._prove_state(options.state, runner.pack_dir, options.plan)
+        self._address = str(cast(Any, self._client).scheduler.address)
+        if options.executor == "dask":  # dask-local's scheduler is set here (_configure_dask)
+            self._warn_allowed_failures()
         self._claims = Path(os.path.abspath(options.state)) / ".dask" / self.run_id
         self._claims.mkdir(parents=True, exist_ok=True)
         self._resources = _check_resources(runner.tasks, self._client.scheduler_info())
@@ -661,20 +1015,54 @@ class DaskExecutor:
         """The run's spec on every worker (one future the units depend on)."""
         return self._client.scatter(self._spec_value, broadcast=True, hash=False)
 
-    def _prove_state(self, state: Path) -> None:
-        """Every worker reads a token written here; refuse (exit 3) otherwise."""
+    def _prove_state(self, state: Path, pack_dir: str, plan: Path) -> None:
+        """Every worker runs this crucible version, reads a token written here
+        and sees the pack directory; refuse (exit 3) otherwise."""
+        import crucible
         from crucible.core import atomic
         from crucible.stage import StateLayout
 
         path = StateLayout(state).executor_token_path
         token = f"{socket.gethostname()} {os.getpid()} {self.run_id}\n"
         atomic.write_bytes(path, token.encode("utf-8"))
-        answers = self._client.run(_check_token, str(path), token)
+        answers = self._client.run(
+            _check_worker, str(path), token, crucible.__version__, pack_dir,
+            _pack_file(pack_dir, plan), self._cluster is None, on_error="return",
+        )  # fmt: skip
         for address, problem in sorted(answers.items()):
-            if problem is not None:
+            if isinstance(problem, BaseException):  # it could not even load crucible
                 raise OperationalError(
-                    f"{path}: Dask worker {address} cannot see the state directory"
-                    f" ({problem}); it must be at the same path on every worker"
+                    f"Dask worker {address} cannot run crucible's code"
+                    f" ({type(problem).__name__}: {problem}); install crucible"
+                    f" {crucible.__version__} in the workers' environment, as here"
+                )
+            if problem is None:
+                continue
+            what, why = problem
+            if what == "version":
+                raise OperationalError(
+                    f"Dask worker {address} {why}: install the same crucible version on"
+                    " every worker"
+                )
+            place = "state" if what == "state" else "pack"
+            raise OperationalError(
+                f"Dask worker {address} cannot see the {place} directory ({why});"
+                " it must be at the same path on every worker",
+                where=str(path) if what == "state" else pack_dir,
+            )
+
+    def _warn_allowed_failures(self) -> None:
+        """A scheduler that reruns a lost worker's task itself (its
+        ``allowed-failures`` above 0) would do so behind the dispatcher's back."""
+        with contextlib.suppress(Exception):
+            allowed = self._client.run_on_scheduler(
+                lambda dask_scheduler: dask_scheduler.allowed_failures
+            )
+            if allowed:
+                self._warn(
+                    f"the Dask scheduler {self._address} has allowed-failures {allowed}: it may"
+                    " rerun a lost worker's unit behind the dispatcher's back; set"
+                    " distributed.scheduler.allowed-failures to 0 there"
                 )
 
     # ----------------------------------------------------- client-thread hooks
@@ -765,6 +1153,14 @@ class DaskExecutor:
         replies: list[Reply] = []
         while self._queue:
             kind, token, value = self._queue.popleft()
+            if kind == "lost" or (kind == "done" and not self._connected()):
+                # the client fails every future once the connection is gone:
+                # those ends say nothing of the units (their workers may finish them)
+                self._lost = True
+                raise ExecutorLost(
+                    f"lost the Dask scheduler {self._address} mid-run (the connection closed);"
+                    " the units in flight stay unsettled: resume with --resume"
+                )
             if kind == "done":
                 tokens, future = value
                 for reply in self._ended(tokens, future):
@@ -775,6 +1171,7 @@ class DaskExecutor:
             if kind == "started":
                 if token not in self._started:
                     self._started[token] = str(value.get("worker") or self._lost_worker)
+                    self._pids[token] = int(value.get("pid") or 0)
                     replies.append(Reply(token, "interim", value))
                 continue
             outcome, payload = value
@@ -793,6 +1190,7 @@ class DaskExecutor:
         self._requests.pop(token, None)
         self._resent.pop(token, None)
         self._started.pop(token, None)
+        self._pids.pop(token, None)
         kind = reply.payload.get("kind") if isinstance(reply.payload, dict) else None
         ran = reply.payload.get("duration") if kind == "finished" else None
         self.batches.leave(token, handed_back=kind == "handback", ran=ran)
@@ -821,7 +1219,10 @@ class DaskExecutor:
             last = getattr(exc, "last_worker", None)
             address = getattr(last, "address", None) or "unknown"
             self._lost_worker = address
-            return [Reply(t, "ok", {"kind": "worker_lost", "worker": address}) for t in mine]
+            return [
+                self._recorded(t) or Reply(t, "ok", {"kind": "worker_lost", "worker": address})
+                for t in mine
+            ]
         return [Reply(t, "bug", f"{type(exc).__name__}: {exc}") for t in mine]
 
     def _cancelled(self, token: int) -> Reply | None:
@@ -831,6 +1232,8 @@ class DaskExecutor:
         that started, or was sent again too often, is a lost-worker unit, so it
         is retried or fails under its task's policy (never left unsettled: a
         run that counts no failure would then say it failed)."""
+        if (recorded := self._recorded(token)) is not None:
+            return recorded
         tries = self._resent.get(token, 0)
         if token in self._started or tries >= _RESENDS:
             worker = self._started.get(token, self._lost_worker)
@@ -839,6 +1242,33 @@ class DaskExecutor:
         self._live[token] = None
         self.batches.again((token, self._requests[token]))
         return None
+
+    def _recorded(self, token: int) -> Reply | None:
+        """The answer of a unit whose batch ended without it (its worker left,
+        the connection dropping its answer) although its attempt passed and
+        wrote its record: that record's, so that no retry gives the unit a
+        second passed record (docs/spec/run.md, "A lost worker")."""
+        from crucible import stage
+
+        request = self._requests.get(token)
+        if request is None:
+            return None
+        _, name, key, attempt = request[:4]
+        try:
+            record = stage.load_result(self._state, name, key)
+        except (CrucibleError, OSError):
+            return None
+        if record is None or record.get("status") != "passed" or record.get("attempt") != attempt:
+            return None
+        summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
+        if record.get("files_captured"):
+            summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
+        return Reply(token, "ok", {
+            "kind": "finished", "pid": self._pids.get(token, 0),
+            "code": int(record.get("exit_code") or 0), "duration": None, "stop_reason": None,
+            "staged_env": None, "record": summary,
+            "worker": self._started.get(token, self._lost_worker),
+        })  # fmt: skip
 
     def stop(self) -> None:
         self._stopping = True
@@ -851,7 +1281,7 @@ class DaskExecutor:
         self._broadcast("kill")
 
     def _broadcast(self, what: str) -> None:
-        if self._client is None:
+        if self._client is None or self._lost:  # no scheduler to reach the workers by
             return
         with contextlib.suppress(Exception):
             self._client.run(_worker_signal, self.run_id, what)
@@ -861,8 +1291,12 @@ class DaskExecutor:
             return
         self._closed = True
         self._stopping = True
+        self._watching.set()
         client = self._client
-        if client is not None:
+        if client is not None and self._lost:  # nothing to reach: drop the connection
+            with contextlib.suppress(Exception):
+                client.close(timeout=1)
+        elif client is not None:
             if self._live:  # leaving early (an error): leave no task running
                 self._broadcast("stop")
                 self._broadcast("kill")

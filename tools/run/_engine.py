@@ -31,7 +31,7 @@ from crucible.run import _control as control
 from crucible.run import _executor as executor
 from crucible.run._admit import Admission
 from crucible.run._executor import Executor
-from crucible.run._failures import compose_note, exit_text, failure_record
+from crucible.run._failures import compose_note, exit_text, failure_record, with_reason
 from crucible.run._graph import TaskGraph, build_graph
 from crucible.run._matrix import Fanouts
 from crucible.run._options import RunOptions
@@ -245,6 +245,7 @@ class Dispatcher:
             self.workers: Executor = executor.create(
                 options, jobs=self.jobs, slots=self.slots, runner=self.runner, serve=self._serve,
                 lock=admission.lock,
+                warn=self.warn,
             )  # fmt: skip
         except BaseException:
             self.slots.close()
@@ -321,6 +322,7 @@ class Dispatcher:
         # -- end lazy workers
         previous = self._install_signals(wake_w)
         started = time.monotonic()
+        lost: executor.ExecutorLost | None = None
         self._wake_fd = wake_w
         self.log.on_durable = self._durable_wake
         try:
@@ -334,6 +336,11 @@ class Dispatcher:
             self._loop(wake_r)
             if self.loop is not None:
                 self.loop.at_end()
+        except executor.ExecutorLost as exc:  # recorded as a failed run, then raised
+            lost = exc
+            self.workers.stop()
+            self.workers.kill()
+            self._kill_orphaned_groups()
         except BaseException:
             # The workers kill their tasks' groups; a task whose worker died
             # (the likely cause of getting here) has nobody else to do it.
@@ -363,7 +370,9 @@ class Dispatcher:
         }
         if self.counts.tolerated:
             counts["tolerated"] = self.counts.tolerated
-        if self.stop_signal is not None:
+        if lost is not None:
+            status, code = FAILED, lost.exit_code
+        elif self.stop_signal is not None:
             status = INTERRUPTED
             code = 128 + self.stop_signal
         elif self.loop is not None and self.loop.fails_run:  # scored loop: body_failed
@@ -389,6 +398,8 @@ class Dispatcher:
             max_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             worker_max_rss_kib=self.workers.peak_rss_kib,
         )
+        if lost is not None:
+            raise lost  # after run_finished: the runner logs its shutdown (exit 3)
         return RunOutcome(
             status, code, counts, self.admission.digest, duration, tuple(self.failures)
         )
@@ -983,7 +994,7 @@ class Dispatcher:
                 elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
             )
             if retry.why_not is not None and note is not None:
-                note = f"{note}; {retry.why_not}"
+                note = with_reason(note, retry.why_not)
         if retry.delay is not None:
             # Remove this attempt's record so an interruption during the backoff
             # leaves the unit unsettled (a resume runs it again).

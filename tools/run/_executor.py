@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from crucible.core.errors import OperationalError
 from crucible.run._options import RunOptions
 from crucible.run._unit import Slots, UnitRunner
 from crucible.run._workers import Channel, Reply, WorkerPool
@@ -22,7 +23,14 @@ from crucible.run._workers import Channel, Reply, WorkerPool
 if TYPE_CHECKING:
     from crucible.run._reaper import Reaper
 
-__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "create"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorLost", "LocalExecutor", "create"]
+
+
+class ExecutorLost(OperationalError):
+    """``read`` found the executor gone (a Dask scheduler stopped mid-run): the
+    run ends at once (exit 3) with ``run_finished`` logged; the units in flight
+    stay unsettled, for a resume (docs/spec/run.md, "Executors")."""
+
 
 EXECUTORS = ("local", "dask", "dask-local", "slurm")
 
@@ -149,6 +157,7 @@ def create(
     runner: UnitRunner,
     serve: Callable[[Any, Channel], Any],
     lock: Any = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Executor:
     """The executor ``options.executor`` names. The local one forks its workers
     at its first unit (a fully cached run forks none: crucible.run._workers)."""
@@ -180,4 +189,4 @@ def create(
         return SlurmExecutor(options, jobs=jobs, runner=runner)
     from crucible.run._dask_executor import DaskExecutor
 
-    return DaskExecutor(options, jobs=jobs, runner=runner)
+    return DaskExecutor(options, jobs=jobs, runner=runner, warn=warn)

@@ -23,6 +23,7 @@ __all__ = [
     "exit_text",
     "failure_record",
     "tail_text",
+    "with_reason",
     "write_record",
 ]
 
@@ -68,6 +69,14 @@ def compose_note(note: str, code: int | None, log: str | None, tail: str) -> str
     if tail:
         note += "\n" + tail
     return note
+
+
+def with_reason(note: str, reason: str) -> str:
+    """``note`` with ``reason`` (why no retry follows) appended to its first line:
+    a note's later lines are its output's tail (compose_note), which the reason
+    must not be glued to."""
+    first, newline, tail = note.partition("\n")
+    return f"{first}; {reason}{newline}{tail}"
 
 
 def failure_record(

@@ -258,6 +258,11 @@ def _settle(r: Row, record: dict[str, Any] | None) -> None:
         r.usage = unit_usage(record["usage"], r.duration)
     extra = record.get("extra") or {}
     r.cached = bool(record.get("cached", extra.get("cached", r.cached)))
+    if r.cached and r.output_bytes is None and "output" in record:
+        # a cache hit writes no output file: its size is its recorded output's
+        from crucible.core import canon
+
+        r.output_bytes = len(canon.dumps(record["output"]))
     r.tolerated = bool(record.get("tolerated", extra.get("tolerated", r.tolerated)))
 
 
@@ -265,12 +270,23 @@ def _item_keys(
     state: Path, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
 ) -> list[str]:
     """A mapped task's instance keys in item order: the aggregate record's
-    ``keys`` once settled, else the map source's items (so instances that
-    never started are counted), else the keys the log names."""
+    ``keys`` once settled, else the map source's items, or a listed fan-out's
+    or a matrix's (so instances that never started are counted), else the keys
+    the log names."""
     keys: list[str] | None = None
     if record is not None and "keys" in record:
         keys = list(record["keys"])
-    elif source is not None and load_record(state, source, None) is not None:
+    elif source is None:  # a listed fan-out (count, list) or a matrix: the plan says
+        from crucible import stage
+
+        plan = _plan_value(state)
+        spec: dict[str, Any] = next((t for t in plan["tasks"] if t.get("name") == task), {})
+        if isinstance(spec.get("map"), (dict, list)) or spec.get("matrix") is not None:
+            try:
+                keys = [k for k, _ in stage.map_items(plan, state, task)]
+            except CrucibleError:
+                keys = None
+    elif load_record(state, source, None) is not None:
         # The source's record was read through its schema just above; stage
         # reads the items from it.
         from crucible import stage
@@ -320,9 +336,12 @@ def _aggregate(agg: Row, instances: list[Row]) -> None:
         agg.duration = round(sum(hi - lo for lo, hi in spans.values()), 6)
     agg.member_usage = [i.usage for i in instances if i.usage is not None]
     if instances:
-        agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
+        if any(i.output_bytes is not None for i in instances):
+            agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
         if any(i.files_bytes is not None for i in instances):
             agg.files_bytes = sum(i.files_bytes or 0 for i in instances)
+        # every instance restored from the cache: so is the task
+        agg.cached = agg.cached or all(i.cached for i in instances)
 
 
 def _unsettled_status(agg: Row, open_run: bool) -> str:
@@ -460,13 +479,33 @@ def short_note(r: Row) -> str:
     if not r.note and r.cache_miss and r.status == "passed":
         return f"cache miss: {r.cache_miss}"
     note = name_signals(r.note or "", r.exit_code)
-    if r.stderr_tail and note.endswith("\n" + r.stderr_tail.rstrip("\n")):
-        note = note[: -len(r.stderr_tail.rstrip("\n")) - 1]
+    tail = "\n" + r.stderr_tail.rstrip("\n") if r.stderr_tail else ""
+    if tail and tail in note:
+        # at the end; or, in a state written before the retry's reason went on
+        # the first line, followed by that reason ("…\nTAIL; no retry: …")
+        note = note.replace(tail, "", 1)
     if r.log is not None:
         for suffix in (f" (see {r.log})", f" (log: {r.log})"):  # today's, and earlier runs'
             if note.endswith(suffix):
                 note = note[: -len(suffix)]
+            elif f"{suffix}; " in note:  # a reason follows it
+                note = note.replace(f"{suffix}; ", "; ", 1)
     return note
+
+
+#: how a retry policy's reason for no retry starts (crucible.run._control.next_retry)
+_NO_RETRY = "; no retry: "
+
+
+def note_cell(r: Row) -> str:
+    """The NOTE cell: the display note cut to NOTE_CELL_MAX characters, the
+    retry policy's reason for no retry kept whole (what was cut is before it)."""
+    note = display_note(r)
+    at = note.rfind(_NO_RETRY)
+    if len(note) <= NOTE_CELL_MAX or at < 0:
+        return clip(note, NOTE_CELL_MAX)
+    reason = note[at:]
+    return clip(note[:at], max(NOTE_CELL_MAX - len(reason), 20)) + reason
 
 
 def display_name(r: Row, key_max: int = KEY_CELL_MAX) -> str:
@@ -557,14 +596,14 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
             _size(r.output_bytes),
             _size(r.files_bytes),
             *usage_cells(r),
-            clip(display_note(r), NOTE_CELL_MAX),
+            note_cell(r),
         )
         details = _details(r)
         if r.key is None and r.mapped and not instances:
             bad = failed_members.get(r.task, [])
             for member in bad[:FAILED_SHOWN]:
                 details.append(
-                    f"    {display_name(member)}: {clip(display_note(member), NOTE_CELL_MAX)}"
+                    f"    {display_name(member)}: {note_cell(member)}"
                 )
                 details += ["  " + line for line in _details(member)]
             if len(bad) > FAILED_SHOWN:

@@ -24,6 +24,8 @@ __all__ = ["Selection", "apply", "dry_run_lines", "select"]
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 NOT_SELECTED = "not_selected"
+#: a dry run's reason for a unit an earlier session started and did not settle
+UNSETTLED = "unsettled (started in an earlier session, no result)"
 
 
 @dataclass
@@ -38,6 +40,8 @@ class Selection:
     selected: set[str] | None
     #: task -> why it runs, is kept or is not selected (for --dry-run)
     reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: (task, key) of every unit an earlier session started (for --dry-run)
+    started: set[tuple[str, str | None]] = field(default_factory=set)
 
     def to_run(self, graph: TaskGraph) -> list[str]:
         return [
@@ -69,8 +73,13 @@ def _records(stage: Any, state: Path, graph: TaskGraph) -> dict[str, dict[str, A
     return records
 
 
-def _started(events: list[dict[str, Any]]) -> set[str]:
-    return {e["task"] for e in events if e.get("event") == "task_started" and "task" in e}
+def _started(events: list[dict[str, Any]]) -> set[tuple[str, str | None]]:
+    """(task, key) of every unit started in the log's sessions."""
+    return {
+        (e["task"], e.get("key"))
+        for e in events
+        if e.get("event") == "task_started" and "task" in e
+    }
 
 
 def select(
@@ -85,7 +94,8 @@ def select(
 ) -> Selection:
     """``fresh``: a run that starts over (no record of the state dir counts)."""
     records = {} if fresh else _records(stage, state, graph)
-    started = _started(events)
+    units_started = _started(events)
+    started = {name for name, _ in units_started}
     failed = {n for n, r in records.items() if r.get("status") in (FAILED, SKIPPED)}
     rerun: set[str] = set()
     if retry_failed and failed:
@@ -111,10 +121,10 @@ def select(
         elif name in rerun:
             reasons[name] = ("run", "downstream of a unit that runs again")
         elif name in started:
-            reasons[name] = ("run", "unsettled (started in an earlier session, no result)")
+            reasons[name] = ("run", UNSETTLED)
         else:
             reasons[name] = ("run", "new")
-    return Selection(kept, rerun, partial, selected, reasons)
+    return Selection(kept, rerun, partial, selected, reasons, units_started)
 
 
 def apply(stage: Any, state: Path, graph: TaskGraph, selection: Selection) -> None:
@@ -160,7 +170,9 @@ def _instance_lines(
     for key in keys:
         record = records.get(key)
         status = None if record is None else record.get("status")
-        if status is None:
+        if status is None and (name, key) in selection.started:
+            action, why = "run", UNSETTLED
+        elif status is None:
             action, why = "run", "new"
         elif name not in selection.rerun or (name in selection.partial and status == PASSED):
             action, why = "keep", f"{status} in an earlier session"
@@ -217,5 +229,11 @@ def dry_run_lines(
                 lines.extend(instances)
                 continue
             why += f"; instances: one per item of {source} once it settles"
+        elif action == "run" and (source is not None or task.get("matrix") is not None):
+            # a listed fan-out (count, list) or a matrix: its instances are known now
+            instances = _instance_lines(stage, state, plan, name, selection)
+            if instances:
+                lines.extend(instances)
+                continue
         lines.append({"task": name, "action": action, "reason": why})
     return lines

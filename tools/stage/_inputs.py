@@ -604,7 +604,7 @@ def declared_entry(
         "fold": pt.map is not None,
     }
     if pt.map is None:
-        entry["files_staged"] = producer in files_staged
+        entry["files_staged"] = producer in files_staged and _captured_any(rec)
         output = rec.get("output") if rec else None
         if isinstance(output, dict) and fld in output:
             entry.update(_value_entry(rel, output[fld], files))
@@ -617,16 +617,23 @@ def declared_entry(
         else:
             entry.update(_EMPTY_VALUE)
         return entry
-    entry["files_staged"] = any(f.startswith(producer + "/") for f in files_staged)
+    entry["files_staged"] = False
     if rec is None:
         entry.update(_EMPTY_VALUE)
         entry["entries"] = []
         return entry
     dirs.append(rel[len("inputs/") :])
     entries, total = _fold_entries(state, producer, fld, rec, rel, files_staged, files)
+    entry["files_staged"] = any(e["files_staged"] for e in entries)
     entry.update({"value_staged": True, "size": total, "digest": None, "path": rel})
     entry["entries"] = entries
     return entry
+
+
+def _captured_any(record: dict[str, Any] | None) -> bool:
+    """Whether a unit's record lists a captured file: a failed attempt that
+    captured nothing leaves an empty store, and nothing of it is staged."""
+    return bool(record and record.get("files"))
 
 
 def _fold_entries(
@@ -653,7 +660,7 @@ def _fold_entries(
             "name": esc,
             "status": istatus,
             "note": irec["note"] if irec else "",
-            "files_staged": f"{producer}/{esc}" in files_staged,
+            "files_staged": f"{producer}/{esc}" in files_staged and _captured_any(irec),
         }
         output = irec.get("output") if irec else None
         if isinstance(output, dict) and fld in output:

@@ -244,7 +244,8 @@ def settle_fold(
 
     ``keys`` are the raw instance keys in item order. The aggregate passes when
     every instance passed (an empty fold passes); otherwise it fails, and its
-    note names how many did not pass and the first of them.
+    note names how many did not pass and the first of them: the first failure,
+    skipped instances (a false condition) counted apart, when any failed.
     """
     t = view(plan).task(task)
     if t.map is None:
@@ -254,6 +255,7 @@ def settle_fold(
     state = as_path(state)
     counts = {s: 0 for s in STATUSES}
     first_bad: tuple[str, dict[str, Any]] | None = None
+    first_failed: tuple[str, dict[str, Any]] | None = None
     records = load_all(state, task)  # one read of results/<task>.jsonl
     for k in keys:
         rec = records.get(k)
@@ -265,17 +267,24 @@ def settle_fold(
         counts[rec["status"]] += 1
         if rec["status"] != "passed" and first_bad is None:
             first_bad = (k, rec)
+        if rec["status"] == "failed" and first_failed is None:
+            first_failed = (k, rec)
     if first_bad is None:
         status, note = "passed", f"{len(keys)} of {len(keys)} instances passed"
     else:
         bad = len(keys) - counts["passed"]
-        k, rec = first_bad
+        skipped = counts["skipped"]
         status = "failed"
+        if first_failed is not None and skipped:
+            # skips (a false condition) are no failure: named apart, after the failures
+            k, rec = first_failed
+            tally = f"{bad - skipped} of {len(keys)} instances failed, {skipped} skipped"
+        else:
+            k, rec = first_bad
+            tally = f"{bad} of {len(keys)} instances did not pass"
         # the instance note's first line: a failed attempt's goes on with its stderr
         headline = str(rec["note"]).split("\n", 1)[0]
-        note = (
-            f"{bad} of {len(keys)} instances did not pass; first {k!r}: {rec['status']}: {headline}"
-        )
+        note = f"{tally}; first {k!r}: {rec['status']}: {headline}"
     record = base_record(task, None, status, note)
     record["keys"] = list(keys)
     record["counts"] = counts
