@@ -203,12 +203,21 @@ def test_every_report_row_member_is_in_the_schema() -> None:
         cache_miss="read data/b.csv changed",
         tolerated=True,
     )
-    data = row_json(row)
+    from crucible.run._report_usage import UnitUsage
+
+    measured = UnitUsage(
+        cpu_s=0.5, cpu_pct=50.0, wall_s=1.0, max_rss_kib=2048, rss_bound=True,
+        read_bytes=4096, write_bytes=8192, vol_ctxt=3, inv_ctxt=1,
+    )  # fmt: skip
+    row.member_usage = [measured]  # a mapped task's: its instances' spread
+    unit = Row("t", "k", status="passed", attempts=1, usage=measured)
+    data = {**row_json(row), **row_json(unit)}
     properties = json.loads(
         (Path(__file__).resolve().parents[2] / "docs/schemas/report-row.json").read_text()
     )["$defs"]["row"]["properties"]
-    assert set(data) == set(properties) - {"key"}
-    assert first_error("report-row.json", data) is None
+    assert set(data) == set(properties)
+    assert first_error("report-row.json", row_json(row)) is None
+    assert first_error("report-row.json", row_json(unit)) is None
     instance = row_json(Row("t", "k", status="passed", attempts=1))
     assert first_error("report-row.json", instance) is None
 

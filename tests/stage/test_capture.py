@@ -32,7 +32,7 @@ def test_pass_records_output_and_sizes(state: Path) -> None:
     [
         (None, "no result file"),
         (b"[1, 2]", "is a JSON array, not an object"),
-        (b'{"n": 1, "n": 2, "s": ""}', "not valid JSON: duplicate object key"),
+        (b'{"n": 1, "n": 2, "s": ""}', "holds JSON crucible does not accept: duplicate object key"),
         (b"{not json", "not valid JSON"),
         ({"n": 1}, "declared field 's' is missing"),
         ({"n": "1", "s": "x"}, "declared field 'n' is a JSON string, not integer"),

@@ -163,7 +163,7 @@ def emit_cap_from(options: RunOptions, environ: dict[str, str] | os._Environ[str
     """``--emit-cap``, else ``CRUCIBLE_EMIT_CAP``, else the default: stage's one
     rule (1 to 2^53-1 bytes, so it can be recorded in ``plan_admitted``), and
     its one message naming the source, checked before anything is written."""
-    from crucible.stage._capture import EMIT_CAP_MAX, emit_cap_problem
+    from crucible.stage import EMIT_CAP_MAX, emit_cap_problem
 
     if options.emit_cap is not None:
         cap = options.emit_cap

@@ -11,7 +11,7 @@ docs/spec/inputs.md.
 from __future__ import annotations
 
 from crucible.core.fsio import clear_path
-from crucible.stage._capture import EMIT_CAP_DEFAULT, capture
+from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, capture, emit_cap_problem
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._inputs import (
     INDEX_FORMAT,
@@ -53,6 +53,7 @@ from crucible.stage._records import (
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
+    "EMIT_CAP_MAX",
     "FILES_RUN_MAX",
     "HISTORY_BEGIN",
     "HISTORY_END",
@@ -73,6 +74,7 @@ __all__ = [
     "capture",
     "check_inputs",
     "clear_path",
+    "emit_cap_problem",
     "escape_key",
     "instances_path",
     "load_all",
