@@ -103,7 +103,9 @@ def test_a_worker_without_this_crucible_is_named_exit_3(
         proc = dispatch(pack, state, "--executor", "dask", "--scheduler", address)
     err = one_line(proc, 3)
     assert "Dask worker tcp://127.0.0.1:" in err and says in err
-    assert not (state / "results").exists()
+    # refused before the session's first event: the state is left unclaimed,
+    # so the same command works once the worker is fixed (issue 27 items 10, 12)
+    assert not state.exists()
 
 
 @pytest.mark.skipif(
@@ -123,7 +125,7 @@ def test_a_worker_that_cannot_see_the_pack_directory_is_exit_3(tmp_path: Path) -
     err = one_line(proc, 3)
     assert f"{packs}: Dask worker tcp://127.0.0.1:" in err
     assert "cannot see the pack directory" in err
-    assert not (state / "results").exists()
+    assert not state.exists()
 
 
 def test_a_scheduler_that_reruns_lost_units_itself_is_warned_about(tmp_path: Path) -> None:
