@@ -48,6 +48,7 @@ from crucible.core.errors import (
     UsageError,
 )
 from crucible.run._agent_io import AgentStdout
+from crucible.run._batched_seam import BatchedSeam
 from crucible.run._dask_batches import Batches
 from crucible.run._executor import ExecutorLost
 from crucible.run._launch import serialised
@@ -851,7 +852,7 @@ def _configure_dask() -> None:
     )
 
 
-class DaskExecutor:
+class DaskExecutor(BatchedSeam):
     """The :class:`crucible.run._executor.Executor` on a Dask cluster."""
 
     def __init__(
@@ -1088,32 +1089,6 @@ class DaskExecutor:
         self._wake()
 
     # ----------------------------------------------------------- the seam
-
-    @property
-    def peak_rss_kib(self) -> int:
-        return 0  # no local helper processes (the workers are the cluster's)
-
-    @property
-    def reply_fds(self) -> list[int]:
-        return [self._wake_r]
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._live)
-
-    @property
-    def idle(self) -> int:
-        return self.batches.room
-
-    def submit(self, token: int, request: tuple[Any, ...]) -> None:
-        # Held until flush: the units of one fill go to the scheduler as one
-        # graph (one message and one pickle), not one per unit.
-        self._live[token] = None
-        self._requests[token] = request
-        self.batches.add((token, request))
-        if self._tailer is not None:
-            _, name, key = request[:3]
-            self._tailer.add(token, self._log_path(name, key), name, key)
 
     def flush(self) -> None:
         batched = {} if self._stopping else self.batches.take()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import OperationalError, ParseError
+from crucible.run._usage import USAGE_FIELDS
 
 __all__ = ["Event", "load_plan", "load_record", "load_resources", "read_events", "read_regular"]
 
@@ -190,14 +191,7 @@ _NONNEG = {
 #: task_finished's usage members (crucible.run._usage): null, or a number >= 0
 #: (seconds) / an integer >= 0 (the others)
 _USAGE_SECONDS = ("cpu_user_s", "cpu_sys_s")
-_USAGE_COUNTS = (
-    "max_rss_kib",
-    "spawner_rss_kib",
-    "read_bytes",
-    "write_bytes",
-    "vol_ctxt",
-    "inv_ctxt",
-)
+_USAGE_COUNTS = tuple(f for f in USAGE_FIELDS if f not in _USAGE_SECONDS)
 
 
 def _check_usage(value: dict[str, Any], where: str) -> None:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import InputRefused, OperationalError, UsageError
+from crucible.run._batched_seam import BatchedSeam
 from crucible.run._dask_batches import Batches
 from crucible.run._log_tail import LogTailer
 from crucible.run._options import RunOptions
@@ -156,7 +157,7 @@ def time_limit(timeout: float | None, units: int) -> str | None:
     return str(math.ceil((float(timeout) * units + MARGIN) / 60))
 
 
-class SlurmExecutor:
+class SlurmExecutor(BatchedSeam):
     """The :class:`crucible.run._executor.Executor` on a SLURM cluster."""
 
     #: the pids in "started" replies are the nodes'
@@ -338,30 +339,6 @@ class SlurmExecutor:
                 self._wake()
 
     # ----------------------------------------------------------- the seam
-
-    @property
-    def peak_rss_kib(self) -> int:
-        return 0
-
-    @property
-    def reply_fds(self) -> list[int]:
-        return [self._wake_r]
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._live)
-
-    @property
-    def idle(self) -> int:
-        return self.batches.room
-
-    def submit(self, token: int, request: tuple[Any, ...]) -> None:
-        self._live[token] = None
-        self._requests[token] = request
-        self.batches.add((token, request))
-        if self._tailer is not None:
-            _, name, key = request[:3]
-            self._tailer.add(token, self._log_path(name, key), name, key)
 
     def flush(self) -> None:
         batched = {} if self._stopping else self.batches.take()
