@@ -386,6 +386,7 @@ def fixed_components(
     agent_cmd: str | None,
     emit_cap: int,
     programs_changed_after: int | None = None,
+    programs_memo: dict[tuple[str, str | None], str] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The components that depend on the task alone, as (those before
     ``instance``, those after it) in key order.
@@ -403,7 +404,9 @@ def fixed_components(
         env = dict(host_env)
     head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
     tail = {f"env:{k}": _value_of_env(env[k]) for k in sorted(env) if k != "PATH"}
-    tail.update(program_components(task, env, _digest_of, programs_changed_after))
+    tail.update(
+        program_components(task, env, _digest_of, programs_changed_after, programs_memo)
+    )
     tail["emit_cap"] = scalar_digest(emit_cap)
     if task.get("kind") == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)

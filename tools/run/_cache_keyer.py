@@ -90,6 +90,8 @@ class Keyer:
         self.plan = plan
         #: --reuse keys an earlier run: a program changed since it started differs
         self.programs_changed_after = programs_changed_after
+        #: (program, PATH) -> its key component, for this run (_cache_programs)
+        self._programs: dict[tuple[str, str | None], str] = {}
         self.state = Path(state)
         self.environ = environ
         self.agent_cmd = agent_cmd
@@ -174,6 +176,7 @@ class Keyer:
                 self.agent_cmd,
                 self.emit_cap,
                 self.programs_changed_after,
+                self._programs,
             )
             self._fixed[t.name] = fixed
         return fixed

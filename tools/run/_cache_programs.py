@@ -122,17 +122,26 @@ def program_components(
     host_env: Mapping[str, str],
     value_digest: Any,
     changed_after: int | None = None,
+    memo: dict[tuple[str, str | None], str] | None = None,
 ) -> dict[str, str]:
     """``program:<name>`` → the digest of ``{"path", "digest"}`` for each program
     the task's command line names (an agent's: ``sh``, which runs --agent-cmd).
     ``changed_after`` (ns since the epoch): a program file changed since then
-    is keyed as changed, whatever its bytes (an earlier run keyed again)."""
+    is keyed as changed, whatever its bytes (an earlier run keyed again).
+    ``memo``: one run's components by (name, PATH) — a run keys each program
+    once, not once per task (the caller's, so a process that keys several runs,
+    a Dask worker, stats each program again for each run)."""
     run = task.get("run")
     words = ["sh"] if task.get("kind") == "agent" or run is None else command_words(run)
     path_var = host_env.get("PATH")
     out: dict[str, str] = {}
     for name in words:
-        resolved = _resolve(name, path_var)
-        data = None if resolved is None else _file_digest(resolved, changed_after)
-        out[f"program:{name}"] = value_digest({"path": resolved, "digest": data})
+        component = None if memo is None else memo.get((name, path_var))
+        if component is None:
+            resolved = _resolve(name, path_var)
+            data = None if resolved is None else _file_digest(resolved, changed_after)
+            component = value_digest({"path": resolved, "digest": data})
+            if memo is not None:
+                memo[(name, path_var)] = component
+        out[f"program:{name}"] = component
     return out
