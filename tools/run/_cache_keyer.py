@@ -266,7 +266,13 @@ class Keyer:
         found = self._params_digests.get(t.name)
         if found is None:
             handed = task_params(self.plan, t.raw, self._params[1])
-            found = self._params_digests[t.name] = _value_digest(handed)
+            if handed is self._params[1]:  # every param (most tasks): one digest
+                found = self._params_digests.get("")  # no task is named ""
+                if found is None:
+                    found = self._params_digests[""] = _value_digest(handed)
+            else:
+                found = _value_digest(handed)
+            self._params_digests[t.name] = found
         return found
 
     def _files_staged(self, pv: PlanView, t: TaskView, key: str | None) -> set[str]:
