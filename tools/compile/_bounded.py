@@ -147,25 +147,20 @@ class _Child:
     def ask(self, request: bytes, timeout: float, cancelled: Callable[[], bool]) -> Evaluated:
         import orjson
 
-        if self.proc is None or self.proc.poll() is not None:
-            failed = self._start(cancelled)
-            if failed is not None:
-                return failed
-        assert self.proc is not None and self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(request)
-            self.proc.stdin.flush()
-        except OSError:  # it died between two expressions: once more, fresh
-            self.stop()
-            failed = self._start(cancelled)
-            if failed is not None:
-                return failed
+        for last_try in (False, True):
+            if self.proc is None or self.proc.poll() is not None:
+                failed = self._start(cancelled)
+                if failed is not None:
+                    return failed
             assert self.proc is not None and self.proc.stdin is not None
             try:
                 self.proc.stdin.write(request)
                 self.proc.stdin.flush()
-            except OSError:
-                return self._crashed()
+                break
+            except OSError:  # it died between two expressions: once more, fresh
+                if last_try:
+                    return self._crashed()
+                self.stop()
         line = self._read_line(time.monotonic() + timeout + _GRACE_S, cancelled)
         if isinstance(line, Evaluated):
             if line.kind == "timeout":

@@ -28,6 +28,7 @@ from crucible.run._report_usage import (
     cpu_text,
     pct_text,
     rss_text,
+    size_text,
     stats,
     task_json,
     unit_json,
@@ -453,15 +454,7 @@ def collect(state: Path, task: str | None = None) -> Report:
 # -- table ----------------------------------------------------------------------
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
+_size = size_text  # one rule for sizes in the table and the usage lines
 
 
 def _seconds(s: float | None) -> str:
