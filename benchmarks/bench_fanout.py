@@ -5,7 +5,7 @@ Prints, for the matrix and its baseline (``map = "items.items"`` over N*N items)
 the dispatcher's peak RSS (``run_finished.max_rss_kib``, budget 300 MiB at 10,000
 instances, as for the existing fan-out; bench_dispatch.py) and the wall-clock
 ratio matrix / map. Also the time to expand the combinations in-process
-(``crucible.run._matrix.combinations``) against building the same number of dicts
+(``crucible.run.engine._matrix.combinations``) against building the same number of dicts
 with ``itertools.product`` (the floor of any expansion).
 
     python benchmarks/bench_fanout.py            # 100 x 100 = 10,000 instances
@@ -93,7 +93,7 @@ def run(pack: Path, state: Path, units: int) -> tuple[float, float]:
 
 
 def expansion(side: int) -> tuple[float, float]:
-    from crucible.run._matrix import combinations
+    from crucible.run.engine._matrix import combinations
 
     axes = [("a", list(range(side))), ("b", list(range(side)))]
     t = time.perf_counter()

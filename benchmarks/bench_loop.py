@@ -76,7 +76,7 @@ def write_chain(root: Path, revisions: int) -> Path:
 
 def _timed(plan: Path, state: Path) -> float:
     from crucible.run._options import RunOptions
-    from crucible.run._runner import run_plan
+    from crucible.run.session._runner import run_plan
 
     options = RunOptions(plan=plan, state=state, jobs=2)
     t = time.perf_counter()

@@ -1,9 +1,9 @@
 """Sandbox and declared-reads benchmark (issue 34), ratios against same-run baselines.
 
 1. Per-spawn cost of starting ``/bin/true`` and reaping it, in this process:
-   ``posix_spawn`` as the dispatcher does (crucible.run._procs.spawn), the
+   ``posix_spawn`` as the dispatcher does (crucible.run.executors._procs.spawn), the
    same under Landlock (a short-lived thread enforces the ruleset and
-   spawns: crucible.run._sandbox), under bubblewrap, and, for reference,
+   spawns: crucible.run.executors._sandbox), under bubblewrap, and, for reference,
    ``os.fork`` + Landlock + ``execve`` (the interpreter forked per task).
    Reported, not budgeted.
 2. The 1,000-task pack of bench_dispatch.py at -j 2, run with ``--sandbox``
@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_dispatch import BIN, DISPATCH, write_pack
 
-from crucible.run import _sandbox
-from crucible.run._procs import spawn
+from crucible.run.executors import _sandbox
+from crucible.run.executors._procs import spawn
 
 SANDBOX_BUDGET = 1.3
 READS_BUDGET = 1.3

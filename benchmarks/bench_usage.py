@@ -3,11 +3,11 @@
 recording switched off, in the same process, rounds interleaved.
 
 The figures come from the ``wait4`` that reaps each task's leader anyway
-(crucible.run._procs: ``waitpid`` is ``wait4`` without the rusage pointer in
+(crucible.run.executors._procs: ``waitpid`` is ``wait4`` without the rusage pointer in
 the kernel); what recording adds is a ``getrusage`` of the worker after each
 spawn, turning the rusage into eight members, and the bytes of those members
 in the record and in ``task_finished``. The baseline is the same
-``crucible-dispatch`` with :func:`crucible.run._usage.from_rusage` answering
+``crucible-dispatch`` with :func:`crucible.run.executors._usage.from_rusage` answering
 None (no member anywhere) and no ``getrusage`` after the spawn: everything
 else, start-up included, is the same program.
 
@@ -54,7 +54,7 @@ BUDGET = 1.03
 _MAIN = "import sys\nfrom crucible.run.cli import main\nsys.exit(main())\n"
 #: the same program with usage recording switched off (the baseline)
 _WITHOUT = (
-    "import crucible.run._procs as procs, crucible.run._unit as unit\n"
+    "import crucible.run.executors._procs as procs, crucible.run.executors._unit as unit\n"
     "unit.from_rusage = lambda usage, spawner: None\n"
     "procs.self_peak_rss_kib = lambda: None\n"
 ) + _MAIN
@@ -67,7 +67,7 @@ def added_per_task_us(rounds: int = 20_000) -> float:
     import resource
 
     from crucible.core import canon
-    from crucible.run._usage import from_rusage, self_peak_rss_kib
+    from crucible.run.executors._usage import from_rusage, self_peak_rss_kib
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     event = {"attempt": 1, "duration": 0.116621, "event": "task_finished", "exit_code": 0}

@@ -7,7 +7,7 @@ plain ``crucible-dispatch`` run per revision of the plan less its ``loop`` membe
 with ``STATE/reserved/revision.json``, ``history.json`` and ``kept.json`` written as
 the engine writes them (stage delivers them), and the contract's keep/stop rules
 applied here. It checks the examples' numbers, not the engine; once the engine is
-in the tree (``crucible.run._loop_spec``), a real run must agree with it."""
+in the tree (``crucible.run.loop._spec``), a real run must agree with it."""
 
 from __future__ import annotations
 
@@ -172,10 +172,10 @@ def test_the_patience_example_stops_on_patience_below_min_delta(tmp_path: Path) 
     assert kept["revision"] == 4 and kept["score"] == 0.0625
 
 
-ENGINE = importlib.util.find_spec("crucible.run._loop_spec") is not None
+ENGINE = importlib.util.find_spec("crucible.run.loop._spec") is not None
 
 
-@pytest.mark.skipif(not ENGINE, reason="the loop engine (crucible.run._loop_spec) is not merged")
+@pytest.mark.skipif(not ENGINE, reason="the loop engine (crucible.run.loop._spec) is not merged")
 @pytest.mark.parametrize(
     ("name", "reason", "kept", "revisions"),
     [("loop", "target", 4, 4), ("loop-patience", "patience", 4, 6)],

@@ -7,7 +7,7 @@ import pytest
 from crucible.compile import _editions as editions
 from crucible.compile import _names as names
 from crucible.core import contract
-from crucible.run import _admit as admit
+from crucible.run.session import _admit as admit
 from crucible.stage import _capture, _inputs, _names, _plan
 
 

@@ -105,7 +105,7 @@ class Runner:
 
 def live_values(cache: Path) -> list[dict[str, Any]]:
     """The ledger values of the cache's live records (what a hit would restore)."""
-    from crucible.run._cache import TaskCache
+    from crucible.run.cache._store import TaskCache
 
     tc = TaskCache(cache, warn=lambda _w: None)
     try:
@@ -116,7 +116,7 @@ def live_values(cache: Path) -> list[dict[str, Any]]:
 
 def live_units(cache: Path) -> list[tuple[str, str | None]]:
     """``(task, instance)`` of every live record, sorted."""
-    from crucible.run._cache import TaskCache
+    from crucible.run.cache._store import TaskCache
 
     tc = TaskCache(cache, warn=lambda _w: None)
     try:

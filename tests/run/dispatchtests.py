@@ -171,7 +171,7 @@ def result(state: Path, task: str, key: str | None = None) -> dict[str, Any] | N
 def run(plan: Path, state: Path, **kw: object) -> object:
     """run_plan with short backoff and grace, and a small fixed host environment."""
     from crucible.run import RunOptions
-    from crucible.run._runner import run_plan  # typed (crucible.run loads it lazily)
+    from crucible.run.session._runner import run_plan  # typed (crucible.run loads it lazily)
 
     options = RunOptions(plan=plan, state=state, backoff=0.01, kill_grace=1.0, **kw)  # type: ignore[arg-type]
     return run_plan(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._usage import USAGE_FIELDS
+from crucible.run.executors._usage import USAGE_FIELDS
 from tests.run.dispatchtests import REPO
 
 SLURM = ("--executor", "slurm")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._agent_io import RESPONSE_MAX
+from crucible.run.executors._agent_io import RESPONSE_MAX
 from tests.run.dispatchtests import DISPATCH, result, run
 
 Pack = Callable[..., Path]

@@ -1,4 +1,4 @@
-"""The keyer's per-run memos (crucible.run._cache_keyer) never keep a stale
+"""The keyer's per-run memos (crucible.run.cache._keyer) never keep a stale
 component: STATE/reserved listed again when it changes, an ancestor's files
 component read again when its record is replaced, ancestors walked once per
 task and still equal to a fresh keyer's key for every instance."""
@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from crucible.core import canon
-from crucible.run._cache_keyer import Keyer
+from crucible.run.cache._keyer import Keyer
 from tests.run.dispatchtests import fanout_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ import pytest
 
 from crucible.core import canon, digest
 from crucible.run import RunOptions
-from crucible.run._cache import RESTORED, TaskCache, restored_record
-from crucible.run._runner import run_plan
+from crucible.run.cache._store import RESTORED, TaskCache, restored_record
+from crucible.run.session._runner import run_plan
 from tests.run.cachetests import Runner, live_values
 
 PACK = """edition = 4
@@ -128,7 +128,7 @@ def test_a_stale_record_is_replaced_by_the_link(tmp_path: Path) -> None:
     r.run()
     value = _plain_value(r.cache, "a")
     tc = TaskCache(r.cache, warn=lambda _w: None)
-    from crucible.run._cache import Hit
+    from crucible.run.cache._store import Hit
 
     hit = Hit(value["record"], [], value[RESTORED])
     target = tmp_path / "results" / "a.json"
@@ -173,7 +173,7 @@ def test_restored_record_is_the_record_a_hit_writes() -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 300, 1 << 16, (1 << 16) + 1, 3 << 20])
 def test_file_digest_is_of_file(tmp_path: Path, size: int) -> None:
-    from crucible.run._cache import file_digest
+    from crucible.run.cache._store import file_digest
 
     p = tmp_path / "f"
     p.write_bytes(os.urandom(size))
@@ -183,7 +183,7 @@ def test_file_digest_is_of_file(tmp_path: Path, size: int) -> None:
 def test_file_digest_of_a_file_it_may_not_open_noatime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crucible.run import _cache
+    from crucible.run.cache import _store as _cache
 
     p = tmp_path / "f"
     p.write_bytes(b"{}")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import OperationalError
-from crucible.run import _session as session
+from crucible.run.session import _log as session
 from tests.run.cachetests import Traced, live_units, traced_dispatch
 
 

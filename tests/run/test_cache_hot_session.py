@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from crucible.run._session import now_text
+from crucible.run.session._log import now_text
 
 
 def _reference(t: float) -> str:

@@ -1,5 +1,5 @@
 """A batch of many record files is made durable by one syncfs of the state's
-filesystem, not one fsync each (crucible.run._syncfs; docs/spec/run.md,
+filesystem, not one fsync each (crucible.run.engine._syncfs; docs/spec/run.md,
 "Records ride the group commit"), still before the batch's lines; a batch of a
 few files, or one with a file on another filesystem, fsyncs each."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from crucible.core.errors import OperationalError
-from crucible.run import _session as session
-from crucible.run._syncfs import SYNCFS_MIN_PATHS, FsSync, _kernel_reports_errors
+from crucible.run.engine._syncfs import SYNCFS_MIN_PATHS, FsSync, _kernel_reports_errors
+from crucible.run.session import _log as session
 from tests.run.cachetests import dispatch_with
 
 
@@ -155,7 +155,7 @@ def test_syncfs_is_used_only_where_it_reports_writeback_errors(release: str, ok:
 #: a dispatcher prelude tracing the log's fsyncs and syncfs calls in $TRACE
 TRACED = """
 import os, sys
-from crucible.run import _session
+from crucible.run.session import _log as _session
 trace = os.environ["TRACE"]
 def note(line):
     with open(trace, "a") as f:

@@ -1,4 +1,4 @@
-"""The task cache's key and store (crucible.run._cache), on real dispatched state."""
+"""The task cache's key and store (crucible.run.cache._store), on real dispatched state."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon
-from crucible.run._cache import CacheKey, TaskCache, explain_miss, unit_key
+from crucible.run.cache._store import CacheKey, TaskCache, explain_miss, unit_key
 from crucible.stage import escape_key
 from tests.run.dispatchtests import DISPATCH
 

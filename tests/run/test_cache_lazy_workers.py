@@ -1,4 +1,4 @@
-"""Lazy workers (crucible.run._workers, docs/spec/run.md "Workers"): a local pool
+"""Lazy workers (crucible.run.executors._workers, docs/spec/run.md "Workers"): a local pool
 forks at the first unit that needs a worker, so a fully cached rerun forks no
 process at all, and a run that misses after hits still runs its misses under
 ``-j``. Forks are counted in-process (``os.fork`` wrapped) and, through real
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import Interrupted
-from crucible.run._admit import worker_count
+from crucible.run.session._admit import worker_count
 from tests.run.dispatchtests import DISPATCH, events, one_line, wait_for
 
 HITS = 4
@@ -72,7 +72,7 @@ def forks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def _in_process(plan: Path, state: Path, cache: Path, x: str = "1", **kw: Any) -> Any:
     """run_plan in this process (its forks are counted), with X delivered."""
     from crucible.run import RunOptions
-    from crucible.run._runner import run_plan
+    from crucible.run.session._runner import run_plan
 
     options = RunOptions(plan=plan, state=state, cache=cache, backoff=0.01, kill_grace=1.0, **kw)
     return run_plan(options, environ=_environ(x, state))
@@ -203,7 +203,7 @@ def test_sigterm_during_the_first_lazy_fork(
 def test_sigint_during_a_fully_cached_run_stops_the_hits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forks: list[int]
 ) -> None:
-    from crucible.run._unit_cache import UnitCache
+    from crucible.run.cache._unit import UnitCache
 
     plan = _compile(tmp_path, _pack_text())
     cache = tmp_path / "cache"

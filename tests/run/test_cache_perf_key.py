@@ -1,5 +1,5 @@
-"""A unit keyed before staging (crucible.run._cache_keyer) gets the key its
-staged workspace defines (crucible.run._cache.unit_key): same components, same
+"""A unit keyed before staging (crucible.run.cache._keyer) gets the key its
+staged workspace defines (crucible.run.cache._store.unit_key): same components, same
 digests, for every kind of input every example pack stages — declared values,
 folds, reserved inputs (params, item, outcome), ancestors' files (mapped and
 not), v1 delivery, agents, failed and skipped producers under settled joins."""
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon
-from crucible.run._cache import unit_key
-from crucible.run._cache_keyer import Keyer
-from crucible.run._environ import task_environment
+from crucible.run.cache._keyer import Keyer
+from crucible.run.cache._store import unit_key
+from crucible.run.executors._environ import task_environment
 from crucible.stage import escape_key, unescape_key
 from tests.run.dispatchtests import DISPATCH, fanout_run
 
@@ -155,10 +155,10 @@ def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
 )
 def test_the_keys_digest_is_the_canonical_one(names: list[str]) -> None:
     """The key's digest takes orjson's sorted output only where it equals
-    RFC 8785 (crucible.run._cache._components_digest): the same digest as the
+    RFC 8785 (crucible.run.cache._store._components_digest): the same digest as the
     canonical bytes, whatever the component names."""
     from crucible.core import digest
-    from crucible.run._cache import KEY_FORMAT, CacheKey
+    from crucible.run.cache._store import KEY_FORMAT, CacheKey
 
     components = {n: f"sha256:{i:064x}" for i, n in enumerate(names)}
     expected = digest.of_bytes(canon.dumps({"format": KEY_FORMAT, "components": components}))

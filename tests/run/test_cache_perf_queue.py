@@ -1,4 +1,4 @@
-"""The hit path looks each ready unit up once (crucible.run._cache_hits.ReadyQueue):
+"""The hit path looks each ready unit up once (crucible.run.cache._hits.ReadyQueue):
 units that missed and wait for a worker are not looked up again on every turn
 of the dispatcher's loop (a wide fan-out would be quadratic), and the queue
 keeps its order."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from crucible.run._cache_hits import CacheHits, ReadyQueue
+from crucible.run.cache._hits import CacheHits, ReadyQueue
 
 
 class _U:

@@ -133,7 +133,7 @@ BIG_PACK = PACK.replace(
 
 
 def test_a_hit_with_large_files_is_restored_by_a_worker_without_staging(tmp_path: Path) -> None:
-    from crucible.run._cache_hits import INLINE_BYTES
+    from crucible.run.cache._hits import INLINE_BYTES
 
     assert BIG > INLINE_BYTES
     r = Runner(tmp_path, BIG_PACK)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon, digest
-from crucible.run._cache_programs import command_words, program_components
+from crucible.run.cache._programs import command_words, program_components
 
 
 def _digest(value: object) -> str:

@@ -1,4 +1,4 @@
-"""crucible.run._control's decisions as functions: the retry policy's delays and
+"""crucible.run.engine._control's decisions as functions: the retry policy's delays and
 limits, the deadline, tolerance, the last-attempt environment, condition errors."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from crucible.run._control import (
+from crucible.run.engine._control import (
     ConditionError,
     backoff_delay,
     evaluate,

@@ -351,7 +351,7 @@ run = 'cat "$CRUCIBLE_INPUTS_DIR/outcome" > ../outcome.json'
 
 
 def test_the_tail_is_bounded_in_bytes(pack: Pack, tmp_path: Path) -> None:
-    from crucible.run._failures import TAIL_BYTES, tail_text
+    from crucible.run.engine._failures import TAIL_BYTES, tail_text
 
     assert tail_text(b"") == ""
     assert tail_text(b"a\nb\n") == "a\nb"
@@ -608,7 +608,7 @@ def test_the_process_limit_check_counts_workers_and_tasks(
     import resource
 
     from crucible.core.errors import UsageError
-    from crucible.run import _admit as admit
+    from crucible.run.session import _admit as admit
 
     plan = {"tasks": [{"name": f"t{i}"} for i in range(50)]}
     monkeypatch.setattr(os, "geteuid", lambda: 1000)

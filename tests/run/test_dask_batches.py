@@ -1,5 +1,5 @@
 """How the Dask executor groups submitted units into futures
-(crucible.run._dask_batches; docs/spec/run.md, "Executors"): as many batches as
+(crucible.run.executors.dask._batches; docs/spec/run.md, "Executors"): as many batches as
 the window has room for, each as large as the waiting units need to fill the
 free places and at most its task's batch size, which halves after a batch of
 the task handed units back and doubles after one that did not."""
@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crucible.run._dask_batches import BATCH_MAX, Batches
+from crucible.run.executors.dask._batches import BATCH_MAX, Batches
 
 
 def _unit(token: int, task: str = "t") -> tuple[int, tuple[Any, ...]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from crucible.run._usage import USAGE_FIELDS
+from crucible.run.executors._usage import USAGE_FIELDS
 from tests.packed import keyed
 from tests.run.dasktests import (
     FIRST_OF_0,
@@ -169,7 +169,7 @@ def test_fanout_with_a_join_gives_the_same_records_and_files_as_local(tmp_path: 
 
 @pytest.mark.parametrize("count", [4, 24])
 def test_sigterm_leaves_no_task_process_and_the_state_resumes(tmp_path: Path, count: int) -> None:
-    """24 units go in batches of 3 (crucible.run._dask_batches): the ones
+    """24 units go in batches of 3 (crucible.run.executors.dask._batches): the ones
     behind a running unit are handed back, wait for a slot, and are not
     started when the run stops."""
     pids = tmp_path / "pids"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._log_tail import LogTailer
+from crucible.run.executors._log_tail import LogTailer
 from tests.run.dasktests import LOCAL, dispatch
 from tests.run.dispatchtests import start_dispatch, write_pack
 

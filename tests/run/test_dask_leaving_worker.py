@@ -73,7 +73,7 @@ def test_a_unit_whose_answer_was_lost_with_its_record_written_is_not_run_again(
     its answer lost with the connection. The batch's end (lost worker,
     cancelled) answers it from its record instead of a retry or a resend that
     would give it a second passed record."""
-    from crucible.run._dask_executor import DaskExecutor
+    from crucible.run.executors.dask._executor import DaskExecutor
 
     results = tmp_path / "results"
     results.mkdir()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._reaper import Reaper
+from crucible.run.executors._reaper import Reaper
 from tests.run.dasktests import FIRST_OF_0, LOCAL, held_pack
 from tests.run.dispatchtests import (
     finished,
@@ -36,7 +36,7 @@ def test_the_reaper_kills_the_groups_of_a_dead_parent(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     code = (
         "import os, subprocess, sys, time\n"
-        "from crucible.run._reaper import Reaper\n"
+        "from crucible.run.executors._reaper import Reaper\n"
         "r = Reaper(1.0)\n"
         f"p = subprocess.Popen(['sh', '-c', 'sleep 300 & echo $! >> {pids}; echo $$ >> {pids};"
         " wait'], start_new_session=True)\n"
@@ -152,7 +152,7 @@ def test_units_queued_on_a_lost_worker_are_retried_like_its_running_one(
     running there (run.md, "Executors"); none hangs, none is rerun silently."""
     # Instance 0's first attempt holds its worker's only slot until the test
     # kills that worker; the others are submitted at once (the window): 12 go
-    # one per future, 40 in batches of 4 (crucible.run._dask_batches), whose
+    # one per future, 40 in batches of 4 (crucible.run.executors.dask._batches), whose
     # units behind instance 0 are handed back.
     pack, marks = held_pack(tmp_path, "queued", held=FIRST_OF_0, hold="sleep 300", count=count)
     state = tmp_path / "state"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-dask_executor = pytest.importorskip("crucible.run._dask_executor")
+dask_executor = pytest.importorskip("crucible.run.executors.dask._executor")
 
 from crucible.run._options import RunOptions  # noqa: E402
 

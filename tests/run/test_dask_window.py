@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._dask_executor import local_layout
+from crucible.run.executors.dask._executor import local_layout
 from tests.run.dasktests import cluster, dispatch, start_worker, wait_workers
 from tests.run.dispatchtests import events, write_pack
 
@@ -85,7 +85,7 @@ def test_a_workers_threads_start_tasks_one_at_a_time(tmp_path: Path) -> None:
     import os
     import threading
 
-    from crucible.run import _dask_executor as dask_executor
+    from crucible.run.executors.dask import _executor as dask_executor
 
     done = threading.Event()
     result: list[tuple[object, int, object]] = []
@@ -115,7 +115,7 @@ def test_units_batched_behind_a_long_task_are_handed_back_and_run_elsewhere(
     tmp_path: Path,
 ) -> None:
     """40 units on one worker's window of 10 batches go as batches of 4
-    (crucible.run._dask_batches), each run one after another on its worker. The
+    (crucible.run.executors.dask._batches), each run one after another on its worker. The
     first unit of the first batch runs for seconds: the three batched behind it
     are handed back once it ran past the handback threshold, and finish long
     before it, on the worker's other slot."""
@@ -143,7 +143,7 @@ def test_units_batched_behind_a_long_task_are_handed_back_and_run_elsewhere(
 def test_on_a_scheduler_j_bounds_the_running_tasks_of_batches(tmp_path: Path) -> None:
     """--executor dask: the window is -j batches, each running one task at a
     time, so a worker with more threads than -j still runs at most -j tasks at
-    once; 30 units there go in batches (crucible.run._dask_batches)."""
+    once; 30 units there go in batches (crucible.run.executors.dask._batches)."""
     pack, counts = _counting(tmp_path, "remote", 30, 0.2)
     with cluster(tmp_path) as (address, procs):
         procs.append(start_worker(address, threads=4))

@@ -138,7 +138,7 @@ def test_a_result_read_by_its_size_still_reads_what_grew_and_keeps_the_bound(
 
 
 def test_requests_split_across_reads_or_sharing_one_are_each_served(tmp_path: Path) -> None:
-    from crucible.run._workers import _frame, _next_request
+    from crucible.run.executors._workers import _frame, _next_request
 
     r, w = os.pipe()
     try:

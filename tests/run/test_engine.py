@@ -12,7 +12,7 @@ import pytest
 from crucible.core import canon
 from crucible.core.errors import InputRefused, PlanChanged, UsageError
 from crucible.run import RunOptions
-from crucible.run._runner import run_plan  # typed (crucible.run loads it lazily)
+from crucible.run.session._runner import run_plan  # typed (crucible.run loads it lazily)
 from tests.run.dispatchtests import Pack, events, process_alive, result, run
 
 
@@ -613,7 +613,7 @@ def test_a_refusal_a_worker_did_not_expect_fails_the_unit_not_the_run(
     """A CrucibleError escaping a worker's unit (outside staging, start and
     capture, which report their own) settles that unit as failed, with its
     message; the run goes on."""
-    from crucible.run import _unit as unit_module
+    from crucible.run.executors import _unit as unit_module
 
     real = unit_module.UnitRunner._environment
 

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from crucible.run._matrix import combination_key, combinations
+from crucible.run.engine._matrix import combination_key, combinations
 from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, start_dispatch
 
@@ -265,7 +265,7 @@ def test_combinations_library_matches_github_and_bounds() -> None:
     # JSON equality: true is not 1
     assert combinations([("a", [1, True])], [{"a": 1}]) == [{"a": True}]
     assert combination_key({"b": 2, "a": "x", "c": [1]}) == "a=x,b=2,c=[1]"
-    from crucible.run._matrix import FanoutFailed
+    from crucible.run.engine._matrix import FanoutFailed
 
     try:
         combinations([("a", list(range(1000))), ("b", list(range(101)))])

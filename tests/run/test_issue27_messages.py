@@ -144,7 +144,7 @@ def test_cache_forget_refuses_a_name_no_task_can_have(tmp_path: Path, name: str,
 def test_a_resource_no_worker_offers_that_much_of_says_the_most_offered() -> None:
     # was: "no Dask worker offers memory" for a 1000 TiB need, while every worker did
     from crucible.core.errors import InputRefused
-    from crucible.run._dask_executor import _check_resources
+    from crucible.run.executors.dask._executor import _check_resources
 
     info = {"workers": {"a": {"resources": {"cpus": 4, "memory": 16 * 2**30}}}}
     with pytest.raises(InputRefused) as refused:

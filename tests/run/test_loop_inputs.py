@@ -1,4 +1,4 @@
-"""crucible.run._loop_inputs: the scored loop's reserved inputs, built and written."""
+"""crucible.run.loop._inputs: the scored loop's reserved inputs, built and written."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
-from crucible.run import _loop_inputs as li
+from crucible.run.loop import _inputs as li
 from crucible.stage import StateLayout
 from tests.stage.stageplans import loop_entry
 

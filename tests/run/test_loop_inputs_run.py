@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("crucible.run._loop_engine")
+pytest.importorskip("crucible.run.loop._engine")
 
 BIN = Path(sys.executable).parent
 

@@ -1,4 +1,4 @@
-"""crucible.run._loop_spec: the loop member read into a LoopSpec, the phases
+"""crucible.run.loop._spec: the loop member read into a LoopSpec, the phases
 around the body, and the keep / target rules (docs/spec/loop.md)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import InputRefused
-from crucible.run._loop_spec import LoopSpec, revision_key, revision_of
+from crucible.run.loop._spec import LoopSpec, revision_key, revision_of
 
 
 def plan(**loop: Any) -> dict[str, Any]:

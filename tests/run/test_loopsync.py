@@ -45,7 +45,7 @@ def replace(src, dst, **kw):
     if "/results/" in dst or dst.endswith("loop.json"):
         note("replace " + dst)
 os.fsync, os.replace = fsync, replace
-from crucible.run import _session
+from crucible.run.session import _log as _session
 real_sync = _session.SessionLog._sync_records
 def sync_records(self, paths):
     real_sync(self, paths)

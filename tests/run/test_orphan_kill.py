@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from crucible.run import _engine as engine
+from crucible.run.engine import _dispatcher as engine
 
 
 def _dispatcher(pids_are_local: bool | None) -> Any:
@@ -37,6 +37,6 @@ def test_orphaned_groups_are_killed_only_when_their_pids_are_this_hosts(
 
 
 def test_the_local_executor_reports_this_hosts_pids() -> None:
-    from crucible.run._executor import LocalExecutor
+    from crucible.run.executors._seam import LocalExecutor
 
     assert LocalExecutor.pids_are_local is True

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from crucible.run import _engine as engine
-from crucible.run._recycle import FREE_PREFIX, WorkspacePool
-from crucible.run._unit import HANDBACK_AFTER
-from crucible.run._workers import Inbox, _frame
+from crucible.run.engine import _dispatcher as engine
+from crucible.run.executors._recycle import FREE_PREFIX, WorkspacePool
+from crucible.run.executors._unit import HANDBACK_AFTER
+from crucible.run.executors._workers import Inbox, _frame
 from tests.run.dispatchtests import Pack, dispatch, events, result
 
 # ------------------------------------------------------------- the inbox
@@ -56,7 +56,7 @@ def test_the_inbox_takes_a_request_only_once_it_is_whole(tmp_path: Path) -> None
 def test_deferred_replies_go_out_before_the_next_reply_in_one_write(tmp_path: Path) -> None:
     """A passed unit nothing waits for is answered with its worker's next reply
     (or a flush): one write, one wake-up of the dispatcher, for several."""
-    from crucible.run._workers import WorkerPool
+    from crucible.run.executors._workers import WorkerPool
 
     r, w = os.pipe()
     rep_r, rep_w = os.pipe()
@@ -221,8 +221,8 @@ def test_a_turn_hands_its_events_over_only_when_something_waits_or_the_hold_ran_
     the end), not once per turn (about once per unit)."""
     from crucible.compile import compile_path
     from crucible.run import RunOptions
-    from crucible.run._runner import run_plan
-    from crucible.run._session import SessionLog
+    from crucible.run.session._log import SessionLog
+    from crucible.run.session._runner import run_plan
 
     n = 100
     text = 'edition = 3\n\n[workflow]\nname = "hold"\n' + "".join(
@@ -280,7 +280,7 @@ def test_a_worker_with_no_free_workspace_left_finds_one_another_worker_freed(
     making a new workspace that would stay in the pool after the run."""
     import time
 
-    from crucible.run import _recycle
+    from crucible.run.executors import _recycle
 
     pool_dir = tmp_path / "work" / "each"
     pool_dir.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""The ``reads`` component and its stat memo (crucible.run._reads;
+"""The ``reads`` component and its stat memo (crucible.run.cache._reads;
 docs/spec/cache.md, "Declared reads")."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-import crucible.run._cache as cache_mod
-from crucible.run._reads import ReadsKeyer, describe_change, match_files
+import crucible.run.cache._store as cache_mod
+from crucible.run.cache._reads import ReadsKeyer, describe_change, match_files
 
 
 def _tree(root: Path) -> None:
@@ -121,8 +121,8 @@ def test_the_keyer_and_the_staged_key_agree_on_reads(tmp_path: Path) -> None:
     """The key computed before staging (Keyer) holds the same reads component
     as the definition (unit_key)."""
     from crucible.compile import compile_bytes
-    from crucible.run._cache import unit_key
-    from crucible.run._cache_keyer import Keyer
+    from crucible.run.cache._keyer import Keyer
+    from crucible.run.cache._store import unit_key
     from crucible.stage import escape_key, prepare_plan
 
     _tree(tmp_path)
@@ -143,7 +143,7 @@ run = "true"
     ws = tmp_path / "ws"
     ws.mkdir()
     assert "reads" in ck.components
-    from crucible.run._environ import task_environment
+    from crucible.run.executors._environ import task_environment
 
     staged = unit_key(
         plan=plan,
@@ -185,7 +185,7 @@ def test_a_name_that_is_not_utf8_is_keyed_escaped(tmp_path: Path) -> None:
 
 def test_the_listing_bytes_are_canonical_json(tmp_path: Path) -> None:
     from crucible.core import canon
-    from crucible.run._reads import _listing_bytes
+    from crucible.run.cache._reads import _listing_bytes
 
     _tree(tmp_path)
     (tmp_path / "data" / "sp\u00e9cial \"q\" \t.csv").write_text("x")

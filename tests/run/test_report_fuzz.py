@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError
-from crucible.run import _report as report
+from crucible.run.report import _report as report
 from tests.run.dispatchtests import fanout_run
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from crucible.run._report import NOTE_CELL_MAX, Row, note_cell
+from crucible.run.report._report import NOTE_CELL_MAX, Row, note_cell
 from tests.run.dispatchtests import DISPATCH, write_pack
 
 PACK = """

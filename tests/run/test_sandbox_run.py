@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._sandbox import SandboxUnavailable, choose, landlock_abi
+from crucible.run.executors._sandbox import SandboxUnavailable, choose, landlock_abi
 from tests.run.dispatchtests import DISPATCH
 
 MECHANISMS = [
@@ -204,7 +204,7 @@ def test_a_bad_switch_is_refused(tmp_path: Path) -> None:
 
 
 def test_neither_mechanism_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import crucible.run._sandbox as sandbox
+    import crucible.run.executors._sandbox as sandbox
 
     monkeypatch.setattr(sandbox, "landlock_abi", lambda: 0)
     with pytest.raises(SandboxUnavailable) as caught:
@@ -263,9 +263,9 @@ def test_a_worker_without_a_sandbox_fails_the_unit_never_runs_it_unsandboxed(
 ) -> None:
     """A worker that cannot sandbox (a Dask worker on a host without Landlock
     or bwrap, after the dispatcher's own check passed) fails the attempt."""
-    import crucible.run._admit as admit
+    import crucible.run.session._admit as admit
     from crucible.run import RunOptions
-    from crucible.run._runner import run_plan
+    from crucible.run.session._runner import run_plan
 
     pack = _pack(tmp_path)
     monkeypatch.setattr(admit, "_check_sandbox", lambda *_a: None)  # passed on its host
@@ -280,7 +280,7 @@ def test_a_worker_without_a_sandbox_fails_the_unit_never_runs_it_unsandboxed(
 
 
 def test_a_double_star_entry_is_one_rule_for_its_tree(tmp_path: Path) -> None:
-    from crucible.run._sandbox import UnitSandbox
+    from crucible.run.executors._sandbox import UnitSandbox
 
     (tmp_path / "data" / "sub").mkdir(parents=True)
     for i in range(5):

@@ -4,7 +4,7 @@ cluster is started in this process and its address passed to the dispatcher.
 Its workers reach their ``--lifetime`` (the walltime dask-jobqueue sets below
 the job's) mid-run, again and again (``--lifetime-restart``: the nanny starts
 a fresh worker in the same job): the units they ran are retried, and none runs
-to its end twice (crucible.run._dask_close)."""
+to its end twice (crucible.run.executors.dask._close)."""
 
 from __future__ import annotations
 

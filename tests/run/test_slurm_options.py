@@ -12,9 +12,9 @@ import pytest
 import crucible
 from crucible.core.errors import InputRefused, UsageError
 from crucible.run._options import RunOptions
-from crucible.run._slurm_cli import Partition, _gpus, extra_args
-from crucible.run._slurm_executor import MARGIN, _partition, _resource_args, time_limit
-from crucible.run._slurm_node import NodeSpec, check_node
+from crucible.run.executors.slurm._cli import Partition, _gpus, extra_args
+from crucible.run.executors.slurm._executor import MARGIN, _partition, _resource_args, time_limit
+from crucible.run.executors.slurm._node import NodeSpec, check_node
 
 NODE = Partition(name="debug", default=True, cpus=8, memory_mib=16000, gpus=2)
 

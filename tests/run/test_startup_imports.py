@@ -28,17 +28,17 @@ NOT_ON_THE_PLAIN_PATH = (
     "crucible.compile._manifest",
     "crucible.compile._locate",
     # what only other features need
-    "crucible.run._loop_engine",
-    "crucible.run._dask_executor",
-    "crucible.run._slurm_executor",
-    "crucible.run._slurm_node",
-    "crucible.run._slurm_cli",
-    "crucible.run._cache",
-    "crucible.run._cache_explain",
-    "crucible.run._report",
+    "crucible.run.loop._engine",
+    "crucible.run.executors.dask._executor",
+    "crucible.run.executors.slurm._executor",
+    "crucible.run.executors.slurm._node",
+    "crucible.run.executors.slurm._cli",
+    "crucible.run.cache._store",
+    "crucible.run.cache._explain",
+    "crucible.run.report._report",
     "crucible.run._commands_state",
-    "crucible.run._progress",
-    "crucible.run._publish",
+    "crucible.run.engine._progress",
+    "crucible.run.session._publish",
     "ctypes",  # syncfs: only for a batch of many files
     # stdlib modules start-up was cut loose from
     "tempfile",
@@ -54,7 +54,7 @@ NOT_ON_THE_PLAIN_PATH = (
 )
 
 #: what it does import (so the probe is not vacuous)
-ON_THE_PLAIN_PATH = ("crucible.run._engine", "crucible.run._argv", "crucible.stage._capture")
+ON_THE_PLAIN_PATH = ("crucible.run.engine._dispatcher", "crucible.run._argv", "crucible.stage._capture")
 
 PROBE = """
 import sys

@@ -128,7 +128,7 @@ GAP_S = 3600.0  # idle time between the sessions: cut out of the axis
 
 
 def _time(t: float) -> str:
-    from crucible.run._session import now_text
+    from crucible.run.session._log import now_text
 
     return now_text(t)
 

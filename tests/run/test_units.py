@@ -12,14 +12,14 @@ import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused, UsageError
-from crucible.run import _environ as environ
-from crucible.run import _params as params
-from crucible.run import _procs as procs
-from crucible.run import _verdict as verdict
-from crucible.run._engine import Counts
-from crucible.run._graph import build_graph
-from crucible.run._progress import describe
-from crucible.run._session import SessionLog, read_events
+from crucible.run.engine import _verdict as verdict
+from crucible.run.engine._dispatcher import Counts
+from crucible.run.engine._graph import build_graph
+from crucible.run.engine._progress import describe
+from crucible.run.executors import _environ as environ
+from crucible.run.executors import _procs as procs
+from crucible.run.session import _params as params
+from crucible.run.session._log import SessionLog, read_events
 from tests.run.dispatchtests import wait_for, wait_gone
 
 

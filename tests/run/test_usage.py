@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from crucible.run._usage import (
+from crucible.run.executors._usage import (
     USAGE_FIELDS,
     format_memory,
     from_rusage,
@@ -182,8 +182,8 @@ def test_usage_members_keep_events_on_canonical_jsons_fast_path() -> None:
 
 
 def test_null_usage_reads_as_not_measured() -> None:
-    from crucible.run._report import Row, row_json, usage_cells
-    from crucible.run._report_usage import unit_usage
+    from crucible.run.report._report import Row, row_json, usage_cells
+    from crucible.run.report._usage import unit_usage
 
     usage = unit_usage(dict.fromkeys(USAGE_FIELDS), 1.0)
     assert usage is not None and usage.cpu_s is None and not usage.rss_bound

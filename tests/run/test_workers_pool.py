@@ -1,4 +1,4 @@
-"""crucible.run._workers.WorkerPool on its own: a lazy pool forks at its first
+"""crucible.run.executors._workers.WorkerPool on its own: a lazy pool forks at its first
 submit, and a worker that dies mid-request is reported only after the replies
 it sent before dying."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.run._workers import Channel, WorkerPool
+from crucible.run.executors._workers import Channel, WorkerPool
 
 
 def _echo(request: Any, channel: Channel) -> Any:

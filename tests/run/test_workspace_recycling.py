@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run._admit import worker_count
-from crucible.run._unit import AHEAD
+from crucible.run.executors._unit import AHEAD
+from crucible.run.session._admit import worker_count
 from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, Pack, dispatch, result, wait_for
 
@@ -259,7 +259,7 @@ def test_an_ancestor_with_50_files_keeps_its_links_across_recycled_instances(
 def test_two_pools_never_take_the_same_free_workspace(tmp_path: Path) -> None:
     """Two worker processes (two pools over one task directory): a free
     workspace is taken by a rename, so only one of them gets it."""
-    from crucible.run._recycle import WorkspacePool
+    from crucible.run.executors._recycle import WorkspacePool
 
     task_dir = tmp_path / "work" / "t"
     (task_dir / "a" / "inputs").mkdir(parents=True)
@@ -284,7 +284,7 @@ def test_two_pools_never_take_the_same_free_workspace(tmp_path: Path) -> None:
 def test_only_a_workspace_holding_just_its_inputs_is_recyclable(
     tmp_path: Path, entries: list[str]
 ) -> None:
-    from crucible.run._recycle import recyclable
+    from crucible.run.executors._recycle import recyclable
 
     ws = tmp_path / "ws"
     ws.mkdir()

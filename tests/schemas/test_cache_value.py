@@ -108,7 +108,7 @@ def _tool_refuses(cache: Path, value: Any) -> bool:
     """The hit path (find, the bytes it would read, verify) on ``value``
     recorded under a fresh key: True when it is a miss or an error, never a hit."""
     from crucible.ledger import Ledger, Outcome
-    from crucible.run._cache import CacheKey, TaskCache
+    from crucible.run.cache._store import CacheKey, TaskCache
 
     ck = CacheKey("p", None, {"sample": "sha256:" + "0" * 64})
     with Ledger(cache) as ledger:

@@ -182,7 +182,7 @@ def test_report_json_rows_match(run: tuple[int, Path]) -> None:
 
 def test_every_report_row_member_is_in_the_schema() -> None:
     """report-row.json names every member row_json can write (all of them set)."""
-    from crucible.run._report import Row, row_json
+    from crucible.run.report._report import Row, row_json
 
     row = Row(
         "t",
@@ -203,7 +203,7 @@ def test_every_report_row_member_is_in_the_schema() -> None:
         cache_miss="read data/b.csv changed",
         tolerated=True,
     )
-    from crucible.run._report_usage import UnitUsage
+    from crucible.run.report._usage import UnitUsage
 
     measured = UnitUsage(
         cpu_s=0.5, cpu_pct=50.0, wall_s=1.0, max_rss_kib=2048, rss_bound=True,

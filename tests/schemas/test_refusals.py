@@ -144,7 +144,7 @@ def plan_refuses(doc: dict[str, Any], tmp: Path) -> str:
 
 def report_refuses_event(doc: dict[str, Any], tmp: Path) -> str:
     """crucible-dispatch report's reading of one session-log line."""
-    from crucible.run._report_state import _check_event
+    from crucible.run.report._state import _check_event
 
     try:
         _check_event(doc, "session.jsonl:1")
@@ -155,7 +155,7 @@ def report_refuses_event(doc: dict[str, Any], tmp: Path) -> str:
 
 def report_refuses_record(doc: dict[str, Any], tmp: Path) -> str:
     """crucible-dispatch report's reading of results/a.json."""
-    from crucible.run._report_state import load_record
+    from crucible.run.report._state import load_record
 
     (tmp / "results").mkdir(exist_ok=True)
     (tmp / "results" / "a.json").write_bytes(json.dumps(doc).encode())
@@ -175,7 +175,7 @@ def ledger_refuses(doc: dict[str, Any], tmp: Path) -> str:
 
 def params_refuse(doc: Any, tmp: Path) -> str:
     """crucible-dispatch --params FILE / STATE/params.json on resume."""
-    from crucible.run._params import read_params_file
+    from crucible.run.session._params import read_params_file
 
     path = tmp / "params.json"
     path.write_bytes(json.dumps(doc).encode())

@@ -16,7 +16,7 @@ import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused
-from crucible.run import _loop_inputs as li
+from crucible.run.loop import _inputs as li
 from crucible.stage import StateLayout, capture, stage_inputs
 from tests.packed import keyed
 from tests.stage.stageplans import loop_entry, plan, settle, task

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
-from crucible.run import _loop_inputs as li
+from crucible.run.loop import _inputs as li
 from crucible.stage import (
     HISTORY_BEGIN,
     HISTORY_END,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from crucible.run._options import RunOptions
-    from crucible.run._runner import run_plan
+    from crucible.run.session._runner import run_plan
 
 __all__ = ["RunOptions", "run_plan"]
 
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> object:
     # run_plan pulls in the engine, RunOptions dataclasses and pathlib; keep
     # ``import crucible.run`` light (crucible-dispatch's start-up, run/cli.py).
     if name == "run_plan":
-        from crucible.run._runner import run_plan
+        from crucible.run.session._runner import run_plan
 
         return run_plan
     if name == "RunOptions":

@@ -51,7 +51,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
     (``--tsv``), or the HTML page.
     Text goes to ``out``, NDJSON to its byte stream ``out.buffer``."""
     from crucible.core import ndjson, output
-    from crucible.run import _report as report
+    from crucible.run.report import _report as report
 
     state, task = opts.state, opts.task
     if not state.is_dir():
@@ -62,7 +62,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
     if opts.tsv_file is not None:
         import io
 
-        from crucible.run._report_usage import render_tsv
+        from crucible.run.report._usage import render_tsv
 
         trace = io.StringIO()
         render_tsv(((r.task, r.key, t) for r in rows for t in r.tries), trace)
@@ -86,7 +86,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
             if r.key is None or instances:
                 out.buffer.write(ndjson.dumps_line(report.row_json(r)))
         if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
-            from crucible.run import _loop_view as loop_view
+            from crucible.run.report import _loop_view as loop_view
 
             out.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
         return EXIT_OK
@@ -117,7 +117,7 @@ def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -
 def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
     """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
     from crucible.core.contract import task_name_problems
-    from crucible.run._cache import TaskCache
+    from crucible.run.cache._store import TaskCache
     from crucible.stage import escape_key
 
     problems = task_name_problems(opts.task)
@@ -137,7 +137,7 @@ def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
 
 def run_cache_gc(opts: CacheGcOptions, out: TextIO, err: TextIO) -> int:
     """Remove store files no cached result names; the counts on ``out``."""
-    from crucible.run._cache import TaskCache
+    from crucible.run.cache._store import TaskCache
 
     directory = _cache_dir(opts.cache)
     counts: dict[str, Any] = {"removed": 0, "kept": 0, "bytes": 0}

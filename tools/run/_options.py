@@ -64,7 +64,7 @@ class RunOptions:
     sandbox: bool = False
     #: ``--executor``: ``local`` (forked workers), ``dask`` (a running cluster at
     #: ``scheduler``), ``dask-local`` (a LocalCluster for the run) or ``slurm`` (job
-    #: arrays through sbatch); see run/_executor.py
+    #: arrays through sbatch); see run/executors/_seam.py
     executor: str = "local"
     #: ``--scheduler tcp://HOST:PORT`` (``--executor dask``)
     scheduler: str | None = None
@@ -74,10 +74,10 @@ class RunOptions:
     #: -j plus its share of the units staged ahead (dask_executor.local_layout)
     threads_per_worker: int | None = None
     #: ``--enforce-memory``: a task's ``resources.memory`` is its RLIMIT_DATA
-    #: (crucible.run._usage.memory_limit_argv)
+    #: (crucible.run.executors._usage.memory_limit_argv)
     enforce_memory: bool = False
     #: ``--slurm-partition``, ``--slurm-account``, ``--slurm-qos``, ``--slurm-extra``
-    #: (``--executor slurm``; run/_slurm_executor.py)
+    #: (``--executor slurm``; run/executors/slurm/_executor.py)
     slurm_partition: str | None = None
     slurm_account: str | None = None
     slurm_qos: str | None = None

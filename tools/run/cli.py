@@ -59,7 +59,7 @@ def _fast(args: list[str]) -> Callable[[], int] | None:
     values = parse(args)
     if values is None:
         return None
-    pause_gc()  # until the run starts (run/_runner.py resumes it)
+    pause_gc()  # until the run starts (run/session/_runner.py resumes it)
 
     def call() -> int:
         from crucible.run.commands import dispatch_options, run_run

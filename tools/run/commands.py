@@ -85,8 +85,8 @@ def dispatch_options(
 
 def _warn(err: TextIO) -> Any:
     """One warning line on ``err``, written so that a stderr nobody reads drops
-    it instead of holding the dispatcher (crucible.run._mirror)."""
-    from crucible.run._mirror import BoundedOut
+    it instead of holding the dispatcher (crucible.run.session._mirror)."""
+    from crucible.run.session._mirror import BoundedOut
 
     bounded: list[BoundedOut] = []
 
@@ -110,7 +110,7 @@ def _warn(err: TextIO) -> Any:
 def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     """Run the plan; the dry run's lines or ``--outputs -`` on ``out``, the summary on
     ``err``. Refused and unusable options raise before the state dir is touched."""
-    from crucible.run._runner import run_plan
+    from crucible.run.session._runner import run_plan
 
     options = opts.run
     if opts.as_json and not options.dry_run:
@@ -121,18 +121,18 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     progress = err.isatty() and not options.follow and not options.dry_run
     options = dataclasses.replace(options, progress=progress)
     if options.executor == "slurm" and not options.dry_run:
-        from crucible.run._slurm_executor import check_options as check_slurm
+        from crucible.run.executors.slurm._executor import check_options as check_slurm
 
         check_slurm(options)  # before the state dir is touched
     elif options.executor != "local" and not options.dry_run:
-        from crucible.run._dask_executor import check_options
+        from crucible.run.executors.dask._executor import check_options
 
         check_options(options)  # before the state dir is touched
     if options.outputs == "-" and options.events == "-":
         raise UsageError("--outputs - and --events - cannot both use stdout")
     live: Any = None
     if options.progress:
-        from crucible.run._progress import LiveProgress
+        from crucible.run.engine._progress import LiveProgress
 
         live = LiveProgress(err)
     warn = _warn(err)
@@ -142,7 +142,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         if live is not None:
             live.close()
         if options.follow:
-            from crucible.run._mirror import STALL, follow_dropped
+            from crucible.run.session._mirror import STALL, follow_dropped
 
             if follow_dropped():
                 warn(
@@ -152,7 +152,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     if options.dry_run:
         _print_dry_run(outcome.plan_lines, opts.as_json, opts.show_all, out)
         return int(outcome.exit_code)
-    if options.outputs == "-":  # a FILE was written by the run (crucible.run._runner)
+    if options.outputs == "-":  # a FILE was written by the run (crucible.run.session._runner)
         _copy_outputs(options, out)
     err.write(f"{PROG}: {summary_line(outcome, options.state)}\n")
     err.flush()
@@ -165,7 +165,7 @@ def _copy_outputs(options: RunOptions, out: BinaryIO) -> None:
     last line stand, as with ``--events -`` (issue 27 item 13)."""
     import os
 
-    from crucible.run._outputs import copy_outputs
+    from crucible.run.session._outputs import copy_outputs
 
     try:
         copy_outputs(options.state, "-", out)
@@ -217,7 +217,7 @@ def _print_dry_run(lines: Any, as_json: bool, show_all: bool, out: BinaryIO) -> 
             out.write(ndjson.dumps_line(line))
         out.flush()
         return
-    from crucible.run._dry_text import dry_run_text
+    from crucible.run.report._dry_text import dry_run_text
 
     for text in dry_run_text(list(lines), show_all=show_all, printable=_printable):
         out.write(f"{text}\n".encode())

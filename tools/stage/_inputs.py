@@ -286,7 +286,7 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
             "status": rec["status"] if rec else "absent",
             "note": rec["note"] if rec else "",
         }
-        if rec and rec.get("tolerated") is True:  # IR v3 (run/_control.py)
+        if rec and rec.get("tolerated") is True:  # IR v3 (run/engine/_control.py)
             entry["tolerated"] = True
         if t.map is None:
             entry["fields"] = _fields(rec, t, pv.version)
@@ -516,7 +516,7 @@ class Described:
     """What :func:`describe_inputs` found a unit's ``inputs/`` tree must hold,
     before anything is written: the writers (:func:`stage_inputs`, fresh or in
     place) lay down exactly this, and the cache keyer keys it
-    (crucible.run._cache_keyer). Paths are relative to ``inputs/``."""
+    (crucible.run.cache._keyer). Paths are relative to ``inputs/``."""
 
     version: int
     nothing: bool  # 3.7: no tree at all

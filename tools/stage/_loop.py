@@ -8,7 +8,7 @@ accepts such a key only for a task in the plan's ``loop.body``, and within one
 revision a body task reads its body producers at the same key. A task after
 the loop reads a body producer at the kept revision's key. The loop's engine
 writes ``STATE/reserved/{revision,history,kept}.json`` and ``meta.json``
-(crucible.run._loop_inputs); stage reads them here.
+(crucible.run.loop._inputs); stage reads them here.
 """
 
 from __future__ import annotations

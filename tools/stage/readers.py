@@ -1,4 +1,4 @@
-"""Stage's own readers, public for ``crucible.run._cache_keyer``, and the
+"""Stage's own readers, public for ``crucible.run.cache._keyer``, and the
 result-record store's API for dispatch (load_all, write_result, remove_result,
 remove_results, update_record, amend_record, parse_packed: docs/spec/inputs.md 5).
 

@@ -1,0 +1,1 @@
+"""The task cache: keys, the store, hits, ``--reuse`` and a task's declared reads."""

@@ -1,0 +1,1 @@
+"""The dispatcher: scheduling state, control flow and the loop that settles units."""

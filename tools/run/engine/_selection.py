@@ -1,0 +1,239 @@
+"""What a session runs, and why: resume, ``--retry-failed``, ``--target``, ``--dry-run``.
+
+:func:`select` reads the state (result records, the session log's starts) and
+decides, without writing anything, which tasks are kept from earlier sessions,
+which run again, and which are not selected; :func:`apply` then removes the
+records of what runs again (``--retry-failed``). A dry run prints the decision
+(:func:`dry_run_lines`) and stops there (docs/spec/run.md, "Resume" and
+"Selecting what runs").
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crucible.core.errors import CrucibleError
+from crucible.run.engine._graph import TaskGraph
+
+__all__ = ["Selection", "apply", "dry_run_lines", "select"]
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+NOT_SELECTED = "not_selected"
+#: a dry run's reason for a unit an earlier session started and did not settle
+UNSETTLED = "unsettled (started in an earlier session, no result)"
+
+
+@dataclass
+class Selection:
+    #: task -> its record, for records kept from earlier sessions
+    kept: dict[str, dict[str, Any]]
+    #: tasks whose records are removed so they run again (--retry-failed)
+    rerun: set[str]
+    #: mapped tasks that rerun only their failed and skipped instances
+    partial: set[str]
+    #: tasks this session may run (targets and their ancestors); None: all
+    selected: set[str] | None
+    #: task -> why it runs, is kept or is not selected (for --dry-run)
+    reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: (task, key) of every unit an earlier session started (for --dry-run)
+    started: set[tuple[str, str | None]] = field(default_factory=set)
+
+    def to_run(self, graph: TaskGraph) -> list[str]:
+        return [
+            n
+            for n in graph.order
+            if n not in self.kept and (self.selected is None or n in self.selected)
+        ]
+
+
+def _closure(start: Iterable[str], edges: dict[str, tuple[str, ...]]) -> set[str]:
+    seen = set(start)
+    todo = deque(seen)
+    while todo:
+        for nxt in edges[todo.popleft()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _records(stage: Any, state: Path, graph: TaskGraph) -> dict[str, dict[str, Any]]:
+    records: dict[str, dict[str, Any]] = {}
+    if not graph.order or not stage.StateLayout(state).results_root.is_dir():
+        return records
+    for name in graph.order:
+        record = stage.load_result(state, name)
+        if record is not None:
+            records[name] = record
+    return records
+
+
+def _started(events: list[dict[str, Any]]) -> set[tuple[str, str | None]]:
+    """(task, key) of every unit started in the log's sessions."""
+    return {
+        (e["task"], e.get("key"))
+        for e in events
+        if e.get("event") == "task_started" and "task" in e
+    }
+
+
+def select(
+    stage: Any,
+    state: Path,
+    graph: TaskGraph,
+    *,
+    retry_failed: bool,
+    targets: tuple[str, ...],
+    events: list[dict[str, Any]],
+    fresh: bool = False,
+) -> Selection:
+    """``fresh``: a run that starts over (no record of the state dir counts)."""
+    records = {} if fresh else _records(stage, state, graph)
+    units_started = _started(events)
+    started = {name for name, _ in units_started}
+    failed = {n for n, r in records.items() if r.get("status") in (FAILED, SKIPPED)}
+    rerun: set[str] = set()
+    if retry_failed and failed:
+        rerun = _closure(failed, graph.consumers)
+    # A failed mapped task that is not downstream of another rerun keeps its
+    # passed instances and reruns the rest.
+    downstream = _closure(failed, graph.consumers) - failed if rerun else set()
+    partial = {
+        n
+        for n in rerun
+        if ("map" in graph.tasks[n] or "matrix" in graph.tasks[n]) and n not in downstream
+    }
+    selected = _closure(targets, graph.waits_for) if targets else None
+    kept = {n: r for n, r in records.items() if n not in rerun}
+    reasons: dict[str, tuple[str, str]] = {}
+    for name in graph.order:
+        if name in kept:
+            reasons[name] = ("keep", f"{kept[name].get('status')} in an earlier session")
+        elif selected is not None and name not in selected:
+            reasons[name] = ("not selected", "not a --target or an ancestor of one")
+        elif name in failed and name in rerun:
+            reasons[name] = ("run", f"{records[name].get('status')} before (--retry-failed)")
+        elif name in rerun:
+            reasons[name] = ("run", "downstream of a unit that runs again")
+        elif name in started:
+            reasons[name] = ("run", UNSETTLED)
+        else:
+            reasons[name] = ("run", "new")
+    return Selection(kept, rerun, partial, selected, reasons, units_started)
+
+
+def apply(stage: Any, state: Path, graph: TaskGraph, selection: Selection) -> None:
+    """Remove the records of what runs again: a rerun task's record and its
+    instances' (a partly rerun mapped task keeps its passed instances)."""
+    for name in selection.rerun:
+        stage.remove_result(state, name)
+        if "map" not in graph.tasks[name]:
+            continue
+        # its instances' records: one tombstone line each (a partly rerun task
+        # keeps its passed ones)
+        records = None
+        if name in selection.partial:
+            with contextlib.suppress(CrucibleError):  # a damaged file runs them all
+                records = stage.load_all(state, name)
+        if records is None:
+            stage.remove_results(state, name, None)
+        else:
+            stage.remove_results(
+                state, name, [k for k, r in records.items() if r.get("status") != PASSED]
+            )
+
+
+def _instance_lines(
+    stage: Any,
+    state: Path,
+    plan: dict[str, Any],
+    name: str,
+    selection: Selection,
+    keys: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """A mapped task's instances, when its map source is already settled (or
+    ``keys``: a static fan-out's, known before the run)."""
+    if keys is None:
+        try:
+            keys = [key for key, _ in stage.map_items(plan, state, name)]
+        except CrucibleError:
+            return []
+    lines = []
+    records: dict[str, dict[str, Any]] = {}
+    with contextlib.suppress(CrucibleError):
+        records = stage.load_all(state, name)
+    for key in keys:
+        record = records.get(key)
+        status = None if record is None else record.get("status")
+        if status is None and (name, key) in selection.started:
+            action, why = "run", UNSETTLED
+        elif status is None:
+            action, why = "run", "new"
+        elif name not in selection.rerun or (name in selection.partial and status == PASSED):
+            action, why = "keep", f"{status} in an earlier session"
+        elif name in selection.partial:
+            action, why = "run", f"{status} before (--retry-failed)"
+        else:
+            action, why = "run", "downstream of a unit that runs again"
+        lines.append({"task": name, "key": key, "action": action, "reason": why})
+    return lines
+
+
+def _static_keys(task: dict[str, Any], params: Any, state: Path) -> list[str] | None:
+    """A static fan-out's instance keys (a matrix, a literal or param map), or
+    None when it is not one or cannot expand (the run reports why)."""
+    from crucible.run.engine._matrix import FanoutFailed, expand, is_static
+
+    if params is None or not is_static(task):
+        return None
+    try:
+        return [key for key, _ in expand(task, params, state)]
+    except (FanoutFailed, CrucibleError):
+        return None
+
+
+def dry_run_lines(
+    stage: Any,
+    state: Path,
+    plan: dict[str, Any],
+    graph: TaskGraph,
+    selection: Selection,
+    params: Any = None,
+) -> list[dict[str, Any]]:
+    """One entry per unit: ``task``, ``key``?, ``action`` (run, keep, not selected)
+    and ``reason``. A static fan-out's instances are listed from ``params``;
+    a mapped task's once its map source has settled; before that, the task's
+    line says when they will be known."""
+    lines: list[dict[str, Any]] = []
+    for name in graph.order:
+        action, why = selection.reasons[name]
+        task = graph.tasks[name]
+        source = task.get("map")
+        if action == "run":
+            keys = _static_keys(task, params, state)
+            if keys:
+                lines.extend(_instance_lines(stage, state, plan, name, selection, keys))
+                continue
+            if keys is not None:
+                why += "; no instances"
+        if action == "run" and isinstance(source, str):
+            instances = []
+            if selection.reasons.get(source.rpartition(".")[0], ("",))[0] == "keep":
+                instances = _instance_lines(stage, state, plan, name, selection)
+            if instances:
+                lines.extend(instances)
+                continue
+            why += f"; instances: one per item of {source} once it settles"
+        elif action == "run" and (source is not None or task.get("matrix") is not None):
+            # a listed fan-out (count, list) or a matrix: its instances are known now
+            instances = _instance_lines(stage, state, plan, name, selection)
+            if instances:
+                lines.extend(instances)
+                continue
+        lines.append({"task": name, "action": action, "reason": why})
+    return lines

@@ -1,0 +1,1 @@
+"""What runs a unit: the executor seam, local workers, one unit's life, Dask, SLURM."""

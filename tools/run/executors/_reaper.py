@@ -1,0 +1,169 @@
+"""A reaper beside a process that starts tasks: kills their groups if it dies.
+
+A task's process group is killed by the process that started it (its parent:
+see :mod:`crucible.run.executors._unit`). A Dask worker that is SIGKILLed (or dies of
+the OOM killer, or of its host's nanny) cannot: its running tasks would go on,
+orphaned, while the dispatcher retries their units elsewhere. So each worker
+process starts one reaper, a tiny interpreter in its own session (no signal
+sent to the worker's group reaches it), reading a pipe whose only write end
+the worker holds (close-on-exec: no task inherits it). The worker writes
+``+PGID`` when a task starts and ``-PGID`` once it was reaped. When the pipe
+reports end of file, the worker is gone, by exit or by death: the reaper sends
+SIGTERM to every group still registered, SIGKILL to those left after the kill
+grace, and exits. A worker that exits cleanly has nothing registered.
+
+The local executor starts one reaper for the session's workers, before it
+forks them (they inherit its pipe, and each registers the groups it starts:
+:func:`crucible.run.executors._procs.watch_groups`); that reaper also holds the state
+lock until it exits, so a ``--resume`` after a SIGKILL of the dispatcher's
+whole process group waits until the killed run's tasks are gone.
+
+The reaper runs ``python -I -S`` on the code in :data:`_CODE` (no crucible
+import, nothing from the environment), so it starts in a few milliseconds and
+needs nothing from the worker's ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from typing import Any
+
+__all__ = ["Reaper"]
+
+_CODE = r"""
+import os, signal, sys, time
+grace = float(sys.argv[1])
+groups = set()
+buf = b""
+while True:
+    try:
+        chunk = os.read(0, 65536)
+    except InterruptedError:
+        continue
+    if not chunk:
+        break
+    buf += chunk
+    *lines, buf = buf.split(b"\n")
+    for line in lines:
+        if line[:1] == b"+":
+            groups.add(int(line[1:]))
+        elif line[:1] == b"-":
+            groups.discard(int(line[1:]))
+def send(sig):
+    alive = set()
+    for g in groups:
+        try:
+            os.killpg(g, sig)
+            alive.add(g)
+        except OSError:
+            pass
+    return alive
+groups = send(signal.SIGTERM)
+deadline = time.monotonic() + grace
+while groups and time.monotonic() < deadline:
+    time.sleep(0.05)
+    groups = send(0)
+send(signal.SIGKILL)
+"""
+
+
+class Reaper:
+    """The reaper of this process's tasks (started by :meth:`start`, or at the
+    first :meth:`watch`). Start it before the first task: a task's group is
+    covered from the moment its ``+PGID`` is written, and starting the reaper
+    takes a few milliseconds a dying worker may not have."""
+
+    def __init__(self, grace: float, hold_fds: tuple[int, ...] = ()) -> None:
+        self._grace = grace
+        #: descriptors the reaper holds until it exits: the local executor's
+        #: state lock, so no other dispatcher takes the state dir while a task
+        #: of this one may still run (docs/spec/run.md, "Orphans")
+        self._hold_fds = hold_fds
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def _start(self) -> int:
+        # posix_spawn, not subprocess: a plain run must not import subprocess
+        # (its start-up budget), and the reaper needs nothing Popen adds
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        actions: list[tuple[Any, ...]] = [
+            (os.POSIX_SPAWN_DUP2, read_end, 0),
+            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        # each held descriptor at 3, 4, ...: dup2 leaves the copy open across exec
+        actions += [(os.POSIX_SPAWN_DUP2, fd, 3 + i) for i, fd in enumerate(self._hold_fds)]
+        try:
+            self._pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-S", "-c", _CODE, str(self._grace)],
+                {},
+                file_actions=actions,
+                setsid=True,
+            )
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        return write_end
+
+    def start(self) -> None:
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._start()
+
+    def _send(self, line: bytes) -> None:
+        with self._lock:
+            if self._fd is None:
+                self._fd = self._start()
+            with contextlib.suppress(OSError):  # a dead reaper never fails a task
+                os.write(self._fd, line)
+
+    def watch(self, pgid: int) -> None:
+        """A task group started: kill it should this process die."""
+        self._send(b"+%d\n" % pgid)
+
+    def forget(self, pgid: int) -> None:
+        """The task's group was killed and its leader reaped."""
+        self._send(b"-%d\n" % pgid)
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    def close(self) -> None:
+        """End the reaper (it kills what is still registered) and reap it."""
+        with self._lock:
+            fd, self._fd = self._fd, None
+            pid, self._pid = self._pid, None
+        if fd is not None:
+            os.close(fd)
+        if pid is not None:
+            _reap(pid, self._grace + 5)
+
+
+def _reap(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for the reaper to exit, and reap it."""
+    import select
+    import time
+
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return  # left to init; it exits once it has killed what it holds
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                time.sleep(min(left, 0.01))
+                continue
+            try:
+                select.select([pidfd], [], [], left)
+            finally:
+                os.close(pidfd)

@@ -1,0 +1,1 @@
+"""The scored loop inside a dispatcher session (docs/spec/loop.md)."""

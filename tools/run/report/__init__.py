@@ -1,0 +1,1 @@
+"""``crucible-dispatch report``: reading a state dir, as text, NDJSON and HTML."""

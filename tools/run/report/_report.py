@@ -1,0 +1,708 @@
+"""``crucible-dispatch report``: what happened in a state dir, as a table, NDJSON
+rows (docs/schemas/report-row.json), or a self-contained HTML timeline.
+
+Status comes from ``results/`` (what is settled); times and attempts come from
+the session log, across every session of the run (resumes included). Every
+state file is read through its schema (:mod:`crucible.run.report._state`): a
+damaged one is one ``file:line: message`` and exit 2. Normative text:
+docs/spec/run.md, "Report".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from crucible.core.errors import CrucibleError, InputRefused
+from crucible.run._display import clip, escape, name_signals, signal_name
+from crucible.run.report._state import (
+    Event,
+    load_plan,
+    load_record,
+    load_resources,
+    read_events,
+)
+from crucible.run.report._usage import (
+    UnitUsage,
+    cpu_text,
+    pct_text,
+    rss_text,
+    size_text,
+    stats,
+    task_json,
+    unit_json,
+    unit_usage,
+    usage_line,
+)
+
+__all__ = [
+    "Attempt",
+    "Report",
+    "Row",
+    "Session",
+    "collect",
+    "render_html",
+    "render_table",
+    "row_json",
+]
+
+#: statuses in the order notes and legends list them
+STATUS_ORDER = (
+    "passed",
+    "failed",
+    "skipped",
+    "interrupted",
+    "running",
+    "pending",
+    "not_selected",
+)
+#: table cells: a key is cut to this many characters (``--json`` keeps it whole)
+KEY_CELL_MAX = 40
+#: table cells: a note is cut to this many characters
+NOTE_CELL_MAX = 160
+#: failed instances of a mapped task detailed under its row in the task table
+FAILED_SHOWN = 3
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One attempt of a unit, as the session log tells it."""
+
+    session: int
+    number: int | None
+    start: float | None
+    end: float | None = None
+    status: str = "running"
+    note: str = ""
+    exit_code: int | None = None
+    #: its ``task_finished``'s fields (usage: crucible.run.report._usage)
+    fields: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Session:
+    number: int
+    start: float
+    end: float
+    closed: bool = False  # its ``shutdown`` is in the log
+
+
+@dataclass
+class Row:
+    task: str
+    key: str | None
+    status: str = "pending"
+    note: str | None = None
+    attempts: int = 0
+    start: float | None = None
+    end: float | None = None
+    duration: float | None = None
+    exit_code: int | None = None
+    output_bytes: int | None = None
+    files_bytes: int | None = None
+    instances: int | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+    mapped: bool = False
+    tries: list[Attempt] = field(default_factory=list)
+    log: str | None = None
+    stderr_tail: str | None = None
+    cached: bool = False
+    #: why the task cache did not restore it (task_finished.cache_miss), if asked
+    cache_miss: str | None = None
+    tolerated: bool = False
+    #: its last attempt failed with ``retry: true`` and no next attempt started
+    awaiting_retry: bool = False
+    #: what its last attempt cost (None: not measured); a mapped task's: None
+    usage: UnitUsage | None = None
+    #: a mapped task: its instances' usage (crucible.run.report._usage)
+    member_usage: list[UnitUsage] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.task if self.key is None else f"{self.task}[{self.key}]"
+
+    @property
+    def label(self) -> str:
+        """Status as people read it: ``failed (tolerated)``, ``passed (cached)``."""
+        if self.tolerated and self.status == "failed":
+            return "failed (tolerated)"
+        if self.cached and self.status == "passed":
+            return "passed (cached)"
+        return self.status.replace("_", " ")
+
+
+class Report(list[Row]):
+    """The rows of a report (plan order; instances in item order after their
+    task), plus the sessions of the run."""
+
+    sessions: list[Session]
+    #: the scored loop's revisions (STATE/loop.json; crucible.run.report._loop_view), or None
+    loop: Any
+    #: each task's declared resources (cpus, memory), for the HTML's Resources
+    resources: dict[str, dict[str, int]]
+
+    def __init__(
+        self,
+        rows: list[Row],
+        sessions: list[Session],
+        loop: Any = None,
+        resources: dict[str, dict[str, int]] | None = None,
+    ) -> None:
+        super().__init__(rows)
+        self.sessions = sessions
+        self.loop = loop
+        self.resources = resources or {}
+
+
+def _sessions(events: list[Event]) -> list[Session]:
+    found: dict[int, Session] = {}
+    for e in events:
+        s = found.get(e.session)
+        if s is None:
+            found[e.session] = s = Session(e.session, e.time, e.time)
+        s.start = min(s.start, e.time)
+        s.end = max(s.end, e.time)
+        if e.kind == "shutdown":
+            s.closed = True
+    return [found[n] for n in sorted(found)]
+
+
+def _apply(r: Row, e: Event) -> None:
+    f = e.fields
+    if e.kind == "task_started":
+        r.attempts += 1
+        r.tries.append(Attempt(e.session, f["attempt"], e.time))
+        r.awaiting_retry = False
+        return
+    r.awaiting_retry = f.get("retry") is True
+    attempt = f.get("attempt")
+    open_try = next(
+        (
+            t
+            for t in reversed(r.tries)
+            if t.end is None and t.session == e.session and attempt in (None, t.number)
+        ),
+        None,
+    )
+    duration = f.get("duration")
+    if open_try is None and attempt is not None:
+        # Finished without a start event (a damaged or hand-written log).
+        start = e.time - duration if duration is not None else e.time
+        open_try = Attempt(e.session, attempt, start)
+        r.tries.append(open_try)
+        r.attempts += 1
+    if open_try is not None:
+        open_try.end = e.time
+        open_try.status = f["status"]
+        open_try.note = f.get("note", "")
+        open_try.exit_code = f.get("exit_code")
+        open_try.fields = f
+    r.status = f["status"]
+    r.note = f.get("note")
+    if "exit_code" in f:
+        r.exit_code = f["exit_code"]
+    if duration is not None:
+        r.duration = float(duration)
+    measured = unit_usage(f, r.duration if duration is not None else None)
+    if measured is not None:
+        r.usage = measured
+    for name in ("output_bytes", "files_bytes"):
+        if name in f:
+            setattr(r, name, f[name])
+    if "instances" in f:
+        r.instances = f["instances"]
+    for name in ("log", "stderr_tail"):
+        if name in f:
+            setattr(r, name, f[name])
+    r.cached = f.get("cached", r.cached)
+    r.cache_miss = f.get("cache_miss", r.cache_miss)
+    r.tolerated = f.get("tolerated", r.tolerated)
+
+
+def _close_open_tries(r: Row, sessions: dict[int, Session]) -> None:
+    """An attempt whose end is not in the log: still running while its session
+    is the last and has no ``shutdown``; otherwise its session ended without
+    recording it (the dispatcher was killed outright): interrupted."""
+    last = max(sessions) if sessions else None
+    for t in r.tries:
+        if t.end is not None:
+            continue
+        s = sessions[t.session]
+        if t.session == last and not s.closed:
+            t.status = "running"
+        else:
+            t.status = "interrupted"
+            t.end = s.end
+    if r.tries:
+        r.start = r.tries[-1].start
+        r.end = r.tries[-1].end
+        if r.tries[-1].status in ("running", "interrupted"):
+            r.status = r.tries[-1].status
+        elif r.awaiting_retry:
+            # Its failed attempt's record was removed while the retry waited.
+            s = sessions[r.tries[-1].session]
+            r.status = "running" if r.tries[-1].session == last and not s.closed else "interrupted"
+
+
+def _settle(r: Row, record: dict[str, Any] | None) -> None:
+    if record is None:
+        return
+    r.status = record["status"]
+    r.note = record["note"]
+    if "exit_code" in record:
+        r.exit_code = record["exit_code"]
+    for name in ("log", "stderr_tail"):
+        if name in record:
+            setattr(r, name, record[name])
+    if r.usage is None and isinstance(record.get("usage"), dict):  # a log without it
+        r.usage = unit_usage(record["usage"], r.duration)
+    extra = record.get("extra") or {}
+    r.cached = bool(record.get("cached", extra.get("cached", r.cached)))
+    if r.cached and r.output_bytes is None and "output" in record:
+        # a cache hit writes no output file: its size is its recorded output's
+        from crucible.core import canon
+
+        r.output_bytes = len(canon.dumps(record["output"]))
+    r.tolerated = bool(record.get("tolerated", extra.get("tolerated", r.tolerated)))
+
+
+def _item_keys(
+    state: Path, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
+) -> list[str]:
+    """A mapped task's instance keys in item order: the aggregate record's
+    ``keys`` once settled, else the map source's items, or a listed fan-out's
+    or a matrix's (so instances that never started are counted), else the keys
+    the log names."""
+    keys: list[str] | None = None
+    if record is not None and "keys" in record:
+        keys = list(record["keys"])
+    elif source is None:  # a listed fan-out (count, list) or a matrix: the plan says
+        from crucible import stage
+
+        plan = _plan_value(state)
+        spec: dict[str, Any] = next((t for t in plan["tasks"] if t.get("name") == task), {})
+        if isinstance(spec.get("map"), (dict, list)) or spec.get("matrix") is not None:
+            try:
+                keys = [k for k, _ in stage.map_items(plan, state, task)]
+            except CrucibleError:
+                keys = None
+    elif load_record(state, source, None) is not None:
+        # The source's record was read through its schema just above; stage
+        # reads the items from it.
+        from crucible import stage
+
+        try:
+            keys = [k for k, _ in stage.map_items(_plan_value(state), state, task)]
+        except CrucibleError:
+            keys = None  # the source failed or holds no array/object: the log's keys
+    if keys is None:
+        return seen
+    known = set(keys)
+    return keys + [k for k in seen if k not in known]
+
+
+def _plan_value(state: Path) -> Any:
+    import orjson
+
+    from crucible.run.report._state import read_regular
+    from crucible.stage import StateLayout
+
+    data = read_regular(StateLayout(state).plan_path, "plan.json")
+    return orjson.loads(data or b"null")
+
+
+def _aggregate(agg: Row, instances: list[Row]) -> None:
+    if instances:
+        agg.instances = len(instances)
+    agg.counts = {}
+    for inst in instances:
+        agg.counts[inst.status] = agg.counts.get(inst.status, 0) + 1
+    agg.attempts = sum(i.attempts for i in instances)
+    starts = [t.start for i in instances for t in i.tries if t.start is not None]
+    ends = [t.end for i in instances for t in i.tries if t.end is not None]
+    agg.start = min(starts, default=None)
+    agg.end = max(ends, default=None)
+    # Busy time per session, summed: the idle gap between two sessions is not
+    # the task's duration.
+    spans: dict[int, list[float]] = {}
+    for i in instances:
+        for t in i.tries:
+            if t.start is None:
+                continue
+            lo_hi = spans.setdefault(t.session, [t.start, t.end or t.start])
+            lo_hi[0] = min(lo_hi[0], t.start)
+            lo_hi[1] = max(lo_hi[1], t.end or t.start)
+    if spans:
+        agg.duration = round(sum(hi - lo for lo, hi in spans.values()), 6)
+    agg.member_usage = [i.usage for i in instances if i.usage is not None]
+    if instances:
+        if any(i.output_bytes is not None for i in instances):
+            agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
+        if any(i.files_bytes is not None for i in instances):
+            agg.files_bytes = sum(i.files_bytes or 0 for i in instances)
+        # every instance restored from the cache: so is the task
+        agg.cached = agg.cached or all(i.cached for i in instances)
+
+
+def _unsettled_status(agg: Row, open_run: bool) -> str:
+    """The status of a mapped task with no aggregate record, from its instances."""
+    c = agg.counts
+    if c.get("running"):
+        return "running"
+    if not any(c.get(s) for s in ("passed", "failed", "skipped", "interrupted")):
+        return agg.status  # nothing started: pending, or what its own event said
+    if open_run:
+        return "running"
+    return "interrupted"
+
+
+def _unsettled_note(agg: Row) -> str:
+    parts = [
+        f"{agg.counts[s]} {'not started' if s == 'pending' else s.replace('_', ' ')}"
+        for s in STATUS_ORDER
+        if agg.counts.get(s)
+    ]
+    parts += [f"{v} {k}" for k, v in sorted(agg.counts.items()) if k not in STATUS_ORDER]
+    return f"{agg.instances} instances" + (": " + ", ".join(parts) if parts else "")
+
+
+def _replay(events: list[Event], top: dict[str, Row], inst: dict[str, dict[str, Row]]) -> None:
+    """Apply the log's task events to the rows of the units they name."""
+    for e in events:
+        if e.kind not in ("task_started", "task_finished"):
+            continue
+        name, key = e.fields["task"], e.fields.get("key")
+        if name not in top or (key is not None and name not in inst):
+            continue  # not a unit of this plan: nothing to show it under
+        if key is None:
+            _apply(top[name], e)
+            continue
+        r = inst[name].get(key)
+        if r is None:
+            r = inst[name][key] = Row(name, key)
+        _apply(r, e)
+
+
+def _instances(
+    state: Path,
+    agg: Row,
+    record: dict[str, Any] | None,
+    seen: dict[str, Row],
+    source: str | None,
+    sessions: dict[int, Session],
+) -> list[Row]:
+    """A mapped task's instance rows in item order, settled; ``agg`` gets
+    their totals (and, before its own record exists, its status and note)."""
+    members: list[Row] = []
+    for k in _item_keys(state, agg.task, source, record, list(seen)):
+        r = seen.get(k) or Row(agg.task, k)
+        _close_open_tries(r, sessions)
+        _settle(r, load_record(state, agg.task, k))
+        members.append(r)
+    if record is not None and "keys" in record:
+        agg.instances = len(record["keys"])
+    if members:
+        _aggregate(agg, members)
+        if record is None:
+            open_run = not sessions[max(sessions)].closed if sessions else False
+            agg.status = _unsettled_status(agg, open_run)
+            if agg.status != "pending" or not agg.note:
+                agg.note = _unsettled_note(agg)
+    return members
+
+
+def collect(state: Path, task: str | None = None) -> Report:
+    """Rows in plan order: one per task, each mapped task followed by its
+    instances in item order (only ``task``'s rows when given)."""
+    tasks = load_plan(state)
+    # A scored loop's body task is shown as a group of its revisions (@rev<N>).
+    from crucible.run.report import _loop_view as loop_view
+
+    plan_loop = loop_view.plan_loop(state)
+    body = loop_view.body_tasks(plan_loop)
+    if body:
+        tasks = [(name, mapped or name in body, source) for name, mapped, source in tasks]
+    names = [name for name, _, _ in tasks]
+    if task is not None and task not in names:
+        raise InputRefused(
+            f"no task {task!r} in this run's plan (tasks: {', '.join(names)})", where=str(state)
+        )
+    events = read_events(state)
+    sessions = _sessions(events)
+    by_number = {s.number: s for s in sessions}
+    top = {name: Row(name, None, mapped=mapped) for name, mapped, _ in tasks}
+    inst: dict[str, dict[str, Row]] = {name: {} for name, mapped, _ in tasks if mapped}
+    _replay(events, top, inst)
+    rows: list[Row] = []
+    for name, mapped, source in tasks:
+        if task is not None and name != task:
+            continue
+        agg = top[name]
+        _close_open_tries(agg, by_number)
+        record = load_record(state, name, None)
+        _settle(agg, record)
+        rows.append(agg)
+        if mapped:
+            rows.extend(_instances(state, agg, record, inst[name], source, by_number))
+    loop = None
+    if task is None:  # the loop's revisions, under the whole run's table only
+        loop = loop_view.load(state, plan_loop)
+    return Report(rows, sessions, loop, load_resources(state))
+
+
+# -- table ----------------------------------------------------------------------
+
+
+_size = size_text  # one rule for sizes in the table and the usage lines
+
+
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else f"{s:.3f}s"
+
+
+def display_note(r: Row) -> str:
+    """The note as people read it: signals named, control characters escaped,
+    and without the log path and output tail it repeats when those are shown
+    under it (the dispatcher appends " (see PATH)" and "\\n" + tail)."""
+    return escape(short_note(r))
+
+
+def short_note(r: Row) -> str:
+    if not r.note and r.cache_miss and r.status == "passed":
+        return f"cache miss: {r.cache_miss}"
+    note = name_signals(r.note or "", r.exit_code)
+    tail = "\n" + r.stderr_tail.rstrip("\n") if r.stderr_tail else ""
+    if tail and tail in note:
+        # at the end; or, in a state written before the retry's reason went on
+        # the first line, followed by that reason ("…\nTAIL; no retry: …")
+        note = note.replace(tail, "", 1)
+    if r.log is not None:
+        for suffix in (f" (see {r.log})", f" (log: {r.log})"):  # today's, and earlier runs'
+            if note.endswith(suffix):
+                note = note[: -len(suffix)]
+            elif f"{suffix}; " in note:  # a reason follows it
+                note = note.replace(f"{suffix}; ", "; ", 1)
+    return note
+
+
+#: how a retry policy's reason for no retry starts (crucible.run.engine._control.next_retry)
+_NO_RETRY = "; no retry: "
+
+
+def note_cell(r: Row) -> str:
+    """The NOTE cell: the display note cut to NOTE_CELL_MAX characters, the
+    retry policy's reason for no retry kept whole (what was cut is before it)."""
+    note = display_note(r)
+    at = note.rfind(_NO_RETRY)
+    if len(note) <= NOTE_CELL_MAX or at < 0:
+        return clip(note, NOTE_CELL_MAX)
+    reason = note[at:]
+    return clip(note[:at], max(NOTE_CELL_MAX - len(reason), 20)) + reason
+
+
+def display_name(r: Row, key_max: int = KEY_CELL_MAX) -> str:
+    if r.key is None:
+        return escape(r.task)
+    return f"{escape(r.task)}[{clip(escape(r.key), key_max)}]"
+
+
+def tail_lines(text: str) -> list[str]:
+    """The lines of a stderr tail, each escaped (a line never splits a row)."""
+    return [escape(line) for line in text.rstrip("\n").split("\n")] if text else []
+
+
+def _details(r: Row) -> list[str]:
+    """Lines under a failed unit: its log path and the end of its stderr."""
+    if r.status != "failed" or (r.log is None and not r.stderr_tail):
+        return []
+    lines = []
+    if r.log is not None:
+        lines.append(f"    log: {escape(r.log)}")
+    lines += [f"    | {clip(line, NOTE_CELL_MAX)}" for line in tail_lines(r.stderr_tail or "")]
+    return lines
+
+
+#: the table's usage columns: CPU (user+sys), %CPU (CPU / wall), peak RSS, block I/O
+USAGE_HEADER = ("CPU", "%CPU", "PEAK_RSS", "READ", "WRITE")
+
+
+def usage_cells(r: Row) -> tuple[str, str, str, str, str]:
+    """A unit's last attempt's figures; a mapped task's: CPU summed, %CPU of
+    the sums, the largest peak RSS, I/O summed (``-``: not measured)."""
+    if r.mapped and r.key is None:
+        units = r.member_usage
+        cpu, read, write = (
+            stats(getattr(u, a) for u in units) for a in ("cpu_s", "read_bytes", "write_bytes")
+        )
+        rss = stats(u.max_rss_kib for u in units)
+        bound = rss is not None and all(u.rss_bound for u in units if u.max_rss_kib == rss.max)
+        # CPU over the summed wall time of the same units
+        timed = [u for u in units if u.cpu_s is not None and u.wall_s]
+        wall = sum(u.wall_s or 0.0 for u in timed)
+        pct = None if not wall else 100.0 * sum(u.cpu_s or 0.0 for u in timed) / wall
+        return (
+            cpu_text(None if cpu is None else cpu.sum),
+            pct_text(pct),
+            rss_text(None if rss is None else rss.max, bound),
+            _size(None if read is None else int(read.sum)),
+            _size(None if write is None else int(write.sum)),
+        )
+    u = r.usage
+    if u is None:
+        return ("-", "-", "-", "-", "-")
+    return (
+        cpu_text(u.cpu_s),
+        pct_text(u.cpu_pct),
+        rss_text(u.max_rss_kib, u.rss_bound),
+        _size(u.read_bytes),
+        _size(u.write_bytes),
+    )
+
+
+def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
+    """A plain fixed-width table (mapped tasks one row each unless ``instances``);
+    under a failed unit, its log path and stderr tail."""
+    header: tuple[str, ...] = (
+        "TASK",
+        "STATUS",
+        "ATTEMPTS",
+        "DURATION",
+        "OUTPUT",
+        "FILES",
+        *USAGE_HEADER,
+        "NOTE",
+    )
+    lines: list[tuple[tuple[str, ...], list[str]]] = []
+    failed_members: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.key is not None and r.status == "failed":
+            failed_members.setdefault(r.task, []).append(r)
+    for r in rows:
+        if r.key is not None and not instances:
+            continue
+        cells: tuple[str, ...] = (
+            display_name(r),
+            r.label,
+            str(r.attempts),
+            _seconds(r.duration),
+            _size(r.output_bytes),
+            _size(r.files_bytes),
+            *usage_cells(r),
+            note_cell(r),
+        )
+        details = _details(r)
+        if r.key is None and r.mapped and not instances:
+            bad = failed_members.get(r.task, [])
+            for member in bad[:FAILED_SHOWN]:
+                details.append(
+                    f"    {display_name(member)}: {note_cell(member)}"
+                )
+                details += ["  " + line for line in _details(member)]
+            if len(bad) > FAILED_SHOWN:
+                details.append(
+                    f"    ... {len(bad) - FAILED_SHOWN} more failed instances "
+                    f"(report STATE {escape(r.task)})"
+                )
+            spread = usage_line(r.member_usage)
+            if spread:
+                details.append(f"    {spread}")
+        lines.append((cells, details))
+    widths = [
+        max(len(h), *(len(cells[i]) for cells, _ in lines)) if lines else len(h)
+        for i, h in enumerate(header)
+    ]
+    for row_cells, details in ((header, []), *lines):
+        padded = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row_cells[:-1]))
+        out.write(f"{padded}  {row_cells[-1]}".rstrip(" ") + "\n")
+        for line in details:
+            out.write(line + "\n")
+    if isinstance(rows, Report) and rows.loop is not None:  # a scored loop's revisions
+        from crucible.run.report import _loop_view as loop_view
+
+        loop_view.render_table(rows.loop, out)
+
+
+# -- NDJSON rows ----------------------------------------------------------------
+
+
+def row_json(r: Row) -> dict[str, Any]:
+    """One ``report --json`` row (docs/schemas/report-row.json): raw key and
+    note, whole; absent values left out."""
+    data: dict[str, Any] = {
+        "task": r.task,
+        "key": r.key,
+        "status": r.status,
+        "note": name_signals(r.note or "", r.exit_code) if r.note is not None else None,
+        "attempts": r.attempts,
+        "duration": r.duration,
+        "exit_code": r.exit_code,
+        "signal": signal_name(-r.exit_code)
+        if r.exit_code is not None and r.exit_code < 0
+        else None,
+        "output_bytes": r.output_bytes,
+        "files_bytes": r.files_bytes,
+        "log": r.log,
+        "stderr_tail": r.stderr_tail,
+        "cache_miss": r.cache_miss,
+    }
+    # flags appear only when true (report-row.json), so a plain row stays short
+    data.update(
+        {flag: True for flag, on in (("cached", r.cached), ("tolerated", r.tolerated)) if on}
+    )
+    if r.key is None and r.mapped and r.instances is not None:
+        data["instances"] = r.instances
+        data["instance_status"] = dict(r.counts)
+    if r.key is None and r.mapped:
+        data["usage"] = task_json(r.member_usage)
+    elif r.usage is not None:
+        data.update(unit_json(r.usage))
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def render_html(rows: list[Row], title: str) -> str:
+    """The self-contained HTML timeline (:mod:`crucible.run.report._timeline`)."""
+    from crucible.run.report._timeline import render
+
+    sessions = rows.sessions if isinstance(rows, Report) else []
+    loop = rows.loop if isinstance(rows, Report) else None
+    resources = rows.resources if isinstance(rows, Report) else {}
+    return render(rows, sessions, title, loop=loop, resources=resources)
+
+
+def render_outputs(state: Path, out: IO[str]) -> None:
+    """The run's results (``STATE/outputs.json``), under the table when the plan
+    declares any: each present one as canonical JSON (cut), each absent one with
+    its reason."""
+    from crucible.core import canon
+    from crucible.run.report._state import read_regular
+    from crucible.stage import StateLayout
+
+    path = StateLayout(state).outputs_path
+    data = read_regular(path, "outputs.json")
+    if data is None:
+        return
+    try:
+        value = canon.loads(data)
+    except canon.CanonError as exc:
+        raise canon.CanonError(exc.message, where=str(path)) from None
+    if not isinstance(value, dict):
+        return
+    found = value.get("@absent")
+    absent: dict[str, Any] = found if isinstance(found, dict) else {}
+    names = sorted(
+        {k for k in value if not k.startswith("@")} | set(absent), key=lambda k: k.encode()
+    )
+    if not names:
+        return
+    out.write("\nRESULTS\n")
+    for name in names:
+        if name in value and not name.startswith("@"):
+            shown = canon.dumps(value[name]).decode("utf-8")
+            out.write(f"  {escape(name)} = {clip(escape(shown), NOTE_CELL_MAX)}\n")
+        else:
+            why = absent[name]
+            text = why.get("reason", "absent") if isinstance(why, dict) else "absent"
+            note = why.get("note") if isinstance(why, dict) else None
+            detail = f": {note}" if isinstance(note, str) and note else ""
+            out.write(f"  {escape(name)}: absent ({escape(str(text))}{escape(detail)})\n")

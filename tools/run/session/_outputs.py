@@ -1,0 +1,149 @@
+"""Run results: ``STATE/outputs.json`` from ``[workflow.outputs]`` (IR v3).
+
+After the run (passed, failed or interrupted) the dispatcher writes one canonical
+JSON object, atomically: each result name whose producer passed and carries the
+field maps to its value, so ``jq .total`` reads it directly; the members whose
+names start with ``@`` (never a result name: those are identifiers) say what
+the file is and why any result is absent. docs/spec/run.md, "Run results";
+schema docs/schemas/outputs.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from crucible.core import atomic, canon
+from crucible.core.errors import OperationalError
+
+__all__ = ["OUTPUTS_FORMAT", "build_outputs", "copy_outputs", "finish_results", "write_outputs"]
+
+OUTPUTS_FORMAT = "crucible.outputs/1"
+
+
+def _absence(record: Mapping[str, Any] | None, producer: str, field: str) -> dict[str, str]:
+    if record is None:
+        return {"reason": "not-run", "note": f"{producer!r} did not settle in this run"}
+    status = str(record.get("status"))
+    note = str(record.get("note") or "")
+    if status in ("failed", "skipped"):
+        return {
+            "reason": status,
+            "note": f"{producer!r}: {note}" if note else f"{producer!r} {status}",
+        }
+    # capture fails a producer without a declared field; kept for records written otherwise
+    return {"reason": "missing", "note": f"{producer!r} passed without the field {field!r}"}
+
+
+def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> dict[str, Any]:
+    """The outputs object of the run in ``state`` (see module doc)."""
+    from crucible import stage
+
+    declared: Mapping[str, str] = plan["workflow"].get("outputs", {})
+    doc: dict[str, Any] = {
+        "@format": OUTPUTS_FORMAT,
+        "@plan": digest,
+        "@run": status,
+        "@from": dict(declared),
+        "@absent": {},
+    }
+    records: dict[str, dict[str, Any] | None] = {}
+    for name, ref in declared.items():
+        producer, _, field = ref.rpartition(".")
+        if producer not in records:
+            records[producer] = stage.load_result(state, producer)
+        record = records[producer]
+        output = record.get("output") if record is not None else None
+        if (
+            record is not None
+            and record.get("status") == "passed"
+            and isinstance(output, dict)
+            and field in output
+        ):
+            doc[name] = output[field]
+        else:
+            doc["@absent"][name] = _absence(record, producer, field)
+    return doc
+
+
+def _layout(state: Path) -> Any:
+    from crucible.stage import StateLayout  # lazily: stage is heavy for --help
+
+    return StateLayout(state)
+
+
+def write_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> bytes:
+    """Write ``STATE/outputs.json`` atomically; returns its bytes."""
+    data = canon.dumps(build_outputs(plan, state, digest, status))
+    atomic.write_bytes(_layout(state).outputs_path, data)
+    return data
+
+
+def finish_results(
+    admission: Any,
+    options: Any,
+    status: str,
+    on_warning: Callable[[str], None] | None = None,
+) -> None:
+    """After the run: ``STATE/outputs.json`` when the plan declares outputs or
+    ``--outputs`` asks for them; then ``--publish-dir`` (not after an interrupted
+    run: a resume finishes it and publishes then)."""
+    plan = admission.plan
+    if plan["workflow"].get("outputs") or options.outputs is not None:
+        doc = build_outputs(plan, options.state, admission.digest, status)
+        atomic.write_bytes(_layout(options.state).outputs_path, canon.dumps(doc))
+        if status == "passed" and doc["@absent"] and on_warning is not None:
+            on_warning(_absent_warning(doc, _layout(options.state).outputs_path))
+    if options.publish_dir is None:
+        return
+    if not plan["workflow"].get("publish"):
+        if on_warning is not None:
+            on_warning("--publish-dir given, but the plan has no [workflow.publish]")
+        return
+    if status == "interrupted":
+        return
+    from crucible.run.session._publish import publish
+
+    publish(plan, options.state, options.publish_dir, admission.digest)
+
+
+def _absent_warning(doc: Mapping[str, Any], path: Path) -> str:
+    """A passed run whose declared outputs are (partly) absent, said once: tolerated
+    failures and skips let a run pass without the tasks that produce its results
+    (issue 27 item 15)."""
+    absent = doc["@absent"]
+    shown = "; ".join(f"{name} ({why['note']})" for name, why in list(absent.items())[:3])
+    more = len(absent) - 3
+    return (
+        f"the run passed, but {len(absent)} of {len(doc['@from'])} declared outputs are "
+        f"absent: {shown}" + (f" and {more} more" if more > 0 else "") + f" (see {path})"
+    )
+
+
+def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None = None) -> None:
+    """``--outputs -|FILE``: the bytes of STATE/outputs.json, to ``out`` or FILE
+    (through :mod:`crucible.core.output`, as every command's output: a FIFO or a
+    device is written through, a regular file replaced atomically). ``fd``: a
+    FIFO's write end opened at admission (crucible.run.session._preflight)."""
+    from crucible.core.output import write_output, write_stream
+
+    path = _layout(state).outputs_path
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
+    if target == "-":
+        assert out is not None
+        write_stream(out, data + b"\n")
+    elif fd is not None:
+        from crucible.core.fdio import write_all
+
+        try:
+            write_all(fd, data)
+        except OSError as exc:
+            raise OperationalError(
+                f"cannot write the outputs: {exc.strerror or exc}", where=target
+            ) from None
+    else:
+        write_output(target, data)
