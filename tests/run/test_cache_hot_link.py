@@ -183,7 +183,7 @@ def test_file_digest_is_of_file(tmp_path: Path, size: int) -> None:
 def test_file_digest_of_a_file_it_may_not_open_noatime(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from crucible.run.cache import _store as _cache
+    from crucible.run.cache import _storefs as _cache
 
     p = tmp_path / "f"
     p.write_bytes(b"{}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import crucible.run.cache._store as cache_mod
+import crucible.run.cache._storefs as cache_mod
 from crucible.run.cache._reads import ReadsKeyer, describe_change, match_files
 
 

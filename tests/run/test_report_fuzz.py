@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from crucible.core import canon
 from crucible.core.errors import CrucibleError
 from crucible.run.report import _report as report
+from crucible.run.report import _timeline as timeline
 from tests.run.dispatchtests import fanout_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def _render_everything(state: Path) -> None:
         report.render_table(rows, out, instances=task is not None)
         for r in rows:
             canon.dumps(report.row_json(r))
-        report.render_html(rows, "fuzz")
+        timeline.render_report(rows, "fuzz")
 
 
 def _mutate(value: dict[str, Any], field: str, new: Any, delete: bool) -> None:

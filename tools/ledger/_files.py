@@ -29,7 +29,9 @@ from crucible.core.atomic import fsync_dir
 from crucible.core.fdio import write_all
 from crucible.ledger._index import (
     FINGERPRINT,
+    GENERATION_SIZE,
     HEADER_SIZE,
+    LOCK_NAME,
     MAGIC,
     SLOT,
     Summary,
@@ -43,6 +45,7 @@ from crucible.ledger._index import (
 from crucible.ledger._index import remove as remove_index
 
 __all__ = [
+    "GENERATION_SIZE",
     "LEDGER_NAME",
     "LOCK_NAME",
     "Appender",
@@ -54,8 +57,6 @@ __all__ = [
 ]
 
 LEDGER_NAME = "steps.jsonl"
-LOCK_NAME = "steps.lock"
-GENERATION_SIZE = 8
 #: an appender that alone appends re-reads the index header this often
 RECHECK_EVERY = 64
 

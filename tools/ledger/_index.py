@@ -48,6 +48,10 @@ __all__ = [
 ]
 
 INDEX_NAME = "steps.idx"
+#: the ledger's lock file and its generation token (owned here: the index's
+#: generation check reads them; crucible.ledger._files creates the file)
+LOCK_NAME = "steps.lock"
+GENERATION_SIZE = 8
 MAGIC = b"crlidx\x01\x00"
 HEADER = struct.Struct("<8sQQ8s" + "Q" * 10 + "Q")
 HEADER_SIZE = 128
@@ -120,8 +124,6 @@ def fingerprint(fd: int, covered: int) -> int:
 
 def generation_of(directory: Path) -> bytes:
     """The lock file's generation token (zeros when there is no lock file yet)."""
-    from crucible.ledger._files import GENERATION_SIZE, LOCK_NAME
-
     try:
         fd = os.open(directory / LOCK_NAME, os.O_RDONLY | _NO_LINK)
     except OSError:

@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from crucible.core.errors import EXIT_OK, InputRefused, UsageError
-from crucible.run.commands import _STATE_VERBS, PROG, _warn
+from crucible.run._edge import PROG, warner
 
-__all__ = list(_STATE_VERBS)
+__all__ = [
+    "CacheForgetOptions",
+    "CacheGcOptions",
+    "ReportOptions",
+    "run_cache_forget",
+    "run_cache_gc",
+    "run_report",
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,9 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
             err.write(f"{PROG}: wrote {opts.tsv_file}\n")
         return EXIT_OK
     if opts.html_file is not None:
-        page = report.render_html(rows, title=f"crucible run {state}")
+        from crucible.run.report import _timeline as timeline  # --html only
+
+        page = timeline.render_report(rows, title=f"crucible run {state}")
         if opts.html_file == "-":
             out.write(page)
         else:
@@ -126,7 +135,7 @@ def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
     directory = _cache_dir(opts.cache)
     n = 0
     if directory is not None:
-        tc = TaskCache(directory, warn=_warn(err))
+        tc = TaskCache(directory, warn=warner(err))
         try:
             n = tc.forget(opts.task, escape_key)
         finally:
@@ -142,7 +151,7 @@ def run_cache_gc(opts: CacheGcOptions, out: TextIO, err: TextIO) -> int:
     directory = _cache_dir(opts.cache)
     counts: dict[str, Any] = {"removed": 0, "kept": 0, "bytes": 0}
     if directory is not None:
-        tc = TaskCache(directory, warn=_warn(err))
+        tc = TaskCache(directory, warn=warner(err))
         try:
             counts = tc.gc(grace=opts.grace)
         finally:

@@ -9,13 +9,13 @@ run/_commands_state.py, re-exported here and loaded on first use.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from crucible.core.errors import UsageError
+from crucible.run._edge import PROG, warner
 from crucible.run._options import RunOptions
 
 if TYPE_CHECKING:
@@ -41,8 +41,6 @@ __all__ = [
     "run_run",
     "summary_line",
 ]
-
-PROG = "crucible-dispatch"
 
 #: the report and cache verbs, in run/_commands_state.py: loaded on first use,
 #: so a run does not build their options (~1 ms of every dispatch's start-up)
@@ -83,30 +81,6 @@ def dispatch_options(
     return DispatchOptions(RunOptions(cache=cache or None, **fields), as_json, show_all)
 
 
-def _warn(err: TextIO) -> Any:
-    """One warning line on ``err``, written so that a stderr nobody reads drops
-    it instead of holding the dispatcher (crucible.run.session._mirror)."""
-    from crucible.run.session._mirror import BoundedOut
-
-    bounded: list[BoundedOut] = []
-
-    def warn(message: str) -> None:
-        line = f"{PROG}: warning: {message}\n"
-        try:
-            fd = err.fileno()
-        except (AttributeError, OSError, ValueError):  # not a descriptor (a test's stream)
-            err.write(line)
-            err.flush()
-            return
-        err.flush()
-        if not bounded:
-            bounded.append(BoundedOut(fd))
-        with contextlib.suppress(OSError):  # stalled or closed: the line is dropped
-            bounded[0].write(line.encode("utf-8", "backslashreplace"))
-
-    return warn
-
-
 def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     """Run the plan; the dry run's lines or ``--outputs -`` on ``out``, the summary on
     ``err``. Refused and unusable options raise before the state dir is touched."""
@@ -135,7 +109,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         from crucible.run.engine._progress import LiveProgress
 
         live = LiveProgress(err)
-    warn = _warn(err)
+    warn = warner(err)
     try:
         outcome = run_plan(options, on_progress=live, on_warning=warn)
     finally:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crucible.core import digest
 from crucible.proof import layout
@@ -22,10 +22,18 @@ from crucible.proof.reader._model import PINS, StageDef
 from crucible.proof.reader._proofstream import Proof, load_proof
 from crucible.proof.reader._strict import JsonBounds, parse_json
 
-if TYPE_CHECKING:
-    from crucible.proof.reader._verify import VerifyOptions
+__all__ = ["CONTROL_CAP", "MAX_ENTRIES", "Loaded", "VerifyOptions", "read_bundle"]
 
-__all__ = ["CONTROL_CAP", "MAX_ENTRIES", "Loaded", "read_bundle"]
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """What a reading is checked against (crucible.proof.reader._verify re-exports
+    it; defined here because phase 1 already reads it)."""
+
+    expect: dict[str, Any] | None = None
+    #: the proof's byte ceiling (RFC 0024 §1: 8 MiB); raised only by the benchmark
+    proof_ceiling: int = layout.MAX_PROOF_BYTES
+
 
 #: phase-1 precedence among refusal codes (RFC 0024 §8)
 _PRECEDENCE = (

@@ -9,7 +9,6 @@ the supplied control files and inventory. See docs/spec/verify.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +17,11 @@ from crucible.proof import layout
 from crucible.proof.reader._chain import PrefixHasher
 from crucible.proof.reader._findings import Problem
 from crucible.proof.reader._model import PINS, control_dumps
-from crucible.proof.reader._read import CONTROL_CAP, Loaded, read_bundle
+from crucible.proof.reader._read import CONTROL_CAP, Loaded, VerifyOptions, read_bundle
 from crucible.proof.reader._replay import Context, Replay
 from crucible.proof.reader._report import Counts, Reading, Report
 
 __all__ = ["VerifyOptions", "verify_bundle"]
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    expect: dict[str, Any] | None = None
-    #: the proof's byte ceiling (RFC 0024 §1: 8 MiB); raised only by the benchmark
-    proof_ceiling: int = layout.MAX_PROOF_BYTES
 
 
 def verify_bundle(root: Path, options: VerifyOptions | None = None) -> Report:

@@ -177,11 +177,11 @@ class ReadsKeyer:
         known = memo.get(path)
         if known is not None and known[:5] == ident:
             return str(known[5])
-        from crucible.run.cache._store import file_digest
+        from crucible.run.cache import _storefs
 
         # a declared read may be a link to a file: its target's bytes are keyed
         # (the store's reader refuses links, on purpose: it reads the store)
-        found = file_digest(os.path.realpath(path))
+        found = _storefs.file_digest(os.path.realpath(path))
         # A file changed within the last RACY_NS may change again within the
         # same timestamp tick, same size, after it was read, and its stat would
         # not show it (git's "racily clean" entries): such a digest is not kept,
@@ -248,14 +248,14 @@ class ReadsKeyer:
         if where is None or where.exists():
             return
         from crucible.core import atomic
-        from crucible.run.cache._store import _real_dirs
+        from crucible.run.cache._storefs import real_dirs
 
         assert self.cache_dir is not None
         # a link planted at reads/ or reads/<2 hex>/ is refused, not followed
         # (cache.md, "Nothing through a link planted in DIR"): the listing is
         # then not kept, and a miss says "changed reads"
         with contextlib.suppress(OSError):
-            _real_dirs(self.cache_dir, where.parent, set())
+            real_dirs(self.cache_dir, where.parent, set())
             atomic.write_bytes(where, _listing_bytes(listing), durable=False)
 
     def kept_listing(self, value: str) -> Listing | None:

@@ -38,6 +38,8 @@ import orjson
 from crucible.core import canon, digest
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import read_regular, write_all
+from crucible.run.cache._storefs import READ as _READ
+from crucible.run.cache._storefs import file_digest, real_dirs
 
 __all__ = [
     "CACHE_SCOPE",
@@ -75,44 +77,9 @@ def _digest_of(value: Any) -> str:
     return digest.of_bytes(canon.dumps(value))
 
 
-#: store files up to this size are read with one read(2)
-_SMALL = 1 << 16
-#: O_NOFOLLOW: a symlink is never a store file (ELOOP); O_NONBLOCK: a FIFO
-#: planted in the store must not hang the reader
-_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
-_NOATIME = getattr(os, "O_NOATIME", 0)
 #: a temporary file in the cache directory: created, never opened through
 #: whatever is at its name (O_EXCL refuses a symlink and a hard link alike)
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def file_digest(path: str | os.PathLike[str]) -> str:
-    """``digest.of_file`` of a regular file, with one ``read`` for a small one:
-    most store files (every restored record) are a few hundred bytes, and a
-    buffered read of the 1 MiB chunks of_file asks for allocates (and faults
-    in) 1 MiB each time: ~50 us per hit, measured. Opened with O_NOATIME where
-    the owner may (a first read of a file would otherwise dirty its inode for
-    atime, under relatime: ~20 us more, and one more inode for the group
-    commit to write). A symlink, FIFO or directory at ``path`` is an OSError:
-    a link planted in the store is never read, kept or laid as a store file."""
-    try:
-        fd = os.open(path, _READ | _NOATIME)
-    except PermissionError:  # O_NOATIME: not the file's owner
-        fd = os.open(path, _READ)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
-        size = st.st_size
-        if size <= _SMALL:
-            data = os.read(fd, size + 1)
-            if len(data) == size:  # else it changed while read: the careful way
-                return digest.of_bytes(data)
-            os.lseek(fd, 0, os.SEEK_SET)
-        with open(fd, "rb", closefd=False) as f:  # the fd opened O_NOFOLLOW
-            return f"sha256:{hashlib.file_digest(f, 'sha256').hexdigest()}"
-    finally:
-        os.close(fd)
 
 
 #: link(2) errors that mean links cannot be made here (EXDEV: another
@@ -161,27 +128,6 @@ def _write_new(tmp: str, path: str | Path, data: bytes, mode: int) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def _real_dirs(base: Path, path: Path, made: set[Path]) -> None:
-    """``mkdir -p`` of ``path`` under the cache directory ``base``, one
-    component at a time, each one a real directory before the next is made in
-    it: a symlink planted at a component (``files``, ``files/sha256/ab``,
-    ``last/<task>``) would take the writes outside the cache, so it is an
-    OSError (ENOTDIR), not followed. Once per directory per process (``made``)."""
-    if path in made:
-        return
-    base.mkdir(parents=True, exist_ok=True)  # the directory named: followed as named
-    current = base
-    for part in path.relative_to(base).parts:
-        current = current / part
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(current)
-        if not stat.S_ISDIR(os.lstat(current).st_mode):
-            raise OSError(
-                errno.ENOTDIR, "not a directory (a symlink is never followed)", str(current)
-            )
-    made.add(path)
 
 
 @functools.lru_cache(maxsize=1024, typed=True)
@@ -234,7 +180,7 @@ def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
     """Replace ``path`` with ``data`` atomically, not durably (what it writes is
     found again or rebuilt after a power cut: a hit's record, the last key),
     creating its directory once per process (``made_dirs``; a caller in the
-    cache directory makes it with :func:`_real_dirs` first). The temporary
+    cache directory makes it with :func:`real_dirs` first). The temporary
     name is fixed per process — one thread of a process writes these — so
     there is no random name to draw and no retry; it is created O_EXCL, so a
     link planted at it is refused (OSError), never written through."""
@@ -404,9 +350,7 @@ def fixed_components(
         env = dict(host_env)
     head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
     tail = {f"env:{k}": _value_of_env(env[k]) for k in sorted(env) if k != "PATH"}
-    tail.update(
-        program_components(task, env, _digest_of, programs_changed_after, programs_memo)
-    )
+    tail.update(program_components(task, env, _digest_of, programs_changed_after, programs_memo))
     tail["emit_cap"] = scalar_digest(emit_cap)
     if task.get("kind") == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)
@@ -729,7 +673,7 @@ class TaskCache:
     def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
         path = self._last_path(ck.task, ck.key, escape_key)
         with contextlib.suppress(OSError):
-            _real_dirs(self.directory, path.parent, self._made_dirs)
+            real_dirs(self.directory, path.parent, self._made_dirs)
             write_quick(path, canon.dumps(ck.components), self._made_dirs)
 
     # ------------------------------------------------------------ maintenance
@@ -813,7 +757,7 @@ class TaskCache:
         with contextlib.suppress(OSError):
             if file_digest(target) == data_digest:
                 return data_digest
-        _real_dirs(self.directory, target.parent, self._made_dirs)
+        real_dirs(self.directory, target.parent, self._made_dirs)
         tmp = f"{target.parent}/@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}"
         # O_EXCL|O_NOFOLLOW: a link planted at the temp name is refused, never
         # written through (an OSError here: no restored copy, the hit writes
@@ -833,7 +777,7 @@ class TaskCache:
         with contextlib.suppress(OSError):
             if file_digest(target) == want:
                 return
-        _real_dirs(self.directory, target.parent, self._made_dirs)
+        real_dirs(self.directory, target.parent, self._made_dirs)
         tmp = f"{target.parent}/@tmp-{os.getpid()}-{target.name}"
         h = hashlib.sha256()
         fin = os.open(src, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)

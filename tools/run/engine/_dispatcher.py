@@ -35,6 +35,7 @@ from crucible.run.engine._matrix import Fanouts
 from crucible.run.engine._parallelism import ParallelismGate
 from crucible.run.engine._selection import NOT_SELECTED, Selection
 from crucible.run.executors import _seam as executor
+from crucible.run.executors._create import create as create_executor
 from crucible.run.executors._procs import close_inherited, kill_group
 from crucible.run.executors._seam import Executor
 from crucible.run.executors._unit import Slots, UnitRunner
@@ -242,7 +243,7 @@ class Dispatcher:
         # unit from staging to capture; the extra workers stage the next units
         # while the slots are busy.
         try:
-            self.workers: Executor = executor.create(
+            self.workers: Executor = create_executor(
                 options, jobs=self.jobs, slots=self.slots, runner=self.runner, serve=self._serve,
                 lock=admission.lock,
                 warn=self.warn,

@@ -7,7 +7,8 @@ An executor only carries one attempt of one unit through the same unit code
 it runs, and reports back through descriptors the dispatcher's one selector
 watches. The contract is written in docs/spec/run.md ("Executors"); a third
 executor (a batch scheduler, Kubernetes jobs) is one module implementing
-:class:`Executor` and one branch in :func:`create`.
+:class:`Executor` and one branch in
+:func:`crucible.run.executors._create.create`.
 """
 
 from __future__ import annotations
@@ -16,14 +17,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crucible.core.errors import OperationalError
-from crucible.run._options import RunOptions
-from crucible.run.executors._unit import Slots, UnitRunner
-from crucible.run.executors._workers import Channel, Reply, WorkerPool
+from crucible.run.executors._unit import Slots
+from crucible.run.executors._workers import Reply, WorkerPool
 
 if TYPE_CHECKING:
     from crucible.run.executors._reaper import Reaper
 
-__all__ = ["EXECUTORS", "Executor", "ExecutorLost", "LocalExecutor", "create"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorLost", "LocalExecutor"]
 
 
 class ExecutorLost(OperationalError):
@@ -147,46 +147,3 @@ class LocalExecutor:
 
             _procs.watch_groups(None)
             self.reaper.close()
-
-
-def create(
-    options: RunOptions,
-    *,
-    jobs: int,
-    slots: Slots,
-    runner: UnitRunner,
-    serve: Callable[[Any, Channel], Any],
-    lock: Any = None,
-    warn: Callable[[str], None] | None = None,
-) -> Executor:
-    """The executor ``options.executor`` names. The local one forks its workers
-    at its first unit (a fully cached run forks none: crucible.run.executors._workers)."""
-    if options.executor == "local":
-        # one pipelined worker per slot (crucible.run.executors._unit.UnitRunner.serve):
-        # each stages its next unit while its task runs
-        from crucible.run.executors import _procs
-        from crucible.run.executors._reaper import Reaper
-        from crucible.run.session._admit import worker_count
-
-        # The workers and the dispatcher are one process group, the tasks each
-        # their own session: a SIGKILL of the group would orphan the running
-        # tasks. A reaper (in a session of its own) started before the workers
-        # fork kills them then, and holds the state lock (``lock``) until they
-        # are dead: docs/spec/run.md, "Orphans".
-        reaper = Reaper(options.kill_grace, (lock.fileno(),) if lock is not None else ())
-
-        def start_reaper() -> None:
-            reaper.start()
-            _procs.watch_groups(reaper)
-
-        pool = WorkerPool(
-            worker_count(jobs), serve, lazy=True, inbox_loop=runner.serve, before_fork=start_reaper
-        )
-        return LocalExecutor(pool, slots, reaper)
-    if options.executor == "slurm":
-        from crucible.run.executors.slurm._executor import SlurmExecutor
-
-        return SlurmExecutor(options, jobs=jobs, runner=runner)
-    from crucible.run.executors.dask._executor import DaskExecutor
-
-    return DaskExecutor(options, jobs=jobs, runner=runner, warn=warn)

@@ -42,7 +42,6 @@ __all__ = [
     "Row",
     "Session",
     "collect",
-    "render_html",
     "render_table",
     "row_json",
 ]
@@ -595,9 +594,7 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
         if r.key is None and r.mapped and not instances:
             bad = failed_members.get(r.task, [])
             for member in bad[:FAILED_SHOWN]:
-                details.append(
-                    f"    {display_name(member)}: {note_cell(member)}"
-                )
+                details.append(f"    {display_name(member)}: {note_cell(member)}")
                 details += ["  " + line for line in _details(member)]
             if len(bad) > FAILED_SHOWN:
                 details.append(
@@ -658,16 +655,6 @@ def row_json(r: Row) -> dict[str, Any]:
     elif r.usage is not None:
         data.update(unit_json(r.usage))
     return {k: v for k, v in data.items() if v is not None}
-
-
-def render_html(rows: list[Row], title: str) -> str:
-    """The self-contained HTML timeline (:mod:`crucible.run.report._timeline`)."""
-    from crucible.run.report._timeline import render
-
-    sessions = rows.sessions if isinstance(rows, Report) else []
-    loop = rows.loop if isinstance(rows, Report) else None
-    resources = rows.resources if isinstance(rows, Report) else {}
-    return render(rows, sessions, title, loop=loop, resources=resources)
 
 
 def render_outputs(state: Path, out: IO[str]) -> None:

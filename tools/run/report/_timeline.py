@@ -18,13 +18,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from crucible.run._display import clip, escape, name_signals
-from crucible.run.report._report import display_note
+from crucible.run.report._report import Report, display_note
 from crucible.run.report._usage import unit_usage
 
 if TYPE_CHECKING:
     from crucible.run.report._report import Attempt, Row, Session
 
-__all__ = ["FAILURES_SHOWN", "render"]
+__all__ = ["FAILURES_SHOWN", "render", "render_report"]
 
 #: failed units listed (with their stderr tail) in the summary at the top
 FAILURES_SHOWN = 50
@@ -214,7 +214,9 @@ def _cost(t: Attempt) -> str:
         parts.append(f"{u.cpu_pct:.0f}% cpu")
     if u.max_rss_kib is not None:
         mib = u.max_rss_kib / 1024
-        parts.append(("<=" if u.rss_bound else "") + (f"{mib:.0f}M" if mib >= 10 else f"{mib:.1f}M"))
+        parts.append(
+            ("<=" if u.rss_bound else "") + (f"{mib:.0f}M" if mib >= 10 else f"{mib:.1f}M")
+        )
     return ", ".join(parts)
 
 
@@ -426,3 +428,12 @@ def render(
         "</body></html>",
     ]
     return "\n".join(page) + "\n"
+
+
+def render_report(rows: list[Row], title: str) -> str:
+    """The self-contained HTML timeline of a report (what
+    :func:`crucible.run.report._report.collect` returns: its sessions, loop and
+    resources ride on it)."""
+    if not isinstance(rows, Report):
+        return render(rows, [], title, loop=None, resources={})
+    return render(rows, rows.sessions, title, loop=rows.loop, resources=rows.resources)

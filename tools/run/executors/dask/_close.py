@@ -18,6 +18,7 @@ unpickle the plugin).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -28,10 +29,11 @@ __all__ = ["StopOnClose"]
 class StopOnClose(WorkerPlugin):  # type: ignore[misc]
     """Registered on every worker for one run (name: ``crucible-close-RUN``)."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, stop: Callable[[str], None]) -> None:
         self.run_id = run_id
+        #: stops the run's units on this worker (the executor's ``stop_on_worker``,
+        #: pickled by reference: this module never imports the executor's)
+        self.stop = stop
 
     def teardown(self, worker: Any) -> None:
-        from crucible.run.executors.dask import _executor as _dask_executor
-
-        _dask_executor.stop_on_worker(self.run_id)
+        self.stop(self.run_id)

@@ -998,7 +998,9 @@ class DaskExecutor(BatchedSeam):
         # a worker that closes mid-run (a batch system's walltime) stops its units
         from crucible.run.executors.dask._close import StopOnClose
 
-        self._client.register_plugin(StopOnClose(self.run_id), name=f"crucible-close-{self.run_id}")
+        self._client.register_plugin(
+            StopOnClose(self.run_id, stop_on_worker), name=f"crucible-close-{self.run_id}"
+        )
         self._spec_value = _Spec(
             run_id=self.run_id,
             plan=runner.plan,
