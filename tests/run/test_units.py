@@ -13,9 +13,9 @@ import pytest
 from crucible.core import canon
 from crucible.core.errors import InputRefused, UsageError
 from crucible.run.engine import _verdict as verdict
-from crucible.run.engine._dispatcher import Counts
 from crucible.run.engine._graph import build_graph
 from crucible.run.engine._progress import describe
+from crucible.run.engine._units import Counts
 from crucible.run.executors import _environ as environ
 from crucible.run.executors import _procs as procs
 from crucible.run.session import _params as params

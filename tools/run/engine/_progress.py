@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import IO, Any
 
-from crucible.run.engine._dispatcher import Counts
+from crucible.run.engine._units import Counts
 
 __all__ = ["LiveProgress", "describe"]
 

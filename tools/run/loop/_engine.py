@@ -24,7 +24,7 @@ from crucible.core.errors import InputRefused, ParseError
 from crucible.run.loop._spec import LoopSpec, revision_key
 
 if TYPE_CHECKING:
-    from crucible.run.engine._dispatcher import Dispatcher
+    from crucible.run.engine._host import LoopHost
 
 __all__ = ["LOOP_FORMAT", "LoopRun", "attach"]
 
@@ -33,7 +33,7 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 NO_KEPT = "loop kept no revision"
 
 
-def attach(dispatcher: Dispatcher) -> LoopRun | None:
+def attach(dispatcher: LoopHost) -> LoopRun | None:
     spec = LoopSpec.from_plan(dispatcher.plan)
     return None if spec is None else LoopRun(dispatcher, spec)
 
@@ -42,7 +42,7 @@ class LoopRun:
     """One session's view of the loop: the settled revisions (from loop.json on
     a resume) and the revision running now."""
 
-    def __init__(self, dispatcher: Dispatcher, spec: LoopSpec) -> None:
+    def __init__(self, dispatcher: LoopHost, spec: LoopSpec) -> None:
         self.d = dispatcher
         self.spec = spec
         tasks = dispatcher.graph.tasks
@@ -81,7 +81,7 @@ class LoopRun:
         self._queued: int | None = None
         if dispatcher.selected is not None and dispatcher.selected & self.body:
             # --target: a body task brings the whole loop (a revision is the body)
-            dispatcher.selected = dispatcher.selected | self.body | self.phases.before
+            dispatcher.select_also(self.body | self.phases.before)
         self._load()
 
     # ------------------------------------------------------------ state file
@@ -152,7 +152,7 @@ class LoopRun:
         """Outside the dispatcher's turns (a resume's start-up, before any unit
         runs) no batch is waited for: what the loop writes is fsynced in place,
         as everything read at start-up is durable."""
-        return not self.d._gating
+        return not self.d.in_turns
 
     def _durable_then(self, then: Callable[[], None], *, write: bool = True) -> None:
         """Make loop.json (as written now, or as read at a resume's start when
@@ -171,12 +171,12 @@ class LoopRun:
         if write:
             self._write()
         self.d.log.sync((str(self.path), str(self.path.parent)))
-        self.d._after_durable(then)
+        self.d.after_durable(then)
 
     def _wrote(self, task: str, key: str | None, durable: bool) -> None:
         """A record written without fsync rides the next batch."""
         if not durable:
-            self.d._wrote(task, key)
+            self.d.wrote(task, key)
 
     # ------------------------------------------------------------- starting
 
@@ -196,7 +196,7 @@ class LoopRun:
             return
         self.started = True
         self.session_start = time.monotonic()
-        d.counts.total -= len(self.body)  # counted per revision unit from here
+        d.add_units(-len(self.body))  # counted per revision unit from here
         if self.finished and not self.revisions and self.stop_reason is None:
             # It never ran (a before task it needs did not pass: _skip_body) and
             # its skipped records are gone (--retry-failed, or a crash before
@@ -257,9 +257,9 @@ class LoopRun:
             d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note, durable=durable)
             self._wrote(t, None, durable)
             d.log.emit("task_finished", task=t, status=SKIPPED, note=note)
-            d.counts.total += 1
-            d._count_settled(SKIPPED)
-            d._settle(t, SKIPPED)
+            d.add_units(1)
+            d.count_settled(SKIPPED)
+            d.settle(t, SKIPPED)
 
     def _start_revision(self, n: int) -> None:
         d = self.d
@@ -270,7 +270,7 @@ class LoopRun:
                 # reads revision n's records before one of its new ones is
                 # durable, and each follows the tombstone in the same file.
                 d.stage.remove_result(d.state, t, key, durable=False)
-                d._wrote(t, key)
+                d.wrote(t, key)
         self._write_reserved(n)
         self.current = n
         self.rev_started = time.monotonic()
@@ -279,7 +279,7 @@ class LoopRun:
         self.abort = None
         self.cut = False
         self.pending = 0
-        d.counts.total += len(self.body)
+        d.add_units(len(self.body))
         d.log.emit("revision_started", revision=n)
         roots = [t for t in self.order if self.rev_left[t] == 0]
         self.pending += len(roots)  # before any settles at once (a false condition)
@@ -355,7 +355,7 @@ class LoopRun:
         or settle it skipped (its join, a false condition) or failed (a condition
         error) as the dispatcher does any task (pending already counts it)."""
         from crucible.run.engine import _control as control
-        from crucible.run.engine._dispatcher import Unit
+        from crucible.run.engine._units import Unit
 
         d = self.d
         assert self.current is not None
@@ -371,7 +371,7 @@ class LoopRun:
         if decided is None and "when" in task:
             decided = d.control.decide(task, {**d.status, **self.rev_status}, item=control.NO_ITEM)
         if decided is None:
-            d.ready.append(Unit(name, key))
+            d.queue(Unit(name, key))
             return
         status, note = decided
         durable = self._in_place()
@@ -380,10 +380,10 @@ class LoopRun:
         )
         self._wrote(name, key, durable)
         d.log.emit("task_finished", task=name, key=key, status=status, note=note)
-        d._count_settled(status)
+        d.count_settled(status)
         # its body consumers are queued once the record is durable, as a worker's
         # unit's are (pending still counts it meanwhile)
-        d._after_durable(lambda: self.unit_settled(name, status))
+        d.after_durable(lambda: self.unit_settled(name, status))
 
     def _out_of_time(self) -> bool:
         budget = self.spec.time_budget
@@ -451,7 +451,7 @@ class LoopRun:
         self.revisions.append(entry)
         self._account(entry)
         self.current = None
-        d.counts.total -= len(self.body) - len(self.rev_status)  # units never queued
+        d.add_units(-(len(self.body) - len(self.rev_status)))  # units never queued
         self._write()
         d.log.emit(
             "revision_finished",
@@ -465,7 +465,7 @@ class LoopRun:
         why = self._stop_reason()
         if why is not None:
             self._stop(why)
-        elif d.stop_signal is None and d.fail_fast_by is None:
+        elif not d.stopping:
             self._start(n + 1)
         # else: interrupted between revisions; at_end records it
 
@@ -515,12 +515,8 @@ class LoopRun:
                     # No revision ran (a time budget spent before the first): no
                     # unit of the body settled, so none was counted or listed;
                     # the run fails by these tasks, and its last line says so.
-                    from crucible.run.engine._dispatcher import FAILURES_SHOWN
-
                     note = f"{NO_KEPT}: no revision ran (stopped by {self.stop_reason})"
-                    d.counts.failed += 1
-                    if len(d.failures) < FAILURES_SHOWN:
-                        d.failures.append((t, None))
+                    d.note_failed(t)
                 d.stage.record_settled(
                     d.plan, d.state, t, status=FAILED, note=note, durable=durable
                 )
@@ -537,7 +533,7 @@ class LoopRun:
                 atomic.write_bytes(path, canon.dumps(plain), durable=durable)
                 self._wrote(t, None, durable)
                 status = str(rec.get("status", FAILED))
-            d._settle(t, status)
+            d.settle(t, status)
 
     @property
     def fails_run(self) -> bool:

@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from crucible.run.engine._dispatcher import Dispatcher
+    from crucible.run.engine._host import LoopHost
 
 __all__ = ["write"]
 
 
-def write(d: Dispatcher, n: int, revisions: list[dict[str, Any]]) -> None:
+def write(d: LoopHost, n: int, revisions: list[dict[str, Any]]) -> None:
     """STATE/reserved/{revision,history,kept,meta}.json for revision ``n``, from
     loop.json's settled ``revisions``, atomically."""
     from crucible.run.loop import _inputs as loop_inputs

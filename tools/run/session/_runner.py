@@ -14,10 +14,11 @@ from typing import IO, Any
 from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, Interrupted, OperationalError, UsageError
 from crucible.run._options import RunOptions
-from crucible.run.engine._dispatcher import Counts, Dispatcher, RunOutcome
+from crucible.run.engine._dispatcher import Dispatcher
 from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._selection import Selection, dry_run_lines, select
 from crucible.run.engine._selection import apply as selection_apply
+from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.session._admit import Admission, admit
 from crucible.run.session._log import SessionLog, read_events
 from crucible.run.session._outputs import finish_results
@@ -338,13 +339,17 @@ def _nothing_to_resume(
         "failed": statuses.count("failed"),
         "skipped": statuses.count("skipped"),
     }
-    tolerated = sum(1 for r in records if r.get("status") == "failed" and r.get("tolerated") is True)
+    tolerated = sum(
+        1 for r in records if r.get("status") == "failed" and r.get("tolerated") is True
+    )
     if tolerated:
         counts["tolerated"] = tolerated
     passed = all(s == "passed" for s in statuses) or (
         admission.plan["version"] >= 3
         and all(
-            r.get("status") == "skipped" or r.get("status") == "passed" or r.get("tolerated") is True
+            r.get("status") == "skipped"
+            or r.get("status") == "passed"
+            or r.get("tolerated") is True
             for r in records
         )
         and not _loop_failed(admission, earlier)
