@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from crucible.compile import ValidationFailed, compile_path, load_plan_bytes
-from crucible.compile._shape import MAX_DEFAULT_DEPTH
+from crucible.compile._checker import MAX_DEFAULT_DEPTH
 from crucible.core.canon import CanonError
 from crucible.core.errors import ParseError
 

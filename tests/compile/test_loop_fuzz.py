@@ -126,8 +126,8 @@ def test_the_sub_dag_rule_is_convexity(case: tuple[list[dict[str, Any]], list[st
     among its ancestors and another among its descendants (networkx decides)."""
     import networkx as nx
 
+    from crucible.compile._checker import Checker
     from crucible.compile._loop import check_loop_graph
-    from crucible.compile._shape import Checker
 
     tasks, body = case
     graph = nx.DiGraph()

@@ -24,12 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._checker import Checker, type_name
 from crucible.compile._durations import duration_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 if TYPE_CHECKING:
     from crucible.compile._diagnostics import KeyPath
-    from crucible.compile._shape import Checker
 
 __all__ = [
     "CONDITION_ROOTS",
@@ -272,8 +272,6 @@ def check_control_keys(
     """Check the control keys of one task and set their normal form in ``task``:
     ``when`` as written, ``on_failure`` only when ``"continue"``, ``allow_exit``
     sorted, ``retry`` with every default written out, ``deadline``."""
-    from crucible.compile._shape import type_name
-
     if "when" in raw and "when" in known:
         when = raw["when"]
         if not isinstance(when, str):

@@ -3,7 +3,7 @@
 What a ``map`` ranges over (a producer field, a literal, a param, a sequence),
 ``matrix`` (axes, ``exclude``, ``include``), ``key``, ``parallelism``, and the
 workflow's ``[workflow.outputs]`` and ``[workflow.publish]`` tables. Each check
-records diagnostics on a :class:`~crucible.compile._shape.Checker` and returns the
+records diagnostics on a :class:`~crucible.compile._checker.Checker` and returns the
 plan form (docs/spec/manifest.md "Fan-out", docs/spec/plan-ir.md). Plan forms are
 tagged objects so a plan never needs guessing; :func:`task_to_manifest` turns a plan
 task's forms back into manifest spelling, so the strict plan reader can re-check a
@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from crucible.compile import _checker as checker
+from crucible.compile._checker import Checker
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._names import ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
@@ -50,21 +52,15 @@ _SEQUENCE_KEYS = ("count", "start", "end", "step")
 PUBLISH_MANIFEST = "@publish.json"
 
 
-def _shape() -> Any:
-    # shape imports this module lazily; importing it back at call time avoids a cycle
-    from crucible.compile import _shape as shape
-
-    return shape
-
-
 # -- sources ------------------------------------------------------------------
 
 
-def check_map_source(chk: Any, path: KeyPath, value: Any, what: str, *, axis: bool) -> Any | None:
+def check_map_source(
+    chk: Checker, path: KeyPath, value: Any, what: str, *, axis: bool
+) -> Any | None:
     """A map source (or a matrix axis, ``axis=True``) → its plan form:
     ``"producer.field"``, ``{"param": name}``, ``{"items": [...] | {...}}`` or
     ``{"sequence": {"start", "count", "step"}}``."""
-    shape = _shape()
     if isinstance(value, str):
         if value.startswith("params."):
             name = value[len("params.") :]
@@ -72,7 +68,7 @@ def check_map_source(chk: Any, path: KeyPath, value: Any, what: str, *, axis: bo
                 chk.error("bad-ref", path, f"{what} {value!r}: {problem}")
                 return None
             return {"param": name}
-        return shape._check_ref(chk, path, value, what)
+        return checker.check_ref(chk, path, value, what)
     if isinstance(value, list | tuple):
         return _literal(chk, path, list(value), what)
     if isinstance(value, dict):
@@ -95,7 +91,7 @@ def check_map_source(chk: Any, path: KeyPath, value: Any, what: str, *, axis: bo
             chk.error(
                 "matrix-axis-not-array" if axis else "wrong-type",
                 (*path, "items"),
-                f"{what}: items must be {need}, not {shape.type_name(items)}",
+                f"{what}: items must be {need}, not {checker.type_name(items)}",
             )
             return None
         if keys and keys <= set(_SEQUENCE_KEYS):
@@ -111,31 +107,30 @@ def check_map_source(chk: Any, path: KeyPath, value: Any, what: str, *, axis: bo
         "matrix-axis-not-array" if axis else "wrong-type",
         path,
         f'{what} must be "producer.field", "params.NAME", an array or a table, '
-        f"not {shape.type_name(value)}",
+        f"not {checker.type_name(value)}",
     )
     return None
 
 
-def _literal(chk: Any, path: KeyPath, items: Any, what: str) -> Any | None:
-    shape = _shape()
-    if not shape.is_json_value(items):
+def _literal(chk: Checker, path: KeyPath, items: Any, what: str) -> Any | None:
+    if not checker.is_json_value(items):
         chk.error("bad-value", path, f"{what}: items must be JSON values (no dates or times)")
         return None
-    if shape.json_depth(items) > shape.MAX_DEFAULT_DEPTH:
+    if checker.json_depth(items) > checker.MAX_DEFAULT_DEPTH:
         chk.error(
             "bad-value",
             path,
-            f"{what}: items are nested deeper than {shape.MAX_DEFAULT_DEPTH} levels",
+            f"{what}: items are nested deeper than {checker.MAX_DEFAULT_DEPTH} levels",
         )
         return None
     n = len(items)
     if n > MAX_INSTANCES:
         chk.error("fanout-too-large", path, f"{what} lists {n} items, more than {MAX_INSTANCES:,}")
         return None
-    return {"items": shape._to_json(items)}
+    return {"items": checker.to_json(items)}
 
 
-def _sequence(chk: Any, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
+def _sequence(chk: Checker, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
     ok = True
     for k, v in value.items():
         if type(v) is not int:
@@ -211,7 +206,7 @@ def describe_source(source: Any) -> str:
 # -- matrix, key, parallelism ---------------------------------------------------
 
 
-def _check_matrix(chk: Any, path: KeyPath, value: Any) -> dict[str, Any] | None:
+def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         chk.wrong_type(
             path,
@@ -302,9 +297,8 @@ def _static_size(source: Any) -> int | None:
 
 
 def _matrix_entries(
-    chk: Any, path: KeyPath, value: Any, what: str, axes: Sequence[str]
+    chk: Checker, path: KeyPath, value: Any, what: str, axes: Sequence[str]
 ) -> list[dict[str, Any]] | None:
-    shape = _shape()
     if not isinstance(value, list | tuple):
         chk.wrong_type(path, value, f"matrix {what} must be an array of tables")
         return None
@@ -328,18 +322,18 @@ def _matrix_entries(
             elif (problem := ident_problem("matrix key", k)) is not None:
                 chk.error("bad-name", (*epath, k), problem)
                 ok = False
-            elif not shape.is_json_value(v):
+            elif not checker.is_json_value(v):
                 chk.error("bad-value", (*epath, k), f"matrix {what}[{i}].{k} is not a JSON value")
                 ok = False
-            elif shape.json_depth(v) > shape.MAX_DEFAULT_DEPTH - 1:
+            elif checker.json_depth(v) > checker.MAX_DEFAULT_DEPTH - 1:
                 chk.error(
                     "bad-value",
                     (*epath, k),
                     f"matrix {what}[{i}].{k} is nested deeper than "
-                    f"{shape.MAX_DEFAULT_DEPTH - 1} levels",
+                    f"{checker.MAX_DEFAULT_DEPTH - 1} levels",
                 )
                 ok = False
-        out.append(shape._to_json(dict(entry)))
+        out.append(checker.to_json(dict(entry)))
     return out if ok else None
 
 
@@ -348,7 +342,7 @@ def is_fanout(task: Mapping[str, Any]) -> bool:
 
 
 def check_fanout_task(
-    chk: Any, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], edition: int
+    chk: Checker, path: KeyPath, raw: Mapping[str, Any], task: dict[str, Any], edition: int
 ) -> None:
     """The edition-4 task keys ``map`` (new sources), ``matrix``, ``key``, ``parallelism``."""
     who = f"task {task['name']!r}" if task.get("name") else "the task"
@@ -402,7 +396,7 @@ def check_fanout_task(
             task["parallelism"] = value
 
 
-def _check_literal_keys(chk: Any, path: KeyPath, items: Any, key: str, who: str) -> None:
+def _check_literal_keys(chk: Checker, path: KeyPath, items: Any, key: str, who: str) -> None:
     """``key`` over a literal: every problem the run would meet, found now."""
     pairs = list(items.items()) if isinstance(items, dict) else list(enumerate(items))
     try:
@@ -491,7 +485,7 @@ _AXIS_TYPES = ("array", "any")
 
 
 def check_fanout_graph(
-    chk: Any,
+    chk: Checker,
     workflow: Mapping[str, Any],
     tasks: Sequence[dict[str, Any]],
     paths: Sequence[KeyPath],
@@ -541,7 +535,7 @@ def check_fanout_graph(
 
 
 def _check_param_source(
-    chk: Any,
+    chk: Checker,
     path: KeyPath,
     task: Mapping[str, Any],
     name: str,
@@ -577,28 +571,26 @@ def _check_param_source(
 # -- [workflow.outputs] -----------------------------------------------------------
 
 
-def check_outputs(chk: Any, path: KeyPath, value: Any) -> dict[str, str]:
+def check_outputs(chk: Checker, path: KeyPath, value: Any) -> dict[str, str]:
     """``[workflow.outputs]``: result name → ``"task.field"``."""
-    shape = _shape()
     out: dict[str, str] = {}
     entries = chk.named_entries(
         path, value, "output", 'outputs must be a table of name = "task.field"'
     )
     for name, ref, opath in entries:
-        checked = shape._check_ref(chk, opath, ref, f"output {name!r}")
+        checked = checker.check_ref(chk, opath, ref, f"output {name!r}")
         if checked is not None:
             out[name] = checked
     return out
 
 
 def _check_outputs_graph(
-    chk: Any, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
+    chk: Checker, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
 ) -> None:
-    from crucible.compile._shape import split_ref
 
     for name, ref in workflow.get("outputs", {}).items():
         where = ("workflow", "outputs", name)
-        split = split_ref(ref)
+        split = checker.split_ref(ref)
         assert split is not None
         producer, field = split
         task = by_name.get(producer)
@@ -627,7 +619,7 @@ def _check_outputs_graph(
 # -- [workflow.publish] -----------------------------------------------------------
 
 
-def check_publish(chk: Any, path: KeyPath, value: Any) -> dict[str, Any]:
+def check_publish(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any]:
     """``[workflow.publish]``: destination dir → ``"task:glob"`` (or an array of
     them, or ``{from = ..., settled = bool}``). Plan form:
     ``{dest: {"from": ["task:glob", ...], "settled": bool}}``."""
@@ -692,7 +684,7 @@ def _bad_relative(text: str) -> bool:
     )
 
 
-def _check_dest(chk: Any, path: KeyPath, dest: str) -> str | None:
+def _check_dest(chk: Checker, path: KeyPath, dest: str) -> str | None:
     norm = dest.rstrip("/")
     parts = norm.split("/")
     if (
@@ -711,7 +703,7 @@ def _check_dest(chk: Any, path: KeyPath, dest: str) -> str | None:
     return str(PurePosixPath(norm))
 
 
-def _check_publish_source(chk: Any, path: KeyPath, src: Any) -> bool:
+def _check_publish_source(chk: Checker, path: KeyPath, src: Any) -> bool:
     if not isinstance(src, str):
         chk.wrong_type(path, src, 'a publish source must be "task:glob"')
         return False
@@ -731,7 +723,7 @@ def _check_publish_source(chk: Any, path: KeyPath, src: Any) -> bool:
 
 
 def _check_publish_graph(
-    chk: Any, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
+    chk: Checker, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
 ) -> None:
     for dest, spec in workflow.get("publish", {}).items():
         for i, src in enumerate(spec["from"]):

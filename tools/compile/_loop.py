@@ -14,10 +14,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from crucible.compile._checker import Checker, str_items
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._durations import MAX_DURATION_S, duration_problem
 from crucible.compile._names import ident_problem
-from crucible.compile._shape import Checker, str_items
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 __all__ = [

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from crucible.compile._checker import Checker, type_name
 from crucible.compile._diagnostics import Diagnostic, Location, Locator, ValidationFailed
 from crucible.compile._editions import (
     DEFAULT_EDITION,
@@ -28,7 +29,7 @@ from crucible.compile._fanout import check_fanout_graph
 from crucible.compile._locate import StarLocator, TomlLocator
 from crucible.compile._plan import CompiledPlan, build_plan, finish
 from crucible.compile._rules import check_graph, check_names
-from crucible.compile._shape import Checker, check_workflow, type_name
+from crucible.compile._shape import check_workflow
 from crucible.core.errors import OperationalError, ParseError, UsageError
 from crucible.core.fdio import NotRegularFile, read_regular
 from crucible.core.fsio import read_named
@@ -119,9 +120,7 @@ def analyze_manifest(data: bytes, name: str, base_dir: Path) -> Analysis:
     return analyze_document(doc, TomlLocator(name, text), name, base_dir)
 
 
-def _check_top_keys(
-    chk: Checker, doc: dict[str, Any], edition: int, known: Sequence[str]
-) -> None:
+def _check_top_keys(chk: Checker, doc: dict[str, Any], edition: int, known: Sequence[str]) -> None:
     """Each unknown top-level key is an error, naming the edition that brings it."""
     for key in doc:
         if key not in known:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from crucible.compile._shape import is_json_value, type_name, value_matches
+from crucible.compile._checker import is_json_value, type_name, value_matches
 from crucible.core.errors import InputRefused
 
 __all__ = ["check", "coerce"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crucible.compile._checker import Checker, check_params, type_name
 from crucible.compile._diagnostics import FileLocator, ValidationFailed
 from crucible.compile._editions import (
     PLAN_TASK_KEYS,
@@ -15,7 +16,7 @@ from crucible.compile._editions import (
     ir_version_for,
 )
 from crucible.compile._rules import check_graph, check_names
-from crucible.compile._shape import Checker, check_params, check_task, type_name
+from crucible.compile._shape import check_task
 from crucible.core import canon, digest
 from crucible.core.errors import Location
 from crucible.core.fsio import read_named

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from crucible.compile._checker import Checker, str_items
 from crucible.core.globs import pattern_problem
 
 if TYPE_CHECKING:
     from crucible.compile._diagnostics import KeyPath
-    from crucible.compile._shape import Checker
 
 __all__ = ["check_defaults", "check_flag", "check_reads", "inherit", "reads_problem"]
 
@@ -52,8 +52,6 @@ def reads_problem(entry: str) -> str | None:
 
 def check_reads(chk: Checker, path: KeyPath, value: object) -> list[str] | None:
     """A ``reads`` array → its entries (each a glob or an absolute path), or None."""
-    from crucible.compile._shape import str_items
-
     if not isinstance(value, list | tuple):
         chk.wrong_type(path, value, "reads must be an array of globs or absolute paths")
         return None

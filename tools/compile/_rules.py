@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from crucible.compile._checker import Checker, split_ref
 from crucible.compile._conditions import check_control_rules
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._editions import EDITION_CONTROL, RESERVED_INPUTS
 from crucible.compile._names import task_name_problems
-from crucible.compile._shape import Checker, split_ref
 
 __all__ = ["check_graph", "check_names", "find_cycle"]
 

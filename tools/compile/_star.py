@@ -19,16 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from crucible.compile._checker import Checker, check_params, type_name
 from crucible.compile._diagnostics import Diagnostic, Location
 from crucible.compile._editions import EDITION_CONTROL
 from crucible.compile._locate import FileLocator
-from crucible.compile._shape import (
-    WORKFLOW_KEYS_SINCE_4,
-    Checker,
-    check_params,
-    check_task,
-    type_name,
-)
+from crucible.compile._shape import WORKFLOW_KEYS_SINCE_4, check_task
 from crucible.compile._starbound import MAX_EVAL_MEMORY, limit_memory, nesting_problem
 from crucible.core.errors import ParseError
 from crucible.core.fdio import write_all

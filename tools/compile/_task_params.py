@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from crucible.compile._checker import Checker
 from crucible.compile._diagnostics import KeyPath
 
 __all__ = ["check_task_params"]
@@ -49,7 +50,7 @@ def _when_reads(task: Mapping[str, Any]) -> list[tuple[str, int, int]]:
 
 
 def check_task_params(
-    chk: Any,
+    chk: Checker,
     declared: Mapping[str, Any],
     tasks: Sequence[Mapping[str, Any]],
     paths: Sequence[KeyPath],

@@ -42,7 +42,6 @@ from crucible.stage._records import (
     amend_result,
     load_all,
     load_result,
-    record_settled,
     remove_result,
     remove_results,
     settle_fold,
@@ -50,6 +49,7 @@ from crucible.stage._records import (
     write_result,
     write_result_where,
 )
+from crucible.stage._settled import record_settled
 
 __all__ = [
     "EMIT_CAP_DEFAULT",

@@ -26,6 +26,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
+from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
@@ -509,32 +510,6 @@ def _ancestor_units(
         unit = revision_unit(state, anc, pkey, anc)
         return [unit] if unit.store.is_dir() else []
     return units_of(state, anc, at.map is not None)
-
-
-@dataclass
-class Described:
-    """What :func:`describe_inputs` found a unit's ``inputs/`` tree must hold,
-    before anything is written: the writers (:func:`stage_inputs`, fresh or in
-    place) lay down exactly this, and the cache keyer keys it
-    (crucible.run.cache._keyer). Paths are relative to ``inputs/``."""
-
-    version: int
-    nothing: bool  # 3.7: no tree at all
-    #: ancestors' and the kept revision's captured units (3.4, 3.6), linked in order
-    units: list[Unit]
-    #: a mapped ancestor's directory, made even when none of its instances has files
-    roots: list[str]
-    #: directories of values, parents first ("@values", "@values/<fold>")
-    dirs: list[str]
-    #: files of values, the index (v2) or ``@inputs.json`` (v1): (path, bytes)
-    files: list[tuple[str, bytes]]
-    index: dict[str, Any] | None
-    value: dict[str, Any] | None  # v1's whole object
-    files_staged: set[str]  # "producer" or "producer/<escaped key>"
-    #: the task's environment variables naming staged paths: path under inputs/
-    env_rel: dict[str, str]
-    #: v1: ``CRUCIBLE_INPUTS``, the object's text, while it is at most INPUTS_ENV_MAX
-    v1_text: str | None = None
 
 
 def staged_units(

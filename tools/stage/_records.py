@@ -12,7 +12,6 @@ from crucible.core import canon
 from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused
 from crucible.stage import _store
-from crucible.stage._layout import StateLayout
 from crucible.stage._loop import loop_of, revision_of
 from crucible.stage._plan import view
 from crucible.stage._store import RESULT_FORMAT, as_path
@@ -25,7 +24,6 @@ __all__ = [
     "load_all",
     "load_record_fast",
     "load_result",
-    "record_settled",
     "remove_result",
     "remove_results",
     "settle_fold",
@@ -129,53 +127,6 @@ def _extra(extra: dict[str, Any] | None) -> dict[str, Any] | None:
         raise InputRefused("extra must be a JSON object")
     canon.dumps(extra)  # refuse what has no canonical form before anything is written
     return extra
-
-
-def record_settled(
-    plan: Any,
-    state: Path,
-    task: str,
-    *,
-    status: str,
-    note: str,
-    key: str | None = None,
-    extra: dict[str, Any] | None = None,
-    durable: bool = True,
-) -> dict[str, Any]:
-    """Write a record without capture (a skipped task, a timeout, a kill).
-
-    For a mapped task without ``key`` (one that settled before it expanded: a
-    skip, an unreadable map source) this is its aggregate record with no
-    instances: ``keys: []`` and zero counts, with the given status and note."""
-    if key is not None or view(plan).task(task).map is None:
-        check_key(plan, task, key)
-    record = base_record(task, key, status, note)
-    tampering = _held_tampering(plan, as_path(state), task, key)
-    if tampering:  # a timed-out or killed consumer is checked as capture checks one
-        record["note"] = "; ".join([note, *tampering]) if note else "; ".join(tampering)
-    if key is None and view(plan).task(task).map is not None:
-        record["keys"] = []
-        record["counts"] = dict.fromkeys(STATUSES, 0)
-    ex = _extra(extra)
-    if ex is not None:
-        record["extra"] = ex
-    return write_record(as_path(state), record, durable=durable)
-
-
-def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[str]:
-    """Notes for staged files the task's (default) workspace holds that were
-    changed (docs/spec/inputs.md 3.4); none when it was never staged."""
-    from crucible.stage._inputs import held_units
-    from crucible.stage._share import verify_consumer
-
-    if key is None and view(plan).task(task).map is not None:
-        return []  # an aggregate has no workspace of its own
-    units = held_units(plan, state, task, key)
-    if not units:
-        return []
-    workspace = StateLayout(state).work_dir(task, key)
-    label = task if key is None else f"{task}[{key}]"
-    return verify_consumer(state, label, units, workspace)
 
 
 def amend_record(

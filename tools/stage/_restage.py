@@ -27,16 +27,13 @@ import errno
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import clear_path
+from crucible.stage._described import Described
 from crucible.stage._fsio import TMP_PREFIX
 from crucible.stage._share import ensure_dir, restage_units
-
-if TYPE_CHECKING:
-    from crucible.stage._inputs import Described
 
 __all__ = ["restage_in_place"]
 
