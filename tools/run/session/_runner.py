@@ -1,72 +1,29 @@
-"""``run_plan``: admit a run, dispatch it, and always close its session log with
-``shutdown`` (the last event of every session, whatever happened)."""
+"""``run_plan``: a run as named steps: admit → select → prepare the cache →
+dry run | nothing to resume | dispatch (a session: crucible.run.session._session,
+which always closes its log with ``shutdown``) → the run's results."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import signal
-import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from typing import IO, Any
+from typing import Any
 
-from crucible.core.cli import resume_gc
-from crucible.core.errors import CrucibleError, Interrupted, OperationalError, UsageError
+from crucible.core.errors import Interrupted, UsageError
 from crucible.run._options import RunOptions
-from crucible.run.engine._dispatcher import Dispatcher
 from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._selection import Selection, dry_run_lines, select
-from crucible.run.engine._selection import apply as selection_apply
 from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.session._admit import Admission, admit
-from crucible.run.session._log import SessionLog, read_events
+from crucible.run.session._log import read_events
 from crucible.run.session._outputs import finish_results
+from crucible.run.session._session import Session, copy_outputs_file
 
 __all__ = ["run_plan"]
 
-
-def _plan_admitted_fields(admission: Admission, options: RunOptions, jobs: int) -> dict[str, Any]:
-    plan = admission.plan
-    tasks = []
-    for task in plan["tasks"]:
-        entry: dict[str, Any] = {
-            "name": task["name"],
-            "kind": task["kind"],
-            "needs": list(task.get("needs", [])),
-        }
-        if "map" in task:
-            entry["map"] = task["map"]
-        # Declared inputs exist in IR v2; a v1 task receives its needs' whole outputs.
-        entry["inputs"] = {name: spec["from"] for name, spec in task.get("inputs", {}).items()}
-        tasks.append(entry)
-    return {
-        "plan_version": plan["version"],
-        "edition": plan.get("edition", 1),
-        "workflow": plan["workflow"]["name"],
-        "digest": admission.digest,
-        "resume": options.resume,
-        "jobs": jobs,
-        "emit_cap": admission.emit_cap,
-        "tasks": tasks,
-    }
-
-
-def _open_mirror(stack: ExitStack, events: str | None) -> IO[bytes] | None:
-    """The --events stream, unbuffered (a failed write is seen at once, never
-    again at exit). A path that cannot be a file is a usage error (exit 2)."""
-    if events is None:
-        return None
-    try:
-        if events == "-":
-            return stack.enter_context(open(sys.stdout.fileno(), "wb", buffering=0, closefd=False))
-        return stack.enter_context(open(events, "ab", buffering=0))
-    except (IsADirectoryError, FileNotFoundError, NotADirectoryError) as exc:
-        raise UsageError(f"cannot open the events file: {exc.strerror}", where=events) from None
-    except OSError as exc:
-        raise OperationalError(
-            f"cannot open the events file: {exc.strerror}", where=events
-        ) from None
+Warn = Callable[[str], None]
 
 
 def run_plan(
@@ -74,7 +31,7 @@ def run_plan(
     *,
     environ: Mapping[str, str] | None = None,
     on_progress: Callable[[Counts], None] | None = None,
-    on_warning: Callable[[str], None] | None = None,
+    on_warning: Warn | None = None,
 ) -> RunOutcome:
     """Run (or resume) the plan of ``options``. Raises a CrucibleError for input it
     refuses before anything runs; returns the outcome of a run that started (or
@@ -99,8 +56,35 @@ def _run_admitted(
     options: RunOptions,
     env: Mapping[str, str],
     on_progress: Callable[[Counts], None] | None,
-    on_warning: Callable[[str], None] | None,
+    on_warning: Warn | None,
 ) -> RunOutcome:
+    """The steps of a run, once admitted."""
+    _prepare(admission, options)
+    graph = build_graph(admission.plan)
+    earlier = _earlier_events(admission, options, on_warning)
+    selection = _select(admission, options, graph, earlier)
+    options = _prepare_cache(options, on_warning)
+    if options.dry_run:
+        return _dry_run_outcome(admission, options, graph, selection, env, on_warning)
+    if options.resume and not selection.to_run(graph):
+        return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
+    with Session(
+        admission, options, graph=graph, selection=selection, earlier=earlier, environ=env,
+        on_progress=on_progress, on_warning=on_warning,
+    ) as session:  # fmt: skip
+        outcome = session.run()
+    if outcome.status == "interrupted":
+        raise Interrupted(
+            f"interrupted by {signal.Signals(outcome.exit_code - 128).name}; "
+            f"resume with --resume ({outcome.counts['passed']} passed, "
+            f"{outcome.counts['failed']} failed, {outcome.counts['skipped']} skipped so far)",
+            signum=outcome.exit_code - 128,
+        )
+    return outcome
+
+
+def _prepare(admission: Admission, options: RunOptions) -> None:
+    """Stage's view of the plan, and the checks that need it before anything runs."""
     from crucible import stage
 
     # The compiler checked the plan (a plan file's normal form, or the manifest it
@@ -112,15 +96,32 @@ def _run_admitted(
         problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
         if problem is not None:
             raise UsageError(problem)
+
+
+def _earlier_events(
+    admission: Admission, options: RunOptions, on_warning: Warn | None
+) -> list[dict[str, Any]]:
+    """The state's session log so far (none for a fresh run); a resume first
+    stops what a killed run left running."""
+    from crucible import stage
+
     log_path = stage.StateLayout(options.state).session_path
-    graph = build_graph(admission.plan)
     earlier = [] if admission.unclaimed else read_events(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
         from crucible.run.session._leftovers import stop_leftovers
 
         # the reaper's lock covers a killed run; this covers a killed reaper
         stop_leftovers(options.state, earlier, options.kill_grace, on_warning)
-    selection = select(
+    return earlier
+
+
+def _select(
+    admission: Admission, options: RunOptions, graph: TaskGraph, earlier: list[dict[str, Any]]
+) -> Selection:
+    """What this session runs: --target, --retry-failed, and what a resume keeps."""
+    from crucible import stage
+
+    return select(
         stage,
         options.state,
         graph,
@@ -129,91 +130,54 @@ def _run_admitted(
         events=earlier,
         fresh=admission.unclaimed,
     )
-    if options.cache is not None and options.dry_run:  # a dry run creates nothing
-        if not options.cache.is_dir():
-            if on_warning is not None:
-                on_warning(f"cache: {options.cache}: no such directory; nothing is cached")
-            options = dataclasses.replace(options, cache=None)
-    elif options.cache is not None:  # checked once, before the workers fork
-        from crucible.run.cache._unit import usable_cache_dir
 
-        options = dataclasses.replace(
-            options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
-        )
+
+def _prepare_cache(options: RunOptions, on_warning: Warn | None) -> RunOptions:
+    """--cache: checked once, before the workers fork; a dry run creates nothing."""
+    if options.cache is None:
+        return options
     if options.dry_run:
-        with ExitStack() as dry_stack:
-            if options.reuse:  # what --reuse would rerun (nothing written)
-                options = _reuse_for_dry_run(dry_stack, options, on_warning)
-            lines = _dry_run(admission, options, graph, selection, env, on_warning)
-        return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
-    if options.resume and not selection.to_run(graph):
-        outcome = _nothing_to_resume(admission, graph, selection, earlier)
-        if options.publish_dir is not None:  # a publish an earlier session did not finish
-            finish_results(admission, options, outcome.status, on_warning)
-        _copy_outputs_file(admission, options)
-        return outcome
-    with ExitStack() as stack:
-        mirror = _open_mirror(stack, options.events)
-        fresh = admission.unclaimed
-        admission.claim(options.state)
-        # refused before its first event: a fresh run is unclaimed again
-        unclaim = stack.enter_context(_UnclaimOnError(admission, options.state, fresh))
-        from crucible.run.cache._reuse import environ_record, note_environ
+        if options.cache.is_dir():
+            return options
+        if on_warning is not None:
+            on_warning(f"cache: {options.cache}: no such directory; nothing is cached")
+        return dataclasses.replace(options, cache=None)
+    from crucible.run.cache._unit import usable_cache_dir
 
-        record = environ_record(admission.plan, env, options.agent_cmd, admission.emit_cap)
-        session = 1 + sum(1 for e in earlier if e.get("event") == "plan_admitted")
-        note_environ(options.state, record, resumed=options.resume, session=session)
-        if options.reuse:
-            options = _reuse_previous(stack, options, admission.previous, on_warning)
-        selection_apply(stage, options.state, graph, selection)
-        log = SessionLog(log_path, session, mirror, on_warning)
-        stack.callback(log.close)
-        dispatcher = Dispatcher(
-            admission,
-            options,
-            log,
-            environ=env,
-            on_progress=on_progress,
-            selection=selection,
-            on_warning=on_warning,
-        )
-        stack.callback(dispatcher.close)
-        admitted = _plan_admitted_fields(admission, options, dispatcher.jobs)
-        dispatcher.fanouts.annotate_admitted(admitted["tasks"])  # static fan-outs' instances
-        unclaim.armed = False
-        # Queued, not committed: the loop's first turn commits it with that turn's
-        # events, after the turn has forked the workers if any unit needs one
-        # (the session log's writer thread starts at the first commit, and the
-        # workers are forked while this process has one thread: run.workers).
-        log.emit("plan_admitted", **admitted)
-        # the program paused the collector for its start-up (run/cli.py): the
-        # plan and the modules are frozen before the workers fork
-        resume_gc()
-        try:
-            outcome = dispatcher.run()
-            # run results and published files (IR v3): crucible.run.session._outputs
-            finish_results(admission, options, outcome.status, on_warning)
-            if outcome.status != "interrupted":
-                _copy_outputs_file(admission, options)
-        except CrucibleError as exc:
-            log.emit("shutdown", reason="error", note=str(exc), exit_code=exc.exit_code)
-            raise
-        except BaseException as exc:
-            log.emit("shutdown", reason="error", note=f"{type(exc).__name__}: {exc}", exit_code=70)
-            raise
-        if outcome.status == "interrupted":
-            signame = signal.Signals(outcome.exit_code - 128).name
-            log.emit("shutdown", reason="signal", signal=signame, exit_code=outcome.exit_code)
-        else:
-            log.emit("shutdown", reason="completed", exit_code=outcome.exit_code)
-        log.commit()
-    if outcome.status == "interrupted":
-        raise Interrupted(
-            f"interrupted by {signal.Signals(outcome.exit_code - 128).name}; "
-            f"resume with --resume ({outcome.counts['passed']} passed, "
-            f"{outcome.counts['failed']} failed, {outcome.counts['skipped']} skipped so far)",
-            signum=outcome.exit_code - 128,
-        )
+    return dataclasses.replace(
+        options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
+    )
+
+
+def _dry_run_outcome(
+    admission: Admission,
+    options: RunOptions,
+    graph: TaskGraph,
+    selection: Selection,
+    env: Mapping[str, str],
+    on_warning: Warn | None,
+) -> RunOutcome:
+    """-n: one line per unit, nothing written."""
+    with ExitStack() as dry_stack:
+        if options.reuse:  # what --reuse would rerun (nothing written)
+            options = _reuse_for_dry_run(dry_stack, options, on_warning)
+        lines = _dry_run(admission, options, graph, selection, env, on_warning)
+    return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
+
+
+def _resume_nothing(
+    admission: Admission,
+    options: RunOptions,
+    graph: TaskGraph,
+    selection: Selection,
+    earlier: list[dict[str, Any]],
+    on_warning: Warn | None,
+) -> RunOutcome:
+    """--resume with every selected task settled: no session, the recorded outcome."""
+    outcome = _nothing_to_resume(admission, graph, selection, earlier)
+    if options.publish_dir is not None:  # a publish an earlier session did not finish
+        finish_results(admission, options, outcome.status, on_warning)
+    copy_outputs_file(admission, options)
     return outcome
 
 
@@ -241,33 +205,6 @@ def _dry_run(
     return lines
 
 
-def _reuse_previous(
-    stack: ExitStack,
-    options: RunOptions,
-    previous: Any,
-    on_warning: Callable[[str], None] | None,
-) -> RunOptions:
-    """--reuse: the earlier run's passed units recorded in the cache (--cache, or
-    a temporary one beside the state dir, removed after the run), so that each
-    unit whose key did not change is restored from it (crucible.run.cache._reuse)."""
-    import shutil
-
-    from crucible.run.cache._reuse import import_previous, reuse_dir
-
-    warn = on_warning or (lambda _w: None)
-    cache = options.cache
-    if cache is None:
-        try:
-            cache = reuse_dir(options.state)
-        except OSError as exc:
-            warn(f"--reuse: cannot make a cache beside {options.state}: {exc}; nothing is reused")
-            return options
-        stack.callback(shutil.rmtree, cache, ignore_errors=True)
-    if previous is not None:
-        import_previous(previous, cache, warn=warn)
-    return dataclasses.replace(options, cache=cache)
-
-
 def _reuse_for_dry_run(
     stack: ExitStack, options: RunOptions, on_warning: Callable[[str], None] | None
 ) -> RunOptions:
@@ -289,37 +226,6 @@ def _reuse_for_dry_run(
     if (options.state / "plan.json").is_file():
         import_previous(options.state, cache, warn=warn)
     return dataclasses.replace(options, cache=cache)
-
-
-class _UnclaimOnError:
-    """Entered right after a fresh run's claim, disarmed once the session is set
-    up: an error meanwhile (an unreachable scheduler, a resource no worker
-    offers) unclaims the state dir as it unwinds, after the session log and the
-    dispatcher were closed, so the same command works once the cause is fixed
-    (issue 27 item 12)."""
-
-    def __init__(self, admission: Admission, state: Any, armed: bool) -> None:
-        self.admission = admission
-        self.state = state
-        #: only a fresh run's claim is undone (a resume's state stays as it was)
-        self.armed = armed
-
-    def __enter__(self) -> _UnclaimOnError:
-        return self
-
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if exc_type is not None and self.armed:
-            self.admission.unclaim(self.state)
-
-
-def _copy_outputs_file(admission: Admission, options: RunOptions) -> None:
-    """``--outputs FILE``: STATE/outputs.json copied there (through the FIFO held
-    since admission, if it is one). ``--outputs -`` is the command's (stdout)."""
-    if options.outputs is None or options.outputs == "-":
-        return
-    from crucible.run.session._outputs import copy_outputs
-
-    copy_outputs(options.state, options.outputs, None, fd=admission.outputs_fd)
 
 
 def _nothing_to_resume(
