@@ -19,20 +19,20 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crucible.compile._durations import MAX_WAIT_S
-from crucible.core.errors import CrucibleError
 from crucible.run._options import RunOptions
 from crucible.run.engine import _control as control
+from crucible.run.engine._attempts import Attempts
 from crucible.run.engine._durable import DurableGate
-from crucible.run.engine._failures import compose_note, exit_text, failure_record, with_reason
 from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._matrix import Fanouts
 from crucible.run.engine._parallelism import ParallelismGate
+from crucible.run.engine._parts import Parts
+from crucible.run.engine._readiness import Readiness
 from crucible.run.engine._schedule import Schedule
-from crucible.run.engine._selection import NOT_SELECTED, Selection
+from crucible.run.engine._selection import Selection
 from crucible.run.engine._signals import StopSignals
 from crucible.run.engine._units import (
     FAILED,
@@ -41,7 +41,6 @@ from crucible.run.engine._units import (
     PASSED,
     SKIPPED,
     Counts,
-    Finished,
     RunOutcome,
     Unit,
 )
@@ -50,7 +49,6 @@ from crucible.run.executors._create import create as create_executor
 from crucible.run.executors._procs import close_inherited, kill_group
 from crucible.run.executors._seam import Executor
 from crucible.run.executors._unit import Slots, UnitRunner
-from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.executors._workers import Channel, Reply
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
@@ -109,7 +107,6 @@ class Dispatcher:
         # cache hits and the executor (below), and a scored loop (run/loop/).
         self.durable = DurableGate(log, self.layout)
         self.schedule = Schedule(self.graph, self.durable, selection)
-        self.schedule.on_ready = self._on_ready
         self.signals = StopSignals()
         # Control flow (run/engine/_control.py): conditions. A signal abandons a
         # condition being evaluated, so the dispatcher always stops.
@@ -175,6 +172,17 @@ class Dispatcher:
                 self.schedule.loop_before = frozenset(self.loop.phases.before)
                 self.schedule.on_loop_before = self.loop.maybe_start
         # -- end scored loop
+        # The rooms of a session's decisions: readiness (skip, expand, queue,
+        # fold) and the attempts' outcomes (start, end, retry, settle).
+        parts = Parts(
+            plan=self.plan, options=options, state=self.state, layout=self.layout, log=log,
+            stage=stage, graph=self.graph, schedule=self.schedule, durable=self.durable,
+            signals=self.signals, control=self.control, fanouts=self.fanouts, loop=self.loop,
+        )  # fmt: skip
+        self.attempts = Attempts(parts)
+        self.readiness = Readiness(parts, self.attempts.note_failure)
+        self.attempts.readiness = self.readiness
+        self.schedule.on_ready = self.readiness.on_ready
         # A unit whose settle wakes nothing may be answered late, with the next
         # reply of its worker (crucible.run.executors._unit.UnitRunner.serve).
         self.runner.quiet = frozenset(
@@ -192,35 +200,6 @@ class Dispatcher:
         self.slots.close()
 
     # ----------------------------------------------------------------- helpers
-
-    def _rel(self, path: Path) -> str:
-        return str(path.relative_to(self.state))
-
-    def _ids(self, unit: Unit) -> dict[str, Any]:
-        return {"task": unit.name, "key": unit.key}
-
-    def _attempt_finished(
-        self,
-        unit: Unit,
-        status: str,
-        note: str | None,
-        exit_code: int | None,
-        duration: float | None,
-        fields: dict[str, Any] | None,
-    ) -> None:
-        """The ``task_finished`` of an attempt that ran (settled, interrupted or
-        retried), its members in run.md's order; ``fields`` last."""
-        self.log.emit(
-            "task_finished",
-            task=unit.name,
-            key=unit.key,
-            attempt=unit.attempt,
-            status=status,
-            note=note,
-            exit_code=exit_code,
-            duration=None if duration is None else round(duration, 6),
-            **(fields or {}),
-        )
 
     # ------------------------------------------- what a scored loop may ask
     # (crucible.run.engine._host.LoopHost: run/loop/ uses nothing else)
@@ -290,10 +269,10 @@ class Dispatcher:
         self.durable.watch(wake_w)
         try:
             self.schedule.resume(self.selection)
-            self._not_selected()
+            self.readiness.not_selected()
             for name in self.graph.order:
                 if name not in self.schedule.status and self.schedule.remaining[name] == 0:
-                    self._on_ready(name)
+                    self.readiness.on_ready(name)
             if self.loop is not None:  # scored loop: its before tasks may all be settled
                 self.loop.maybe_start()
             self._loop(wake_r)
@@ -365,20 +344,6 @@ class Dispatcher:
         return RunOutcome(
             status, code, counts, self.admission.digest, duration, tuple(self.schedule.failures)
         )
-
-    def _not_selected(self) -> None:
-        """--target: every unsettled task outside the selection is recorded as not
-        selected (in the log only: no record, so a later resume runs it)."""
-        if self.schedule.selected is None:
-            return
-        for name in self.graph.order:
-            if name not in self.schedule.selected and name not in self.schedule.status:
-                self.log.emit(
-                    "task_finished",
-                    task=name,
-                    status=NOT_SELECTED,
-                    note="not selected: not a --target or an ancestor of one",
-                )
 
     def _kill_orphaned_groups(self) -> None:
         """SIGKILL the groups of tasks still running, when their pids are this
@@ -458,7 +423,7 @@ class Dispatcher:
     def _fill(self) -> None:
         if self.hits is not None:  # --cache: hits settle here, consumers' hits too
             stop = self._stop_requested  # a signal ends the pass (and forks no worker)
-            self.hits.take(self.schedule.ready, self._settle_cached, stop=stop)
+            self.hits.take(self.schedule.ready, self.attempts.settle_cached, stop=stop)
             if stop():
                 return
         idle = self.workers.idle
@@ -491,7 +456,7 @@ class Dispatcher:
             raise RuntimeError(f"a dispatch worker failed:\n{reply.payload}")
         if not reply.final:
             unit = self._tokens[reply.token]
-            self._started(unit, reply.payload["pid"], reply.payload.get("worker"))
+            self.attempts.started(unit, reply.payload["pid"], reply.payload.get("worker"))
             return
         unit = self._tokens.pop(reply.token)
         if (waiting := self.parallelism.release(unit.name)) is not None:
@@ -499,7 +464,7 @@ class Dispatcher:
         if reply.outcome == "error":  # a refusal the worker did not expect to meet
             if unit.pid is not None:
                 self.schedule.running -= 1
-            self._fail_unit(unit, str(reply.payload))
+            self.attempts.fail_unit(unit, str(reply.payload))
             return
         result = reply.payload
         kind = result["kind"]
@@ -510,33 +475,21 @@ class Dispatcher:
         if result.get("staged_env") is not None:
             unit.staged_env = result["staged_env"]
         if kind == "stage_error":
-            self._fail_unit(unit, f"cannot stage inputs: {result['message']}")
+            self.attempts.fail_unit(unit, f"cannot stage inputs: {result['message']}")
         elif kind == "spawn_error":
-            self._fail_unit(unit, result["message"])
+            self.attempts.fail_unit(unit, result["message"])
         elif kind == "cached":  # a hit with large files, restored by the worker
-            self._settle_cached(unit, result)
+            self.attempts.settle_cached(unit, result)
         elif kind == "finished":
             if unit.pid is None:  # a short task: its start comes with its end
-                self._started(unit, result["pid"], result.get("worker"))
-            self._exited(unit, result)
+                self.attempts.started(unit, result["pid"], result.get("worker"))
+            self.attempts.exited(unit, result)
         elif kind == "handback":  # staged behind a task that runs long: start it elsewhere
             self.schedule.ready.appendleft(unit)
         elif kind == "worker_lost":  # an executor's worker died mid-unit
-            self._worker_lost(unit, str(result["worker"]))
+            self.attempts.worker_lost(unit, str(result["worker"]))
         # "not_started": stopping; a staged unit is not started and stays
         # unsettled (a resume runs it)
-
-    def _settle_cached(self, unit: Unit, result: dict[str, Any]) -> None:
-        """A unit restored from the task cache (crucible.run.cache._hits): nothing
-        was started."""
-        # restored without fsync: the next batch makes it (and its directory) durable
-        self.log.sync(result["wrote"])
-        fields: dict[str, Any] = {"cached": True, "cache_key": result["cache_key"]}
-        if result["record"].get("files_bytes") is not None:
-            fields["files_bytes"] = int(result["record"]["files_bytes"])
-        # the usage of the attempt that produced it, marked by ``cached``
-        fields.update(result["record"].get("usage") or {})
-        self._settle_unit(unit, PASSED, result["record"].get("note"), exit_code=0, fields=fields)
 
     def _begin_stop(self) -> None:
         """SIGINT/SIGTERM: start nothing new; the workers terminate every running
@@ -545,152 +498,6 @@ class Dispatcher:
         self.workers.stop()
 
     # ------------------------------------------------------------- readiness
-
-    def _on_ready(self, name: str) -> None:
-        """Every task ``name`` waits for has settled: skip it, expand it, or queue it."""
-        if self.schedule.selected is not None and name not in self.schedule.selected:
-            return  # recorded as not selected at the start
-        if self.loop is not None:  # scored loop: the body runs by revisions
-            if name in self.loop.body:
-                self.loop.maybe_start()
-                return
-            if (note := self.loop.skip_note(name)) is not None:
-                self._settle_unrun(name, SKIPPED, note)
-                return
-        task = self.graph.tasks[name]
-        if task.get("join", "all") == "all":
-            epilogue = task.get("epilogue", False)
-            for dep in task.get("needs", ()):
-                if epilogue and not self.graph.tasks[dep].get("epilogue", False):
-                    # An epilogue runs whatever the regular tasks did; its needs
-                    # on them only order it (stage stages them as settled).
-                    continue
-                dep_status = self.schedule.status.get(dep)
-                if dep_status != PASSED:
-                    note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
-                    self._settle_unrun(name, SKIPPED, note)
-                    return
-        if "map" in task or "matrix" in task:
-            self._expand(name)
-            return
-        if "when" in task and self._condition_settles(name, None, control.NO_ITEM):
-            return
-        self.schedule.ready.append(Unit(name, None))
-
-    def _condition_settles(self, name: str, key: str | None, item: Any) -> bool:
-        """Evaluate the unit's ``when``; settle it (skipped, or failed on an error)
-        and say so, or return False when it runs."""
-        task = self.graph.tasks[name]
-        run = (
-            control.run_status(self.graph.tasks, self.schedule.status, self.schedule.tolerated)
-            if task["epilogue"]
-            else None
-        )
-        decided = self.control.decide(task, self.schedule.status, item=item, run=run)
-        if decided is None:
-            return False
-        status, note = decided
-        if status == FAILED:  # a condition error: listed, and --fail-fast stops
-            self._note_failure(Unit(name, key), None)
-        if key is None:
-            self._settle_unrun(name, status, note)
-        else:
-            # An instance that never had an attempt: no attempt number in its event.
-            self.stage.record_settled(
-                self.plan, self.state, name, status=status, note=note, key=key, durable=False
-            )
-            self.durable.wrote(name, key)
-            self.log.emit("task_finished", task=name, key=key, status=status, note=note)
-            self.schedule.count_settled(status)
-            self.schedule.instances_left[name] -= 1
-            if self.schedule.instances_left[name] == 0:
-                keys = self.schedule.instances[name]
-                self.durable.after_durable(lambda: self._fold(name, keys))
-        return True
-
-    def _settle_unrun(self, name: str, status: str, note: str) -> None:
-        """A task settled without running: skipped, failed by its condition, or
-        its map source unreadable (a mapped task gets an aggregate record with no
-        instances). Recorded, logged, counted, and its consumers woken."""
-        self.stage.record_settled(
-            self.plan, self.state, name, status=status, note=note, durable=False
-        )
-        self.durable.wrote(name, None)
-        self.log.emit("task_finished", task=name, status=status, note=note)
-        self.schedule.count_settled(status)
-        self.schedule.settle(name, status)
-
-    def _expand(self, name: str) -> None:
-        conditional = "when" in self.graph.tasks[name]
-        item_of: dict[str, Any] = {}
-        try:
-            if self.fanouts.listed(name):
-                keys = self.fanouts.keys(name)
-                if conditional:  # a condition may read `item`
-                    item_of = self.fanouts.items(name)
-            else:
-                items = self.stage.map_items(self.plan, self.state, name)
-                keys = [key for key, _ in items]
-                self.fanouts.remember_previews(name, items)
-                if conditional:
-                    item_of = dict(items)
-                del items
-        except CrucibleError as exc:
-            if self.fanouts.listed(name):
-                note = f"cannot expand the fan-out: {exc}"
-            else:
-                note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
-            self._settle_unrun(name, FAILED, note)
-            return
-        if not keys:
-            self._fold(name, keys)
-            return
-        self.schedule.counts.total += len(keys) - 1
-        self.schedule.instances[name] = keys
-        # Instances settled in an earlier session keep their records (resume):
-        # one read of the task's packed records.
-        recorded = self.stage.load_all(self.state, name)
-        pending: list[str] = []
-        for key in keys:
-            record = recorded.get(key)
-            if record is not None:
-                self.schedule.count_settled(record.get("status", FAILED))
-                continue
-            pending.append(key)
-        self.schedule.instances_left[name] = len(pending)
-        if not pending:
-            self._fold(name, keys)
-            return
-        for key in pending:
-            # A false condition settles its instance at once (the last one folds).
-            if conditional and self._condition_settles(name, key, item_of[key]):
-                continue
-            self.schedule.ready.append(Unit(name, key))
-
-    def _fold(self, name: str, keys: list[str]) -> None:
-        record = self.stage.settle_fold(self.plan, self.state, name, keys, durable=False)
-        self.durable.wrote(name, None)
-        status = record.get("status", FAILED)
-        task = self.graph.tasks[name]
-        if "when" in task and (verdict := control.fold_verdict(record)) is not None:
-            status, note = verdict  # instances skipped by their condition are no failure
-            record = control.amend_record(
-                self.layout.result_path(name), status=status, note=note, durable=False
-            )  # rides the group commit (issue 14): self._wrote above
-        if status == FAILED and control.tolerates_fold(task, self.state, self.stage, record):
-            control.mark_tolerated(self.layout.result_path(name), durable=False)
-            self.schedule.tolerated.add(name)
-        self.log.emit(
-            "task_finished",
-            task=name,
-            status=status,
-            note=record.get("note"),
-            instances=len(keys),
-            **({"tolerated": True} if name in self.schedule.tolerated else {}),
-        )
-        if not keys:
-            self.schedule.count_settled(status)
-        self.schedule.settle(name, status)
 
     # ---------------------------------------------------- a unit (worker side)
 
@@ -701,277 +508,3 @@ class Dispatcher:
         raise ValueError(f"unknown request {request[0]!r}")
 
     # ------------------------------------------------------ a unit (main side)
-
-    def _workspace_rel(self, unit: Unit) -> str:
-        """``work/<task>[/<escaped key>]``, as the layout spells it relative to
-        STATE (an unmapped task's without building its Path: once per start;
-        its name is a plan task's, checked when the plan's view was built)."""
-        if unit.key is None:
-            return "work/" + unit.name
-        return self._rel(self.layout.work_dir(unit.name, unit.key))
-
-    def _started(self, unit: Unit, pid: int, worker: str | None = None) -> None:
-        unit.pid = pid
-        if unit.first_start is None:
-            unit.first_start = time.monotonic()
-        self.schedule.running += 1
-        self.log.emit(
-            "task_started",
-            **self._ids(unit),
-            attempt=unit.attempt,
-            pid=pid,
-            workspace=self._workspace_rel(unit),
-            **self._item_preview(unit),
-            **({} if worker is None else {"worker": worker}),  # a Dask executor's
-        )
-
-    def _item_preview(self, unit: Unit) -> dict[str, str]:
-        """``item``: a short preview of an instance's item (report, timeline), on
-        its first attempt only (later attempts have the same item)."""
-        if unit.key is None or unit.attempt > 1:
-            return {}
-        text = self.fanouts.previews.get((unit.name, unit.key))
-        return {} if text is None else {"item": text}
-
-    def _exited(self, unit: Unit, result: dict[str, Any]) -> None:
-        self.schedule.running -= 1
-        unit.pid = None
-        fields: dict[str, Any] = {}
-        if result.get("output_bytes") is not None:
-            fields["output_bytes"] = int(result["output_bytes"])
-        record = result.get("record")
-        if record is not None and record.get("wrote"):
-            self.log.sync(record["wrote"])  # fsynced by the next batch, before its lines
-        if record is not None and record.get("files_bytes") is not None:
-            fields["files_bytes"] = int(record["files_bytes"])
-        if result.get("log_error") is not None:
-            fields["log_error"] = result["log_error"]
-        if result.get("cache_miss") is not None:  # why the cache did not restore it
-            fields["cache_miss"] = str(result["cache_miss"])
-        fields.update(result.get("usage") or {})  # what it cost (crucible.run.executors._usage)
-        finished = Finished(
-            unit=unit,
-            code=result["code"],
-            duration=result["duration"],
-            stop_reason=result["stop_reason"],
-            fields=fields,
-            record=record,
-        )
-        if finished.stop_reason == "interrupt" and not finished.passed:
-            # Nothing is recorded in results/: the unit stays unsettled and a
-            # resume runs it again. (One that exited 0 and passed capture after
-            # its TERM trap settles as passed, below.)
-            if record is not None:
-                self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
-                self.durable.wrote(unit.name, unit.key)
-            if self.signals.received is None and self.schedule.fail_fast_by is not None:
-                why = f"terminated: --fail-fast after {self.schedule.fail_fast_by} failed"
-            else:
-                signame = signal.Signals(self.signals.received or signal.SIGTERM).name
-                why = f"terminated: the dispatcher received {signame}"
-            self._attempt_finished(unit, INTERRUPTED, why, finished.code, finished.duration, fields)
-            return
-        finished.log = result.get("log")
-        finished.tail = result.get("tail") or ""
-        if result.get("capture_error") is not None:
-            self._fail_unit(
-                unit,
-                f"cannot capture the result: {result['capture_error']}",
-                log=finished.log,
-                tail=finished.tail,
-                exit_code=finished.code,
-            )
-            return
-        self._settle_attempt(finished)
-
-    def _settle_attempt(self, finished: Finished) -> None:
-        unit = finished.unit
-        task = self.graph.tasks[unit.name]
-        record = finished.record
-        note: str | None
-        cut = False  # stopped by the scored loop's time budget: failed, never retried
-        if finished.stop_reason == "timeout":
-            how = exit_text(finished.code)
-            note = compose_note(
-                f"{how} after timeout {task.get('timeout')}s", None, finished.log, finished.tail
-            )
-            status, retryable = FAILED, True
-            if self.loop is not None and self.loop.budget_cut(unit.name, unit.key):
-                note = compose_note(
-                    f"{how}: the loop's time budget ran out", None, finished.log, finished.tail
-                )
-                cut = True
-        else:
-            assert record is not None
-            status = record.get("status", FAILED)
-            note = record.get("note")
-            retryable = bool(record.get("retryable", status != PASSED))
-        fields = finished.fields
-        timed_out = finished.stop_reason == "timeout" and not cut
-        retry = control.Retry(None)
-        if status != PASSED and self.signals.received is None and not cut:
-            retry = control.next_retry(
-                task,
-                unit.attempt,
-                timed_out=timed_out,
-                exit_code=finished.code,
-                retryable=retryable,
-                backoff=self.options.backoff,
-                elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
-            )
-            if retry.why_not is not None and note is not None:
-                note = with_reason(note, retry.why_not)
-        if retry.delay is not None:
-            # Remove this attempt's record so an interruption during the backoff
-            # leaves the unit unsettled (a resume runs it again).
-            self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
-            self.durable.wrote(unit.name, unit.key)
-            self._attempt_finished(
-                unit, status, note, finished.code, finished.duration, {"retry": True, **fields}
-            )
-            delay = retry.delay
-            unit.last_env = control.last_attempt_env(finished.code, timed_out)
-            unit.attempt += 1
-            self.schedule.retry_later(unit, delay)
-            return
-        if record is None:
-            failed = failure_record(
-                self.stage.RESULT_FORMAT,
-                unit.name,
-                unit.key,
-                note or "",
-                log=finished.log,
-                tail=finished.tail,
-                exit_code=finished.code,
-            )
-            if all(k in fields for k in USAGE_FIELDS):  # it ran (a timeout): what it cost
-                failed["usage"] = {k: fields[k] for k in USAGE_FIELDS}
-            self.stage.write_result(self.state, failed, durable=False)
-            self.durable.wrote(unit.name, unit.key)
-        elif retry.why_not is not None:  # the note says why the policy stopped here
-            self.stage.amend_result(
-                self.plan, self.state, unit.name, key=unit.key, status=status, note=note or "",
-                durable=False,
-            )  # fmt: skip
-            self.durable.wrote(unit.name, unit.key)
-        tolerable = status == FAILED and control.tolerates(task, finished.code, timed_out)
-        if status == FAILED and not tolerable:
-            self._note_failure(unit, finished.log)
-        self._settle_unit(
-            unit,
-            status,
-            note,
-            exit_code=finished.code,
-            duration=finished.duration,
-            fields=fields,
-            tolerable=tolerable,
-        )
-
-    def _worker_lost(self, unit: Unit, worker: str) -> None:
-        """A transient failure: retried under the task's retries (whatever its
-        ``on_exit``: there is no exit code), else a failure of the unit that no
-        exit-code tolerance covers (docs/spec/run.md, Executors)."""
-        if unit.pid is not None:
-            self.schedule.running -= 1
-            unit.pid = None
-        note = f"worker lost: {worker}"
-        task = dict(self.graph.tasks[unit.name])
-        if isinstance(task.get("retry"), dict):
-            task["retry"] = {k: v for k, v in task["retry"].items() if k != "on_exit"}
-        retry = control.Retry(None)
-        if self.signals.received is None:
-            retry = control.next_retry(
-                task, unit.attempt, timed_out=False, exit_code=None, retryable=True,
-                backoff=self.options.backoff,
-                elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
-            )  # fmt: skip
-        if retry.delay is None:
-            self._fail_unit(unit, note if retry.why_not is None else f"{note}; {retry.why_not}")
-            return
-        self.log.emit(
-            "task_finished", **self._ids(unit), attempt=unit.attempt, status=FAILED, note=note,
-            retry=True,
-        )  # fmt: skip
-        unit.attempt += 1
-        self.schedule.retry_later(unit, retry.delay)
-
-    def _fail_unit(
-        self,
-        unit: Unit,
-        note: str,
-        *,
-        log: str | None = None,
-        tail: str = "",
-        exit_code: int | None = None,
-    ) -> None:
-        """A unit that could not be staged, started or captured: a measured failure,
-        never retried."""
-        note = compose_note(note, None, log, tail)
-        self.stage.write_result(
-            self.state,
-            failure_record(
-                self.stage.RESULT_FORMAT, unit.name, unit.key, note, log=log, tail=tail,
-                exit_code=exit_code,
-            ),
-            durable=False,
-        )  # fmt: skip
-        self.durable.wrote(unit.name, unit.key)
-        task = self.graph.tasks[unit.name]
-        # exit codes tolerate a task's own exit only, not a unit that could not
-        # be staged, started or captured
-        tolerable = control.tolerates(task, None, False)
-        if not tolerable:
-            self._note_failure(unit, log)
-        self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
-
-    def _note_failure(self, unit: Unit, log: str | None) -> None:
-        """A unit settled failed: keep it for the last line; --fail-fast stops."""
-        if self.loop is not None and self.loop.forgives(unit.name, unit.key):
-            return  # a failed scoring unit fails its revision, not the run
-        label = unit.name if unit.key is None else f"{unit.name}[{unit.key}]"
-        self.schedule.note_failure(label, log, fail_fast=self.options.fail_fast)
-
-    def _settle_unit(
-        self,
-        unit: Unit,
-        status: str,
-        note: str | None,
-        *,
-        exit_code: int | None,
-        duration: float | None = None,
-        fields: dict[str, Any] | None = None,
-        tolerable: bool = False,
-    ) -> None:
-        if tolerable:  # the record says so first: report, outcome and resume read it
-            if unit.key is None:  # rides the group commit (issue 14)
-                control.mark_tolerated(self.layout.result_path(unit.name), durable=False)
-                self.durable.wrote(unit.name, None)
-            else:
-                self.stage.update_record(
-                    self.state, unit.name, unit.key, tolerated=True, durable=False
-                )
-                self.durable.wrote(unit.name, unit.key)
-            fields = {**(fields or {}), "tolerated": True}
-            self.schedule.counts.tolerated += 1
-            if unit.key is None:
-                self.schedule.tolerated.add(unit.name)
-        self._attempt_finished(unit, status, note, exit_code, duration, fields)
-        self.schedule.count_settled(status)
-        if unit.key is None:
-            self.schedule.settle(unit.name, status)
-            return
-        if self.loop is not None and unit.name in self.loop.body:  # a revision's unit
-            loop = self.loop
-            self.durable.after_durable(lambda: loop.unit_settled(unit.name, status, tolerable))
-            return
-        self.schedule.instances_left[unit.name] -= 1
-        if self.schedule.instances_left[unit.name] == 0:
-            # the aggregate is written once every instance's record is durable
-            keys = self.schedule.instances[unit.name]
-            self.durable.after_durable(lambda: self._fold(unit.name, keys))
-
-
-def _did(status: str | None) -> str:
-    return {FAILED: "failed", SKIPPED: "was skipped", None: "did not run"}.get(
-        status, f"settled as {status}"
-    )

@@ -1,0 +1,45 @@
+"""The parts of one dispatcher session that its rooms share: the plan and its
+graph, the state dir, the session log, the scheduling state, the durability
+gate, the stop signals, control flow, fan-outs and a scored loop. Built once
+by the dispatcher (:mod:`crucible.run.engine._dispatcher`), read by
+readiness (:mod:`._readiness`) and the attempts' outcomes (:mod:`._attempts`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from crucible.run._options import RunOptions
+from crucible.run.engine._control import Control
+from crucible.run.engine._durable import DurableGate
+from crucible.run.engine._graph import TaskGraph
+from crucible.run.engine._matrix import Fanouts
+from crucible.run.engine._schedule import Schedule
+from crucible.run.engine._signals import StopSignals
+from crucible.run.session._log import SessionLog
+
+if TYPE_CHECKING:  # the dispatcher imports stage lazily (crucible-dispatch --help)
+    from crucible.run.loop._engine import LoopRun
+    from crucible.stage import StateLayout
+
+__all__ = ["Parts"]
+
+
+@dataclass
+class Parts:
+    plan: dict[str, Any]
+    options: RunOptions
+    state: Path
+    layout: StateLayout
+    log: SessionLog
+    #: the stage package (crucible.stage)
+    stage: Any
+    graph: TaskGraph
+    schedule: Schedule
+    durable: DurableGate
+    signals: StopSignals
+    control: Control
+    fanouts: Fanouts
+    #: a scored loop (docs/spec/loop.md), for a plan with one
+    loop: LoopRun | None = None
