@@ -15,6 +15,7 @@ import pytest
 
 from crucible.core.errors import OperationalError
 from crucible.run.session import _log as session
+from crucible.run.session import events
 from tests.run.cachetests import Traced, live_units, traced_dispatch
 
 
@@ -64,10 +65,10 @@ def test_after_durable_items_reach_the_callback_once_their_batch_is_on_disk(
     closed: list[bool] = []
     log.on_batch_durable = lambda items: seen.append((items, path.read_bytes()))
     log.on_close = lambda: closed.append(not log._writer.is_alive())
-    log.emit("task_finished", task="a", status="passed")
+    log.emit(events.task_finished(task="a", status="passed", note=None))
     log.after_durable("fact-a")
     log.commit()
-    log.emit("task_finished", task="b", status="passed")
+    log.emit(events.task_finished(task="b", status="passed", note=None))
     log.after_durable("fact-b")
     log.after_durable("fact-c")
     log.close()
@@ -90,7 +91,7 @@ def test_no_item_reaches_the_callback_when_its_batch_failed(
     log = session.SessionLog(tmp_path / "session.jsonl", 1)
     seen: list[Any] = []
     log.on_batch_durable = seen.append
-    log.emit("task_finished", task="a", status="passed")
+    log.emit(events.task_finished(task="a", status="passed", note=None))
     log.after_durable("fact-a")
     with pytest.raises(OperationalError):
         log.close()
@@ -107,7 +108,7 @@ def test_a_failing_callback_is_a_warning_and_the_log_goes_on(tmp_path: Path) -> 
     log.on_batch_durable = broken
     log.after_durable("x")
     log.commit()
-    log.emit("shutdown", reason="completed", exit_code=0)
+    log.emit(events.shutdown(reason="completed", exit_code=0))
     log.close()
     assert b'"event":"shutdown"' in (tmp_path / "session.jsonl").read_bytes()
     assert warned and "boom" in warned[0]

@@ -14,6 +14,7 @@ import pytest
 from crucible.core.errors import OperationalError
 from crucible.run.engine._syncfs import SYNCFS_MIN_PATHS, FsSync, _kernel_reports_errors
 from crucible.run.session import _log as session
+from crucible.run.session import events
 from tests.run.cachetests import dispatch_with
 
 
@@ -63,7 +64,7 @@ def test_a_batch_of_many_records_is_one_syncfs_before_the_lines(
     paths = _records(tmp_path, 40)
     log = session.SessionLog(tmp_path / "session.jsonl", 1)
     log.sync(paths)
-    log.emit("task_finished", task="t0", status="passed")
+    log.emit(events.task_finished(task="t0", status="passed", note=None))
     log.close()
     assert traced == ["syncfs", str(tmp_path / "session.jsonl")]
     assert log.durable_seq == 1
@@ -73,7 +74,7 @@ def test_a_batch_of_a_few_records_fsyncs_each(tmp_path: Path, traced: list[str])
     paths = _records(tmp_path, SYNCFS_MIN_PATHS - 2)  # + results/: one under the threshold
     log = session.SessionLog(tmp_path / "session.jsonl", 1)
     log.sync(paths)
-    log.emit("task_finished", task="t0", status="passed")
+    log.emit(events.task_finished(task="t0", status="passed", note=None))
     log.close()
     assert traced == [*paths, str(tmp_path / "session.jsonl")]
 
@@ -124,7 +125,7 @@ def test_a_failed_syncfs_stops_the_log_naming_the_state_dir(
     monkeypatch.setattr(session, "_syncfs", failing)
     log = session.SessionLog(tmp_path / "session.jsonl", 1)
     log.sync(_records(tmp_path, 20))
-    log.emit("task_finished", task="t0", status="passed")
+    log.emit(events.task_finished(task="t0", status="passed", note=None))
     with pytest.raises(OperationalError) as caught:
         log.close()
     assert "cannot write result record: Input/output error" in str(caught.value)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from crucible.run.session import _log as session
+from crucible.run.session import events
 from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, start_dispatch
 
@@ -82,7 +83,7 @@ def test_the_log_fsyncs_record_files_before_the_lines_of_their_batch(
     log.on_durable = lambda: woken.append(log.durable_seq)
     log.sync([str(record), str(record.parent)])
     log.sync([str(record)])  # many instances of one task: one fsync
-    log.emit("task_finished", task="t", key="0", status="passed")
+    log.emit(events.task_finished(task="t", key="0", status="passed", note=None))
     assert log.commit() == 1
     log.close()
     assert calls == [str(record), str(record.parent), str(tmp_path / "session.jsonl")]

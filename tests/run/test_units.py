@@ -19,6 +19,7 @@ from crucible.run.engine._units import Counts
 from crucible.run.executors import _environ as environ
 from crucible.run.executors import _procs as procs
 from crucible.run.session import _params as params
+from crucible.run.session import events
 from crucible.run.session._log import SessionLog, read_events
 from tests.run.dispatchtests import wait_for, wait_gone
 
@@ -146,10 +147,10 @@ def test_session_log_lines_are_canonical_and_mirrored(tmp_path: Path) -> None:
 
     mirror = io.BytesIO()
     log = SessionLog(tmp_path / "s.jsonl", 2, mirror)
-    log.emit("task_started", task="a", key=None, attempt=1)
+    log.emit(events.task_started(task="a", key=None, attempt=1, pid=1, workspace="work/a"))
     assert (tmp_path / "s.jsonl").read_bytes() == b""  # not before commit
     log.commit()
-    log.emit("shutdown", reason="completed")
+    log.emit(events.shutdown(reason="completed", exit_code=0))
     log.close()
     data = (tmp_path / "s.jsonl").read_bytes()
     assert data == mirror.getvalue()

@@ -17,6 +17,7 @@ from crucible.run.engine._parts import Parts
 from crucible.run.engine._readiness import Readiness
 from crucible.run.engine._units import FAILED, INTERRUPTED, PASSED, Finished, Unit
 from crucible.run.executors._usage import USAGE_FIELDS
+from crucible.run.session import events
 
 __all__ = ["Attempts"]
 
@@ -42,9 +43,6 @@ class Attempts:
     def _rel(self, path: Path) -> str:
         return str(path.relative_to(self.state))
 
-    def _ids(self, unit: Unit) -> dict[str, Any]:
-        return {"task": unit.name, "key": unit.key}
-
     def _attempt_finished(
         self,
         unit: Unit,
@@ -57,15 +55,16 @@ class Attempts:
         """The ``task_finished`` of an attempt that ran (settled, interrupted or
         retried), its members in run.md's order; ``fields`` last."""
         self.log.emit(
-            "task_finished",
-            task=unit.name,
-            key=unit.key,
-            attempt=unit.attempt,
-            status=status,
-            note=note,
-            exit_code=exit_code,
-            duration=None if duration is None else round(duration, 6),
-            **(fields or {}),
+            events.task_finished(
+                task=unit.name,
+                key=unit.key,
+                attempt=unit.attempt,
+                status=status,
+                note=note,
+                exit_code=exit_code,
+                duration=None if duration is None else round(duration, 6),
+                measured=fields,
+            )
         )
 
     def settle_cached(self, unit: Unit, result: dict[str, Any]) -> None:
@@ -94,22 +93,23 @@ class Attempts:
             unit.first_start = time.monotonic()
         self.schedule.running += 1
         self.log.emit(
-            "task_started",
-            **self._ids(unit),
-            attempt=unit.attempt,
-            pid=pid,
-            workspace=self._workspace_rel(unit),
-            **self._item_preview(unit),
-            **({} if worker is None else {"worker": worker}),  # a Dask executor's
+            events.task_started(
+                task=unit.name,
+                key=unit.key,
+                attempt=unit.attempt,
+                pid=pid,
+                workspace=self._workspace_rel(unit),
+                item=self._item_preview(unit),
+                worker=worker,  # a Dask executor's
+            )
         )
 
-    def _item_preview(self, unit: Unit) -> dict[str, str]:
+    def _item_preview(self, unit: Unit) -> str | None:
         """``item``: a short preview of an instance's item (report, timeline), on
         its first attempt only (later attempts have the same item)."""
         if unit.key is None or unit.attempt > 1:
-            return {}
-        text = self.fanouts.previews.get((unit.name, unit.key))
-        return {} if text is None else {"item": text}
+            return None
+        return self.fanouts.previews.get((unit.name, unit.key))
 
     def exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.schedule.running -= 1
@@ -267,8 +267,10 @@ class Attempts:
             self.fail_unit(unit, note if retry.why_not is None else f"{note}; {retry.why_not}")
             return
         self.log.emit(
-            "task_finished", **self._ids(unit), attempt=unit.attempt, status=FAILED, note=note,
-            retry=True,
+            events.task_finished(
+                task=unit.name, key=unit.key, attempt=unit.attempt, status=FAILED, note=note,
+                retry=True,
+            )
         )  # fmt: skip
         unit.attempt += 1
         self.schedule.retry_later(unit, retry.delay)

@@ -50,6 +50,7 @@ from crucible.run.executors._procs import close_inherited, kill_group
 from crucible.run.executors._seam import Executor
 from crucible.run.executors._unit import Slots, UnitRunner
 from crucible.run.executors._workers import Channel, Reply
+from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
 
@@ -332,12 +333,13 @@ class Dispatcher:
         import resource
 
         self.log.emit(
-            "run_finished",
-            status=status,
-            counts=counts,
-            duration=round(duration, 6),
-            max_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            worker_max_rss_kib=self.workers.peak_rss_kib,
+            events.run_finished(
+                status=status,
+                counts=counts,
+                duration=round(duration, 6),
+                max_rss_kib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                worker_max_rss_kib=self.workers.peak_rss_kib,
+            )
         )
         if lost is not None:
             raise lost  # after run_finished: the runner logs its shutdown (exit 3)

@@ -17,6 +17,7 @@ from crucible.run.engine import _control as control
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._selection import NOT_SELECTED
 from crucible.run.engine._units import FAILED, PASSED, SKIPPED, Unit
+from crucible.run.session import events
 
 __all__ = ["Readiness"]
 
@@ -47,10 +48,11 @@ class Readiness:
         for name in self.graph.order:
             if name not in self.schedule.selected and name not in self.schedule.status:
                 self.log.emit(
-                    "task_finished",
-                    task=name,
-                    status=NOT_SELECTED,
-                    note="not selected: not a --target or an ancestor of one",
+                    events.task_finished(
+                        task=name,
+                        status=NOT_SELECTED,
+                        note="not selected: not a --target or an ancestor of one",
+                    )
                 )
 
     def on_ready(self, name: str) -> None:
@@ -107,7 +109,7 @@ class Readiness:
                 self.plan, self.state, name, status=status, note=note, key=key, durable=False
             )
             self.durable.wrote(name, key)
-            self.log.emit("task_finished", task=name, key=key, status=status, note=note)
+            self.log.emit(events.task_finished(task=name, key=key, status=status, note=note))
             self.schedule.count_settled(status)
             self.schedule.instances_left[name] -= 1
             if self.schedule.instances_left[name] == 0:
@@ -123,7 +125,7 @@ class Readiness:
             self.plan, self.state, name, status=status, note=note, durable=False
         )
         self.durable.wrote(name, None)
-        self.log.emit("task_finished", task=name, status=status, note=note)
+        self.log.emit(events.task_finished(task=name, status=status, note=note))
         self.schedule.count_settled(status)
         self.schedule.settle(name, status)
 
@@ -188,12 +190,13 @@ class Readiness:
             control.mark_tolerated(self.layout.result_path(name), durable=False)
             self.schedule.tolerated.add(name)
         self.log.emit(
-            "task_finished",
-            task=name,
-            status=status,
-            note=record.get("note"),
-            instances=len(keys),
-            **({"tolerated": True} if name in self.schedule.tolerated else {}),
+            events.task_finished(
+                task=name,
+                status=status,
+                note=record.get("note"),
+                instances=len(keys),
+                tolerated=True if name in self.schedule.tolerated else None,
+            )
         )
         if not keys:
             self.schedule.count_settled(status)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused, ParseError
 from crucible.run.loop._spec import LoopSpec, revision_key
+from crucible.run.session import events
 
 if TYPE_CHECKING:
     from crucible.run.engine._host import LoopHost
@@ -256,7 +257,7 @@ class LoopRun:
         for t in self.order:
             d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note, durable=durable)
             self._wrote(t, None, durable)
-            d.log.emit("task_finished", task=t, status=SKIPPED, note=note)
+            d.log.emit(events.task_finished(task=t, status=SKIPPED, note=note))
             d.add_units(1)
             d.count_settled(SKIPPED)
             d.settle(t, SKIPPED)
@@ -280,7 +281,7 @@ class LoopRun:
         self.cut = False
         self.pending = 0
         d.add_units(len(self.body))
-        d.log.emit("revision_started", revision=n)
+        d.log.emit(events.revision_started(revision=n))
         roots = [t for t in self.order if self.rev_left[t] == 0]
         self.pending += len(roots)  # before any settles at once (a false condition)
         for t in roots:
@@ -379,7 +380,7 @@ class LoopRun:
             d.plan, d.state, name, status=status, note=note, key=key, durable=durable
         )
         self._wrote(name, key, durable)
-        d.log.emit("task_finished", task=name, key=key, status=status, note=note)
+        d.log.emit(events.task_finished(task=name, key=key, status=status, note=note))
         d.count_settled(status)
         # its body consumers are queued once the record is durable, as a worker's
         # unit's are (pending still counts it meanwhile)
@@ -454,13 +455,14 @@ class LoopRun:
         d.add_units(-(len(self.body) - len(self.rev_status)))  # units never queued
         self._write()
         d.log.emit(
-            "revision_finished",
-            revision=n,
-            score=score,
-            verdict=verdict,
-            kept=kept,
-            reason=reason,
-            duration_ms=duration_ms,
+            events.revision_finished(
+                revision=n,
+                score=score,
+                verdict=verdict,
+                kept=kept,
+                reason=reason,
+                duration_ms=duration_ms,
+            )
         )
         why = self._stop_reason()
         if why is not None:
@@ -492,11 +494,12 @@ class LoopRun:
         if self.revisions:  # the tasks after the loop see the final values
             self._write_reserved(len(self.revisions))
         self.d.log.emit(  # in loop.json's batch: the log never says more than it
-            "loop_finished",
-            stop_reason=reason,
-            revisions=len(self.revisions),
-            kept_revision=self.kept,
-            best_score=self.best,
+            events.loop_finished(
+                stop_reason=reason,
+                revisions=len(self.revisions),
+                kept_revision=self.kept,
+                best_score=self.best,
+            )
         )
         self._durable_then(self._conclude)
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from crucible.core.errors import OperationalError, ParseError
 from crucible.run.executors._usage import USAGE_FIELDS
+from crucible.run.session import events
 
 __all__ = ["Event", "load_plan", "load_record", "load_resources", "read_events", "read_regular"]
 
@@ -168,23 +169,21 @@ class Event:
     fields: dict[str, Any]
 
 
+#: members the report reads that the checks below treat on their own
+_SPECIAL = frozenset({"task", "attempt", "status", "duration"})
+#: scalar members' accepted JSON types, per event kind: the writer's table
+#: (crucible.run.session.events.MEMBERS, held to docs/schemas/session-event.json)
 _OPTIONAL: dict[str, dict[str, tuple[str, ...]]] = {
-    # field -> accepted JSON types, per event kind (docs/schemas/session-event.json)
-    "task_started": {"key": ("string",), "pid": ("integer",), "workspace": ("string",)},
-    "task_finished": {
-        "key": ("string",),
-        "note": ("string",),
-        "exit_code": ("integer",),
-        "retry": ("boolean",),
-        "log_error": ("string",),
-        "log": ("string",),
-        "stderr_tail": ("string",),
-        "cached": ("boolean",),
-        "cache_key": ("string",),
-        "tolerated": ("boolean",),
-    },
-    "shutdown": {"note": ("string",), "signal": ("string",), "exit_code": ("integer",)},
+    kind: {
+        name: types
+        for name, types in events.MEMBERS[kind].items()
+        if name not in _SPECIAL and set(types) <= {"string", "integer", "boolean"}
+    }
+    for kind in ("task_started", "task_finished", "shutdown")
 }
+#: task_finished members the report shows when an event carries them, though
+#: no writer of today emits them
+_OPTIONAL["task_finished"].update({"log": ("string",), "stderr_tail": ("string",)})
 _NONNEG = {
     "task_finished": ("output_bytes", "files_bytes", "instances"),
 }

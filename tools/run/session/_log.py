@@ -32,6 +32,7 @@ from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
 from crucible.run.engine._syncfs import FsSync
 from crucible.run.session._mirror import BoundedOut
+from crucible.run.session.events import SessionEvent
 
 __all__ = ["EVENT_KINDS", "GROUP_COMMIT_WINDOW", "SessionLog", "now_text", "read_events"]
 
@@ -140,10 +141,11 @@ class SessionLog:
         # while the process still has one thread.
         self._writer = threading.Thread(target=self._write_batches, name="session-log", daemon=True)
 
-    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
-        """Queue one event; it is written at the next :meth:`commit`."""
-        event: dict[str, Any] = {"event": kind, "session": self.session, "time": now_text()}
-        for k, v in fields.items():
+    def emit(self, what: SessionEvent) -> dict[str, Any]:
+        """Queue one event (built by crucible.run.session.events); it is written
+        at the next :meth:`commit`. Members that are None are left out."""
+        event: dict[str, Any] = {"event": what.kind, "session": self.session, "time": now_text()}
+        for k, v in what.members.items():
             if v is not None:
                 event[k] = v
         self._pending.append(ndjson.dumps_line(event))

@@ -26,6 +26,7 @@ from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._selection import Selection
 from crucible.run.engine._selection import apply as selection_apply
 from crucible.run.engine._units import Counts, RunOutcome
+from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
 from crucible.run.session._outputs import finish_results
@@ -105,7 +106,7 @@ class Session:
         # events, after the turn has forked the workers if any unit needs one
         # (the session log's writer thread starts at the first commit, and the
         # workers are forked while this process has one thread: run.workers).
-        log.emit("plan_admitted", **admitted)
+        log.emit(events.plan_admitted(**admitted))
 
     def run(self) -> RunOutcome:
         """Dispatch, then the run's results and published files (IR v3:
@@ -128,20 +129,22 @@ class Session:
     ) -> bool | None:
         with self._stack:
             if isinstance(exc, CrucibleError):
-                self.log.emit("shutdown", reason="error", note=str(exc), exit_code=exc.exit_code)
+                self.log.emit(
+                    events.shutdown(reason="error", note=str(exc), exit_code=exc.exit_code)
+                )
             elif exc is not None:
                 note = f"{type(exc).__name__}: {exc}"
-                self.log.emit("shutdown", reason="error", note=note, exit_code=70)
+                self.log.emit(events.shutdown(reason="error", note=note, exit_code=70))
             elif self.outcome is None:  # left without running: nothing to say
                 pass
             elif self.outcome.status == "interrupted":
                 signame = signal.Signals(self.outcome.exit_code - 128).name
-                self.log.emit(
-                    "shutdown", reason="signal", signal=signame, exit_code=self.outcome.exit_code
-                )
+                code = self.outcome.exit_code
+                self.log.emit(events.shutdown(reason="signal", signal=signame, exit_code=code))
                 self.log.commit()
             else:
-                self.log.emit("shutdown", reason="completed", exit_code=self.outcome.exit_code)
+                code = self.outcome.exit_code
+                self.log.emit(events.shutdown(reason="completed", exit_code=code))
                 self.log.commit()
         return None
 
