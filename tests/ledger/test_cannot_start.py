@@ -10,7 +10,7 @@ import pytest
 
 from crucible.core.errors import EXIT_OPERATIONAL, EXIT_USAGE, CrucibleError, StartFailed
 from crucible.ledger._runner import CannotStart
-from crucible.ledger.commands import StepRunOptions, do_run
+from crucible.ledger.commands import StepRunOptions, run_run
 
 
 def test_cannot_start_is_in_the_tree_with_its_exit_code() -> None:
@@ -19,11 +19,11 @@ def test_cannot_start_is_in_the_tree_with_its_exit_code() -> None:
     assert CannotStart("cannot start 'x': EIO", usage=False).exit_code == EXIT_OPERATIONAL
 
 
-def test_do_run_raises_it_as_it_is(tmp_path: Path) -> None:
+def test_run_run_raises_it_as_it_is(tmp_path: Path) -> None:
     options = StepRunOptions(
         str(tmp_path / "ledger"), "s", (), (), (), (str(tmp_path / "no-such-program"),)
     )
     with pytest.raises(CannotStart) as info:
-        do_run(options, stdout=io.BytesIO(), stderr=io.BytesIO())
+        run_run(options, io.BytesIO(), io.TextIOWrapper(io.BytesIO()))
     assert isinstance(info.value, CrucibleError) and info.value.exit_code == EXIT_USAGE
     assert info.value.message.startswith("cannot start ")

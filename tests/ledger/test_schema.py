@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from crucible.ledger import Ledger, Outcome
-from crucible.ledger.commands import StepRunOptions, do_run
+from crucible.ledger.commands import StepRunOptions, run_run
 
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "schemas" / "ledger-record.json"
 ANNOTATIONS = {"$schema", "$id", "title", "description", "$defs", "contentEncoding"}
@@ -114,7 +114,7 @@ def test_written_lines_match_the_schema(
         options = StepRunOptions(
             str(ledger_dir), "s", ("A=1",), (str(keyfile),), (3,), (sys.executable, "-c", code)
         )
-        do_run(options, stdout=io.BytesIO(), stderr=io.BytesIO(), warn=lambda _m: None)
+        run_run(options, io.BytesIO(), io.TextIOWrapper(io.BytesIO()), warn=lambda _m: None)
     lines = (ledger_dir / "steps.jsonl").read_bytes().splitlines()
     assert len(lines) == 4
     for line in lines:

@@ -40,34 +40,34 @@ def _state(tmp_path: Path) -> Path:
 
 def test_inputs_and_prompt_write_to_the_streams_given(tmp_path: Path) -> None:
     state = _state(tmp_path)
-    out, err = io.StringIO(), io.StringIO()
+    out, err = io.BytesIO(), io.StringIO()
     target = TargetOptions(state=str(state), task="c")
     assert run_inputs(InputsOptions(target, "json"), out, err) == 0
-    assert "CRUCIBLE_INPUTS_DIR" in canon.loads(out.getvalue().encode())
-    out = io.StringIO()
+    assert "CRUCIBLE_INPUTS_DIR" in canon.loads(out.getvalue())
+    out = io.BytesIO()
     assert run_prompt(PromptOptions(TargetOptions(state=str(state), task="ag")), out, err) == 0
-    assert out.getvalue().startswith("Count.\n\n## Inputs\n") and err.getvalue() == ""
+    assert out.getvalue().startswith(b"Count.\n\n## Inputs\n") and err.getvalue() == ""
 
 
 def test_capture_from_stdin_and_its_refusals(tmp_path: Path) -> None:
     state = _state(tmp_path)
     (state / "work" / "a").mkdir(parents=True, exist_ok=True)
     target = TargetOptions(state=str(state), task="a")
-    out = io.StringIO()
+    out = io.BytesIO()
     opts = CaptureOptions(target, exit_code=0, output="-")
     assert run_capture(opts, out, io.StringIO(), stdin=io.BytesIO(b'{"x": 1}')) == 0
-    assert canon.loads(out.getvalue().encode())["status"] == "passed"
+    assert canon.loads(out.getvalue())["status"] == "passed"
     with pytest.raises(InputRefused, match=r"a failed: .*<stdin>|a failed"):
-        run_capture(opts, io.StringIO(), io.StringIO(), stdin=io.BytesIO(b"[]"))
+        run_capture(opts, io.BytesIO(), io.StringIO(), stdin=io.BytesIO(b"[]"))
     with pytest.raises(UsageError, match="CRUCIBLE_OUTPUT"):
-        run_capture(CaptureOptions(target, exit_code=0), io.StringIO(), io.StringIO())
+        run_capture(CaptureOptions(target, exit_code=0), io.BytesIO(), io.StringIO())
     other = plan(task("a", emits={"x": "string"}), version=2)
     (tmp_path / "other.json").write_bytes(canon.dumps(other))
     changed = TargetOptions(state=str(state), task="a", plan=str(tmp_path / "other.json"))
     with pytest.raises(PlanChanged):
         run_capture(
             CaptureOptions(changed, exit_code=0, output="-"),
-            io.StringIO(),
+            io.BytesIO(),
             io.StringIO(),
             stdin=io.BytesIO(b"{}"),
         )

@@ -76,10 +76,10 @@ def run(
     The step key covers the argv, every --key and the sha256 of every --key-file.
     Recorded on exit 0 or a listed --record-exit code; never when killed.
     """
-    from crucible.ledger.commands import StepRunOptions, do_run
+    from crucible.ledger.commands import StepRunOptions, run_run
 
     options = StepRunOptions(directory, scope, keys, key_files, record_exits, argv)
-    return do_run(options, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return run_run(options, sys.stdout.buffer, sys.stderr)
 
 
 def _reader_went_away() -> int:
@@ -128,9 +128,9 @@ def get(directory: str, scope: str, spec: KeySpec) -> int:
 
     Name the step with --step, or with the same --key/--key-file/-- CMD as `run`.
     """
-    from crucible.ledger.commands import do_get
+    from crucible.ledger.commands import GetOptions, run_get
 
-    return do_get(directory, scope, spec, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return run_get(GetOptions(directory, scope, spec), sys.stdout.buffer, sys.stderr)
 
 
 @cli.command(context_settings=_RUN_CONTEXT)
@@ -138,9 +138,10 @@ def get(directory: str, scope: str, spec: KeySpec) -> int:
 @click.option("--failed", is_flag=True, help="Record a deterministic failure, not a success.")
 def put(directory: str, scope: str, spec: KeySpec, failed: bool) -> int:
     """Record the JSON value on stdin as the step's settled result."""
-    from crucible.ledger.commands import do_put
+    from crucible.ledger.commands import PutOptions, run_put
 
-    return do_put(directory, scope, spec, failed, stdin=sys.stdin.buffer, stdout=sys.stdout.buffer)
+    options = PutOptions(directory, scope, spec, failed, sys.stdin.buffer)
+    return run_put(options, sys.stdout.buffer, sys.stderr)
 
 
 @cli.command()
@@ -148,10 +149,10 @@ def put(directory: str, scope: str, spec: KeySpec, failed: bool) -> int:
 @click.option("--scope", default=None, help="Only records of this scope.")
 def ls(directory: str, scope: str | None) -> int:
     """The latest record of each identity, as NDJSON, in file order."""
-    from crucible.ledger.commands import do_ls
+    from crucible.ledger.commands import LsOptions, run_ls
 
     try:
-        return do_ls(directory, scope, stdout=sys.stdout.buffer)
+        return run_ls(LsOptions(directory, scope), sys.stdout.buffer, sys.stderr)
     except BrokenPipeError:
         return _reader_went_away()
 
@@ -160,18 +161,18 @@ def ls(directory: str, scope: str | None) -> int:
 @dir_option
 def verify(directory: str) -> int:
     """Report records, duplicates, bad lines, torn tail (JSON); exit 1 on damage."""
-    from crucible.ledger.commands import do_verify
+    from crucible.ledger.commands import VerifyOptions, run_verify
 
-    return do_verify(directory, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return run_verify(VerifyOptions(directory), sys.stdout.buffer, sys.stderr)
 
 
 @cli.command()
 @dir_option
 def compact(directory: str) -> int:
     """Atomically rewrite keeping the latest record per identity."""
-    from crucible.ledger.commands import do_compact
+    from crucible.ledger.commands import CompactOptions, run_compact
 
-    return do_compact(directory, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return run_compact(CompactOptions(directory), sys.stdout.buffer, sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

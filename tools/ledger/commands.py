@@ -1,13 +1,14 @@
 """The library side of each ``crucible-ledger`` subcommand. No click here: the
-CLI builds one options dataclass and calls one function, which returns the exit
-code and writes data to the streams it is given."""
+CLI builds one options dataclass and calls ``run_<verb>(options, out, err)``,
+which writes data to ``out`` (bytes) and messages to ``err`` (text) and
+returns the exit code: the shape of every crucible command."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, TextIO
 
 from crucible.core import canon
 from crucible.core.errors import OperationalError, UsageError
@@ -23,17 +24,22 @@ from crucible.ledger._runner import (
 )
 
 __all__ = [
+    "CompactOptions",
+    "GetOptions",
     "KeySpec",
+    "LsOptions",
+    "PutOptions",
     "StepRunOptions",
+    "VerifyOptions",
     "created_dir",
-    "do_compact",
-    "do_get",
-    "do_ls",
-    "do_put",
-    "do_run",
-    "do_verify",
     "existing_dir",
     "resolve_step",
+    "run_compact",
+    "run_get",
+    "run_ls",
+    "run_put",
+    "run_run",
+    "run_verify",
 ]
 
 PROG = "crucible-ledger"
@@ -110,11 +116,14 @@ class StepRunOptions:
     argv: tuple[str, ...]
 
 
-def do_run(
-    options: StepRunOptions, *, stdout: IO[bytes], stderr: IO[bytes], warn: Warn = stderr_warn
+def run_run(
+    options: StepRunOptions, out: BinaryIO, err: TextIO, *, warn: Warn = stderr_warn
 ) -> int:
     """Replay a recorded command, or run it (live output) and record it if settled.
-    Returns the command's status (or the replayed one)."""
+    Returns the command's status (or the replayed one). The command's own
+    output goes to ``out`` and to ``err``'s byte stream, as it came."""
+    err.flush()  # what was written as text goes before the command's bytes
+    stdout, stderr = out, err.buffer
     scope = _scope(options.scope)
     for code in options.record_exits:
         if not 1 <= code <= 255:
@@ -129,16 +138,17 @@ def do_run(
         return _execute(options, stdout=stdout, stderr=stderr)[0].shell_status
     with Ledger(directory, warn=warn) as ledger:
         hit = ledger.lookup(scope, step)
-        replay = _replayable(hit, options.record_exits, stderr=stderr, warn=warn)
+        replay = _replayable(hit, options.record_exits, err=err, warn=warn)
         if hit is not None and replay is not None:
-            code, out, err = replay
-            _write(stdout, out)
-            _write(stderr, err, name="<stderr>")
-            stderr.write(
-                f"{PROG}: cached: replayed {options.argv[0]} (exit {code}, "
-                f"recorded {hit.at}; step {hit.step})\n".encode()
-            )
+            code, replayed_out, replayed_err = replay
+            _write(stdout, replayed_out)
+            _write(stderr, replayed_err, name="<stderr>")
             stderr.flush()
+            err.write(
+                f"{PROG}: cached: replayed {options.argv[0]} (exit {code}, "
+                f"recorded {hit.at}; step {hit.step})\n"
+            )
+            err.flush()
             return code
         result, outcome = _execute(options, stdout=stdout, stderr=stderr, check_output=False)
         if outcome.settled:
@@ -172,7 +182,7 @@ def _check_output(result: CommandResult) -> None:
 
 
 def _replayable(
-    hit: Reply | None, record_exits: tuple[int, ...], *, stderr: IO[bytes], warn: Warn
+    hit: Reply | None, record_exits: tuple[int, ...], *, err: TextIO, warn: Warn
 ) -> tuple[int, bytes, bytes] | None:
     """(exit, stdout, stderr) to replay, or None to run the command."""
     if hit is None:
@@ -183,10 +193,10 @@ def _replayable(
         return None
     if replay[0] != 0 and replay[0] not in record_exits:
         # a recorded failure replays only while the caller still calls it deterministic
-        stderr.write(
-            f"{PROG}: recorded exit {replay[0]} is not a --record-exit code here; "
-            "running again\n".encode()
+        err.write(
+            f"{PROG}: recorded exit {replay[0]} is not a --record-exit code here; running again\n"
         )
+        err.flush()
         return None
     return replay
 
@@ -196,30 +206,48 @@ def _write(stream: IO[bytes], data: bytes, *, name: str = "<stdout>") -> None:
     write_stream(stream, data, name=name)
 
 
-def do_get(
-    directory: str, scope: str, spec: KeySpec, *, stdout: IO[bytes], stderr: IO[bytes]
-) -> int:
+@dataclass(frozen=True)
+class GetOptions:
+    """``crucible-ledger get``: the step whose record is printed."""
+
+    directory: str
+    scope: str
+    spec: KeySpec
+
+
+def run_get(opts: GetOptions, out: BinaryIO, err: TextIO) -> int:
     """Print the recorded reply (with ``"cached": true``); exit 1 on a miss."""
-    path = existing_dir(directory)
-    scope = _scope(scope)
-    step, _ = resolve_step(spec)
+    path = existing_dir(opts.directory)
+    scope = _scope(opts.scope)
+    step, _ = resolve_step(opts.spec)
     with Ledger(path, readonly=True) as ledger:
         hit = ledger.lookup(scope, step)
     if hit is None:
-        stderr.write(f"{PROG}: no record of step {step} in scope {scope}\n".encode())
+        err.write(f"{PROG}: no record of step {step} in scope {scope}\n")
         return 1
-    _write(stdout, canon.dumps(hit.to_json()) + b"\n")
+    _write(out, canon.dumps(hit.to_json()) + b"\n")
     return 0
 
 
-def do_put(
-    directory: str, scope: str, spec: KeySpec, failed: bool, *, stdin: IO[bytes], stdout: IO[bytes]
-) -> int:
-    """Record the JSON value read from stdin as a settled fact."""
+@dataclass(frozen=True)
+class PutOptions:
+    """``crucible-ledger put``: the step, and where its JSON value is read from."""
+
+    directory: str
+    scope: str
+    spec: KeySpec
+    #: a deterministic failure, not a success
+    failed: bool
+    stdin: IO[bytes]
+
+
+def run_put(opts: PutOptions, out: BinaryIO, err: TextIO) -> int:
+    """Record the JSON value read from ``opts.stdin`` as a settled fact."""
+    directory = opts.directory
     existing_dir(directory)  # a file in its place is a usage error, as for the readers
-    scope = _scope(scope)
-    step, key = resolve_step(spec)
-    raw = stdin.read()
+    scope = _scope(opts.scope)
+    step, key = resolve_step(opts.spec)
+    raw = opts.stdin.read()
     try:
         value = canon.loads(raw)
     except canon.CanonError as exc:
@@ -230,19 +258,28 @@ def do_put(
     path = created
     problems: list[str] = []
     with Ledger(path, warn=problems.append) as ledger:
-        outcome = Outcome.failed(value) if failed else Outcome.ok(value)
+        outcome = Outcome.failed(value) if opts.failed else Outcome.ok(value)
         recorded = ledger.record(scope, step, outcome, key=key)
     for problem in problems[:-1] if not recorded else problems:
         stderr_warn(problem)
     if not recorded:
         raise OperationalError(problems[-1] if problems else "not recorded")
-    _write(stdout, canon.dumps({"scope": scope, "step": step}) + b"\n")
+    _write(out, canon.dumps({"scope": scope, "step": step}) + b"\n")
     return 0
 
 
-def do_ls(directory: str, scope: str | None, *, stdout: IO[bytes]) -> int:
+@dataclass(frozen=True)
+class LsOptions:
+    """``crucible-ledger ls``: the ledger, and only one scope's records if given."""
+
+    directory: str
+    scope: str | None = None
+
+
+def run_ls(opts: LsOptions, out: BinaryIO, err: TextIO) -> int:
     """The latest record of each identity as NDJSON, in file order."""
-    path = existing_dir(directory)
+    path = existing_dir(opts.directory)
+    scope = opts.scope
     if scope is not None:
         scope = _scope(scope)  # as get/put/run: an empty scope is a usage error
     with Ledger(path, readonly=True) as ledger:
@@ -252,29 +289,45 @@ def do_ls(directory: str, scope: str | None, *, stdout: IO[bytes]) -> int:
             batch.append(payload + b"\n")
             size += len(payload) + 1
             if size >= 1 << 20:  # one write per MiB, not per record
-                _write(stdout, b"".join(batch))
+                _write(out, b"".join(batch))
                 batch, size = [], 0
-        _write(stdout, b"".join(batch))
+        _write(out, b"".join(batch))
     return 0
 
 
-def do_verify(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
-    report = verify(existing_dir(directory))
-    _write(stdout, canon.dumps(report) + b"\n")
+@dataclass(frozen=True)
+class VerifyOptions:
+    """``crucible-ledger verify``: the ledger to check."""
+
+    directory: str
+
+
+def run_verify(opts: VerifyOptions, out: BinaryIO, err: TextIO) -> int:
+    """The ledger's health as JSON on ``out``, a summary on ``err``; exit 1 on damage."""
+    report = verify(existing_dir(opts.directory))
+    _write(out, canon.dumps(report) + b"\n")
     summary = (
         f"{report['path']}: {report['records']} records, {report['identities']} identities, "
         f"{report['duplicates']} duplicates, {report['bad_lines']} bad lines"
         + (", torn tail" if report["torn_tail"] else "")
     )
     for bad in report["bad"][:10]:
-        stderr.write(f"{PROG}: {report['path']}:{bad['line']}: {bad['reason']}\n".encode())
-    stderr.write(f"{PROG}: {summary}: {'DAMAGED' if report['damaged'] else 'ok'}\n".encode())
+        err.write(f"{PROG}: {report['path']}:{bad['line']}: {bad['reason']}\n")
+    err.write(f"{PROG}: {summary}: {'DAMAGED' if report['damaged'] else 'ok'}\n")
     return 1 if report["damaged"] else 0
 
 
-def do_compact(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
-    report = compact(existing_dir(directory))
-    _write(stdout, canon.dumps(report.to_json()) + b"\n")
+@dataclass(frozen=True)
+class CompactOptions:
+    """``crucible-ledger compact``: the ledger to rewrite."""
+
+    directory: str
+
+
+def run_compact(opts: CompactOptions, out: BinaryIO, err: TextIO) -> int:
+    """Keep the latest record per identity; the counts on ``out`` and ``err``."""
+    report = compact(existing_dir(opts.directory))
+    _write(out, canon.dumps(report.to_json()) + b"\n")
     message = (
         f"{PROG}: compacted {report.path}: kept {report.kept} of {report.records_before} "
         f"records, dropped {report.dropped_duplicates} duplicates"
@@ -285,5 +338,5 @@ def do_compact(directory: str, *, stdout: IO[bytes], stderr: IO[bytes]) -> int:
             + (" and a torn tail" if report.torn_tail else "")
             + f" moved to {report.rejected.name}"
         )
-    stderr.write((message + "\n").encode())
+    err.write(message + "\n")
     return 0

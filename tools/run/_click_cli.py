@@ -297,7 +297,7 @@ def report_cmd(
     from crucible.run.commands import ReportOptions, run_report
 
     options = ReportOptions(state, task, html_file, as_json, tsv_file)
-    return run_report(options, sys.stdout, sys.stderr)
+    return run_report(options, sys.stdout.buffer, sys.stderr)
 
 
 @cli.group("cache")
@@ -315,7 +315,7 @@ def cache_forget(task: str, cache: Path | None) -> int:
     """Drop every cached result of TASK (it runs again next time)."""
     from crucible.run.commands import CacheForgetOptions, run_cache_forget
 
-    return run_cache_forget(CacheForgetOptions(task, cache), sys.stdout, sys.stderr)
+    return run_cache_forget(CacheForgetOptions(task, cache), sys.stdout.buffer, sys.stderr)
 
 
 @cache_group.command("gc")
@@ -332,4 +332,4 @@ def cache_gc(cache: Path | None, grace: float) -> int:
     """Remove store files that no cached result names."""
     from crucible.run.commands import CacheGcOptions, run_cache_gc
 
-    return run_cache_gc(CacheGcOptions(cache, grace), sys.stdout, sys.stderr)
+    return run_cache_gc(CacheGcOptions(cache, grace), sys.stdout.buffer, sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from crucible.core.errors import EXIT_OK, InputRefused, UsageError
 from crucible.run._edge import PROG, warner
@@ -53,10 +53,9 @@ class CacheGcOptions:
     grace: float = 60.0
 
 
-def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
+def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     """The task table (or one task's instances), the NDJSON rows, the trace
-    (``--tsv``), or the HTML page.
-    Text goes to ``out``, NDJSON to its byte stream ``out.buffer``."""
+    (``--tsv``), or the HTML page, on ``out`` (UTF-8)."""
     from crucible.core import ndjson, output
     from crucible.run.report import _report as report
 
@@ -74,7 +73,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
         trace = io.StringIO()
         render_tsv(((r.task, r.key, t) for r in rows for t in r.tries), trace)
         if opts.tsv_file == "-":
-            out.write(trace.getvalue())
+            out.write(trace.getvalue().encode("utf-8"))
         else:
             output.write_output(opts.tsv_file, trace.getvalue().encode("utf-8"))
             err.write(f"{PROG}: wrote {opts.tsv_file}\n")
@@ -84,7 +83,7 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
 
         page = timeline.render_report(rows, title=f"crucible run {state}")
         if opts.html_file == "-":
-            out.write(page)
+            out.write(page.encode("utf-8"))
         else:
             output.write_output(opts.html_file, page.encode("utf-8"))  # a device/FIFO: streamed
             err.write(f"{PROG}: wrote {opts.html_file}\n")
@@ -93,15 +92,19 @@ def run_report(opts: ReportOptions, out: TextIO, err: TextIO) -> int:
         instances = task is not None
         for r in rows:
             if r.key is None or instances:
-                out.buffer.write(ndjson.dumps_line(report.row_json(r)))
+                out.write(ndjson.dumps_line(report.row_json(r)))
         if rows.loop is not None:  # a scored loop: one more line, {"loop": ...}
             from crucible.run.report import _loop_view as loop_view
 
-            out.buffer.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
+            out.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
         return EXIT_OK
-    report.render_table(rows, out, instances=task is not None)
+    import io
+
+    table = io.StringIO()
+    report.render_table(rows, table, instances=task is not None)
     if task is None:
-        report.render_outputs(state, out)
+        report.render_outputs(state, table)
+    out.write(table.getvalue().encode("utf-8"))
     return EXIT_OK
 
 
@@ -116,14 +119,14 @@ def _cache_dir(cache: Path | None) -> Path | None:
     return cache
 
 
-def _json_line(out: TextIO, value: dict[str, Any], *, sort_keys: bool = False) -> None:
+def _json_line(out: BinaryIO, value: dict[str, Any], *, sort_keys: bool = False) -> None:
     import json
 
-    out.write(json.dumps(value, sort_keys=sort_keys, separators=(",", ":")) + "\n")
+    out.write((json.dumps(value, sort_keys=sort_keys, separators=(",", ":")) + "\n").encode())
     out.flush()
 
 
-def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
+def run_cache_forget(opts: CacheForgetOptions, out: BinaryIO, err: TextIO) -> int:
     """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
     from crucible.core.contract import task_name_problems
     from crucible.run.cache._store import TaskCache
@@ -144,7 +147,7 @@ def run_cache_forget(opts: CacheForgetOptions, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def run_cache_gc(opts: CacheGcOptions, out: TextIO, err: TextIO) -> int:
+def run_cache_gc(opts: CacheGcOptions, out: BinaryIO, err: TextIO) -> int:
     """Remove store files no cached result names; the counts on ``out``."""
     from crucible.run.cache._store import TaskCache
 

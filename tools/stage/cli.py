@@ -80,7 +80,7 @@ def inputs_cmd(
     from crucible.stage.commands import InputsOptions, run_inputs
 
     opts = InputsOptions(_target(plan, state, task, key, workspace), fmt)
-    return run_inputs(opts, sys.stdout, sys.stderr, stdin=sys.stdin.buffer)
+    return run_inputs(opts, sys.stdout.buffer, sys.stderr, stdin=sys.stdin.buffer)
 
 
 @cli.command("capture")
@@ -124,7 +124,7 @@ def capture_cmd(
         attempt=attempt,
         environ=dict(os.environ),
     )
-    return run_capture(opts, sys.stdout, sys.stderr, stdin=sys.stdin.buffer)
+    return run_capture(opts, sys.stdout.buffer, sys.stderr, stdin=sys.stdin.buffer)
 
 
 @cli.command("prompt")
@@ -136,7 +136,7 @@ def prompt_cmd(
     from crucible.stage.commands import PromptOptions, run_prompt
 
     opts = PromptOptions(_target(plan, state, task, key, workspace))
-    return run_prompt(opts, sys.stdout, sys.stderr, stdin=sys.stdin.buffer)
+    return run_prompt(opts, sys.stdout.buffer, sys.stderr, stdin=sys.stdin.buffer)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

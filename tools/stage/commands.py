@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol, TypeVar
+from typing import IO, Any, BinaryIO, Protocol, TextIO, TypeVar
 
 from crucible.core import canon
 from crucible.core.errors import (
@@ -204,17 +204,17 @@ def _for_target(opts: TargetOptions, stdin: IO[bytes] | None, step: _TargetStep[
 
 
 def run_inputs(
-    opts: InputsOptions, out: IO[str], err: IO[str], *, stdin: IO[bytes] | None = None
+    opts: InputsOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Stage the task's inputs/ and print its environment."""
     from crucible.stage import stage_inputs
 
     staged = _for_target(opts.target, stdin, stage_inputs)
     if opts.fmt == "json":
-        out.write(canon.dumps_str(staged.env) + "\n")
+        out.write(canon.dumps(staged.env) + b"\n")
     else:
-        for name in sorted(staged.env):
-            out.write(f"export {name}={shlex.quote(staged.env[name])}\n")
+        lines = (f"export {name}={shlex.quote(staged.env[name])}\n" for name in sorted(staged.env))
+        out.write("".join(lines).encode("utf-8"))
     return 0
 
 
@@ -290,7 +290,7 @@ def _capture(
 
 
 def run_capture(
-    opts: CaptureOptions, out: IO[str], err: IO[str], *, stdin: IO[bytes] | None = None
+    opts: CaptureOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Settle one attempt: print the record; a failed attempt is refused (exit 1)."""
     cap = emit_cap_from(opts.emit_cap, opts.environ)
@@ -306,7 +306,7 @@ def run_capture(
         record = _capture(
             t, output_file, stdin, exit_code=exit_code, attempt=opts.attempt, emit_cap=cap
         )
-    out.write(canon.dumps_str(record) + "\n")
+    out.write(canon.dumps(record) + b"\n")
     if record["status"] != "passed":
         label = t.task if t.key is None else f"{t.task}[{t.key}]"
         where = "<stdin>" if output_file == "-" else output_file
@@ -318,10 +318,10 @@ def run_capture(
 
 
 def run_prompt(
-    opts: PromptOptions, out: IO[str], err: IO[str], *, stdin: IO[bytes] | None = None
+    opts: PromptOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Print an agent task's prompt (staging its inputs first when needed)."""
     from crucible.stage import render_prompt
 
-    out.write(_for_target(opts.target, stdin, render_prompt))
+    out.write(_for_target(opts.target, stdin, render_prompt).encode("utf-8"))
     return 0

@@ -51,9 +51,9 @@ def command(
     """
     if ctx.invoked_subcommand is not None:
         return 0
-    from crucible.proof.writer.commands import ProveCommand, run_prove
+    from crucible.proof.writer.commands import ProveOptions, run_prove
 
-    opts = ProveCommand(workflow, operations, artifacts, out, check_candidates)
+    opts = ProveOptions(workflow, operations, artifacts, out, check_candidates)
     return run_prove(opts, sys.stdout.buffer, sys.stderr)
 
 
@@ -66,9 +66,9 @@ def command(
 )
 def probe_command(as_json: bool) -> int:
     """Print the synthetic accounting experiment: measured candidates and boundaries."""
-    from crucible.proof.writer.commands import ProbeCommand, run_probe
+    from crucible.proof.writer.commands import ProbeOptions, run_probe
 
-    return run_probe(ProbeCommand(json=as_json), sys.stdout.buffer)
+    return run_probe(ProbeOptions(json=as_json), sys.stdout.buffer, sys.stderr)
 
 
 def main() -> None:

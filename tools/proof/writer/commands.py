@@ -9,13 +9,13 @@ from typing import BinaryIO, TextIO
 
 from crucible.core.errors import EXIT_OK, EXIT_OPERATIONAL, UsageError
 
-__all__ = ["PROG", "ProbeCommand", "ProveCommand", "run_probe", "run_prove"]
+__all__ = ["PROG", "ProbeOptions", "ProveOptions", "run_probe", "run_prove"]
 
 PROG = "crucible-prove"
 
 
 @dataclass(frozen=True)
-class ProveCommand:
+class ProveOptions:
     workflow: Path | None
     operations: Path | None
     artifacts: Path | None
@@ -23,7 +23,7 @@ class ProveCommand:
     check_candidates: bool = False
 
 
-def _inputs(opts: ProveCommand) -> tuple[Path, Path, Path, Path]:
+def _inputs(opts: ProveOptions) -> tuple[Path, Path, Path, Path]:
     """The four paths, each present and of the right kind (usage errors, exit 2)."""
     given = (
         ("--workflow", opts.workflow),
@@ -49,7 +49,7 @@ def _inputs(opts: ProveCommand) -> tuple[Path, Path, Path, Path]:
     return workflow, operations, artifacts, out
 
 
-def run_prove(opts: ProveCommand, out: BinaryIO, err: TextIO) -> int:
+def run_prove(opts: ProveOptions, out: BinaryIO, err: TextIO) -> int:
     """Write the bundle; the proof digest on ``out``, a summary line on ``err``.
     Exit 3 (and the last complete prefix, labelled partial) when recording became
     unavailable; refused input raises (exit 1 or 2, the previous bundle untouched)."""
@@ -76,12 +76,12 @@ def run_prove(opts: ProveCommand, out: BinaryIO, err: TextIO) -> int:
 
 
 @dataclass(frozen=True)
-class ProbeCommand:
+class ProbeOptions:
     #: one canonical JSON object (docs/schemas/prove-probe.json) instead of the text
     json: bool = False
 
 
-def run_probe(opts: ProbeCommand, out: BinaryIO) -> int:
+def run_probe(opts: ProbeOptions, out: BinaryIO, err: TextIO) -> int:
     """The synthetic accounting experiment: measured candidates and boundaries."""
     from crucible.proof.writer._probe import run_probe as probe
 
