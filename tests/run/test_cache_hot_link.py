@@ -173,7 +173,7 @@ def test_restored_record_is_the_record_a_hit_writes() -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 300, 1 << 16, (1 << 16) + 1, 3 << 20])
 def test_file_digest_is_of_file(tmp_path: Path, size: int) -> None:
-    from crucible.run.cache._store import file_digest
+    from crucible.run.cache._storefs import file_digest
 
     p = tmp_path / "f"
     p.write_bytes(os.urandom(size))

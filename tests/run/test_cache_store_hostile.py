@@ -19,7 +19,8 @@ import pytest
 
 from crucible.core import digest
 from crucible.core.atomic import TMP_PREFIX
-from crucible.run.cache._store import CacheKey, Hit, TaskCache, file_digest
+from crucible.run.cache._store import CacheKey, Hit, TaskCache
+from crucible.run.cache._storefs import file_digest
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
