@@ -36,6 +36,7 @@ from crucible.compile._editions import (
     workflow_key_since,
 )
 from crucible.compile._names import env_problem
+from crucible.core.contract import JOINS, KINDS
 from crucible.core.globs import pattern_problem
 
 __all__ = [
@@ -50,8 +51,6 @@ __all__ = [
     "value_matches",
 ]
 
-KINDS: tuple[str, ...] = ("command", "evaluate", "agent")
-JOINS: tuple[str, ...] = ("all", "settled")
 WORKFLOW_KEYS: tuple[str, ...] = tuple(
     k for k in ("name", "description", "params", "source", "task") if workflow_key_since(k) == 1
 )
