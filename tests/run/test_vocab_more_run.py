@@ -72,3 +72,75 @@ def test_a_settled_join_after_a_start_up_skip_runs_once(tmp_path: Path) -> None:
     started = [e["task"] for e in events(tmp_path / "state") if e["event"] == "task_started"]
     assert started == ["b"]
     assert "1 passed, 0 failed, 1 skipped" in proc.stderr
+
+
+# -- item 4: the include-only matrix -------------------------------------------------
+
+#: each instance writes its key and item into its output
+ECHO = (
+    'run = \'printf "{\\"item\\": %s, \\"key\\": \\"%s\\"}" '
+    '"$(cat "$CRUCIBLE_INPUTS_DIR/item")" "$CRUCIBLE_KEY" > "$CRUCIBLE_OUTPUT"\'\n'
+)
+
+
+def instance_outputs(state: Path, task: str) -> dict[str, Any]:
+    """key -> output of each instance, in the aggregate record's order."""
+    from crucible import stage
+
+    out = {}
+    for key in record(state, task)["keys"]:
+        rec = stage.load_result(state, task, key)
+        assert rec is not None
+        out[key] = rec.get("output")
+    return out
+
+
+def test_an_include_only_matrix_runs_exactly_its_entries_in_order(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "inc"
+        [[workflow.task]]
+        name = "t"
+        matrix = {{ include = [
+          {{ os = "ubuntu-latest", python = "3.12" }},
+          {{ os = "macos-latest", python = "3.11", experimental = true }},
+        ] }}
+        emits = {{ item = "object", key = "string" }}
+        {ECHO}""",
+    )
+    assert proc.returncode == 0, proc.stderr
+    state = tmp_path / "state"
+    keys = ["os=ubuntu-latest,python=3.12", "experimental=true,os=macos-latest,python=3.11"]
+    (admitted,) = [e for e in events(state) if e["event"] == "plan_admitted"]
+    assert admitted["tasks"][0]["instances"] == keys
+    assert admitted["tasks"][0]["matrix"] == []
+    assert instance_outputs(state, "t") == {
+        keys[0]: {"item": {"os": "ubuntu-latest", "python": "3.12"}, "key": keys[0]},
+        keys[1]: {
+            "item": {"experimental": True, "os": "macos-latest", "python": "3.11"},
+            "key": keys[1],
+        },
+    }
+    assert record(state, "t")["status"] == "passed"
+
+
+def test_an_empty_axis_leaves_only_the_include_entries(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "inc"
+        [[workflow.task]]
+        name = "t"
+        matrix = {{ os = [], include = [{{ os = "solaris" }}] }}
+        emits = {{ item = "object", key = "string" }}
+        {ECHO}""",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert instance_outputs(tmp_path / "state", "t") == {
+        "os=solaris": {"item": {"os": "solaris"}, "key": "os=solaris"}
+    }
