@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from crucible.compile import compile_bytes, load_plan_bytes
+from crucible.compile._diagnostics import ValidationFailed
 from crucible.compile._manifest import analyze_manifest
 from crucible.core import canon
 
@@ -100,3 +101,41 @@ def test_an_include_only_matrix_is_refused_below_edition_4() -> None:
     head = HEAD.replace("edition = 4", "edition = 3").split("[workflow.params.n]")[0]
     found = codes(one_task('matrix = { include = [{ os = "a" }] }'), head)
     assert found[0][0] == "unknown-key" and "edition 4" in found[0][2], found
+
+
+# -- item 5: on_empty -------------------------------------------------------------------
+
+
+def test_on_empty_skip_is_kept_and_pass_is_omitted() -> None:
+    body = one_task('map = "params.anything"\non_empty = "skip"')
+    assert task(body)["on_empty"] == "skip"
+    round_trips(body)
+    assert "on_empty" not in task(one_task('matrix = { a = [1] }\non_empty = "pass"'))
+
+
+@pytest.mark.parametrize(
+    ("lines", "code", "line"),
+    [
+        ('on_empty = "skip"', "on-empty-needs-fanout", 15),
+        ('on_empty = "pass"', "on-empty-needs-fanout", 15),
+        ('map = [1]\non_empty = "never"', "bad-value", 16),
+        ("map = [1]\non_empty = true", "wrong-type", 16),
+        ('map = [1]\non_empty = ["skip"]', "wrong-type", 16),
+    ],
+)
+def test_on_empty_refusals(lines: str, code: str, line: int) -> None:
+    assert_refused(one_task(lines), code, line)
+
+
+def test_on_empty_is_refused_below_edition_4() -> None:
+    head = 'edition = 3\n[workflow]\nname = "v"\n'
+    found = codes(one_task('on_empty = "skip"'), head)
+    assert found[0][0] == "unknown-key" and "edition 4" in found[0][2], found
+
+
+def test_a_plan_with_on_empty_pass_written_out_is_not_normal_form() -> None:
+    plan = plan_of(one_task("map = [1]"))
+    plan["tasks"][0]["on_empty"] = "pass"
+    with pytest.raises(ValidationFailed) as caught:
+        load_plan_bytes(canon.dumps(plan), "plan.json")
+    assert [d.code for d in caught.value.diagnostics] == ["not-normal-form"]

@@ -144,3 +144,60 @@ def test_an_empty_axis_leaves_only_the_include_entries(tmp_path: Path) -> None:
     assert instance_outputs(tmp_path / "state", "t") == {
         "os=solaris": {"item": {"os": "solaris"}, "key": "os=solaris"}
     }
+
+
+# -- item 5: on_empty -------------------------------------------------------------------
+
+ON_EMPTY = """
+edition = 4
+[workflow]
+name = "emp"
+[workflow.params.regions]
+type = "array"
+default = []
+[[workflow.task]]
+name = "deploy"
+map = "params.regions"
+{on_empty}
+run = "true"
+[[workflow.task]]
+name = "announce"
+needs = ["deploy"]
+run = "echo announce >> \\"$CRUCIBLE_PACK_DIR/ran\\""
+[[workflow.task]]
+name = "cleanup"
+needs = ["deploy"]
+join = "settled"
+run = "echo cleanup >> \\"$CRUCIBLE_PACK_DIR/ran\\""
+"""
+
+
+def test_on_empty_skip_settles_an_empty_fanout_skipped_and_skips_its_all_joins(
+    tmp_path: Path,
+) -> None:
+    proc = dispatch(tmp_path, ON_EMPTY.format(on_empty='on_empty = "skip"'))
+    assert proc.returncode == 0, proc.stderr
+    state = tmp_path / "state"
+    deploy = record(state, "deploy")
+    assert (deploy["status"], deploy["keys"]) == ("skipped", [])
+    assert deploy["note"] == 'skipped: the fan-out has no instances (on_empty = "skip")'
+    done = finished(state)
+    assert done["deploy"]["status"] == "skipped" and done["deploy"]["instances"] == 0
+    assert done["announce"]["status"] == "skipped"
+    assert done["announce"]["note"] == "skipped: needs 'deploy', which was skipped"
+    assert done["cleanup"]["status"] == "passed"
+    assert (tmp_path / "ran").read_text() == "cleanup\n"  # once: no start-up double run
+    assert "1 passed, 0 failed, 2 skipped" in proc.stderr
+
+
+def test_on_empty_pass_is_the_default_and_a_nonempty_fanout_runs(tmp_path: Path) -> None:
+    proc = dispatch(tmp_path, ON_EMPTY.format(on_empty=""))
+    assert proc.returncode == 0, proc.stderr
+    assert record(tmp_path / "state", "deploy")["status"] == "passed"
+    assert sorted((tmp_path / "ran").read_text().split()) == ["announce", "cleanup"]
+    proc = dispatch(
+        tmp_path, ON_EMPTY.format(on_empty='on_empty = "skip"'), "-p", 'regions=["eu"]', state="s2"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert record(tmp_path / "s2", "deploy")["keys"] == ["0"]
+    assert record(tmp_path / "s2", "deploy")["status"] == "passed"
