@@ -78,6 +78,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "reads": 4,
     "sandbox": 4,
     "network": 4,
+    # issue 32: what a fan-out with no instances settles as (compile._shape)
+    "on_empty": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task

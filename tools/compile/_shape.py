@@ -229,6 +229,33 @@ def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
             t.task["map"] = ref
 
 
+#: what a fan-out with no instances settles as (issue 32; "pass" is the default)
+ON_EMPTY: tuple[str, ...] = ("pass", "skip")
+
+
+def _task_on_empty(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    """``on_empty``: only a mapped task (map or matrix) has instances to lack; the
+    plan carries it only as ``"skip"`` (the default ``"pass"`` is omitted)."""
+    if "on_empty" not in raw or "on_empty" not in t.known:
+        return
+    value = raw["on_empty"]
+    if not isinstance(value, str):
+        t.chk.wrong_type(t.at("on_empty"), value, 'on_empty must be "pass" or "skip"')
+    elif value not in ON_EMPTY:
+        t.chk.error(
+            "bad-value", t.at("on_empty"), f'on_empty must be "pass" or "skip", not {value!r}'
+        )
+    elif "map" not in raw and "matrix" not in raw:
+        who = f"task {t.task['name']!r}" if t.task.get("name") else "the task"
+        t.chk.error(
+            "on-empty-needs-fanout",
+            t.at("on_empty"),
+            f"{who} has on_empty but no map or matrix (only a fan-out can have no instances)",
+        )
+    elif value == "skip":
+        t.task["on_empty"] = value
+
+
 def _task_cache(t: _TaskCheck, value: object) -> None:
     # docs/spec/cache.md: false = never looked up or recorded
     if type(value) is not bool:
@@ -360,6 +387,7 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
     ("emits", _task_emits),
     ("emits_files", _task_emits_files),
     (None, _task_fanout),  # map, matrix, key, parallelism
+    (None, _task_on_empty),
     ("cache", _task_cache),
     ("params", _task_params),
     ("resources", _task_resources),

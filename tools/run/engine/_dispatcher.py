@@ -273,7 +273,7 @@ class Dispatcher:
             self.readiness.not_selected()
             for name in self.graph.order:
                 if name not in self.schedule.status and self.schedule.remaining[name] == 0:
-                    self.readiness.on_ready(name)
+                    self.schedule.ready_once(name)
             if self.loop is not None:  # scored loop: its before tasks may all be settled
                 self.loop.maybe_start()
             self._loop(wake_r)

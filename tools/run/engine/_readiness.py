@@ -181,6 +181,11 @@ class Readiness:
         self.durable.wrote(name, None)
         status = record.get("status", FAILED)
         task = self.graph.tasks[name]
+        if not keys and task.get("on_empty") == "skip":  # issue 32: Tekton's empty fan-out
+            status, note = SKIPPED, 'skipped: the fan-out has no instances (on_empty = "skip")'
+            record = control.amend_record(
+                self.layout.result_path(name), status=status, note=note, durable=False
+            )  # rides the group commit: self.durable.wrote above
         if "when" in task and (verdict := control.fold_verdict(record)) is not None:
             status, note = verdict  # instances skipped by their condition are no failure
             record = control.amend_record(
