@@ -43,7 +43,7 @@ def state_of(name: str, root: Path) -> Path:
     (state / "plan.json").write_bytes(b"{}")
     shutil.copy(src / "workflow.json", state / "workflow.json")
     shutil.copy(src / "operations.ndjson", state / "operations.ndjson")
-    shutil.copytree(src / "artifacts", state / "proof")
+    shutil.copytree(src / "artifacts", state / "proof" / "artifacts")
     return state
 
 
@@ -78,6 +78,59 @@ def test_state_dir_exports_the_recorded_bundle(name: str, tmp_path: Path) -> Non
     report = verify_bundle(out, VerifyOptions())
     assert report.problem is None and report.reading is not None
     assert report.reading.completion == expected["reader"]["completion"]
+
+
+def _session(state: Path, *events: dict[str, object]) -> None:
+    lines = [{"event": "plan_admitted", "session": 1}, *events]
+    (state / "session.jsonl").write_bytes(b"".join(canon.dumps(e) + b"\n" for e in lines))
+
+
+def _without_finish(state: Path) -> None:
+    ops = state / "operations.ndjson"
+    lines = ops.read_bytes().splitlines(keepends=True)
+    assert b'"op":"finish"' in lines[-1]
+    ops.write_bytes(b"".join(lines[:-1]))
+
+
+SHUTDOWN = {"event": "shutdown", "session": 1, "reason": "completed", "exit_code": 0}
+
+
+def test_ended_run_exports_complete_without_a_finish_line(tmp_path: Path) -> None:
+    state = state_of("complete", tmp_path)
+    _without_finish(state)
+    _session(state, {"event": "run_finished", "session": 1}, SHUTDOWN)
+    log = (state / "operations.ndjson").read_bytes()
+    result = export(ExportOptions(state, tmp_path / "bundle", durable=False))
+    assert result.partial is None
+    # the same bundle the recorded log with its finish line gives
+    assert read_tree(tmp_path / "bundle") == read_tree(VECTORS / "complete" / "bundle")
+    assert (state / "operations.ndjson").read_bytes() == log  # the state is not changed
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [],  # never shut down: crashed (or still running without a lock)
+        [{**SHUTDOWN, "reason": "signal", "signal": "SIGTERM", "exit_code": 143}],
+        [{**SHUTDOWN, "reason": "error", "exit_code": 3}],
+        [SHUTDOWN, {"event": "plan_admitted", "session": 2}],  # a resumed session
+        [SHUTDOWN, "torn"],
+    ],
+    ids=["no-shutdown", "signal", "error", "resumed", "torn"],
+)
+def test_run_that_did_not_end_exports_partial(events: list[object], tmp_path: Path) -> None:
+    state = state_of("complete", tmp_path)
+    _without_finish(state)
+    if events and events[-1] == "torn":
+        _session(state, SHUTDOWN)
+        with open(state / "session.jsonl", "ab") as f:
+            f.write(b'{"event":"task_star')
+    else:
+        _session(state, *events)  # type: ignore[arg-type]
+    result = export(ExportOptions(state, tmp_path / "bundle", durable=False))
+    assert result.partial == "no-finish"
+    label = canon.loads((tmp_path / "bundle" / "partial.json").read_bytes())
+    assert label == {"partialVersion": 1, "reason": "no-finish", "operationLine": None}
 
 
 def test_cli_exports_and_verify_pins_the_workflow_digest(tmp_path: Path) -> None:
@@ -133,7 +186,7 @@ def _damage_no_workflow(state: Path) -> None:
 
 
 def _damage_no_artifacts(state: Path) -> None:
-    shutil.rmtree(state / "proof")
+    shutil.rmtree(state / "proof" / "artifacts")
 
 
 @pytest.mark.parametrize(
@@ -142,7 +195,7 @@ def _damage_no_artifacts(state: Path) -> None:
         (_damage_no_plan, 1, "not a run's state directory (no plan.json)"),
         (_damage_unaccounted, 1, "an unaccounted run: no operations.ndjson"),
         (_damage_no_workflow, 1, "an accounted run without workflow.json"),
-        (_damage_no_artifacts, 1, "an accounted run without its proof/ directory"),
+        (_damage_no_artifacts, 1, "an accounted run without its proof/artifacts/ directory"),
     ],
 )
 def test_state_dir_that_is_no_accounted_run_is_refused(

@@ -2,10 +2,10 @@
 
 The dispatcher of an accounted pack keeps, beside its own state, the three inputs of
 ``prove``: ``STATE/workflow.json``, ``STATE/operations.ndjson`` and the received
-artifacts the log names under ``STATE/proof/``. The export replays that log with the
+artifacts the log names under ``STATE/proof/artifacts/``. The export replays that log with the
 same engine (so the bundle is the one ``--workflow/--operations/--artifacts`` would
-write) into a fresh directory, swapped in atomically. A run that never reached its
-``finish`` line exports partial (admission-proof.md §9, §11).
+write) into a fresh directory, swapped in atomically. A run whose last session ended
+by itself is closed by a ``finish`` with no files; any other exports partial (admission-proof.md §9, §11).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ __all__ = [
     "STATE_LOCK",
     "STATE_OPERATIONS",
     "STATE_PLAN",
+    "STATE_SESSION",
     "STATE_WORKFLOW",
     "ExportOptions",
     "export",
@@ -39,7 +41,11 @@ STATE_LOCK = "lock"
 #: an accounted run's inputs of ``prove`` (docs/spec/admission-proof.md §11)
 STATE_WORKFLOW = "workflow.json"
 STATE_OPERATIONS = "operations.ndjson"
-STATE_ARTIFACTS = "proof"
+STATE_ARTIFACTS = "proof/artifacts"
+#: the session log whose last line says whether the last session ended (run.md)
+STATE_SESSION = "session.jsonl"
+#: how much of the session log's tail is read to find its last line
+_TAIL = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,32 @@ def export(options: ExportOptions) -> ProveResult:
                 check_candidates=options.check_candidates,
                 durable=options.durable,
                 keep_decisions=False,
+                ended=run_ended(state),
             )
         )
+
+
+def run_ended(state: Path) -> bool:
+    """Whether the run's last session ended by itself: the last line of its session
+    log is ``shutdown`` with reason ``completed`` (a signal, an error or no shutdown
+    at all — a crash, a running dispatcher — is no end)."""
+    try:
+        with open(state / STATE_SESSION, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL))
+            tail = f.read()
+    except OSError:
+        return False
+    lines = tail.rstrip(b"\n").rsplit(b"\n", 1)
+    try:
+        last = json.loads(lines[-1])
+    except ValueError:
+        return False  # a torn last line: that session did not end cleanly
+    return (
+        isinstance(last, dict)
+        and last.get("event") == "shutdown"
+        and last.get("reason") == "completed"
+    )
 
 
 def _check_state(state: Path) -> None:
