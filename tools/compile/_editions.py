@@ -104,6 +104,8 @@ _WORKFLOW_KEYS_SINCE: dict[str, int] = {
     "reads": 4,
     "sandbox": 4,
     "network": 4,
+    # an accounted pack's bounds (issue 28; crucible.compile._accounted)
+    "limits": 4,
 }
 _TOP_KEYS_SINCE: dict[str, int] = {
     "edition": 1,
