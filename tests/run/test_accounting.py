@@ -107,7 +107,7 @@ def prove(state: Path, out: Path) -> subprocess.CompletedProcess[str]:
             str(state / "proof" / "artifacts"),
             "--out",
             str(out),
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         check=False,
