@@ -121,6 +121,7 @@ TASK_MEMBERS: dict[str, int] = {
     "reads": 3,
     "sandbox": 3,
     "network": 3,
+    "on_empty": 3,
 }
 _PARAM_MEMBERS = frozenset({"type", "default", "description"})
 _INPUT_MEMBERS = frozenset({"from", "producer", "field", "type"})
@@ -452,8 +453,9 @@ def _matrix(value: object, path: str, version: int) -> Matrix:
     raw = _obj(value, path, "matrix")
     _no_unknown(raw, _MATRIX_MEMBERS, path, "matrix")
     axes_raw = raw.get("axes")
-    if not isinstance(axes_raw, list) or not axes_raw:
-        raise _fail(f"{path}.axes", "axes must be a non-empty list")
+    # an include-only matrix (no axes) runs exactly its include entries
+    if not isinstance(axes_raw, list) or not (axes_raw or raw.get("include")):
+        raise _fail(f"{path}.axes", "axes must be a list, non-empty unless include is")
     axes = []
     for i, a in enumerate(axes_raw):
         apath = f"{path}.axes[{i}]"
@@ -512,6 +514,8 @@ class Task:
     reads: tuple[str, ...] = ()
     sandbox: bool = False
     network: bool = False
+    #: as written (None: absent, meaning "pass"); :attr:`skips_when_empty` is what it means
+    on_empty: Literal["pass", "skip"] | None = None
 
     # -- what the members mean -----------------------------------------------------
 
@@ -539,6 +543,11 @@ class Task:
             or self.key is not None
             or (self.map is not None and not isinstance(self.map, Ref))
         )
+
+    @property
+    def skips_when_empty(self) -> bool:
+        """A fan-out with no instances settles ``skipped`` (``on_empty = "skip"``)."""
+        return self.on_empty == "skip"
 
     @property
     def tolerated(self) -> bool:
@@ -579,6 +588,7 @@ class Task:
             ("key", self.key),
             ("parallelism", self.parallelism),
             ("cache", self.cache),
+            ("on_empty", self.on_empty),
         )
         out.update((k, v) for k, v in optional if v is not None)
         if self.env:
@@ -654,6 +664,7 @@ def _task_checked(raw: dict[str, Any], version: int) -> Task:
         reads=tuple(get("reads", ())),
         sandbox=get("sandbox", False),
         network=get("network", False),
+        on_empty=get("on_empty"),
     )
 
 
@@ -683,6 +694,9 @@ def _task(value: object, path: str, version: int) -> Task:
     on_failure = raw.get("on_failure", "fail")
     if on_failure not in ("fail", "continue"):
         raise _fail(f"{path}.on_failure", f"unknown on_failure {on_failure!r}")
+    on_empty = raw.get("on_empty")
+    if on_empty not in (None, "pass", "skip"):
+        raise _fail(f"{path}.on_empty", f"unknown on_empty {on_empty!r}")
     return Task(
         name=name,
         kind=kind,
@@ -715,6 +729,7 @@ def _task(value: object, path: str, version: int) -> Task:
         reads=_strs(raw.get("reads", []), f"{path}.reads", "reads"),
         sandbox=_bool(raw.get("sandbox", False), f"{path}.sandbox", "sandbox"),
         network=_bool(raw.get("network", False), f"{path}.network", "network"),
+        on_empty=on_empty,
     )
 
 
