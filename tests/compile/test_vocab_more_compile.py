@@ -139,3 +139,95 @@ def test_a_plan_with_on_empty_pass_written_out_is_not_normal_form() -> None:
     with pytest.raises(ValidationFailed) as caught:
         load_plan_bytes(canon.dumps(plan), "plan.json")
     assert [d.code for d in caught.value.diagnostics] == ["not-normal-form"]
+
+
+# -- item 6: sequences ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spelling", "plan_form"),
+    [
+        (
+            '{ start = 1, end = 12, format = "%02d" }',
+            {"sequence": {"count": 12, "start": 1, "step": 1, "format": "%02d"}},
+        ),
+        ("{ start = 5, end = 1, step = -1 }", {"sequence": {"count": 5, "start": 5, "step": -1}}),
+        (
+            '{ count = "params.n" }',
+            {"sequence": {"count": {"param": "n"}, "start": 0, "step": 1}},
+        ),
+        (
+            '{ start = "params.n", end = 1, step = -1, format = "T-%d" }',
+            {"sequence": {"end": 1, "start": {"param": "n"}, "step": -1, "format": "T-%d"}},
+        ),
+        (
+            '{ start = 2, end = "params.n" }',
+            {"sequence": {"end": {"param": "n"}, "start": 2, "step": 1}},
+        ),
+        (
+            '{ start = "params.anything", count = 4, step = 3 }',
+            {"sequence": {"count": 4, "start": {"param": "anything"}, "step": 3}},
+        ),
+        (
+            '{ count = 2, format = "%%%x%%" }',
+            {"sequence": {"count": 2, "start": 0, "step": 1, "format": "%%%x%%"}},
+        ),
+    ],
+)
+def test_sequences_compile_to_their_plan_form_and_read_back(spelling: str, plan_form: Any) -> None:
+    body = one_task(f"map = {spelling}")
+    assert task(body)["map"] == plan_form
+    round_trips(body)
+    axis = one_task(f"matrix = {{ a = {spelling} }}")
+    assert task(axis)["matrix"]["axes"][0]["source"] == plan_form
+    round_trips(axis)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "code", "says"),
+    [
+        ('{ count = 3, format = "%s" }', "bad-value", "%s is not an integer conversion"),
+        ('{ count = 3, format = "%.2f" }', "bad-value", "%f is not an integer conversion"),
+        ('{ count = 3, format = "%c" }', "bad-value", "%c is not an integer conversion"),
+        ('{ count = 3, format = "n" }', "bad-value", "exactly one integer conversion"),
+        ('{ count = 3, format = "%d%d" }', "bad-value", "not 2"),
+        ('{ count = 3, format = "50%" }', "bad-value", "lone '%'"),
+        ('{ count = 3, format = "%0100d" }', "bad-value", "at most 64 wide"),
+        ("{ count = 3, format = 2 }", "wrong-type", "format must be a string"),
+        ("{ count = -1 }", "bad-value", "count must not be negative"),
+        ("{ count = 3, step = 0 }", "bad-value", "step must not be 0"),
+        ("{ start = 5, end = 1 }", "bad-value", "write step = -1"),
+        ("{ start = 1, end = 5, step = -2 }", "bad-value", "write step = 2"),
+        ('{ count = "n" }', "wrong-type", 'an integer or "params.NAME"'),
+        ('{ count = 2, step = "params.n" }', "wrong-type", "step must be an integer"),
+        ('{ count = "params.nope" }', "fanout-unknown-param", "params.nope"),
+        ('{ end = "params.word" }', "sequence-not-integer", "declared string"),
+        ('{ count = "params.bad-" }', "fanout-unknown-param", "params.bad-"),
+        ("{ count = 3, colour = 1 }", "bad-value", "a table must be a sequence"),
+    ],
+)
+def test_sequence_refusals_are_located(spelling: str, code: str, says: str) -> None:
+    message = assert_refused(one_task(f"map = {spelling}"), code, 15)
+    assert says in message
+
+
+def test_a_param_default_a_sequence_cannot_use_is_refused() -> None:
+    head = HEAD + '[workflow.params.neg]\ntype = "integer"\ndefault = -2\n'
+    head += '[workflow.params.odd]\ntype = "any"\ndefault = "x"\n'
+    assert_refused(one_task('map = { count = "params.neg" }'), "bad-value", 21, head)
+    assert_refused(one_task('map = { count = "params.odd" }'), "sequence-not-integer", 21, head)
+    # a negative start is fine
+    assert task(one_task('map = { start = "params.neg", count = 2 }'), head=head)
+
+
+def test_a_task_listing_params_must_list_the_ones_its_sequence_reads() -> None:
+    assert_refused(
+        one_task('params = ["word"]\nmap = { count = "params.n" }'), "task-params-unread", 16
+    )
+    assert task(one_task('params = ["n"]\nmap = { count = "params.n" }'))
+
+
+def test_a_sequence_format_is_refused_below_edition_4() -> None:
+    head = 'edition = 3\n[workflow]\nname = "v"\n'
+    found = codes(one_task('map = { count = 2, format = "%d" }'), head)
+    assert found and found[0][0] == "wrong-type", found  # before edition 4 a map is a ref

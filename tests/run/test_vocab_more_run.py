@@ -201,3 +201,82 @@ def test_on_empty_pass_is_the_default_and_a_nonempty_fanout_runs(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     assert record(tmp_path / "s2", "deploy")["keys"] == ["0"]
     assert record(tmp_path / "s2", "deploy")["status"] == "passed"
+
+
+# -- item 6: sequences ------------------------------------------------------------------
+
+SEQUENCES = """
+edition = 4
+[workflow]
+name = "seq"
+[workflow.params.shards]
+type = "integer"
+default = 3
+[workflow.params.from]
+type = "integer"
+default = 5
+[[workflow.task]]
+name = "months"
+map = {{ start = 1, end = 12, step = 5, format = "%02d" }}
+emits = {{ item = "any", key = "string" }}
+{echo}
+[[workflow.task]]
+name = "shard"
+map = {{ count = "params.shards", format = "part-%03d.csv" }}
+on_empty = "skip"
+emits = {{ item = "any", key = "string" }}
+{echo}
+[[workflow.task]]
+name = "countdown"
+map = {{ start = "params.from", end = 1, step = -1 }}
+on_empty = "skip"
+emits = {{ item = "any", key = "string" }}
+{echo}
+"""
+
+
+def items(state: Path, task: str) -> list[Any]:
+    return [out["item"] for out in instance_outputs(state, task).values()]
+
+
+def test_sequences_format_read_params_and_count_down(tmp_path: Path) -> None:
+    proc = dispatch(tmp_path, SEQUENCES.format(echo=ECHO))
+    assert proc.returncode == 0, proc.stderr
+    state = tmp_path / "state"
+    assert items(state, "months") == ["01", "06", "11"]
+    assert items(state, "shard") == ["part-000.csv", "part-001.csv", "part-002.csv"]
+    assert items(state, "countdown") == [5, 4, 3, 2, 1]
+    assert list(instance_outputs(state, "countdown")) == ["0", "1", "2", "3", "4"]
+    proc = dispatch(
+        tmp_path, SEQUENCES.format(echo=ECHO), "-p", "shards=1", "-p", "from=2", state="s2"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert items(tmp_path / "s2", "shard") == ["part-000.csv"]
+    assert items(tmp_path / "s2", "countdown") == [2, 1]
+
+
+def test_a_param_sequence_counting_nothing_is_an_empty_fanout(tmp_path: Path) -> None:
+    proc = dispatch(tmp_path, SEQUENCES.format(echo=ECHO), "-p", "shards=0", "-p", "from=0")
+    assert proc.returncode == 0, proc.stderr
+    state = tmp_path / "state"
+    for name in ("shard", "countdown"):  # on_empty = "skip"
+        assert (record(state, name)["status"], record(state, name)["keys"]) == ("skipped", [])
+
+
+def test_a_negative_count_param_is_refused_at_admission(tmp_path: Path) -> None:
+    proc = dispatch(tmp_path, SEQUENCES.format(echo=ECHO), "-p", "shards=-1")
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "params.shards" in proc.stderr and "must not be negative" in proc.stderr
+    assert not (tmp_path / "state" / "plan.json").exists()  # refused before the claim
+
+
+def test_a_param_sequence_over_the_bound_fails_its_task_with_a_note(tmp_path: Path) -> None:
+    proc = dispatch(tmp_path, SEQUENCES.format(echo=ECHO), "-p", "shards=100001")
+    assert proc.returncode == 1
+    state = tmp_path / "state"
+    shard = record(state, "shard")
+    assert shard["status"] == "failed"
+    assert "100,001 numbers, more than 100,000" in shard["note"]
+    assert not (state / "work" / "shard").exists()  # nothing started
+    assert record(state, "months")["status"] == "passed"
