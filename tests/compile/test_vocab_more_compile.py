@@ -231,3 +231,49 @@ def test_a_sequence_format_is_refused_below_edition_4() -> None:
     head = 'edition = 3\n[workflow]\nname = "v"\n'
     found = codes(one_task('map = { count = 2, format = "%d" }'), head)
     assert found and found[0][0] == "wrong-type", found  # before edition 4 a map is a ref
+
+
+# -- item 7: retry.when -------------------------------------------------------------------
+
+RETRY_WHEN = "last.exit_code in (69, 75) or last.reason == 'timeout'"
+
+
+def test_retry_when_is_kept_as_written_beside_the_defaults() -> None:
+    body = one_task(f'retry = {{ limit = 3, when = "{RETRY_WHEN}" }}')
+    assert task(body)["retry"] == {
+        "limit": 3,
+        "delay": 0.5,
+        "factor": 2,
+        "max_delay": 30,
+        "on_timeout": True,
+        "when": RETRY_WHEN,
+    }
+    round_trips(body)
+    every = (
+        "last.attempt < 3 and last.signal == None and last.duration_s < 9.5 "
+        "and len(last.stderr_tail) >= 0 and last.reason != 'lost'"
+    )
+    assert task(one_task(f'retry = {{ limit = 1, on_exit = [2], when = "{every}" }}'))
+
+
+@pytest.mark.parametrize(
+    ("when", "code", "says"),
+    [
+        ("1", "wrong-type", "retry when must be a string"),
+        ('" "', "bad-value", "must not be empty"),
+        ('"last.exit_code =="', "when-syntax", "retry when"),
+        ('"x = 1"', "when-syntax", "retry when"),
+        ('"last.status == 1"', "when-unknown-name", "last.status: the last attempt has"),
+        ('"params.n > 1"', "when-unknown-name", "unknown name 'params'"),
+        ("\"needs.a.status == 'failed'\"", "when-unknown-name", "unknown name 'needs'"),
+    ],
+)
+def test_retry_when_refusals_are_located(when: str, code: str, says: str) -> None:
+    message = assert_refused(one_task(f"retry = {{ limit = 1, when = {when} }}"), code, 15)
+    assert says in message
+
+
+def test_retry_when_is_refused_below_edition_4() -> None:
+    head = 'edition = 3\n[workflow]\nname = "v"\n'
+    found = codes(one_task('retry = { limit = 1, when = "True" }'), head)
+    assert found and found[0][0] == "unknown-key" and "edition 4" in found[0][2], found
