@@ -445,3 +445,10 @@ def test_a_lost_workers_attempt_is_put_to_retry_when_as_lost() -> None:
     assert apply_retry_when(task, Retry(None, "no"), last) == Retry(None, "no")  # not asked
     killed = last_attempt(attempt=2, exit_code=-9, timed_out=False, duration=1.5, tail="x")
     assert (killed["signal"], killed["reason"], killed["exit_code"]) == ("SIGKILL", "signal", None)
+
+
+def test_a_dry_run_says_an_empty_fanout_will_settle_skipped(tmp_path: Path) -> None:
+    proc = dispatch(tmp_path, ON_EMPTY.format(on_empty='on_empty = "skip"'), "-n")
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [row for row in proc.stdout.splitlines() if " deploy " in row]
+    assert line.endswith('no instances: settles skipped (on_empty = "skip")'), line
