@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from crucible.compile import compile_bytes, load_plan_bytes
+from crucible.compile import compile_bytes, compile_path, load_plan_bytes
 from crucible.compile._diagnostics import ValidationFailed
 from crucible.compile._manifest import analyze_manifest
 from crucible.core import canon
@@ -277,3 +277,36 @@ def test_retry_when_is_refused_below_edition_4() -> None:
     head = 'edition = 3\n[workflow]\nname = "v"\n'
     found = codes(one_task('retry = { limit = 1, when = "True" }'), head)
     assert found and found[0][0] == "unknown-key" and "edition 4" in found[0][2], found
+
+
+# -- the same vocabulary from Starlark ------------------------------------------------------
+
+STAR = """
+workflow(
+    name = "v",
+    params = {"n": {"type": "integer", "default": 2}},
+    tasks = [
+        task(name = "m", run = "true", matrix = {"include": [{"os": "a"}, {"os": "b"}]}),
+        task(name = "s", run = "true", map = {"count": "params.n", "format": "%02d"},
+             on_empty = "skip"),
+        task(name = "r", run = "true", retry = {"limit": 2, "when": "last.attempt < 2"}),
+    ],
+)
+"""
+
+
+def test_the_new_vocabulary_is_the_same_from_starlark(tmp_path: Path) -> None:
+    (tmp_path / "pack.star").write_text(STAR)
+    (tmp_path / "pack.toml").write_text('edition = 4\n[workflow]\nsource = "pack.star"\n')
+    tasks = {t["name"]: t for t in compile_path(tmp_path / "pack.toml").plan["tasks"]}
+    toml = plan_of(
+        one_task('matrix = { include = [{ os = "a" }, { os = "b" }] }')
+        + '[[workflow.task]]\nname = "s"\nrun = "true"\n'
+        + 'map = { count = "params.n", format = "%02d" }\non_empty = "skip"\n'
+        + '[[workflow.task]]\nname = "r"\nrun = "true"\n'
+        + 'retry = { limit = 2, when = "last.attempt < 2" }\n'
+    )
+    expected = {t["name"]: t for t in toml["tasks"]}
+    assert tasks["m"]["matrix"] == expected["t"]["matrix"]
+    assert tasks["s"] == expected["s"]
+    assert tasks["r"] == expected["r"]

@@ -452,3 +452,28 @@ def test_a_dry_run_says_an_empty_fanout_will_settle_skipped(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stderr
     (line,) = [row for row in proc.stdout.splitlines() if " deploy " in row]
     assert line.endswith('no instances: settles skipped (on_empty = "skip")'), line
+
+
+def test_a_wider_param_sequence_reuses_the_instances_already_cached(tmp_path: Path) -> None:
+    """The params a sequence's bounds read reach each instance as its item, not
+    as params: widening the count reruns only the new numbers (cache.md, Params)."""
+    toml = f"""
+    edition = 4
+    [workflow]
+    name = "wide"
+    [workflow.params.n]
+    type = "integer"
+    default = 2
+    [[workflow.task]]
+    name = "t"
+    map = {{ count = "params.n", format = "n%d" }}
+    emits = {{ item = "any", key = "string" }}
+    {ECHO}"""
+    cache = str(tmp_path / "cache")
+    proc = dispatch(tmp_path, toml, "--cache", cache)
+    assert proc.returncode == 0, proc.stderr
+    proc = dispatch(tmp_path, toml, "--cache", cache, "-p", "n=3", state="s2")
+    assert proc.returncode == 0, proc.stderr
+    cached = {k: e.get("cached") for k, e in finished(tmp_path / "s2").items() if "[" in k}
+    assert cached == {"t[0]": True, "t[1]": True, "t[2]": None}
+    assert items(tmp_path / "s2", "t") == ["n0", "n1", "n2"]
