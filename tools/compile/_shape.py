@@ -36,6 +36,7 @@ from crucible.compile._editions import (
     workflow_key_since,
 )
 from crucible.compile._names import env_problem
+from crucible.core.contract import JOINS, KINDS
 from crucible.core.globs import pattern_problem
 
 __all__ = [
@@ -50,15 +51,13 @@ __all__ = [
     "value_matches",
 ]
 
-KINDS: tuple[str, ...] = ("command", "evaluate", "agent")
-JOINS: tuple[str, ...] = ("all", "settled")
 WORKFLOW_KEYS: tuple[str, ...] = tuple(
     k for k in ("name", "description", "params", "source", "task") if workflow_key_since(k) == 1
 )
 #: ``[workflow]`` keys of edition 4 (editions.py says when each key arrived)
 WORKFLOW_KEYS_SINCE_4: tuple[str, ...] = tuple(
     k
-    for k in ("outputs", "publish", "reads", "sandbox", "network")
+    for k in ("outputs", "publish", "reads", "sandbox", "network", "limits")
     if workflow_key_since(k) == EDITION_CONTROL
 )
 
@@ -496,6 +495,12 @@ def check_workflow(
             workflow["outputs"] = outputs
         if "publish" in raw and (publish := check_publish(chk, (*path, "publish"), raw["publish"])):
             workflow["publish"] = publish
+        if "limits" in raw:
+            # [workflow.limits] (docs/spec/export.md): an accounted pack
+            from crucible.compile._accounted import check_limits
+
+            if (limits := check_limits(chk, (*path, "limits"), raw["limits"])) is not None:
+                workflow["limits"] = limits
     defaults: dict[str, Any] = {}
     if edition >= EDITION_CONTROL:
         # reads, sandbox, network: defaults merged into every task (compile._reads)
