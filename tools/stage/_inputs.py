@@ -327,13 +327,25 @@ def axis_params(task: Mapping[str, Any]) -> frozenset[str]:
     source = task.get("map")
     if isinstance(source, dict) and isinstance(source.get("param"), str):
         names.add(source["param"])
+    names.update(_sequence_params(source))
     matrix = task.get("matrix")
     if isinstance(matrix, dict):
         for axis in matrix.get("axes", ()):
             src = axis.get("source") if isinstance(axis, dict) else None
             if isinstance(src, dict) and isinstance(src.get("param"), str):
                 names.add(src["param"])
+            names.update(_sequence_params(src))
     return frozenset(names)
+
+
+def _sequence_params(source: Any) -> list[str]:
+    """The params a sequence source's bounds read (``{"count": {"param": "n"}}``,
+    issue 32): the numbers reach each instance as its item, as an axis's values do."""
+    seq = source.get("sequence") if isinstance(source, dict) else None
+    if not isinstance(seq, dict):
+        return []
+    bounds = (seq.get(k) for k in ("count", "start", "end"))
+    return [b["param"] for b in bounds if isinstance(b, dict) and isinstance(b.get("param"), str)]
 
 
 def task_params(plan: Any, task: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:

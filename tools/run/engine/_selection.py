@@ -221,6 +221,8 @@ def dry_run_lines(
                 continue
             if keys is not None:
                 why += "; no instances"
+                if task.get("on_empty") == "skip":  # issue 32
+                    why += ': settles skipped (on_empty = "skip")'
         if action == "run" and isinstance(source, str):
             instances = []
             if selection.reasons.get(source.rpartition(".")[0], ("",))[0] == "keep":
