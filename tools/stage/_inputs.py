@@ -26,6 +26,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
+from crucible.core.refs import RefMissing, resolve_path
 from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
@@ -117,9 +118,7 @@ def _items_entry(
         raise InputRefused(f"task {task!r} is not mapped")
     if t.listed:
         return _listed_entry(as_path(state), task)
-    producer, fld = t.map
-    if pv.task(producer).map is not None:
-        raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
+    producer, fld = t.map  # (a map over a mapped task, or with a path, is listed)
     state = as_path(state)
     path = StateLayout(state).result_path(producer)
     try:
@@ -594,7 +593,14 @@ def declared_entry(
         entry["files_staged"] = producer in files_staged and _captured_any(rec)
         output = rec.get("output") if rec else None
         if isinstance(output, dict) and fld in output:
-            entry.update(_value_entry(rel, output[fld], files))
+            value = output[fld]
+            if spec.get("path"):  # a.items[0], a.config.region (edition 4)
+                try:
+                    value = resolve_path(value, spec["path"], f"{producer}.{fld}")
+                except RefMissing as exc:
+                    # the consumer fails with it (a missing element is no value)
+                    raise InputRefused(f"input {name!r}: {exc.message}") from None
+            entry.update(_value_entry(rel, value, files))
         elif status == "passed":
             raise InputRefused(
                 f"producer {producer!r} passed without its declared field {fld!r} "

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crucible.core.refs import RefMissing, resolve_path
+
 __all__ = [
     "NO_ITEM",
     "ConditionCancelled",
@@ -156,7 +158,13 @@ class Control:
             record = self.stage.load_result(self.state, producer)
             if producer not in self._mapped:
                 output = record.get("output") if record else None
-                out[name] = output.get(field) if isinstance(output, dict) else None
+                value = output.get(field) if isinstance(output, dict) else None
+                if spec.get("path") and value is not None:  # a.items[0] (edition 4)
+                    try:
+                        value = resolve_path(value, spec["path"], f"{producer}.{field}")
+                    except RefMissing:
+                        value = None  # none there: staging fails the unit, saying why
+                out[name] = value
                 continue
             fold: dict[str, Any] = {}
             for key in record.get("keys", []) if record else []:

@@ -14,6 +14,7 @@ from typing import Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run.engine import _control as control
+from crucible.run.engine._matrix import FanoutSkipped
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._selection import NOT_SELECTED
 from crucible.run.engine._units import FAILED, PASSED, SKIPPED, Unit
@@ -159,6 +160,9 @@ class Readiness:
                 if conditional:
                     item_of = dict(items)
                 del items
+        except FanoutSkipped as exc:  # join = "all" over a mapped task's fold
+            self.settle_unrun(name, SKIPPED, exc.message)
+            return
         except CrucibleError as exc:
             if self.fanouts.listed(name):
                 note = f"cannot expand the fan-out: {exc}"

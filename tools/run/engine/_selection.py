@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import CrucibleError
+from crucible.core.refs import parse_ref
 from crucible.run.engine._graph import TaskGraph
 
 __all__ = ["Selection", "apply", "dry_run_lines", "select"]
@@ -225,7 +226,8 @@ def dry_run_lines(
                     why += ': settles skipped (on_empty = "skip")'
         if action == "run" and isinstance(source, str):
             instances = []
-            if selection.reasons.get(source.rpartition(".")[0], ("",))[0] == "keep":
+            producer = parse_ref(source, task.get("needs", ())).producer
+            if selection.reasons.get(producer, ("",))[0] == "keep":
                 instances = _instance_lines(stage, state, plan, name, selection)
             if instances:
                 lines.extend(instances)
