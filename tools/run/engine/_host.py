@@ -13,7 +13,7 @@ from crucible.run.engine._control import Control
 from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._units import Unit
 from crucible.run.session._log import SessionLog
-from crucible.stage import StateLayout
+from crucible.stage import StateDir, StateLayout
 
 __all__ = ["LoopHost"]
 
@@ -25,11 +25,8 @@ class LoopHost(Protocol):
     log: SessionLog
     graph: TaskGraph
     control: Control
-
-    @property
-    def stage(self) -> Any:
-        """The stage package (crucible.stage), as the dispatcher holds it."""
-        ...
+    #: the state dir's records and staging (crucible.stage.StateDir)
+    state_dir: StateDir
 
     @property
     def status(self) -> Mapping[str, str]:

@@ -19,9 +19,9 @@ from crucible.run.engine._schedule import Schedule
 from crucible.run.engine._signals import StopSignals
 from crucible.run.session._log import SessionLog
 
-if TYPE_CHECKING:  # the dispatcher imports stage lazily (crucible-dispatch --help)
+if TYPE_CHECKING:  # a loop's engine is imported only for a plan with a loop
     from crucible.run.loop._engine import LoopRun
-    from crucible.stage import StateLayout
+    from crucible.stage import StateDir, StateLayout
 
 __all__ = ["Parts"]
 
@@ -33,8 +33,8 @@ class Parts:
     state: Path
     layout: StateLayout
     log: SessionLog
-    #: the stage package (crucible.stage)
-    stage: Any
+    #: the state dir's records and staging, over the plan's view (built once per run)
+    state_dir: StateDir
     graph: TaskGraph
     schedule: Schedule
     durable: DurableGate
