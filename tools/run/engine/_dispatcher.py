@@ -18,7 +18,6 @@ import selectors
 import signal
 import time
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from crucible.compile._durations import MAX_WAIT_S
@@ -27,6 +26,7 @@ from crucible.run.engine import _control as control
 from crucible.run.engine._attempts import Attempts
 from crucible.run.engine._durable import DurableGate
 from crucible.run.engine._graph import TaskGraph
+from crucible.run.engine._host import EngineHost
 from crucible.run.engine._matrix import Fanouts
 from crucible.run.engine._parallelism import ParallelismGate
 from crucible.run.engine._parts import Parts
@@ -186,7 +186,12 @@ class Dispatcher:
             # lazy: most plans have no loop (tests/run/test_startup_imports.py)
             from crucible.run.loop import _engine as loop_engine
 
-            self.loop = loop_engine.attach(self)
+            host = EngineHost(
+                plan=self.plan, state_dir=self.state_dir, log=self.log, graph=self.graph,
+                control=self.control, schedule=self.schedule, durable=self.durable,
+                signals=self.signals,
+            )  # fmt: skip
+            self.loop = loop_engine.attach(host)
             if self.loop is not None:
                 self.schedule.loop_before = frozenset(self.loop.phases.before)
                 self.schedule.on_loop_before = self.loop.maybe_start
@@ -219,53 +224,6 @@ class Dispatcher:
         """Stop the workers (idempotent)."""
         self.workers.close()
         self.slots.close()
-
-    # ----------------------------------------------------------------- helpers
-
-    # ------------------------------------------- what a scored loop may ask
-    # (crucible.run.engine._host.LoopHost: run/loop/ uses nothing else)
-
-    @property
-    def status(self) -> Mapping[str, str]:
-        return self.schedule.status
-
-    @property
-    def selected(self) -> AbstractSet[str] | None:
-        return self.schedule.selected
-
-    def select_also(self, names: AbstractSet[str]) -> None:
-        if self.schedule.selected is not None:
-            self.schedule.selected = self.schedule.selected | set(names)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop_requested()
-
-    @property
-    def in_turns(self) -> bool:
-        return self.durable.gating
-
-    def after_durable(self, fn: Callable[[], None]) -> None:
-        self.durable.after_durable(fn)
-
-    def wrote(self, task: str, key: str | None) -> None:
-        self.durable.wrote(task, key)
-
-    def settle(self, name: str, status: str) -> None:
-        self.schedule.settle(name, status)
-
-    def count_settled(self, status: str) -> None:
-        self.schedule.count_settled(status)
-
-    def add_units(self, n: int) -> None:
-        self.schedule.counts.total += n
-
-    def note_failed(self, label: str) -> None:
-        self.schedule.counts.failed += 1
-        self.schedule.note_failure(label, None, fail_fast=False)
-
-    def queue(self, unit: Unit) -> None:
-        self.schedule.ready.append(unit)
 
     # ------------------------------------------------------------ entry point
 
