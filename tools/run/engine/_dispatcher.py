@@ -54,7 +54,8 @@ from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
 
-if TYPE_CHECKING:  # imported at run time only for a plan with a loop, or with --cache
+if TYPE_CHECKING:  # imported at run time only for --cache, a loop or accounting
+    from crucible.run.accounting._book import Accounting
     from crucible.run.cache._hits import CacheHits
     from crucible.run.loop._engine import LoopRun
     from crucible.stage import StateDir
@@ -92,8 +93,9 @@ class Dispatcher:
     ) -> None:
         """Built once per session, from what the run built once (the plan's
         admission, its state dir's records and staging, its task graph), in
-        this order: the decisions' state, the executor, a scored loop, and the
-        rooms that decide (readiness, attempts)."""
+        this order: the decisions' state, the executor, a scored loop, the
+        accounting of an accounted plan, and the rooms that decide (readiness,
+        attempts)."""
         #: warnings the workers send (the task cache's, crucible.run.cache._unit)
         self.warn = on_warning or (lambda _w: None)
         self.admission = admission
@@ -110,6 +112,7 @@ class Dispatcher:
         self._set_up_decisions()
         self._set_up_executor(environ)
         self._set_up_loop()
+        self._set_up_accounting(environ)
         self._set_up_rooms()
 
     def _set_up_decisions(self) -> None:
@@ -196,6 +199,19 @@ class Dispatcher:
                 self.schedule.loop_before = frozenset(self.loop.phases.before)
                 self.schedule.on_loop_before = self.loop.maybe_start
 
+    def _set_up_accounting(self, environ: Mapping[str, str]) -> None:
+        """An accounted plan (docs/spec/export.md): the proof writer's engine,
+        driven as the run decides."""
+        self.accounting: Accounting | None = None
+        if "limits" in self.plan["workflow"]:
+            # lazy: only an accounted plan loads the proof writer
+            from crucible.run.accounting._book import open_accounting
+
+            self.accounting = open_accounting(
+                self.plan, self.state_dir, self.admission.params, actor=self.options.actor,
+                resume=self.options.resume, environ=environ,
+            )  # fmt: skip
+
     def _set_up_rooms(self) -> None:
         """The rooms of a session's decisions, sharing its Parts: readiness (skip,
         expand, queue, fold) and the attempts' outcomes (start, end, retry, settle)."""
@@ -203,12 +219,15 @@ class Dispatcher:
             plan=self.plan, options=self.options, state=self.state, layout=self.layout,
             log=self.log, state_dir=self.state_dir, graph=self.graph, schedule=self.schedule,
             durable=self.durable, signals=self.signals, control=self.control,
-            fanouts=self.fanouts, loop=self.loop,
+            fanouts=self.fanouts, loop=self.loop, accounting=self.accounting,
         )  # fmt: skip
         self.attempts = Attempts(parts)
         self.readiness = Readiness(parts, self.attempts.note_failure)
         self.attempts.readiness = self.readiness
         self.schedule.on_ready = self.readiness.on_ready
+        if self.accounting is not None:
+            self.accounting.requeue = self.schedule.ready.append
+            self.accounting.unsettle = self.attempts.unsettle
         # A unit whose settle wakes nothing may be answered late, with the next
         # reply of its worker (crucible.run.executors._unit.UnitRunner.serve).
         self.runner.quiet = frozenset(
@@ -251,7 +270,7 @@ class Dispatcher:
             self.readiness.not_selected()
             for name in self.graph.order:
                 if name not in self.schedule.status and self.schedule.remaining[name] == 0:
-                    self.readiness.on_ready(name)
+                    self.schedule.ready_once(name)
             if self.loop is not None:  # scored loop: its before tasks may all be settled
                 self.loop.maybe_start()
             self._loop(wake_r)
@@ -279,6 +298,8 @@ class Dispatcher:
             self.slots.close()
             if self.hits is not None:
                 self.hits.close()
+            if self.accounting is not None:  # recover an open epoch; usage.json
+                self.accounting.close()
         duration = time.monotonic() - started
         counts = {
             "tasks": len(self.graph.tasks),
@@ -411,6 +432,8 @@ class Dispatcher:
             unit = self.schedule.ready.popleft()
             if not self.parallelism.take(unit.name, unit):
                 continue  # the task's parallelism is used up: it waits in the gate
+            if self.accounting is not None and not self._accounted_start(unit):
+                continue
             self._next_token += 1
             self._tokens[self._next_token] = unit
             env = unit.staged_env
@@ -427,6 +450,20 @@ class Dispatcher:
             self.workers.submit(self._next_token, request)
             idle -= 1
         self.workers.flush()  # executor seam: send this round's submissions
+
+    def _accounted_start(self, unit: Unit) -> bool:
+        """An accounted run: may ``unit`` start (its slot begun, or its retry epoch
+        begun now)? One waiting for its epoch is requeued by the accounting; one
+        that must not run settles failed (docs/spec/export.md §5)."""
+        assert self.accounting is not None
+        verdict = self.accounting.may_start(unit)
+        if verdict is True:
+            return True
+        if (waiting := self.parallelism.release(unit.name)) is not None:
+            self.schedule.ready.append(waiting)
+        if isinstance(verdict, str):
+            self.attempts.fail_unit(unit, verdict)
+        return False
 
     def _stop_requested(self) -> bool:
         return self.signals.received is not None or self.schedule.fail_fast_by is not None

@@ -19,7 +19,8 @@ from crucible.run.engine._schedule import Schedule
 from crucible.run.engine._signals import StopSignals
 from crucible.run.session._log import SessionLog
 
-if TYPE_CHECKING:  # a loop's engine is imported only for a plan with a loop
+if TYPE_CHECKING:  # imported only for a plan with a loop, or with [workflow.limits]
+    from crucible.run.accounting._book import Accounting
     from crucible.run.loop._engine import LoopRun
     from crucible.stage import StateDir, StateLayout
 
@@ -43,3 +44,5 @@ class Parts:
     fanouts: Fanouts
     #: a scored loop (docs/spec/loop.md), for a plan with one
     loop: LoopRun | None = None
+    #: an accounted plan's accounting (crucible.run.accounting._book.Accounting)
+    accounting: Accounting | None = None
