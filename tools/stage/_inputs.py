@@ -43,7 +43,7 @@ from crucible.stage._loop import (
     revision_unit,
 )
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, TaskView, in_plan, view
+from crucible.stage._plan import PlanView, TaskView, in_plan, plan_object, view
 from crucible.stage._records import check_key, load_all, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 from crucible.stage._store import as_path
@@ -252,6 +252,7 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
         if st is not None:
             _params_cache[where] = (ident, copy.deepcopy(params))
         return params
+    plan = plan_object(plan)
     declared = plan.get("workflow", {}).get("params", {}) if isinstance(plan, dict) else {}
     params = {}
     for name, spec in declared.items():
@@ -351,7 +352,7 @@ def task_params(plan: Any, task: Mapping[str, Any], params: dict[str, Any]) -> d
     """The params a unit of ``task`` is handed (IR v3): those its ``params`` key
     lists (all when it has none), less those its fan-out reads, which reach
     each instance as its item. Earlier IR versions hand every param."""
-    if int(plan.get("version", 1)) < 3:
+    if int(plan_object(plan).get("version", 1)) < 3:
         return params
     listed = task.get("params")
     dropped = axis_params(task)
