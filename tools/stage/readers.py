@@ -43,10 +43,11 @@ from crucible.stage._records import (
     write_result,
 )
 from crucible.stage._share import units_of
-from crucible.stage._store import parse_packed
+from crucible.stage._store import TOMBSTONE, parse_packed
 
 __all__ = [
     "RESERVED_INPUTS",
+    "TOMBSTONE",
     "RESERVED_STATE_NAMES",
     "VALUES_DIR",
     "PlanView",
