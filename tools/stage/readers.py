@@ -47,8 +47,8 @@ from crucible.stage._store import TOMBSTONE, parse_packed
 
 __all__ = [
     "RESERVED_INPUTS",
-    "TOMBSTONE",
     "RESERVED_STATE_NAMES",
+    "TOMBSTONE",
     "VALUES_DIR",
     "PlanView",
     "TaskView",
