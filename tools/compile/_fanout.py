@@ -21,6 +21,7 @@ from crucible.compile import _checker as checker
 from crucible.compile._checker import Checker
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._names import ident_problem
+from crucible.core import canon
 from crucible.core.canon import MAX_SAFE_INTEGER
 
 __all__ = [
@@ -234,8 +235,13 @@ def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | N
             ok = False
             continue
         axes.append({"name": name, "source": source})
-    if not axes and ok:
-        chk.error("matrix-no-axes", path, "matrix has no axes (exclude and include are not axes)")
+    if not axes and ok and not value.get("include"):
+        # an include-only matrix (GitHub's ``matrix: {include: [...]}``) runs its entries
+        chk.error(
+            "matrix-no-axes",
+            path,
+            "matrix has no axes and no include entries (exclude and include are not axes)",
+        )
         return None
     names = [a["name"] for a in axes]
     out: dict[str, Any] = {"axes": axes}
@@ -247,6 +253,8 @@ def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | N
             elif entries:
                 out[entry_key] = entries
     if not ok:
+        return None
+    if not axes and not _include_only_distinct(chk, (*path, "include"), out["include"]):
         return None
     sizes = [_static_size(a["source"]) for a in axes]
     product = 1
@@ -278,6 +286,24 @@ def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | N
             )
             return None
     return out
+
+
+def _include_only_distinct(chk: Checker, path: KeyPath, include: Sequence[Any]) -> bool:
+    """An include-only matrix runs each entry as one combination, keyed by it: an
+    entry repeated (as JSON compares: member order aside) would be one key twice."""
+    seen: dict[bytes, int] = {}
+    for i, entry in enumerate(include):
+        text = canon.dumps(entry)
+        if text in seen:
+            chk.error(
+                "duplicate-entry",
+                (*path, i),
+                f"matrix include[{i}] repeats include[{seen[text]}]; an include-only "
+                "matrix runs each entry once, keyed by it",
+            )
+            return False
+        seen[text] = i
+    return True
 
 
 def _static_values(source: Any) -> list[Any]:

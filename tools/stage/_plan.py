@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from crucible.core.contract import SUPPORTED_VERSIONS
+from crucible.core.contract import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, TYPES
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
 from crucible.stage._names import task_name_problem
 
@@ -36,9 +36,6 @@ PLAN = "plan"
 def in_plan(path: str | None = None) -> Location:
     """A location in the plan: its JSON path, or ``task NAME`` where no path is kept."""
     return Location(PLAN, path=path)
-
-
-TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
 
 
 @dataclass(frozen=True)
@@ -180,11 +177,12 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
     version = plan.get("version")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
-            f"plan version {version!r} is not supported (supported: 1, 2, 3)",
+            f"plan version {version!r} is not supported "
+            f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})",
             where=in_plan("$.version"),
         )
     edition = plan.get("edition", 1)
-    if type(edition) is not int or edition not in (1, 2, 3, 4):
+    if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
         raise UnsupportedVersion(
             f"edition {edition!r} is not supported", where=in_plan("$.edition")
         )
