@@ -842,7 +842,7 @@ def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, b
     try:
         for rel in d.roots:
             (tmp / rel).mkdir()
-        files_bytes = stage_units(state, d.units, tmp, 0, bound)
+        files_bytes = stage_units(state, d.units, tmp, 0, bound, holder=workspace)
         for rel in d.dirs:
             (tmp / rel).mkdir()
         tmp_s = str(tmp)
