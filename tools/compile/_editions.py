@@ -78,6 +78,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "reads": 4,
     "sandbox": 4,
     "network": 4,
+    # captured files freed once their direct dependants settled (issue 33)
+    "temp_files": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task
