@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -122,6 +123,9 @@ class Unit:
     label: str  # "task" or "task[<escaped key>]"
     staged: str  # "task" or "task/<escaped key>", under a consumer's inputs/
     key: str | None = None  # a keyed unit's key: its record is a line of ``record``
+    #: patterns of files not handed to this consumer: the producer's
+    #: temp_files, for a consumer that is not its direct dependant
+    skip: tuple[str, ...] = ()
 
 
 def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
@@ -721,6 +725,25 @@ def _tampered_inodes(root: Path) -> dict[tuple[int, int], str]:
 # -- consumers ----------------------------------------------------------------------
 
 
+def _visible(pub: Published, skip: tuple[str, ...]) -> Published:
+    """``pub`` without the paths ``skip`` matches (or that lie under a match)."""
+    if not skip:
+        return pub
+    from crucible.core.globs import pattern_regex
+
+    regexes = [pattern_regex(tuple(p for p in s.split("/") if p)) for s in skip]
+
+    def hidden(rel: str) -> bool:
+        parts = rel.split("/")
+        return any(r.match("/".join(parts[:n])) for r in regexes for n in range(1, len(parts) + 1))
+
+    return dataclasses.replace(
+        pub,
+        dirs=tuple(d for d in pub.dirs if not hidden(d)),
+        files=tuple(e for e in pub.files if not hidden(e.rel)),
+    )
+
+
 def link_published(pub: Published, dest: Path, guarded: _Guarded | None = None) -> int:
     """Lay ``pub``'s tree into ``dest`` (a new directory): directories made,
     files reflinked, hard-linked or copied (module doc). Returns the bytes.
@@ -828,7 +851,7 @@ def _published_within(
     store itself is published only for a guarded consumer."""
     mode = STORE if guarded is not None else COPY
     pub = publish(state, u.store, u.record, u.root, u.label, u.key, mode=mode)
-    size = sum(e.size for e in pub.files)
+    size = sum(e.size for e in _visible(pub, u.skip).files)
     if used + size > bound:
         raise InputRefused(
             f"staging emits_files would pass the bound of {bound} bytes "
@@ -856,7 +879,7 @@ def stage_units(
     with _locked(state):
         for u in units:
             pub, used = _published_within(state, u, used, bound, guarded)
-            link_published(pub, dest / u.staged, guarded)
+            link_published(_visible(pub, u.skip), dest / u.staged, guarded)
             _record_ctimes(pub)  # the links just made moved them
     return used
 
@@ -932,12 +955,13 @@ def restage_units(
             pub, used = _published_within(state, u, used, bound, guarded)
             try:
                 ensure_dir(dest, u.staged)  # each component checked from inputs/ down
-                handed = relink_published(pub, dest / u.staged, guarded)
+                shown = _visible(pub, u.skip)
+                handed = relink_published(shown, dest / u.staged, guarded)
             except OSError as exc:
                 raise OperationalError(f"cannot stage into {dest}: {exc.strerror or exc}") from None
             laid.add(u.staged)
-            laid.update(f"{u.staged}/{rel}" for rel in pub.dirs)
-            laid.update(f"{u.staged}/{e.rel}" for e in pub.files)
+            laid.update(f"{u.staged}/{rel}" for rel in shown.dirs)
+            laid.update(f"{u.staged}/{e.rel}" for e in shown.files)
             if handed:
                 _record_ctimes(pub)  # the links just made moved them
     return used, laid
