@@ -187,7 +187,7 @@ class Dispatcher:
 
             self.temps = TempFreer(
                 self.state, self.graph.tasks, self.schedule.status,
-                lambda: self.schedule.selected, self._temp_freed, stage.escape_key,
+                lambda: self.schedule.selected, self._temp_freed,
             )  # fmt: skip
             self.schedule.on_settled = self.temps.settled
         self.attempts = Attempts(parts)

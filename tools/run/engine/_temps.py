@@ -111,14 +111,12 @@ class TempFreer:
         status: Mapping[str, str],
         selected: Callable[[], set[str] | None],
         emit: Callable[[str, int, int], None],
-        escape_key: Callable[[str], str],
     ) -> None:
         self.state = state
         self.tasks = tasks
         self.status = status
         self.selected = selected
         self.emit = emit
-        self.escape_key = escape_key
         self.temps = {n: tuple(t["temp_files"]) for n, t in tasks.items() if t.get("temp_files")}
         self.dependants = {p: direct_dependants(tasks, p) for p in self.temps}
         self.freed: set[str] = set()
