@@ -84,7 +84,7 @@ def test_keyed_before_staging_equals_the_staged_key(tmp_path: Path, case: str) -
             key=key,
             state=state,
             workspace=workspace,
-            host_env=task_environment(plan, tasks[name], ENV),
+            host_env=task_environment(plan["edition"], tasks[name].get("env", ()), ENV),
             agent_cmd=agent_cmd,
             emit_cap=65536,
             escape_key=escape_key,
@@ -131,7 +131,7 @@ def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
             stage.stage_inputs(plan, state, name, workspace, key=key)
             staged = unit_key(
                 plan=plan, task_name=name, key=key, state=state, workspace=workspace,
-                host_env=task_environment(plan, tasks[name], ENV), agent_cmd=None,
+                host_env=task_environment(plan["edition"], tasks[name].get("env", ()), ENV), agent_cmd=None,
                 emit_cap=65536, escape_key=escape_key,
             )  # fmt: skip
             assert keyer.key(name, key).components == staged.components, (round_, name)

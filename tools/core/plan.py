@@ -58,6 +58,7 @@ __all__ = [
     "Workflow",
     "in_plan",
     "parse",
+    "source_json",
     "split_ref",
 ]
 
@@ -93,6 +94,8 @@ WORKFLOW_MEMBERS: dict[str, int] = {
     "resolved_from": 1,
     "outputs": 3,
     "publish": 3,
+    "limits": 3,
+    "record": 3,
 }
 #: task members by the IR version that introduced them (compile's PLAN_TASK_KEYS
 #: agree: tests/core/test_plan_model.py)
@@ -340,7 +343,8 @@ def _source(value: object, path: str, version: int, needs: Container[str] = ()) 
     raise _fail(f"{path}.{tag}", f"unknown fan-out source {tag!r}")
 
 
-def _source_json(source: Source) -> object:
+def source_json(source: Source) -> object:
+    """A fan-out source in its plan spelling."""
     return source.text if isinstance(source, Ref) else source.to_json()
 
 
@@ -473,7 +477,7 @@ class Matrix:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "axes": [{"name": a.name, "source": _source_json(a.source)} for a in self.axes]
+            "axes": [{"name": a.name, "source": source_json(a.source)} for a in self.axes]
         }
         if self.exclude:
             out["exclude"] = list(self.exclude)
@@ -622,7 +626,7 @@ class Task:
         if self.run is not None:
             out["run"] = self.run if isinstance(self.run, str) else list(self.run)
         if self.map is not None:
-            out["map"] = _source_json(self.map)
+            out["map"] = source_json(self.map)
         optional = (
             ("timeout", self.timeout),
             ("prompt", self.prompt),
@@ -875,6 +879,16 @@ class Workflow:
     resolved_from: str | None = None
     outputs: Mapping[str, Output] = field(default_factory=dict)
     publish: Mapping[str, Publish] = field(default_factory=dict)
+    #: an accounted plan's bounds, every one written out (docs/spec/export.md §1;
+    #: None: not accounted)
+    limits: Mapping[str, int] | None = None
+    #: an accounted plan's workflow record (export.md §3), as compile wrote it
+    record: JsonValue = None
+
+    @property
+    def accounted(self) -> bool:
+        """The pack declares ``[workflow.limits]`` (docs/spec/export.md)."""
+        return self.limits is not None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -891,6 +905,9 @@ class Workflow:
             }
         if self.publish:
             out["publish"] = {d: p.to_json() for d, p in self.publish.items()}
+        if self.limits is not None:
+            out["limits"] = dict(self.limits)
+            out["record"] = self.record
         return out
 
     def defaults(self) -> dict[str, JsonValue]:
@@ -911,7 +928,18 @@ def _workflow(value: object, version: int, tasks: Container[str]) -> Workflow:
         resolved_from=_opt_str(raw, "resolved_from", "$.workflow"),
         outputs={n: _output(r, f"$.workflow.outputs.{n}", tasks) for n, r in outputs.items()},
         publish={d: _publish(p, f"$.workflow.publish.{d}") for d, p in publish.items()},
+        limits=_limits(raw),
+        record=raw.get("record"),
     )
+
+
+def _limits(raw: Mapping[str, Any]) -> dict[str, int] | None:
+    if "limits" not in raw and "record" not in raw:
+        return None
+    if "limits" not in raw or "record" not in raw:
+        raise _fail("$.workflow", "an accounted plan carries both workflow limits and record")
+    limits = _obj(raw["limits"], "$.workflow.limits", "limits")
+    return {k: _int(v, f"$.workflow.limits.{k}", k) for k, v in limits.items()}
 
 
 # -- the loop ----------------------------------------------------------------------------

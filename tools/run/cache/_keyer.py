@@ -25,6 +25,7 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.plan import Plan
 from crucible.run.cache._reads import ReadsKeyer
 from crucible.run.cache._store import (
     CacheKey,
@@ -134,7 +135,7 @@ class Keyer:
             self._loop_checked = True
         t = pv.task(name)
         check_key(pv, name, key)
-        head, tail = self._fixed_of(t)
+        head, tail = self._fixed_of(t, pv.model)
         components = {**head, "instance": scalar_digest(key), **tail}
         ancestors = self._ancestors_with_files(pv, name)
         if pv.version >= 2:
@@ -171,10 +172,10 @@ class Keyer:
             self._file_ancestors[name] = found
         return found
 
-    def _fixed_of(self, t: TaskView) -> tuple[dict[str, str], dict[str, str]]:
+    def _fixed_of(self, t: TaskView, plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
         fixed = self._fixed.get(t.name)
         if fixed is None:
-            host_env = task_environment(dict(self.plan), t.raw, self.environ)
+            host_env = task_environment(plan.edition, t.model.env, self.environ)
             fixed = fixed_components(
                 self.plan,
                 t.raw,

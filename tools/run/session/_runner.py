@@ -63,7 +63,7 @@ def _run_admitted(
     records and staging) and its task graph are built here, once per run, and
     handed to every step that needs them."""
     state_dir = _prepare(admission, options)
-    graph = build_graph(admission.plan)
+    graph = build_graph(admission.model)
     earlier = _earlier_events(admission, options, state_dir, on_warning)
     selection = _select(admission, options, state_dir, graph, earlier)
     options = _prepare_cache(options, on_warning)
@@ -91,7 +91,7 @@ def _finish_freeing(options: RunOptions, graph: TaskGraph, selection: Selection)
     """Nothing runs: still finish what an earlier session marked freed and did
     not delete (killed between the two), and free what nothing needs any more
     (docs/spec/run.md, "Temporary files"; no session, so no event)."""
-    if not any(t.get("temp_files") for t in graph.tasks.values()):
+    if not any(t.temp_files for t in graph.tasks.values()):
         return
     from crucible.run.engine._temps import TempFreer  # lazy: plans with temp_files only
 
@@ -106,11 +106,11 @@ def _prepare(admission: Admission, options: RunOptions) -> StateDir:
     any worker forks: they inherit it), and the checks needed before anything runs."""
     # The compiler checked the plan (a plan file's normal form, or the manifest it
     # compiled): stage's view of it is built without checking each task again.
-    state_dir = StateDir(admission.plan, options.state, checked=True)
+    state_dir = StateDir(admission.plan, options.state, checked=True, model=admission.model)
     if options.enforce_memory:  # before anything runs: one line, exit 2
         from crucible.run.executors._usage import data_limit_problem
 
-        problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
+        problem = data_limit_problem(admission.model.tasks)
         if problem is not None:
             raise UsageError(problem)
     return state_dir
@@ -270,7 +270,7 @@ def _nothing_to_resume(
     if tolerated:
         counts["tolerated"] = tolerated
     passed = all(s == "passed" for s in statuses) or (
-        admission.plan["version"] >= 3
+        admission.model.version >= 3
         and all(
             r.get("status") == "skipped"
             or r.get("status") == "passed"
@@ -293,7 +293,7 @@ def _nothing_to_resume(
 def _loop_failed(admission: Admission, earlier: list[dict[str, Any]]) -> bool:
     """A scored loop whose body failed fails its run (loop.md) whatever its records
     say: the last session's recorded status decides then."""
-    if admission.plan.get("loop") is None:
+    if admission.model.loop is None:
         return False
     finished = [e for e in earlier if e.get("event") == "run_finished"]
     return bool(finished) and finished[-1].get("status") != "passed"
