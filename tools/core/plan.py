@@ -244,9 +244,10 @@ def parse(text: object, where: str | None = None, tasks: Container[str] | None =
     :class:`PlanShapeError` at ``where`` when it is none."""
     try:
         return parse_ref(text, tasks)
-    except RefSyntax as exc:
+    except RefSyntax as exc:  # what is wrong inside a path; the form says the rest
+        why = f": {exc.message}" if isinstance(text, str) and "[" in text else ""
         raise PlanShapeError(
-            f"expected 'producer.field', got {text!r}: {exc.message}", where=in_plan(where)
+            f"expected 'producer.field', got {text!r}{why}", where=in_plan(where)
         ) from None
 
 
