@@ -104,6 +104,9 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     report.render_table(rows, table, instances=task is not None)
     if task is None:
         report.render_outputs(state, table)
+        from crucible.run.report._accounting import render_accounting  # accounted runs only
+
+        render_accounting(state, table)
     out.write(table.getvalue().encode("utf-8"))
     return EXIT_OK
 
