@@ -153,6 +153,9 @@ class Accounting:
         #: drop the record of a held unit at shutdown (set by the dispatcher)
         self.unsettle: Callable[[Any], None] = lambda unit: None
         self.engine.fresh = {}
+        #: the open epoch's unobserved slots, and that epoch's number
+        self._slots: set[tuple[str, int]] = set()
+        self._slots_of = 0
         #: the bytes of the observation being built (artifact path -> bytes)
         self._fresh: dict[str, bytes] = {}
         #: artifact names written by this session (content-addressed: written once)
@@ -319,16 +322,22 @@ class Accounting:
             up = None if producer is None else producer.from_stage
             return (up and self.selections.get(up)) or "accounted: this instance has no reservation"
         o = self.engine.open
-        if (
-            o is not None
-            and inst.attempts
-            and (inst.id, inst.attempts[-1].number) in o.begins[o.next :]
-        ):
+        if inst.attempts and (inst.id, inst.attempts[-1].number) in self._unobserved():
             return True  # begun by its group (or its retry epoch), not yet observed
         if o is not None or self.held:
             self.waiting.append(unit)
             return False
         return self._retry(inst.id)
+
+    def _unobserved(self) -> set[tuple[str, int]]:
+        """The open epoch's begun slots not yet observed (kept per epoch: O(1) a look)."""
+        o = self.engine.open
+        if o is None:
+            return set()
+        if self._slots_of != o.number:
+            self._slots = set(o.begins[o.next :])
+            self._slots_of = o.number
+        return self._slots
 
     def _retry(self, iid: str) -> str | bool:
         inst = self.engine.branch_state.instances[iid]
@@ -362,12 +371,10 @@ class Accounting:
         iid = self.instance_of(unit.name, unit.key)
         st = self.engine.branch_state
         inst = None if iid is None else st.instances.get(iid)
-        o = self.engine.open
         if (
             inst is None
             or not inst.attempts
-            or o is None
-            or (inst.id, inst.attempts[-1].number) not in o.begins[o.next :]
+            or (inst.id, inst.attempts[-1].number) not in self._unobserved()
         ):
             settle(None)  # no begun slot: nothing of it is recorded
             return
@@ -447,6 +454,7 @@ class Accounting:
             if slot not in self.held:
                 break
             obj, unit, settle, fresh = self.held.pop(slot)
+            self._unobserved().discard(slot)
             self.engine.fresh = fresh
             decision = self._apply(obj)
             self.engine.fresh = {}
