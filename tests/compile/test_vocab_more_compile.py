@@ -310,3 +310,29 @@ def test_the_new_vocabulary_is_the_same_from_starlark(tmp_path: Path) -> None:
     assert tasks["m"]["matrix"] == expected["t"]["matrix"]
     assert tasks["s"] == expected["s"]
     assert tasks["r"] == expected["r"]
+
+
+# -- the typed plan model (crucible.core.plan) reads the new forms -----------------------
+
+
+def test_the_plan_model_reads_sequences_with_params_and_format_and_retry_when() -> None:
+    from crucible.core.plan import ParamSource, SequenceSource, Task
+
+    body = (
+        one_task('map = { start = "params.n", end = 1, step = -1, format = "T-%02d" }')
+        + '[[workflow.task]]\nname = "c"\nrun = "true"\nmap = { count = 3, format = "%x" }\n'
+        + '[[workflow.task]]\nname = "r"\nrun = "true"\n'
+        + 'retry = { limit = 1, when = "last.attempt < 2" }\n'
+    )
+    tasks = {t["name"]: t for t in plan_of(body)["tasks"]}
+    t = Task.from_json(tasks["t"], "", 3)
+    assert t.map == SequenceSource(None, ParamSource("n"), -1, end=1, format="T-%02d")
+    assert isinstance(t.map, SequenceSource)
+    assert t.map.values({"n": 3}) == ["T-03", "T-02", "T-01"]
+    assert t.map.values({"n": 0}) == []  # an end the step never reaches: none
+    assert t.to_json() == tasks["t"]
+    c = Task.from_json(tasks["c"], "", 3)
+    assert isinstance(c.map, SequenceSource) and c.map.values() == ["0", "1", "2"]
+    r = Task.from_json(tasks["r"], "", 3)
+    assert r.retry is not None and r.retry.when == "last.attempt < 2"
+    assert r.to_json() == tasks["r"]

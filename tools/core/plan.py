@@ -125,7 +125,10 @@ TASK_MEMBERS: dict[str, int] = {
 }
 _PARAM_MEMBERS = frozenset({"type", "default", "description"})
 _INPUT_MEMBERS = frozenset({"from", "producer", "field", "type"})
-_RETRY_MEMBERS = frozenset({"limit", "delay", "factor", "max_delay", "on_timeout", "on_exit"})
+_RETRY_MEMBERS = frozenset(
+    {"limit", "delay", "factor", "max_delay", "on_timeout", "on_exit", "when"}
+)
+_SEQUENCE_MEMBERS = frozenset({"count", "start", "step", "end", "format"})
 _RESOURCE_MEMBERS = ("cpus", "memory", "gpu")
 _MATRIX_MEMBERS = frozenset({"axes", "exclude", "include"})
 _LOOP_MEMBERS = frozenset(
@@ -271,17 +274,69 @@ class ParamSource:
 
 @dataclass(frozen=True, slots=True)
 class SequenceSource:
-    """``count`` integers from ``start`` by ``step``."""
+    """Integers from ``start`` by ``step``: ``count`` of them, or (when a bound
+    reads a param: issue 32) up to ``end`` inclusive; with ``format``, each as a
+    string (``"%02d"``). A bound that reads a param is a :class:`ParamSource`."""
 
-    count: int
-    start: int
+    count: int | ParamSource | None
+    start: int | ParamSource
     step: int
+    end: int | ParamSource | None = None
+    format: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"sequence": {"count": self.count, "start": self.start, "step": self.step}}
+        seq: dict[str, Any] = {"start": _bound_json(self.start), "step": self.step}
+        if self.count is not None:
+            seq["count"] = _bound_json(self.count)
+        if self.end is not None:
+            seq["end"] = _bound_json(self.end)
+        if self.format is not None:
+            seq["format"] = self.format
+        return {"sequence": seq}
 
-    def values(self) -> list[int]:
-        return [self.start + i * self.step for i in range(self.count)]
+    def values(self, params: Mapping[str, Any] | None = None) -> list[int] | list[str]:
+        """The items, with the run's ``params`` for the bounds that read one (an
+        ``end`` the step never reaches: none)."""
+
+        def bound(b: int | ParamSource) -> int:
+            return int((params or {})[b.param]) if isinstance(b, ParamSource) else b
+
+        start = bound(self.start)
+        if self.count is not None:
+            count = bound(self.count)
+        else:
+            assert self.end is not None
+            count = max(0, (bound(self.end) - start) // self.step + 1)
+        numbers = [start + i * self.step for i in range(count)]
+        if self.format is None:
+            return numbers
+        return [self.format % n for n in numbers]
+
+
+def _bound_json(bound: int | ParamSource) -> object:
+    return bound.to_json() if isinstance(bound, ParamSource) else bound
+
+
+def _bound(value: object, path: str, what: str) -> int | ParamSource:
+    if isinstance(value, dict):
+        _no_unknown(value, frozenset({"param"}), path, what)
+        return ParamSource(_str(value.get("param"), f"{path}.param", "param"))
+    return _int(value, path, what)
+
+
+def _sequence(body: object, path: str) -> SequenceSource:
+    seq = _obj(body, path, "sequence")
+    _no_unknown(seq, _SEQUENCE_MEMBERS, path, "sequence")
+    if ("count" in seq) == ("end" in seq):
+        raise _fail(path, "a sequence has exactly one of count and end")
+    fmt = seq.get("format")
+    return SequenceSource(
+        count=_bound(seq["count"], f"{path}.count", "count") if "count" in seq else None,
+        start=_bound(seq.get("start"), f"{path}.start", "start"),
+        step=_int(seq.get("step"), f"{path}.step", "step"),
+        end=_bound(seq["end"], f"{path}.end", "end") if "end" in seq else None,
+        format=None if fmt is None else _str(fmt, f"{path}.format", "format"),
+    )
 
 
 #: what a fan-out (a task's ``map`` or a matrix axis) reads
@@ -301,11 +356,7 @@ def _source(value: object, path: str, version: int) -> Source:
     if tag == "param":
         return ParamSource(_str(body, f"{path}.param", "param"))
     if tag == "sequence":
-        seq = _obj(body, f"{path}.sequence", "sequence")
-        _no_unknown(seq, frozenset({"count", "start", "step"}), f"{path}.sequence", "sequence")
-        return SequenceSource(
-            *(_int(seq.get(k), f"{path}.sequence.{k}", k) for k in ("count", "start", "step"))
-        )
+        return _sequence(body, f"{path}.sequence")
     raise _fail(f"{path}.{tag}", f"unknown fan-out source {tag!r}")
 
 
@@ -366,6 +417,8 @@ class Retry:
     on_timeout: bool
     #: retry only these exit codes (None: any failure)
     on_exit: tuple[int, ...] | None = None
+    #: a condition over the failed attempt (``last.*``; issue 32), None: none
+    when: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -377,6 +430,8 @@ class Retry:
         }
         if self.on_exit is not None:
             out["on_exit"] = list(self.on_exit)
+        if self.when is not None:
+            out["when"] = self.when
         return out
 
 
@@ -390,6 +445,7 @@ def _retry(value: object, path: str) -> Retry:
         max_delay=_number(raw.get("max_delay", 0), f"{path}.max_delay", "max_delay"),
         on_timeout=_bool(raw.get("on_timeout", False), f"{path}.on_timeout", "on_timeout"),
         on_exit=_ints(raw["on_exit"], f"{path}.on_exit", "on_exit") if "on_exit" in raw else None,
+        when=_str(raw["when"], f"{path}.when", "when") if "when" in raw else None,
     )
 
 
