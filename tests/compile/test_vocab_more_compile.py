@@ -203,7 +203,12 @@ def test_sequences_compile_to_their_plan_form_and_read_back(spelling: str, plan_
         ('{ count = "params.nope" }', "fanout-unknown-param", "params.nope"),
         ('{ end = "params.word" }', "sequence-not-integer", "declared string"),
         ('{ count = "params.bad-" }', "fanout-unknown-param", "params.bad-"),
-        ("{ count = 3, colour = 1 }", "bad-value", "a table must be a sequence"),
+        (
+            "{ count = 3, colour = 1 }",
+            "unknown-key",
+            "a sequence takes count, start, end, step, format (found 'colour')",
+        ),
+        ("{ colour = 1 }", "bad-value", "a table must be a sequence"),
     ],
 )
 def test_sequence_refusals_are_located(spelling: str, code: str, says: str) -> None:
@@ -231,6 +236,7 @@ def test_a_sequence_format_is_refused_below_edition_4() -> None:
     head = 'edition = 3\n[workflow]\nname = "v"\n'
     found = codes(one_task('map = { count = 2, format = "%d" }'), head)
     assert found and found[0][0] == "wrong-type", found  # before edition 4 a map is a ref
+    assert "needs edition 4" in found[0][2], found
 
 
 # -- item 7: retry.when -------------------------------------------------------------------
