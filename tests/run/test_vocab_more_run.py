@@ -477,3 +477,42 @@ def test_a_wider_param_sequence_reuses_the_instances_already_cached(tmp_path: Pa
     cached = {k: e.get("cached") for k, e in finished(tmp_path / "s2").items() if "[" in k}
     assert cached == {"t[0]": True, "t[1]": True, "t[2]": None}
     assert items(tmp_path / "s2", "t") == ["n0", "n1", "n2"]
+
+
+def test_on_empty_skip_over_a_producer_field_and_an_empty_matrix(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "emp"
+        [[workflow.task]]
+        name = "list"
+        emits = { names = "array" }
+        run = 'echo "{\\"names\\": []}" > "$CRUCIBLE_OUTPUT"'
+        [[workflow.task]]
+        name = "each"
+        needs = ["list"]
+        map = "list.names"
+        on_empty = "skip"
+        run = "true"
+        [[workflow.task]]
+        name = "grid"
+        matrix = { os = [], py = ["3.12"] }
+        on_empty = "skip"
+        run = "true"
+        [[workflow.task]]
+        name = "after"
+        needs = ["each", "grid"]
+        run = "true"
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    done = finished(tmp_path / "state")
+    assert [done[n]["status"] for n in ("list", "each", "grid", "after")] == [
+        "passed",
+        "skipped",
+        "skipped",
+        "skipped",
+    ]
+    assert done["each"]["note"] == 'skipped: the fan-out has no instances (on_empty = "skip")'
