@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crucible.compile import compile_bytes, compile_path, load_plan_bytes
 from crucible.compile._diagnostics import ValidationFailed
 from crucible.compile._manifest import analyze_manifest
+from crucible.compile._sequences import format_problem
 from crucible.core import canon
 
 HEAD = """edition = 4
@@ -342,3 +345,39 @@ def test_the_plan_model_reads_sequences_with_params_and_format_and_retry_when() 
     r = Task.from_json(tasks["r"], "", 3)
     assert r.retry is not None and r.retry.when == "last.attempt < 2"
     assert r.to_json() == tasks["r"]
+
+
+# -- format: what the compiler accepts, the dispatcher can always format -------------------
+
+_TEXT = st.text(st.characters(blacklist_characters="%\x00"), max_size=8)
+_CONVERSION = st.builds(
+    lambda flags, width, prec, kind: f"%{flags}{width}{prec}{kind}",
+    st.text(st.sampled_from("-+ 0#"), max_size=3),
+    st.sampled_from(["", "1", "02", "10", "64"]),
+    st.sampled_from(["", ".0", ".3", ".64"]),
+    st.sampled_from("diouxX"),
+)
+_SAFE = st.integers(-(2**53) + 1, 2**53 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=_TEXT, conversion=_CONVERSION, after=_TEXT, number=_SAFE)
+def test_every_well_formed_format_is_accepted_and_formats_any_number(
+    before: str, conversion: str, after: str, number: int
+) -> None:
+    fmt = before + conversion + after
+    assert format_problem(fmt) is None, fmt
+    text = fmt % number
+    assert text.startswith(before) and text.endswith(after)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fmt=st.text(st.sampled_from("%d-s.0123456789fxc( #*"), max_size=12), number=_SAFE)
+def test_a_format_the_compiler_accepts_never_fails_at_run_time(fmt: str, number: int) -> None:
+    if format_problem(fmt) is None:
+        assert isinstance(fmt % number, str)
+
+
+def test_a_format_with_no_conversion_is_refused() -> None:
+    assert format_problem("plain") is not None
+    assert format_problem("100%%") is not None
