@@ -180,7 +180,8 @@ def test_a_static_matrix_over_the_bound_is_refused() -> None:
     [
         ('[workflow.outputs]\nx = "split.nope"', "output-unknown-field"),
         ('[workflow.outputs]\nx = "ghost.n"', "output-unknown-task"),
-        ('[workflow.outputs]\nx = "split"', "bad-ref"),
+        ('[workflow.outputs]\nx = "split"', "output-unknown-name"),
+        ('[workflow.outputs]\nx = "split.n +"', "output-syntax"),
         ('[workflow.publish]\n"../up" = "split:*.md"', "bad-path"),
         ('[workflow.publish]\n"/abs" = "split:*.md"', "bad-path"),
         ('[workflow.publish]\n"out" = "split:../*.md"', "bad-path"),
@@ -190,7 +191,6 @@ def test_a_static_matrix_over_the_bound_is_refused() -> None:
         ('[workflow.publish]\n"out" = "split"', "bad-ref"),
         ('[workflow.publish]\n"a" = "split:*"\n"a/b" = "split:*"', "publish-overlap"),
         ('[workflow.publish]\n"a" = { from = "split:*", settled = "yes" }', "wrong-type"),
-        ('[workflow.outputs]\nx = "m.v"', "output-mapped"),
     ],
 )
 def test_outputs_and_publish_refusals(table: str, code: str) -> None:

@@ -2,7 +2,7 @@
 
 What a ``map`` ranges over (a producer field, a literal, a param, a sequence),
 ``matrix`` (axes, ``exclude``, ``include``), ``key``, ``parallelism``, and the
-workflow's ``[workflow.outputs]`` and ``[workflow.publish]`` tables. Each check
+workflow's ``[workflow.publish]`` table (``[workflow.outputs]``: compile._results). Each check
 records diagnostics on a :class:`~crucible.compile._checker.Checker` and returns the
 plan form (docs/spec/manifest.md "Fan-out", docs/spec/plan-ir.md). Plan forms are
 tagged objects so a plan never needs guessing; :func:`task_to_manifest` turns a plan
@@ -31,6 +31,7 @@ from crucible.compile._sequences import (
     sequence_values,
 )
 from crucible.core import canon
+from crucible.core.refs import parse_ref
 
 __all__ = [
     "MATRIX_RESERVED",
@@ -40,7 +41,6 @@ __all__ = [
     "check_fanout_graph",
     "check_fanout_task",
     "check_map_source",
-    "check_outputs",
     "check_publish",
     "describe_source",
     "fanout_producers",
@@ -76,7 +76,7 @@ def check_map_source(
                 chk.error("bad-ref", path, f"{what} {value!r}: {problem}")
                 return None
             return {"param": name}
-        return checker.check_ref(chk, path, value, what)
+        return checker.check_ref(chk, path, value, what, paths=True)
     if isinstance(value, list | tuple):
         return _literal(chk, path, list(value), what)
     if isinstance(value, dict):
@@ -456,14 +456,18 @@ def task_to_manifest(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def fanout_producers(task: Mapping[str, Any]) -> dict[str, str]:
-    """Producer task → the label of its fan-out edge (``map field``, ``axis name``)."""
+    """Producer task → the label of its fan-out edge (``map field``, ``axis name``).
+    A source's producer is one of the task's needs, so they decide which dot ends
+    it (crucible.core.refs: the same producer as the whole plan's names give)."""
     out: dict[str, str] = {}
+    needs = task.get("needs", ())
     source = task.get("map")
     if isinstance(source, str):
-        out[source.rpartition(".")[0]] = "map " + source.rpartition(".")[2]
+        ref = parse_ref(source, needs)
+        out[ref.producer] = "map " + source[len(ref.producer) + 1 :]
     for axis in task.get("matrix", {}).get("axes", []):
         if isinstance(axis["source"], str):
-            producer = axis["source"].rpartition(".")[0]
+            producer = parse_ref(axis["source"], needs).producer
             out[producer] = (
                 out[producer] + ", " if producer in out else ""
             ) + f"axis {axis['name']}"
@@ -483,8 +487,6 @@ def check_fanout_graph(
     paths: Sequence[KeyPath],
 ) -> None:
     """Rules across tasks for the fan-out sources, outputs and publish entries."""
-    from crucible.compile._rules import _producer_field
-
     params = workflow.get("params", {})
     by_name = {t["name"]: t for t in reversed(tasks)}
     for task, path in zip(tasks, paths, strict=True):
@@ -502,34 +504,46 @@ def check_fanout_graph(
             apath = (*path, "matrix", axis["name"])
             src = axis["source"]
             if isinstance(src, str):
-                found = _producer_field(
-                    chk, task, apath, src, f"matrix axis {axis['name']!r}", by_name, "map"
-                )
-                if found is not None:
-                    type_ = by_name[found[0]]["emits"][found[1]]
-                    if type_ not in _AXIS_TYPES:
-                        chk.error(
-                            "matrix-axis-not-array",
-                            apath,
-                            f"matrix axis {axis['name']!r} of task {task['name']!r} reads "
-                            f"{src!r}, declared {type_}; an axis needs an array or any field",
-                        )
-                    elif found[0] in by_name and is_fanout(by_name[found[0]]):
-                        chk.error(
-                            "matrix-mapped-source",
-                            apath,
-                            f"matrix axis {axis['name']!r} reads {src!r}, a mapped task's fold",
-                        )
+                _check_axis_ref(chk, task, apath, axis["name"], src, by_name)
             elif "param" in src:
                 _check_param_source(chk, apath, task, src["param"], params, axis=True)
             elif "sequence" in src:
                 what = f"matrix axis {axis['name']!r} of task {task['name']!r}:"
                 check_sequence_params(chk, apath, src["sequence"], params, what)
-    _check_outputs_graph(chk, workflow, by_name)
+    from crucible.compile._results import check_outputs_graph  # the results' own rules
+
+    check_outputs_graph(chk, workflow, by_name)
     _check_publish_graph(chk, workflow, by_name)
     from crucible.compile._task_params import check_task_params
 
     check_task_params(chk, params, tasks, paths)
+
+
+def _check_axis_ref(
+    chk: Checker,
+    task: Mapping[str, Any],
+    path: KeyPath,
+    axis: str,
+    src: str,
+    by_name: Mapping[str, dict[str, Any]],
+) -> None:
+    """A matrix axis reading a producer: its field (or the element/member a path
+    names) must be an array, unless the producer fans out: then the axis ranges
+    over every instance's elements (or values), in item order (run.md)."""
+    from crucible.compile._rules import _producer_field  # _rules reaches _fanout's callers
+
+    what = f"matrix axis {axis!r}"
+    ref = _producer_field(chk, task, path, src, what, by_name, "map", edition=4)
+    if ref is None or is_fanout(by_name[ref.producer]) or ref.path:
+        return
+    type_ = by_name[ref.producer]["emits"][ref.field]
+    if type_ not in _AXIS_TYPES:
+        chk.error(
+            "matrix-axis-not-array",
+            path,
+            f"matrix axis {axis!r} of task {task['name']!r} reads "
+            f"{src!r}, declared {type_}; an axis needs an array or any field",
+        )
 
 
 def _check_param_source(
@@ -564,54 +578,6 @@ def _check_param_source(
         ok = isinstance(default, list) or (isinstance(default, dict) and not axis)
         if not ok:
             chk.error(code, path, f"{what} reads params.{name}, whose default is not {need}")
-
-
-# -- [workflow.outputs] -----------------------------------------------------------
-
-
-def check_outputs(chk: Checker, path: KeyPath, value: Any) -> dict[str, str]:
-    """``[workflow.outputs]``: result name → ``"task.field"``."""
-    out: dict[str, str] = {}
-    entries = chk.named_entries(
-        path, value, "output", 'outputs must be a table of name = "task.field"'
-    )
-    for name, ref, opath in entries:
-        checked = checker.check_ref(chk, opath, ref, f"output {name!r}")
-        if checked is not None:
-            out[name] = checked
-    return out
-
-
-def _check_outputs_graph(
-    chk: Checker, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
-) -> None:
-
-    for name, ref in workflow.get("outputs", {}).items():
-        where = ("workflow", "outputs", name)
-        split = checker.split_ref(ref)
-        assert split is not None
-        producer, field = split
-        task = by_name.get(producer)
-        if task is None:
-            chk.error(
-                "output-unknown-task",
-                where,
-                f"output {name!r} reads {ref!r}, but {producer!r} is not a task of this workflow",
-            )
-        elif field not in task["emits"]:
-            chk.error(
-                "output-unknown-field",
-                where,
-                f"output {name!r} reads {ref!r}, but {producer!r} does not declare "
-                f"the field {field!r} in emits",
-            )
-        elif is_fanout(task):
-            chk.error(
-                "output-mapped",
-                where,
-                f"output {name!r} reads {ref!r}, but {producer!r} fans out: a run result "
-                "is one task's value (read the fold in a task that needs it and emit one)",
-            )
 
 
 # -- [workflow.publish] -----------------------------------------------------------
@@ -739,3 +705,7 @@ def _check_publish_graph(
                     where,
                     f"publish source {src!r}: task {task!r} captures no files (emits_files)",
                 )
+            elif by_name[task].get("temp_files"):
+                from crucible.compile._temps import check_temp_published  # lazy: rare
+
+                check_temp_published(chk, where, src, by_name[task])
