@@ -381,3 +381,13 @@ def test_a_format_the_compiler_accepts_never_fails_at_run_time(fmt: str, number:
 def test_a_format_with_no_conversion_is_refused() -> None:
     assert format_problem("plain") is not None
     assert format_problem("100%%") is not None
+
+
+def test_the_graph_shows_an_include_only_matrix_and_on_empty() -> None:
+    from crucible.compile._graph import render
+
+    body = one_task('matrix = { include = [{ os = "a" }] }\non_empty = "skip"')
+    body += '[[workflow.task]]\nname = "s"\nrun = "true"\nmap = { count = "params.n", format = "%02d" }\n'
+    out = render(plan_of(body), "dot")
+    assert "matrix of its include entries\\n1 include\\n(skipped when empty)" in out
+    assert "map '%02d' of from 0, count params.n" in out
