@@ -282,6 +282,13 @@ def test_retry_when_refusals_are_located(when: str, code: str, says: str) -> Non
     assert says in message
 
 
+def test_an_unknown_retry_member_beside_when_is_refused_where_it_is() -> None:
+    message = assert_refused(
+        one_task('retry = { limit = 1, when = "True", unless = "False" }'), "unknown-key", 15
+    )
+    assert "'unless'" in message and "when" in message
+
+
 def test_retry_when_is_refused_below_edition_4() -> None:
     head = 'edition = 3\n[workflow]\nname = "v"\n'
     found = codes(one_task('retry = { limit = 1, when = "True" }'), head)
