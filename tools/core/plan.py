@@ -297,6 +297,24 @@ class SequenceSource:
             body["format"] = self.format
         return {"sequence": body}
 
+    def values(self, params: Mapping[str, Any] | None = None) -> list[int] | list[str]:
+        """The items, with the run's ``params`` for the bounds that read one (an
+        ``end`` the step never reaches: none)."""
+
+        def bound(b: Bound) -> int:
+            return int((params or {})[b.param]) if isinstance(b, ParamSource) else b
+
+        start = bound(self.start)
+        if self.count is not None:
+            count = bound(self.count)
+        else:
+            assert self.end is not None
+            count = max(0, (bound(self.end) - start) // self.step + 1)
+        numbers = [start + i * self.step for i in range(count)]
+        if self.format is None:
+            return numbers
+        return [self.format % n for n in numbers]
+
 
 def _bound_json(bound: Bound) -> object:
     return bound if isinstance(bound, int) else bound.to_json()
