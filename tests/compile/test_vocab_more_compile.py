@@ -342,7 +342,7 @@ def test_the_plan_model_reads_sequences_with_params_and_format_and_retry_when() 
     )
     tasks = {t["name"]: t for t in plan_of(body)["tasks"]}
     t = Task.from_json(tasks["t"], "", 3)
-    assert t.map == SequenceSource(ParamSource("n"), -1, end=1, format="T-%02d")
+    assert t.map == SequenceSource(start=ParamSource("n"), step=-1, end=1, format="T-%02d")
     assert t.to_json() == tasks["t"]
     c = Task.from_json(tasks["c"], "", 3)
     assert c.map == SequenceSource(0, 1, count=3, format="%x")

@@ -182,6 +182,21 @@ def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> No
     assert usage(over / "st")["refusals"] == [
         {"task": "people", "key": "2", "note": "refused: would exceed max_bytes by 1"}
     ]
+    # report: the refused unit's status names its bound; the bounds' use
+    table = subprocess.run(
+        [DISPATCH, "report", str(over / "st"), "people"], capture_output=True, text=True, check=True
+    ).stdout
+    assert any(
+        line.startswith("people[2]") and "refused: max_bytes" in line for line in table.splitlines()
+    )
+    summary = subprocess.run(
+        [DISPATCH, "report", str(over / "st")], capture_output=True, text=True, check=True
+    ).stdout
+    used = usage(over / "st")["used"]
+    assert (
+        f"accounting: bytes {used['bytes']} of {exact - 1}, files {used['files']} of 1048576, "
+        "instances 4 of 64, records 5 of 65536"
+    ) in summary
     last = ops(over / "st")[-1]
     assert last["instance"] == "people.2" and last["state"] == "evaluated"
     bundle = tmp_path / "bundle"
