@@ -343,12 +343,9 @@ def test_the_plan_model_reads_sequences_with_params_and_format_and_retry_when() 
     tasks = {t["name"]: t for t in plan_of(body)["tasks"]}
     t = Task.from_json(tasks["t"], "", 3)
     assert t.map == SequenceSource(start=ParamSource("n"), step=-1, end=1, format="T-%02d")
-    assert isinstance(t.map, SequenceSource)
-    assert t.map.values({"n": 3}) == ["T-03", "T-02", "T-01"]
-    assert t.map.values({"n": 0}) == []  # an end the step never reaches: none
     assert t.to_json() == tasks["t"]
     c = Task.from_json(tasks["c"], "", 3)
-    assert isinstance(c.map, SequenceSource) and c.map.values() == ["0", "1", "2"]
+    assert c.map == SequenceSource(0, 1, count=3, format="%x")
     r = Task.from_json(tasks["r"], "", 3)
     assert r.retry is not None and r.retry.when == "last.attempt < 2"
     assert r.to_json() == tasks["r"]
