@@ -82,10 +82,27 @@ def check_fanout_fail_on(state: Path) -> None:
     assert line.endswith(" sum=-")
 
 
+def check_org_people_descriptive(state: Path) -> None:
+    # accounted (docs/spec/export.md): the selection's descriptive ids would exceed
+    # max_bytes, so it is refused and no people task starts
+    report = rows(state)
+    assert report["org"]["status"] == "passed"
+    assert report["people"]["status"] == "failed"
+    assert "max_bytes" in result(state, "people")["note"]
+
+
+def check_sibling_retry(state: Path) -> None:
+    # accounted: a failed its first attempt, b's output was refused for bytes
+    report = rows(state)
+    assert report["pick"]["status"] == "passed"
+    assert report["work"]["status"] == "failed"
+
+
 #: pack -> host variables whose documented use makes the run fail on purpose
 FAILURE_ENV = {"daily": ("DAILY_FAIL_ON",)}
-#: packs whose header is a sequence of commands on one state dir
-TOURS = ("daily",)
+#: packs whose header is a sequence of commands on one state dir (the accounted
+#: ones' tours: tests/run/test_accounted_export.py)
+TOURS = ("daily", "sibling-retry")
 
 
 def check_exit_handler_break(state: Path) -> None:
@@ -102,6 +119,7 @@ FAILURE_MODES: dict[str, tuple[list[str], Callable[[Path], None]]] = {
     "large-output": (["-p", "inline=true"], check_large_output_inline),
     "fanout": (["-p", "fail_on=gamma"], check_fanout_fail_on),
     "exit-handler": (["-p", "break_step=transform"], check_exit_handler_break),
+    "sibling-retry": (["-p", "mode=retry"], check_sibling_retry),
 }
 
 
