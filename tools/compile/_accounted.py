@@ -13,9 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from crucible.compile._checker import Checker
+from crucible.compile._checker import Checker, type_name
 from crucible.compile._diagnostics import KeyPath
-from crucible.compile._shape import type_name
 
 __all__ = [
     "LIMIT_DEFAULTS",

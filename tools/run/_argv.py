@@ -75,6 +75,7 @@ _VALUED = {
     "--slurm-account": ("slurm_account", "text"),
     "--slurm-qos": ("slurm_qos", "text"),
     "--slurm-extra": ("slurm_extra", "text"),
+    "--actor": ("actor", "text"),
 }
 
 #: options click also reads from the environment when not given (their envvar)
@@ -198,6 +199,7 @@ def _with_defaults(plan: Path, values: dict[str, Any]) -> dict[str, Any]:
         "slurm_account": None,
         "slurm_qos": None,
         "slurm_extra": None,
+        "actor": None,
     }
     out.update(values)
     return out

@@ -200,6 +200,11 @@ def cli() -> None:
     metavar="ARGS",
     help="With --executor slurm: more sbatch options (not --output, --wrap, --array, ...).",
 )
+@click.option(
+    "--actor",
+    metavar="NAME",
+    help="Who asserts an accounted run's selections and retries (default: the login name).",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -233,6 +238,7 @@ def run_cmd(
     slurm_account: str | None,
     slurm_qos: str | None,
     slurm_extra: str | None,
+    actor: str | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.commands import dispatch_options, run_run
@@ -270,6 +276,7 @@ def run_cmd(
         slurm_account=slurm_account,
         slurm_qos=slurm_qos,
         slurm_extra=slurm_extra,
+        actor=actor,
     )
     return run_run(options, sys.stdout.buffer, sys.stderr)
 

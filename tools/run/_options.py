@@ -82,3 +82,6 @@ class RunOptions:
     slurm_account: str | None = None
     slurm_qos: str | None = None
     slurm_extra: str | None = None
+    #: ``--actor NAME``: who asserts an accounted run's selections and retries
+    #: (docs/spec/export.md §4); None = the login name
+    actor: str | None = None

@@ -37,6 +37,7 @@ class Attempts:
         self.control = parts.control
         self.fanouts = parts.fanouts
         self.loop = parts.loop
+        self.accounting = parts.accounting
         #: set by the dispatcher once built (it needs note_failure from here)
         self.readiness: Readiness
 
@@ -233,17 +234,47 @@ class Attempts:
             )  # fmt: skip
             self.durable.wrote(unit.name, unit.key)
         tolerable = status == FAILED and control.tolerates(task, finished.code, timed_out)
-        if status == FAILED and not tolerable:
-            self.note_failure(unit, finished.log)
-        self._settle_unit(
-            unit,
-            status,
-            note,
-            exit_code=finished.code,
-            duration=finished.duration,
-            fields=fields,
-            tolerable=tolerable,
-        )
+
+        def settle(refusal: str | None = None) -> None:
+            nonlocal status, note
+            if refusal is not None:  # accounted: its output refused (export.md §5)
+                status, note = FAILED, self._refused(unit, refusal)
+            if status == FAILED and not tolerable:
+                self.note_failure(unit, finished.log)
+            self._settle_unit(
+                unit,
+                status,
+                note,
+                exit_code=finished.code,
+                duration=finished.duration,
+                fields=fields,
+                tolerable=tolerable,
+            )
+
+        if self.accounting is None:
+            settle()
+            return
+        # an accounted run: the unit settles once its observation is applied, in
+        # its epoch's starts order (docs/spec/export.md §5)
+        reason = "timeout" if finished.stop_reason == "timeout" else "exit"
+        if status != PASSED and finished.code == 0 and reason == "exit":
+            reason = "capture"
+        kind = "evaluated" if status == PASSED else "failed"
+        self.accounting.observed(unit, kind, finished.code, reason, settle)
+
+    def _refused(self, unit: Unit, note: str) -> str:
+        """An accounted unit whose output the proof refused: its record fails."""
+        self.stage.amend_result(
+            self.plan, self.state, unit.name, key=unit.key, status=FAILED, note=note,
+            durable=False,
+        )  # fmt: skip
+        self.durable.wrote(unit.name, unit.key)
+        return note
+
+    def unsettle(self, unit: Unit) -> None:
+        """An accounted unit held at shutdown, its observation never applied: its
+        record goes, so a resume runs it again (docs/spec/export.md §5)."""
+        self.stage.remove_result(self.state, unit.name, unit.key, durable=True)
 
     def worker_lost(self, unit: Unit, worker: str) -> None:
         """A transient failure: retried under the task's retries (whatever its
@@ -300,9 +331,16 @@ class Attempts:
         # exit codes tolerate a task's own exit only, not a unit that could not
         # be staged, started or captured
         tolerable = control.tolerates(task, None, False)
-        if not tolerable:
-            self.note_failure(unit, log)
-        self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
+
+        def settle(_refusal: str | None = None) -> None:
+            if not tolerable:
+                self.note_failure(unit, log)
+            self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
+
+        if self.accounting is None:
+            settle()
+        else:  # accounted: an attempt that never ran (docs/spec/export.md §4)
+            self.accounting.observed(unit, "acquisition", exit_code, "acquisition", settle)
 
     def note_failure(self, unit: Unit, log: str | None) -> None:
         """A unit settled failed: keep it for the last line; --fail-fast stops."""

@@ -54,7 +54,8 @@ from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
 
-if TYPE_CHECKING:  # imported at run time only for a plan with a loop
+if TYPE_CHECKING:  # imported at run time only for a plan with a loop / accounting
+    from crucible.run.accounting._book import Accounting
     from crucible.run.loop._engine import LoopRun
 
 __all__ = ["FAILURES_SHOWN", "Counts", "Dispatcher", "RunOutcome", "Unit"]
@@ -173,17 +174,31 @@ class Dispatcher:
                 self.schedule.loop_before = frozenset(self.loop.phases.before)
                 self.schedule.on_loop_before = self.loop.maybe_start
         # -- end scored loop
+        # -- an accounted plan (docs/spec/export.md): the proof writer's engine,
+        # driven as the run decides (imported only for such a plan: it loads the writer)
+        self.accounting: Accounting | None = None
+        if "limits" in self.plan["workflow"]:
+            from crucible.run.accounting._book import open_accounting
+
+            self.accounting = open_accounting(
+                self.plan, options.state, stage, admission.params, actor=options.actor,
+                resume=options.resume, environ=environ,
+            )  # fmt: skip
         # The rooms of a session's decisions: readiness (skip, expand, queue,
         # fold) and the attempts' outcomes (start, end, retry, settle).
         parts = Parts(
             plan=self.plan, options=options, state=self.state, layout=self.layout, log=log,
             stage=stage, graph=self.graph, schedule=self.schedule, durable=self.durable,
             signals=self.signals, control=self.control, fanouts=self.fanouts, loop=self.loop,
+            accounting=self.accounting,
         )  # fmt: skip
         self.attempts = Attempts(parts)
         self.readiness = Readiness(parts, self.attempts.note_failure)
         self.attempts.readiness = self.readiness
         self.schedule.on_ready = self.readiness.on_ready
+        if self.accounting is not None:
+            self.accounting.requeue = self.schedule.ready.append
+            self.accounting.unsettle = self.attempts.unsettle
         # A unit whose settle wakes nothing may be answered late, with the next
         # reply of its worker (crucible.run.executors._unit.UnitRunner.serve).
         self.runner.quiet = frozenset(
@@ -301,6 +316,8 @@ class Dispatcher:
             self.slots.close()
             if self.hits is not None:
                 self.hits.close()
+            if self.accounting is not None:  # recover an open epoch; usage.json
+                self.accounting.close()
         duration = time.monotonic() - started
         counts = {
             "tasks": len(self.graph.tasks),
@@ -433,6 +450,8 @@ class Dispatcher:
             unit = self.schedule.ready.popleft()
             if not self.parallelism.take(unit.name, unit):
                 continue  # the task's parallelism is used up: it waits in the gate
+            if self.accounting is not None and not self._accounted_start(unit):
+                continue
             self._next_token += 1
             self._tokens[self._next_token] = unit
             env = unit.staged_env
@@ -449,6 +468,20 @@ class Dispatcher:
             self.workers.submit(self._next_token, request)
             idle -= 1
         self.workers.flush()  # executor seam: send this round's submissions
+
+    def _accounted_start(self, unit: Unit) -> bool:
+        """An accounted run: may ``unit`` start (its slot begun, or its retry epoch
+        begun now)? One waiting for its epoch is requeued by the accounting; one
+        that must not run settles failed (docs/spec/export.md §5)."""
+        assert self.accounting is not None
+        verdict = self.accounting.may_start(unit)
+        if verdict is True:
+            return True
+        if (waiting := self.parallelism.release(unit.name)) is not None:
+            self.schedule.ready.append(waiting)
+        if isinstance(verdict, str):
+            self.attempts.fail_unit(unit, verdict)
+        return False
 
     def _stop_requested(self) -> bool:
         return self.signals.received is not None or self.schedule.fail_fast_by is not None

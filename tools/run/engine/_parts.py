@@ -20,6 +20,7 @@ from crucible.run.engine._signals import StopSignals
 from crucible.run.session._log import SessionLog
 
 if TYPE_CHECKING:  # the dispatcher imports stage lazily (crucible-dispatch --help)
+    from crucible.run.accounting._book import Accounting
     from crucible.run.loop._engine import LoopRun
     from crucible.stage import StateLayout
 
@@ -43,3 +44,5 @@ class Parts:
     fanouts: Fanouts
     #: a scored loop (docs/spec/loop.md), for a plan with one
     loop: LoopRun | None = None
+    #: an accounted plan's accounting (crucible.run.accounting._book.Accounting)
+    accounting: Accounting | None = None

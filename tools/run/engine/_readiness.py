@@ -37,6 +37,7 @@ class Readiness:
         self.control = parts.control
         self.fanouts = parts.fanouts
         self.loop = parts.loop
+        self.accounting = parts.accounting
         #: a unit failed: listed for the last line (crucible.run.engine._attempts)
         self.note_failure = note_failure
 
@@ -117,6 +118,20 @@ class Readiness:
                 self.durable.after_durable(lambda: self.fold(name, keys))
         return True
 
+    def _refuse_instance(self, name: str, key: str, note: str) -> None:
+        """An accounted instance whose selection was refused: failed, never started."""
+        self.note_failure(Unit(name, key), None)
+        self.stage.record_settled(
+            self.plan, self.state, name, status=FAILED, note=note, key=key, durable=False
+        )
+        self.durable.wrote(name, key)
+        self.log.emit(events.task_finished(task=name, key=key, status=FAILED, note=note))
+        self.schedule.count_settled(FAILED)
+        self.schedule.instances_left[name] -= 1
+        if self.schedule.instances_left[name] == 0:
+            keys = self.schedule.instances[name]
+            self.durable.after_durable(lambda: self.fold(name, keys))
+
     def settle_unrun(self, name: str, status: str, note: str) -> None:
         """A task settled without running: skipped, failed by its condition, or
         its map source unreadable (a mapped task gets an aggregate record with no
@@ -151,6 +166,8 @@ class Readiness:
                 note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
             self.settle_unrun(name, FAILED, note)
             return
+        # an accounted run: the selection reserving these instances (export.md §5)
+        refusal = None if self.accounting is None else self.accounting.reserve(name, keys)
         if not keys:
             self.fold(name, keys)
             return
@@ -171,6 +188,9 @@ class Readiness:
             self.fold(name, keys)
             return
         for key in pending:
+            if refusal is not None:  # refused children never start
+                self._refuse_instance(name, key, refusal)
+                continue
             # A false condition settles its instance at once (the last one folds).
             if conditional and self._condition_settles(name, key, item_of[key]):
                 continue
