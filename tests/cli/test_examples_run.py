@@ -83,12 +83,14 @@ def check_fanout_fail_on(state: Path) -> None:
 
 
 def check_org_people_descriptive(state: Path) -> None:
-    # accounted (docs/spec/export.md): the selection's descriptive ids would exceed
-    # max_bytes, so it is refused and no people task starts
+    # accounted (docs/spec/export.md): under descriptive ids the fourth
+    # organisation's output would exceed max_bytes, so it is refused
     report = rows(state)
     assert report["org"]["status"] == "passed"
     assert report["people"]["status"] == "failed"
-    assert "max_bytes" in result(state, "people")["note"]
+    assert report["people"]["instance_status"] == {"passed": 3, "failed": 1}
+    # by 637 bytes with a four-letter login name: the actor is part of every candidate
+    assert re.search(r"refused: would exceed max_bytes by \d+", result(state, "people")["note"])
 
 
 def check_sibling_retry(state: Path) -> None:
@@ -96,6 +98,10 @@ def check_sibling_retry(state: Path) -> None:
     report = rows(state)
     assert report["pick"]["status"] == "passed"
     assert report["work"]["status"] == "failed"
+    assert report["work"]["instance_status"] == {"failed": 2}
+    assert "refused: would exceed max_bytes" in result(state, "work")["note"] or (
+        "first 'a'" in result(state, "work")["note"]
+    )
 
 
 #: pack -> host variables whose documented use makes the run fail on purpose
@@ -119,6 +125,7 @@ FAILURE_MODES: dict[str, tuple[list[str], Callable[[Path], None]]] = {
     "large-output": (["-p", "inline=true"], check_large_output_inline),
     "fanout": (["-p", "fail_on=gamma"], check_fanout_fail_on),
     "exit-handler": (["-p", "break_step=transform"], check_exit_handler_break),
+    "org-people": (["-p", "ids=descriptive"], check_org_people_descriptive),
     "sibling-retry": (["-p", "mode=retry"], check_sibling_retry),
 }
 
