@@ -106,7 +106,6 @@ def cli() -> None:
 @click.option("--agent-cmd", metavar="CMD", help="Agent stand-in command line, run with sh -c.")
 @click.option(
     "--emit-cap",
-    type=click.IntRange(min=1),
     metavar="BYTES",
     help="Cap per declared emits field (default $CRUCIBLE_EMIT_CAP or 65536).",
 )
@@ -212,7 +211,7 @@ def run_cmd(
     params: tuple[str, ...],
     jobs: int | None,
     agent_cmd: str | None,
-    emit_cap: int | None,
+    emit_cap: str | None,
     resume: bool,
     retry_failed: bool,
     fresh: bool,
