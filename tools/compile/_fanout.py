@@ -697,3 +697,7 @@ def _check_publish_graph(
                     where,
                     f"publish source {src!r}: task {task!r} captures no files (emits_files)",
                 )
+            elif by_name[task].get("temp_files"):
+                from crucible.compile._temps import check_temp_published  # lazy: rare
+
+                check_temp_published(chk, where, src, by_name[task])

@@ -218,6 +218,12 @@ def _task_emits_files(t: _TaskCheck, value: object) -> None:
         ]
 
 
+def _task_temp_files(t: _TaskCheck, value: object) -> None:
+    from crucible.compile._temps import check_temp_files  # lazy: edition 4 only
+
+    check_temp_files(t.chk, t.at("temp_files"), value, t.task)
+
+
 def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
     """Edition 4's map sources, matrix, key, parallelism (crucible.compile._fanout);
     before it, map is a "producer.field" reference."""
@@ -389,6 +395,7 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
     ("join", _task_join),
     ("emits", _task_emits),
     ("emits_files", _task_emits_files),
+    ("temp_files", _task_temp_files),
     (None, _task_fanout),  # map, matrix, key, parallelism
     (None, _task_on_empty),
     ("cache", _task_cache),

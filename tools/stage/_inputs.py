@@ -11,6 +11,7 @@ Normative text: docs/spec/inputs.md.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -520,8 +521,14 @@ def _ancestor_units(
     pkey = producer_key(plan, pv, state, task, key, anc)
     if pkey is not None:
         unit = revision_unit(state, anc, pkey, anc)
-        return [unit] if unit.store.is_dir() else []
-    return units_of(state, anc, at.map is not None)
+        units = [unit] if unit.store.is_dir() else []
+    else:
+        units = units_of(state, anc, at.map is not None)
+    if at.temp_files and anc not in pv.tasks[task].needs:
+        # temporaries reach the producer's direct dependants only (run.md,
+        # "Temporary files"): freed once they settled, never promised further
+        units = [dataclasses.replace(u, skip=at.temp_files) for u in units]
+    return units
 
 
 def staged_units(
@@ -861,7 +868,7 @@ def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, b
     try:
         for rel in d.roots:
             (tmp / rel).mkdir()
-        files_bytes = stage_units(state, d.units, tmp, 0, bound)
+        files_bytes = stage_units(state, d.units, tmp, 0, bound, holder=workspace)
         for rel in d.dirs:
             (tmp / rel).mkdir()
         tmp_s = str(tmp)

@@ -59,6 +59,9 @@ class TaskView:
     #: (a literal, param or sequence map, a matrix, a map with ``key``); ``map`` is then
     #: ("", "") unless a producer field is the source
     listed: bool = False
+    #: IR v3: emits_files entries freed once the direct dependants settled,
+    #: staged only into them (docs/spec/run.md, "Temporary files")
+    temp_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ def _task(raw: Any, i: int, checked: bool) -> TaskView:
         prompt=prompt if isinstance(prompt, str) else None,
         raw=raw,
         listed=listed,
+        temp_files=tuple(raw.get("temp_files", ())),
     )
 
 

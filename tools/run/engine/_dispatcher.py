@@ -221,6 +221,16 @@ class Dispatcher:
             durable=self.durable, signals=self.signals, control=self.control,
             fanouts=self.fanouts, loop=self.loop, accounting=self.accounting,
         )  # fmt: skip
+        # temporary files (crucible.run.engine._temps): freed as their readers settle
+        self.temps: Any = None
+        if any(t.get("temp_files") for t in self.graph.tasks.values()):
+            from crucible.run.engine._temps import TempFreer
+
+            self.temps = TempFreer(
+                self.state, self.graph.tasks, self.schedule.status,
+                lambda: self.schedule.selected, self._temp_freed,
+            )  # fmt: skip
+            self.schedule.on_settled = self.temps.settled
         self.attempts = Attempts(parts)
         self.readiness = Readiness(parts, self.attempts.note_failure)
         self.attempts.readiness = self.readiness
@@ -238,6 +248,9 @@ class Dispatcher:
                 self.loop is None or not (name in self.loop.body or name in self.loop.phases.before)
             )
         )
+
+    def _temp_freed(self, task: str, files: int, size: int) -> None:
+        self.log.emit(events.temp_freed(task=task, files=files, bytes=size))
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -267,6 +280,8 @@ class Dispatcher:
         self.durable.watch(wake_w)
         try:
             self.schedule.resume(self.selection)
+            if self.temps is not None:  # an earlier session's leftovers, first
+                self.temps.start()
             self.readiness.not_selected()
             for name in self.graph.order:
                 if name not in self.schedule.status and self.schedule.remaining[name] == 0:

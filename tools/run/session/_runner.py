@@ -70,6 +70,7 @@ def _run_admitted(
     if options.dry_run:
         return _dry_run_outcome(admission, options, state_dir, graph, selection, env, on_warning)
     if options.resume and not selection.to_run(graph):
+        _finish_freeing(options, graph, selection)
         return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
     with Session(
         admission, options, state_dir=state_dir, graph=graph, selection=selection,
@@ -84,6 +85,20 @@ def _run_admitted(
             signum=outcome.exit_code - 128,
         )
     return outcome
+
+
+def _finish_freeing(options: RunOptions, graph: TaskGraph, selection: Selection) -> None:
+    """Nothing runs: still finish what an earlier session marked freed and did
+    not delete (killed between the two), and free what nothing needs any more
+    (docs/spec/run.md, "Temporary files"; no session, so no event)."""
+    if not any(t.get("temp_files") for t in graph.tasks.values()):
+        return
+    from crucible.run.engine._temps import TempFreer  # lazy: plans with temp_files only
+
+    status = {n: str(r.get("status")) for n, r in selection.kept.items()}
+    TempFreer(
+        options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None,
+    ).start()  # fmt: skip
 
 
 def _prepare(admission: Admission, options: RunOptions) -> StateDir:
