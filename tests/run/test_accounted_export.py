@@ -512,7 +512,15 @@ def test_sigterm_resume_export_verifies(tmp_path: Path) -> None:
     else:
         proc.kill()
         pytest.fail("the people group never began")
-    time.sleep(0.5)
+    # while it runs the state is not quiet: the export is refused, nothing written
+    early = subprocess.run(
+        [PROVE, "--state", str(state), "--out", str(tmp_path / "early.bundle")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert early.returncode == 1 and "a dispatcher is running" in early.stderr, early.stderr
+    assert not (tmp_path / "early.bundle").exists()
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
@@ -527,3 +535,48 @@ def test_sigterm_resume_export_verifies(tmp_path: Path) -> None:
     export(state, done)
     assert not (done / "partial.json").exists()
     reads(done, "complete")
+
+
+# -- what an export refuses, and recording unavailable --------------------------------
+
+
+def test_unaccounted_run_is_refused_in_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "hello"
+    assert dispatch("examples/hello/pack.toml", state).returncode == 0
+    proc = subprocess.run(
+        [PROVE, "--state", str(state), "--out", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (
+        f"crucible-prove: error: {state}: an unaccounted run: no operations.ndjson (its pack "
+        "declares no [workflow.limits], so there is no proof to export)\n"
+    )
+    assert not (tmp_path / "b").exists()
+
+
+def test_recording_unavailable_exports_the_last_complete_prefix(tmp_path: Path) -> None:
+    """sibling-retry: b retried with the same 6000 bytes leaves no room to record its
+    refusal (its new attempt's material counts): the run stops with exit 3, and so
+    does the export, which still writes the last complete prefix, labelled."""
+    pack = "examples/sibling-retry/pack.toml"
+    state = tmp_path / "sr"
+    assert dispatch(pack, state, "-p", "mode=retry").returncode == 1
+    stuck = dispatch(pack, state, "--resume", "--retry-failed")
+    assert stuck.returncode == 3 and "recording unavailable" in stuck.stderr, stuck.stderr
+    out = tmp_path / "sr.bundle"
+    proc = subprocess.run(
+        [PROVE, "--state", str(state), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "(partial: recording-unavailable)" in proc.stderr
+    label = canon.loads((out / "partial.json").read_bytes())
+    assert label["reason"] == "recording-unavailable" and label["operationLine"] > 0
+    custody = canon.loads((tmp_path / "sr.bundle.custody" / "custody.json").read_bytes())
+    assert [i["instance"] for i in custody["items"]] == ["work.b"]
+    reads(out, "partial")

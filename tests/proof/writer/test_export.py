@@ -247,6 +247,15 @@ def test_out_existing_nonempty_directory_is_refused_untouched(tmp_path: Path) ->
     assert (tmp_path / "file").read_text() == "mine"
 
 
+def test_out_inside_the_state_dir_is_refused(tmp_path: Path) -> None:
+    state = state_of("complete", tmp_path)
+    for out in (state / "bundle", state / "proof" / "bundle"):
+        proc = cli(PROVE, "--state", state, "--out", out)
+        assert proc.returncode == 2, proc.stderr
+        assert "inside the run's state directory" in one_line(proc.stderr)
+        no_leftovers(out.parent, "bundle")
+
+
 def test_out_empty_directory_is_filled(tmp_path: Path) -> None:
     state = state_of("complete", tmp_path)
     (tmp_path / "empty").mkdir()

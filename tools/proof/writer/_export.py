@@ -66,6 +66,11 @@ def export(options: ExportOptions) -> ProveResult:
     state, out = options.state, options.out
     _check_state(state)
     _check_out(out)
+    if _inside(out, state):
+        raise UsageError(
+            "--out: inside the run's state directory; an export is written outside it",
+            where=str(out),
+        )
     workflow = state / STATE_WORKFLOW
     operations = state / STATE_OPERATIONS
     with _quiet_state(state):
@@ -129,6 +134,13 @@ def _check_state(state: Path) -> None:
         raise InputRefused(
             f"an accounted run without its {STATE_ARTIFACTS}/ directory", where=where
         )
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    """Whether ``path`` (existing or not) would be ``directory`` or below it."""
+    base = directory.resolve()
+    target = path.parent.resolve() / path.name
+    return target == base or base in target.parents
 
 
 def _check_out(out: Path) -> None:
