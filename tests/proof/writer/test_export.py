@@ -14,11 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused, UsageError
 from crucible.proof.reader import VerifyOptions, load_expectations, verify_bundle
 from crucible.proof.writer import ExportOptions, export
+from crucible.proof.writer._export import run_ended
 from tests.proof.writer.prove_helpers import read_tree
 
 REPO = Path(__file__).resolve().parents[3]
@@ -305,3 +308,35 @@ def test_errors_are_the_documented_classes(tmp_path: Path) -> None:
     (tmp_path / "s").mkdir()
     with pytest.raises(InputRefused):
         export(ExportOptions(tmp_path / "s", tmp_path / "b"))
+
+
+_EVENT = st.fixed_dictionaries(
+    {
+        "event": st.sampled_from(["plan_admitted", "task_finished", "run_finished", "shutdown"]),
+        "session": st.integers(1, 3),
+    },
+    optional={"reason": st.sampled_from(["completed", "signal", "error"])},
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(events=st.lists(_EVENT, max_size=6), tail=st.binary(max_size=24), torn=st.booleans())
+def test_a_run_ended_only_when_its_last_line_is_a_completed_shutdown(
+    events: list[dict[str, object]],
+    tail: bytes,
+    torn: bool,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    state = tmp_path_factory.mktemp("ended")
+    data = b"".join(canon.dumps(e) + b"\n" for e in events)
+    if torn:
+        data += tail.replace(b"\n", b"")  # a last line cut short (or garbage)
+    (state / "session.jsonl").write_bytes(data)
+    last = events[-1] if events else None
+    expected = (
+        last is not None
+        and last["event"] == "shutdown"
+        and last.get("reason") == "completed"
+        and not (torn and tail.replace(b"\n", b""))
+    )
+    assert run_ended(state) is expected
