@@ -340,3 +340,42 @@ def test_a_run_ended_only_when_its_last_line_is_a_completed_shutdown(
         and not (torn and tail.replace(b"\n", b""))
     )
     assert run_ended(state) is expected
+
+
+def test_a_torn_last_line_is_left_out_of_the_export(tmp_path: Path) -> None:
+    """A dispatcher killed mid-append leaves a last line without its newline: the
+    export is the complete lines' (partial), with a note naming the torn line."""
+    state = state_of("complete", tmp_path)
+    _session(state, SHUTDOWN)  # even a log that claims an end: a torn tail is no end
+    ops = state / "operations.ndjson"
+    lines = ops.read_bytes().splitlines(keepends=True)
+    ops.write_bytes(b"".join(lines[:-2]) + lines[-2][:17])
+    out = tmp_path / "bundle"
+    proc = cli(PROVE, "--state", state, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    note, summary = proc.stderr.splitlines()
+    assert note == (
+        f"crucible-prove: {state}/operations.ndjson:{len(lines) - 1}: a torn last line "
+        "(its writer was killed mid-write) is not part of the export"
+    )
+    assert "(partial: open-epoch)" in summary  # b's observation was the torn line
+    # the same bundle as the log cut cleanly before that line
+    clean = state_of("complete", tmp_path / "clean")
+    (clean / "operations.ndjson").write_bytes(b"".join(lines[:-2]))
+    export(ExportOptions(clean, tmp_path / "clean.bundle", durable=False))
+    assert read_tree(out) == read_tree(tmp_path / "clean.bundle")
+    reads = verify_bundle(out, VerifyOptions())
+    assert reads.reading is not None and reads.reading.completion == "partial"
+    # the three-input form keeps refusing it (every line must parse)
+    direct = cli(
+        PROVE,
+        "--workflow",
+        state / "workflow.json",
+        "--operations",
+        ops,
+        "--artifacts",
+        state / "proof" / "artifacts",
+        "--out",
+        tmp_path / "direct",
+    )
+    assert direct.returncode == 2 and f"operations.ndjson:{len(lines) - 1}:" in direct.stderr

@@ -84,6 +84,7 @@ def export(options: ExportOptions) -> ProveResult:
                 durable=options.durable,
                 keep_decisions=False,
                 ended=run_ended(state),
+                complete_lines_only=True,
             )
         )
 
