@@ -2,10 +2,11 @@
 
 The dispatcher of an accounted pack keeps, beside its own state, the three inputs of
 ``prove``: ``STATE/workflow.json``, ``STATE/operations.ndjson`` and the received
-artifacts the log names under ``STATE/proof/artifacts/``. The export replays that log with the
-same engine (so the bundle is the one ``--workflow/--operations/--artifacts`` would
-write) into a fresh directory, swapped in atomically. A run whose last session ended
-by itself is closed by a ``finish`` with no files; any other exports partial (admission-proof.md §9, §11).
+artifacts the log names under ``STATE/proof/artifacts/``. The export replays that log
+with the same engine (so the bundle is the one ``--workflow/--operations/--artifacts``
+would write) into a fresh directory, swapped in atomically. A run whose last session
+ended by itself is closed by a ``finish`` with no files; any other exports partial
+(admission-proof.md §9, §11).
 """
 
 from __future__ import annotations
@@ -127,9 +128,8 @@ def _check_state(state: Path) -> None:
             "[workflow.limits], so there is no proof to export)",
             where=where,
         )
-    for name in (STATE_WORKFLOW,):
-        if not (state / name).is_file():
-            raise InputRefused(f"an accounted run without {name}", where=where)
+    if not (state / STATE_WORKFLOW).is_file():
+        raise InputRefused(f"an accounted run without {STATE_WORKFLOW}", where=where)
     artifacts = state / STATE_ARTIFACTS
     if not artifacts.is_dir() or artifacts.is_symlink():
         raise InputRefused(
@@ -190,7 +190,9 @@ def _quiet_state(state: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+                raise OperationalError(
+                    f"cannot lock {STATE_LOCK}: {exc.strerror}", where=str(state)
+                ) from None
             raise InputRefused(
                 "a dispatcher is running on this state directory; export once it has "
                 "ended (or been interrupted)",
