@@ -88,6 +88,9 @@ WORKFLOW_MEMBERS: dict[str, int] = {
     "resolved_from": 1,
     "outputs": 3,
     "publish": 3,
+    # an accounted pack's bounds and workflow record (docs/spec/export.md)
+    "limits": 3,
+    "record": 3,
 }
 #: task members by the IR version that introduced them (compile's PLAN_TASK_KEYS
 #: agree: tests/core/test_plan_model.py)
@@ -809,6 +812,14 @@ class Workflow:
     resolved_from: str | None = None
     outputs: Mapping[str, Ref] = field(default_factory=dict)
     publish: Mapping[str, Publish] = field(default_factory=dict)
+    #: an accounted pack's ``[workflow.limits]``, every bound written out (None: unaccounted)
+    limits: Mapping[str, int] | None = None
+    #: the workflow record's stages the pack maps to (docs/spec/export.md §3), as JSON
+    record: tuple[Mapping[str, Any], ...] | None = None
+
+    @property
+    def accounted(self) -> bool:
+        return self.limits is not None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -823,6 +834,10 @@ class Workflow:
             out["outputs"] = {n: r.to_json() for n, r in self.outputs.items()}
         if self.publish:
             out["publish"] = {d: p.to_json() for d, p in self.publish.items()}
+        if self.limits is not None:
+            out["limits"] = dict(self.limits)
+        if self.record is not None:
+            out["record"] = [dict(s) for s in self.record]
         return out
 
     def defaults(self) -> dict[str, JsonValue]:
@@ -843,7 +858,29 @@ def _workflow(value: object, version: int) -> Workflow:
         resolved_from=_opt_str(raw, "resolved_from", "$.workflow"),
         outputs={n: Ref.parse(r, f"$.workflow.outputs.{n}") for n, r in outputs.items()},
         publish={d: _publish(p, f"$.workflow.publish.{d}") for d, p in publish.items()},
+        limits=_limits(raw),
+        record=_record(raw),
     )
+
+
+def _limits(raw: Mapping[str, Any]) -> Mapping[str, int] | None:
+    if "limits" not in raw:
+        return None
+    limits = _obj(raw["limits"], "$.workflow.limits", "limits")
+    for name, value in limits.items():
+        if type(value) is not int or value < 1:
+            raise _fail(f"$.workflow.limits.{name}", "a limit must be a positive integer")
+    return dict(limits)
+
+
+def _record(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...] | None:
+    """The record's stages, kept as JSON (compile checks their form and normal form)."""
+    if "record" not in raw:
+        return None
+    stages = raw["record"]
+    if not isinstance(stages, list):
+        raise _fail("$.workflow.record", "the workflow record must be an array of stages")
+    return tuple(_obj(s, f"$.workflow.record[{i}]", "a record stage") for i, s in enumerate(stages))
 
 
 # -- the loop ----------------------------------------------------------------------------
