@@ -36,6 +36,10 @@ demo: install
 	@echo "== prove a recorded operation log, verify the bundle offline"
 	$(BIN)/crucible-prove --workflow tests/vectors/proof/complete/workflow.json --operations tests/vectors/proof/complete/operations.ndjson --artifacts tests/vectors/proof/complete/artifacts --out demo-bundle
 	$(BIN)/crucible-verify demo-bundle
+	@echo "== an accounted run and its proof: examples/org-people"
+	$(BIN)/crucible-dispatch examples/org-people/pack.toml --state demo-state/org-people
+	$(BIN)/crucible-prove --state demo-state/org-people --out demo-state/org-people.bundle
+	$(BIN)/crucible-verify demo-state/org-people.bundle
 	@echo "demo done: see demo-state/fanout/timeline.html"
 
 test: install

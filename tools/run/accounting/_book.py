@@ -509,6 +509,20 @@ class Accounting:
         finally:
             self.log.close()
 
+    def discard(self, *, fresh: bool) -> None:
+        """The session could not start: close the log; a fresh run leaves nothing of
+        its accounting behind (nothing half-written)."""
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.log.fd)
+            self.log = None
+        if fresh and self.engine.state is None:
+            import shutil  # only on this error path
+
+            self.paths.operations.unlink(missing_ok=True)
+            self.paths.workflow.unlink(missing_ok=True)
+            shutil.rmtree(self.paths.proof, ignore_errors=True)
+
     def usage(self) -> dict[str, Any]:
         st = self.engine.branch_state
         size, files = st.measure(self.engine.proof_chain.size())
@@ -560,5 +574,9 @@ def open_accounting(
         forms.check_actor(actor) if actor is not None else forms.default_actor(environ),
         environ,
     )
-    book.start(params, resume)
+    try:
+        book.start(params, resume)
+    except BaseException:
+        book.discard(fresh=not resume)
+        raise
     return book
