@@ -337,3 +337,30 @@ def test_computed_results(tmp_path: Path) -> None:
     assert "tasks.a.x + 'text'" in doc["@absent"]["bad"]["note"]
     assert doc["@absent"]["gone"]["reason"] == "skipped"
     assert doc["@from"]["sum"] == {"expression": "tasks.a.x + tasks.b.y"}
+
+
+def test_a_runaway_result_expression_is_stopped_by_the_when_bounds(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "slow"
+        [workflow.outputs]
+        spin = "len([1 for i in range(tasks.a.x) for j in range(tasks.a.x) if False])"
+        hog = "len([1 for i in range(tasks.a.x) for j in range(tasks.a.x)])"
+        [[workflow.task]]
+        name = "a"
+        emits = { x = "integer" }
+        run = 'printf "{\\"x\\": 100000}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr  # the run passed; the result is absent
+    doc = json.loads((tmp_path / "state" / "outputs.json").read_bytes())
+    why = doc["@absent"]["spin"]
+    assert why["reason"] == "error"
+    assert "longer than 2 s" in why["note"], why
+    why = doc["@absent"]["hog"]
+    assert why["reason"] == "error"
+    assert "memory" in why["note"], why
+    assert "2 of 2 declared outputs are absent" in proc.stderr
