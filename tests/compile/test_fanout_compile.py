@@ -62,7 +62,8 @@ def task(body: str, name: str = "t") -> dict[str, Any]:
         ("{ count = 3 }", {"sequence": {"count": 3, "start": 0, "step": 1}}),
         ("{ start = 1, end = 9, step = 4 }", {"sequence": {"count": 3, "start": 1, "step": 4}}),
         ("{ start = 5, end = 1, step = -2 }", {"sequence": {"count": 3, "start": 5, "step": -2}}),
-        ("{ start = 5, end = 1 }", {"sequence": {"count": 0, "start": 5, "step": 1}}),
+        ("{ start = 5, end = 1, step = -1 }", {"sequence": {"count": 5, "start": 5, "step": -1}}),
+        ("{ start = 5, end = 5 }", {"sequence": {"count": 1, "start": 5, "step": 1}}),
     ],
 )
 def test_map_sources_compile_to_tagged_plan_forms(spelling: str, plan_form: Any) -> None:

@@ -21,7 +21,16 @@ from crucible.compile import _checker as checker
 from crucible.compile._checker import Checker
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._names import ident_problem
-from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.compile._sequences import (
+    SEQUENCE_KEYS,
+    check_sequence,
+    check_sequence_params,
+    describe_sequence,
+    sequence_size,
+    sequence_to_manifest,
+    sequence_values,
+)
+from crucible.core import canon
 from crucible.core.refs import parse_ref
 
 __all__ = [
@@ -46,7 +55,6 @@ __all__ = [
 MAX_INSTANCES = 100_000
 #: matrix keys that are not axes (GitHub's spelling)
 MATRIX_RESERVED = ("exclude", "include")
-_SEQUENCE_KEYS = ("count", "start", "end", "step")
 #: the manifest each published directory carries (``@``: never a captured file's
 #: top-level name in practice, and the project's reserved leading character)
 PUBLISH_MANIFEST = "@publish.json"
@@ -94,12 +102,13 @@ def check_map_source(
                 f"{what}: items must be {need}, not {checker.type_name(items)}",
             )
             return None
-        if keys and keys <= set(_SEQUENCE_KEYS):
-            return _sequence(chk, path, value, what)
+        if keys and keys <= set(SEQUENCE_KEYS):
+            return check_sequence(chk, path, value, what, limit=MAX_INSTANCES)
         chk.error(
             "bad-value",
             path,
-            f"{what}: a table must be a sequence ({{count}} or {{start, end, step}}) "
+            f"{what}: a table must be a sequence ({{count}} or {{start, end, step}}, "
+            "with an optional format) "
             f"or {{items = ...}}, not keys {', '.join(sorted(map(str, keys))) or 'none'}",
         )
         return None
@@ -130,57 +139,13 @@ def _literal(chk: Checker, path: KeyPath, items: Any, what: str) -> Any | None:
     return {"items": checker.to_json(items)}
 
 
-def _sequence(chk: Checker, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
-    ok = True
-    for k, v in value.items():
-        if type(v) is not int:
-            chk.wrong_type((*path, k), v, f"{what}: {k} must be an integer")
-            ok = False
-        elif abs(v) > MAX_SAFE_INTEGER:  # an integer still: say what is wrong with it
-            chk.error(
-                "bad-value",
-                (*path, k),
-                f"{what}: {k} must be within ±(2^53−1) = ±{MAX_SAFE_INTEGER}, not {v}",
-            )
-            ok = False
-    if not ok:
-        return None
-    if ("count" in value) == ("end" in value):
-        chk.error("bad-value", path, f"{what}: a sequence takes exactly one of count and end")
-        return None
-    start = value.get("start", 0)
-    step = value.get("step", 1)
-    if step == 0:
-        chk.error("bad-value", (*path, "step"), f"{what}: step must not be 0")
-        return None
-    if "count" in value:
-        count = value["count"]
-        if count < 0:
-            chk.error("bad-value", (*path, "count"), f"{what}: count must not be negative")
-            return None
-    else:
-        end = value["end"]
-        count = max(0, (end - start) // step + 1)  # end is inclusive (Argo's withSequence)
-    if count > MAX_INSTANCES:
-        chk.error(
-            "fanout-too-large",
-            path,
-            f"{what} has {count} numbers, more than {MAX_INSTANCES:,}",
-        )
-        return None
-    if count and abs(start + (count - 1) * step) > MAX_SAFE_INTEGER:
-        chk.error("bad-value", path, f"{what}: the sequence leaves the safe integer range")
-        return None
-    return {"sequence": {"count": count, "start": start, "step": step}}
-
-
 def _to_manifest_source(source: Any) -> Any:
     """A plan source → its manifest spelling (the inverse of :func:`check_map_source`)."""
     if isinstance(source, dict) and len(source) == 1:
         if "param" in source and isinstance(source["param"], str):
             return f"params.{source['param']}"
         if "sequence" in source and isinstance(source["sequence"], dict):
-            return dict(source["sequence"])
+            return sequence_to_manifest(source["sequence"])
         if "items" in source and isinstance(source["items"], list):
             return source["items"]
     return source  # a producer ref, {"items": {...}}, or something malformed: checked as is
@@ -193,12 +158,7 @@ def describe_source(source: Any) -> str:
     if "param" in source:
         return f"params.{source['param']}"
     if "sequence" in source:
-        s = source["sequence"]
-        if s["count"] == 0:
-            return "sequence (empty)"
-        last = s["start"] + (s["count"] - 1) * s["step"]
-        step = f" step {s['step']}" if s["step"] != 1 else ""
-        return f"{s['start']}..{last}{step}"
+        return describe_sequence(source["sequence"])
     items = source["items"]
     return f"{len(items)} item{'s' if len(items) != 1 else ''}"
 
@@ -234,8 +194,13 @@ def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | N
             ok = False
             continue
         axes.append({"name": name, "source": source})
-    if not axes and ok:
-        chk.error("matrix-no-axes", path, "matrix has no axes (exclude and include are not axes)")
+    if not axes and ok and not value.get("include"):
+        # an include-only matrix (GitHub's ``matrix: {include: [...]}``) runs its entries
+        chk.error(
+            "matrix-no-axes",
+            path,
+            "matrix has no axes and no include entries (exclude and include are not axes)",
+        )
         return None
     names = [a["name"] for a in axes]
     out: dict[str, Any] = {"axes": axes}
@@ -247,6 +212,8 @@ def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | N
             elif entries:
                 out[entry_key] = entries
     if not ok:
+        return None
+    if not axes and not _include_only_distinct(chk, (*path, "include"), out["include"]):
         return None
     sizes = [_static_size(a["source"]) for a in axes]
     product = 1
@@ -280,19 +247,36 @@ def _check_matrix(chk: Checker, path: KeyPath, value: Any) -> dict[str, Any] | N
     return out
 
 
+def _include_only_distinct(chk: Checker, path: KeyPath, include: Sequence[Any]) -> bool:
+    """An include-only matrix runs each entry as one combination, keyed by it: an
+    entry repeated (as JSON compares: member order aside) would be one key twice."""
+    seen: dict[bytes, int] = {}
+    for i, entry in enumerate(include):
+        text = canon.dumps(entry)
+        if text in seen:
+            chk.error(
+                "duplicate-entry",
+                (*path, i),
+                f"matrix include[{i}] repeats include[{seen[text]}]; an include-only "
+                "matrix runs each entry once, keyed by it",
+            )
+            return False
+        seen[text] = i
+    return True
+
+
 def _static_values(source: Any) -> list[Any]:
     """The values of a source known before the run (a literal or a sequence)."""
     if "items" in source:
         return list(source["items"])
-    seq = source["sequence"]
-    return list(range(seq["start"], seq["start"] + seq["count"] * seq["step"], seq["step"]))
+    return list(sequence_values(source["sequence"], {}, limit=MAX_INSTANCES))
 
 
 def _static_size(source: Any) -> int | None:
     if isinstance(source, dict) and "items" in source:
         return len(source["items"])
     if isinstance(source, dict) and "sequence" in source:
-        return int(source["sequence"]["count"])
+        return sequence_size(source["sequence"])  # None when a bound reads a param
     return None
 
 
@@ -502,6 +486,9 @@ def check_fanout_graph(
         source = task.get("map")
         if isinstance(source, dict) and "param" in source:
             _check_param_source(chk, (*path, "map"), task, source["param"], params, axis=False)
+        if isinstance(source, dict) and "sequence" in source:
+            what = f"map of task {task['name']!r}:"
+            check_sequence_params(chk, (*path, "map"), source["sequence"], params, what)
         matrix = task.get("matrix")
         if matrix is None:
             continue
@@ -512,6 +499,9 @@ def check_fanout_graph(
                 _check_axis_ref(chk, task, apath, axis["name"], src, by_name)
             elif "param" in src:
                 _check_param_source(chk, apath, task, src["param"], params, axis=True)
+            elif "sequence" in src:
+                what = f"matrix axis {axis['name']!r} of task {task['name']!r}:"
+                check_sequence_params(chk, apath, src["sequence"], params, what)
     from crucible.compile._results import check_outputs_graph  # the results' own rules
 
     check_outputs_graph(chk, workflow, by_name)
@@ -707,3 +697,7 @@ def _check_publish_graph(
                     where,
                     f"publish source {src!r}: task {task!r} captures no files (emits_files)",
                 )
+            elif by_name[task].get("temp_files"):
+                from crucible.compile._temps import check_temp_published  # lazy: rare
+
+                check_temp_published(chk, where, src, by_name[task])

@@ -37,7 +37,7 @@ _PLAN_KEYS = ("version", "edition", "workflow", "tasks")
 _PLAN_KEYS_V3 = ("loop",)
 _WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
 #: workflow keys of IR v3 (edition 4), omitted when empty
-_WORKFLOW_KEYS_V3 = ("outputs", "publish")
+_WORKFLOW_KEYS_V3 = ("outputs", "publish", "limits", "record")
 _INPUT_KEYS = ("from", "producer", "field", "type")
 _REQUIRED_TASK_KEYS = (
     "name",
@@ -209,6 +209,11 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         check_fanout_graph(chk, workflow, tasks, paths)
         if "loop" in plan and not chk.failed:
             _check_plan_loop(chk, plan["loop"], tasks)
+        if not chk.failed and ("limits" in workflow or "record" in workflow):
+            # an accounted plan (docs/spec/export.md): only such plans pay for the check
+            from crucible.compile._accounted import check_plan_accounting
+
+            check_plan_accounting(chk, workflow, tasks)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)

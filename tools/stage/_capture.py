@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.core.canon import MAX_SAFE_INTEGER
-from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
+from crucible.core.contract import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, emit_cap_problem, json_type
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fsio import NotRegular, open_regular, remove_tree
 from crucible.stage._files import (
@@ -41,22 +40,10 @@ __all__ = [
     "type_ok",
 ]
 
-#: The cap is recorded in the record, so it must be a safe JSON integer; a
-#: cap of 0 would refuse every declared field (the shortest JSON is 1 byte), so
-#: the rule is dispatch's: at least 1 byte.
-EMIT_CAP_MAX = MAX_SAFE_INTEGER
 #: An exit status as dispatch records it: 0–255, or minus the signal number;
 #: the range of a C int bounds what any caller can mean (our choice).
 EXIT_CODE_MIN = -(2**31)
 EXIT_CODE_MAX = 2**31 - 1
-
-
-def emit_cap_problem(value: object) -> str:
-    """The one message for a bad emit cap, from any source."""
-    return (
-        f"the emit cap must be an integer from 1 to {EMIT_CAP_MAX} bytes, not "
-        f"{value if isinstance(value, str) else repr(value)}"
-    )
 
 
 def type_ok(value: Any, declared: str) -> bool:
@@ -191,7 +178,7 @@ def _check_request(
             where="exit_code",
         )
     if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
-        raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
+        raise InputRefused(emit_cap_problem(repr(emit_cap)), where="emit_cap")
     for i, pattern in enumerate(t.emits_files):
         check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     if key is not None and revision_of(key) is None:
@@ -251,22 +238,28 @@ def _check_fields(
 
 def _capture_files(
     state: Path, task: str, key: str | None, workspace: Path, patterns: tuple[str, ...],
-    files_max: int, found: _Fields,
+    files_max: int, found: _Fields, empty_workspace: bool = False,
 ) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
     """Capture the task's emits_files into ``files/<task>[/<key>]`` (swapped in
-    whole); returns (the files, whether they were captured)."""
+    whole); returns (the files, whether they were captured). ``empty_workspace``
+    (a passing attempt whose workspace is not kept): files are captured by hard
+    link where safe, and their workspace names removed once the capture
+    passed — the state then holds their bytes once (4, "One copy")."""
+    link = empty_workspace and not found.problems
     target = StateLayout(state).files_dir(task, key)
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
+
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}capture-", dir=parent))
     except OSError as exc:
         raise OperationalError(f"cannot capture files: {exc.strerror}", where=str(parent)) from None
     try:
         got = capture_files(
-            workspace, patterns, tmp, budget=files_max, require_literals=not found.problems
-        )
+            workspace, patterns, tmp, budget=files_max, require_literals=not found.problems,
+            link=link,
+        )  # fmt: skip
     except CaptureRefused as refusal:
         remove_tree(tmp)
         remove_tree(target)  # never leave an earlier attempt's files beside this record
@@ -277,7 +270,32 @@ def _capture_files(
         remove_tree(tmp)
         raise
     swap_in_dir(tmp, target)
+    if got.moved and not found.problems:
+        _empty(workspace, got.moved)
     return got.files, True
+
+
+def _empty(workspace: Path, moved: list[Any]) -> None:
+    """Unlink the workspace names of files captured by link (each only while
+    it still names the captured inode), then the directories that left empty,
+    up to the workspace."""
+    parents: set[str] = set()
+    root = os.path.realpath(workspace)  # the moved paths are resolved ones
+    for m in moved:
+        try:
+            st = os.lstat(m.path)
+            if (st.st_dev, st.st_ino) == (m.dev, m.ino):
+                os.unlink(m.path)
+                parents.add(os.path.dirname(m.path))
+        except OSError:
+            continue
+    for d in sorted(parents, key=len, reverse=True):
+        while d.startswith(root + "/"):
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+            d = os.path.dirname(d)
 
 
 def _build_record(
@@ -319,6 +337,7 @@ def capture(
     output_name: str | None = None,
     held_notes: list[str] | None = None,
     write: bool = True,
+    empty_workspace: bool = False,
 ) -> dict[str, Any]:
     """Settle one attempt of ``task`` (or of its instance ``key``) and return its record.
 
@@ -331,7 +350,10 @@ def capture(
     what :func:`check_inputs` found when the caller checked the task's staged
     files before giving its slot back (they are not checked again). ``write``
     False: the record is built, not written (dispatch amends it in memory and
-    writes it once, crucible.stage.write_result).
+    writes it once, crucible.stage.write_result). ``empty_workspace``: the
+    caller will not keep the workspace of a passed attempt (dispatch without
+    --keep-workspaces): its captured files move into the store by hard link
+    where safe and leave the workspace (docs/spec/inputs.md 4, "One copy").
     """
     pv = view(plan)
     t = pv.task(task)
@@ -366,8 +388,9 @@ def capture(
     files_captured = False
     if t.emits_files:
         files, files_captured = _capture_files(
-            state, task, key, workspace, t.emits_files, files_max, found
-        )
+            state, task, key, workspace, t.emits_files, files_max, found,
+            empty_workspace and exit_code == 0,
+        )  # fmt: skip
     record = _build_record(
         task, key, found, output, attempt=attempt, exit_code=exit_code,
         emit_cap=emit_cap if capped else None, files=files, files_captured=files_captured,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from crucible.core.contract import SUPPORTED_VERSIONS
+from crucible.core.contract import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, TYPES
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
 from crucible.core.refs import Ref, RefSyntax, parse_ref
 from crucible.stage._names import task_name_problem
@@ -25,7 +25,7 @@ __all__ = [
     "PlanView",
     "TaskView",
     "in_plan",
-    "prepare_plan",
+    "plan_object",
     "view",
 ]
 
@@ -38,9 +38,6 @@ PLAN = "plan"
 def in_plan(path: str | None = None) -> Location:
     """A location in the plan: its JSON path, or ``task NAME`` where no path is kept."""
     return Location(PLAN, path=path)
-
-
-TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
 
 
 @dataclass(frozen=True)
@@ -62,16 +59,25 @@ class TaskView:
     #: (a literal, param or sequence map, a matrix, a map with ``key``); ``map`` is then
     #: ("", "") unless a producer field is the source
     listed: bool = False
+    #: IR v3: emits_files entries freed once the direct dependants settled,
+    #: staged only into them (docs/spec/run.md, "Temporary files")
+    temp_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class PlanView:
-    """The plan's tasks by name, in declaration order."""
+    """The plan's tasks by name, in declaration order. Stage's functions take a
+    plan as its JSON object or as its view: handed the view (as a run's
+    :class:`crucible.stage.StateDir` hands it), they use it as it is."""
 
     version: int
     edition: int
     tasks: dict[str, TaskView]
     order: tuple[str, ...]
+    #: the plan's JSON object the view was built from
+    plan: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: what stage derives from the plan once (the scored loop's view: _loop.loop_of)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def task(self, name: str) -> TaskView:
         try:
@@ -140,6 +146,7 @@ def _task(raw: Any, i: int, checked: bool) -> TaskView:
         prompt=prompt if isinstance(prompt, str) else None,
         raw=raw,
         listed=listed,
+        temp_files=tuple(raw.get("temp_files", ())),
     )
 
 
@@ -196,11 +203,12 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
     version = plan.get("version")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
-            f"plan version {version!r} is not supported (supported: 1, 2, 3)",
+            f"plan version {version!r} is not supported "
+            f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})",
             where=in_plan("$.version"),
         )
     edition = plan.get("edition", 1)
-    if type(edition) is not int or edition not in (1, 2, 3, 4):
+    if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
         raise UnsupportedVersion(
             f"edition {edition!r} is not supported", where=in_plan("$.edition")
         )
@@ -228,32 +236,29 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
             )
         if version == 1 and t.inputs:
             raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where=in_plan())
-    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks))
+    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks), plan=plan)
 
 
-# One-entry identity cache: dispatch hands the same plan dict for every task of
-# a run, and a 10,000-task plan should not be re-checked 10,000 times. The
-# strong reference keeps id() from being reused while cached.
+def plan_object(plan: Any) -> Any:
+    """The plan's JSON object, whether ``plan`` is that object or its view."""
+    return plan.plan if isinstance(plan, PlanView) else plan
+
+
+# One-entry identity cache, for a caller that hands stage the plan's JSON object
+# (crucible-stage, a test): the same object for each of its calls, and a
+# 10,000-task plan should not be re-checked on every call. The strong reference
+# keeps id() from being reused while cached. A run never fills it: its StateDir
+# (crucible.stage._statedir) builds the view once and hands it to every call.
 _cache: tuple[Any, PlanView] | None = None
 
 
 def view(plan: Any) -> PlanView:
+    """``plan``'s view: ``plan`` itself when it is one, else built (or cached)."""
     global _cache
+    if isinstance(plan, PlanView):
+        return plan
     if _cache is not None and _cache[0] is plan:
         return _cache[1]
     v = build_view(plan)
     _cache = (plan, v)
     return v
-
-
-def prepare_plan(plan: Any, *, checked: bool = False) -> None:
-    """Check ``plan`` and cache its view now. A dispatcher calls this before it
-    forks its workers, so they inherit the checked view instead of each building
-    its own (~15 ms per worker for 1,000 tasks). ``checked``: as for
-    :func:`build_view` (a view already cached is kept)."""
-    global _cache
-    if checked and (_cache is None or _cache[0] is not plan):
-        _cache = (plan, build_view(plan, checked=True))
-    v = view(plan)
-    if v.order:
-        v.ancestors(v.order[0])  # builds the cached position map

@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, keyed_items
+from crucible.compile._sequences import (
+    SequenceProblem,
+    check_sequence_param_values,
+    sequence_values,
+)
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
 from crucible.core.refs import RefMissing, parse_ref
@@ -109,8 +114,10 @@ def _source_value(
     if "param" in source:
         return params.get(source["param"])
     if "sequence" in source:
-        s = source["sequence"]
-        return list(range(s["start"], s["start"] + s["count"] * s["step"], s["step"]))
+        try:
+            return sequence_values(source["sequence"], params, limit=MAX_INSTANCES)
+        except SequenceProblem as exc:
+            raise FanoutFailed(f"{what} {_describe(source)}: {exc}") from None
     return source["items"]
 
 
@@ -399,6 +406,14 @@ def check_fanout_params(plan: Mapping[str, Any], params: Mapping[str, Any]) -> N
     """Admission: a param a map or matrix axis ranges over must hold an array (or,
     for a map, an object). Compile checked defaults; this checks what the run got."""
     for task in plan["tasks"]:
+        for seq in _sequence_sources(task):
+            try:
+                check_sequence_param_values(seq, params)
+            except SequenceProblem as exc:
+                raise InputRefused(
+                    f"task {task['name']!r} fans out over a sequence: {exc}",
+                    where=f"params.{exc.param}" if exc.param else None,
+                ) from None
         for source, axis in _param_sources(task):
             name = source["param"]
             value = params.get(name)
@@ -422,3 +437,9 @@ def _param_sources(task: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]
         if isinstance(axis["source"], dict) and "param" in axis["source"]:
             out.append((axis["source"], True))
     return out
+
+
+def _sequence_sources(task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan-form sequences a task's map or matrix axes range over."""
+    sources = [task.get("map")] + [a["source"] for a in task.get("matrix", {}).get("axes", [])]
+    return [s["sequence"] for s in sources if isinstance(s, dict) and "sequence" in s]
