@@ -364,3 +364,17 @@ def test_a_runaway_result_expression_is_stopped_by_the_when_bounds(tmp_path: Pat
     assert why["reason"] == "error"
     assert "memory" in why["note"], why
     assert "2 of 2 declared outputs are absent" in proc.stderr
+
+
+def test_fold_pairs_flatten_and_bound_in_the_library() -> None:
+    from crucible.run.engine._matrix import FanoutFailed, Fold, _fold_pairs
+
+    fold = Fold([("a", [1, 2]), ("b", {"k": 1}), ("c", [])])
+    assert _fold_pairs(fold, "gen.v") == [("a/0", 1), ("a/1", 2), ("b", {"k": 1})]
+    big = Fold([("0", list(range(MAX_INSTANCES))), ("1", [0])])
+    with pytest.raises(FanoutFailed) as refused:
+        _fold_pairs(big, "gen.v", "matrix axis 'n'")
+    assert refused.value.message == (
+        f"matrix axis 'n' gen.v has {MAX_INSTANCES + 1:,} items over 2 instances, "
+        f"more than {MAX_INSTANCES:,}"
+    )

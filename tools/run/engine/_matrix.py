@@ -182,14 +182,14 @@ def _fold(
     return out
 
 
-def _fold_pairs(fold: Fold, source: str) -> list[tuple[str, Any]]:
+def _fold_pairs(fold: Fold, source: str, what: str = "map") -> list[tuple[str, Any]]:
     """One instance per element of each instance's array (keyed ``<key>/<index>``),
     or per instance when its value is not an array (keyed ``<key>``), in item
     order then element order; counted before they are built (the bound)."""
     total = sum(len(v) if isinstance(v, list) else 1 for _, v in fold)
     if total > MAX_INSTANCES:
         raise FanoutFailed(
-            f"map {source} has {total:,} items over {len(fold):,} instances, "
+            f"{what} {source} has {total:,} items over {len(fold):,} instances, "
             f"more than {MAX_INSTANCES:,}"
         )
     pairs: list[tuple[str, Any]] = []
@@ -286,7 +286,7 @@ def _matrix_pairs(
         what = f"matrix axis {axis['name']!r}"
         value = _source_value(axis["source"], params, state, what, task)
         if isinstance(value, Fold):  # every instance's elements (or value), in item order
-            value = [v for _, v in _fold_pairs(value, axis["source"])]
+            value = [v for _, v in _fold_pairs(value, axis["source"], what)]
         if not isinstance(value, list):
             raise FanoutFailed(f"{what} ({_describe(axis['source'])}) is not an array")
         axes.append((axis["name"], value))
