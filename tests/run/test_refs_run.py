@@ -348,7 +348,7 @@ def test_a_runaway_result_expression_is_stopped_by_the_when_bounds(tmp_path: Pat
         name = "slow"
         [workflow.outputs]
         spin = "len([1 for i in range(tasks.a.x) for j in range(tasks.a.x) if False])"
-        hog = "len([1 for i in range(tasks.a.x) for j in range(tasks.a.x)])"
+        hog = "len('x' * (tasks.a.x * 20000))"
         [[workflow.task]]
         name = "a"
         emits = { x = "integer" }
