@@ -367,14 +367,26 @@ def test_a_runaway_result_expression_is_stopped_by_the_when_bounds(tmp_path: Pat
 
 
 def test_fold_pairs_flatten_and_bound_in_the_library() -> None:
-    from crucible.run.engine._matrix import FanoutFailed, Fold, _fold_pairs
+    from crucible.run.engine._folds import Fold, FoldProblem, FoldSkipped, fold_pairs, read_fold
 
     fold = Fold([("a", [1, 2]), ("b", {"k": 1}), ("c", [])])
-    assert _fold_pairs(fold, "gen.v") == [("a/0", 1), ("a/1", 2), ("b", {"k": 1})]
+    assert fold_pairs(fold, "map gen.v") == [("a/0", 1), ("a/1", 2), ("b", {"k": 1})]
     big = Fold([("0", list(range(MAX_INSTANCES))), ("1", [0])])
-    with pytest.raises(FanoutFailed) as refused:
-        _fold_pairs(big, "gen.v", "matrix axis 'n'")
+    with pytest.raises(FoldProblem) as refused:
+        fold_pairs(big, "matrix axis 'n' gen.v")
     assert refused.value.message == (
         f"matrix axis 'n' gen.v has {MAX_INSTANCES + 1:,} items over 2 instances, "
         f"more than {MAX_INSTANCES:,}"
     )
+    records = {
+        "0": {"status": "passed", "output": {"v": [1]}},
+        "1": {"status": "failed"},
+        "2": {"status": "passed", "output": {"v": [2]}},
+    }
+    keys = ["0", "1", "2"]
+    kept = read_fold(records, keys, "gen", "v", settled=True, what="map gen.v")
+    assert kept == [("0", [1]), ("2", [2])]
+    with pytest.raises(
+        FoldSkipped, match=r"^skipped: map gen\.v reads instance '1' of 'gen', which failed"
+    ):
+        read_fold(records, keys, "gen", "v", settled=False, what="map gen.v")
