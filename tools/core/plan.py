@@ -122,6 +122,7 @@ TASK_MEMBERS: dict[str, int] = {
     "sandbox": 3,
     "network": 3,
     "on_empty": 3,
+    "temp_files": 3,
 }
 _PARAM_MEMBERS = frozenset({"type", "default", "description"})
 _INPUT_MEMBERS = frozenset({"from", "producer", "field", "type"})
@@ -516,6 +517,8 @@ class Task:
     network: bool = False
     #: as written (None: absent, meaning "pass"); :attr:`skips_when_empty` is what it means
     on_empty: Literal["pass", "skip"] | None = None
+    #: captured files freed once their direct dependants settled (run.md, "Temporary files")
+    temp_files: tuple[str, ...] = ()
 
     # -- what the members mean -----------------------------------------------------
 
@@ -613,6 +616,8 @@ class Task:
             out["sandbox"] = True
         if self.network:
             out["network"] = True
+        if self.temp_files:
+            out["temp_files"] = list(self.temp_files)
         return out
 
 
@@ -665,6 +670,7 @@ def _task_checked(raw: dict[str, Any], version: int) -> Task:
         sandbox=get("sandbox", False),
         network=get("network", False),
         on_empty=get("on_empty"),
+        temp_files=tuple(get("temp_files", ())),
     )
 
 
@@ -730,6 +736,7 @@ def _task(value: object, path: str, version: int) -> Task:
         sandbox=_bool(raw.get("sandbox", False), f"{path}.sandbox", "sandbox"),
         network=_bool(raw.get("network", False), f"{path}.network", "network"),
         on_empty=on_empty,
+        temp_files=_strs(raw.get("temp_files", []), f"{path}.temp_files", "temp_files"),
     )
 
 

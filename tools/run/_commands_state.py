@@ -106,6 +106,7 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     report.render_table(rows, table, instances=task is not None)
     if task is None:
         report.render_outputs(state, table)
+        report.render_freed(state, table)
     out.write(table.getvalue().encode("utf-8"))
     return EXIT_OK
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from crucible.core.fsio import clear_path
 from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, capture, emit_cap_problem
 from crucible.stage._files import FILES_RUN_MAX
+from crucible.stage._guard import enable as guard_views
 from crucible.stage._inputs import (
     INDEX_FORMAT,
     INPUTS_ENV_MAX,
@@ -27,7 +28,6 @@ from crucible.stage._inputs import (
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import KEPT_DIR, META_FORMAT, revision_key, revision_of
 from crucible.stage._names import KEY_COMPONENT_MAX, escape_key, unescape_key
-from crucible.stage._plan import prepare_plan
 from crucible.stage._prompt import (
     HISTORY_BEGIN,
     HISTORY_END,
@@ -50,6 +50,7 @@ from crucible.stage._records import (
     write_result_where,
 )
 from crucible.stage._settled import record_settled
+from crucible.stage._statedir import StateDir
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -68,6 +69,7 @@ __all__ = [
     "RESERVED_INPUTS",
     "RESULT_FORMAT",
     "StagedInputs",
+    "StateDir",
     "StateLayout",
     "amend_record",
     "amend_result",
@@ -76,11 +78,11 @@ __all__ = [
     "clear_path",
     "emit_cap_problem",
     "escape_key",
+    "guard_views",
     "instances_path",
     "load_all",
     "load_result",
     "map_items",
-    "prepare_plan",
     "record_settled",
     "refresh_inputs",
     "remove_result",

@@ -17,7 +17,7 @@ import os
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from crucible.core import atomic, canon, digest, fdio
 from crucible.core.errors import Location, OperationalError
@@ -25,6 +25,9 @@ from crucible.proof.writer._engine import Decision, Engine, EngineSettings, Forb
 from crucible.proof.writer._model import Workflow, parse_workflow
 from crucible.proof.writer._ops import iter_operations, parse_operation
 from crucible.run.accounting import _forms as forms
+
+if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.stage import StateDir
 
 __all__ = ["Accounting", "open_accounting"]
 
@@ -99,15 +102,14 @@ class Accounting:
     def __init__(
         self,
         plan: dict[str, Any],
-        state: Path,
-        stage: Any,
+        state_dir: StateDir,
         wf: Workflow,
         actor: str,
         environ: Any,
     ) -> None:
         self.plan = plan
-        self.state = state
-        self.stage = stage
+        self.state = state = state_dir.state
+        self.state_dir = state_dir
         self.wf = wf
         self.actor = actor
         self.environ = environ
@@ -224,7 +226,7 @@ class Accounting:
             ks = (
                 keys
                 if consumer.name == task
-                else [k for k, _ in self.stage.map_items(self.plan, self.state, consumer.name)]
+                else [k for k, _ in self.state_dir.map_items(consumer.name)]
             )
             if len(ks) != len(offered):
                 return (
@@ -409,7 +411,7 @@ class Accounting:
     def _output(self, unit: Any) -> Any:
         """The captured result object of the unit's passed attempt (its audit)."""
         if unit.key is None:
-            record = self.stage.load_result(self.state, unit.name)
+            record = self.state_dir.load_result(unit.name)
         else:
             from crucible.stage._records import load_record_fast  # one parse per new line
 
@@ -506,8 +508,7 @@ class Accounting:
 
 def open_accounting(
     plan: dict[str, Any],
-    state: Path,
-    stage: Any,
+    state_dir: StateDir,
     params: dict[str, Any],
     *,
     actor: str | None,
@@ -519,8 +520,7 @@ def open_accounting(
     wf = parse_workflow(data, "workflow.json")
     book = Accounting(
         plan,
-        state,
-        stage,
+        state_dir,
         wf,
         forms.check_actor(actor) if actor is not None else forms.default_actor(environ),
         environ,

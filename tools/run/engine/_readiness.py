@@ -14,6 +14,7 @@ from typing import Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run.engine import _control as control
+from crucible.run.engine._matrix import FanoutSkipped
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._selection import NOT_SELECTED
 from crucible.run.engine._units import FAILED, PASSED, SKIPPED, Unit
@@ -29,7 +30,7 @@ class Readiness:
         self.state = parts.state
         self.layout = parts.layout
         self.log = parts.log
-        self.stage = parts.stage
+        self.state_dir = parts.state_dir
         self.graph = parts.graph
         self.schedule = parts.schedule
         self.durable = parts.durable
@@ -106,9 +107,7 @@ class Readiness:
             self.settle_unrun(name, status, note)
         else:
             # An instance that never had an attempt: no attempt number in its event.
-            self.stage.record_settled(
-                self.plan, self.state, name, status=status, note=note, key=key, durable=False
-            )
+            self.state_dir.record_settled(name, status=status, note=note, key=key, durable=False)
             self.durable.wrote(name, key)
             self.log.emit(events.task_finished(task=name, key=key, status=status, note=note))
             self.schedule.count_settled(status)
@@ -121,9 +120,7 @@ class Readiness:
     def _refuse_instance(self, name: str, key: str, note: str) -> None:
         """An accounted instance whose selection was refused: failed, never started."""
         self.note_failure(Unit(name, key), None)
-        self.stage.record_settled(
-            self.plan, self.state, name, status=FAILED, note=note, key=key, durable=False
-        )
+        self.state_dir.record_settled(name, status=FAILED, note=note, key=key, durable=False)
         self.durable.wrote(name, key)
         self.log.emit(events.task_finished(task=name, key=key, status=FAILED, note=note))
         self.schedule.count_settled(FAILED)
@@ -136,9 +133,7 @@ class Readiness:
         """A task settled without running: skipped, failed by its condition, or
         its map source unreadable (a mapped task gets an aggregate record with no
         instances). Recorded, logged, counted, and its consumers woken."""
-        self.stage.record_settled(
-            self.plan, self.state, name, status=status, note=note, durable=False
-        )
+        self.state_dir.record_settled(name, status=status, note=note, durable=False)
         self.durable.wrote(name, None)
         self.log.emit(events.task_finished(task=name, status=status, note=note))
         self.schedule.count_settled(status)
@@ -153,12 +148,15 @@ class Readiness:
                 if conditional:  # a condition may read `item`
                     item_of = self.fanouts.items(name)
             else:
-                items = self.stage.map_items(self.plan, self.state, name)
+                items = self.state_dir.map_items(name)
                 keys = [key for key, _ in items]
                 self.fanouts.remember_previews(name, items)
                 if conditional:
                     item_of = dict(items)
                 del items
+        except FanoutSkipped as exc:  # join = "all" over a mapped task's fold
+            self.settle_unrun(name, SKIPPED, exc.message)
+            return
         except CrucibleError as exc:
             if self.fanouts.listed(name):
                 note = f"cannot expand the fan-out: {exc}"
@@ -175,7 +173,7 @@ class Readiness:
         self.schedule.instances[name] = keys
         # Instances settled in an earlier session keep their records (resume):
         # one read of the task's packed records.
-        recorded = self.stage.load_all(self.state, name)
+        recorded = self.state_dir.load_all(name)
         pending: list[int] = []  # indexes into keys
         for index, key in enumerate(keys):
             record = recorded.get(key)
@@ -199,7 +197,7 @@ class Readiness:
             self.schedule.ready.append(Unit(name, key, index))
 
     def fold(self, name: str, keys: list[str]) -> None:
-        record = self.stage.settle_fold(self.plan, self.state, name, keys, durable=False)
+        record = self.state_dir.settle_fold(name, keys, durable=False)
         self.durable.wrote(name, None)
         status = record.get("status", FAILED)
         task = self.graph.tasks[name]
@@ -213,7 +211,7 @@ class Readiness:
             record = control.amend_record(
                 self.layout.result_path(name), status=status, note=note, durable=False
             )  # rides the group commit (issue 14): self.durable.wrote above
-        if status == FAILED and control.tolerates_fold(task, self.state, self.stage, record):
+        if status == FAILED and control.tolerates_fold(task, self.state_dir, record):
             control.mark_tolerated(self.layout.result_path(name), durable=False)
             self.schedule.tolerated.add(name)
         self.log.emit(

@@ -846,3 +846,18 @@ def render_outputs(state: Path, out: IO[str]) -> None:
             note = why.get("note") if isinstance(why, dict) else None
             detail = f": {note}" if isinstance(note, str) and note else ""
             out.write(f"  {escape(name)}: absent ({escape(str(text))}{escape(detail)})\n")
+
+
+def render_freed(state: Path, out: IO[str]) -> None:
+    """The temporary files freed in this state (``STATE/freed/``), under the
+    table when there are any: per producer, the files and bytes freed."""
+    from crucible.run.engine._temps import read_freed  # the report's only use of the engine
+
+    freed = read_freed(state)
+    if not freed:
+        return
+    total = sum(int(d.get("bytes", 0)) for d in freed.values())
+    out.write(f"\nTEMPORARY FILES FREED ({total} bytes)\n")
+    for task in sorted(freed, key=lambda k: k.encode()):
+        doc = freed[task]
+        out.write(f"  {escape(task)}: {int(doc.get('files', 0))} files, {int(doc.get('bytes', 0))} bytes\n")
