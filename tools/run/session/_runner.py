@@ -17,7 +17,7 @@ from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._selection import Selection, dry_run_lines, select
 from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.session._admit import Admission, admit
-from crucible.run.session._log import read_events
+from crucible.run.session._log import read_earlier
 from crucible.run.session._outputs import finish_results
 from crucible.run.session._session import Session, copy_outputs_file
 from crucible.stage import StateDir
@@ -122,7 +122,7 @@ def _earlier_events(
     """The state's session log so far (none for a fresh run); a resume first
     stops what a killed run left running."""
     log_path = state_dir.layout.session_path
-    earlier = [] if admission.unclaimed else read_events(log_path)
+    earlier = [] if admission.unclaimed else read_earlier(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
         from crucible.run.session._leftovers import stop_leftovers
 
