@@ -26,6 +26,14 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "crucible.proof.writer": ("crucible.core", "crucible.proof.layout"),
     "crucible.proof.reader": ("crucible.core", "crucible.proof.layout"),
     "crucible.proof": ("crucible.core",),
+    # an accounted run drives the proof writer (docs/spec/export.md); run itself does not
+    "crucible.run.accounting": (
+        "crucible.core",
+        "crucible.compile",
+        "crucible.stage",
+        "crucible.proof.writer",
+        "crucible.proof.layout",
+    ),
 }
 
 

@@ -123,7 +123,7 @@ def test_the_keyer_and_the_staged_key_agree_on_reads(tmp_path: Path) -> None:
     from crucible.compile import compile_bytes
     from crucible.run.cache._keyer import Keyer
     from crucible.run.cache._store import unit_key
-    from crucible.stage import escape_key, prepare_plan
+    from crucible.stage import escape_key
 
     _tree(tmp_path)
     manifest = b"""edition = 4
@@ -135,7 +135,6 @@ name = "t"
 run = "true"
 """
     plan = compile_bytes(manifest, "pack.toml", tmp_path).plan
-    prepare_plan(plan)
     state = tmp_path / "state"
     state.mkdir()
     keyer = Keyer(plan, state, environ={}, agent_cmd=None, emit_cap=65536, pack_dir=str(tmp_path))

@@ -53,6 +53,8 @@ EXEMPT: dict[str, str] = {
     "tests/run/test_cache_perf_run.py::test_a_record_of_the_wrong_shape_is_a_warned_miss": (
         "records a cache value of the wrong shape by hand, to check the hit path refuses it"
     ),
+    "tests/proof/writer/test_export.py::": "lays recorded proof vectors out as accounted "
+    "runs' state dirs by hand (a stand-in plan.json and session log) for the export to read",
     "fixture:big-": "tests/run/test_timeline.py's write_big_state writes a session log by "
     "hand (only what the page reads), not through the tools",
 }

@@ -35,6 +35,7 @@ STATE_FILES: dict[str, str] = {
     "session.jsonl": "session-event.json",
     "outputs.json": "outputs.json",
     "environ.json": "run-environ.json",  # what --reuse keys an earlier run with
+    "workflow.json": "workflow.json",  # an accounted run's workflow record (export.md §6)
 }
 #: state files whose schema another change of this session brings: allowed
 #: unchecked only while docs/schemas/<schema> does not exist

@@ -10,7 +10,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from crucible.core.contract import RESERVED_INPUTS, SUPPORTED_VERSIONS
+from crucible.core.contract import (
+    RESERVED_INPUTS,
+    SUPPORTED_EDITIONS,
+    SUPPORTED_VERSIONS,
+    TYPES,
+)
 from crucible.core.errors import Location, UnsupportedVersion
 
 __all__ = [
@@ -33,13 +38,8 @@ __all__ = [
     "workflow_key_since",
 ]
 
-SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3, 4)
 DEFAULT_EDITION = 1
 LATEST_EDITION = 4
-
-#: value types of emits fields and params
-TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")
-
 
 # Task keys by the edition that introduced them (editions are cumulative).
 _TASK_KEYS_SINCE: dict[str, int] = {
@@ -78,6 +78,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "reads": 4,
     "sandbox": 4,
     "network": 4,
+    # issue 32: what a fan-out with no instances settles as (compile._shape)
+    "on_empty": 4,
     # captured files freed once their direct dependants settled (issue 33)
     "temp_files": 4,
 }
@@ -104,6 +106,8 @@ _WORKFLOW_KEYS_SINCE: dict[str, int] = {
     "reads": 4,
     "sandbox": 4,
     "network": 4,
+    # an accounted pack's bounds (issue 28; crucible.compile._accounted)
+    "limits": 4,
 }
 _TOP_KEYS_SINCE: dict[str, int] = {
     "edition": 1,

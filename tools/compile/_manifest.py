@@ -191,6 +191,11 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
         body = doc["loop"]["body"]
         check_loop_graph(loop_chk, loop, tasks, body)
         chk.diagnostics.extend(loop_chk.diagnostics)
+    if "limits" in workflow and not chk.failed:
+        # an accounted pack (docs/spec/export.md): its stage-tree shape and record
+        from crucible.compile._accounted import check_accounted
+
+        check_accounted(chk, workflow, tasks, paths, has_loop=loop is not None)
     if chk.failed:
         return Analysis(None, chk.diagnostics)
     if resolved_from is not None:

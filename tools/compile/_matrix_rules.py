@@ -6,7 +6,8 @@ slowest); an ``exclude`` entry drops every combination that matches all the
 axes it names; then each ``include`` entry adds its other keys to every
 combination that matches it on all the axes it names (a later entry overwrites
 an added key, never an axis value), and becomes a combination of its own when
-it matches none.
+it matches none. A matrix with no axes (only ``include``) has exactly its
+include entries as combinations, in order (GitHub's include-only matrix).
 
 Matching an entry against every combination is quadratic (100,000 combinations
 and 1,000 excludes stalled a dispatcher's start-up). Instead the entries are
@@ -71,6 +72,10 @@ def _walk(
     """(kept combination as axis value indices, the include entries it matches in
     order) for each kept combination, and the include entries that matched none.
     Raises :class:`TooManyCombinations` past ``limit``."""
+    if not axes:  # an include-only matrix: each entry is a combination, in order
+        if len(include) > limit:
+            raise TooManyCombinations(len(include))
+        return [], list(range(len(include)))
     total = 1
     for _, values in axes:
         total *= len(values)

@@ -37,7 +37,7 @@ _PLAN_KEYS = ("version", "edition", "workflow", "tasks")
 _PLAN_KEYS_V3 = ("loop",)
 _WORKFLOW_KEYS = ("name", "description", "params", "resolved_from")
 #: workflow keys of IR v3 (edition 4), omitted when empty
-_WORKFLOW_KEYS_V3 = ("outputs", "publish")
+_WORKFLOW_KEYS_V3 = ("outputs", "publish", "limits", "record")
 _INPUT_KEYS = ("from", "producer", "field", "type")
 _REQUIRED_TASK_KEYS = (
     "name",
@@ -209,6 +209,11 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         check_fanout_graph(chk, workflow, tasks, paths)
         if "loop" in plan and not chk.failed:
             _check_plan_loop(chk, plan["loop"], tasks)
+        if not chk.failed and ("limits" in workflow or "record" in workflow):
+            # an accounted plan (docs/spec/export.md): only such plans pay for the check
+            from crucible.compile._accounted import check_plan_accounting
+
+            check_plan_accounting(chk, workflow, tasks)
     if chk.failed:
         raise ValidationFailed(chk.diagnostics)
     return finish(plan)
@@ -260,7 +265,8 @@ def _check_plan_workflow(chk: Checker, workflow: dict[str, Any], version: int) -
 
 def _check_plan_results(chk: Checker, workflow: dict[str, Any], version: int) -> None:
     """``outputs`` and ``publish`` (v3) must be what compiling them gives (normal form)."""
-    from crucible.compile._fanout import check_outputs, check_publish
+    from crucible.compile._fanout import check_publish
+    from crucible.compile._results import check_outputs
 
     for key, check in (("outputs", check_outputs), ("publish", check_publish)):
         if version < 3 or key not in workflow:
@@ -314,7 +320,7 @@ def _check_plan_task(
                 chk.error("wrong-type", ipath, f"input {name!r} must be an object")
                 continue
             for key in spec:
-                if key not in _INPUT_KEYS:
+                if key not in _INPUT_KEYS and not (key == "path" and version >= 3):
                     chk.error(
                         "unknown-key", (*ipath, key), f"unknown key {key!r} in input {name!r}"
                     )
@@ -335,7 +341,14 @@ def _check_plan_task(
     if len(chk.diagnostics) > before:
         return
     for name, spec in normalized.get("inputs", {}).items():
-        spec["type"] = task["inputs"][name]["type"]
+        # the graph rules check these against the producer (and, for a dotted
+        # reference with a path, against the task names: rules._check_input)
+        given = task["inputs"][name]
+        for key in ("type", "producer", "field", "path"):
+            if key in given:
+                spec[key] = given[key]
+            else:
+                spec.pop(key, None)
     if normalized != task:
         different = sorted(
             k for k in set(normalized) | set(task) if normalized.get(k) != task.get(k)

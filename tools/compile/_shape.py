@@ -21,6 +21,7 @@ from crucible.compile._checker import (
     check_str,
     check_str_list,
     check_type,
+    input_form,
     split_ref,
     type_name,
     value_matches,
@@ -36,7 +37,9 @@ from crucible.compile._editions import (
     workflow_key_since,
 )
 from crucible.compile._names import env_problem
+from crucible.core.contract import JOINS, KINDS
 from crucible.core.globs import pattern_problem
+from crucible.core.refs import parse_ref
 
 __all__ = [
     "JOINS",
@@ -50,15 +53,13 @@ __all__ = [
     "value_matches",
 ]
 
-KINDS: tuple[str, ...] = ("command", "evaluate", "agent")
-JOINS: tuple[str, ...] = ("all", "settled")
 WORKFLOW_KEYS: tuple[str, ...] = tuple(
     k for k in ("name", "description", "params", "source", "task") if workflow_key_since(k) == 1
 )
 #: ``[workflow]`` keys of edition 4 (editions.py says when each key arrived)
 WORKFLOW_KEYS_SINCE_4: tuple[str, ...] = tuple(
     k
-    for k in ("outputs", "publish", "reads", "sandbox", "network")
+    for k in ("outputs", "publish", "reads", "sandbox", "network", "limits")
     if workflow_key_since(k) == EDITION_CONTROL
 )
 
@@ -236,6 +237,33 @@ def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
             t.task["map"] = ref
 
 
+#: what a fan-out with no instances settles as (issue 32; "pass" is the default)
+ON_EMPTY: tuple[str, ...] = ("pass", "skip")
+
+
+def _task_on_empty(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
+    """``on_empty``: only a mapped task (map or matrix) has instances to lack; the
+    plan carries it only as ``"skip"`` (the default ``"pass"`` is omitted)."""
+    if "on_empty" not in raw or "on_empty" not in t.known:
+        return
+    value = raw["on_empty"]
+    if not isinstance(value, str):
+        t.chk.wrong_type(t.at("on_empty"), value, 'on_empty must be "pass" or "skip"')
+    elif value not in ON_EMPTY:
+        t.chk.error(
+            "bad-value", t.at("on_empty"), f'on_empty must be "pass" or "skip", not {value!r}'
+        )
+    elif "map" not in raw and "matrix" not in raw:
+        who = f"task {t.task['name']!r}" if t.task.get("name") else "the task"
+        t.chk.error(
+            "on-empty-needs-fanout",
+            t.at("on_empty"),
+            f"{who} has on_empty but no map or matrix (only a fan-out can have no instances)",
+        )
+    elif value == "skip":
+        t.task["on_empty"] = value
+
+
 def _task_cache(t: _TaskCheck, value: object) -> None:
     # docs/spec/cache.md: false = never looked up or recorded
     if type(value) is not bool:
@@ -338,12 +366,13 @@ def _task_inputs(t: _TaskCheck, inputs: object) -> None:
                 "where it applies; choose another name",
             )
             continue
-        ref = check_ref(t.chk, ipath, source, f"input {name!r}")
+        paths = t.edition >= EDITION_CONTROL  # a.items[0], a.config.region
+        ref = check_ref(t.chk, ipath, source, f"input {name!r}", paths=paths)
         if ref is None:
             continue
-        split = split_ref(ref)
-        assert split is not None
-        declared[name] = {"from": ref, "producer": split[0], "field": split[1], "type": None}
+        # provisional: the graph rules, which know the task names, settle which
+        # dot ends the producer (crucible.core.refs; rules._check_input)
+        declared[name] = input_form(parse_ref(ref))
     if declared:
         t.task["inputs"] = declared
 
@@ -368,6 +397,7 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
     ("emits_files", _task_emits_files),
     ("temp_files", _task_temp_files),
     (None, _task_fanout),  # map, matrix, key, parallelism
+    (None, _task_on_empty),
     ("cache", _task_cache),
     ("params", _task_params),
     ("resources", _task_resources),
@@ -469,12 +499,19 @@ def check_workflow(
         workflow["params"] = check_params(chk, (*path, "params"), raw["params"])
     if edition >= EDITION_CONTROL:
         # [workflow.outputs], [workflow.publish] (omitted from the plan when empty)
-        from crucible.compile._fanout import check_outputs, check_publish
+        from crucible.compile._fanout import check_publish
+        from crucible.compile._results import check_outputs
 
         if "outputs" in raw and (outputs := check_outputs(chk, (*path, "outputs"), raw["outputs"])):
             workflow["outputs"] = outputs
         if "publish" in raw and (publish := check_publish(chk, (*path, "publish"), raw["publish"])):
             workflow["publish"] = publish
+        if "limits" in raw:
+            # [workflow.limits] (docs/spec/export.md): an accounted pack
+            from crucible.compile._accounted import check_limits
+
+            if (limits := check_limits(chk, (*path, "limits"), raw["limits"])) is not None:
+                workflow["limits"] = limits
     defaults: dict[str, Any] = {}
     if edition >= EDITION_CONTROL:
         # reads, sandbox, network: defaults merged into every task (compile._reads)

@@ -8,25 +8,45 @@ rules both apply live here, not in copies kept in sync by comments
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+
+from crucible.core.errors import UsageError
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
+    "EMIT_CAP_MAX",
     "EMIT_CAP_MIN",
     "FILE_NAME_MAX",
     "IDENT_MAX_BYTES",
+    "JOINS",
+    "KINDS",
     "NAME_MAX_BYTES",
     "RESERVED_ENV_PREFIX",
     "RESERVED_INPUTS",
     "RESERVED_PREFIX",
     "RESULT_STATUSES",
+    "SUPPORTED_EDITIONS",
     "SUPPORTED_VERSIONS",
     "TASK_NAME_SUFFIXES",
+    "TYPES",
+    "emit_cap_from",
+    "emit_cap_problem",
     "json_type",
     "task_name_problems",
 ]
 
 #: plan IR versions this engine reads and runs (plan-ir.md)
 SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
+#: manifest editions this engine compiles and plans it reads (manifest.md);
+#: editions 1-2 compile to IR v1, 3 to v2, 4 to v3 (compile._editions.ir_version_for)
+SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3, 4)
+
+#: value types of emits fields, inputs and params (plan-ir.md)
+TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")
+#: task kinds
+KINDS: tuple[str, ...] = ("command", "evaluate", "agent")
+#: a task's join: every need passed, or every need settled
+JOINS: tuple[str, ...] = ("all", "settled")
 
 #: reserved keys of the v1 whole input object; at edition 3 they arrive as
 #: reserved inputs under their own names, undeclared (ADR-0058)
@@ -64,9 +84,40 @@ RESULT_STATUSES: tuple[str, ...] = ("passed", "failed", "skipped")
 
 #: bytes of a task's emitted result object (--emit-cap / CRUCIBLE_EMIT_CAP)
 EMIT_CAP_DEFAULT = 65536
-#: the least cap: the smallest result object, ``{}``, is 2 bytes, and a cap of
-#: 0 would refuse every result; dispatch refuses 0 (stage still takes it: to align)
+#: the least cap: a cap of 0 would refuse every declared field (the shortest
+#: JSON is 1 byte)
 EMIT_CAP_MIN = 1
+#: the cap is recorded (plan_admitted, the result record): a safe JSON integer
+EMIT_CAP_MAX = 2**53 - 1  # canon.MAX_SAFE_INTEGER (canon imports orjson; this module stays light)
+
+
+def emit_cap_problem(shown: str) -> str:
+    """The one message for a bad emit cap, from any source (``shown``: the value
+    as the user gave it, quoted)."""
+    return (
+        f"the emit cap must be an integer from {EMIT_CAP_MIN} to {EMIT_CAP_MAX} bytes, not {shown}"
+    )
+
+
+def emit_cap_from(option: str | int | None, environ: Mapping[str, str]) -> int:
+    """The emit cap of a stage or dispatch: ``--emit-cap`` (``option``), else
+    ``CRUCIBLE_EMIT_CAP``, else :data:`EMIT_CAP_DEFAULT`. The one rule and the
+    one message for every tool: a value outside EMIT_CAP_MIN..EMIT_CAP_MAX, or
+    not an integer, is a :class:`UsageError` naming where it came from."""
+    if option is not None:
+        text, where = str(option), "--emit-cap"
+    else:
+        text, where = environ.get("CRUCIBLE_EMIT_CAP", ""), "CRUCIBLE_EMIT_CAP"
+        if not text:
+            return EMIT_CAP_DEFAULT
+    try:
+        cap = int(text)
+    except ValueError:
+        cap = 0
+    if type(option) is bool or not EMIT_CAP_MIN <= cap <= EMIT_CAP_MAX:
+        raise UsageError(emit_cap_problem(repr(text)), where=where)
+    return cap
+
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 

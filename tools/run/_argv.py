@@ -61,7 +61,7 @@ _VALUED = {
     "-j": ("jobs", "slots"),
     "--jobs": ("jobs", "slots"),
     "--agent-cmd": ("agent_cmd", "text"),
-    "--emit-cap": ("emit_cap", "count"),
+    "--emit-cap": ("emit_cap", "text"),  # checked at admission (core.contract)
     "--target": ("targets", "texts"),
     "--events": ("events", "text"),
     "--outputs": ("outputs", "text"),
@@ -75,6 +75,7 @@ _VALUED = {
     "--slurm-account": ("slurm_account", "text"),
     "--slurm-qos": ("slurm_qos", "text"),
     "--slurm-extra": ("slurm_extra", "text"),
+    "--actor": ("actor", "text"),
 }
 
 #: options click also reads from the environment when not given (their envvar)
@@ -198,6 +199,7 @@ def _with_defaults(plan: Path, values: dict[str, Any]) -> dict[str, Any]:
         "slurm_account": None,
         "slurm_qos": None,
         "slurm_extra": None,
+        "actor": None,
     }
     out.update(values)
     return out
@@ -208,11 +210,11 @@ def _convert(kind: str, value: str) -> Any:
         raise _Declined
     if kind in ("text", "texts"):
         return value
-    if kind in ("slots", "count"):
+    if kind == "slots":
         if not (value.isascii() and value.isdigit()):
             raise _Declined
         number = int(value)
-        if number < 1 or (kind == "slots" and number > JOBS_MAX):
+        if number < 1 or number > JOBS_MAX:
             raise _Declined
         return number
     if kind == "executor":

@@ -106,7 +106,6 @@ def cli() -> None:
 @click.option("--agent-cmd", metavar="CMD", help="Agent stand-in command line, run with sh -c.")
 @click.option(
     "--emit-cap",
-    type=click.IntRange(min=1),
     metavar="BYTES",
     help="Cap per declared emits field (default $CRUCIBLE_EMIT_CAP or 65536).",
 )
@@ -200,6 +199,11 @@ def cli() -> None:
     metavar="ARGS",
     help="With --executor slurm: more sbatch options (not --output, --wrap, --array, ...).",
 )
+@click.option(
+    "--actor",
+    metavar="NAME",
+    help="Who asserts an accounted run's selections and retries (default: the login name).",
+)
 def run_cmd(
     plan: Path,
     state: Path,
@@ -207,7 +211,7 @@ def run_cmd(
     params: tuple[str, ...],
     jobs: int | None,
     agent_cmd: str | None,
-    emit_cap: int | None,
+    emit_cap: str | None,
     resume: bool,
     retry_failed: bool,
     fresh: bool,
@@ -233,6 +237,7 @@ def run_cmd(
     slurm_account: str | None,
     slurm_qos: str | None,
     slurm_extra: str | None,
+    actor: str | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
     from crucible.run.commands import dispatch_options, run_run
@@ -270,6 +275,7 @@ def run_cmd(
         slurm_account=slurm_account,
         slurm_qos=slurm_qos,
         slurm_extra=slurm_extra,
+        actor=actor,
     )
     return run_run(options, sys.stdout.buffer, sys.stderr)
 

@@ -64,7 +64,9 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
         raise InputRefused("no such state dir", where=str(state))
     if opts.tsv_file is not None and (opts.html_file is not None or opts.as_json):
         raise UsageError("--tsv goes alone (not with --html or --json)")
-    rows = report.collect(state, task)
+    # the trace lists every attempt: nothing folded (crucible.run.report._fold)
+    fold_above = None if opts.tsv_file is not None else report.FOLD_ABOVE
+    rows = report.collect(state, task, fold_above=fold_above)
     if opts.tsv_file is not None:
         import io
 

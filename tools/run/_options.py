@@ -27,7 +27,7 @@ class RunOptions:
     #: shell command line of the agent stand-in (run with ``sh -c``)
     agent_cmd: str | None = None
     #: per-field cap on declared emits; None = $CRUCIBLE_EMIT_CAP or 65,536
-    emit_cap: int | None = None
+    emit_cap: str | int | None = None
     resume: bool = False
     #: with ``resume``: failed and skipped units, and everything downstream, run again
     retry_failed: bool = False
@@ -82,3 +82,6 @@ class RunOptions:
     slurm_account: str | None = None
     slurm_qos: str | None = None
     slurm_extra: str | None = None
+    #: ``--actor NAME``: who asserts an accounted run's selections and retries
+    #: (docs/spec/export.md §4); None = the login name
+    actor: str | None = None

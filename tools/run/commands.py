@@ -102,6 +102,10 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         from crucible.run.executors.dask._executor import check_options
 
         check_options(options)  # before the state dir is touched
+    if options.actor is not None:
+        from crucible.run.accounting._forms import check_actor
+
+        check_actor(options.actor)  # before the state dir is touched
     if options.outputs == "-" and options.events == "-":
         raise UsageError("--outputs - and --events - cannot both use stdout")
     live: Any = None

@@ -28,7 +28,6 @@ from crucible.stage._inputs import (
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import KEPT_DIR, META_FORMAT, revision_key, revision_of
 from crucible.stage._names import KEY_COMPONENT_MAX, escape_key, unescape_key
-from crucible.stage._plan import prepare_plan
 from crucible.stage._prompt import (
     HISTORY_BEGIN,
     HISTORY_END,
@@ -51,6 +50,7 @@ from crucible.stage._records import (
     write_result_where,
 )
 from crucible.stage._settled import record_settled
+from crucible.stage._statedir import StateDir
 
 __all__ = [
     "EMIT_CAP_DEFAULT",
@@ -69,6 +69,7 @@ __all__ = [
     "RESERVED_INPUTS",
     "RESULT_FORMAT",
     "StagedInputs",
+    "StateDir",
     "StateLayout",
     "amend_record",
     "amend_result",
@@ -82,7 +83,6 @@ __all__ = [
     "load_all",
     "load_result",
     "map_items",
-    "prepare_plan",
     "record_settled",
     "refresh_inputs",
     "remove_result",

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.core.canon import MAX_SAFE_INTEGER
-from crucible.core.contract import EMIT_CAP_DEFAULT, json_type
+from crucible.core.contract import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, emit_cap_problem, json_type
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fsio import NotRegular, open_regular, remove_tree
 from crucible.stage._files import (
@@ -41,22 +40,10 @@ __all__ = [
     "type_ok",
 ]
 
-#: The cap is recorded in the record, so it must be a safe JSON integer; a
-#: cap of 0 would refuse every declared field (the shortest JSON is 1 byte), so
-#: the rule is dispatch's: at least 1 byte.
-EMIT_CAP_MAX = MAX_SAFE_INTEGER
 #: An exit status as dispatch records it: 0–255, or minus the signal number;
 #: the range of a C int bounds what any caller can mean (our choice).
 EXIT_CODE_MIN = -(2**31)
 EXIT_CODE_MAX = 2**31 - 1
-
-
-def emit_cap_problem(value: object) -> str:
-    """The one message for a bad emit cap, from any source."""
-    return (
-        f"the emit cap must be an integer from 1 to {EMIT_CAP_MAX} bytes, not "
-        f"{value if isinstance(value, str) else repr(value)}"
-    )
 
 
 def type_ok(value: Any, declared: str) -> bool:
@@ -191,7 +178,7 @@ def _check_request(
             where="exit_code",
         )
     if type(emit_cap) is not int or not 1 <= emit_cap <= EMIT_CAP_MAX:
-        raise InputRefused(emit_cap_problem(emit_cap), where="emit_cap")
+        raise InputRefused(emit_cap_problem(repr(emit_cap)), where="emit_cap")
     for i, pattern in enumerate(t.emits_files):
         check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     if key is not None and revision_of(key) is None:
@@ -264,6 +251,7 @@ def _capture_files(
     try:
         parent.mkdir(parents=True, exist_ok=True)
         import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
+
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}capture-", dir=parent))
     except OSError as exc:
         raise OperationalError(f"cannot capture files: {exc.strerror}", where=str(parent)) from None

@@ -27,6 +27,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
+from crucible.core.refs import RefMissing, resolve_path
 from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
@@ -43,7 +44,7 @@ from crucible.stage._loop import (
     revision_unit,
 )
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, TaskView, in_plan, view
+from crucible.stage._plan import PlanView, TaskView, in_plan, plan_object, view
 from crucible.stage._records import check_key, load_all, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 from crucible.stage._store import as_path
@@ -118,9 +119,7 @@ def _items_entry(
         raise InputRefused(f"task {task!r} is not mapped")
     if t.listed:
         return _listed_entry(as_path(state), task)
-    producer, fld = t.map
-    if pv.task(producer).map is not None:
-        raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
+    producer, fld = t.map  # (a map over a mapped task, or with a path, is listed)
     state = as_path(state)
     path = StateLayout(state).result_path(producer)
     try:
@@ -254,6 +253,7 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
         if st is not None:
             _params_cache[where] = (ident, copy.deepcopy(params))
         return params
+    plan = plan_object(plan)
     declared = plan.get("workflow", {}).get("params", {}) if isinstance(plan, dict) else {}
     params = {}
     for name, spec in declared.items():
@@ -328,20 +328,32 @@ def axis_params(task: Mapping[str, Any]) -> frozenset[str]:
     source = task.get("map")
     if isinstance(source, dict) and isinstance(source.get("param"), str):
         names.add(source["param"])
+    names.update(_sequence_params(source))
     matrix = task.get("matrix")
     if isinstance(matrix, dict):
         for axis in matrix.get("axes", ()):
             src = axis.get("source") if isinstance(axis, dict) else None
             if isinstance(src, dict) and isinstance(src.get("param"), str):
                 names.add(src["param"])
+            names.update(_sequence_params(src))
     return frozenset(names)
+
+
+def _sequence_params(source: Any) -> list[str]:
+    """The params a sequence source's bounds read (``{"count": {"param": "n"}}``,
+    issue 32): the numbers reach each instance as its item, as an axis's values do."""
+    seq = source.get("sequence") if isinstance(source, dict) else None
+    if not isinstance(seq, dict):
+        return []
+    bounds = (seq.get(k) for k in ("count", "start", "end"))
+    return [b["param"] for b in bounds if isinstance(b, dict) and isinstance(b.get("param"), str)]
 
 
 def task_params(plan: Any, task: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
     """The params a unit of ``task`` is handed (IR v3): those its ``params`` key
     lists (all when it has none), less those its fan-out reads, which reach
     each instance as its item. Earlier IR versions hand every param."""
-    if int(plan.get("version", 1)) < 3:
+    if int(plan_object(plan).get("version", 1)) < 3:
         return params
     listed = task.get("params")
     dropped = axis_params(task)
@@ -589,7 +601,14 @@ def declared_entry(
         entry["files_staged"] = producer in files_staged and _captured_any(rec)
         output = rec.get("output") if rec else None
         if isinstance(output, dict) and fld in output:
-            entry.update(_value_entry(rel, output[fld], files))
+            value = output[fld]
+            if spec.get("path"):  # a.items[0], a.config.region (edition 4)
+                try:
+                    value = resolve_path(value, spec["path"], f"{producer}.{fld}")
+                except RefMissing as exc:
+                    # the consumer fails with it (a missing element is no value)
+                    raise InputRefused(f"input {name!r}: {exc.message}") from None
+            entry.update(_value_entry(rel, value, files))
         elif status == "passed":
             raise InputRefused(
                 f"producer {producer!r} passed without its declared field {fld!r} "

@@ -22,7 +22,7 @@ from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView
+from crucible.stage._plan import PlanView, plan_object
 from crucible.stage._share import SHARED_ROOT, Unit
 
 __all__ = [
@@ -94,15 +94,14 @@ class LoopView:
         return task in self.body or task in self.after or pv.tasks[task].epilogue
 
 
-_loop_cache: tuple[Any, LoopView | None] | None = None
-
-
 def loop_of(plan: Any, pv: PlanView) -> LoopView | None:
-    """The plan's loop (IR v3 with a ``loop`` member), or None."""
-    global _loop_cache
-    if _loop_cache is not None and _loop_cache[0] is plan:
-        return _loop_cache[1]
-    lv: LoopView | None = None
+    """The plan's loop (IR v3 with a ``loop`` member), or None; worked out once
+    per view (kept in its memo). ``plan``: its JSON object, or ``pv`` itself."""
+    if "loop" in pv.memo:
+        lv: LoopView | None = pv.memo["loop"]
+        return lv
+    lv = None
+    plan = plan_object(plan)
     loop = plan.get("loop") if pv.version >= 3 and isinstance(plan, dict) else None
     if loop is not None:
         body = loop.get("body") if isinstance(loop, dict) else None
@@ -113,7 +112,7 @@ def loop_of(plan: Any, pv: PlanView) -> LoopView | None:
         for b in body:
             pv.task(b)  # an unknown name is a plan error
         lv = LoopView(pv, frozenset(body))
-    _loop_cache = (plan, lv)
+    pv.memo["loop"] = lv
     return lv
 
 

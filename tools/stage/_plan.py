@@ -8,12 +8,14 @@ clear message (a plan/state mismatch, an unknown task, an unsafe name).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from crucible.core.contract import SUPPORTED_VERSIONS
+from crucible.core.contract import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, TYPES
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
+from crucible.core.refs import Ref, RefSyntax, parse_ref
 from crucible.stage._names import task_name_problem
 
 __all__ = [
@@ -23,7 +25,7 @@ __all__ = [
     "PlanView",
     "TaskView",
     "in_plan",
-    "prepare_plan",
+    "plan_object",
     "view",
 ]
 
@@ -36,9 +38,6 @@ PLAN = "plan"
 def in_plan(path: str | None = None) -> Location:
     """A location in the plan: its JSON path, or ``task NAME`` where no path is kept."""
     return Location(PLAN, path=path)
-
-
-TYPES = frozenset({"string", "integer", "number", "boolean", "object", "array", "any"})
 
 
 @dataclass(frozen=True)
@@ -67,12 +66,18 @@ class TaskView:
 
 @dataclass(frozen=True)
 class PlanView:
-    """The plan's tasks by name, in declaration order."""
+    """The plan's tasks by name, in declaration order. Stage's functions take a
+    plan as its JSON object or as its view: handed the view (as a run's
+    :class:`crucible.stage.StateDir` hands it), they use it as it is."""
 
     version: int
     edition: int
     tasks: dict[str, TaskView]
     order: tuple[str, ...]
+    #: the plan's JSON object the view was built from
+    plan: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: what stage derives from the plan once (the scored loop's view: _loop.loop_of)
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def task(self, name: str) -> TaskView:
         try:
@@ -99,13 +104,21 @@ class PlanView:
         return {n: i for i, n in enumerate(self.order)}
 
 
-def _split_ref(ref: object, where: str) -> tuple[str, str]:
-    if not isinstance(ref, str) or "." not in ref:
-        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=in_plan(where))
-    producer, _, fld = ref.rpartition(".")
-    if not producer or not fld:
-        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=in_plan(where))
-    return producer, fld
+def _parse_ref(ref: object, where: str, needs: Any) -> Ref:
+    """A reference's producer, field and path; the producer is one of ``needs``,
+    which decide which dot ends it (crucible.core.refs)."""
+    try:
+        return parse_ref(ref, needs if isinstance(needs, list | tuple) else None)
+    except RefSyntax as exc:
+        why = f": {exc.message}" if isinstance(ref, str) and "[" in ref else ""
+        raise InputRefused(
+            f"expected 'producer.field', got {ref!r}{why}", where=in_plan(where)
+        ) from None
+
+
+def _split_ref(ref: object, where: str, needs: Any = None) -> tuple[str, str]:
+    parsed = _parse_ref(ref, where, needs)
+    return parsed.producer, parsed.field
 
 
 def _task(raw: Any, i: int, checked: bool) -> TaskView:
@@ -114,7 +127,9 @@ def _task(raw: Any, i: int, checked: bool) -> TaskView:
         _check_task(raw, where)
     listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
     if "map" in raw and isinstance(raw["map"], str):
-        mapped: tuple[str, str] | None = _split_ref(raw["map"], f"{where}.map")
+        ref = _parse_ref(raw["map"], f"{where}.map", raw.get("needs"))
+        mapped: tuple[str, str] | None = (ref.producer, ref.field)
+        listed = listed or bool(ref.path)  # the dispatcher resolves the path
     else:
         mapped = ("", "") if listed else None
     prompt = raw.get("prompt")
@@ -157,7 +172,7 @@ def _check_task(raw: Any, where: str) -> None:
             "emits_files must be a list of paths", where=in_plan(f"{where}.emits_files")
         )
     if "map" in raw and isinstance(raw["map"], str):
-        _split_ref(raw["map"], f"{where}.map")
+        _split_ref(raw["map"], f"{where}.map", needs)
     inputs = raw.get("inputs", {})
     if not isinstance(inputs, dict):
         raise InputRefused("inputs must be an object", where=in_plan(f"{where}.inputs"))
@@ -165,9 +180,13 @@ def _check_task(raw: Any, where: str) -> None:
         iw = f"{where}.inputs.{input_name}"
         if not isinstance(spec, dict):
             raise InputRefused("an input must be an object", where=in_plan(iw))
-        producer, fld = _split_ref(spec.get("from"), f"{iw}.from")
-        if spec.get("producer", producer) != producer or spec.get("field", fld) != fld:
-            raise InputRefused("producer/field disagree with 'from'", where=in_plan(iw))
+        ref = _parse_ref(spec.get("from"), f"{iw}.from", needs)
+        if (
+            spec.get("producer", ref.producer) != ref.producer
+            or spec.get("field", ref.field) != ref.field
+            or list(spec.get("path", ())) != list(ref.path)
+        ):
+            raise InputRefused("producer/field/path disagree with 'from'", where=in_plan(iw))
     join = raw.get("join", "all")
     if join not in ("all", "settled"):
         raise InputRefused(f"unknown join {join!r}", where=in_plan(f"{where}.join"))
@@ -184,11 +203,12 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
     version = plan.get("version")
     if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
-            f"plan version {version!r} is not supported (supported: 1, 2, 3)",
+            f"plan version {version!r} is not supported "
+            f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})",
             where=in_plan("$.version"),
         )
     edition = plan.get("edition", 1)
-    if type(edition) is not int or edition not in (1, 2, 3, 4):
+    if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
         raise UnsupportedVersion(
             f"edition {edition!r} is not supported", where=in_plan("$.edition")
         )
@@ -201,6 +221,11 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
         if t.name in tasks:
             raise InputRefused(f"task {t.name!r} is declared twice", where=in_plan(f"$.tasks[{i}]"))
         tasks[t.name] = t
+    # a map over a mapped task (edition 4) is expanded by the dispatcher too
+    for name, t in list(tasks.items()):
+        source = tasks.get(t.map[0]) if t.map is not None and not t.listed else None
+        if source is not None and source.map is not None:
+            tasks[name] = dataclasses.replace(t, listed=True)
     for t in tasks.values():
         for n in t.needs:
             if n not in tasks:
@@ -211,32 +236,29 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
             )
         if version == 1 and t.inputs:
             raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where=in_plan())
-    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks))
+    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks), plan=plan)
 
 
-# One-entry identity cache: dispatch hands the same plan dict for every task of
-# a run, and a 10,000-task plan should not be re-checked 10,000 times. The
-# strong reference keeps id() from being reused while cached.
+def plan_object(plan: Any) -> Any:
+    """The plan's JSON object, whether ``plan`` is that object or its view."""
+    return plan.plan if isinstance(plan, PlanView) else plan
+
+
+# One-entry identity cache, for a caller that hands stage the plan's JSON object
+# (crucible-stage, a test): the same object for each of its calls, and a
+# 10,000-task plan should not be re-checked on every call. The strong reference
+# keeps id() from being reused while cached. A run never fills it: its StateDir
+# (crucible.stage._statedir) builds the view once and hands it to every call.
 _cache: tuple[Any, PlanView] | None = None
 
 
 def view(plan: Any) -> PlanView:
+    """``plan``'s view: ``plan`` itself when it is one, else built (or cached)."""
     global _cache
+    if isinstance(plan, PlanView):
+        return plan
     if _cache is not None and _cache[0] is plan:
         return _cache[1]
     v = build_view(plan)
     _cache = (plan, v)
     return v
-
-
-def prepare_plan(plan: Any, *, checked: bool = False) -> None:
-    """Check ``plan`` and cache its view now. A dispatcher calls this before it
-    forks its workers, so they inherit the checked view instead of each building
-    its own (~15 ms per worker for 1,000 tasks). ``checked``: as for
-    :func:`build_view` (a view already cached is kept)."""
-    global _cache
-    if checked and (_cache is None or _cache[0] is not plan):
-        _cache = (plan, build_view(plan, checked=True))
-    v = view(plan)
-    if v.order:
-        v.ancestors(v.order[0])  # builds the cached position map

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import IO, Any, BinaryIO, Protocol, TextIO, TypeVar
 
 from crucible.core import canon
+from crucible.core.contract import emit_cap_from
 from crucible.core.errors import (
     CrucibleError,
     InputRefused,
@@ -219,24 +220,6 @@ def run_inputs(
 
 
 # -- capture -----------------------------------------------------------------------
-
-
-def emit_cap_from(option: str | None, environ: Mapping[str, str]) -> int:
-    """``--emit-cap``, else ``CRUCIBLE_EMIT_CAP``, else the default; a bad value
-    is a usage error naming where it came from."""
-    from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, emit_cap_problem
-
-    text = option if option is not None else environ.get("CRUCIBLE_EMIT_CAP")
-    if text is None or text == "":
-        return EMIT_CAP_DEFAULT
-    source = "--emit-cap" if option is not None else "CRUCIBLE_EMIT_CAP"
-    try:
-        cap = int(text)
-    except ValueError:
-        cap = 0
-    if not 1 <= cap <= EMIT_CAP_MAX:
-        raise UsageError(emit_cap_problem(repr(text)), where=source)
-    return cap
 
 
 def _exit_code(value: int) -> int:

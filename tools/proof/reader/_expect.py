@@ -45,7 +45,11 @@ def _problem(key: str, value: Any) -> str | None:
 
 
 def load_expectations(path: Path) -> dict[str, Any]:
-    """Read and check an --expect file; :class:`BadExpectations` when it is not one."""
+    """Read and check an --expect file; :class:`BadExpectations` when it is not one.
+    An argument that is itself a digest ``sha256:<64 lowercase hex>`` pins the
+    ``workflowDigest`` and is never read as a file (verify.md, our choice)."""
+    if digest.is_digest(str(path)):
+        return {"workflowDigest": str(path)}
     where = escaped(path)
     try:
         with open(path, "rb") as f:  # a pipe (<(...)) is a fine source: no regular-file test

@@ -1,4 +1,4 @@
-"""``crucible-verify BUNDLE [--expect FILE] [--json]``: click only, over
+"""``crucible-verify BUNDLE [--expect FILE|DIGEST] [--json]``: click only, over
 :func:`crucible.proof.reader.commands.run_verify`.
 
 Exit 0 reading, 1 refusal or finding, 2 usage, 3 operational inability (no report).
@@ -27,7 +27,8 @@ _PATH = click.Path(path_type=Path, readable=False)
     "--expect",
     "expect_path",
     type=_PATH,
-    help="JSON file of independently held expectations (e.g. a pinned admissionProofDigest).",
+    help="JSON file of independently held expectations (e.g. a pinned admissionProofDigest), "
+    "or a digest sha256:<hex> that pins the workflowDigest.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Write the report as JSON on stdout.")
 @click.version_option(__version__, prog_name="crucible-verify")

@@ -2,6 +2,7 @@
 (docs/spec/admission-proof.md).
 
     result = prove(ProveOptions(workflow, operations, artifacts, out))
+    result = export(ExportOptions(state, out))  # an accounted run's state dir
 
 The pipeline is :mod:`._prove`; the decisions :mod:`._engine`. The names are loaded
 on first use, so ``crucible-prove --help`` stays fast.
@@ -14,16 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from crucible.proof.writer._engine import Decision, Forbidden, Unrecordable
+    from crucible.proof.writer._export import ExportOptions, export
     from crucible.proof.writer._model import Workflow, parse_workflow
     from crucible.proof.writer._prove import ProveOptions, ProveResult, prove
 
 __all__ = [
     "Decision",
+    "ExportOptions",
     "Forbidden",
     "ProveOptions",
     "ProveResult",
     "Unrecordable",
     "Workflow",
+    "export",
     "parse_workflow",
     "prove",
 ]
@@ -32,6 +36,8 @@ _HOME = {
     "Decision": "_engine",
     "Forbidden": "_engine",
     "Unrecordable": "_engine",
+    "ExportOptions": "_export",
+    "export": "_export",
     "Workflow": "_model",
     "parse_workflow": "_model",
     "ProveOptions": "_prove",

@@ -145,6 +145,8 @@ class Engine:
     ) -> None:
         self.wf = wf
         self.artifacts = artifacts
+        #: resolved once for the escape check of every received file
+        self._artifacts_base = artifacts.resolve()
         self.sink = sink
         self.spool = spool
         self.settings = settings
@@ -266,7 +268,7 @@ class Engine:
             raise self._forbid(op.line, "root occurs exactly once, as the first operation")
         where = self._where(op.line)
         try:
-            case = read_artifact(self.artifacts, op.case, where)
+            case = read_artifact(self.artifacts, op.case, where, self._artifacts_base)
         except TooLarge as exc:
             raise InputRefused(str(exc), where=where) from None
         value = strict_json(case, "root case", where)
@@ -883,7 +885,7 @@ class Engine:
         received: dict[str, bytes] = {}
         try:
             for pin, rel in op.files.items():
-                received[pin] = read_artifact(self.artifacts, rel, where)
+                received[pin] = read_artifact(self.artifacts, rel, where, self._artifacts_base)
         except TooLarge as exc:
             self.custody.append(
                 CustodyItem(op.line, op.instance, op.attempt, "unrecorded", self._roles(op))
@@ -989,7 +991,7 @@ class Engine:
         files: dict[str, bytes] = {}
         for target, rel in sorted(op.files.items()):
             try:
-                files[target] = read_artifact(self.artifacts, rel, where)
+                files[target] = read_artifact(self.artifacts, rel, where, self._artifacts_base)
             except TooLarge as exc:
                 raise InputRefused(str(exc), where=where) from None
         self.finalization = files

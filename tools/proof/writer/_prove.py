@@ -28,7 +28,7 @@ from crucible.proof.writer._bundle import (
 )
 from crucible.proof.writer._engine import Decision, Engine, EngineSettings, Unrecordable
 from crucible.proof.writer._model import Workflow, load_workflow
-from crucible.proof.writer._ops import iter_operations
+from crucible.proof.writer._ops import Finish, iter_operations
 
 __all__ = ["ProveOptions", "ProveResult", "prove"]
 
@@ -50,6 +50,10 @@ class ProveOptions:
     durable: bool = True
     #: keep every measured Decision in the result (reports, probe, tests)
     keep_decisions: bool = True
+    #: the log is of a run that ended: a log without ``finish`` and without an open
+    #: epoch is closed by ``finish {files: {}}`` as if its next line (export,
+    #: admission-proof.md §11); the log itself is not changed
+    ended: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,6 +157,8 @@ def _apply_log(wf: Workflow, options: ProveOptions, staging: Path) -> _Applied:
             for op in iter_operations(options.operations):
                 last_line = op.line
                 engine.apply(op)
+            if options.ended and engine.state is not None:
+                _close_ended(engine, last_line)
         except Unrecordable as exc:
             unrecordable = exc
         if engine.state is None or engine.proof is None:
@@ -166,6 +172,12 @@ def _apply_log(wf: Workflow, options: ProveOptions, staging: Path) -> _Applied:
         raise
     spool.close()
     return _Applied(engine, unrecordable, partial, proof_size, engine.proof_chain.digest())
+
+
+def _close_ended(engine: Engine, last_line: int) -> None:
+    """An ended run's log reads as if it held ``finish`` with no files."""
+    if engine.finished is None and not engine.proof_chain.is_open:
+        engine.apply(Finish(line=last_line + 1, files={}))
 
 
 def _no_root(unrecordable: Unrecordable | None, last_line: int, ops_name: str) -> None:

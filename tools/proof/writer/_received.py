@@ -50,9 +50,11 @@ class TooLarge(Exception):
     """A received file over its local bound: it cannot be recorded (exit 3)."""
 
 
-def read_artifact(root: Path, rel: str, where: Location) -> bytes:
-    """Bytes of ``root/rel``; the path must stay inside ``root`` and be a regular file."""
-    base = root.resolve()
+def read_artifact(root: Path, rel: str, where: Location, base: Path | None = None) -> bytes:
+    """Bytes of ``root/rel``; the path must stay inside ``root`` and be a regular file.
+    ``base``: ``root`` resolved already (a caller reading many files resolves it once:
+    a realpath walks every component)."""
+    base = base if base is not None else root.resolve()
     target = (root / rel).resolve()
     if target != base and base not in target.parents:
         raise InputRefused(f"artifact {rel!r} escapes the artifacts directory", where=where)

@@ -24,6 +24,12 @@ _PATH = click.Path(path_type=Path, readable=False)
 @click.option("--operations", type=_PATH, help="Operation log (NDJSON); - reads stdin.")
 @click.option("--artifacts", type=_PATH, help="Directory holding received artifact files.")
 @click.option(
+    "--state",
+    type=_PATH,
+    help="Export an accounted run: its state directory stands for --workflow, "
+    "--operations and --artifacts; --out must be new or an empty directory.",
+)
+@click.option(
     "--out",
     type=_PATH,
     help="Bundle directory to write (replaced atomically; only a previous bundle or an "
@@ -40,20 +46,23 @@ def command(
     workflow: Path | None,
     operations: Path | None,
     artifacts: Path | None,
+    state: Path | None,
     out: Path | None,
     check_candidates: bool,
 ) -> int:
     """Apply an operation log and write a proof-bearing bundle (RFC 0024).
 
     Exit 0 written; 1 a forbidden operation or refused input (previous bundle
-    untouched); 2 usage or unparsable input; 3 recording unavailable (the last
-    complete prefix is written, labelled partial, with a custody folder).
+    untouched; with --state also a state dir that is no run, an unaccounted run or a
+    running one); 2 usage or unparsable input (with --state an --out that exists and
+    is not an empty directory); 3 recording unavailable (the last complete prefix is
+    written, labelled partial, with a custody folder).
     """
     if ctx.invoked_subcommand is not None:
         return 0
     from crucible.proof.writer.commands import ProveOptions, run_prove
 
-    opts = ProveOptions(workflow, operations, artifacts, out, check_candidates)
+    opts = ProveOptions(workflow, operations, artifacts, out, check_candidates, state)
     return run_prove(opts, sys.stdout.buffer, sys.stderr)
 
 

@@ -21,6 +21,8 @@ class ProveOptions:
     artifacts: Path | None
     out: Path | None
     check_candidates: bool = False
+    #: an accounted run's state dir: workflow, log, artifacts (admission-proof.md §11)
+    state: Path | None = None
 
 
 def _inputs(opts: ProveOptions) -> tuple[Path, Path, Path, Path]:
@@ -49,14 +51,31 @@ def _inputs(opts: ProveOptions) -> tuple[Path, Path, Path, Path]:
     return workflow, operations, artifacts, out
 
 
+def _export_out(opts: ProveOptions) -> Path:
+    """``--state`` stands for the three inputs and needs ``--out`` (usage errors)."""
+    for name, value in (
+        ("--workflow", opts.workflow),
+        ("--operations", opts.operations),
+        ("--artifacts", opts.artifacts),
+    ):
+        if value is not None:
+            raise UsageError(f"--state and {name} exclude each other (--state names all three)")
+    if opts.out is None:
+        raise UsageError(f"missing option --out (see {PROG} --help)")
+    return opts.out
+
+
 def run_prove(opts: ProveOptions, out: BinaryIO, err: TextIO) -> int:
     """Write the bundle; the proof digest on ``out``, a summary line on ``err``.
     Exit 3 (and the last complete prefix, labelled partial) when recording became
     unavailable; refused input raises (exit 1 or 2, the previous bundle untouched)."""
-    from crucible.proof.writer import ProveOptions, prove
+    from crucible.proof.writer import ExportOptions, ProveOptions, export, prove
 
-    workflow, operations, artifacts, bundle = _inputs(opts)
-    result = prove(ProveOptions(workflow, operations, artifacts, bundle, opts.check_candidates))
+    if opts.state is not None:
+        result = export(ExportOptions(opts.state, _export_out(opts), opts.check_candidates))
+    else:
+        workflow, operations, artifacts, bundle = _inputs(opts)
+        result = prove(ProveOptions(workflow, operations, artifacts, bundle, opts.check_candidates))
     out.write(result.proof_digest.encode("ascii") + b"\n")
     out.flush()
     label = f" (partial: {result.partial})" if result.partial else ""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import CrucibleError
+from crucible.stage import StateDir, escape_key
 
 __all__ = ["explain_lines"]
 
@@ -59,9 +60,7 @@ def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
 
 
 def _mapped_instances(
-    stage: Any,
-    plan: Any,
-    shadow: Path,
+    shadow: StateDir,
     tasks: Mapping[str, Mapping[str, Any]],
     name: str,
     unknown: set[str],
@@ -71,7 +70,7 @@ def _mapped_instances(
     if any(a in unknown for a in _ancestors(tasks, name)):
         return None
     try:
-        return [key for key, _ in stage.map_items(plan, shadow, name)]
+        return [key for key, _ in shadow.map_items(name)]
     except (CrucibleError, OSError):
         return None
 
@@ -79,6 +78,7 @@ def _mapped_instances(
 def explain_lines(
     lines: list[dict[str, Any]],
     *,
+    state_dir: StateDir,
     admission: Any,
     options: Any,
     environ: Mapping[str, str],
@@ -86,7 +86,6 @@ def explain_lines(
 ) -> list[dict[str, Any]]:
     """``lines`` (crucible.run.engine._selection.dry_run_lines) with ``cache`` (hit, miss,
     off, unknown) on each unit that would run; a hit's action is ``cached``."""
-    from crucible import stage
     from crucible.run.cache._keyer import Keyer
     from crucible.run.cache._unit import UnitCache, cacheable
 
@@ -99,10 +98,11 @@ def explain_lines(
         except (OSError, CrucibleError) as exc:
             warn(f"cache: cannot prepare the dry run's keys: {exc}")
             return out
-        stage.prepare_plan(plan)
+        shadow_dir = state_dir.over(shadow)  # the run's plan view, over the shadow
         keyer = Keyer(
             plan,
             shadow,
+            plan_view=state_dir.view,
             environ=environ,
             agent_cmd=options.agent_cmd,
             emit_cap=admission.emit_cap,
@@ -123,7 +123,7 @@ def explain_lines(
                     folded.add(name)
                     if name not in unknown and hits.get(name) == len(keys):
                         with contextlib.suppress(CrucibleError, OSError):
-                            stage.settle_fold(plan, shadow, name, keys)
+                            shadow_dir.settle_fold(name, keys)
                     else:
                         unknown.add(name)
 
@@ -138,7 +138,7 @@ def explain_lines(
                 fold_before(name)
                 task = tasks[name]
                 if key is None and isinstance(task.get("map"), str):
-                    found = _mapped_instances(stage, plan, shadow, tasks, name, unknown)
+                    found = _mapped_instances(shadow_dir, tasks, name, unknown)
                     if found:  # its producer hits: its instances are known now
                         out[i - 1 : i] = [
                             {"task": name, "key": k, "action": "run", "reason": "new"}
@@ -190,7 +190,7 @@ def explain_lines(
                     unknown.add(name)
                 line["cache"] = "miss"
                 line["cache_key"] = ck.digest
-                last = cache.cache.last_components(name, key, stage.escape_key)
+                last = cache.cache.last_components(name, key, escape_key)
                 line["reason"] += f"; cache miss: {keyer.explain(last, ck.components)}"
         finally:
             cache.close()

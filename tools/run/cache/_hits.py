@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crucible.run.cache._unit import UnitCache, cacheable
+
+if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.stage import StateDir
 
 __all__ = ["INLINE_BYTES", "CacheHits", "ReadyQueue"]
 
@@ -79,9 +82,8 @@ class CacheHits:
         self,
         directory: Path,
         *,
-        plan: Mapping[str, Any],
+        state_dir: StateDir,
         tasks: Mapping[str, Mapping[str, Any]],
-        state: Path,
         environ: Mapping[str, str],
         agent_cmd: str | None,
         emit_cap: int,
@@ -93,8 +95,9 @@ class CacheHits:
         from crucible.run.cache._keyer import Keyer  # lazy, as UnitCache had it
 
         keyer = Keyer(
-            plan,
-            state,
+            state_dir.plan,
+            state_dir.state,
+            plan_view=state_dir.view,
             # a plain dict: every unit's key reads it (os.environ encodes each name)
             environ=dict(environ),
             agent_cmd=agent_cmd,

@@ -86,6 +86,7 @@ class Keyer:
         pack_dir: str = "",
         cache_dir: Path | None = None,
         programs_changed_after: int | None = None,
+        plan_view: PlanView | None = None,
     ) -> None:
         self.plan = plan
         #: --reuse keys an earlier run: a program changed since it started differs
@@ -106,8 +107,12 @@ class Keyer:
         self._files_memo: FilesMemo = {}
         self._reserved_root = str(self.state / "reserved")
         self._params_path = str(self.state / "params.json")
-        #: the plan's view and whether it has a scored loop, found at the first key
-        self._pv: PlanView | None = None
+        #: the plan's view (the run's StateDir's, else built at the first key)
+        self._pv: PlanView | None = plan_view
+        #: what stage's readers are handed for the plan: its view once known
+        self._stage_plan: Any = plan if plan_view is None else plan_view
+        #: the plan has no scored loop (checked at the first key)
+        self._loop_checked = False
         #: task -> its ancestors that declare emits_files (sorted), walked once
         #: per task, not once per unit (every instance of a wide fan-out shares them)
         self._file_ancestors: dict[str, list[str]] = {}
@@ -118,16 +123,17 @@ class Keyer:
 
     def key(self, name: str, key: str | None) -> CacheKey:
         pv = self._pv
-        if pv is None or view(self.plan) is not pv:  # the plan was checked when loaded
-            pv = view(self.plan)
-            if loop_of(self.plan, pv) is not None:
+        if pv is None:  # the plan was checked when loaded
+            pv = self._pv = self._stage_plan = view(self.plan)
+        if not self._loop_checked:
+            if loop_of(pv, pv) is not None:
                 # A scored loop's revisions are staged by rules of their own (the
                 # revision each producer is read at, kept files, the history budget):
                 # such a plan is not cached yet (docs/spec/cache.md).
                 raise InputRefused("a plan with a [loop] is not keyed before staging")
-            self._pv = pv
+            self._loop_checked = True
         t = pv.task(name)
-        check_key(self.plan, name, key)
+        check_key(pv, name, key)
         head, tail = self._fixed_of(t)
         components = {**head, "instance": scalar_digest(key), **tail}
         ancestors = self._ancestors_with_files(pv, name)
@@ -213,13 +219,13 @@ class Keyer:
         if t.kind in ("command", "evaluate"):  # agents never receive params
             out["params"] = self._params_digest(t)
         if key is not None:
-            out["item"] = _value_digest(instance_item(self.plan, self.state, t.name, key))
+            out["item"] = _value_digest(instance_item(self._stage_plan, self.state, t.name, key))
         present = self._reserved_present()
         for name in RESERVED_STATE_NAMES:
             if f"{name}.json" in present:
                 out[name] = _value_digest(read_json(self.state / "reserved" / f"{name}.json"))
         if t.epilogue:
-            out["outcome"] = _value_digest(build_outcome(self.plan, self.state, t.name))
+            out["outcome"] = _value_digest(build_outcome(self._stage_plan, self.state, t.name))
         return out
 
     def _reserved_present(self) -> frozenset[str]:
@@ -261,11 +267,11 @@ class Keyer:
         except FileNotFoundError:
             ident = None  # the plan's defaults
         if self._params is None or self._params[0] != ident:
-            self._params = (ident, load_params(self.plan, self.state))
+            self._params = (ident, load_params(self._stage_plan, self.state))
             self._params_digests.clear()
         found = self._params_digests.get(t.name)
         if found is None:
-            handed = task_params(self.plan, t.raw, self._params[1])
+            handed = task_params(self._stage_plan, t.raw, self._params[1])
             if handed is self._params[1]:  # every param (most tasks): one digest
                 found = self._params_digests.get("")  # no task is named ""
                 if found is None:
@@ -278,7 +284,7 @@ class Keyer:
     def _files_staged(self, pv: PlanView, t: TaskView, key: str | None) -> set[str]:
         """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped
         key>`` (stage's own describe pass, crucible.stage._inputs.staged_units)."""
-        units, _ = staged_units(self.plan, pv, self.state, t.name, key)
+        units, _ = staged_units(pv, pv, self.state, t.name, key)
         return {u.staged for u in units}
 
     def _declared(
@@ -287,7 +293,7 @@ class Keyer:
         """The index entry stage writes for a declared input (stage's describe
         pass, crucible.stage._inputs.declared_entry), minus the path and size the
         key leaves out (cache.md): a fold's entries keep theirs, as staged."""
-        entry = declared_entry(self.plan, pv, self.state, t, key, name, staged, [], [])
+        entry = declared_entry(pv, pv, self.state, t, key, name, staged, [], [])
         return {k: v for k, v in entry.items() if k not in ("path", "size")}
 
     # ----------------------------------------------------------------- IR v1

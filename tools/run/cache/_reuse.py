@@ -24,10 +24,13 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic, canon
 from crucible.core.errors import CrucibleError
+
+if TYPE_CHECKING:
+    from crucible.stage import StateDir
 
 __all__ = [
     "ENVIRON_FILE",
@@ -153,11 +156,12 @@ def _environment_of(doc: Mapping[str, Any], session: int) -> Mapping[str, Any]:
 def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     """Record every passed unit of the run in ``prev`` in the cache at
     ``cache_dir``, keyed as that run would have keyed it; returns how many."""
-    from crucible import stage
+    # lazy: --reuse only (the keyer and the store stay off a plain run's start-up)
     from crucible.run.cache._keyer import Keyer
     from crucible.run.cache._store import TaskCache
     from crucible.run.cache._unit import cacheable
-    from crucible.stage.readers import loop_of, view
+    from crucible.stage import StateDir, escape_key
+    from crucible.stage.readers import loop_of
 
     doc = _read_environ(prev)
     if doc is None:
@@ -168,11 +172,11 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
         return 0
     try:
         plan = canon.loads((prev / "plan.json").read_bytes())
-        stage.prepare_plan(plan)
+        prev_dir = StateDir(plan, prev)  # the earlier run's plan, checked
     except (OSError, CrucibleError, canon.CanonError) as exc:
         warn(f"--reuse: cannot read the earlier run's plan in {prev}: {exc}; nothing is reused")
         return 0
-    if loop_of(plan, view(plan)) is not None:  # its units are not keyed (cache.md)
+    if loop_of(prev_dir.view, prev_dir.view) is not None:  # its units are not keyed (cache.md)
         warn("--reuse: a plan with a [loop] is not keyed: nothing of the earlier run is reused")
         return 0
     # one keyer per environment a session of the earlier run had (index 0: the
@@ -182,6 +186,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
         Keyer(
             plan,
             prev,
+            plan_view=prev_dir.view,
             environ=env["environ"],
             agent_cmd=env["agent_cmd"],
             emit_cap=env["emit_cap"],
@@ -191,7 +196,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     ]
     passed_in = _passed_in(prev) if len(environments) > 1 else {}
     cache = TaskCache(cache_dir, warn=warn)
-    layout = stage.StateLayout(prev)
+    layout = prev_dir.layout
     saved = 0
     facts: list[Any] = []
     failed: list[str] = []
@@ -200,7 +205,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
             if not cacheable(task):
                 continue
             name = task["name"]
-            for key, record in _passed_units(stage, prev, task):
+            for key, record in _passed_units(prev_dir, task):
                 if len(keyers) == 1:
                     keyer = keyers[0]
                 else:
@@ -216,7 +221,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
                 kept = {k: v for k, v in record.items() if k not in ("cached", "cache_key")}
                 files = layout.files_dir(name, key)
                 try:
-                    fact = cache.save(ck, kept, files, stage.escape_key, defer=True)
+                    fact = cache.save(ck, kept, files, escape_key, defer=True)
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     failed.append(f"{name if key is None else f'{name}[{key}]'} ({exc})")
                     continue  # that unit runs again
@@ -237,18 +242,18 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
 
 
 def _passed_units(
-    stage: Any, state: Path, task: Mapping[str, Any]
+    prev_dir: StateDir, task: Mapping[str, Any]
 ) -> list[tuple[str | None, dict[str, Any]]]:
     """(instance key or None, record) of every passed unit of ``task`` in ``state``."""
     name = task["name"]
     out: list[tuple[str | None, dict[str, Any]]] = []
     with contextlib.suppress(CrucibleError, OSError):
         if "map" not in task and "matrix" not in task:
-            record = stage.load_result(state, name)
+            record = prev_dir.load_result(name)
             if isinstance(record, dict) and record.get("status") == "passed":
                 out.append((None, record))
             return out
-        records = stage.load_all(state, name)
+        records = prev_dir.load_all(name)
         for key in records:
             rec = records[key]
             if isinstance(rec, dict) and rec.get("status") == "passed":

@@ -215,7 +215,8 @@ def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
     exclude) decide which instances exist, not what one does: an instance is
     keyed on its own key and item, so widening or narrowing a list reuses the
     instances already computed (docs/spec/cache.md, "Params"). ``parallelism``
-    is a scheduling bound, like ``-j``."""
+    is a scheduling bound, like ``-j``; ``on_empty`` only decides what a fan-out
+    with no instance (so no key) settles as."""
     out = {k: v for k, v in task.items() if k not in _NOT_IN_KEY}
     matrix = out.get("matrix")
     if isinstance(matrix, dict):
@@ -223,6 +224,7 @@ def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
     if "map" in out and not isinstance(out["map"], str):
         out["map"] = "static"  # a "producer.field" source stays as it is
     out.pop("parallelism", None)
+    out.pop("on_empty", None)
     return out
 
 

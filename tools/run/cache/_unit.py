@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
+from crucible.stage import StateLayout, escape_key, load_result, write_result
 
 if TYPE_CHECKING:
     from crucible.run.cache._keyer import Keyer
@@ -67,13 +68,11 @@ class UnitCache:
     ``keyer``'s plan and state directory."""
 
     def __init__(self, directory: Path, keyer: Keyer) -> None:
-        from crucible import stage
-        from crucible.run.cache._store import TaskCache
+        from crucible.run.cache._store import TaskCache  # lazy: only a run with --cache
 
-        self.stage = stage
         self.plan = keyer.plan
         self.state = keyer.state
-        self.layout = stage.StateLayout(self.state)
+        self.layout = StateLayout(self.state)
         self._results = str(self.layout.results_root)
         self.warnings: list[str] = []
         self.cache = TaskCache(directory, warn=self.warnings.append)
@@ -157,7 +156,7 @@ class UnitCache:
                 path = f"{self._results}/{ck.task}.json"
                 if self.cache.link_record(ck, hit, path):
                     return record, path
-            return record, str(self.stage.write_result(self.state, record, durable=False))
+            return record, str(write_result(self.state, record, durable=False))
         except _CACHE_ERRORS as exc:
             self.warnings.append(
                 f"cache: cannot restore {_label(ck.task, ck.key)}: {exc}; running it"
@@ -181,11 +180,11 @@ class UnitCache:
         for the dispatcher to append with its batch (:meth:`append_facts`);
         None when nothing is to be recorded."""
         try:
-            record = self.stage.load_result(self.state, ck.task, ck.key)
+            record = load_result(self.state, ck.task, ck.key)
             if record is None or record.get("status") != "passed":
                 return None
             files_dir = self.layout.files_dir(ck.task, ck.key)
-            return self.cache.save(ck, record, files_dir, self.stage.escape_key, defer=defer)
+            return self.cache.save(ck, record, files_dir, escape_key, defer=defer)
         except _CACHE_ERRORS as exc:
             self.warnings.append(f"cache: cannot record {_label(ck.task, ck.key)}: {exc}")
             return None

@@ -15,9 +15,11 @@ from crucible.run.engine import _control as control
 from crucible.run.engine._failures import compose_note, exit_text, failure_record, with_reason
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._readiness import Readiness
+from crucible.run.engine._retry_when import apply_retry_when, last_attempt
 from crucible.run.engine._units import FAILED, INTERRUPTED, PASSED, Finished, Unit
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
+from crucible.stage import RESULT_FORMAT
 
 __all__ = ["Attempts"]
 
@@ -29,7 +31,7 @@ class Attempts:
         self.state = parts.state
         self.layout = parts.layout
         self.log = parts.log
-        self.stage = parts.stage
+        self.state_dir = parts.state_dir
         self.graph = parts.graph
         self.schedule = parts.schedule
         self.durable = parts.durable
@@ -37,6 +39,7 @@ class Attempts:
         self.control = parts.control
         self.fanouts = parts.fanouts
         self.loop = parts.loop
+        self.accounting = parts.accounting
         #: set by the dispatcher once built (it needs note_failure from here)
         self.readiness: Readiness
 
@@ -140,7 +143,7 @@ class Attempts:
             # resume runs it again. (One that exited 0 and passed capture after
             # its TERM trap settles as passed, below.)
             if record is not None:
-                self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
+                self.state_dir.remove_result(unit.name, unit.key, durable=False)
                 self.durable.wrote(unit.name, unit.key)
             if self.signals.received is None and self.schedule.fail_fast_by is not None:
                 why = f"terminated: --fail-fast after {self.schedule.fail_fast_by} failed"
@@ -197,12 +200,20 @@ class Attempts:
                 backoff=self.options.backoff,
                 elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
             )
+            retry = self._retry_when(
+                task,
+                retry,
+                last_attempt(
+                    attempt=unit.attempt, exit_code=finished.code, timed_out=timed_out,
+                    duration=finished.duration, tail=finished.tail,
+                ),
+            )  # fmt: skip
             if retry.why_not is not None and note is not None:
                 note = with_reason(note, retry.why_not)
         if retry.delay is not None:
             # Remove this attempt's record so an interruption during the backoff
             # leaves the unit unsettled (a resume runs it again).
-            self.stage.remove_result(self.state, unit.name, unit.key, durable=False)
+            self.state_dir.remove_result(unit.name, unit.key, durable=False)
             self.durable.wrote(unit.name, unit.key)
             self._attempt_finished(
                 unit, status, note, finished.code, finished.duration, {"retry": True, **fields}
@@ -214,7 +225,7 @@ class Attempts:
             return
         if record is None:
             failed = failure_record(
-                self.stage.RESULT_FORMAT,
+                RESULT_FORMAT,
                 unit.name,
                 unit.key,
                 note or "",
@@ -224,25 +235,60 @@ class Attempts:
             )
             if all(k in fields for k in USAGE_FIELDS):  # it ran (a timeout): what it cost
                 failed["usage"] = {k: fields[k] for k in USAGE_FIELDS}
-            self.stage.write_result(self.state, failed, durable=False)
+            self.state_dir.write_result(failed, durable=False)
             self.durable.wrote(unit.name, unit.key)
         elif retry.why_not is not None:  # the note says why the policy stopped here
-            self.stage.amend_result(
-                self.plan, self.state, unit.name, key=unit.key, status=status, note=note or "",
-                durable=False,
-            )  # fmt: skip
+            self.state_dir.amend_result(
+                unit.name, key=unit.key, status=status, note=note or "", durable=False
+            )
             self.durable.wrote(unit.name, unit.key)
         tolerable = status == FAILED and control.tolerates(task, finished.code, timed_out)
-        if status == FAILED and not tolerable:
-            self.note_failure(unit, finished.log)
-        self._settle_unit(
-            unit,
-            status,
-            note,
-            exit_code=finished.code,
-            duration=finished.duration,
-            fields=fields,
-            tolerable=tolerable,
+
+        def settle(refusal: str | None = None) -> None:
+            nonlocal status, note
+            if refusal is not None:  # accounted: its output refused (export.md §5)
+                status, note = FAILED, self._refused(unit, refusal)
+            if status == FAILED and not tolerable:
+                self.note_failure(unit, finished.log)
+            self._settle_unit(
+                unit,
+                status,
+                note,
+                exit_code=finished.code,
+                duration=finished.duration,
+                fields=fields,
+                tolerable=tolerable,
+            )
+
+        if self.accounting is None:
+            settle()
+            return
+        # an accounted run: the unit settles once its observation is applied, in
+        # its epoch's starts order (docs/spec/export.md §5)
+        reason = "timeout" if finished.stop_reason == "timeout" else "exit"
+        if status != PASSED and finished.code == 0 and reason == "exit":
+            reason = "capture"
+        kind = "evaluated" if status == PASSED else "failed"
+        self.accounting.observed(unit, kind, finished.code, reason, settle)
+
+    def _refused(self, unit: Unit, note: str) -> str:
+        """An accounted unit whose output the proof refused: its record fails."""
+        self.state_dir.amend_result(
+            unit.name, key=unit.key, status=FAILED, note=note, durable=False
+        )
+        self.durable.wrote(unit.name, unit.key)
+        return note
+
+    def unsettle(self, unit: Unit) -> None:
+        """An accounted unit held at shutdown, its observation never applied: its
+        record goes, so a resume runs it again (docs/spec/export.md §5)."""
+        self.state_dir.remove_result(unit.name, unit.key, durable=True)
+
+    def _retry_when(self, task: Any, retry: control.Retry, last: dict[str, Any]) -> control.Retry:
+        """The task's ``retry.when`` over the failed attempt, asked only of a retry
+        the rest of its policy allows (crucible.run.engine._retry_when)."""
+        return apply_retry_when(
+            task, retry, last, cancelled=lambda: self.signals.received is not None
         )
 
     def worker_lost(self, unit: Unit, worker: str) -> None:
@@ -263,6 +309,11 @@ class Attempts:
                 backoff=self.options.backoff,
                 elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
             )  # fmt: skip
+            last = last_attempt(
+                attempt=unit.attempt, exit_code=None, timed_out=False, duration=None, tail="",
+                lost=True,
+            )  # fmt: skip
+            retry = self._retry_when(task, retry, last)
         if retry.delay is None:
             self.fail_unit(unit, note if retry.why_not is None else f"{note}; {retry.why_not}")
             return
@@ -287,10 +338,9 @@ class Attempts:
         """A unit that could not be staged, started or captured: a measured failure,
         never retried."""
         note = compose_note(note, None, log, tail)
-        self.stage.write_result(
-            self.state,
+        self.state_dir.write_result(
             failure_record(
-                self.stage.RESULT_FORMAT, unit.name, unit.key, note, log=log, tail=tail,
+                RESULT_FORMAT, unit.name, unit.key, note, log=log, tail=tail,
                 exit_code=exit_code,
             ),
             durable=False,
@@ -300,9 +350,16 @@ class Attempts:
         # exit codes tolerate a task's own exit only, not a unit that could not
         # be staged, started or captured
         tolerable = control.tolerates(task, None, False)
-        if not tolerable:
-            self.note_failure(unit, log)
-        self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
+
+        def settle(_refusal: str | None = None) -> None:
+            if not tolerable:
+                self.note_failure(unit, log)
+            self._settle_unit(unit, FAILED, note, exit_code=exit_code, tolerable=tolerable)
+
+        if self.accounting is None:
+            settle()
+        else:  # accounted: an attempt that never ran (docs/spec/export.md §4)
+            self.accounting.observed(unit, "acquisition", exit_code, "acquisition", settle)
 
     def note_failure(self, unit: Unit, log: str | None) -> None:
         """A unit settled failed: keep it for the last line; --fail-fast stops."""
@@ -327,9 +384,7 @@ class Attempts:
                 control.mark_tolerated(self.layout.result_path(unit.name), durable=False)
                 self.durable.wrote(unit.name, None)
             else:
-                self.stage.update_record(
-                    self.state, unit.name, unit.key, tolerated=True, durable=False
-                )
+                self.state_dir.update_record(unit.name, unit.key, tolerated=True, durable=False)
                 self.durable.wrote(unit.name, unit.key)
             fields = {**(fields or {}), "tolerated": True}
             self.schedule.counts.tolerated += 1

@@ -14,7 +14,12 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.stage import StateDir
+
+from crucible.core.refs import RefMissing, resolve_path
 
 __all__ = [
     "NO_ITEM",
@@ -107,16 +112,14 @@ class Control:
     def __init__(
         self,
         plan: dict[str, Any],
-        state: Path,
-        stage: Any,
+        state_dir: StateDir,
         *,
         cancelled: Callable[[], bool] | None = None,
     ) -> None:
         self.plan = plan
         #: the dispatcher is stopping (a signal): a running evaluation is abandoned
         self.cancelled = cancelled
-        self.state = state
-        self.stage = stage
+        self.state_dir = state_dir
         self._params: dict[str, Any] | None = None
         self._mapped = {t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t}
         #: a task's input values, read once: its producers settled before it was
@@ -130,7 +133,7 @@ class Control:
             import orjson
 
             # Admission wrote the resolved params before anything ran.
-            path = self.stage.StateLayout(self.state).params_path
+            path = self.state_dir.layout.params_path
             self._params = dict(orjson.loads(Path(path).read_bytes()))
         return self._params
 
@@ -153,14 +156,20 @@ class Control:
         out: dict[str, Any] = {}
         for name, spec in task.get("inputs", {}).items():
             producer, field = spec["producer"], spec["field"]
-            record = self.stage.load_result(self.state, producer)
+            record = self.state_dir.load_result(producer)
             if producer not in self._mapped:
                 output = record.get("output") if record else None
-                out[name] = output.get(field) if isinstance(output, dict) else None
+                value = output.get(field) if isinstance(output, dict) else None
+                if spec.get("path") and value is not None:  # a.items[0] (edition 4)
+                    try:
+                        value = resolve_path(value, spec["path"], f"{producer}.{field}")
+                    except RefMissing:
+                        value = None  # none there: staging fails the unit, saying why
+                out[name] = value
                 continue
             fold: dict[str, Any] = {}
             for key in record.get("keys", []) if record else []:
-                irec = self.stage.load_result(self.state, producer, key)
+                irec = self.state_dir.load_result(producer, key)
                 output = irec.get("output") if irec else None
                 if isinstance(output, dict) and field in output:
                     fold[key] = output[field]
@@ -174,7 +183,7 @@ class Control:
         if name in self._mapped:
             counts = self._counts.get(name)
             if counts is None:
-                record = self.stage.load_result(self.state, name)
+                record = self.state_dir.load_result(name)
                 raw = record.get("counts", {}) if record else {}
                 counts = {s: int(raw.get(s, 0)) for s in (PASSED, FAILED, SKIPPED)}
                 self._counts[name] = counts
@@ -361,15 +370,13 @@ def last_attempt_env(exit_code: int | None, timed_out: bool) -> dict[str, str]:
     }
 
 
-def tolerates_fold(
-    task: Mapping[str, Any], state: Path, stage: Any, record: Mapping[str, Any]
-) -> bool:
+def tolerates_fold(task: Mapping[str, Any], state_dir: StateDir, record: Mapping[str, Any]) -> bool:
     """A failed mapped task is tolerated when every instance that failed was."""
     if "on_failure" not in task and "allow_exit" not in task:
         return False
     failed = 0
     for key in record.get("keys", []):
-        irec = stage.load_result(state, record["task"], key)
+        irec = state_dir.load_result(record["task"], key)
         if irec is not None and irec.get("status") == FAILED:
             if irec.get("tolerated") is not True:
                 return False

@@ -18,7 +18,6 @@ import selectors
 import signal
 import time
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from crucible.compile._durations import MAX_WAIT_S
@@ -26,7 +25,8 @@ from crucible.run._options import RunOptions
 from crucible.run.engine import _control as control
 from crucible.run.engine._attempts import Attempts
 from crucible.run.engine._durable import DurableGate
-from crucible.run.engine._graph import TaskGraph, build_graph
+from crucible.run.engine._graph import TaskGraph
+from crucible.run.engine._host import EngineHost
 from crucible.run.engine._matrix import Fanouts
 from crucible.run.engine._parallelism import ParallelismGate
 from crucible.run.engine._parts import Parts
@@ -54,8 +54,11 @@ from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
 
-if TYPE_CHECKING:  # imported at run time only for a plan with a loop
+if TYPE_CHECKING:  # imported at run time only for --cache, a loop or accounting
+    from crucible.run.accounting._book import Accounting
+    from crucible.run.cache._hits import CacheHits
     from crucible.run.loop._engine import LoopRun
+    from crucible.stage import StateDir
 
 __all__ = ["FAILURES_SHOWN", "Counts", "Dispatcher", "RunOutcome", "Unit"]
 
@@ -81,47 +84,61 @@ class Dispatcher:
         options: RunOptions,
         log: SessionLog,
         *,
+        state_dir: StateDir,
+        graph: TaskGraph,
         environ: Mapping[str, str],
         on_progress: Callable[[Counts], None] | None = None,
         selection: Selection | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
-        from crucible import stage
-
+        """Built once per session, from what the run built once (the plan's
+        admission, its state dir's records and staging, its task graph), in
+        this order: the decisions' state, the executor, a scored loop, the
+        accounting of an accounted plan, and the rooms that decide (readiness,
+        attempts)."""
         #: warnings the workers send (the task cache's, crucible.run.cache._unit)
         self.warn = on_warning or (lambda _w: None)
-
-        self.stage = stage
         self.admission = admission
         self.plan = admission.plan
         self.options = options
         self.state = options.state
-        self.layout = stage.StateLayout(options.state)
+        self.state_dir = state_dir
+        self.layout = state_dir.layout
         self.log = log
         self.on_progress = on_progress
-        self.graph: TaskGraph = build_graph(self.plan)
+        self.graph = graph
         self.jobs = admission.jobs
         self.selection = selection
-        # The concerns the dispatcher's loop composes, each its own object:
-        # record durability (crucible.run.engine._durable), the scheduling state
-        # (crucible.run.engine._schedule), the stop signals (._signals), the
-        # cache hits and the executor (below), and a scored loop (run/loop/).
-        self.durable = DurableGate(log, self.layout)
-        self.schedule = Schedule(self.graph, self.durable, selection)
+        self._set_up_decisions()
+        self._set_up_executor(environ)
+        self._set_up_loop()
+        self._set_up_accounting(environ)
+        self._set_up_rooms()
+
+    def _set_up_decisions(self) -> None:
+        """The state the decisions keep, each its own object: record durability
+        (crucible.run.engine._durable), the scheduling state (._schedule), the
+        stop signals (._signals), control flow (._control: conditions; a signal
+        abandons a condition being evaluated, so the dispatcher always stops),
+        listed fan-outs (._matrix: static ones expand now, before
+        plan_admitted) and each task's parallelism (._parallelism)."""
+        self.durable = DurableGate(self.log, self.layout)
+        self.schedule = Schedule(self.graph, self.durable, self.selection)
         self.signals = StopSignals()
-        # Control flow (run/engine/_control.py): conditions. A signal abandons a
-        # condition being evaluated, so the dispatcher always stops.
         self.control = control.Control(
-            self.plan, options.state, stage, cancelled=lambda: self.signals.received is not None
+            self.plan, self.state_dir, cancelled=lambda: self.signals.received is not None
         )
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
         # No task may inherit a descriptor of ours (posix_spawn closes none).
         close_inherited()
-        stage.prepare_plan(self.plan)
-        # Listed fan-outs (IR v3): static ones expand now, before plan_admitted.
-        self.fanouts = Fanouts(self.plan, admission.params, options.state)
+        self.fanouts = Fanouts(self.plan, self.admission.params, self.state)
         self.parallelism: ParallelismGate[Unit] = ParallelismGate(self.graph.tasks)
+
+    def _set_up_executor(self, environ: Mapping[str, str]) -> None:
+        """The slots, the unit runner the workers run, the --cache hit path, the
+        executor and the selector its replies are read with."""
+        options, admission = self.options, self.admission
         self.slots = Slots(self.jobs)
         self.runner = UnitRunner(
             plan=self.plan,
@@ -131,22 +148,24 @@ class Dispatcher:
             environ=environ,
             slots=self.slots,
             pack_dir=admission.pack_dir,
+            state_dir=self.state_dir,
         )
         # --cache (crucible.run.cache._hits): a ready unit that hits is restored and
         # settled on this thread, with no worker, slot or staging
-        self.hits: Any = None
+        self.hits: CacheHits | None = None
         if options.cache is not None:
-            from crucible.run.cache._hits import CacheHits
+            from crucible.run.cache._hits import CacheHits  # lazy: only a run with --cache
 
             self.hits = CacheHits(
-                options.cache, plan=self.plan, tasks=self.graph.tasks, state=options.state,
+                options.cache, state_dir=self.state_dir, tasks=self.graph.tasks,
                 environ=environ, agent_cmd=options.agent_cmd, emit_cap=admission.emit_cap,
                 warn=self.warn, pack_dir=admission.pack_dir,
             )  # fmt: skip
-            self.schedule.ready = self.hits.ready_queue()  # each unit looked up once
+            # each unit looked up once: the schedule's ready queue is the hits'
+            self.schedule.ready = self._hit_queue = self.hits.ready_queue()
             # the cache records workers encoded are appended once their batch is durable
-            log.on_batch_durable = self.hits.record_facts
-            log.on_close = self.hits.close_recorder
+            self.log.on_batch_durable = self.hits.record_facts
+            self.log.on_close = self.hits.close_recorder
         # The executor: a local one forks its workers at the first unit that needs
         # one (crucible.run.executors._workers), in the loop's first turn, before the session
         # log's writer thread starts at that turn's commit. A worker holds one
@@ -162,23 +181,45 @@ class Dispatcher:
             self.slots.close()
             raise
         self.selector = selectors.DefaultSelector()
-        # -- scored loop (docs/spec/loop.md): revisions of the body, run/loop/_engine.py
-        # (imported only for a plan with a loop: most plans have none)
+
+    def _set_up_loop(self) -> None:
+        """A scored loop (docs/spec/loop.md): revisions of the body, run/loop/_engine.py."""
         self.loop: LoopRun | None = None
         if self.plan.get("loop") is not None:
+            # lazy: most plans have no loop (tests/run/test_startup_imports.py)
             from crucible.run.loop import _engine as loop_engine
 
-            self.loop = loop_engine.attach(self)
+            host = EngineHost(
+                plan=self.plan, state_dir=self.state_dir, log=self.log, graph=self.graph,
+                control=self.control, schedule=self.schedule, durable=self.durable,
+                signals=self.signals,
+            )  # fmt: skip
+            self.loop = loop_engine.attach(host)
             if self.loop is not None:
                 self.schedule.loop_before = frozenset(self.loop.phases.before)
                 self.schedule.on_loop_before = self.loop.maybe_start
-        # -- end scored loop
-        # The rooms of a session's decisions: readiness (skip, expand, queue,
-        # fold) and the attempts' outcomes (start, end, retry, settle).
+
+    def _set_up_accounting(self, environ: Mapping[str, str]) -> None:
+        """An accounted plan (docs/spec/export.md): the proof writer's engine,
+        driven as the run decides."""
+        self.accounting: Accounting | None = None
+        if "limits" in self.plan["workflow"]:
+            # lazy: only an accounted plan loads the proof writer
+            from crucible.run.accounting._book import open_accounting
+
+            self.accounting = open_accounting(
+                self.plan, self.state_dir, self.admission.params, actor=self.options.actor,
+                resume=self.options.resume, environ=environ,
+            )  # fmt: skip
+
+    def _set_up_rooms(self) -> None:
+        """The rooms of a session's decisions, sharing its Parts: readiness (skip,
+        expand, queue, fold) and the attempts' outcomes (start, end, retry, settle)."""
         parts = Parts(
-            plan=self.plan, options=options, state=self.state, layout=self.layout, log=log,
-            stage=stage, graph=self.graph, schedule=self.schedule, durable=self.durable,
-            signals=self.signals, control=self.control, fanouts=self.fanouts, loop=self.loop,
+            plan=self.plan, options=self.options, state=self.state, layout=self.layout,
+            log=self.log, state_dir=self.state_dir, graph=self.graph, schedule=self.schedule,
+            durable=self.durable, signals=self.signals, control=self.control,
+            fanouts=self.fanouts, loop=self.loop, accounting=self.accounting,
         )  # fmt: skip
         # temporary files (crucible.run.engine._temps): freed as their readers settle
         self.temps: Any = None
@@ -195,6 +236,9 @@ class Dispatcher:
         self.readiness = Readiness(parts, self.attempts.note_failure)
         self.attempts.readiness = self.readiness
         self.schedule.on_ready = self.readiness.on_ready
+        if self.accounting is not None:
+            self.accounting.requeue = self.schedule.ready.append
+            self.accounting.unsettle = self.attempts.unsettle
         # A unit whose settle wakes nothing may be answered late, with the next
         # reply of its worker (crucible.run.executors._unit.UnitRunner.serve).
         self.runner.quiet = frozenset(
@@ -213,53 +257,6 @@ class Dispatcher:
         """Stop the workers (idempotent)."""
         self.workers.close()
         self.slots.close()
-
-    # ----------------------------------------------------------------- helpers
-
-    # ------------------------------------------- what a scored loop may ask
-    # (crucible.run.engine._host.LoopHost: run/loop/ uses nothing else)
-
-    @property
-    def status(self) -> Mapping[str, str]:
-        return self.schedule.status
-
-    @property
-    def selected(self) -> AbstractSet[str] | None:
-        return self.schedule.selected
-
-    def select_also(self, names: AbstractSet[str]) -> None:
-        if self.schedule.selected is not None:
-            self.schedule.selected = self.schedule.selected | set(names)
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop_requested()
-
-    @property
-    def in_turns(self) -> bool:
-        return self.durable.gating
-
-    def after_durable(self, fn: Callable[[], None]) -> None:
-        self.durable.after_durable(fn)
-
-    def wrote(self, task: str, key: str | None) -> None:
-        self.durable.wrote(task, key)
-
-    def settle(self, name: str, status: str) -> None:
-        self.schedule.settle(name, status)
-
-    def count_settled(self, status: str) -> None:
-        self.schedule.count_settled(status)
-
-    def add_units(self, n: int) -> None:
-        self.schedule.counts.total += n
-
-    def note_failed(self, label: str) -> None:
-        self.schedule.counts.failed += 1
-        self.schedule.note_failure(label, None, fail_fast=False)
-
-    def queue(self, unit: Unit) -> None:
-        self.schedule.ready.append(unit)
 
     # ------------------------------------------------------------ entry point
 
@@ -289,7 +286,7 @@ class Dispatcher:
             self.readiness.not_selected()
             for name in self.graph.order:
                 if name not in self.schedule.status and self.schedule.remaining[name] == 0:
-                    self.readiness.on_ready(name)
+                    self.schedule.ready_once(name)
             if self.loop is not None:  # scored loop: its before tasks may all be settled
                 self.loop.maybe_start()
             self._loop(wake_r)
@@ -317,6 +314,8 @@ class Dispatcher:
             self.slots.close()
             if self.hits is not None:
                 self.hits.close()
+            if self.accounting is not None:  # recover an open epoch; usage.json
+                self.accounting.close()
         duration = time.monotonic() - started
         counts = {
             "tasks": len(self.graph.tasks),
@@ -441,7 +440,7 @@ class Dispatcher:
     def _fill(self) -> None:
         if self.hits is not None:  # --cache: hits settle here, consumers' hits too
             stop = self._stop_requested  # a signal ends the pass (and forks no worker)
-            self.hits.take(self.schedule.ready, self.attempts.settle_cached, stop=stop)
+            self.hits.take(self._hit_queue, self.attempts.settle_cached, stop=stop)
             if stop():
                 return
         idle = self.workers.idle
@@ -449,6 +448,8 @@ class Dispatcher:
             unit = self.schedule.ready.popleft()
             if not self.parallelism.take(unit.name, unit):
                 continue  # the task's parallelism is used up: it waits in the gate
+            if self.accounting is not None and not self._accounted_start(unit):
+                continue
             self._next_token += 1
             self._tokens[self._next_token] = unit
             env = unit.staged_env
@@ -465,6 +466,20 @@ class Dispatcher:
             self.workers.submit(self._next_token, request)
             idle -= 1
         self.workers.flush()  # executor seam: send this round's submissions
+
+    def _accounted_start(self, unit: Unit) -> bool:
+        """An accounted run: may ``unit`` start (its slot begun, or its retry epoch
+        begun now)? One waiting for its epoch is requeued by the accounting; one
+        that must not run settles failed (docs/spec/export.md §5)."""
+        assert self.accounting is not None
+        verdict = self.accounting.may_start(unit)
+        if verdict is True:
+            return True
+        if (waiting := self.parallelism.release(unit.name)) is not None:
+            self.schedule.ready.append(waiting)
+        if isinstance(verdict, str):
+            self.attempts.fail_unit(unit, verdict)
+        return False
 
     def _stop_requested(self) -> bool:
         return self.signals.received is not None or self.schedule.fail_fast_by is not None

@@ -20,23 +20,32 @@ matches none. At most :data:`MAX_INSTANCES` combinations.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, keyed_items
+from crucible.compile._sequences import (
+    SequenceProblem,
+    check_sequence_param_values,
+    sequence_values,
+)
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
+from crucible.core.refs import RefMissing, parse_ref
 
 __all__ = [
     "INSTANCES_FORMAT",
     "FanoutFailed",
+    "FanoutSkipped",
     "Fanouts",
+    "Fold",
     "check_fanout_params",
     "combination_key",
     "combinations",
     "is_listed",
     "is_static",
+    "mapped_tasks",
     "preview",
 ]
 
@@ -52,9 +61,31 @@ class FanoutFailed(InputRefused):
     code = "fanout-failed"
 
 
-def is_listed(task: Mapping[str, Any]) -> bool:
-    """Instances come from the instances file (the same rule as stage's TaskView)."""
-    return "matrix" in task or "key" in task or ("map" in task and not isinstance(task["map"], str))
+class FanoutSkipped(FanoutFailed):
+    """``join = "all"`` and an instance of the mapped task a map or axis reads did
+    not pass: the fan-out is skipped (with its skip propagation), as a task is
+    whose need did not pass."""
+
+    code = "fanout-skipped"
+
+
+def is_listed(task: Mapping[str, Any], mapped: Container[str] = ()) -> bool:
+    """Instances come from the instances file (the same rule as stage's TaskView):
+    every source but a plain ``producer.field`` of an unmapped producer (``mapped``:
+    the plan's mapped tasks)."""
+    if "matrix" in task or "key" in task:
+        return True
+    source = task.get("map")
+    if source is None:
+        return False
+    if not isinstance(source, str):
+        return True
+    ref = parse_ref(source, task.get("needs", ()))
+    return bool(ref.path) or ref.producer in mapped
+
+
+def mapped_tasks(plan: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t)
 
 
 def _sources(task: Mapping[str, Any]) -> list[Any]:
@@ -75,33 +106,109 @@ def _utf16_order(keys: Iterable[str]) -> list[str]:
     return sorted(keys, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
 
 
-def _source_value(source: Any, params: Mapping[str, Any], state: Path, what: str) -> Any:
+def _source_value(
+    source: Any, params: Mapping[str, Any], state: Path, what: str, task: Mapping[str, Any]
+) -> Any:
     if isinstance(source, str):
-        from crucible import stage
-
-        producer, _, field = source.rpartition(".")
-        record = stage.load_result(state, producer)
-        if record is None or record.get("status") != "passed":
-            status = "not settled" if record is None else record.get("status")
-            raise FanoutFailed(f"{what} {source}: {producer!r} is {status}, not passed")
-        output = record.get("output")
-        if not isinstance(output, dict) or field not in output:
-            raise FanoutFailed(f"{what} {source}: {producer!r} carries no field {field!r}")
-        return output[field]
+        return _producer_value(source, state, what, task)
     if "param" in source:
         return params.get(source["param"])
     if "sequence" in source:
-        s = source["sequence"]
-        return list(range(s["start"], s["start"] + s["count"] * s["step"], s["step"]))
+        try:
+            return sequence_values(source["sequence"], params, limit=MAX_INSTANCES)
+        except SequenceProblem as exc:
+            raise FanoutFailed(f"{what} {_describe(source)}: {exc}") from None
     return source["items"]
+
+
+def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]) -> Any:
+    """An unmapped producer's field (at the reference's path, edition 4), or a
+    mapped producer's fold: :class:`Fold`."""
+    from crucible import stage
+
+    ref = parse_ref(source, task.get("needs", ()))
+    producer, field = ref.producer, ref.field
+    record = stage.load_result(state, producer)
+    if record is not None and "keys" in record:  # a mapped producer's aggregate
+        return _fold(stage, state, source, what, task, record)
+    if record is None or record.get("status") != "passed":
+        status = "not settled" if record is None else record.get("status")
+        raise FanoutFailed(f"{what} {source}: {producer!r} is {status}, not passed")
+    output = record.get("output")
+    if not isinstance(output, dict) or field not in output:
+        raise FanoutFailed(f"{what} {source}: {producer!r} carries no field {field!r}")
+    try:
+        return ref.at(output[field])
+    except RefMissing as exc:
+        raise FanoutFailed(f"{what}: {exc.message}") from None
+
+
+class Fold(list[tuple[str, Any]]):
+    """A mapped producer's field, one ``(instance key, value)`` per passed
+    instance in item order (a map over it flattens each array value: run.md,
+    "Fan-out over a fan-out")."""
+
+
+def _fold(
+    stage: Any,
+    state: Path,
+    source: str,
+    what: str,
+    task: Mapping[str, Any],
+    record: Mapping[str, Any],
+) -> Fold:
+    ref = parse_ref(source, task.get("needs", ()))
+    producer, field = ref.producer, ref.field
+    records = stage.load_all(state, producer)
+    settled_join = task.get("join", "all") == "settled"
+    out = Fold()
+    for key in record.get("keys", []):
+        irec = records.get(key)
+        status = irec.get("status") if irec is not None else "not settled"
+        if status != "passed":
+            if settled_join:
+                continue  # join = "settled": only passed instances contribute
+            raise FanoutSkipped(
+                f"skipped: {what} {source} reads instance {key!r} of {producer!r}, which "
+                f"{'was skipped' if status == 'skipped' else status}"
+                ' (join = "settled" lets the passed instances through)'
+            )
+        output = irec.get("output")
+        if not isinstance(output, dict) or field not in output:
+            raise FanoutFailed(
+                f"{what} {source}: instance {key!r} of {producer!r} carries no field {field!r}"
+            )
+        out.append((key, output[field]))
+    return out
+
+
+def _fold_pairs(fold: Fold, source: str) -> list[tuple[str, Any]]:
+    """One instance per element of each instance's array (keyed ``<key>/<index>``),
+    or per instance when its value is not an array (keyed ``<key>``), in item
+    order then element order; counted before they are built (the bound)."""
+    total = sum(len(v) if isinstance(v, list) else 1 for _, v in fold)
+    if total > MAX_INSTANCES:
+        raise FanoutFailed(
+            f"map {source} has {total:,} items over {len(fold):,} instances, "
+            f"more than {MAX_INSTANCES:,}"
+        )
+    pairs: list[tuple[str, Any]] = []
+    for key, value in fold:
+        if isinstance(value, list):
+            pairs.extend((f"{key}/{i}", v) for i, v in enumerate(value))
+        else:
+            pairs.append((key, value))
+    return pairs
 
 
 def _map_pairs(
     task: Mapping[str, Any], params: Mapping[str, Any], state: Path
 ) -> list[tuple[str, Any]]:
     source = task["map"]
-    value = _source_value(source, params, state, "map")
-    if isinstance(value, list):
+    value = _source_value(source, params, state, "map", task)
+    if isinstance(value, Fold):
+        pairs = _fold_pairs(value, source)
+    elif isinstance(value, list):
         pairs = [(str(i), v) for i, v in enumerate(value)]
     elif isinstance(value, dict):
         pairs = [(k, value[k]) for k in _utf16_order(value)]
@@ -113,10 +220,21 @@ def _map_pairs(
         )
     if "key" in task:
         try:
-            return keyed_items(pairs, task["key"])
+            pairs = keyed_items(pairs, task["key"])
         except KeyProblem as exc:
             raise FanoutFailed(f"key {task['key']!r}: {exc}") from None
+    if isinstance(value, Fold) and "key" not in task:
+        _check_unique(pairs, source)
     return pairs
+
+
+def _check_unique(pairs: Sequence[tuple[str, Any]], source: str) -> None:
+    """``<key>/<index>`` and a producer key that already holds a ``/`` can meet."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise FanoutFailed(f"map {source}: the instance key {key!r} comes twice")
+        seen.add(key)
 
 
 def _describe(source: Any) -> str:
@@ -166,7 +284,9 @@ def _matrix_pairs(
     axes: list[tuple[str, Sequence[Any]]] = []
     for axis in matrix["axes"]:
         what = f"matrix axis {axis['name']!r}"
-        value = _source_value(axis["source"], params, state, what)
+        value = _source_value(axis["source"], params, state, what, task)
+        if isinstance(value, Fold):  # every instance's elements (or value), in item order
+            value = [v for _, v in _fold_pairs(value, axis["source"])]
         if not isinstance(value, list):
             raise FanoutFailed(f"{what} ({_describe(axis['source'])}) is not an array")
         axes.append((axis["name"], value))
@@ -218,11 +338,14 @@ class Fanouts:
     (before ``plan_admitted``), the others when :meth:`keys` is first asked."""
 
     def __init__(self, plan: Mapping[str, Any], params: Mapping[str, Any], state: Path) -> None:
-        self.tasks = {t["name"]: t for t in plan["tasks"] if is_listed(t)}
+        mapped = mapped_tasks(plan)
+        self.tasks = {t["name"]: t for t in plan["tasks"] if is_listed(t, mapped)}
         self.params = params
         self.state = state
         self._keys: dict[str, list[str]] = {}
         self._failed: dict[str, str] = {}
+        #: the refusal itself (FanoutSkipped settles the task skipped, not failed)
+        self._refused: dict[str, FanoutFailed] = {}
         #: (task, key) -> preview of the item, for task_started
         self.previews: dict[tuple[str, str], str] = {}
         for name, task in self.tasks.items():
@@ -234,6 +357,7 @@ class Fanouts:
             pairs = expand(self.tasks[name], self.params, self.state)
         except FanoutFailed as exc:
             self._failed[name] = exc.message
+            self._refused[name] = exc
             return
         write_instances(self.state, name, pairs)
         self._keys[name] = [k for k, _ in pairs]
@@ -256,7 +380,7 @@ class Fanouts:
         if name not in self._keys and name not in self._failed:
             self._expand(name)
         if name in self._failed:
-            raise FanoutFailed(self._failed[name])
+            raise self._refused.get(name) or FanoutFailed(self._failed[name])
         return self._keys[name]
 
     def items(self, name: str) -> dict[str, Any]:
@@ -282,6 +406,14 @@ def check_fanout_params(plan: Mapping[str, Any], params: Mapping[str, Any]) -> N
     """Admission: a param a map or matrix axis ranges over must hold an array (or,
     for a map, an object). Compile checked defaults; this checks what the run got."""
     for task in plan["tasks"]:
+        for seq in _sequence_sources(task):
+            try:
+                check_sequence_param_values(seq, params)
+            except SequenceProblem as exc:
+                raise InputRefused(
+                    f"task {task['name']!r} fans out over a sequence: {exc}",
+                    where=f"params.{exc.param}" if exc.param else None,
+                ) from None
         for source, axis in _param_sources(task):
             name = source["param"]
             value = params.get(name)
@@ -305,3 +437,9 @@ def _param_sources(task: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]
         if isinstance(axis["source"], dict) and "param" in axis["source"]:
             out.append((axis["source"], True))
     return out
+
+
+def _sequence_sources(task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan-form sequences a task's map or matrix axes range over."""
+    sources = [task.get("map")] + [a["source"] for a in task.get("matrix", {}).get("axes", [])]
+    return [s["sequence"] for s in sources if isinstance(s, dict) and "sequence" in s]

@@ -19,9 +19,10 @@ from crucible.run.engine._schedule import Schedule
 from crucible.run.engine._signals import StopSignals
 from crucible.run.session._log import SessionLog
 
-if TYPE_CHECKING:  # the dispatcher imports stage lazily (crucible-dispatch --help)
+if TYPE_CHECKING:  # imported only for a plan with a loop, or with [workflow.limits]
+    from crucible.run.accounting._book import Accounting
     from crucible.run.loop._engine import LoopRun
-    from crucible.stage import StateLayout
+    from crucible.stage import StateDir, StateLayout
 
 __all__ = ["Parts"]
 
@@ -33,8 +34,8 @@ class Parts:
     state: Path
     layout: StateLayout
     log: SessionLog
-    #: the stage package (crucible.stage)
-    stage: Any
+    #: the state dir's records and staging, over the plan's view (built once per run)
+    state_dir: StateDir
     graph: TaskGraph
     schedule: Schedule
     durable: DurableGate
@@ -43,3 +44,5 @@ class Parts:
     fanouts: Fanouts
     #: a scored loop (docs/spec/loop.md), for a plan with one
     loop: LoopRun | None = None
+    #: an accounted plan's accounting (crucible.run.accounting._book.Accounting)
+    accounting: Accounting | None = None

@@ -14,6 +14,7 @@ from typing import Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run.engine import _control as control
+from crucible.run.engine._matrix import FanoutSkipped
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._selection import NOT_SELECTED
 from crucible.run.engine._units import FAILED, PASSED, SKIPPED, Unit
@@ -29,7 +30,7 @@ class Readiness:
         self.state = parts.state
         self.layout = parts.layout
         self.log = parts.log
-        self.stage = parts.stage
+        self.state_dir = parts.state_dir
         self.graph = parts.graph
         self.schedule = parts.schedule
         self.durable = parts.durable
@@ -37,6 +38,7 @@ class Readiness:
         self.control = parts.control
         self.fanouts = parts.fanouts
         self.loop = parts.loop
+        self.accounting = parts.accounting
         #: a unit failed: listed for the last line (crucible.run.engine._attempts)
         self.note_failure = note_failure
 
@@ -105,9 +107,7 @@ class Readiness:
             self.settle_unrun(name, status, note)
         else:
             # An instance that never had an attempt: no attempt number in its event.
-            self.stage.record_settled(
-                self.plan, self.state, name, status=status, note=note, key=key, durable=False
-            )
+            self.state_dir.record_settled(name, status=status, note=note, key=key, durable=False)
             self.durable.wrote(name, key)
             self.log.emit(events.task_finished(task=name, key=key, status=status, note=note))
             self.schedule.count_settled(status)
@@ -117,13 +117,23 @@ class Readiness:
                 self.durable.after_durable(lambda: self.fold(name, keys))
         return True
 
+    def _refuse_instance(self, name: str, key: str, note: str) -> None:
+        """An accounted instance whose selection was refused: failed, never started."""
+        self.note_failure(Unit(name, key), None)
+        self.state_dir.record_settled(name, status=FAILED, note=note, key=key, durable=False)
+        self.durable.wrote(name, key)
+        self.log.emit(events.task_finished(task=name, key=key, status=FAILED, note=note))
+        self.schedule.count_settled(FAILED)
+        self.schedule.instances_left[name] -= 1
+        if self.schedule.instances_left[name] == 0:
+            keys = self.schedule.instances[name]
+            self.durable.after_durable(lambda: self.fold(name, keys))
+
     def settle_unrun(self, name: str, status: str, note: str) -> None:
         """A task settled without running: skipped, failed by its condition, or
         its map source unreadable (a mapped task gets an aggregate record with no
         instances). Recorded, logged, counted, and its consumers woken."""
-        self.stage.record_settled(
-            self.plan, self.state, name, status=status, note=note, durable=False
-        )
+        self.state_dir.record_settled(name, status=status, note=note, durable=False)
         self.durable.wrote(name, None)
         self.log.emit(events.task_finished(task=name, status=status, note=note))
         self.schedule.count_settled(status)
@@ -138,12 +148,15 @@ class Readiness:
                 if conditional:  # a condition may read `item`
                     item_of = self.fanouts.items(name)
             else:
-                items = self.stage.map_items(self.plan, self.state, name)
+                items = self.state_dir.map_items(name)
                 keys = [key for key, _ in items]
                 self.fanouts.remember_previews(name, items)
                 if conditional:
                     item_of = dict(items)
                 del items
+        except FanoutSkipped as exc:  # join = "all" over a mapped task's fold
+            self.settle_unrun(name, SKIPPED, exc.message)
+            return
         except CrucibleError as exc:
             if self.fanouts.listed(name):
                 note = f"cannot expand the fan-out: {exc}"
@@ -151,6 +164,8 @@ class Readiness:
                 note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
             self.settle_unrun(name, FAILED, note)
             return
+        # an accounted run: the selection reserving these instances (export.md §5)
+        refusal = None if self.accounting is None else self.accounting.reserve(name, keys)
         if not keys:
             self.fold(name, keys)
             return
@@ -158,7 +173,7 @@ class Readiness:
         self.schedule.instances[name] = keys
         # Instances settled in an earlier session keep their records (resume):
         # one read of the task's packed records.
-        recorded = self.stage.load_all(self.state, name)
+        recorded = self.state_dir.load_all(name)
         pending: list[str] = []
         for key in keys:
             record = recorded.get(key)
@@ -171,22 +186,30 @@ class Readiness:
             self.fold(name, keys)
             return
         for key in pending:
+            if refusal is not None:  # refused children never start
+                self._refuse_instance(name, key, refusal)
+                continue
             # A false condition settles its instance at once (the last one folds).
             if conditional and self._condition_settles(name, key, item_of[key]):
                 continue
             self.schedule.ready.append(Unit(name, key))
 
     def fold(self, name: str, keys: list[str]) -> None:
-        record = self.stage.settle_fold(self.plan, self.state, name, keys, durable=False)
+        record = self.state_dir.settle_fold(name, keys, durable=False)
         self.durable.wrote(name, None)
         status = record.get("status", FAILED)
         task = self.graph.tasks[name]
+        if not keys and task.get("on_empty") == "skip":  # issue 32: Tekton's empty fan-out
+            status, note = SKIPPED, 'skipped: the fan-out has no instances (on_empty = "skip")'
+            record = control.amend_record(
+                self.layout.result_path(name), status=status, note=note, durable=False
+            )  # rides the group commit: self.durable.wrote above
         if "when" in task and (verdict := control.fold_verdict(record)) is not None:
             status, note = verdict  # instances skipped by their condition are no failure
             record = control.amend_record(
                 self.layout.result_path(name), status=status, note=note, durable=False
             )  # rides the group commit (issue 14): self.durable.wrote above
-        if status == FAILED and control.tolerates_fold(task, self.state, self.stage, record):
+        if status == FAILED and control.tolerates_fold(task, self.state_dir, record):
             control.mark_tolerated(self.layout.result_path(name), durable=False)
             self.schedule.tolerated.add(name)
         self.log.emit(

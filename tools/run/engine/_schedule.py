@@ -48,6 +48,8 @@ class Schedule:
         self.fail_fast_by: str | None = None
         #: what the dispatcher does with a task whose dependencies all settled
         self.on_ready: Callable[[str], None] = lambda _name: None
+        #: tasks handed to ``on_ready`` (each at most once: see :meth:`ready_once`)
+        self.readied: set[str] = set()
         #: a scored loop's before phase, and what the loop does when one of them settles
         self.loop_before: frozenset[str] = frozenset()
         self.on_loop_before: Callable[[], None] = lambda: None
@@ -72,9 +74,20 @@ class Schedule:
         for consumer in self.graph.consumers[name]:
             self.remaining[consumer] -= 1
             if self.remaining[consumer] == 0 and consumer not in self.status:
-                self.on_ready(consumer)
+                self.ready_once(consumer)
         if name in self.loop_before:  # scored loop
             self.on_loop_before()
+
+    def ready_once(self, name: str) -> None:
+        """Hand ``name`` to ``on_ready`` unless it was handed already. At start-up
+        the dispatcher walks every task whose dependencies settled; a task settled
+        on that walk (a false condition, an empty fan-out) wakes its consumers at
+        once (nothing is gated before the turns), so a consumer with a settled
+        join was queued by the wake and again by the walk: it ran twice."""
+        if name in self.readied:
+            return
+        self.readied.add(name)
+        self.on_ready(name)
 
     def count_settled(self, status: str) -> None:
         if status == PASSED:

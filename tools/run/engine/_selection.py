@@ -13,14 +13,17 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
+from crucible.core.refs import parse_ref
 from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._temps import freed_marker, rerun_for_freed
+
+if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.stage import StateDir
 
 __all__ = ["Selection", "apply", "dry_run_lines", "select"]
 
@@ -64,12 +67,12 @@ def _closure(start: Iterable[str], edges: dict[str, tuple[str, ...]]) -> set[str
     return seen
 
 
-def _records(stage: Any, state: Path, graph: TaskGraph) -> dict[str, dict[str, Any]]:
+def _records(sd: StateDir, graph: TaskGraph) -> dict[str, dict[str, Any]]:
     records: dict[str, dict[str, Any]] = {}
-    if not graph.order or not stage.StateLayout(state).results_root.is_dir():
+    if not graph.order or not sd.layout.results_root.is_dir():
         return records
     for name in graph.order:
-        record = stage.load_result(state, name)
+        record = sd.load_result(name)
         if record is not None:
             records[name] = record
     return records
@@ -85,8 +88,7 @@ def _started(events: list[dict[str, Any]]) -> set[tuple[str, str | None]]:
 
 
 def select(
-    stage: Any,
-    state: Path,
+    sd: StateDir,
     graph: TaskGraph,
     *,
     retry_failed: bool,
@@ -95,7 +97,7 @@ def select(
     fresh: bool = False,
 ) -> Selection:
     """``fresh``: a run that starts over (no record of the state dir counts)."""
-    records = {} if fresh else _records(stage, state, graph)
+    records = {} if fresh else _records(sd, graph)
     units_started = _started(events)
     started = {name for name, _ in units_started}
     failed = {n for n, r in records.items() if r.get("status") in (FAILED, SKIPPED)}
@@ -115,7 +117,7 @@ def select(
     # a producer whose temporaries were freed runs again before a dependant
     # that stages them (docs/spec/run.md, "Temporary files")
     again = rerun_for_freed(
-        state, graph.tasks, lambda c: c not in kept and (selected is None or c in selected)
+        sd.state, graph.tasks, lambda c: c not in kept and (selected is None or c in selected)
     )
     for name in again:
         kept.pop(name, None)
@@ -139,13 +141,13 @@ def select(
     return Selection(kept, rerun, partial, selected, reasons, units_started)
 
 
-def apply(stage: Any, state: Path, graph: TaskGraph, selection: Selection) -> None:
+def apply(sd: StateDir, graph: TaskGraph, selection: Selection) -> None:
     """Remove the records of what runs again: a rerun task's record and its
     instances' (a partly rerun mapped task keeps its passed instances)."""
     for name in selection.rerun:
-        stage.remove_result(state, name)
+        sd.remove_result(name)
         with contextlib.suppress(FileNotFoundError):  # its temporaries are made again
-            os.unlink(freed_marker(state, name))
+            os.unlink(freed_marker(sd.state, name))
         if "map" not in graph.tasks[name]:
             continue
         # its instances' records: one tombstone line each (a partly rerun task
@@ -153,19 +155,15 @@ def apply(stage: Any, state: Path, graph: TaskGraph, selection: Selection) -> No
         records = None
         if name in selection.partial:
             with contextlib.suppress(CrucibleError):  # a damaged file runs them all
-                records = stage.load_all(state, name)
+                records = sd.load_all(name)
         if records is None:
-            stage.remove_results(state, name, None)
+            sd.remove_results(name, None)
         else:
-            stage.remove_results(
-                state, name, [k for k, r in records.items() if r.get("status") != PASSED]
-            )
+            sd.remove_results(name, [k for k, r in records.items() if r.get("status") != PASSED])
 
 
 def _instance_lines(
-    stage: Any,
-    state: Path,
-    plan: dict[str, Any],
+    sd: StateDir,
     name: str,
     selection: Selection,
     keys: list[str] | None = None,
@@ -174,13 +172,13 @@ def _instance_lines(
     ``keys``: a static fan-out's, known before the run)."""
     if keys is None:
         try:
-            keys = [key for key, _ in stage.map_items(plan, state, name)]
+            keys = [key for key, _ in sd.map_items(name)]
         except CrucibleError:
             return []
     lines = []
-    records: dict[str, dict[str, Any]] = {}
+    records: Mapping[str, dict[str, Any]] = {}
     with contextlib.suppress(CrucibleError):
-        records = stage.load_all(state, name)
+        records = sd.load_all(name)
     for key in keys:
         record = records.get(key)
         status = None if record is None else record.get("status")
@@ -198,7 +196,7 @@ def _instance_lines(
     return lines
 
 
-def _static_keys(task: dict[str, Any], params: Any, state: Path) -> list[str] | None:
+def _static_keys(task: dict[str, Any], params: Any, sd: StateDir) -> list[str] | None:
     """A static fan-out's instance keys (a matrix, a literal or param map), or
     None when it is not one or cannot expand (the run reports why)."""
     from crucible.run.engine._matrix import FanoutFailed, expand, is_static
@@ -206,15 +204,13 @@ def _static_keys(task: dict[str, Any], params: Any, state: Path) -> list[str] | 
     if params is None or not is_static(task):
         return None
     try:
-        return [key for key, _ in expand(task, params, state)]
+        return [key for key, _ in expand(task, params, sd.state)]
     except (FanoutFailed, CrucibleError):
         return None
 
 
 def dry_run_lines(
-    stage: Any,
-    state: Path,
-    plan: dict[str, Any],
+    sd: StateDir,
     graph: TaskGraph,
     selection: Selection,
     params: Any = None,
@@ -229,23 +225,26 @@ def dry_run_lines(
         task = graph.tasks[name]
         source = task.get("map")
         if action == "run":
-            keys = _static_keys(task, params, state)
+            keys = _static_keys(task, params, sd)
             if keys:
-                lines.extend(_instance_lines(stage, state, plan, name, selection, keys))
+                lines.extend(_instance_lines(sd, name, selection, keys))
                 continue
             if keys is not None:
                 why += "; no instances"
+                if task.get("on_empty") == "skip":  # issue 32
+                    why += ': settles skipped (on_empty = "skip")'
         if action == "run" and isinstance(source, str):
             instances = []
-            if selection.reasons.get(source.rpartition(".")[0], ("",))[0] == "keep":
-                instances = _instance_lines(stage, state, plan, name, selection)
+            producer = parse_ref(source, task.get("needs", ())).producer
+            if selection.reasons.get(producer, ("",))[0] == "keep":
+                instances = _instance_lines(sd, name, selection)
             if instances:
                 lines.extend(instances)
                 continue
             why += f"; instances: one per item of {source} once it settles"
         elif action == "run" and (source is not None or task.get("matrix") is not None):
             # a listed fan-out (count, list) or a matrix: its instances are known now
-            instances = _instance_lines(stage, state, plan, name, selection)
+            instances = _instance_lines(sd, name, selection)
             if instances:
                 lines.extend(instances)
                 continue

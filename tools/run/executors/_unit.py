@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from crucible.compile._durations import MAX_WAIT_S
 from crucible.core import atomic
@@ -65,9 +65,15 @@ from crucible.run.executors._usage import (
 )
 from crucible.run.executors._workers import Channel, Inbox
 from crucible.run.session._mirror import follow_out
-
-if TYPE_CHECKING:
-    from crucible.stage import StateLayout
+from crucible.stage import (
+    PROMPT_ENV_MAX,
+    StateDir,
+    StateLayout,
+    amend_record,
+    clear_path,
+    escape_key,
+    guard_views,
+)
 
 __all__ = ["Slots", "UnitPaths", "UnitRunner"]
 
@@ -435,15 +441,17 @@ class UnitRunner:
         environ: Mapping[str, str],
         slots: Slots,
         pack_dir: str = "",
+        state_dir: StateDir | None = None,
     ) -> None:
-        from crucible import stage
-
-        self.stage = stage
         self.plan = plan
         self.tasks = tasks
         self.options = options
         self.state = options.state
-        self.layout = stage.StateLayout(options.state)
+        #: the run's records and staging: the dispatcher's (inherited by its forked
+        #: workers), or, on a Dask or SLURM node, built here over the plan the
+        #: dispatcher checked
+        self.state_dir = state_dir or StateDir(plan, options.state, checked=True)
+        self.layout = self.state_dir.layout
         self.paths = UnitPaths(options.state, self.layout)
         self.emit_cap = emit_cap
         self.environ = environ
@@ -469,6 +477,7 @@ class UnitRunner:
             keyer = Keyer(
                 plan,
                 options.state,
+                plan_view=self.state_dir.view,
                 environ=environ,
                 agent_cmd=options.agent_cmd,
                 emit_cap=emit_cap,
@@ -549,9 +558,7 @@ class UnitRunner:
         held = prepared["held"]
         try:  # staged ahead: undo what another consumer changed meanwhile
             if held is None or held:  # None (a retry): they look the units up
-                self.stage.refresh_inputs(
-                    self.plan, self.state, name, workspace, key=key, units=held
-                )
+                self.state_dir.refresh_inputs(name, workspace, key=key, units=held)
         except CrucibleError as exc:
             return {"kind": "stage_error", "message": str(exc)}
         if task.get("kind") == "agent":
@@ -645,11 +652,10 @@ class UnitRunner:
             return []
         with contextlib.suppress(CrucibleError):  # capture checks again, and says why
             return list(
-                self.stage.check_inputs(
-                    self.plan, self.state, staged.name, staged.workspace, key=staged.key,
-                    units=held,
+                self.state_dir.check_inputs(
+                    staged.name, staged.workspace, key=staged.key, units=held
                 )
-            )  # fmt: skip
+            )
         return None
 
     def _finish(
@@ -751,7 +757,7 @@ class UnitRunner:
         held: dict[int, None] = {}  # tokens without a final reply
         # this process lives from each staging to its check: it can guard the
         # consumers' links to the one stored copy (docs/spec/inputs.md 3.4)
-        self.stage.guard_views()
+        guard_views()
         try:
             self._serve(inbox, held)
         except Exception as exc:  # a bug: said for every token held, then gone
@@ -915,20 +921,17 @@ class UnitRunner:
     ) -> dict[str, Any]:
         """Workspace and staged inputs (first attempt; ``in_place``: into a
         recycled workspace), fresh output path, prompt."""
-        stage = self.stage
         staged_env: dict[str, str] | None = None
         held = None  # not staged now: the caller looks them up
         if stage_now:  # stage_inputs creates the workspace
-            staged = stage.stage_inputs(
-                self.plan, self.state, name, workspace, key=key, in_place=in_place
-            )
+            staged = self.state_dir.stage_inputs(name, workspace, key=key, in_place=in_place)
             staged_env = dict(staged.env)
             held = staged.held
-        stage.clear_path(output)  # whatever an earlier attempt left there, a tree too
+        clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None
         if task.get("kind") == "agent":
-            prompt = stage.render_prompt(self.plan, self.state, name, workspace, key=key)
+            prompt = self.state_dir.render_prompt(name, workspace, key=key)
             path = self.paths.prompt(name, key)
             data = prompt.encode("utf-8")
             # Rewritten on every attempt: atomic, not durable. A short "@tmp-"
@@ -937,7 +940,7 @@ class UnitRunner:
             prompt_file = str(path)
             # An environment value cannot hold NUL (execve would refuse the
             # whole launch); such a prompt travels only in the file.
-            if len(data) <= stage.PROMPT_ENV_MAX and "\x00" not in prompt:
+            if len(data) <= PROMPT_ENV_MAX and "\x00" not in prompt:
                 prompt_env = prompt
         return {
             "staged_env": staged_env,
@@ -971,7 +974,7 @@ class UnitRunner:
         if key is not None:
             # An environment value cannot hold NUL (execve refuses the launch):
             # such a key travels escaped, as in its paths; the index keeps it raw.
-            env["CRUCIBLE_KEY"] = key if "\x00" not in key else self.stage.escape_key(key)
+            env["CRUCIBLE_KEY"] = key if "\x00" not in key else escape_key(key)
         if self.pack_dir:
             env["CRUCIBLE_PACK_DIR"] = self.pack_dir
         env["CRUCIBLE_ATTEMPT"] = str(attempt)
@@ -1100,9 +1103,7 @@ class UnitRunner:
         # The record is built by capture, amended here in memory, and written
         # ONCE, without fsync: the dispatcher's group commit fsyncs the file
         # before any dependant starts (docs/spec/run.md, "Session log").
-        record = self.stage.capture(
-            self.plan,
-            self.state,
+        record = self.state_dir.capture(
             name,
             workspace,
             output_file=output,
@@ -1120,7 +1121,7 @@ class UnitRunner:
             record = self._apply_verdict(record, output)
         if response_problem is not None:  # an agent's stdout over RESPONSE_MAX
             note = "; ".join(n for n in (response_problem, record.get("note")) if n)
-            record = self.stage.amend_record(record, status=FAILED, note=note, retryable=False)
+            record = amend_record(record, status=FAILED, note=note, retryable=False)
         sandboxed = self._sandboxed(task)
         if record.get("status") != PASSED:
             log, tail = log_fields()
@@ -1139,7 +1140,7 @@ class UnitRunner:
             record = {**record, "sandbox": True}
         if usage is not None:  # what the attempt cost (crucible.run.executors._usage)
             record = {**record, "usage": usage}
-        wrote = self.stage.write_result_where(self.state, record, durable=self.durable_records)
+        wrote = self.state_dir.write_result_where(record, durable=self.durable_records)
         summary = {k: record.get(k) for k in ("status", "note", "retryable", "files_captured")}
         if record.get("files_captured"):
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
@@ -1152,7 +1153,7 @@ class UnitRunner:
         did it run"), against the last key recorded for it: read before this
         attempt records its own."""
         try:
-            last = self.cache.cache.last_components(name, key, self.stage.escape_key)
+            last = self.cache.cache.last_components(name, key, escape_key)
             return str(self.cache.keyer.explain(last, cache_key.components))
         except (OSError, CrucibleError, ValueError):
             return "cannot say (the cache's last key cannot be read)"
@@ -1164,6 +1165,6 @@ class UnitRunner:
         value, problem = verdict_rules.check(output)
         if problem is None:
             return record
-        return self.stage.amend_record(
+        return amend_record(
             record, status=FAILED, note=problem, retryable=False, extra={"verdict": value}
         )

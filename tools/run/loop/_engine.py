@@ -255,7 +255,7 @@ class LoopRun:
         d = self.d
         durable = self._in_place()
         for t in self.order:
-            d.stage.record_settled(d.plan, d.state, t, status=SKIPPED, note=note, durable=durable)
+            d.state_dir.record_settled(t, status=SKIPPED, note=note, durable=durable)
             self._wrote(t, None, durable)
             d.log.emit(events.task_finished(task=t, status=SKIPPED, note=note))
             d.add_units(1)
@@ -266,11 +266,11 @@ class LoopRun:
         d = self.d
         key = revision_key(n)
         for t in self.order:  # an interrupted revision reruns whole
-            if key in d.stage.load_all(d.state, t):  # only on a resume
+            if key in d.state_dir.load_all(t):  # only on a resume
                 # Its tombstone rides the next batch, even at start-up: nothing
                 # reads revision n's records before one of its new ones is
                 # durable, and each follows the tombstone in the same file.
-                d.stage.remove_result(d.state, t, key, durable=False)
+                d.state_dir.remove_result(t, key, durable=False)
                 d.wrote(t, key)
         self._write_reserved(n)
         self.current = n
@@ -376,9 +376,7 @@ class LoopRun:
             return
         status, note = decided
         durable = self._in_place()
-        d.stage.record_settled(
-            d.plan, d.state, name, status=status, note=note, key=key, durable=durable
-        )
+        d.state_dir.record_settled(name, status=status, note=note, key=key, durable=durable)
         self._wrote(name, key, durable)
         d.log.emit(events.task_finished(task=name, key=key, status=status, note=note))
         d.count_settled(status)
@@ -401,9 +399,7 @@ class LoopRun:
         key = revision_key(n)
         duration_ms = int((time.monotonic() - self.rev_started) * 1000)
         spec = self.spec
-        record = (
-            d.stage.load_result(d.state, spec.score, key) if spec.score in self.rev_status else None
-        )
+        record = d.state_dir.load_result(spec.score, key) if spec.score in self.rev_status else None
         output = record.get("output") if record is not None else None
         output = output if isinstance(output, dict) else {}
         emits = d.graph.tasks[spec.score].get("emits", {})
@@ -520,13 +516,11 @@ class LoopRun:
                     # the run fails by these tasks, and its last line says so.
                     note = f"{NO_KEPT}: no revision ran (stopped by {self.stop_reason})"
                     d.note_failed(t)
-                d.stage.record_settled(
-                    d.plan, d.state, t, status=FAILED, note=note, durable=durable
-                )
+                d.state_dir.record_settled(t, status=FAILED, note=note, durable=durable)
                 self._wrote(t, None, durable)
                 status = FAILED
             else:
-                rec = d.stage.load_result(d.state, t, revision_key(self.kept))
+                rec = d.state_dir.load_result(t, revision_key(self.kept))
                 if rec is None:  # the kept revision was kept because its units settled
                     raise InputRefused(
                         f"kept revision {self.kept} of {t!r} has no record", where=str(path)

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from crucible.core import atomic, canon, digest
-from crucible.core.contract import EMIT_CAP_DEFAULT
+from crucible.core import atomic, canon, contract, digest
 from crucible.core.errors import (
     InputRefused,
     OperationalError,
@@ -159,29 +158,10 @@ class Admission:
             self.lock = None
 
 
-def emit_cap_from(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> int:
-    """``--emit-cap``, else ``CRUCIBLE_EMIT_CAP``, else the default: stage's one
-    rule (1 to 2^53-1 bytes, so it can be recorded in ``plan_admitted``), and
-    its one message naming the source, checked before anything is written."""
-    from crucible.stage import EMIT_CAP_MAX, emit_cap_problem
-
-    if options.emit_cap is not None:
-        cap = options.emit_cap
-        where = "--emit-cap"
-        shown = repr(str(cap))
-    else:
-        text = environ.get("CRUCIBLE_EMIT_CAP")
-        if not text:
-            return EMIT_CAP_DEFAULT
-        where = "CRUCIBLE_EMIT_CAP"
-        shown = repr(text)
-        try:
-            cap = int(text)
-        except ValueError:
-            cap = 0
-    if not 1 <= cap <= EMIT_CAP_MAX:
-        raise UsageError(emit_cap_problem(shown), where=where)
-    return cap
+def emit_cap_from(options: RunOptions, environ: Mapping[str, str]) -> int:
+    """``--emit-cap``, else ``CRUCIBLE_EMIT_CAP``, else the default: the one rule
+    and message of core.contract, checked before anything is written."""
+    return contract.emit_cap_from(options.emit_cap, environ)
 
 
 def _load(path: Path) -> tuple[dict[str, Any], bytes, str, tuple[str, ...]]:
@@ -276,9 +256,7 @@ def _check_state_path(state: Path) -> None:
         raise UsageError("the state dir is not a directory", where=str(state))
 
 
-def _check_sandbox(
-    plan: dict[str, Any], options: RunOptions, environ: Mapping[str, str]
-) -> None:
+def _check_sandbox(plan: dict[str, Any], options: RunOptions, environ: Mapping[str, str]) -> None:
     """A sandboxed run where neither Landlock nor bubblewrap can be used is
     refused before anything is written: never run unsandboxed silently."""
     if options.dry_run or not (options.sandbox or any(t.get("sandbox") for t in plan["tasks"])):

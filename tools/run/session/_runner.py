@@ -20,6 +20,7 @@ from crucible.run.session._admit import Admission, admit
 from crucible.run.session._log import read_events
 from crucible.run.session._outputs import finish_results
 from crucible.run.session._session import Session, copy_outputs_file
+from crucible.stage import StateDir
 
 __all__ = ["run_plan"]
 
@@ -58,20 +59,22 @@ def _run_admitted(
     on_progress: Callable[[Counts], None] | None,
     on_warning: Warn | None,
 ) -> RunOutcome:
-    """The steps of a run, once admitted."""
-    _prepare(admission, options)
+    """The steps of a run, once admitted. The plan's view (in its state dir's
+    records and staging) and its task graph are built here, once per run, and
+    handed to every step that needs them."""
+    state_dir = _prepare(admission, options)
     graph = build_graph(admission.plan)
-    earlier = _earlier_events(admission, options, on_warning)
-    selection = _select(admission, options, graph, earlier)
+    earlier = _earlier_events(admission, options, state_dir, on_warning)
+    selection = _select(admission, options, state_dir, graph, earlier)
     options = _prepare_cache(options, on_warning)
     if options.dry_run:
-        return _dry_run_outcome(admission, options, graph, selection, env, on_warning)
+        return _dry_run_outcome(admission, options, state_dir, graph, selection, env, on_warning)
     if options.resume and not selection.to_run(graph):
         _finish_freeing(admission.plan, options, graph, selection)
         return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
     with Session(
-        admission, options, graph=graph, selection=selection, earlier=earlier, environ=env,
-        on_progress=on_progress, on_warning=on_warning,
+        admission, options, state_dir=state_dir, graph=graph, selection=selection,
+        earlier=earlier, environ=env, on_progress=on_progress, on_warning=on_warning,
     ) as session:  # fmt: skip
         outcome = session.run()
     if outcome.status == "interrupted":
@@ -102,29 +105,27 @@ def _finish_freeing(
     ).start()  # fmt: skip
 
 
-def _prepare(admission: Admission, options: RunOptions) -> None:
-    """Stage's view of the plan, and the checks that need it before anything runs."""
-    from crucible import stage
-
+def _prepare(admission: Admission, options: RunOptions) -> StateDir:
+    """The state dir's records and staging over the plan's view (built once, before
+    any worker forks: they inherit it), and the checks needed before anything runs."""
     # The compiler checked the plan (a plan file's normal form, or the manifest it
     # compiled): stage's view of it is built without checking each task again.
-    stage.prepare_plan(admission.plan, checked=True)
+    state_dir = StateDir(admission.plan, options.state, checked=True)
     if options.enforce_memory:  # before anything runs: one line, exit 2
         from crucible.run.executors._usage import data_limit_problem
 
         problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
         if problem is not None:
             raise UsageError(problem)
+    return state_dir
 
 
 def _earlier_events(
-    admission: Admission, options: RunOptions, on_warning: Warn | None
+    admission: Admission, options: RunOptions, state_dir: StateDir, on_warning: Warn | None
 ) -> list[dict[str, Any]]:
     """The state's session log so far (none for a fresh run); a resume first
     stops what a killed run left running."""
-    from crucible import stage
-
-    log_path = stage.StateLayout(options.state).session_path
+    log_path = state_dir.layout.session_path
     earlier = [] if admission.unclaimed else read_events(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
         from crucible.run.session._leftovers import stop_leftovers
@@ -135,14 +136,15 @@ def _earlier_events(
 
 
 def _select(
-    admission: Admission, options: RunOptions, graph: TaskGraph, earlier: list[dict[str, Any]]
+    admission: Admission,
+    options: RunOptions,
+    state_dir: StateDir,
+    graph: TaskGraph,
+    earlier: list[dict[str, Any]],
 ) -> Selection:
     """What this session runs: --target, --retry-failed, and what a resume keeps."""
-    from crucible import stage
-
     return select(
-        stage,
-        options.state,
+        state_dir,
         graph,
         retry_failed=options.retry_failed,
         targets=options.targets,
@@ -171,6 +173,7 @@ def _prepare_cache(options: RunOptions, on_warning: Warn | None) -> RunOptions:
 def _dry_run_outcome(
     admission: Admission,
     options: RunOptions,
+    state_dir: StateDir,
     graph: TaskGraph,
     selection: Selection,
     env: Mapping[str, str],
@@ -180,7 +183,7 @@ def _dry_run_outcome(
     with ExitStack() as dry_stack:
         if options.reuse:  # what --reuse would rerun (nothing written)
             options = _reuse_for_dry_run(dry_stack, options, on_warning)
-        lines = _dry_run(admission, options, graph, selection, env, on_warning)
+        lines = _dry_run(admission, options, state_dir, graph, selection, env, on_warning)
     return RunOutcome("dry-run", 0, {}, admission.digest, 0.0, plan_lines=tuple(lines))
 
 
@@ -203,19 +206,20 @@ def _resume_nothing(
 def _dry_run(
     admission: Admission,
     options: RunOptions,
+    state_dir: StateDir,
     graph: TaskGraph,
     selection: Selection,
     env: Mapping[str, str],
     on_warning: Callable[[str], None] | None,
 ) -> list[dict[str, Any]]:
-    from crucible import stage
-
-    lines = dry_run_lines(stage, options.state, admission.plan, graph, selection, admission.params)
+    lines = dry_run_lines(state_dir, graph, selection, admission.params)
     if options.cache is not None:  # hit, or miss and why (crucible.run.cache._explain)
+        # lazy: only a dry run with --cache explains its hits
         from crucible.run.cache._explain import explain_lines
 
         lines = explain_lines(
             lines,
+            state_dir=state_dir,
             admission=admission,
             options=options,
             environ=env,

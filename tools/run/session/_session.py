@@ -16,11 +16,12 @@ import sys
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, OperationalError, UsageError
 from crucible.run._options import RunOptions
+from crucible.run.cache._reuse import environ_record, note_environ
 from crucible.run.engine._dispatcher import Dispatcher
 from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._selection import Selection
@@ -30,6 +31,9 @@ from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
 from crucible.run.session._outputs import finish_results
+
+if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.stage import StateDir
 
 __all__ = ["Session", "copy_outputs_file"]
 
@@ -42,6 +46,7 @@ class Session:
         admission: Admission,
         options: RunOptions,
         *,
+        state_dir: StateDir,
         graph: TaskGraph,
         selection: Selection,
         earlier: list[dict[str, Any]],
@@ -51,6 +56,7 @@ class Session:
     ) -> None:
         self.admission = admission
         self.options = options
+        self.state_dir = state_dir
         self.graph = graph
         self.selection = selection
         self.earlier = earlier
@@ -69,8 +75,6 @@ class Session:
         return self
 
     def _open(self, stack: ExitStack) -> None:
-        from crucible import stage
-        from crucible.run.cache._reuse import environ_record, note_environ
 
         admission, options = self.admission, self.options
         mirror = _open_mirror(stack, options.events)
@@ -85,14 +89,16 @@ class Session:
             self.options = options = _reuse_previous(
                 stack, options, admission.previous, self.on_warning
             )
-        selection_apply(stage, options.state, self.graph, self.selection)
-        log_path = stage.StateLayout(options.state).session_path
+        selection_apply(self.state_dir, self.graph, self.selection)
+        log_path = self.state_dir.layout.session_path
         self.log = log = SessionLog(log_path, session, mirror, self.on_warning)
         stack.callback(log.close)
         self.dispatcher = Dispatcher(
             admission,
             options,
             log,
+            state_dir=self.state_dir,
+            graph=self.graph,
             environ=self.environ,
             on_progress=self.on_progress,
             selection=self.selection,

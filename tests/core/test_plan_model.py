@@ -1,0 +1,313 @@
+"""The typed plan model (crucible.core.plan): every golden plan round-trips byte for
+byte, defaults live in the model, unknown members are refused where they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crucible.core import canon
+from crucible.core.errors import InputRefused, UnsupportedVersion
+from crucible.core.plan import (
+    PLAN_MEMBERS,
+    TASK_MEMBERS,
+    WORKFLOW_MEMBERS,
+    Axis,
+    Input,
+    ItemsSource,
+    Matrix,
+    ParamSource,
+    Plan,
+    PlanShapeError,
+    Ref,
+    Resources,
+    Retry,
+    SequenceSource,
+    Task,
+    split_ref,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = sorted(
+    p
+    for p in REPO.glob("**/golden*.json")
+    if ".venv" not in p.parts and b'"tasks":' in p.read_bytes()[:200_000]
+)
+EVERY = REPO / "tests/compile/packs/every-member/golden.plan.json"
+
+
+def test_there_are_golden_plans() -> None:
+    assert len(GOLDEN) >= 19 and EVERY in GOLDEN
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[str(p.relative_to(REPO)) for p in GOLDEN])
+@pytest.mark.parametrize("checked", [False, True], ids=["strict", "checked"])
+def test_a_golden_plan_round_trips_byte_for_byte(path: Path, checked: bool) -> None:
+    data = path.read_bytes()
+    plan = Plan.from_json(canon.loads(data), checked=checked)
+    assert canon.dumps(plan.to_json()) == data
+    # the model is a value: reading its own JSON gives it back
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_the_every_member_pack_holds_every_member() -> None:
+    """So the round trip above covers each member at least once; a key added to the
+    model without adding it to that pack fails here."""
+    raw = canon.loads(EVERY.read_bytes())
+    task_keys = {k for t in raw["tasks"] for k in t}
+    assert task_keys == set(TASK_MEMBERS)
+    assert set(raw["workflow"]) == set(WORKFLOW_MEMBERS) - {"resolved_from"}
+    assert set(raw) == set(PLAN_MEMBERS)
+    kinds = {type(Task.from_json(t, "", 3).map) for t in raw["tasks"]}
+    assert {Ref, ItemsSource, ParamSource, SequenceSource} <= kinds
+
+
+def test_the_member_tables_are_compiles() -> None:
+    from crucible.compile._editions import PLAN_TASK_KEYS
+
+    for version, keys in PLAN_TASK_KEYS.items():
+        assert keys == {k for k, since in TASK_MEMBERS.items() if since <= version}, version
+
+
+def test_defaults_are_applied_by_the_model() -> None:
+    plan = Plan.from_json(
+        {"version": 1, "tasks": [{"name": "a", "kind": "command", "run": "true"}]}
+    )
+    t = plan.task("a")
+    assert plan.edition == 1 and plan.workflow.name == "" and plan.loop is None
+    assert (t.needs, t.join, dict(t.emits), t.emits_files, t.retries, t.epilogue) == (
+        (),
+        "all",
+        {},
+        (),
+        0,
+        False,
+    )
+    assert t.timeout is None and t.retry is None and t.map is None and t.matrix is None
+    assert t.on_failure == "fail" and not t.tolerated and t.caches and t.params is None
+    assert not t.fans_out and not t.listed and t.map_ref is None
+
+
+def test_what_the_members_mean() -> None:
+    t = Task.from_json(
+        {
+            "name": "t",
+            "kind": "command",
+            "run": ["x"],
+            "map": {"sequence": {"count": 3, "start": 2, "step": -2}},
+            "cache": False,
+            "on_failure": "continue",
+            "resources": {"cpus": 2},
+        },
+        "$.tasks[0]",
+        3,
+    )
+    assert t.run == ("x",) and t.fans_out and t.listed and not t.caches and t.tolerated
+    assert isinstance(t.map, SequenceSource) and t.map.values() == [2, 0, -2]
+    assert t.resources == Resources(cpus=2) and t.resources.amounts() == {"cpus": 2}
+    keyed = Task.from_json(
+        {"name": "k", "kind": "command", "run": "x", "map": "p.f", "key": "id"}, "", 3
+    )
+    assert keyed.map_ref == Ref("p", "f") and keyed.listed
+    assert not Task.from_json({"name": "m", "kind": "command", "map": "p.f"}, "", 1).listed
+
+
+def test_plan_lookups() -> None:
+    plan = Plan.from_json(canon.loads(EVERY.read_bytes()))
+    assert plan.order[0] == "seed" and plan.task("sum").join == "settled"
+    with pytest.raises(InputRefused, match="'nope' is not in the plan"):
+        plan.task("nope")
+    assert plan.workflow.outputs["total"] == Ref("sum", "total")
+    assert plan.workflow.publish["reports"].split() == (("sum", "report/*.md"),)
+    assert plan.workflow.defaults()["names"] == ["a", "b"]
+    assert "token" not in plan.workflow.defaults()
+    assert plan.task("sum").inputs["parts"] == Input(Ref("each", "part"), "integer")
+
+
+@pytest.mark.parametrize(
+    ("plan", "path", "message"),
+    [
+        ({"version": 1, "tasks": [], "extra": 1}, "$.extra", "unknown member 'extra'"),
+        ({"version": 2, "tasks": [], "loop": {}}, "$.loop", "unknown member 'loop'"),
+        (
+            {"version": 1, "tasks": [{"name": "a", "kind": "command", "when": "x"}]},
+            "$.tasks[0].when",
+            "unknown member 'when' in a version 1 plan task",
+        ),
+        (
+            {"version": 3, "edition": 4, "tasks": [{"name": "a", "kind": "job"}]},
+            "$.tasks[0].kind",
+            "unknown kind 'job'",
+        ),
+        (
+            {"version": 3, "edition": 4, "tasks": [{"name": "a", "kind": "agent", "timeout": "1"}]},
+            "$.tasks[0].timeout",
+            "timeout must be a number",
+        ),
+        (
+            {"version": 3, "edition": 4, "tasks": [{"name": "a", "kind": "command", "map": "x"}]},
+            "$.tasks[0].map",
+            r"expected 'producer\.field', got 'x'",
+        ),
+        (
+            {
+                "version": 3,
+                "edition": 4,
+                "tasks": [{"name": "a", "kind": "command", "retry": {"limit": 1, "tries": 2}}],
+            },
+            "$.tasks[0].retry.tries",
+            "unknown member 'tries' in retry",
+        ),
+        (
+            {
+                "version": 2,
+                "edition": 3,
+                "tasks": [
+                    {
+                        "name": "a",
+                        "kind": "command",
+                        "inputs": {"x": {"from": "p.f", "producer": "q", "field": "f"}},
+                    }
+                ],
+            },
+            "$.tasks[0].inputs.x",
+            "producer/field disagree",
+        ),
+        ({"version": 1, "workflow": {"name": 3}, "tasks": []}, "$.workflow.name", "a string"),
+    ],
+)
+def test_a_bad_member_is_refused_at_its_path(plan: Any, path: str, message: str) -> None:
+    with pytest.raises(PlanShapeError, match=message) as info:
+        Plan.from_json(plan)
+    assert info.value.location.path == path and info.value.location.file == "plan"
+    assert info.value.exit_code == 1
+
+
+@pytest.mark.parametrize("bad", [{"version": 9, "tasks": []}, {"version": 1, "edition": 7}])
+def test_an_unsupported_version_or_edition(bad: Any) -> None:
+    with pytest.raises(UnsupportedVersion):
+        Plan.from_json(bad)
+
+
+# -- Ref: one parser -----------------------------------------------------------------
+
+_FIELD = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True)
+
+
+@given(producer=st.text(min_size=1).filter(lambda s: not s.endswith(".")), field=_FIELD)
+def test_a_ref_round_trips(producer: str, field: str) -> None:
+    ref = Ref(producer, field)
+    assert Ref.parse(str(ref)) == ref and split_ref(ref.to_json()) == (producer, field)
+
+
+@pytest.mark.parametrize("text", ["", "a", ".f", "a.", 3, None])
+def test_a_bad_ref_is_refused(text: object) -> None:
+    assert not isinstance(text, str) or split_ref(text) is None
+    with pytest.raises(PlanShapeError, match=r"expected 'producer\.field'"):
+        Ref.parse(text, "$.x")
+
+
+# -- hypothesis: any task the model can hold round-trips -----------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53) + 1, 2**53 - 1) | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+_NAMES = st.lists(_FIELD, max_size=3, unique=True).map(tuple)
+_NUM = st.integers(1, 1000) | st.floats(0.001, 1e6, allow_nan=False, allow_infinity=False)
+_SOURCE = st.one_of(
+    st.builds(Ref, _FIELD, _FIELD),
+    st.builds(ItemsSource, st.lists(_JSON, max_size=3)),
+    st.builds(ParamSource, _FIELD),
+    st.builds(SequenceSource, st.integers(0, 9), st.integers(-9, 9), st.sampled_from([-2, 1, 3])),
+)
+
+
+@st.composite
+def _tasks(draw: st.DrawFn) -> Task:
+    kind: Literal["command", "evaluate", "agent"] = draw(
+        st.sampled_from(["command", "evaluate", "agent"])
+    )
+    fan = draw(st.sampled_from(["none", "map", "matrix"]))
+    return Task(
+        name=draw(_FIELD),
+        kind=kind,
+        needs=draw(_NAMES),
+        join=draw(st.sampled_from(["all", "settled"])),
+        emits=draw(
+            st.dictionaries(_FIELD, st.sampled_from(["string", "any", "array"]), max_size=3)
+        ),
+        emits_files=draw(_NAMES),
+        retries=draw(st.integers(0, 1000)),
+        epilogue=draw(st.booleans()),
+        run=None if kind == "agent" else draw(st.text(min_size=1) | _NAMES.filter(bool)),
+        prompt=draw(st.text(min_size=1)) if kind == "agent" else None,
+        map=draw(_SOURCE) if fan == "map" else None,
+        matrix=draw(
+            st.builds(
+                Matrix,
+                st.lists(st.builds(Axis, _FIELD, _SOURCE), min_size=1, max_size=2).map(tuple),
+                st.lists(st.dictionaries(_FIELD, _JSON, min_size=1, max_size=2), max_size=2).map(
+                    tuple
+                ),
+                st.lists(st.dictionaries(_FIELD, _JSON, min_size=1, max_size=2), max_size=2).map(
+                    tuple
+                ),
+            )
+        )
+        if fan == "matrix"
+        else None,
+        timeout=draw(st.none() | _NUM),
+        description=draw(st.none() | st.text(max_size=5)),
+        env=draw(_NAMES),
+        inputs=draw(
+            st.dictionaries(
+                _FIELD, st.builds(Input, st.builds(Ref, _FIELD, _FIELD), st.just("any")), max_size=2
+            )
+        ),
+        when=draw(st.none() | st.text(min_size=1, max_size=5)),
+        on_failure=draw(st.sampled_from(["fail", "continue"])),
+        allow_exit=draw(st.lists(st.integers(1, 255), max_size=3, unique=True).map(tuple)),
+        retry=draw(
+            st.none()
+            | st.builds(
+                Retry,
+                st.integers(0, 1000),
+                _NUM,
+                _NUM,
+                _NUM,
+                st.booleans(),
+                st.none() | st.lists(st.integers(1, 255), min_size=1, max_size=3).map(tuple),
+            )
+        ),
+        deadline=draw(st.none() | _NUM),
+        key=draw(st.none() | _FIELD),
+        parallelism=draw(st.none() | st.integers(1, 100_000)),
+        cache=draw(st.none() | st.booleans()),
+        params=draw(st.none() | _NAMES),
+        resources=draw(
+            st.none() | st.builds(Resources, *(st.none() | st.integers(1, 2**40) for _ in range(3)))
+        ),
+        reads=draw(_NAMES),
+        sandbox=draw(st.booleans()),
+        network=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(tasks=st.lists(_tasks(), min_size=1, max_size=3))
+def test_any_task_round_trips_through_canonical_bytes(tasks: list[Task]) -> None:
+    plan = Plan(
+        3, 4, Plan.from_json({"version": 3, "edition": 4, "tasks": []}).workflow, tuple(tasks)
+    )
+    data = canon.dumps(plan.to_json())
+    again = Plan.from_json(canon.loads(data))
+    assert again == plan and canon.dumps(again.to_json()) == data
+    assert Plan.from_json(canon.loads(data), checked=True) == plan

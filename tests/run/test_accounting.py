@@ -1,0 +1,287 @@
+"""Accounting while running (issue 28 item 2, docs/spec/export.md §4–§6), end to end
+through real ``crucible-dispatch`` subprocesses: the run leaves an operation log
+``crucible-prove`` rebuilds and ``crucible-verify`` reads; a refusal at exactly
+``max_bytes + 1`` and an admission at exactly ``max_bytes``; opposite completion
+orders give byte-identical logs and proofs; SIGTERM, ``--resume``, still verifies;
+a refused selection; a bad ``--actor``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BIN = Path(sys.executable).parent
+DISPATCH = str(BIN / "crucible-dispatch")
+PROVE = str(BIN / "crucible-prove")
+VERIFY = str(BIN / "crucible-verify")
+
+ORGS = '[{name = "acme"}, {name = "globex"}, {name = "initech"}]'
+
+PACK = """edition = 4
+[workflow]
+name = "org-people"
+[workflow.params.orgs]
+type = "array"
+default = ORGS
+[workflow.limits]
+max_bytes = MAX_BYTES
+max_instances = MAX_INSTANCES
+[[workflow.task]]
+name = "org"
+emits = { orgs = "array" }
+run = '''
+python3 -c 'import json,os; p=json.load(open(os.path.join(os.environ["CRUCIBLE_INPUTS_DIR"],"params"))); json.dump({"orgs": p["orgs"]}, open(os.environ["CRUCIBLE_OUTPUT"],"w"))'
+'''
+[[workflow.task]]
+name = "people"
+needs = ["org"]
+map = "org.orgs"
+emits = { person = "object" }
+env = ["ACC_ORDER", "ACC_GATE"]
+run = '''
+python3 - <<'PY'
+import json, os, time
+d = os.environ["CRUCIBLE_INPUTS_DIR"]
+it = json.load(open(os.path.join(d, "item")))
+order = os.environ.get("ACC_ORDER", "")
+names = ["acme", "globex", "initech"]
+if order:
+    i = names.index(it["name"])
+    time.sleep(0.4 * (i if order == "asc" else len(names) - 1 - i))
+gate = os.environ.get("ACC_GATE")
+while gate and not os.path.exists(gate):
+    time.sleep(0.05)
+json.dump({"person": {"org": it["name"]}}, open(os.environ["CRUCIBLE_OUTPUT"], "w"))
+PY
+'''
+"""
+
+EPOCH = "1700000000"
+
+
+def write_pack(tmp: Path, max_bytes: int = 1 << 20, max_instances: int = 64) -> Path:
+    pack = tmp / "pack.toml"
+    pack.write_text(
+        PACK.replace("ORGS", ORGS)
+        .replace("MAX_BYTES", str(max_bytes))
+        .replace("MAX_INSTANCES", str(max_instances))
+    )
+    return pack
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("ACC_")}
+    e["SOURCE_DATE_EPOCH"] = EPOCH
+    e.update(extra)
+    return e
+
+
+def dispatch(pack: Path, state: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), "--actor", "tester", *args],
+        capture_output=True,
+        text=True,
+        env=env(**extra),
+        check=False,
+        timeout=120,
+    )
+
+
+def prove(state: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            PROVE,
+            "--workflow",
+            str(state / "workflow.json"),
+            "--operations",
+            str(state / "operations.ndjson"),
+            "--artifacts",
+            str(state / "proof" / "artifacts"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def verify(bundle: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([VERIFY, str(bundle)], capture_output=True, text=True, check=False)
+
+
+def ops(state: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (state / "operations.ndjson").read_text().splitlines()]
+
+
+def usage(state: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((state / "proof" / "usage.json").read_text())
+    return data
+
+
+def records(state: Path, task: str) -> dict[str, dict[str, Any]]:
+    path = state / "results" / f"{task}.jsonl"
+    out: dict[str, dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if "key" in rec and "status" in rec:
+            out[rec["key"]] = rec
+    return out
+
+
+def test_a_run_leaves_a_log_prove_rebuilds_and_verify_reads(tmp_path: Path) -> None:
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    proc = dispatch(pack, state)
+    assert proc.returncode == 0, proc.stderr
+    kinds = [o["op"] for o in ops(state)]
+    assert kinds == ["root", "group", "observe", "select", "group", *["observe"] * 3]
+    select = ops(state)[3]
+    # the prospective child ids are the instance keys exactly as staged
+    assert select["childIds"] == ["people.0", "people.1", "people.2"]
+    assert select["review"] == {"actor": "tester", "at": "2023-11-14T22:13:20Z"}
+    assert json.loads((state / "workflow.json").read_text())["workflowVersion"] == 2
+    bundle = tmp_path / "bundle"
+    made = prove(state, bundle)
+    assert made.returncode == 0, made.stderr
+    read = verify(bundle)
+    assert read.returncode == 0, read.stdout + read.stderr
+    used = usage(state)["used"]
+    assert used["instances"] == 4 and used["records"] == 6
+    # the run's own measure is the bundle's (the partial label is never charged)
+    files = [p for p in bundle.rglob("*") if p.is_file() and p.name != "partial.json"]
+    assert used["files"] == len(files)
+    assert used["bytes"] == sum(p.stat().st_size for p in files)
+
+
+def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    # a bound of the same number of digits: the limit is part of workflow.json's bytes
+    assert dispatch(write_pack(probe_dir(probe), max_bytes=99999), probe / "st").returncode == 0
+    exact = usage(probe / "st")["used"]["bytes"]
+
+    at = tmp_path / "at"
+    proc = dispatch(write_pack(probe_dir(at), max_bytes=exact), at / "st")
+    assert proc.returncode == 0, proc.stderr
+    assert usage(at / "st")["used"]["bytes"] == exact
+
+    over = tmp_path / "over"
+    proc = dispatch(write_pack(probe_dir(over), max_bytes=exact - 1), over / "st")
+    assert proc.returncode == 1
+    recs = records(over / "st", "people")
+    assert recs["2"]["status"] == "failed"
+    assert recs["2"]["note"] == "refused: would exceed max_bytes by 1"
+    assert recs["0"]["status"] == "passed"
+    assert usage(over / "st")["refusals"] == [
+        {"task": "people", "key": "2", "note": "refused: would exceed max_bytes by 1"}
+    ]
+    last = ops(over / "st")[-1]
+    assert last["instance"] == "people.2" and last["state"] == "evaluated"
+    bundle = tmp_path / "bundle"
+    assert prove(over / "st", bundle).returncode == 0
+    assert verify(bundle).returncode == 0
+
+
+def probe_dir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def test_opposite_completion_orders_give_identical_bytes(tmp_path: Path) -> None:
+    outs = []
+    for order in ("asc", "desc"):
+        root = probe_dir(tmp_path / order)
+        proc = dispatch(write_pack(root), root / "st", "-j", "3", ACC_ORDER=order)
+        assert proc.returncode == 0, proc.stderr
+        bundle = root / "bundle"
+        assert prove(root / "st", bundle).returncode == 0
+        outs.append(
+            (
+                (root / "st" / "operations.ndjson").read_bytes(),
+                (bundle / "admission-proof.json").read_bytes(),
+                (bundle / "execution.json").read_bytes(),
+            )
+        )
+    assert outs[0] == outs[1]
+
+
+def test_a_refused_selection_starts_no_child(tmp_path: Path) -> None:
+    state = tmp_path / "st"
+    proc = dispatch(write_pack(tmp_path, max_instances=3), state)
+    assert proc.returncode == 1
+    recs = records(state, "people")
+    assert {r["note"] for r in recs.values()} == {"refused: would exceed max_instances by 1"}
+    assert not (state / "work" / "people").exists() or not any(
+        (state / "work" / "people").iterdir()
+    )
+    select = [o for o in ops(state) if o["op"] == "select"]
+    assert len(select) == 1 and [o["op"] for o in ops(state)][-1] == "select"
+    bundle = tmp_path / "bundle"
+    assert prove(state, bundle).returncode == 0
+    assert verify(bundle).returncode == 0
+    assert json.loads((bundle / "selections" / "org" / "1.json").read_text())["refusal"] == (
+        "limit-exceeded"
+    )
+
+
+def test_sigterm_then_resume_still_verifies(tmp_path: Path) -> None:
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [DISPATCH, str(pack), "--state", str(state), "--actor", "tester", "-j", "3"],
+        env=env(ACC_GATE=str(gate)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        log = state / "operations.ndjson"
+        while time.monotonic() < deadline:
+            if log.is_file() and b'"op":"select"' in log.read_bytes():
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)  # the children have started and wait at the gate
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert [o["op"] for o in ops(state)][-1] == "recover"
+    gate.touch()
+    resumed = dispatch(pack, state, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    kinds = [o["op"] for o in ops(state)]
+    assert kinds.count("retry") == 3
+    assert all(
+        o["actor"] == "tester" and o["at"] == "2023-11-14T22:13:20Z"
+        for o in ops(state)
+        if o["op"] == "retry"
+    )
+    bundle = tmp_path / "bundle"
+    made = prove(state, bundle)
+    assert made.returncode == 0, made.stderr
+    assert verify(bundle).returncode == 0
+
+
+@pytest.mark.parametrize("actor", ["a\x01b", "tab\there", ""])
+def test_a_bad_actor_is_one_line_exit_2_and_nothing_written(tmp_path: Path, actor: str) -> None:
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    proc = subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), "--actor", actor],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--actor" in proc.stderr
+    assert not state.exists()

@@ -1,0 +1,123 @@
+"""One typed stage API per run (issue 31 item 4): the run builds stage's view of
+its plan once (in its :class:`crucible.stage.StateDir`) and its task graph once,
+and hands both to every step; no forked worker builds the view again, and the
+module-level view cache (for callers that hand stage a plan's JSON object) is
+never filled by a run."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crucible.core.errors import InputRefused
+from crucible.stage import StateDir, load_result, record_settled
+from crucible.stage import _plan as stage_plan
+from tests.run.dispatchtests import Pack, result, run
+
+FANOUT = """
+[[workflow.task]]
+name = "src"
+emits = { items = "array" }
+run = '''printf '{"items": ["a", "b", "c"]}' > "$CRUCIBLE_OUTPUT"'''
+
+[[workflow.task]]
+name = "each"
+needs = ["src"]
+map = "src.items"
+emits = { up = "string" }
+run = '''printf '{"up": "%s"}' "$CRUCIBLE_KEY" > "$CRUCIBLE_OUTPUT"'''
+
+[[workflow.task]]
+name = "fold"
+needs = ["each"]
+inputs = { ups = "each.up" }
+run = '''printf '{}' > "$CRUCIBLE_OUTPUT"'''
+"""
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str, log: Path) -> None:
+    """Every loaded crucible module's ``name`` appends a line to ``log`` per call,
+    in this process and in the workers it forks (O_APPEND: whole lines)."""
+    for module in [m for n, m in sys.modules.items() if n.startswith("crucible.")]:
+        real = getattr(module, name, None)
+        if not callable(real) or getattr(real, "__module__", "").startswith("tests."):
+            continue
+
+        def counted(*args: Any, _real: Callable[..., Any] = real, **kw: Any) -> Any:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{os.getpid()}\n".encode())
+            finally:
+                os.close(fd)
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(module, name, counted)
+
+
+def _calls(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["plain", "cache"])
+def test_a_run_builds_the_plan_view_and_the_graph_once(
+    pack: Pack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    import crucible.run.session._runner  # noqa: F401  (loaded, so its names are patched)
+
+    plan = pack(FANOUT)
+    cache = tmp_path / "cache" if cached else None
+    monkeypatch.setattr(stage_plan, "_cache", None)
+    views, graphs = tmp_path / "views", tmp_path / "graphs"
+    _count_calls(monkeypatch, "build_view", views)
+    _count_calls(monkeypatch, "build_graph", graphs)
+    for state in ("s1", "s2"):  # the second run hits the cache (with --cache)
+        before_views, before_graphs = len(_calls(views)), len(_calls(graphs))
+        outcome = run(plan, tmp_path / state, jobs=2, cache=cache)
+        assert outcome.exit_code == 0  # type: ignore[attr-defined]
+        assert result(tmp_path / state, "fold") is not None
+        assert _calls(views)[before_views:] == [os.getpid()]  # once, here: no worker built one
+        assert _calls(graphs)[before_graphs:] == [os.getpid()]
+    assert stage_plan._cache is None  # no run filled the module-level cache
+    if cached:
+        assert load_result(tmp_path / "s2", "src", None)["cached"] is True  # type: ignore[index]
+
+
+def _plan() -> dict[str, Any]:
+    return {
+        "version": 2,
+        "edition": 3,
+        "tasks": [
+            {"name": "a", "kind": "command", "run": "true", "emits": {"x": "integer"}},
+            {"name": "b", "kind": "command", "run": "true", "needs": ["a"]},
+        ],
+    }
+
+
+def test_a_state_dir_reads_and_writes_what_the_module_functions_do(tmp_path: Path) -> None:
+    plan = _plan()
+    sd = StateDir(plan, tmp_path)
+    assert sd.view.plan is plan and sd.view.order == ("a", "b")
+    assert sd.layout.state == tmp_path
+    sd.record_settled("a", status="skipped", note="why")
+    assert sd.load_result("a") == load_result(tmp_path, "a")
+    record_settled(plan, tmp_path, "b", status="failed", note="no")
+    assert sd.load_result("b") is not None and sd.load_result("b")["status"] == "failed"  # type: ignore[index]
+    sd.remove_result("b")
+    assert load_result(tmp_path, "b") is None
+    other = sd.over(tmp_path / "other")
+    assert other.view is sd.view and other.state == tmp_path / "other"
+    assert other.load_result("a") is None
+    with pytest.raises(InputRefused, match="not in the plan"):
+        sd.record_settled("zz", status="skipped", note="")
+
+
+def test_a_state_dir_refuses_a_plan_stage_cannot_read(tmp_path: Path) -> None:
+    plan = _plan()
+    plan["tasks"][1]["needs"] = ["nope"]
+    with pytest.raises(InputRefused, match="unknown task 'nope'"):
+        StateDir(plan, tmp_path)

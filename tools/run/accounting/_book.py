@@ -1,0 +1,529 @@
+"""The accounting of one accounted run (docs/spec/export.md §5): every decision is an
+operation line, applied to the proof writer's engine as the run takes it, so the
+run and its proof agree by construction.
+
+The dispatcher calls, on its scheduling thread: :meth:`Accounting.reserve` when a
+mapped task expands (the selection and its group), :meth:`Accounting.may_start`
+before a unit starts (a retry epoch for an instance that already had an attempt),
+:meth:`Accounting.observed` when an attempt settles (the unit settles when its
+observation is applied, in the epoch's ``starts`` order), and
+:meth:`Accounting.close` at the end (``recover`` for an open epoch, usage.json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from crucible.core import atomic, canon, digest, fdio
+from crucible.core.errors import Location, OperationalError
+from crucible.proof.writer._engine import Decision, Engine, EngineSettings, Forbidden, Unrecordable
+from crucible.proof.writer._model import Workflow, parse_workflow
+from crucible.proof.writer._ops import iter_operations, parse_operation
+from crucible.run.accounting import _forms as forms
+
+if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.stage import StateDir
+
+__all__ = ["Accounting", "open_accounting"]
+
+Settle = Callable[[str | None], None]
+
+
+class _PayloadSink:
+    """The engine's sink at run time: the bundle is written by ``crucible-prove`` from
+    the operation log, so only the payloads a projection reads back are kept."""
+
+    kept: dict[str, bytes] | None = None
+
+    def __init__(self) -> None:
+        self.payloads: dict[str, bytes] = {}
+
+    def write(self, files: dict[str, bytes]) -> None:
+        for rel, data in files.items():
+            if rel.endswith(".payload.json"):
+                self.payloads[rel] = data
+
+    def read(self, rel: str) -> bytes:
+        return self.payloads[rel]
+
+
+class _OperationLog:
+    """``STATE/operations.ndjson``, appended line by line (export.md §6)."""
+
+    def __init__(self, path: Path, lines: int) -> None:
+        self.path = path
+        self.lines = lines
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise OperationalError(f"cannot write {path}: {exc.strerror}") from None
+
+    def append(self, line: bytes) -> None:
+        try:
+            fdio.write_all(self.fd, line)
+        except OSError as exc:
+            raise OperationalError(f"cannot write {self.path}: {exc.strerror}") from None
+        self.lines += 1
+
+    def sync(self) -> None:
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:
+            raise OperationalError(f"cannot write {self.path}: {exc.strerror}") from None
+
+    def close(self) -> None:
+        try:
+            self.sync()
+        finally:
+            os.close(self.fd)
+
+
+def workflow_document(plan: dict[str, Any]) -> bytes:
+    """``STATE/workflow.json``: the record the plan carries (export.md §3)."""
+    from crucible.compile._accounted import camel_limits  # the record's spelling of limits
+
+    wf = plan["workflow"]
+    return canon.dumps(
+        {
+            "workflowVersion": 2,
+            "name": wf["name"],
+            "limits": camel_limits(wf["limits"]),
+            "stages": wf["record"],
+        }
+    )
+
+
+class Accounting:
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        state_dir: StateDir,
+        wf: Workflow,
+        actor: str,
+        environ: Any,
+    ) -> None:
+        self.plan = plan
+        self.state = state = state_dir.state
+        self.state_dir = state_dir
+        self.wf = wf
+        self.actor = actor
+        self.environ = environ
+        self.paths = forms.StatePaths(state)
+        self.engine = Engine(
+            wf,
+            self.paths.artifacts,
+            _PayloadSink(),  # type: ignore[arg-type]
+            None,
+            EngineSettings(ops_name=str(self.paths.operations), keep_decisions=True),
+        )
+        self.log: _OperationLog | None = None
+        #: (instance, attempt) -> the observation waiting for its turn, its unit, its settle
+        self.held: dict[tuple[str, int], tuple[dict[str, Any], Any, Settle]] = {}
+        #: units waiting for their retry epoch (one open epoch at a time)
+        self.waiting: deque[Any] = deque()
+        #: producer stage -> its selection's refusal note (None: admitted)
+        self.selections: dict[str, str | None] = {}
+        self.refusals: list[dict[str, Any]] = []
+        #: put a unit back in the ready queue (set by the dispatcher)
+        self.requeue: Callable[[Any], None] = lambda unit: None
+        #: drop the record of a held unit at shutdown (set by the dispatcher)
+        self.unsettle: Callable[[Any], None] = lambda unit: None
+        self.root = wf.root.name
+        self.closed = False
+
+    # -- the log ---------------------------------------------------------------------
+    def _at(self) -> str:
+        return forms.now_at(self.environ)
+
+    def _apply(self, obj: dict[str, Any]) -> Decision | None:
+        """Apply one operation and append its line; recording unavailable is exit 3."""
+        assert self.log is not None
+        line = canon.dumps(obj) + b"\n"
+        number = self.log.lines + 1
+        where = Location(str(self.paths.operations), number)
+        op = parse_operation(obj, number, where)
+        try:
+            self.engine.apply(op)
+        except Unrecordable as exc:
+            self.log.append(line)  # prove replays it to the same partial prefix
+            raise OperationalError(
+                f"recording unavailable: {exc.message}", location=where
+            ) from None
+        self.log.append(line)
+        decisions = self.engine.decisions
+        decision = decisions[-1] if decisions else None
+        decisions.clear()
+        return decision
+
+    # -- opening ---------------------------------------------------------------------
+    def start(self, params: dict[str, Any], resume: bool) -> None:
+        p = self.paths
+        try:
+            p.artifacts.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OperationalError(f"cannot write {p.artifacts}: {exc.strerror}") from None
+        atomic.write_bytes(p.workflow, self.wf.data, if_changed=True)
+        case = canon.dumps({"params": params})
+        atomic.write_bytes(p.artifacts / forms.StatePaths.ROOT_CASE, case, if_changed=True)
+        lines = 0
+        if resume and p.operations.is_file():
+            for op in iter_operations(p.operations):
+                lines = op.line
+                self.engine.apply(op)
+            self.engine.decisions.clear()
+        else:
+            p.operations.unlink(missing_ok=True)
+        self.log = _OperationLog(p.operations, lines)
+        if self.engine.state is None:
+            execution = forms.execution_id(self.wf.digest, digest.of_bytes(case))
+            self._apply(
+                {
+                    "op": "root",
+                    "execution": execution,
+                    "rootInstance": self.root,
+                    "case": forms.StatePaths.ROOT_CASE,
+                }
+            )
+            self._apply({"op": "group", "reservation": 1, "starts": [self.root], "cancelled": []})
+        elif self.engine.open is not None:  # an earlier session ended without its recover
+            self._apply({"op": "recover"})
+        self.log.sync()
+
+    # -- ids -------------------------------------------------------------------------
+    def instance_of(self, name: str, key: str | None) -> str | None:
+        return self.root if key is None else forms.child_id(name, key)
+
+    # -- selections ------------------------------------------------------------------
+    def reserve(self, task: str, keys: list[str]) -> str | None:
+        """The selection of ``task``'s producer (once for all its consumers) and the
+        group starting its children; the refusal note, or None when admitted."""
+        stage = self.wf.stage(task)
+        assert stage is not None and stage.from_stage is not None
+        producer = stage.from_stage
+        if producer in self.selections:
+            return self.selections[producer]
+        st = self.engine.branch_state
+        if st.revisions[producer] > 0:  # decided in an earlier session
+            note = None if st.consumed(producer) else "refused: the selection was refused earlier"
+            self.selections[producer] = note
+            return note
+        note = self._select(producer, task, keys)
+        self.selections[producer] = note
+        if note is not None:
+            self.refusals.append({"task": producer, "key": None, "note": note})
+        return note
+
+    def _select(self, producer: str, task: str, keys: list[str]) -> str | None:
+        st = self.engine.branch_state
+        offered = st.set_records(producer)
+        ids: list[str] = []
+        for consumer in self.wf.consumers(producer):
+            ks = (
+                keys
+                if consumer.name == task
+                else [k for k, _ in self.state_dir.map_items(consumer.name)]
+            )
+            if len(ks) != len(offered):
+                return (
+                    f"accounted: {consumer.name} has {len(ks)} instances but {producer} "
+                    f"offers {len(offered)} records"
+                )
+            for k in ks:
+                cid = forms.child_id(consumer.name, k)
+                if cid is None:
+                    return f"accounted: instance key {k!r} cannot be a record id"
+                ids.append(cid)
+        reserved_before = st.reserved
+        decision = self._apply(
+            {
+                "op": "select",
+                "stage": producer,
+                "review": {"actor": self.actor, "at": self._at()},
+                "selected": [{"instance": r["instance"], "output": r["output"]} for r in offered],
+                "childIds": ids,
+            }
+        )
+        assert decision is not None
+        if decision.outcome != "admitted":
+            self.log_sync()
+            return self._selection_note(decision, reserved_before, len(ids))
+        reservation = decision.epoch
+        eligible = [
+            i
+            for i in st.reservations.get(reservation, [])
+            if st.instances[i].state == "interrupted" and not st.instances[i].attempts
+        ]
+        if eligible:
+            self._apply(
+                {"op": "group", "reservation": reservation, "starts": eligible, "cancelled": []}
+            )
+        self.log_sync()
+        return None
+
+    def _selection_note(self, d: Decision, reserved: int, n: int) -> str:
+        lim = self.wf.limits
+        if d.acceptance is None:
+            if reserved + n > lim.max_instances:
+                return f"refused: would exceed max_instances by {reserved + n - lim.max_instances}"
+            return "refused: a case would exceed max_case_bytes"
+        return self._bound_note(d.acceptance)
+
+    def _bound_note(self, size: tuple[int, int]) -> str:
+        lim = self.wf.limits
+        if size[0] > lim.max_bytes:
+            return f"refused: would exceed max_bytes by {size[0] - lim.max_bytes}"
+        return f"refused: would exceed max_files by {size[1] - lim.max_files}"
+
+    def log_sync(self) -> None:
+        if self.log is not None:
+            self.log.sync()
+
+    # -- starts and retries ----------------------------------------------------------
+    def may_start(self, unit: Any) -> str | bool:
+        """True: the unit may start (its slot is begun); False: it waits for its retry
+        epoch (requeued later); a string: it must not run (settle it failed so)."""
+        iid = self.instance_of(unit.name, unit.key)
+        st = self.engine.branch_state
+        inst = None if iid is None else st.instances.get(iid)
+        if inst is None:
+            producer = self.wf.stage(unit.name)
+            up = None if producer is None else producer.from_stage
+            return (up and self.selections.get(up)) or "accounted: this instance has no reservation"
+        o = self.engine.open
+        if (
+            o is not None
+            and inst.attempts
+            and (inst.id, inst.attempts[-1].number) in o.begins[o.next :]
+        ):
+            return True  # begun by its group (or its retry epoch), not yet observed
+        if o is not None or self.held:
+            self.waiting.append(unit)
+            return False
+        return self._retry(inst.id)
+
+    def _retry(self, iid: str) -> str | bool:
+        inst = self.engine.branch_state.instances[iid]
+        if len(inst.attempts) + 1 > self.wf.limits.max_attempts:
+            return f"refused: would exceed max_attempts ({self.wf.limits.max_attempts})"
+        try:
+            self._apply({"op": "retry", "instance": iid, "actor": self.actor, "at": self._at()})
+        except Forbidden as exc:
+            return f"accounted: cannot retry {iid}: {exc.message}"
+        self.log_sync()
+        return True
+
+    def _release_waiting(self) -> None:
+        while self.waiting and self.engine.open is None and not self.held:
+            unit = self.waiting.popleft()
+            self.requeue(unit)  # may_start begins its retry epoch when it is taken
+            return
+
+    # -- observations ----------------------------------------------------------------
+    def observed(
+        self,
+        unit: Any,
+        kind: str,
+        exit_code: int | None,
+        reason: str,
+        settle: Settle,
+    ) -> None:
+        """An attempt settled: ``kind`` is ``evaluated`` (passed capture), ``failed``
+        (exit, timeout, capture) or ``acquisition`` (never started). ``settle`` is
+        called with the refusal note (or None) once its observation is applied."""
+        iid = self.instance_of(unit.name, unit.key)
+        st = self.engine.branch_state
+        inst = None if iid is None else st.instances.get(iid)
+        o = self.engine.open
+        if (
+            inst is None
+            or not inst.attempts
+            or o is None
+            or (inst.id, inst.attempts[-1].number) not in o.begins[o.next :]
+        ):
+            settle(None)  # no begun slot: nothing of it is recorded
+            return
+        n = inst.attempts[-1].number
+        obj = self._observation(unit, inst.id, n, kind, exit_code, reason, inst.case_digest)
+        self.held[(inst.id, n)] = (obj, unit, settle)
+        self._drain()
+
+    def _observation(
+        self,
+        unit: Any,
+        iid: str,
+        n: int,
+        kind: str,
+        exit_code: int | None,
+        reason: str,
+        case_digest: str | None,
+    ) -> dict[str, Any]:
+        if kind == "acquisition":
+            return self._observe(iid, n, "failed", "acquisition-failed", {})
+        files = {
+            "run": forms.run_file(self._at(), unit.name, unit.key, unit.attempt, exit_code),
+            "preparation": forms.preparation_file(unit.name, unit.key, case_digest),
+        }
+        if kind == "evaluated":
+            files["audit"] = forms.audit_file(self._output(unit))
+            return self._observe(iid, n, "evaluated", None, self._write(iid, n, files))
+        files["evaluationError"] = forms.evaluation_error_file(exit_code, reason)
+        return self._observe(iid, n, "failed", "evaluation-error", self._write(iid, n, files))
+
+    @staticmethod
+    def _observe(
+        iid: str, n: int, state: str, failure: str | None, files: dict[str, str]
+    ) -> dict[str, Any]:
+        return {
+            "op": "observe",
+            "instance": iid,
+            "attempt": n,
+            "state": state,
+            "failure": failure,
+            "files": files,
+        }
+
+    _NAMES: ClassVar[dict[str, str]] = {
+        "run": "run.json",
+        "preparation": "preparation.json",
+        "audit": "audit.json",
+        "evaluationError": "evaluation-error.json",
+    }
+
+    def _write(self, iid: str, n: int, files: dict[str, bytes]) -> dict[str, str]:
+        rel_dir = forms.StatePaths.attempt_dir(iid, n)
+        directory = self.paths.artifacts / rel_dir
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            out = {}
+            for role, data in files.items():
+                name = self._NAMES[role]
+                (directory / name).write_bytes(data)
+                out[role] = f"{rel_dir}/{name}"
+        except OSError as exc:
+            raise OperationalError(f"cannot write {directory}: {exc.strerror}") from None
+        return out
+
+    def _output(self, unit: Any) -> Any:
+        """The captured result object of the unit's passed attempt (its audit)."""
+        if unit.key is None:
+            record = self.state_dir.load_result(unit.name)
+        else:
+            from crucible.stage._records import load_record_fast  # one parse per new line
+
+            record = load_record_fast(self.state, unit.name, unit.key)
+        return {} if record is None else record.get("output", {})
+
+    def _drain(self) -> None:
+        while (o := self.engine.open) is not None:
+            slot = o.begins[o.next]
+            if slot not in self.held:
+                break
+            obj, unit, settle = self.held.pop(slot)
+            decision = self._apply(obj)
+            note = None if decision is None else self._observation_note(decision, obj, unit)
+            if note is not None:
+                self.refusals.append({"task": unit.name, "key": unit.key, "note": note})
+            settle(note)
+        if self.engine.open is None:
+            self.log_sync()
+            self._release_waiting()
+
+    def _observation_note(self, d: Decision, obj: dict[str, Any], unit: Any) -> str | None:
+        stage = self.wf.stage(unit.name)
+        assert stage is not None
+        if d.outcome == "refused":
+            if d.acceptance is not None:
+                return self._bound_note(d.acceptance)
+            return self._local_note(stage.name)
+        if d.outcome == "cut-off":
+            return f"refused: cut off after an earlier refusal in stage {stage.name}"
+        inst = self.engine.branch_state.instances.get(obj["instance"])
+        if obj["state"] == "evaluated" and inst is not None and inst.failure == "output-invalid":
+            shape = "an array of objects" if stage.cardinality == "many" else "an object"
+            return f"refused: output-invalid (output {stage.pointer!r} is not {shape})"
+        return None
+
+    def _local_note(self, stage: str) -> str:
+        lim = self.wf.limits
+        st = self.engine.branch_state
+        if st.records_total >= lim.max_records:
+            return f"refused: would exceed max_records ({lim.max_records})"
+        return f"refused: a record would exceed max_payload_bytes ({lim.max_payload_bytes})"
+
+    # -- closing ---------------------------------------------------------------------
+    def close(self) -> None:
+        """Shutdown: a held finisher is unsettled, an open epoch is recovered, the log
+        synced and usage.json written."""
+        if self.closed or self.log is None:
+            return
+        self.closed = True
+        try:
+            for _obj, unit, _settle in self.held.values():
+                self.unsettle(unit)
+            self.held.clear()
+            if self.engine.open is not None:
+                # recording unavailable: the log keeps its last complete prefix
+                with contextlib.suppress(OperationalError):
+                    self._apply({"op": "recover"})
+            self._write_usage()
+        finally:
+            self.log.close()
+
+    def usage(self) -> dict[str, Any]:
+        st = self.engine.branch_state
+        size, files = st.measure(self.engine.proof_chain.size())
+        lim = self.wf.limits
+        return {
+            "usageVersion": 1,
+            "limits": {
+                "maxBytes": lim.max_bytes,
+                "maxFiles": lim.max_files,
+                "maxInstances": lim.max_instances,
+                "maxRecords": lim.max_records,
+            },
+            "used": {
+                "bytes": size,
+                "files": files,
+                "instances": st.reserved,
+                "records": st.records_total,
+            },
+            "refusals": self.refusals,
+        }
+
+    def _write_usage(self) -> None:
+        if self.engine.state is None:
+            return
+        earlier: list[Any] = []
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            earlier = list(canon.loads(self.paths.usage.read_bytes()).get("refusals", []))
+        usage = self.usage()
+        usage["refusals"] = [*earlier, *self.refusals]
+        atomic.write_bytes(self.paths.usage, canon.dumps(usage))
+
+
+def open_accounting(
+    plan: dict[str, Any],
+    state_dir: StateDir,
+    params: dict[str, Any],
+    *,
+    actor: str | None,
+    resume: bool,
+    environ: Any,
+) -> Accounting:
+    """The accounting of an accounted plan's session, its log opened (or replayed)."""
+    data = workflow_document(plan)
+    wf = parse_workflow(data, "workflow.json")
+    book = Accounting(
+        plan,
+        state_dir,
+        wf,
+        forms.check_actor(actor) if actor is not None else forms.default_actor(environ),
+        environ,
+    )
+    book.start(params, resume)
+    return book

@@ -1,0 +1,200 @@
+"""One run's state directory as stage knows it: its layout, its records and the
+staging of its units, over one plan whose view is built once.
+
+A dispatcher builds one :class:`StateDir` per run, before it forks its workers
+(they inherit it), and passes it to every part of the run that reads or writes
+records or stages a unit; each call is typed, and each hands stage the plan's
+view, so nothing is checked or looked up again (the module functions behind it
+take the plan as its JSON object or as that view: crucible.stage._plan.view).
+The same plan over another directory (a dry run's shadow state) is
+:meth:`StateDir.over`, sharing the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from crucible.stage import _capture, _inputs, _prompt, _records, _settled
+from crucible.stage._files import FILES_RUN_MAX
+from crucible.stage._layout import StateLayout
+from crucible.stage._plan import PlanView, TaskView, build_view
+from crucible.stage._share import Unit
+from crucible.stage._store import Records
+
+__all__ = ["StateDir"]
+
+
+class StateDir:
+    """``state`` holding a run of ``plan`` (its JSON object). ``checked``: the
+    plan passed the compiler's checks, so its view is built without checking
+    each task again (crucible.stage._plan.build_view)."""
+
+    def __init__(self, plan: dict[str, Any], state: Path, *, checked: bool = False) -> None:
+        self.plan = plan
+        self.state = state
+        self.layout = StateLayout(state)
+        #: the plan's view, built here, once (crucible.stage._plan.PlanView)
+        self.view: PlanView = build_view(plan, checked=checked)
+        if self.view.order:
+            self.view.ancestors(self.view.order[0])  # builds its position map before a fork
+
+    @classmethod
+    def _of(cls, pv: PlanView, state: Path) -> StateDir:
+        made = cls.__new__(cls)
+        made.plan = pv.plan
+        made.state = state
+        made.layout = StateLayout(state)
+        made.view = pv
+        return made
+
+    def over(self, state: Path) -> StateDir:
+        """The same plan (and view) over another state directory."""
+        return StateDir._of(self.view, state)
+
+    def task(self, name: str) -> TaskView:
+        """The plan's task ``name`` as stage reads it (refused when unknown)."""
+        return self.view.task(name)
+
+    # ---------------------------------------------------------------- records
+
+    def load_result(self, task: str, key: str | None = None) -> dict[str, Any] | None:
+        """The settled record of ``task`` (or its instance ``key``), or None."""
+        return _records.load_result(self.state, task, key)
+
+    def load_all(self, task: str) -> Records:
+        """Every instance record of a mapped ``task``, by key."""
+        return _records.load_all(self.state, task)
+
+    def write_result(self, record: dict[str, Any], *, durable: bool = True) -> Path:
+        """Write ``record`` where its task and key say; returns the file written."""
+        return _records.write_result(self.state, record, durable=durable)
+
+    def write_result_where(
+        self, record: dict[str, Any], *, durable: bool = True
+    ) -> tuple[str, str]:
+        """As :meth:`write_result`; returns what to fsync (the file, its dir)."""
+        return _records.write_result_where(self.state, record, durable=durable)
+
+    def remove_result(self, task: str, key: str | None = None, *, durable: bool = True) -> None:
+        _records.remove_result(self.state, task, key, durable=durable)
+
+    def remove_results(self, task: str, keys: list[str] | None, *, durable: bool = True) -> None:
+        """The instance records ``keys`` of ``task`` (None: all of them)."""
+        _records.remove_results(self.state, task, keys, durable=durable)
+
+    def update_record(
+        self, task: str, key: str | None = None, *, durable: bool = True, **members: Any
+    ) -> dict[str, Any]:
+        """Set ``members`` in a settled record and rewrite it atomically."""
+        return _records.update_record(self.state, task, key, durable=durable, **members)
+
+    def amend_result(
+        self,
+        task: str,
+        *,
+        key: str | None = None,
+        status: str,
+        note: str,
+        retryable: bool = False,
+        extra: dict[str, Any] | None = None,
+        durable: bool = True,
+    ) -> dict[str, Any]:
+        """Change a settled record's verdict (crucible.stage.amend_result)."""
+        return _records.amend_result(
+            self.view, self.state, task, key=key, status=status, note=note,
+            retryable=retryable, extra=extra, durable=durable,
+        )  # fmt: skip
+
+    def record_settled(
+        self,
+        task: str,
+        *,
+        status: str,
+        note: str,
+        key: str | None = None,
+        extra: dict[str, Any] | None = None,
+        durable: bool = True,
+    ) -> dict[str, Any]:
+        """A record written without capture (crucible.stage.record_settled)."""
+        return _settled.record_settled(
+            self.view, self.state, task, status=status, note=note, key=key, extra=extra,
+            durable=durable,
+        )  # fmt: skip
+
+    def settle_fold(self, task: str, keys: list[str], *, durable: bool = True) -> dict[str, Any]:
+        """A mapped task's aggregate record over its instances ``keys``."""
+        return _records.settle_fold(self.view, self.state, task, keys, durable=durable)
+
+    # ---------------------------------------------------------------- staging
+
+    def map_items(self, task: str) -> list[tuple[str, Any]]:
+        """A mapped task's (key, item) pairs, in item order."""
+        return _inputs.map_items(self.view, self.state, task)
+
+    def stage_inputs(
+        self,
+        task: str,
+        workspace: Path,
+        *,
+        key: str | None = None,
+        files_max: int = FILES_RUN_MAX,
+        in_place: bool = False,
+    ) -> _inputs.StagedInputs:
+        """Lay down ``workspace/inputs/`` (crucible.stage.stage_inputs)."""
+        return _inputs.stage_inputs(
+            self.view, self.state, task, workspace, key=key, files_max=files_max,
+            in_place=in_place,
+        )  # fmt: skip
+
+    def refresh_inputs(
+        self,
+        task: str,
+        workspace: Path,
+        *,
+        key: str | None = None,
+        units: Sequence[Unit] | None = None,
+    ) -> list[str]:
+        """Just before a staged task starts (crucible.stage.refresh_inputs)."""
+        return _inputs.refresh_inputs(self.view, self.state, task, workspace, key=key, units=units)
+
+    def check_inputs(
+        self,
+        task: str,
+        workspace: Path,
+        *,
+        key: str | None = None,
+        units: Sequence[Unit] | None = None,
+    ) -> list[str]:
+        """Once the task's processes are gone (crucible.stage.check_inputs)."""
+        return _inputs.check_inputs(self.view, self.state, task, workspace, key=key, units=units)
+
+    def render_prompt(self, task: str, workspace: Path, *, key: str | None = None) -> str:
+        """An agent task's prompt (crucible.stage.render_prompt)."""
+        return _prompt.render_prompt(self.view, self.state, task, workspace, key=key)
+
+    def capture(
+        self,
+        task: str,
+        workspace: Path,
+        *,
+        output_file: Path,
+        exit_code: int,
+        key: str | None = None,
+        attempt: int = 1,
+        emit_cap: int = _capture.EMIT_CAP_DEFAULT,
+        extra: dict[str, Any] | None = None,
+        files_max: int = FILES_RUN_MAX,
+        output_name: str | None = None,
+        held_notes: list[str] | None = None,
+        write: bool = True,
+        empty_workspace: bool = False,
+    ) -> dict[str, Any]:
+        """Settle one attempt and return its record (crucible.stage.capture)."""
+        return _capture.capture(
+            self.view, self.state, task, workspace, output_file=output_file,
+            exit_code=exit_code, key=key, attempt=attempt, emit_cap=emit_cap, extra=extra,
+            files_max=files_max, output_name=output_name, held_notes=held_notes, write=write,
+            empty_workspace=empty_workspace,
+        )  # fmt: skip
