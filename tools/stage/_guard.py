@@ -67,6 +67,8 @@ class _Lease:
 
 #: (dev, ino) -> the lease this process holds on it
 _leases: dict[tuple[int, int], _Lease] = {}
+#: holder -> the inodes leased for it (a release touches only its own)
+_by_holder: dict[str, set[tuple[int, int]]] = {}
 _enabled = [False]
 _budget = [0]
 
@@ -118,6 +120,7 @@ def lease(path: str, holder: str, backups: str) -> bool:
     held = _leases.get(ident)
     if held is not None:
         held.holders.add(holder)
+        _by_holder.setdefault(holder, set()).add(ident)
         return True
     if len(_leases) >= _budget[0]:
         return False
@@ -136,12 +139,16 @@ def lease(path: str, holder: str, backups: str) -> bool:
         _leases.pop(ident, None)
         os.close(fd)
         return False
+    _by_holder.setdefault(holder, set()).add(ident)
     return True
 
 
 def release(holder: str) -> None:
     """Give up every lease held only for ``holder`` (its check is done)."""
-    for ident, entry in list(_leases.items()):
+    for ident in _by_holder.pop(holder, ()):
+        entry = _leases.get(ident)
+        if entry is None:
+            continue  # broken meanwhile (the handler dropped it)
         entry.holders.discard(holder)
         if not entry.holders:
             _drop(ident, entry)
