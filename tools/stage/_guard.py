@@ -10,7 +10,7 @@ it handed over. Whoever opens that inode for writing or truncates it — through
 any of its names — is held in ``open(2)`` by the kernel until the lease is
 given up, and this process is told first (``F_SETSIG``: :data:`LEASE_SIGNAL`).
 The handler copies the inode's bytes, untouched so far, to
-``STATE/shared/@backup/<dev>-<ino>`` and only then gives the lease up; the
+``STATE/shared/@backup/<dev>-<ino>-<mtime>`` and only then gives the lease up; the
 write proceeds, the consumer's check finds the change (its digest), and the
 store file is replaced by the backup (crucible.stage._share).
 
@@ -101,8 +101,10 @@ def active() -> bool:
     return _enabled[0]
 
 
-def backup_name(dev: int, ino: int) -> str:
-    return f"{dev}-{ino}"
+def backup_name(dev: int, ino: int, mtime_ns: int) -> str:
+    """``<dev>-<ino>-<mtime>``: the inode as it was captured (an inode number
+    used again by a later file has another mtime, so never finds this one)."""
+    return f"{dev}-{ino}-{mtime_ns}"
 
 
 def lease(path: str, holder: str, backups: str) -> bool:
@@ -177,11 +179,11 @@ def _on_break(signum: int, frame: Any) -> None:
 
 
 def save_backup(fd: int, backups: str, ident: tuple[int, int]) -> None:
-    """The bytes of ``fd`` at ``backups/<dev>-<ino>``, unless a backup of that
+    """The bytes of ``fd`` at ``backups/<dev>-<ino>-<mtime>``, unless a backup of that
     inode is already there (another worker's lease broke first: it wrote it,
     or holds its own lease until it has, so the writer still waits)."""
     os.makedirs(backups, exist_ok=True)
-    final = f"{backups}/{backup_name(*ident)}"
+    final = f"{backups}/{backup_name(*ident, os.fstat(fd).st_mtime_ns)}"
     if os.path.lexists(final):
         return
     tmp = f"{backups}/@tmp-{os.getpid()}-{ident[1]}"
