@@ -381,3 +381,23 @@ def test_cache_is_refused_for_an_accounted_plan(tmp_path: Path) -> None:
     assert len(proc.stderr.strip().splitlines()) == 1 and "accounted plan" in proc.stderr
     # refused before the run claimed the state dir (its lock, as for any such refusal)
     assert not state.exists() or [p.name for p in state.iterdir()] == ["lock"]
+
+
+def test_a_session_that_ended_before_its_group_begins_it_on_resume(tmp_path: Path) -> None:
+    """Reserved children never begun (the log ends at the selection, as after a crash
+    between the two lines): the resume begins their group, not retries."""
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    assert dispatch(pack, state).returncode == 0
+    lines = (state / "operations.ndjson").read_bytes().splitlines(keepends=True)
+    kinds = [json.loads(line)["op"] for line in lines]
+    cut = kinds.index("select") + 1
+    (state / "operations.ndjson").write_bytes(b"".join(lines[:cut]))
+    (state / "results" / "people.jsonl").unlink()
+    (state / "results" / "people.json").unlink(missing_ok=True)
+    resumed = dispatch(pack, state, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    after = [o["op"] for o in ops(state)]
+    assert after[cut:] == ["group", "observe", "observe", "observe"]
+    bundle = tmp_path / "bundle"
+    assert prove(state, bundle).returncode == 0
+    assert verify(bundle).returncode == 0

@@ -285,6 +285,14 @@ class Accounting:
             self.log_sync()
             return self._selection_note(decision, reserved_before, len(ids))
         reservation = decision.epoch
+        if any(not st.instances[i].attempts for i in st.reservations.get(reservation, [])):
+            self._begin_group(reservation)
+        self.log_sync()
+        return None
+
+    def _begin_group(self, reservation: int) -> bool:
+        """A group starting every eligible slot of ``reservation`` at once."""
+        st = self.engine.branch_state
         eligible = [
             i
             for i in st.reservations.get(reservation, [])
@@ -294,8 +302,8 @@ class Accounting:
             self._apply(
                 {"op": "group", "reservation": reservation, "starts": eligible, "cancelled": []}
             )
-        self.log_sync()
-        return None
+            self.log_sync()
+        return True
 
     def _selection_note(self, d: Decision, reserved: int, n: int) -> str:
         lim = self.wf.limits
@@ -332,6 +340,8 @@ class Accounting:
         if o is not None or self.held:
             self.waiting.append(unit)
             return False
+        if not inst.attempts:  # reserved, never begun (a session ended before its group)
+            return self._begin_group(inst.reservation)
         return self._retry(inst.id)
 
     def _unobserved(self) -> set[tuple[str, int]]:
