@@ -177,6 +177,16 @@ def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> No
     proc = dispatch(write_pack(probe_dir(at), max_bytes=exact), at / "st")
     assert proc.returncode == 0, proc.stderr
     assert usage(at / "st")["used"]["bytes"] == exact
+    # admitted at exactly max_bytes, the export of the state dir still verifies complete
+    exported = subprocess.run(
+        [PROVE, "--state", str(at / "st"), "--out", str(at / "bundle")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert exported.returncode == 0, exported.stderr
+    read = verify(at / "bundle")
+    assert read.returncode == 0 and read.stdout.startswith("reading: complete"), read.stdout
 
     over = tmp_path / "over"
     proc = dispatch(write_pack(probe_dir(over), max_bytes=exact - 1), over / "st")
