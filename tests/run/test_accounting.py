@@ -213,6 +213,14 @@ def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> No
         f"accounting: bytes {used['bytes']} of {exact - 1}, files {used['files']} of 1048576, "
         "instances 4 of 64, records 5 of 65536"
     ) in summary
+    rows = subprocess.run(
+        [DISPATCH, "report", str(over / "st"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert json.loads(rows[-1]) == {"accounting": usage(over / "st")}
+    (over / "report-row.stdout.json").write_text(rows[-1])  # the schema walker checks it
     last = ops(over / "st")[-1]
     assert last["instance"] == "people.2" and last["state"] == "evaluated"
     bundle = tmp_path / "bundle"
