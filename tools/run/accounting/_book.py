@@ -119,6 +119,10 @@ def workflow_document(plan: dict[str, Any]) -> bytes:
 
 
 class Accounting:
+    """One session's accounting: the writer's engine (replayed from the log on a
+    resume), the operation log it appends, and what the dispatcher waits on (held
+    observations, units waiting for their retry epoch)."""
+
     def __init__(
         self,
         plan: dict[str, Any],
@@ -366,10 +370,9 @@ class Accounting:
         return True
 
     def _release_waiting(self) -> None:
-        while self.waiting and self.engine.open is None and not self.held:
-            unit = self.waiting.popleft()
-            self.requeue(unit)  # may_start begins its retry epoch when it is taken
-            return
+        if self.waiting and self.engine.open is None and not self.held:
+            # one at a time: may_start begins its epoch when the unit is taken
+            self.requeue(self.waiting.popleft())
 
     # -- observations ----------------------------------------------------------------
     def observed(
