@@ -269,8 +269,8 @@ def test_org_people_short_ids_fit_descriptive_ids_are_refused(tmp_path: Path) ->
     short = tmp_path / "short"
     assert dispatch(pack, short).returncode == 0
     size, files = export(short, tmp_path / "short.bundle")
-    # the pack's header: 15,499 bytes with a four-letter actor (root); ours is "tester"
-    assert (size, files) == (15499 + len("tester") - len("root"), 46)
+    # the pack's header: 14,932 bytes with a four-letter actor (root); ours is "tester"
+    assert (size, files) == (14932 + len("tester") - len("root"), 46)
     reads(tmp_path / "short.bundle", "complete")
     long = tmp_path / "long"
     proc = dispatch(pack, long, "-p", "ids=descriptive")
@@ -279,15 +279,15 @@ def test_org_people_short_ids_fit_descriptive_ids_are_refused(tmp_path: Path) ->
     export(long, bundle)
     reads(bundle, "partial")
     # the selection reserved the ids the run actually proposed, and the same research
-    # under them crosses max_bytes: the fourth output is refused (by 637 bytes)
+    # under them crosses max_bytes: the fourth output is refused (by 552 bytes)
     sel = [e for e in epochs(bundle) if e["kind"] == "selection"]
     ids = sel[0]["childIds"]
     assert len(ids) == 4 and all(i.startswith("people.org-000") for i in ids)
     assert [instance(bundle, i)["state"] for i in ids] == ["completed"] * 3 + ["failed"]
     assert instance(bundle, ids[3])["failure"] == "limit-exceeded"
     note = canon.loads((long / "results" / "people.json").read_bytes())["note"]
-    # 637 with a four-letter actor (the pack's header); the actor is in every candidate
-    assert f"refused: would exceed max_bytes by {637 + len('tester') - len('root')}" in note
+    # 552 with a four-letter actor (the pack's header); the actor is in every candidate
+    assert f"refused: would exceed max_bytes by {552 + len('tester') - len('root')}" in note
 
 
 def test_refused_selection_keeps_its_prospective_ids(tmp_path: Path) -> None:
