@@ -29,6 +29,8 @@ demo: install
 	$(BIN)/crucible-dispatch demo-plan.json --state demo-state/fanout -j 2
 	$(BIN)/crucible-dispatch report demo-state/fanout
 	$(BIN)/crucible-dispatch report demo-state/fanout --html demo-state/fanout/timeline.html
+	@echo "== dispatch: a fan-out over a fan-out's outputs, results computed from several tasks"
+	$(BIN)/crucible-dispatch examples/aggregate/pack.toml --state demo-state/aggregate -j 2 --outputs -
 	@echo "== ledger: a durable step, then its replay"
 	mkdir -p demo-state/ledger
 	$(BIN)/crucible-ledger run --dir demo-state/ledger --scope demo --key pack=fanout -- sh -c 'sleep 1; echo expensive result'

@@ -219,7 +219,9 @@ def no_op_fanout(root: Path, n: int, where: str) -> Step:
     page = root / "page.html"
     step.html_s, step.html_rss = timed([DISPATCH, "report", str(state), "--html", str(page)])
     step.page = page.stat().st_size
-    step.dry_s, _ = timed([DISPATCH, str(root / "map.toml"), "--state", str(state), "-n"])
+    step.dry_s, _ = timed(
+        [DISPATCH, str(root / "map.toml"), "--state", str(state), "-n", "--resume"]
+    )
     print(
         f"  report {step.report_s:.2f} s (peak RSS {step.report_rss:.0f} MiB); "
         f"--html {step.html_s:.2f} s (peak RSS {step.html_rss:.0f} MiB), page "

@@ -164,6 +164,8 @@ class Accounting:
         self.blobs: set[str] = set()
         self.root = wf.root.name
         self.closed = False
+        #: recording became unavailable (RFC 0024 §8): the log ends at that line
+        self.unavailable = False
 
     # -- the log ---------------------------------------------------------------------
     def _at(self) -> str:
@@ -180,6 +182,7 @@ class Accounting:
             self.engine.apply(op)
         except Unrecordable as exc:
             self.log.append(line)  # prove replays it to the same partial prefix
+            self.unavailable = True  # nothing follows it in the log
             raise OperationalError(
                 f"recording unavailable: {exc.message}", location=where
             ) from None
@@ -501,7 +504,7 @@ class Accounting:
             for _obj, unit, _settle, _fresh in self.held.values():
                 self.unsettle(unit)
             self.held.clear()
-            if self.engine.open is not None:
+            if self.engine.open is not None and not self.unavailable:
                 # recording unavailable: the log keeps its last complete prefix
                 with contextlib.suppress(OperationalError):
                     self._apply({"op": "recover"})
@@ -545,7 +548,7 @@ class Accounting:
         }
 
     def _write_usage(self) -> None:
-        if self.engine.state is None:
+        if self.engine.state is None or self.engine.proof is None:
             return
         earlier: list[Any] = []
         with contextlib.suppress(OSError, ValueError, AttributeError):

@@ -112,7 +112,8 @@ class Attempts:
         its first attempt only (later attempts have the same item)."""
         if unit.key is None or unit.attempt > 1:
             return None
-        return self.fanouts.previews.get((unit.name, unit.key))
+        # said once: a started instance's preview is not kept (a million of them)
+        return self.fanouts.take_preview(unit.name, unit.index)
 
     def exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.schedule.running -= 1
