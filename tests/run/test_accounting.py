@@ -372,3 +372,12 @@ def test_the_operation_log_matches_its_schema(tmp_path: Path) -> None:
     assert dispatch(write_pack(tmp_path), state, ACC_FAIL="acme").returncode == 1
     for op in ops(state):
         jsonschema.validate(op, schema)
+
+
+def test_cache_is_refused_for_an_accounted_plan(tmp_path: Path) -> None:
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    proc = dispatch(pack, state, "--cache", str(tmp_path / "cache"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "accounted plan" in proc.stderr
+    # refused before the run claimed the state dir (its lock, as for any such refusal)
+    assert not state.exists() or [p.name for p in state.iterdir()] == ["lock"]

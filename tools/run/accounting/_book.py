@@ -369,6 +369,8 @@ class Accounting:
         exit_code: int | None,
         reason: str,
         settle: Settle,
+        *,
+        output: Any = None,
     ) -> None:
         """An attempt settled: ``kind`` is ``evaluated`` (passed capture), ``failed``
         (exit, timeout, capture) or ``acquisition`` (never started). ``settle`` is
@@ -385,7 +387,7 @@ class Accounting:
             return
         n = inst.attempts[-1].number
         self._fresh = {}
-        obj = self._observation(unit, inst.id, n, kind, exit_code, reason)
+        obj = self._observation(unit, inst.id, n, kind, exit_code, reason, output)
         self.held[(inst.id, n)] = (obj, unit, settle, self._fresh)
         self._drain()
 
@@ -397,6 +399,7 @@ class Accounting:
         kind: str,
         exit_code: int | None,
         reason: str,
+        output: Any,
     ) -> dict[str, Any]:
         if kind == "acquisition":
             return self._observe(iid, n, "failed", "acquisition-failed", {})
@@ -405,7 +408,8 @@ class Accounting:
             "preparation": forms.preparation_file(unit.name),
         }
         if kind == "evaluated":
-            files["audit"] = forms.audit_file(self._output(unit))
+            # the worker's reply carries the captured result; else it is read back
+            files["audit"] = forms.audit_file(self._output(unit) if output is None else output)
             return self._observe(iid, n, "evaluated", None, self._write(files))
         files["evaluationError"] = forms.evaluation_error_file(exit_code, reason)
         return self._observe(iid, n, "failed", "evaluation-error", self._write(files))
