@@ -403,17 +403,25 @@ def _calm_bundle(tmp_path: Path) -> Path:
 
 
 def test_forged_refusal_when_the_candidate_fits_is_refused(tmp_path: Path) -> None:
-    """RFC 0024: b's candidate fit; a fails first and is retried later, so a's later
-    bytes would make the bundle's final size look like b could not have fit. Forging
-    b's refusal into the exported bundle is still refused by the reader."""
+    """RFC 0024: b's candidate fit; a fails first and is retried later, and the run
+    ends at exactly max_bytes, so b's outputs plus a's later bytes fill the bound.
+    Forging b's refusal into the exported bundle is refused by the reader, which
+    measures b's candidate at b's own prefix, not against a's later bytes."""
     specs = [{"id": "a", "size": 400, "fail_first": True}, {"id": "b", "size": 400}]
-    case = Case(tmp_path / "c", ROOMY)
-    state = case.state()
-    assert dispatch(case.pack, state, "-p", items(*specs)).returncode == 1
-    again = dispatch(case.pack, state, "--resume", "--retry-failed", "-p", items(*specs))
-    assert again.returncode == 0, again.stderr
+
+    def run(case: Case) -> Path:
+        state = case.state()
+        assert dispatch(case.pack, state, "-p", items(*specs)).returncode == 1
+        again = dispatch(case.pack, state, "--resume", "--retry-failed", "-p", items(*specs))
+        assert again.returncode == 0, again.stderr
+        return state
+
+    measuring = run(Case(tmp_path / "m", ROOMY))
+    t, _ = export(measuring, tmp_path / "m.bundle")
+    assert 10000 <= t < ROOMY
+    state = run(Case(tmp_path / "c", t))  # admitted at exactly max_bytes
     bundle = tmp_path / "fits.bundle"
-    export(state, bundle)
+    assert export(state, bundle)[0] == t
     reads(bundle, "complete")
     # edit the exported bundle: mark b failed/limit-exceeded and drop its outputs
     ex = canon.loads((bundle / "execution.json").read_bytes())
@@ -429,8 +437,11 @@ def test_forged_refusal_when_the_candidate_fits_is_refused(tmp_path: Path) -> No
     shutil.rmtree(bundle / "outputs" / "people" / "people.b")
     code, report, err = verify(bundle)
     assert code == 1 and report["verdict"] == "finding", report
-    assert report["problem"]["code"] == "output-mismatch" and report["problem"]["phase"] == 4
-    assert "finding: output-mismatch (phase 4" in err
+    problem = report["problem"]
+    assert (problem["code"], problem["phase"]) == ("output-mismatch", 4)
+    # at b's observation: the second result of the group that started a and b
+    assert (problem["epoch"], problem["observation"]) == (4, 2)
+    assert "finding: output-mismatch (phase 4, epoch 4, observation 2" in err
 
 
 def test_tampered_output_file_is_refused(tmp_path: Path) -> None:
