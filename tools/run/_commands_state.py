@@ -107,6 +107,9 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     if task is None:
         report.render_outputs(state, table)
         report.render_freed(state, table)
+        from crucible.run.report._accounting import render_accounting  # accounted runs only
+
+        render_accounting(state, table)
     out.write(table.getvalue().encode("utf-8"))
     return EXIT_OK
 

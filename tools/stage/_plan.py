@@ -56,8 +56,9 @@ class TaskView:
     prompt: str | None
     raw: dict[str, Any] = field(repr=False)
     #: IR v3 fan-outs whose instances the dispatcher lists in STATE/instances/<task>.json
-    #: (a literal, param or sequence map, a matrix, a map with ``key``); ``map`` is then
-    #: ("", "") unless a producer field is the source
+    #: (a literal, param or sequence map, a matrix, a map with ``key``, a map whose
+    #: reference has a path or whose producer is mapped); ``map`` is then ("", "")
+    #: unless a producer field is the source
     listed: bool = False
     #: IR v3: emits_files entries freed once the direct dependants settled,
     #: staged only into them (docs/spec/run.md, "Temporary files")

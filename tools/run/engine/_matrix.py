@@ -33,13 +33,20 @@ from crucible.compile._sequences import (
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
 from crucible.core.refs import RefMissing, parse_ref
+from crucible.run.engine._folds import (
+    Fold,
+    FoldProblem,
+    FoldSkipped,
+    fold_pairs,
+    read_fold,
+    unique_keys,
+)
 
 __all__ = [
     "INSTANCES_FORMAT",
     "FanoutFailed",
     "FanoutSkipped",
     "Fanouts",
-    "Fold",
     "check_fanout_params",
     "combination_key",
     "combinations",
@@ -123,14 +130,26 @@ def _source_value(
 
 def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]) -> Any:
     """An unmapped producer's field (at the reference's path, edition 4), or a
-    mapped producer's fold: :class:`Fold`."""
+    mapped producer's fold (crucible.run.engine._folds)."""
     from crucible import stage
 
     ref = parse_ref(source, task.get("needs", ()))
     producer, field = ref.producer, ref.field
     record = stage.load_result(state, producer)
     if record is not None and "keys" in record:  # a mapped producer's aggregate
-        return _fold(stage, state, source, what, task, record)
+        try:
+            return read_fold(
+                stage.load_all(state, producer),
+                record["keys"],
+                producer,
+                field,
+                settled=task.get("join", "all") == "settled",
+                what=f"{what} {source}",
+            )
+        except FoldSkipped as exc:
+            raise FanoutSkipped(exc.message) from None
+        except FoldProblem as exc:
+            raise FanoutFailed(exc.message) from None
     if record is None or record.get("status") != "passed":
         status = "not settled" if record is None else record.get("status")
         raise FanoutFailed(f"{what} {source}: {producer!r} is {status}, not passed")
@@ -143,71 +162,13 @@ def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]
         raise FanoutFailed(f"{what}: {exc.message}") from None
 
 
-class Fold(list[tuple[str, Any]]):
-    """A mapped producer's field, one ``(instance key, value)`` per passed
-    instance in item order (a map over it flattens each array value: run.md,
-    "Fan-out over a fan-out")."""
-
-
-def _fold(
-    stage: Any,
-    state: Path,
-    source: str,
-    what: str,
-    task: Mapping[str, Any],
-    record: Mapping[str, Any],
-) -> Fold:
-    ref = parse_ref(source, task.get("needs", ()))
-    producer, field = ref.producer, ref.field
-    records = stage.load_all(state, producer)
-    settled_join = task.get("join", "all") == "settled"
-    out = Fold()
-    for key in record.get("keys", []):
-        irec = records.get(key)
-        status = irec.get("status") if irec is not None else "not settled"
-        if status != "passed":
-            if settled_join:
-                continue  # join = "settled": only passed instances contribute
-            raise FanoutSkipped(
-                f"skipped: {what} {source} reads instance {key!r} of {producer!r}, which "
-                f"{'was skipped' if status == 'skipped' else status}"
-                ' (join = "settled" lets the passed instances through)'
-            )
-        output = irec.get("output")
-        if not isinstance(output, dict) or field not in output:
-            raise FanoutFailed(
-                f"{what} {source}: instance {key!r} of {producer!r} carries no field {field!r}"
-            )
-        out.append((key, output[field]))
-    return out
-
-
-def _fold_pairs(fold: Fold, source: str) -> list[tuple[str, Any]]:
-    """One instance per element of each instance's array (keyed ``<key>/<index>``),
-    or per instance when its value is not an array (keyed ``<key>``), in item
-    order then element order; counted before they are built (the bound)."""
-    total = sum(len(v) if isinstance(v, list) else 1 for _, v in fold)
-    if total > MAX_INSTANCES:
-        raise FanoutFailed(
-            f"map {source} has {total:,} items over {len(fold):,} instances, "
-            f"more than {MAX_INSTANCES:,}"
-        )
-    pairs: list[tuple[str, Any]] = []
-    for key, value in fold:
-        if isinstance(value, list):
-            pairs.extend((f"{key}/{i}", v) for i, v in enumerate(value))
-        else:
-            pairs.append((key, value))
-    return pairs
-
-
 def _map_pairs(
     task: Mapping[str, Any], params: Mapping[str, Any], state: Path
 ) -> list[tuple[str, Any]]:
     source = task["map"]
     value = _source_value(source, params, state, "map", task)
     if isinstance(value, Fold):
-        pairs = _fold_pairs(value, source)
+        pairs = _pairs_of(value, f"map {source}")
     elif isinstance(value, list):
         pairs = [(str(i), v) for i, v in enumerate(value)]
     elif isinstance(value, dict):
@@ -224,17 +185,18 @@ def _map_pairs(
         except KeyProblem as exc:
             raise FanoutFailed(f"key {task['key']!r}: {exc}") from None
     if isinstance(value, Fold) and "key" not in task:
-        _check_unique(pairs, source)
+        try:
+            unique_keys(pairs, f"map {source}")
+        except FoldProblem as exc:
+            raise FanoutFailed(exc.message) from None
     return pairs
 
 
-def _check_unique(pairs: Sequence[tuple[str, Any]], source: str) -> None:
-    """``<key>/<index>`` and a producer key that already holds a ``/`` can meet."""
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise FanoutFailed(f"map {source}: the instance key {key!r} comes twice")
-        seen.add(key)
+def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
+    try:
+        return fold_pairs(fold, what)
+    except FoldProblem as exc:
+        raise FanoutFailed(exc.message) from None
 
 
 def _describe(source: Any) -> str:
@@ -286,7 +248,7 @@ def _matrix_pairs(
         what = f"matrix axis {axis['name']!r}"
         value = _source_value(axis["source"], params, state, what, task)
         if isinstance(value, Fold):  # every instance's elements (or value), in item order
-            value = [v for _, v in _fold_pairs(value, axis["source"])]
+            value = [v for _, v in _pairs_of(value, f"{what} {axis['source']}")]
         if not isinstance(value, list):
             raise FanoutFailed(f"{what} ({_describe(axis['source'])}) is not an array")
         axes.append((axis["name"], value))

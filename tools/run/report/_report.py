@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from crucible.core.errors import CrucibleError, InputRefused
 from crucible.run._display import clip, escape, name_signals, signal_name
+from crucible.run.report._accounting import refused_label
 from crucible.run.report._fold import FOLD_ABOVE, Folded
 from crucible.run.report._state import (
     Event,
@@ -134,6 +135,8 @@ class Row:
             return "failed (tolerated)"
         if self.cached and self.status == "passed":
             return "passed (cached)"
+        if self.status == "failed" and (refused := refused_label(self.note)) is not None:
+            return refused  # an accounted run's refusal (docs/spec/export.md §7)
         return self.status.replace("_", " ")
 
 

@@ -11,7 +11,7 @@ Result records ride the same commit: the workers write them without fsync and
 the dispatcher hands their files to :meth:`SessionLog.sync`; the writer fsyncs
 each file (and each directory that got a new name) once per batch, BEFORE the
 batch's lines (a batch of many files: one ``syncfs`` of the state's
-filesystem instead, :mod:`crucible.run.engine._syncfs`), then says which batch is durable (``durable_seq``,
+filesystem instead, :mod:`crucible.core.syncfs`), then says which batch is durable (``durable_seq``,
 ``on_durable``): the dispatcher wakes a settled unit's dependants only then
 (docs/spec/run.md, "Session log").
 """
@@ -30,7 +30,7 @@ from typing import IO, Any
 from crucible.core import ndjson
 from crucible.core.errors import Location, OperationalError
 from crucible.core.fdio import write_all
-from crucible.run.engine._syncfs import FsSync
+from crucible.core.syncfs import FsSync
 from crucible.run.session._mirror import BoundedOut
 from crucible.run.session.events import SessionEvent
 

@@ -70,7 +70,7 @@ def _run_admitted(
     if options.dry_run:
         return _dry_run_outcome(admission, options, state_dir, graph, selection, env, on_warning)
     if options.resume and not selection.to_run(graph):
-        _finish_freeing(options, graph, selection)
+        _finish_freeing(admission.plan, options, graph, selection)
         return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
     with Session(
         admission, options, state_dir=state_dir, graph=graph, selection=selection,
@@ -87,7 +87,9 @@ def _run_admitted(
     return outcome
 
 
-def _finish_freeing(options: RunOptions, graph: TaskGraph, selection: Selection) -> None:
+def _finish_freeing(
+    plan: dict[str, Any], options: RunOptions, graph: TaskGraph, selection: Selection
+) -> None:
     """Nothing runs: still finish what an earlier session marked freed and did
     not delete (killed between the two), and free what nothing needs any more
     (docs/spec/run.md, "Temporary files"; no session, so no event)."""
@@ -96,8 +98,10 @@ def _finish_freeing(options: RunOptions, graph: TaskGraph, selection: Selection)
     from crucible.run.engine._temps import TempFreer  # lazy: plans with temp_files only
 
     status = {n: str(r.get("status")) for n, r in selection.kept.items()}
+    body = (plan.get("loop") or {}).get("body") or ()
+    loop = frozenset(n for n in body if isinstance(n, str))
     TempFreer(
-        options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None,
+        options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None, loop,
     ).start()  # fmt: skip
 
 
