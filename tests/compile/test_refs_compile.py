@@ -183,3 +183,19 @@ def test_bad_outputs_are_located(spelling: str, code: str, says: str) -> None:
     assert got == code, message
     assert where is not None and where.startswith("pack.toml:"), where
     assert says in message, message
+
+
+def test_a_starlark_pack_spells_them_alike(tmp_path: Path) -> None:
+    from crucible.compile import compile_path
+
+    (tmp_path / "pack.toml").write_text('edition = 4\n[workflow]\nsource = "pack.star"\n')
+    (tmp_path / "pack.star").write_text(
+        "workflow(name = 's', tasks = [\n"
+        "    task(name = 'gen', run = 'true', emits = {'items': 'array', 'cfg': 'object'}),\n"
+        "    task(name = 'use', needs = ['gen'], run = 'true',\n"
+        "         inputs = {'a': 'gen.items[0]', 'b': 'gen.cfg.region'}),\n"
+        "], outputs = {'n': 'len(tasks.gen.items)'})\n"
+    )
+    plan = compile_path(tmp_path / "pack.toml").plan
+    assert task(plan, "use")["inputs"]["b"]["path"] == ["region"]
+    assert plan["workflow"]["outputs"] == {"n": {"expression": "len(tasks.gen.items)"}}

@@ -51,3 +51,26 @@ def test_a_published_temporary_is_refused() -> None:
 def test_edition_3_does_not_know_the_key() -> None:
     found = codes(pack('["big"]', edition=3))
     assert "unknown-key" in [c for c, _ in found]
+
+
+def test_under_is_by_whole_path_components() -> None:
+    """Property: a path inside a literal entry is under it; one that merely
+    shares a prefix of its name is not (``big`` covers ``big/x``, not ``bigger``)."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from crucible.compile._temps import temp_under
+
+    seg = st.text(alphabet="abcxyz_-.0", min_size=1, max_size=6).filter(
+        lambda s: s not in (".", "..")
+    )
+
+    @given(st.lists(seg, min_size=1, max_size=3), st.lists(seg, min_size=1, max_size=3), seg)
+    def prop(base: list[str], rest: list[str], extra: str) -> None:
+        entry = "/".join(base)
+        assert temp_under([entry], entry)
+        assert temp_under([entry], "/".join(base + rest))
+        sibling = "/".join([*base[:-1], base[-1] + extra])
+        assert not temp_under([entry], sibling)
+
+    prop()

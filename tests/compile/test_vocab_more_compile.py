@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crucible.compile import compile_bytes, compile_path, load_plan_bytes
 from crucible.compile._diagnostics import ValidationFailed
 from crucible.compile._manifest import analyze_manifest
+from crucible.compile._sequences import format_problem
 from crucible.core import canon
 
 HEAD = """edition = 4
@@ -203,7 +206,12 @@ def test_sequences_compile_to_their_plan_form_and_read_back(spelling: str, plan_
         ('{ count = "params.nope" }', "fanout-unknown-param", "params.nope"),
         ('{ end = "params.word" }', "sequence-not-integer", "declared string"),
         ('{ count = "params.bad-" }', "fanout-unknown-param", "params.bad-"),
-        ("{ count = 3, colour = 1 }", "bad-value", "a table must be a sequence"),
+        (
+            "{ count = 3, colour = 1 }",
+            "unknown-key",
+            "a sequence takes count, start, end, step, format (found 'colour')",
+        ),
+        ("{ colour = 1 }", "bad-value", "a table must be a sequence"),
     ],
 )
 def test_sequence_refusals_are_located(spelling: str, code: str, says: str) -> None:
@@ -231,6 +239,7 @@ def test_a_sequence_format_is_refused_below_edition_4() -> None:
     head = 'edition = 3\n[workflow]\nname = "v"\n'
     found = codes(one_task('map = { count = 2, format = "%d" }'), head)
     assert found and found[0][0] == "wrong-type", found  # before edition 4 a map is a ref
+    assert "needs edition 4" in found[0][2], found
 
 
 # -- item 7: retry.when -------------------------------------------------------------------
@@ -273,6 +282,13 @@ def test_retry_when_refusals_are_located(when: str, code: str, says: str) -> Non
     assert says in message
 
 
+def test_an_unknown_retry_member_beside_when_is_refused_where_it_is() -> None:
+    message = assert_refused(
+        one_task('retry = { limit = 1, when = "True", unless = "False" }'), "unknown-key", 15
+    )
+    assert "'unless'" in message and "when" in message
+
+
 def test_retry_when_is_refused_below_edition_4() -> None:
     head = 'edition = 3\n[workflow]\nname = "v"\n'
     found = codes(one_task('retry = { limit = 1, when = "True" }'), head)
@@ -310,3 +326,72 @@ def test_the_new_vocabulary_is_the_same_from_starlark(tmp_path: Path) -> None:
     assert tasks["m"]["matrix"] == expected["t"]["matrix"]
     assert tasks["s"] == expected["s"]
     assert tasks["r"] == expected["r"]
+
+
+# -- the typed plan model (crucible.core.plan) reads the new forms -----------------------
+
+
+def test_the_plan_model_reads_sequences_with_params_and_format_and_retry_when() -> None:
+    from crucible.core.plan import ParamSource, SequenceSource, Task
+
+    body = (
+        one_task('map = { start = "params.n", end = 1, step = -1, format = "T-%02d" }')
+        + '[[workflow.task]]\nname = "c"\nrun = "true"\nmap = { count = 3, format = "%x" }\n'
+        + '[[workflow.task]]\nname = "r"\nrun = "true"\n'
+        + 'retry = { limit = 1, when = "last.attempt < 2" }\n'
+    )
+    tasks = {t["name"]: t for t in plan_of(body)["tasks"]}
+    t = Task.from_json(tasks["t"], "", 3)
+    assert t.map == SequenceSource(start=ParamSource("n"), step=-1, end=1, format="T-%02d")
+    assert t.to_json() == tasks["t"]
+    c = Task.from_json(tasks["c"], "", 3)
+    assert c.map == SequenceSource(0, 1, count=3, format="%x")
+    r = Task.from_json(tasks["r"], "", 3)
+    assert r.retry is not None and r.retry.when == "last.attempt < 2"
+    assert r.to_json() == tasks["r"]
+
+
+# -- format: what the compiler accepts, the dispatcher can always format -------------------
+
+_TEXT = st.text(st.characters(blacklist_characters="%\x00"), max_size=8)
+_CONVERSION = st.builds(
+    lambda flags, width, prec, kind: f"%{flags}{width}{prec}{kind}",
+    st.text(st.sampled_from("-+ 0#"), max_size=3),
+    st.sampled_from(["", "1", "02", "10", "64"]),
+    st.sampled_from(["", ".0", ".3", ".64"]),
+    st.sampled_from("diouxX"),
+)
+_SAFE = st.integers(-(2**53) + 1, 2**53 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(before=_TEXT, conversion=_CONVERSION, after=_TEXT, number=_SAFE)
+def test_every_well_formed_format_is_accepted_and_formats_any_number(
+    before: str, conversion: str, after: str, number: int
+) -> None:
+    fmt = before + conversion + after
+    assert format_problem(fmt) is None, fmt
+    text = fmt % number
+    assert text.startswith(before) and text.endswith(after)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fmt=st.text(st.sampled_from("%d-s.0123456789fxc( #*"), max_size=12), number=_SAFE)
+def test_a_format_the_compiler_accepts_never_fails_at_run_time(fmt: str, number: int) -> None:
+    if format_problem(fmt) is None:
+        assert isinstance(fmt % number, str)
+
+
+def test_a_format_with_no_conversion_is_refused() -> None:
+    assert format_problem("plain") is not None
+    assert format_problem("100%%") is not None
+
+
+def test_the_graph_shows_an_include_only_matrix_and_on_empty() -> None:
+    from crucible.compile._graph import render
+
+    body = one_task('matrix = { include = [{ os = "a" }] }\non_empty = "skip"')
+    body += '[[workflow.task]]\nname = "s"\nrun = "true"\nmap = { count = "params.n", format = "%02d" }\n'
+    out = render(plan_of(body), "dot")
+    assert "matrix of its include entries\\n1 include\\n(skipped when empty)" in out
+    assert "map '%02d' of from 0, count params.n" in out

@@ -73,3 +73,28 @@ _step = st.one_of(st.integers(0, 10**6), _ident)
 def test_text_round_trips(producer: str, field: str, path: list[int | str]) -> None:
     ref = Ref(producer, field, tuple(path))
     assert parse_ref(ref.text, {producer}) == ref
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_ident, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_json, st.lists(st.integers(0, 5) | _ident, max_size=4))
+def test_resolve_walks_or_names_the_step_that_missed(value: object, path: list[int | str]) -> None:
+    # the naive walk: where it stops, resolve must say so at that step
+    cur: object = value
+    for i, step in enumerate(path):
+        ok = (isinstance(step, int) and isinstance(cur, list) and step < len(cur)) or (
+            isinstance(step, str) and isinstance(cur, dict) and step in cur
+        )
+        if not ok:
+            with pytest.raises(RefMissing) as missed:
+                resolve_path(value, path, "a.v")
+            shown = Ref("a", "v", tuple(path[: i + 1])).text
+            assert missed.value.message.startswith(f"{shown}: ")
+            return
+        cur = cur[step]  # type: ignore[index]
+    assert resolve_path(value, path, "a.v") == cur

@@ -337,3 +337,56 @@ def test_computed_results(tmp_path: Path) -> None:
     assert "tasks.a.x + 'text'" in doc["@absent"]["bad"]["note"]
     assert doc["@absent"]["gone"]["reason"] == "skipped"
     assert doc["@from"]["sum"] == {"expression": "tasks.a.x + tasks.b.y"}
+
+
+def test_a_runaway_result_expression_is_stopped_by_the_when_bounds(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "slow"
+        [workflow.outputs]
+        spin = "len([1 for i in range(tasks.a.x) for j in range(tasks.a.x) if False])"
+        hog = "len('x' * (tasks.a.x * 20000))"
+        [[workflow.task]]
+        name = "a"
+        emits = { x = "integer" }
+        run = 'printf "{\\"x\\": 100000}" > "$CRUCIBLE_OUTPUT"'
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr  # the run passed; the result is absent
+    doc = json.loads((tmp_path / "state" / "outputs.json").read_bytes())
+    why = doc["@absent"]["spin"]
+    assert why["reason"] == "error"
+    assert "longer than 2 s" in why["note"], why
+    why = doc["@absent"]["hog"]
+    assert why["reason"] == "error"
+    assert "memory" in why["note"], why
+    assert "2 of 2 declared outputs are absent" in proc.stderr
+
+
+def test_fold_pairs_flatten_and_bound_in_the_library() -> None:
+    from crucible.run.engine._folds import Fold, FoldProblem, FoldSkipped, fold_pairs, read_fold
+
+    fold = Fold([("a", [1, 2]), ("b", {"k": 1}), ("c", [])])
+    assert fold_pairs(fold, "map gen.v") == [("a/0", 1), ("a/1", 2), ("b", {"k": 1})]
+    big = Fold([("0", list(range(MAX_INSTANCES))), ("1", [0])])
+    with pytest.raises(FoldProblem) as refused:
+        fold_pairs(big, "matrix axis 'n' gen.v")
+    assert refused.value.message == (
+        f"matrix axis 'n' gen.v has {MAX_INSTANCES + 1:,} items over 2 instances, "
+        f"more than {MAX_INSTANCES:,}"
+    )
+    records = {
+        "0": {"status": "passed", "output": {"v": [1]}},
+        "1": {"status": "failed"},
+        "2": {"status": "passed", "output": {"v": [2]}},
+    }
+    keys = ["0", "1", "2"]
+    kept = read_fold(records, keys, "gen", "v", settled=True, what="map gen.v")
+    assert kept == [("0", [1]), ("2", [2])]
+    with pytest.raises(
+        FoldSkipped, match=r"^skipped: map gen\.v reads instance '1' of 'gen', which failed"
+    ):
+        read_fold(records, keys, "gen", "v", settled=False, what="map gen.v")

@@ -483,3 +483,85 @@ def test_a_wider_param_sequence_reuses_the_instances_already_cached(tmp_path: Pa
     cached = {k: e.get("cached") for k, e in finished(tmp_path / "s2").items() if "[" in k}
     assert cached == {"t[0]": True, "t[1]": True, "t[2]": None}
     assert items(tmp_path / "s2", "t") == ["n0", "n1", "n2"]
+
+
+def test_on_empty_skip_over_a_producer_field_and_an_empty_matrix(tmp_path: Path) -> None:
+    proc = dispatch(
+        tmp_path,
+        """
+        edition = 4
+        [workflow]
+        name = "emp"
+        [[workflow.task]]
+        name = "list"
+        emits = { names = "array" }
+        run = 'echo "{\\"names\\": []}" > "$CRUCIBLE_OUTPUT"'
+        [[workflow.task]]
+        name = "each"
+        needs = ["list"]
+        map = "list.names"
+        on_empty = "skip"
+        run = "true"
+        [[workflow.task]]
+        name = "grid"
+        matrix = { os = [], py = ["3.12"] }
+        on_empty = "skip"
+        run = "true"
+        [[workflow.task]]
+        name = "after"
+        needs = ["each", "grid"]
+        run = "true"
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    done = finished(tmp_path / "state")
+    assert [done[n]["status"] for n in ("list", "each", "grid", "after")] == [
+        "passed",
+        "skipped",
+        "skipped",
+        "skipped",
+    ]
+    assert done["each"]["note"] == 'skipped: the fan-out has no instances (on_empty = "skip")'
+
+
+def _evaluator_running(dispatcher: int) -> bool:
+    """The bounded evaluator's child (``python -c … <dispatcher pid>``) is alive."""
+    import os
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"-c" in argv and argv[-2:] == [str(dispatcher).encode(), b""]:
+            return True
+    return False
+
+
+def test_sigterm_stops_a_run_while_a_retry_condition_is_evaluated(tmp_path: Path) -> None:
+    import signal
+
+    from tests.run.dispatchtests import reaped, start_dispatch, wait_for, write_pack
+
+    loop = "len([1 for a in range(100000) for b in range(100000) if False]) == 0"
+    pack = write_pack(
+        tmp_path,
+        f"""
+        edition = 4
+        [workflow]
+        name = "rw"
+        [[workflow.task]]
+        name = "spin"
+        retry = {{ limit = 3, delay = 0, when = "{loop}" }}
+        run = "exit 1"
+        """,
+    )
+    state = tmp_path / "state"
+    with reaped(start_dispatch(pack, state)) as proc:
+        wait_for(lambda: _evaluator_running(proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    # undecided, not failed: the attempt's record is gone and a resume runs it again
+    assert not (state / "results" / "spin.json").exists()
+    retried = [e for e in attempts(state, "spin") if e.get("retry")]
+    assert len(retried) == 1 and retried[0]["attempt"] == 1

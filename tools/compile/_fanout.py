@@ -104,6 +104,14 @@ def check_map_source(
             return None
         if keys and keys <= set(SEQUENCE_KEYS):
             return check_sequence(chk, path, value, what, limit=MAX_INSTANCES)
+        if keys & {"count", "start", "end"}:  # a sequence with a key it does not take
+            extra = sorted(keys - set(SEQUENCE_KEYS))[0]
+            chk.error(
+                "unknown-key",
+                (*path, extra),
+                f"{what}: a sequence takes {', '.join(SEQUENCE_KEYS)} (found {extra!r})",
+            )
+            return None
         chk.error(
             "bad-value",
             path,

@@ -231,6 +231,13 @@ def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
         from crucible.compile._fanout import check_fanout_task
 
         check_fanout_task(t.chk, t.path, raw, t.task, t.edition)
+    elif "map" in raw and isinstance(raw["map"], list | dict):
+        t.chk.wrong_type(
+            t.at("map"),
+            raw["map"],
+            f'map must be "producer.field" at edition {t.edition} (a literal or sequence '
+            f"source needs edition {EDITION_CONTROL})",
+        )
     elif "map" in raw:
         ref = check_ref(t.chk, t.at("map"), raw["map"], "map")
         if ref is not None:

@@ -94,6 +94,7 @@ WORKFLOW_MEMBERS: dict[str, int] = {
     "resolved_from": 1,
     "outputs": 3,
     "publish": 3,
+    # an accounted pack's bounds and workflow record (docs/spec/export.md)
     "limits": 3,
     "record": 3,
 }
@@ -297,6 +298,24 @@ class SequenceSource:
         if self.format is not None:
             body["format"] = self.format
         return {"sequence": body}
+
+    def values(self, params: Mapping[str, Any] | None = None) -> list[int] | list[str]:
+        """The items, with the run's ``params`` for the bounds that read one (an
+        ``end`` the step never reaches: none)."""
+
+        def bound(b: Bound) -> int:
+            return int((params or {})[b.param]) if isinstance(b, ParamSource) else b
+
+        start = bound(self.start)
+        if self.count is not None:
+            count = bound(self.count)
+        else:
+            assert self.end is not None
+            count = max(0, (bound(self.end) - start) // self.step + 1)
+        numbers = [start + i * self.step for i in range(count)]
+        if self.format is None:
+            return numbers
+        return [self.format % n for n in numbers]
 
 
 def _bound_json(bound: Bound) -> object:
@@ -880,15 +899,13 @@ class Workflow:
     resolved_from: str | None = None
     outputs: Mapping[str, Output] = field(default_factory=dict)
     publish: Mapping[str, Publish] = field(default_factory=dict)
-    #: an accounted plan's bounds, every one written out (docs/spec/export.md §1;
-    #: None: not accounted)
+    #: an accounted pack's ``[workflow.limits]``, every bound written out (None: unaccounted)
     limits: Mapping[str, int] | None = None
-    #: an accounted plan's workflow record (export.md §3), as compile wrote it
-    record: JsonValue = None
+    #: the workflow record's stages the pack maps to (docs/spec/export.md §3), as JSON
+    record: tuple[Mapping[str, Any], ...] | None = None
 
     @property
     def accounted(self) -> bool:
-        """The pack declares ``[workflow.limits]`` (docs/spec/export.md)."""
         return self.limits is not None
 
     def to_json(self) -> dict[str, Any]:
@@ -908,7 +925,8 @@ class Workflow:
             out["publish"] = {d: p.to_json() for d, p in self.publish.items()}
         if self.limits is not None:
             out["limits"] = dict(self.limits)
-            out["record"] = self.record
+        if self.record is not None:
+            out["record"] = [dict(s) for s in self.record]
         return out
 
     def defaults(self) -> dict[str, JsonValue]:
@@ -930,17 +948,28 @@ def _workflow(value: object, version: int, tasks: Container[str]) -> Workflow:
         outputs={n: _output(r, f"$.workflow.outputs.{n}", tasks) for n, r in outputs.items()},
         publish={d: _publish(p, f"$.workflow.publish.{d}") for d, p in publish.items()},
         limits=_limits(raw),
-        record=raw.get("record"),
+        record=_record(raw),
     )
 
 
-def _limits(raw: Mapping[str, Any]) -> dict[str, int] | None:
-    if "limits" not in raw and "record" not in raw:
+def _limits(raw: Mapping[str, Any]) -> Mapping[str, int] | None:
+    if "limits" not in raw:
         return None
-    if "limits" not in raw or "record" not in raw:
-        raise _fail("$.workflow", "an accounted plan carries both workflow limits and record")
     limits = _obj(raw["limits"], "$.workflow.limits", "limits")
-    return {k: _int(v, f"$.workflow.limits.{k}", k) for k, v in limits.items()}
+    for name, value in limits.items():
+        if type(value) is not int or value < 1:
+            raise _fail(f"$.workflow.limits.{name}", "a limit must be a positive integer")
+    return dict(limits)
+
+
+def _record(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...] | None:
+    """The record's stages, kept as JSON (compile checks their form and normal form)."""
+    if "record" not in raw:
+        return None
+    stages = raw["record"]
+    if not isinstance(stages, list):
+        raise _fail("$.workflow.record", "the workflow record must be an array of stages")
+    return tuple(_obj(s, f"$.workflow.record[{i}]", "a record stage") for i, s in enumerate(stages))
 
 
 # -- the loop ----------------------------------------------------------------------------

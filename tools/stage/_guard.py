@@ -10,7 +10,7 @@ it handed over. Whoever opens that inode for writing or truncates it — through
 any of its names — is held in ``open(2)`` by the kernel until the lease is
 given up, and this process is told first (``F_SETSIG``: :data:`LEASE_SIGNAL`).
 The handler copies the inode's bytes, untouched so far, to
-``STATE/shared/@backup/<dev>-<ino>`` and only then gives the lease up; the
+``STATE/shared/@backup/<dev>-<ino>-<mtime>`` and only then gives the lease up; the
 write proceeds, the consumer's check finds the change (its digest), and the
 store file is replaced by the backup (crucible.stage._share).
 
@@ -67,6 +67,8 @@ class _Lease:
 
 #: (dev, ino) -> the lease this process holds on it
 _leases: dict[tuple[int, int], _Lease] = {}
+#: holder -> the inodes leased for it (a release touches only its own)
+_by_holder: dict[str, set[tuple[int, int]]] = {}
 _enabled = [False]
 _budget = [0]
 
@@ -99,8 +101,10 @@ def active() -> bool:
     return _enabled[0]
 
 
-def backup_name(dev: int, ino: int) -> str:
-    return f"{dev}-{ino}"
+def backup_name(dev: int, ino: int, mtime_ns: int) -> str:
+    """``<dev>-<ino>-<mtime>``: the inode as it was captured (an inode number
+    used again by a later file has another mtime, so never finds this one)."""
+    return f"{dev}-{ino}-{mtime_ns}"
 
 
 def lease(path: str, holder: str, backups: str) -> bool:
@@ -118,6 +122,7 @@ def lease(path: str, holder: str, backups: str) -> bool:
     held = _leases.get(ident)
     if held is not None:
         held.holders.add(holder)
+        _by_holder.setdefault(holder, set()).add(ident)
         return True
     if len(_leases) >= _budget[0]:
         return False
@@ -136,12 +141,16 @@ def lease(path: str, holder: str, backups: str) -> bool:
         _leases.pop(ident, None)
         os.close(fd)
         return False
+    _by_holder.setdefault(holder, set()).add(ident)
     return True
 
 
 def release(holder: str) -> None:
     """Give up every lease held only for ``holder`` (its check is done)."""
-    for ident, entry in list(_leases.items()):
+    for ident in _by_holder.pop(holder, ()):
+        entry = _leases.get(ident)
+        if entry is None:
+            continue  # broken meanwhile (the handler dropped it)
         entry.holders.discard(holder)
         if not entry.holders:
             _drop(ident, entry)
@@ -170,11 +179,11 @@ def _on_break(signum: int, frame: Any) -> None:
 
 
 def save_backup(fd: int, backups: str, ident: tuple[int, int]) -> None:
-    """The bytes of ``fd`` at ``backups/<dev>-<ino>``, unless a backup of that
+    """The bytes of ``fd`` at ``backups/<dev>-<ino>-<mtime>``, unless a backup of that
     inode is already there (another worker's lease broke first: it wrote it,
     or holds its own lease until it has, so the writer still waits)."""
     os.makedirs(backups, exist_ok=True)
-    final = f"{backups}/{backup_name(*ident)}"
+    final = f"{backups}/{backup_name(*ident, os.fstat(fd).st_mtime_ns)}"
     if os.path.lexists(final):
         return
     tmp = f"{backups}/@tmp-{os.getpid()}-{ident[1]}"

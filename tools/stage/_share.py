@@ -345,7 +345,7 @@ def _changed(pub: Published, state: Path | None = None) -> list[Entry]:
         except OSError:
             bad.append(e)
             continue
-        if backup_name(pub.dev, e.ino) in backed or (
+        if backup_name(pub.dev, e.ino, e.mtime_ns) in backed or (
             not _same(st, e, ctimes.get(e.rel)) and _really_changed(path, e)
         ):
             bad.append(e)
@@ -586,15 +586,26 @@ def _restore_store(state: Path, pub: Published, bad: list[Entry]) -> None:
     with the consumers that hold it (listed in ``@tampered``). Without an
     intact copy the store was changed for good: refused, naming the file."""
     backups = _backup_dir(state)
+    saved = sorted(_backups(state))
     for e in bad:
         target = f"{pub.tree}/{e.rel}"
-        backup = f"{backups}/{backup_name(pub.dev, e.ino)}"
-        if _digest_of(backup) == e.digest:
-            os.chmod(backup, _READONLY)
-            os.replace(backup, target)
+        # this inode's backup (its mtime names it; an entry made from a changed
+        # store file does not know the mtime it was captured with: any of the
+        # inode's, each judged by its digest)
+        exact = backup_name(pub.dev, e.ino, e.mtime_ns)
+        prefix = exact.rpartition("-")[0] + "-"
+        found = False
+        for name in sorted((n for n in saved if n.startswith(prefix)), key=lambda n: n != exact):
+            backup = f"{backups}/{name}"
+            if _digest_of(backup) == e.digest:
+                os.chmod(backup, _READONLY)
+                os.replace(backup, target)
+                found = True
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(backup)  # not the captured bytes (an inode number used again)
+        if found:
             continue
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(backup)  # not the captured bytes (an inode number used again)
         if _digest_of(target) == e.digest:
             tmp = f"{pub.tree}/{TMP_PREFIX}restore-{os.getpid()}"
             with contextlib.suppress(FileNotFoundError):

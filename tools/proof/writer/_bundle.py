@@ -20,6 +20,7 @@ from typing import IO
 from crucible.core import canon
 from crucible.core.atomic import fsync_dir
 from crucible.core.errors import OperationalError, UsageError
+from crucible.core.syncfs import FsSync
 from crucible.proof import layout
 
 __all__ = [
@@ -57,11 +58,19 @@ def cannot_write(out: Path, rel: str, exc: OSError) -> OperationalError:
     )
 
 
-def write_staged(staging: Path, out: Path, rel: str, data: bytes) -> None:
-    """Write ``rel`` of the bundle ``out`` into its staging directory."""
+def write_staged(
+    staging: Path, out: Path, rel: str, data: bytes, made: set[str] | None = None
+) -> None:
+    """Write ``rel`` of the bundle ``out`` into its staging directory. ``made``: the
+    directories (relative) a caller already created, so a bundle of many files does
+    not ask the kernel again for every one."""
     target = staging / rel
+    parent = rel.rpartition("/")[0]
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if made is None or parent not in made:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if made is not None:
+                made.add(parent)
         with open(target, "wb") as f:
             f.write(data)
     except OSError as exc:
@@ -76,10 +85,12 @@ class FileSink:
         self.out = out
         #: path -> bytes of every committed file, kept only in cross-check mode
         self.kept: dict[str, bytes] | None = {} if keep else None
+        #: directories already created below the staging directory
+        self._made: set[str] = set()
 
     def write(self, files: dict[str, bytes]) -> None:
         for rel, data in files.items():
-            write_staged(self.root, self.out, rel, data)
+            write_staged(self.root, self.out, rel, data, self._made)
             if self.kept is not None:
                 self.kept[rel] = data
 
@@ -176,19 +187,33 @@ def _not_a_bundle(out: Path) -> str | None:
 
 
 def sync_tree(root: Path) -> None:
-    """fsync every file and directory below ``root`` (before it is renamed in)."""
+    """Make every file and directory below ``root`` durable (before it is renamed in):
+    one ``syncfs`` of its filesystem where that reports writeback errors
+    (crucible.core.syncfs: a bundle of 8,000 files took 37 s fsynced one by one on
+    a busy disk), else one fsync each."""
     current = str(root)
     try:
+        paths: list[str] = []
         for dirpath, _dirs, files in os.walk(root):
-            for name in files:
-                current = os.path.join(dirpath, name)
-                fd = os.open(current, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            current = dirpath
-            fsync_dir(dirpath)
+            paths.extend(os.path.join(dirpath, name) for name in files)
+            paths.append(dirpath)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fs = FsSync(fd, str(root))
+            if fs.covers(paths):
+                fs.sync()
+                return
+        finally:
+            os.close(fd)
+        for current in paths:
+            if os.path.isdir(current):
+                fsync_dir(current)
+                continue
+            fd = os.open(current, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except OSError as exc:
         raise OperationalError(f"cannot sync: {exc.strerror}", where=current) from None
 

@@ -114,7 +114,8 @@ class Attempts:
         its first attempt only (later attempts have the same item)."""
         if unit.key is None or unit.attempt > 1:
             return None
-        return self.fanouts.previews.get((unit.name, unit.key))
+        # said once: a started instance's preview is not kept (a million of them)
+        return self.fanouts.take_preview(unit.name, unit.index)
 
     def exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.schedule.running -= 1
@@ -271,7 +272,8 @@ class Attempts:
         if status != PASSED and finished.code == 0 and reason == "exit":
             reason = "capture"
         kind = "evaluated" if status == PASSED else "failed"
-        self.accounting.observed(unit, kind, finished.code, reason, settle)
+        output = None if record is None else record.get("output")
+        self.accounting.observed(unit, kind, finished.code, reason, settle, output=output)
 
     def _refused(self, unit: Unit, note: str) -> str:
         """An accounted unit whose output the proof refused: its record fails."""

@@ -231,6 +231,7 @@ class Dispatcher:
             self.temps = TempFreer(
                 self.state, self.graph.tasks, self.schedule.status,
                 lambda: self.schedule.selected, self._temp_freed,
+                self.loop.body if self.loop is not None else frozenset(),
             )  # fmt: skip
             self.schedule.on_settled = self.temps.settled
         self.attempts = Attempts(parts)

@@ -34,13 +34,20 @@ from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
 from crucible.core.plan import ParamSource, Plan, Ref, SequenceSource, Source, Task
 from crucible.core.refs import RefMissing, parse_ref
+from crucible.run.engine._folds import (
+    Fold,
+    FoldProblem,
+    FoldSkipped,
+    fold_pairs,
+    read_fold,
+    unique_keys,
+)
 
 __all__ = [
     "INSTANCES_FORMAT",
     "FanoutFailed",
     "FanoutSkipped",
     "Fanouts",
-    "Fold",
     "check_fanout_params",
     "combination_key",
     "combinations",
@@ -122,14 +129,26 @@ def _source_value(
 
 def _producer_value(source: str, state: Path, what: str, task: Task) -> Any:
     """An unmapped producer's field (at the reference's path, edition 4), or a
-    mapped producer's fold: :class:`Fold`."""
+    mapped producer's fold (crucible.run.engine._folds)."""
     from crucible import stage
 
     ref = parse_ref(source, task.needs)
     producer, field = ref.producer, ref.field
     record = stage.load_result(state, producer)
     if record is not None and "keys" in record:  # a mapped producer's aggregate
-        return _fold(stage, state, source, what, task, record)
+        try:
+            return read_fold(
+                stage.load_all(state, producer),
+                record["keys"],
+                producer,
+                field,
+                settled=task.join == "settled",
+                what=f"{what} {source}",
+            )
+        except FoldSkipped as exc:
+            raise FanoutSkipped(exc.message) from None
+        except FoldProblem as exc:
+            raise FanoutFailed(exc.message) from None
     if record is None or record.get("status") != "passed":
         status = "not settled" if record is None else record.get("status")
         raise FanoutFailed(f"{what} {source}: {producer!r} is {status}, not passed")
@@ -142,70 +161,12 @@ def _producer_value(source: str, state: Path, what: str, task: Task) -> Any:
         raise FanoutFailed(f"{what}: {exc.message}") from None
 
 
-class Fold(list[tuple[str, Any]]):
-    """A mapped producer's field, one ``(instance key, value)`` per passed
-    instance in item order (a map over it flattens each array value: run.md,
-    "Fan-out over a fan-out")."""
-
-
-def _fold(
-    stage: Any,
-    state: Path,
-    source: str,
-    what: str,
-    task: Task,
-    record: Mapping[str, Any],
-) -> Fold:
-    ref = parse_ref(source, task.needs)
-    producer, field = ref.producer, ref.field
-    records = stage.load_all(state, producer)
-    settled_join = task.join == "settled"
-    out = Fold()
-    for key in record.get("keys", []):
-        irec = records.get(key)
-        status = irec.get("status") if irec is not None else "not settled"
-        if status != "passed":
-            if settled_join:
-                continue  # join = "settled": only passed instances contribute
-            raise FanoutSkipped(
-                f"skipped: {what} {source} reads instance {key!r} of {producer!r}, which "
-                f"{'was skipped' if status == 'skipped' else status}"
-                ' (join = "settled" lets the passed instances through)'
-            )
-        output = irec.get("output")
-        if not isinstance(output, dict) or field not in output:
-            raise FanoutFailed(
-                f"{what} {source}: instance {key!r} of {producer!r} carries no field {field!r}"
-            )
-        out.append((key, output[field]))
-    return out
-
-
-def _fold_pairs(fold: Fold, source: str) -> list[tuple[str, Any]]:
-    """One instance per element of each instance's array (keyed ``<key>/<index>``),
-    or per instance when its value is not an array (keyed ``<key>``), in item
-    order then element order; counted before they are built (the bound)."""
-    total = sum(len(v) if isinstance(v, list) else 1 for _, v in fold)
-    if total > MAX_INSTANCES:
-        raise FanoutFailed(
-            f"map {source} has {total:,} items over {len(fold):,} instances, "
-            f"more than {MAX_INSTANCES:,}"
-        )
-    pairs: list[tuple[str, Any]] = []
-    for key, value in fold:
-        if isinstance(value, list):
-            pairs.extend((f"{key}/{i}", v) for i, v in enumerate(value))
-        else:
-            pairs.append((key, value))
-    return pairs
-
-
 def _map_pairs(task: Task, params: Mapping[str, Any], state: Path) -> list[tuple[str, Any]]:
     assert task.map is not None  # a listed task without a matrix maps
     source = _raw(task.map)
     value = _source_value(source, params, state, "map", task)
     if isinstance(value, Fold):
-        pairs = _fold_pairs(value, source)
+        pairs = _pairs_of(value, f"map {source}")
     elif isinstance(value, list):
         pairs = [(str(i), v) for i, v in enumerate(value)]
     elif isinstance(value, dict):
@@ -222,17 +183,18 @@ def _map_pairs(task: Task, params: Mapping[str, Any], state: Path) -> list[tuple
         except KeyProblem as exc:
             raise FanoutFailed(f"key {task.key!r}: {exc}") from None
     if isinstance(value, Fold) and task.key is None:
-        _check_unique(pairs, source)
+        try:
+            unique_keys(pairs, f"map {source}")
+        except FoldProblem as exc:
+            raise FanoutFailed(exc.message) from None
     return pairs
 
 
-def _check_unique(pairs: Sequence[tuple[str, Any]], source: str) -> None:
-    """``<key>/<index>`` and a producer key that already holds a ``/`` can meet."""
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise FanoutFailed(f"map {source}: the instance key {key!r} comes twice")
-        seen.add(key)
+def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
+    try:
+        return fold_pairs(fold, what)
+    except FoldProblem as exc:
+        raise FanoutFailed(exc.message) from None
 
 
 def _describe(source: Any) -> str:
@@ -284,7 +246,7 @@ def _matrix_pairs(task: Task, params: Mapping[str, Any], state: Path) -> list[tu
         source = _raw(axis.source)
         value = _source_value(source, params, state, what, task)
         if isinstance(value, Fold):  # every instance's elements (or value), in item order
-            value = [v for _, v in _fold_pairs(value, source)]
+            value = [v for _, v in _pairs_of(value, f"{what} {source}")]
         if not isinstance(value, list):
             raise FanoutFailed(f"{what} ({_describe(source)}) is not an array")
         axes.append((axis.name, value))
@@ -341,8 +303,10 @@ class Fanouts:
         self._failed: dict[str, str] = {}
         #: the refusal itself (FanoutSkipped settles the task skipped, not failed)
         self._refused: dict[str, FanoutFailed] = {}
-        #: (task, key) -> preview of the item, for task_started
-        self.previews: dict[tuple[str, str], str] = {}
+        #: task -> the preview of each instance's item, in instance order, for
+        #: its first task_started (then dropped); a list, not a dict by key:
+        #: ~60 bytes an instance instead of ~200 (issue 33, a million of them)
+        self.previews: dict[str, list[str | None]] = {}
         for name, task in self.tasks.items():
             if is_static(task):
                 self._expand(name)
@@ -360,12 +324,23 @@ class Fanouts:
 
     def remember_previews(self, name: str, pairs: Iterable[tuple[str, Any]]) -> None:
         """Keep each instance's item preview for its ``task_started`` (a plain
-        producer map's items too, which stage reads from the producer's record)."""
-        for k, item in pairs:
+        producer map's items too, which stage reads from the producer's record),
+        by its index in the instance order."""
+        found: list[str | None] = []
+        for _, item in pairs:
             try:
-                self.previews[(name, k)] = preview(item)
+                found.append(preview(item))
             except canon.CanonError:  # a preview is never worth failing a task over
-                continue
+                found.append(None)
+        self.previews[name] = found
+
+    def take_preview(self, name: str, index: int) -> str | None:
+        """The preview of instance ``index`` of ``name``, once (then dropped)."""
+        found = self.previews.get(name)
+        if found is None or not 0 <= index < len(found):
+            return None
+        text, found[index] = found[index], None
+        return text
 
     def listed(self, name: str) -> bool:
         return name in self.tasks

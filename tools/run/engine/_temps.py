@@ -112,13 +112,18 @@ class TempFreer:
         status: Mapping[str, str],
         selected: Callable[[], set[str] | None],
         emit: Callable[[str, int, int], None],
+        loop_body: frozenset[str] = frozenset(),
     ) -> None:
+        """``loop_body``: a scored loop's body, whose revisions' files are kept
+        (our gap: not freed)."""
         self.state = state
         self.tasks = tasks
         self.status = status
         self.selected = selected
         self.emit = emit
-        self.temps = {n: t.temp_files for n, t in tasks.items() if t.temp_files}
+        self.temps = {
+            n: t.temp_files for n, t in tasks.items() if t.temp_files and n not in loop_body
+        }
         self.dependants = {p: direct_dependants(tasks, p) for p in self.temps}
         self.freed: set[str] = set()
 

@@ -55,6 +55,7 @@ class Results:
         self.mapped = frozenset(t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t)
         self._records: dict[str, dict[str, Any] | None] = {}
         self._params: dict[str, Any] | None = None
+        self._folds: dict[tuple[str, str], list[Any]] = {}
 
     def value(self, form: Any) -> Any:
         """A declared result's value, or :class:`Absent`."""
@@ -83,14 +84,17 @@ class Results:
             note = str(record.get("note") or "")
             raise Absent(status, f"{task!r}: {note}" if note else f"{task!r} {status}")
         if task in self.mapped:
-            records = self.stage.load_all(self.state, task)
-            fold = []
-            for key in record.get("keys", []):
-                irec = records.get(key)
-                output = irec.get("output") if irec and irec.get("status") == "passed" else None
-                if isinstance(output, dict) and field in output:
-                    fold.append(output[field])
-            return fold
+            if (task, field) not in self._folds:  # one read of the instances' records
+                records = self.stage.load_all(self.state, task)
+                fold = []
+                for key in record.get("keys", []):
+                    irec = records.get(key)
+                    passed = irec is not None and irec.get("status") == "passed"
+                    output = irec.get("output") if passed else None
+                    if isinstance(output, dict) and field in output:
+                        fold.append(output[field])
+                self._folds[(task, field)] = fold
+            return self._folds[(task, field)]
         output = record.get("output")
         if not isinstance(output, dict) or field not in output:
             # capture fails a producer without a declared field; kept for records written otherwise

@@ -17,7 +17,7 @@ from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._selection import Selection, dry_run_lines, select
 from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.session._admit import Admission, admit
-from crucible.run.session._log import read_events
+from crucible.run.session._log import read_earlier
 from crucible.run.session._outputs import finish_results
 from crucible.run.session._session import Session, copy_outputs_file
 from crucible.stage import StateDir
@@ -70,7 +70,7 @@ def _run_admitted(
     if options.dry_run:
         return _dry_run_outcome(admission, options, state_dir, graph, selection, env, on_warning)
     if options.resume and not selection.to_run(graph):
-        _finish_freeing(options, graph, selection)
+        _finish_freeing(admission.plan, options, graph, selection)
         return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
     with Session(
         admission, options, state_dir=state_dir, graph=graph, selection=selection,
@@ -87,7 +87,9 @@ def _run_admitted(
     return outcome
 
 
-def _finish_freeing(options: RunOptions, graph: TaskGraph, selection: Selection) -> None:
+def _finish_freeing(
+    plan: dict[str, Any], options: RunOptions, graph: TaskGraph, selection: Selection
+) -> None:
     """Nothing runs: still finish what an earlier session marked freed and did
     not delete (killed between the two), and free what nothing needs any more
     (docs/spec/run.md, "Temporary files"; no session, so no event)."""
@@ -96,8 +98,10 @@ def _finish_freeing(options: RunOptions, graph: TaskGraph, selection: Selection)
     from crucible.run.engine._temps import TempFreer  # lazy: plans with temp_files only
 
     status = {n: str(r.get("status")) for n, r in selection.kept.items()}
+    body = (plan.get("loop") or {}).get("body") or ()
+    loop = frozenset(n for n in body if isinstance(n, str))
     TempFreer(
-        options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None,
+        options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None, loop,
     ).start()  # fmt: skip
 
 
@@ -113,6 +117,11 @@ def _prepare(admission: Admission, options: RunOptions) -> StateDir:
         problem = data_limit_problem(admission.model.tasks)
         if problem is not None:
             raise UsageError(problem)
+    if options.cache is not None and "limits" in admission.plan["workflow"]:
+        raise UsageError(
+            "--cache does not go with an accounted plan ([workflow.limits]): a cache hit "
+            "is an attempt that never ran (docs/spec/export.md §2)"
+        )
     return state_dir
 
 
@@ -122,7 +131,7 @@ def _earlier_events(
     """The state's session log so far (none for a fresh run); a resume first
     stops what a killed run left running."""
     log_path = state_dir.layout.session_path
-    earlier = [] if admission.unclaimed else read_events(log_path)
+    earlier = [] if admission.unclaimed else read_earlier(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
         from crucible.run.session._leftovers import stop_leftovers
 
