@@ -1,15 +1,15 @@
 """A unit's cache key before it is staged (docs/spec/cache.md, "When a unit is keyed").
 
-Every component of the key (:func:`crucible.run.cache._store.unit_key`, computed from a
-staged workspace) follows from the plan and from what is settled in the state
-directory: the producers' records, the params, the reserved inputs, the
+The one computation of a unit's key. Every component follows from the plan and
+from what is settled in the state directory: the producers' records, the params, the reserved inputs, the
 ancestors' captured files. :class:`Keyer` computes the same components from
 those, with stage's own readers, without writing anything: an ``inputs/``
 entry of ``index.json`` is built as stage builds it, minus the ``path`` and
 ``size`` the key leaves out, and each value's digest is taken over the bytes
 stage would write. A hit then needs no workspace, no staging and no worker;
-only a miss is staged. ``tests/run/test_cache_perf_key.py`` holds the two
-equal over every kind of input.
+only a miss is staged. ``tests/run/test_cache_perf_key.py`` holds each ``input:``
+component equal to the one read back from a staged workspace, over every kind of
+input.
 
 Anything stage would refuse (a plan/state mismatch, a producer that passed
 without its field) raises :class:`crucible.core.errors.CrucibleError` here too:
