@@ -238,15 +238,15 @@ def test_environment_policy_by_edition() -> None:
 
 
 def test_params_resolution() -> None:
-    plan = {
-        "workflow": {
-            "params": {
-                "who": {"type": "string", "default": "world"},
-                "n": {"type": "integer"},
-                "opts": {"type": "object", "default": {}},
-            }
-        }
+    workflow = {
+        "name": "w",
+        "params": {
+            "who": {"type": "string", "default": "world"},
+            "n": {"type": "integer"},
+            "opts": {"type": "object", "default": {}},
+        },
     }
+    plan = Plan.from_json({"version": 1, "workflow": workflow, "tasks": []})
     got = params.resolve_params(plan, {"n": 2}, ("who=3", "n=5"))
     assert got == {"who": "3", "n": 5, "opts": {}}
     with pytest.raises(InputRefused, match="required"):

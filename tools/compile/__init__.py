@@ -6,7 +6,8 @@ Public API (docs/spec/plan-ir.md, docs/spec/manifest.md; the plan schemas docs/s
 - :func:`load_plan_path` — a plan JSON file, strictly checked
 - :func:`load_any` — ``.toml`` → compile, otherwise a plan file
 - :class:`CompiledPlan` — ``plan`` (dict), ``data`` (canonical bytes), ``digest``, ``warnings``
-- ``crucible.compile._params.check(plan, supplied)`` resolves a run's params (dispatch calls it)
+- :func:`check_params` — ``check_params(plan, supplied)`` resolves a run's params
+  (dispatch calls it; crucible.compile._params)
 
 Errors are :mod:`crucible.core.errors` subclasses with ``where`` set;
 :class:`ValidationFailed` carries every diagnostic.
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from crucible.compile._diagnostics import Diagnostic, ValidationFailed
     from crucible.compile._editions import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, ir_version_for
     from crucible.compile._manifest import compile_bytes, compile_path
+    from crucible.compile._params import check_params
     from crucible.compile._plan import CompiledPlan, load_plan_bytes, load_plan_path
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "CompiledPlan",
     "Diagnostic",
     "ValidationFailed",
+    "check_params",
     "compile_bytes",
     "compile_path",
     "ir_version_for",
@@ -47,6 +50,7 @@ _LAZY = {
     "SUPPORTED_EDITIONS": "_editions",
     "SUPPORTED_VERSIONS": "_editions",
     "ir_version_for": "_editions",
+    "check_params": "_params",
     "compile_bytes": "_manifest",
     "compile_path": "_manifest",
     "CompiledPlan": "_plan",

@@ -294,7 +294,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     if options.publish_dir is not None and model.workflow.publish:
         from crucible.run.session._publish import check_destinations
 
-        check_destinations(plan, options.publish_dir)  # never replace a user's files
+        check_destinations(model, options.publish_dir)  # never replace a user's files
     jobs = _jobs(options.jobs, model)
     _check_state_path(state)
     given = read_params_file(options.params_file) if options.params_file else {}
@@ -310,7 +310,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         except BaseException:
             base.release()
             raise
-    params = resolve_params(plan, given, options.params)
+    params = resolve_params(model, given, options.params)
     check_fanout_params(model, params)  # a param a fan-out ranges over (IR v3)
     base.params = params
     plan_file = _layout(state).plan_path
@@ -390,7 +390,7 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
         if options.params_file or options.params:
             # Given params are checked on top of the stored ones: naming a param
             # again with its value is fine; a changed value is a different run.
-            resolved = resolve_params(base.plan, {**stored, **given}, options.params)
+            resolved = resolve_params(base.model, {**stored, **given}, options.params)
             name = changed_param(stored, resolved)
             if name is not None:
                 was = canon.dumps_str(stored[name]) if name in stored else "unset"

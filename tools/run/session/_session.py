@@ -83,7 +83,7 @@ class Session:
         admission.claim(options.state)
         # refused before its first event: a fresh run is unclaimed again
         unclaim = stack.enter_context(_UnclaimOnError(admission, options.state, fresh))
-        record = environ_record(admission.plan, self.environ, options.agent_cmd, admission.emit_cap)
+        record = environ_record(admission.model, self.environ, options.agent_cmd, admission.emit_cap)
         session = 1 + sum(1 for e in self.earlier if e.get("event") == "plan_admitted")
         note_environ(options.state, record, resumed=options.resume, session=session)
         if options.reuse:
