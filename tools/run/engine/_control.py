@@ -83,7 +83,7 @@ def evaluate(
 ) -> bool:
     """Evaluate ``expression`` over ``values`` (params, inputs, needs[, item][, outcome])
     within the bounds of crucible.compile._bounded (time, memory, signals)."""
-    from crucible.compile._bounded import evaluate_expression
+    from crucible.compile import evaluate_expression
 
     prelude = _PRELUDE + (_PRELUDE_ITEM if item else "") + (_PRELUDE_OUTCOME if outcome else "")
     done = evaluate_expression(expression, values, prelude, cancelled=cancelled)

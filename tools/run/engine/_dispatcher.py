@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from crucible.compile._durations import MAX_WAIT_S
+from crucible.compile import MAX_WAIT_S
 from crucible.run._options import RunOptions
 from crucible.run.engine import _control as control
 from crucible.run.engine._attempts import Attempts

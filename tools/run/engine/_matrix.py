@@ -24,10 +24,12 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, keyed_items
-from crucible.compile._sequences import (
+from crucible.compile import (
+    MAX_INSTANCES,
+    KeyProblem,
     SequenceProblem,
     check_sequence_param_values,
+    keyed_items,
     sequence_values,
 )
 from crucible.core import atomic, canon
@@ -198,7 +200,7 @@ def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
 
 
 def _describe(source: Any) -> str:
-    from crucible.compile._fanout import describe_source
+    from crucible.compile import describe_source
 
     return describe_source(source)
 
@@ -227,7 +229,7 @@ def combinations(
     """The matrix's combinations (module doc), in order, matched in linear time
     (crucible.compile._matrix_rules). Raises :class:`FanoutFailed` above
     :data:`MAX_INSTANCES`."""
-    from crucible.compile._matrix_rules import TooManyCombinations, matrix_combinations
+    from crucible.compile import TooManyCombinations, matrix_combinations
 
     try:
         return matrix_combinations(axes, exclude, include, limit=MAX_INSTANCES)

@@ -81,7 +81,7 @@ def apply_retry_when(
     policy = task.retry
     if retry.delay is None or policy is None or policy.when is None:
         return retry
-    from crucible.compile._bounded import evaluate_expression  # only for a task with retry.when
+    from crucible.compile import evaluate_expression  # only for a task with retry.when
 
     expression = policy.when
     done = evaluate_expression(expression, {"last": dict(last)}, LAST_PRELUDE, cancelled=cancelled)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._durations import MAX_WAIT_S
+from crucible.compile import MAX_WAIT_S
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.core.fdio import write_all
