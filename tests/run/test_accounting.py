@@ -419,3 +419,35 @@ def test_a_session_that_ended_before_its_group_begins_it_on_resume(tmp_path: Pat
     bundle = tmp_path / "bundle"
     assert prove(state, bundle).returncode == 0
     assert verify(bundle).returncode == 0
+
+
+def test_two_consumers_are_reserved_by_one_selection(tmp_path: Path) -> None:
+    """Both tasks mapping over the root are the root stage's direct consumers: one
+    selection reserves every child of both, in workflow order (RFC 0024 §3)."""
+    text = PACK.replace("ORGS", ORGS).replace("MAX_BYTES", "99999").replace("MAX_INSTANCES", "64")
+    text += """
+[[workflow.task]]
+name = "sites"
+needs = ["org"]
+map = "org.orgs"
+key = "name"
+run = '''printf '{"site": 1}' > "$CRUCIBLE_OUTPUT"'''
+"""
+    pack, state = tmp_path / "pack.toml", tmp_path / "st"
+    pack.write_text(text)
+    proc = dispatch(pack, state)
+    assert proc.returncode == 0, proc.stderr
+    (select,) = [o for o in ops(state) if o["op"] == "select"]
+    assert select["childIds"] == [
+        "people.0",
+        "people.1",
+        "people.2",
+        "sites.acme",
+        "sites.globex",
+        "sites.initech",
+    ]
+    groups = [o for o in ops(state) if o["op"] == "group"]
+    assert len(groups) == 2 and len(groups[1]["starts"]) == 6
+    bundle = tmp_path / "bundle"
+    assert prove(state, bundle).returncode == 0
+    assert verify(bundle).returncode == 0
