@@ -517,6 +517,7 @@ def check_fanout_graph(
     paths: Sequence[KeyPath],
 ) -> None:
     """Rules across tasks for the fan-out sources, outputs and publish entries."""
+    # lazy: compile._rules is not loaded with this module; only check_fanout_graph() needs it
     from crucible.compile._rules import _producer_field
 
     params = workflow.get("params", {})
@@ -555,6 +556,7 @@ def check_fanout_graph(
                 _check_param_source(chk, apath, task, src["param"], params, axis=True)
     _check_outputs_graph(chk, workflow, by_name)
     _check_publish_graph(chk, workflow, by_name)
+    # lazy: compile._task_params is not loaded with this module; only check_fanout_graph() needs it
     from crucible.compile._task_params import check_task_params
 
     check_task_params(chk, params, tasks, paths)

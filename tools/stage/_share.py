@@ -55,6 +55,7 @@ from crucible.stage._files import clone_fd, clone_known_bad, copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
+from crucible.stage._store import load_keyed
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -188,7 +189,6 @@ def _read_manifest(root: Path, label: str) -> tuple[str, Published] | None:
 def _keyed_record(record: Path, key: str | None) -> dict[str, Any] | None:
     """A keyed unit's record, a line of its task's packed file (crucible.stage._store);
     None without one (``key`` None: captured files whose unit has no record)."""
-    from crucible.stage._store import load_keyed
 
     if key is None:
         return None

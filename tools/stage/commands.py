@@ -23,7 +23,10 @@ from crucible.core.errors import (
     PlanChanged,
     UsageError,
 )
+from crucible.stage import capture, render_prompt, stage_inputs
+from crucible.stage._capture import EXIT_CODE_MAX, EXIT_CODE_MIN
 from crucible.stage._layout import StateLayout
+from crucible.stage._plan import PLAN, build_view
 
 __all__ = [
     "CaptureOptions",
@@ -88,7 +91,6 @@ class Target:
 def naming_plan(name: str) -> Iterator[None]:
     """The library locates plan problems in the plan it was handed
     (:func:`crucible.stage._plan.in_plan`); say which file that is."""
-    from crucible.stage._plan import PLAN
 
     try:
         yield
@@ -131,7 +133,6 @@ def _admitted(path: Path) -> bytes:
 def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None) -> dict[str, Any]:
     """Read a plan strictly, check what stage relies on, and check it is the plan
     the run in ``state`` admitted (``STATE/plan.json``) when there is one."""
-    from crucible.stage._plan import build_view
 
     data, name = _read_plan_bytes(plan_arg, state, stdin)
     try:
@@ -208,7 +209,6 @@ def run_inputs(
     opts: InputsOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Stage the task's inputs/ and print its environment."""
-    from crucible.stage import stage_inputs
 
     staged = _for_target(opts.target, stdin, stage_inputs)
     if opts.fmt == "json":
@@ -223,7 +223,6 @@ def run_inputs(
 
 
 def _exit_code(value: int) -> int:
-    from crucible.stage._capture import EXIT_CODE_MAX, EXIT_CODE_MIN
 
     if not EXIT_CODE_MIN <= value <= EXIT_CODE_MAX:
         raise UsageError(
@@ -244,7 +243,6 @@ def _capture(
 ) -> dict[str, Any]:
     """Capture from ``output_file``; ``-`` spools stdin to a private temp file
     first (not in the workspace, which emits_files globs may read)."""
-    from crucible.stage import capture
 
     def settle(path: Path, name: str | None) -> dict[str, Any]:
         return capture(
@@ -304,7 +302,6 @@ def run_prompt(
     opts: PromptOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Print an agent task's prompt (staging its inputs first when needed)."""
-    from crucible.stage import render_prompt
 
     out.write(_for_target(opts.target, stdin, render_prompt).encode("utf-8"))
     return 0

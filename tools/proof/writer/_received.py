@@ -4,6 +4,7 @@ pin/phase table (docs/spec/workflow.md §9)."""
 from __future__ import annotations
 
 import os
+import stat as _stat
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,6 @@ def read_artifact(root: Path, rel: str, where: Location, base: Path | None = Non
         raise InputRefused(f"artifact {rel!r} not found in {root}", where=where) from None
     except OSError as exc:
         raise InputRefused(f"artifact {rel!r}: {exc.strerror}", where=where) from None
-    import stat as _stat
 
     if not _stat.S_ISREG(st.st_mode):
         raise InputRefused(f"artifact {rel!r} is not a regular file", where=where)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import selectors
 import signal
 import time
@@ -329,7 +330,6 @@ class Dispatcher:
             status, code = PASSED, 0
         else:
             status, code = FAILED, 1
-        import resource
 
         self.log.emit(
             events.run_finished(

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, keyed_items
+from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, describe_source, keyed_items
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
 
@@ -77,6 +77,7 @@ def _utf16_order(keys: Iterable[str]) -> list[str]:
 
 def _source_value(source: Any, params: Mapping[str, Any], state: Path, what: str) -> Any:
     if isinstance(source, str):
+        # lazy: stage is not loaded with this module; only _source_value() needs it
         from crucible import stage
 
         producer, _, field = source.rpartition(".")
@@ -120,7 +121,6 @@ def _map_pairs(
 
 
 def _describe(source: Any) -> str:
-    from crucible.compile._fanout import describe_source
 
     return describe_source(source)
 
@@ -149,6 +149,7 @@ def combinations(
     """The matrix's combinations (module doc), in order, matched in linear time
     (crucible.compile._matrix_rules). Raises :class:`FanoutFailed` above
     :data:`MAX_INSTANCES`."""
+    # lazy: compile._matrix_rules is not loaded with this module; only combinations() needs it
     from crucible.compile._matrix_rules import TooManyCombinations, matrix_combinations
 
     try:
@@ -198,6 +199,7 @@ def preview(item: Any) -> str:
 
 
 def write_instances(state: Path, task: str, pairs: Sequence[tuple[str, Any]]) -> None:
+    # lazy: stage is not loaded with this module; only write_instances() needs it
     from crucible.stage import instances_path
 
     path = instances_path(state, task)

@@ -22,6 +22,7 @@ from crucible.run.report._state import (
     load_record,
     load_resources,
     read_events,
+    read_regular,
 )
 from crucible.run.report._usage import (
     UnitUsage,
@@ -302,9 +303,10 @@ def _item_keys(
 
 
 def _plan_value(state: Path) -> Any:
+    # lazy: not loaded with this module; only _plan_value() needs it
     import orjson
 
-    from crucible.run.report._state import read_regular
+    # lazy: stage is not loaded with this module; only _plan_value() needs it
     from crucible.stage import StateLayout
 
     data = read_regular(StateLayout(state).plan_path, "plan.json")
@@ -661,8 +663,8 @@ def render_outputs(state: Path, out: IO[str]) -> None:
     """The run's results (``STATE/outputs.json``), under the table when the plan
     declares any: each present one as canonical JSON (cut), each absent one with
     its reason."""
+    # lazy: core.canon, stage are not loaded with this module; only render_outputs() needs it
     from crucible.core import canon
-    from crucible.run.report._state import read_regular
     from crucible.stage import StateLayout
 
     path = StateLayout(state).outputs_path

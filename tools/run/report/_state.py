@@ -21,7 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from crucible.core.errors import OperationalError, ParseError
+from crucible.core.errors import CrucibleError, InputRefused, OperationalError, ParseError
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
 
@@ -99,6 +99,7 @@ def _int(value: Any, minimum: int | None = None) -> bool:
 
 
 def _load_json(data: bytes, where: str) -> Any:
+    # lazy: not loaded with this module; only _load_json() needs it
     import orjson
 
     try:
@@ -113,7 +114,7 @@ def _load_json(data: bytes, where: str) -> Any:
 def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
     """(task name, mapped, the task its map reads or None) in plan order, from
     ``STATE/plan.json``."""
-    from crucible.core.errors import InputRefused
+    # lazy: stage is not loaded with this module; only load_plan() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).plan_path
@@ -140,6 +141,7 @@ def load_resources(state: Path) -> dict[str, dict[str, int]]:
     """Each task's declared ``resources`` (``cpus``, ``memory`` in bytes) from
     ``STATE/plan.json``, where the plan declares them (IR v3); a value that is
     not a positive integer is left out (the report only shows them)."""
+    # lazy: stage is not loaded with this module; only load_resources() needs it
     from crucible.stage import StateLayout
 
     data = read_regular(StateLayout(state).plan_path, "plan.json")
@@ -264,8 +266,10 @@ def read_events(state: Path) -> list[Event]:
     """Every event of ``STATE/session.jsonl`` the report reads, checked, in log
     order. A torn last line (a crash before its fsync) is ignored, as the
     dispatcher does; any other bad line is ``session.jsonl:N: message``."""
+    # lazy: not loaded with this module; only read_events() needs it
     import orjson
 
+    # lazy: stage is not loaded with this module; only read_events() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).session_path
@@ -318,7 +322,7 @@ _packed: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 def _keyed_record(path: Path, task: str, key: str) -> Any:
     """A keyed unit's record from its task's packed file (read once per report,
     refused like any state file that is not a regular one)."""
-    from crucible.core.errors import CrucibleError
+    # lazy: stage.readers is not loaded with this module; only _keyed_record() needs it
     from crucible.stage.readers import parse_packed
 
     where = str(path)
@@ -346,6 +350,7 @@ def _keyed_record(path: Path, task: str, key: str) -> Any:
 
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
     """The settled record of a unit, checked, or None when there is none."""
+    # lazy: core.contract, stage are not loaded with this module; only load_record() needs it
     from crucible.core.contract import RESULT_STATUSES as STATUSES
     from crucible.stage import RESULT_FORMAT, StateLayout
 

@@ -19,6 +19,7 @@ filesystem instead, :mod:`crucible.run.engine._syncfs`), then says which batch i
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import time
@@ -99,6 +100,7 @@ class SessionLog:
         mirror: IO[bytes] | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
+        # lazy: not loaded with this module; only __init__() needs it
         import queue
         import threading
 
@@ -315,7 +317,6 @@ def _fsync_path(path: str) -> None:
 def read_events(path: Path) -> list[dict[str, Any]]:
     """Every event of a session log. A torn last line (a crash mid-write, before
     its fsync) is ignored; any other bad line is reported as ``file:line``."""
-    import io
 
     try:
         data = path.read_bytes()

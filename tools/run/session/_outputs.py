@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from crucible.core import atomic, canon
 from crucible.core.errors import OperationalError
+from crucible.core.fdio import write_all
 
 __all__ = ["OUTPUTS_FORMAT", "build_outputs", "copy_outputs", "finish_results", "write_outputs"]
 
@@ -38,6 +39,7 @@ def _absence(record: Mapping[str, Any] | None, producer: str, field: str) -> dic
 
 def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> dict[str, Any]:
     """The outputs object of the run in ``state`` (see module doc)."""
+    # lazy: stage is not loaded with this module; only build_outputs() needs it
     from crucible import stage
 
     declared: Mapping[str, str] = plan["workflow"].get("outputs", {})
@@ -103,6 +105,7 @@ def finish_results(
         return
     if status == "interrupted":
         return
+    # lazy: run.session._publish is not loaded with this module; only finish_results() needs it
     from crucible.run.session._publish import publish
 
     publish(plan, options.state, options.publish_dir, admission.digest)
@@ -126,6 +129,7 @@ def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None 
     (through :mod:`crucible.core.output`, as every command's output: a FIFO or a
     device is written through, a regular file replaced atomically). ``fd``: a
     FIFO's write end opened at admission (crucible.run.session._preflight)."""
+    # lazy: core.output is not loaded with this module; only copy_outputs() needs it
     from crucible.core.output import write_output, write_stream
 
     path = _layout(state).outputs_path
@@ -137,8 +141,6 @@ def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None 
         assert out is not None
         write_stream(out, data + b"\n")
     elif fd is not None:
-        from crucible.core.fdio import write_all
-
         try:
             write_all(fd, data)
         except OSError as exc:
