@@ -29,6 +29,8 @@ demo: install
 	$(BIN)/crucible-dispatch demo-plan.json --state demo-state/fanout -j 2
 	$(BIN)/crucible-dispatch report demo-state/fanout
 	$(BIN)/crucible-dispatch report demo-state/fanout --html demo-state/fanout/timeline.html
+	@echo "== dispatch: a fan-out over a fan-out's outputs, results computed from several tasks"
+	$(BIN)/crucible-dispatch examples/aggregate/pack.toml --state demo-state/aggregate -j 2 --outputs -
 	@echo "== ledger: a durable step, then its replay"
 	mkdir -p demo-state/ledger
 	$(BIN)/crucible-ledger run --dir demo-state/ledger --scope demo --key pack=fanout -- sh -c 'sleep 1; echo expensive result'
@@ -36,6 +38,10 @@ demo: install
 	@echo "== prove a recorded operation log, verify the bundle offline"
 	$(BIN)/crucible-prove --workflow tests/vectors/proof/complete/workflow.json --operations tests/vectors/proof/complete/operations.ndjson --artifacts tests/vectors/proof/complete/artifacts --out demo-bundle
 	$(BIN)/crucible-verify demo-bundle
+	@echo "== an accounted run and its proof: examples/org-people"
+	$(BIN)/crucible-dispatch examples/org-people/pack.toml --state demo-state/org-people
+	$(BIN)/crucible-prove --state demo-state/org-people --out demo-state/org-people.bundle
+	$(BIN)/crucible-verify demo-state/org-people.bundle
 	@echo "demo done: see demo-state/fanout/timeline.html"
 
 test: install

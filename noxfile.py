@@ -13,6 +13,9 @@ nox.options.reuse_existing_virtualenvs = True
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install("-e", ".[test]")
+    # An editable install is not byte-compiled, and under PYTHONDONTWRITEBYTECODE
+    # every command a test starts would compile its modules again (~0.3 s each).
+    session.run("python", "-m", "compileall", "-q", "tools")
     session.run("pytest", *session.posargs)
 
 

@@ -11,14 +11,23 @@ with ``itertools.product`` (the floor of any expansion).
     python benchmarks/bench_fanout.py            # 100 x 100 = 10,000 instances
     python benchmarks/bench_fanout.py --side 20  # a quick run
 
-With ``--instances N`` (issue 14: ``--instances 100000``) it runs instead one
-no-op fan-out of N instances (``map = "items.items"``), on the disk and on a
-tmpfs (one mounted for the run where that is allowed, else ``/dev/shm``), and
-prints for each the wall time, the dispatcher's peak RSS and what the run left
-in its state directory: inodes and bytes allocated (``os.walk`` + ``lstat``,
-``st_blocks * 512``; a hard link counted once), per instance and by top-level
-entry (``work``, ``results``, ``output``, ...). Budget: at most 4 inodes and
-4 KiB per no-op instance (``--budget`` to exit 1 when over).
+With ``--instances N [N ...]`` (issue 33: ``--instances 10000 100000 1000000``)
+it runs instead, for each N (a 10x ladder), one no-op fan-out of N instances
+(``map = "items.items"``), on the disk and on a tmpfs (one mounted for the run
+where that is allowed, else ``/dev/shm``), each in a fresh directory, and
+prints per step: the wall time per instance, the dispatcher's peak RSS, what
+the run left in its state directory (inodes and bytes allocated, ``os.walk`` +
+``lstat``, ``st_blocks * 512``, a hard link counted once; per instance and by
+top-level entry), then ``report``, ``report --html`` (time, peak RSS of the
+report process, page size) and ``-n`` on the finished state. Budgets (issue
+33), checked with ``--budget`` (exit 1 when over): time per instance flat
+(the largest step's at most 1.2x the smallest's), the dispatcher's peak RSS
+at most 512 MiB and growing less than the instances, at most 1 KiB of state
+and 4 inodes an instance, ``report`` at most 30 s at 10^6 (pro rata below,
+never under 2 s) and its peak RSS at most 256 MiB at any size, the page at
+most 2 MiB at any size, ``-n`` at most 30 s at 10^6 (pro rata). Run without
+arguments (``nox -s bench``), it runs the matrix comparison and then the
+ladder 10,000 and 100,000 with its budgets.
 
 With ``--unlink-cycles N`` it times instead, in fresh directories on the disk,
 N creations of a small file (a no-op's ``CRUCIBLE_OUTPUT``) against N cycles
@@ -39,15 +48,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from _tmpfs import tmpfs_dir
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 RSS_BUDGET_MIB = 300.0
-#: per no-op instance, what a run may leave in its state (issue 14)
+#: per no-op instance, what a run may leave in its state (issue 14; issue 33: 1 KiB)
 INODES_PER_INSTANCE = 4.0
-BYTES_PER_INSTANCE = 4096.0
+BYTES_PER_INSTANCE = 1024.0
+#: issue 33, the million-unit ladder's budgets
+FLAT_RATIO = 1.2  # time per instance, largest step over smallest
+DISPATCHER_RSS_MIB = 512.0  # at 10^6 (and below)
+REPORT_S_AT_MILLION = 30.0  # report, report --html, -n at 10^6; pro rata below
+REPORT_S_FLOOR = 2.0  # ... never under this (start-up)
+REPORT_RSS_MIB = 256.0  # report's peak RSS at any size: it streams
+PAGE_MIB = 2.0  # report --html at any size
+#: the ladder nox -s bench runs (10^6 is run by hand: ~1 h on a 2-core machine)
+DEFAULT_LADDER = (10_000, 100_000)
 
 
 def matrix_pack(root: Path, side: int) -> Path:
@@ -131,24 +150,120 @@ def state_usage(state: Path) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in sorted(usage.items())}
 
 
-def no_op_fanout(root: Path, n: int, where: str) -> bool:
-    """One no-op fan-out of n instances under root; prints its figures and
-    returns whether they are within the per-instance budget."""
-    wall, rss = run(map_pack(root, n), root / "state", n + 1)
-    usage = state_usage(root / "state")
-    inodes = sum(u[0] for u in usage.values())
-    nbytes = sum(u[1] for u in usage.values())
+def timed(argv: list[str], out: Path | None = None) -> tuple[float, float]:
+    """(wall seconds, peak RSS MiB) of one command (its own process: os.wait4),
+    stdout into ``out`` (discarded without one)."""
+    sink = open(out, "wb") if out is not None else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        t = time.perf_counter()
+        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        if out is not None and not isinstance(sink, int):
+            sink.close()
+    if proc.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}")
+    return wall, usage.ru_maxrss / 1024
+
+
+@dataclass
+class Step:
+    """One rung of the ladder: a no-op fan-out of ``n`` instances on ``where``."""
+
+    n: int
+    where: str
+    wall: float = 0.0
+    rss: float = 0.0
+    inodes: int = 0
+    nbytes: int = 0
+    report_s: float = 0.0
+    report_rss: float = 0.0
+    html_s: float = 0.0
+    html_rss: float = 0.0
+    page: int = 0
+    dry_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def per_instance_ms(self) -> float:
+        return self.wall / self.n * 1e3
+
+
+def report_budget_s(n: int) -> float:
+    """``report``'s (and ``-n``'s) budget at ``n`` instances: 30 s at 10^6, pro rata."""
+    return max(REPORT_S_AT_MILLION * n / 1e6, REPORT_S_FLOOR)
+
+
+def no_op_fanout(root: Path, n: int, where: str) -> Step:
+    """One no-op fan-out of n instances under root, then its report, page and
+    dry run; prints its figures and returns them (with what is over budget)."""
+    step = Step(n, where)
+    state = root / "state"
+    step.wall, step.rss = run(map_pack(root, n), state, n + 1)
+    usage = state_usage(state)
+    step.inodes = sum(u[0] for u in usage.values())
+    step.nbytes = sum(u[1] for u in usage.values())
     print(
-        f"{where}: {n} no-op instances in {wall:.2f} s ({wall / n * 1e3:.3f} ms each), "
-        f"dispatcher peak RSS {rss:.1f} MiB"
+        f"{where}: {n} no-op instances in {step.wall:.2f} s ({step.per_instance_ms:.3f} ms each), "
+        f"dispatcher peak RSS {step.rss:.1f} MiB"
     )
     print(
-        f"  state: {inodes} inodes, {nbytes / 1e6:.1f} MB; per instance "
-        f"{inodes / n:.2f} inodes, {nbytes / n / 1024:.2f} KiB"
+        f"  state: {step.inodes} inodes, {step.nbytes / 1e6:.1f} MB; per instance "
+        f"{step.inodes / n:.2f} inodes, {step.nbytes / n:.0f} B"
     )
     for top, (i, b) in usage.items():
-        print(f"    {top:<14} {i:>9} inodes {i / n:6.2f}/instance {b / n / 1024:8.2f} KiB/instance")
-    return inodes / n <= INODES_PER_INSTANCE and nbytes / n <= BYTES_PER_INSTANCE
+        print(f"    {top:<14} {i:>9} inodes {i / n:6.2f}/instance {b / n:8.0f} B/instance")
+    step.report_s, step.report_rss = timed([DISPATCH, "report", str(state)])
+    page = root / "page.html"
+    step.html_s, step.html_rss = timed([DISPATCH, "report", str(state), "--html", str(page)])
+    step.page = page.stat().st_size
+    step.dry_s, _ = timed(
+        [DISPATCH, str(root / "map.toml"), "--state", str(state), "-n", "--resume"]
+    )
+    print(
+        f"  report {step.report_s:.2f} s (peak RSS {step.report_rss:.0f} MiB); "
+        f"--html {step.html_s:.2f} s (peak RSS {step.html_rss:.0f} MiB), page "
+        f"{step.page / 1024:.0f} KiB; -n {step.dry_s:.2f} s"
+    )
+    budget_s = report_budget_s(n)
+    checks = (
+        (step.inodes / n <= INODES_PER_INSTANCE, f"{step.inodes / n:.2f} inodes an instance"),
+        (step.nbytes / n <= BYTES_PER_INSTANCE, f"{step.nbytes / n:.0f} B of state an instance"),
+        (step.rss <= DISPATCHER_RSS_MIB, f"dispatcher peak RSS {step.rss:.0f} MiB"),
+        (step.report_s <= budget_s, f"report {step.report_s:.1f} s > {budget_s:.1f} s"),
+        (step.html_s <= budget_s, f"report --html {step.html_s:.1f} s > {budget_s:.1f} s"),
+        (step.dry_s <= budget_s, f"-n {step.dry_s:.1f} s > {budget_s:.1f} s"),
+        (step.report_rss <= REPORT_RSS_MIB, f"report peak RSS {step.report_rss:.0f} MiB"),
+        (step.html_rss <= REPORT_RSS_MIB, f"report --html peak RSS {step.html_rss:.0f} MiB"),
+        (step.page <= PAGE_MIB * 2**20, f"page {step.page / 2**20:.2f} MiB"),
+    )
+    step.problems = [what for ok, what in checks if not ok]
+    return step
+
+
+def ladder_verdict(steps: list[Step]) -> list[str]:
+    """What is over budget across the steps of one filesystem: time per
+    instance not flat, RSS growing as fast as the instances."""
+    problems = [f"{s.n} on {s.where}: {p}" for s in steps for p in s.problems]
+    if len(steps) >= 2:
+        lo, hi = steps[0], steps[-1]
+        ratio = hi.per_instance_ms / lo.per_instance_ms
+        print(
+            f"  {lo.where}: time per instance {lo.n} -> {hi.n}: {lo.per_instance_ms:.3f} -> "
+            f"{hi.per_instance_ms:.3f} ms, ratio {ratio:.2f} (budget {FLAT_RATIO})"
+        )
+        if ratio > FLAT_RATIO:
+            problems.append(f"{lo.where}: time per instance x{ratio:.2f} from {lo.n} to {hi.n}")
+        growth = hi.rss / lo.rss if lo.rss else 0.0
+        print(
+            f"  {lo.where}: dispatcher peak RSS {lo.rss:.0f} -> {hi.rss:.0f} MiB "
+            f"(x{growth:.1f} for x{hi.n / lo.n:.0f} instances)"
+        )
+        if growth >= hi.n / lo.n:
+            problems.append(f"{lo.where}: dispatcher RSS grows as fast as the instances")
+    return problems
 
 
 def _create(path: str) -> None:
@@ -191,28 +306,45 @@ def unlink_main(n: int) -> int:
     return 0
 
 
-def instances_main(n: int, budget: bool) -> int:
-    ok = True
-    with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
-        ok &= no_op_fanout(Path(tmp), n, f"disk ({Path(tmp).parent})")
-    with tmpfs_dir("bench-fanout-") as (tmp, where):
-        ok &= no_op_fanout(tmp, n, where)
-    verdict = "within" if ok else "OVER"
+def instances_main(ladder: list[int], budget: bool) -> int:
+    disk: list[Step] = []
+    tmpfs: list[Step] = []
+    for n in ladder:  # each step in directories of its own, removed after it
+        with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
+            disk.append(no_op_fanout(Path(tmp), n, f"disk ({Path(tmp).parent})"))
+        with tmpfs_dir("bench-fanout-") as (tmp, where):
+            tmpfs.append(no_op_fanout(tmp, n, where))
     print(
-        f"state budget {INODES_PER_INSTANCE:.0f} inodes and {BYTES_PER_INSTANCE / 1024:.0f} KiB "
-        f"per instance: {verdict}"
+        "# N, where: ms/instance, dispatcher MiB, state B/instance, report s/MiB, html s/KiB, -n s"
     )
-    return 0 if ok or not budget else 1
+    for s in disk + tmpfs:
+        print(
+            f"  {s.n:>8} {s.where.split(' ')[0]:<6} {s.per_instance_ms:7.3f} {s.rss:7.0f} "
+            f"{s.nbytes / s.n:6.0f} {s.report_s:7.2f}/{s.report_rss:<5.0f} "
+            f"{s.html_s:7.2f}/{s.page / 1024:<6.0f} {s.dry_s:6.2f}"
+        )
+    problems = ladder_verdict(disk) + ladder_verdict(tmpfs)
+    for p in problems:
+        print(f"OVER BUDGET: {p}")
+    print(f"ladder {', '.join(map(str, ladder))}: {'within budget' if not problems else 'OVER'}")
+    return 0 if not problems or not budget else 1
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--side", type=int, default=100, help="axis length (N x N combinations)")
     ap.add_argument(
-        "--instances", type=int, help="instead: one no-op fan-out of N instances, and its state"
+        "--instances",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="instead: a no-op fan-out of each N instances, its state, report and page",
     )
+    ap.add_argument("--budget", action="store_true", help="with --instances: exit 1 over a budget")
     ap.add_argument(
-        "--budget", action="store_true", help="with --instances: exit 1 over the state budget"
+        "--no-ladder",
+        action="store_true",
+        help="without --instances: the matrix comparison only (not the 10^4, 10^5 ladder)",
     )
     ap.add_argument(
         "--unlink-cycles",
@@ -225,9 +357,9 @@ def main() -> int:
             ap.error("--unlink-cycles must be at least 3")
         return unlink_main(args.unlink_cycles)
     if args.instances is not None:
-        if args.instances < 1:
+        if min(args.instances) < 1:
             ap.error("--instances must be at least 1")
-        return instances_main(args.instances, args.budget)
+        return instances_main(sorted(args.instances), args.budget)
     n = args.side * args.side
     ours, floor = expansion(args.side)
     print(
@@ -244,6 +376,8 @@ def main() -> int:
     ok = m_rss <= RSS_BUDGET_MIB or n < 10000
     budget = "within" if m_rss <= RSS_BUDGET_MIB else "OVER"
     print(f"RSS budget {RSS_BUDGET_MIB:.0f} MiB: {budget}")
+    if not args.no_ladder:
+        ok &= instances_main(list(DEFAULT_LADDER), budget=True) == 0
     return 0 if ok else 1
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.stage import capture, stage_inputs
+from crucible.stage import capture, check_inputs, guard_views, stage_inputs
 
 BUDGET = 2.0
 
@@ -124,6 +124,20 @@ def main(argv: list[str] | None = None) -> int:
         staged = state / "work" / "m" / "0" / "inputs" / "p" / "big"
         how = "hard links" if staged.stat().st_nlink > 1 else "reflinks or copies"
 
+        # Dispatch's way (one copy, inputs.md 3.4): this process guards the
+        # views, so they link the stored inode itself under a read lease, each
+        # given up at the consumer's check (timed too: dispatch pays it).
+        guard_views()
+        os.sync()
+        start = time.perf_counter()
+        for k in range(args.instances):
+            ws = state / "work" / "g" / str(k)
+            stage_inputs(plan, state, "m", ws, key=str(k))
+            check_inputs(plan, state, "m", ws, key=str(k))
+        guarded = time.perf_counter() - start
+        leased = state / "work" / "g" / "0" / "inputs" / "p" / "big"
+        one = leased.stat().st_ino == store.stat().st_ino
+
         os.sync()
         start = time.perf_counter()
         shutil.copyfile(store, root / "old-way")
@@ -137,11 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         f"with the file ({how}): {staging * 1e3:.0f} ms = {staging / one_copy:.2f}x one copy"
     )
     print(f"what the file adds: {ratio:.2f}x one copy (budget {BUDGET}x)")
+    guarded_ratio = (guarded - no_files) / one_copy
+    print(
+        f"guarded views of the one stored copy (dispatch's way; "
+        f"{'links to the stored inode' if one else 'reflinks or copies'}), staged and "
+        f"checked: {guarded * 1e3:.0f} ms; what the file adds: {guarded_ratio:.2f}x one copy "
+        f"(budget {BUDGET}x)"
+    )
     print(
         f"a copy per instance (before): about {old_way * 1e3:.0f} ms "
         f"= {old_way / one_copy:.1f}x one copy"
     )
-    return 0 if ratio <= BUDGET else 1
+    return 0 if ratio <= BUDGET and guarded_ratio <= BUDGET else 1
 
 
 if __name__ == "__main__":

@@ -82,10 +82,33 @@ def check_fanout_fail_on(state: Path) -> None:
     assert line.endswith(" sum=-")
 
 
+def check_org_people_descriptive(state: Path) -> None:
+    # accounted (docs/spec/export.md): under descriptive ids the fourth
+    # organisation's output would exceed max_bytes, so it is refused
+    report = rows(state)
+    assert report["org"]["status"] == "passed"
+    assert report["people"]["status"] == "failed"
+    assert report["people"]["instance_status"] == {"passed": 3, "failed": 1}
+    # by 637 bytes with a four-letter login name: the actor is part of every candidate
+    assert re.search(r"refused: would exceed max_bytes by \d+", result(state, "people")["note"])
+
+
+def check_sibling_retry(state: Path) -> None:
+    # accounted: a failed its first attempt, b's output was refused for bytes
+    report = rows(state)
+    assert report["pick"]["status"] == "passed"
+    assert report["work"]["status"] == "failed"
+    assert report["work"]["instance_status"] == {"failed": 2}
+    assert "refused: would exceed max_bytes" in result(state, "work")["note"] or (
+        "first 'a'" in result(state, "work")["note"]
+    )
+
+
 #: pack -> host variables whose documented use makes the run fail on purpose
 FAILURE_ENV = {"daily": ("DAILY_FAIL_ON",)}
-#: packs whose header is a sequence of commands on one state dir
-TOURS = ("daily",)
+#: packs whose header is a sequence of commands on one state dir (the accounted
+#: ones' tours: tests/run/test_accounted_export.py)
+TOURS = ("daily", "sibling-retry")
 
 
 def check_exit_handler_break(state: Path) -> None:
@@ -102,6 +125,8 @@ FAILURE_MODES: dict[str, tuple[list[str], Callable[[Path], None]]] = {
     "large-output": (["-p", "inline=true"], check_large_output_inline),
     "fanout": (["-p", "fail_on=gamma"], check_fanout_fail_on),
     "exit-handler": (["-p", "break_step=transform"], check_exit_handler_break),
+    "org-people": (["-p", "ids=descriptive"], check_org_people_descriptive),
+    "sibling-retry": (["-p", "mode=retry"], check_sibling_retry),
 }
 
 

@@ -40,6 +40,9 @@ EXPECTED_EXIT = {
     "crucible-ledger run --dir .ledger --scope lint --record-exit 1 -- grep -c TODO main.c": 1,
     # the daily loop's deliberate failure (fixed by the --retry-failed that follows)
     "DAILY_FAIL_ON=south.csv crucible-dispatch examples/daily/pack.toml": 1,
+    # accounted runs: a refused output and a first attempt that fails on purpose
+    "crucible-dispatch examples/org-people/pack.toml --state /tmp/op-long -p ids=descriptive": 1,
+    "crucible-dispatch examples/sibling-retry/pack.toml --state /tmp/sr -p mode=retry": 1,
 }
 
 

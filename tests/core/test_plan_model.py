@@ -17,6 +17,7 @@ from crucible.core.plan import (
     TASK_MEMBERS,
     WORKFLOW_MEMBERS,
     Axis,
+    Expression,
     Input,
     ItemsSource,
     Matrix,
@@ -28,6 +29,7 @@ from crucible.core.plan import (
     Retry,
     SequenceSource,
     Task,
+    parse,
     split_ref,
 )
 
@@ -60,9 +62,13 @@ def test_the_every_member_pack_holds_every_member() -> None:
     raw = canon.loads(EVERY.read_bytes())
     task_keys = {k for t in raw["tasks"] for k in t}
     assert task_keys == set(TASK_MEMBERS)
-    assert set(raw["workflow"]) == set(WORKFLOW_MEMBERS) - {"resolved_from"}
+    # limits and record: an accounted pack refuses most task keys, so its own golden
+    # (tests/compile/packs/accounted) holds them
+    assert set(raw["workflow"]) == set(WORKFLOW_MEMBERS) - {"resolved_from", "limits", "record"}
+    accounted = canon.loads((EVERY.parents[1] / "accounted/golden.plan.json").read_bytes())
+    assert {"limits", "record"} <= set(accounted["workflow"])
     assert set(raw) == set(PLAN_MEMBERS)
-    kinds = {type(Task.from_json(t, "", 3).map) for t in raw["tasks"]}
+    kinds = {type(Task.from_json(t, "", 3, checked=True).map) for t in raw["tasks"]}
     assert {Ref, ItemsSource, ParamSource, SequenceSource} <= kinds
 
 
@@ -107,18 +113,49 @@ def test_what_the_members_mean() -> None:
         3,
     )
     assert t.run == ("x",) and t.fans_out and t.listed and not t.caches and t.tolerated
-    assert isinstance(t.map, SequenceSource) and t.map.values() == [2, 0, -2]
+    assert t.map == SequenceSource(start=2, step=-2, count=3)
     assert t.resources == Resources(cpus=2) and t.resources.amounts() == {"cpus": 2}
     keyed = Task.from_json(
         {"name": "k", "kind": "command", "run": "x", "map": "p.f", "key": "id"}, "", 3
     )
     assert keyed.map_ref == Ref("p", "f") and keyed.listed
     assert not Task.from_json({"name": "m", "kind": "command", "map": "p.f"}, "", 1).listed
+    pathed = Task.from_json({"name": "m", "kind": "command", "map": "p.f[0]"}, "", 3)
+    assert pathed.map_ref == Ref("p", "f", (0,)) and pathed.listed  # the dispatcher resolves it
+
+
+def test_references_are_read_by_the_one_parser_with_the_needs() -> None:
+    """A dotted producer is the longest prefix that names a need (core.refs)."""
+    t = Task.from_json(
+        {
+            "name": "c",
+            "kind": "command",
+            "needs": ["a.b"],
+            "map": "a.b.rows",
+            "inputs": {
+                "x": {"from": "a.b.cfg.region", "producer": "a.b", "field": "cfg",
+                      "path": ["region"], "type": "any"},
+            },
+        },
+        "$.tasks[0]",
+        3,
+    )  # fmt: skip
+    assert t.map_ref == Ref("a.b", "rows")
+    assert t.inputs["x"].ref == Ref("a.b", "cfg", ("region",))
+    assert t.to_json()["inputs"]["x"]["path"] == ["region"]
 
 
 def test_plan_lookups() -> None:
     plan = Plan.from_json(canon.loads(EVERY.read_bytes()))
     assert plan.order[0] == "seed" and plan.task("sum").join == "settled"
+    assert plan.listed("again") and not plan.task("again").listed  # a map over a map
+    assert not plan.listed("each") and plan.listed("seq")
+    assert plan.workflow.outputs["first"] == Ref("seed", "rows", (0,))
+    assert plan.workflow.outputs["doubled"] == Expression("tasks.sum.total * 2")
+    each = plan.task("each")
+    assert each.retry is not None and each.retry.when == "last.exit_code == 75"
+    assert plan.task("countdown").map == SequenceSource(start=ParamSource("top"), step=-1, end=1)
+    assert plan.task("seq").map == SequenceSource(start=1, step=2, count=4, format="%02d")
     with pytest.raises(InputRefused, match="'nope' is not in the plan"):
         plan.task("nope")
     assert plan.workflow.outputs["total"] == Ref("sum", "total")
@@ -175,7 +212,7 @@ def test_plan_lookups() -> None:
                 ],
             },
             "$.tasks[0].inputs.x",
-            "producer/field disagree",
+            "producer/field/path disagree",
         ),
         ({"version": 1, "workflow": {"name": 3}, "tasks": []}, "$.workflow.name", "a string"),
     ],
@@ -198,17 +235,23 @@ def test_an_unsupported_version_or_edition(bad: Any) -> None:
 _FIELD = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,20}", fullmatch=True)
 
 
-@given(producer=st.text(min_size=1).filter(lambda s: not s.endswith(".")), field=_FIELD)
-def test_a_ref_round_trips(producer: str, field: str) -> None:
-    ref = Ref(producer, field)
-    assert Ref.parse(str(ref)) == ref and split_ref(ref.to_json()) == (producer, field)
+_PRODUCER = st.from_regex(r"[A-Za-z0-9_-]{1,8}(\.[A-Za-z0-9_-]{1,8}){0,2}", fullmatch=True)
+_STEPS = st.lists(st.integers(0, 99) | _FIELD, max_size=3).map(tuple)
 
 
-@pytest.mark.parametrize("text", ["", "a", ".f", "a.", 3, None])
+@given(producer=_PRODUCER, field=_FIELD, path=_STEPS)
+def test_a_ref_round_trips(producer: str, field: str, path: tuple[int | str, ...]) -> None:
+    ref = Ref(producer, field, path)
+    assert parse(ref.text, tasks=[producer]) == ref
+    assert split_ref(ref.text, [producer]) == (producer, field)
+
+
+@pytest.mark.parametrize("text", ["", "a", ".f", "a.", "a.b[x]", 3, None])
 def test_a_bad_ref_is_refused(text: object) -> None:
     assert not isinstance(text, str) or split_ref(text) is None
-    with pytest.raises(PlanShapeError, match=r"expected 'producer\.field'"):
-        Ref.parse(text, "$.x")
+    with pytest.raises(PlanShapeError, match=r"expected 'producer\.field'") as info:
+        parse(text, "$.x")
+    assert info.value.location.path == "$.x"
 
 
 # -- hypothesis: any task the model can hold round-trips -----------------------------
@@ -226,7 +269,19 @@ _SOURCE = st.one_of(
     st.builds(Ref, _FIELD, _FIELD),
     st.builds(ItemsSource, st.lists(_JSON, max_size=3)),
     st.builds(ParamSource, _FIELD),
-    st.builds(SequenceSource, st.integers(0, 9), st.integers(-9, 9), st.sampled_from([-2, 1, 3])),
+    st.builds(
+        SequenceSource,
+        start=st.integers(-9, 9) | st.builds(ParamSource, _FIELD),
+        step=st.sampled_from([-2, 1, 3]),
+        count=st.integers(0, 9),
+        format=st.none() | st.just("%02d"),
+    ),
+    st.builds(
+        SequenceSource,
+        start=st.integers(-9, 9),
+        step=st.just(-1),
+        end=st.builds(ParamSource, _FIELD),
+    ),
 )
 
 

@@ -16,7 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+
+from crucible.proof.writer import ProveOptions
+from crucible.proof.writer import prove as prove_lib
 
 BIN = Path(sys.executable).parent
 DISPATCH = str(BIN / "crucible-dispatch")
@@ -45,7 +49,7 @@ name = "people"
 needs = ["org"]
 map = "org.orgs"
 emits = { person = "object" }
-env = ["ACC_ORDER", "ACC_GATE"]
+env = ["ACC_ORDER", "ACC_GATE", "ACC_FAIL"]
 run = '''
 python3 - <<'PY'
 import json, os, time
@@ -56,6 +60,8 @@ names = ["acme", "globex", "initech"]
 if order:
     i = names.index(it["name"])
     time.sleep(0.4 * (i if order == "asc" else len(names) - 1 - i))
+if it["name"] == os.environ.get("ACC_FAIL"):
+    raise SystemExit("failing on purpose")
 gate = os.environ.get("ACC_GATE")
 while gate and not os.path.exists(gate):
     time.sleep(0.05)
@@ -182,6 +188,21 @@ def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> No
     assert usage(over / "st")["refusals"] == [
         {"task": "people", "key": "2", "note": "refused: would exceed max_bytes by 1"}
     ]
+    # report: the refused unit's status names its bound; the bounds' use
+    table = subprocess.run(
+        [DISPATCH, "report", str(over / "st"), "people"], capture_output=True, text=True, check=True
+    ).stdout
+    assert any(
+        line.startswith("people[2]") and "refused: max_bytes" in line for line in table.splitlines()
+    )
+    summary = subprocess.run(
+        [DISPATCH, "report", str(over / "st")], capture_output=True, text=True, check=True
+    ).stdout
+    used = usage(over / "st")["used"]
+    assert (
+        f"accounting: bytes {used['bytes']} of {exact - 1}, files {used['files']} of 1048576, "
+        "instances 4 of 64, records 5 of 65536"
+    ) in summary
     last = ops(over / "st")[-1]
     assert last["instance"] == "people.2" and last["state"] == "evaluated"
     bundle = tmp_path / "bundle"
@@ -285,3 +306,69 @@ def test_a_bad_actor_is_one_line_exit_2_and_nothing_written(tmp_path: Path, acto
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "--actor" in proc.stderr
     assert not state.exists()
+
+
+def test_retry_failed_is_an_explicit_retry_epoch(tmp_path: Path) -> None:
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    first = dispatch(pack, state, ACC_FAIL="globex")
+    assert first.returncode == 1
+    failed = [o for o in ops(state) if o["op"] == "observe" and o["state"] == "failed"]
+    assert [(o["instance"], o["failure"]) for o in failed] == [("people.1", "evaluation-error")]
+    again = subprocess.run(
+        [DISPATCH, str(pack), "--state", str(state), "--resume", "--retry-failed"],
+        capture_output=True,
+        text=True,
+        env={**env(), "LOGNAME": "operator"},
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    retries = [o for o in ops(state) if o["op"] == "retry"]
+    # the actor defaults to the login name; at honours SOURCE_DATE_EPOCH
+    assert retries == [
+        {"op": "retry", "instance": "people.1", "actor": "operator", "at": "2023-11-14T22:13:20Z"}
+    ]
+    last = ops(state)[-1]
+    assert (last["instance"], last["attempt"], last["state"]) == ("people.1", 2, "evaluated")
+    bundle = tmp_path / "bundle"
+    assert prove(state, bundle).returncode == 0
+    assert verify(bundle).returncode == 0
+
+
+def test_recording_unavailable_stops_the_run_with_exit_3(tmp_path: Path) -> None:
+    """A selection admitted at exactly max_bytes leaves no room to begin its group:
+    the begin is a mandatory record (RFC 0024 §8), so the run stops, exit 3."""
+    probe = probe_dir(tmp_path / "probe")
+    assert dispatch(write_pack(probe, max_bytes=99999), probe / "st").returncode == 0
+    st = probe / "st"
+    result = prove_lib(
+        ProveOptions(
+            st / "workflow.json",
+            st / "operations.ndjson",
+            st / "proof" / "artifacts",
+            probe / "bundle",
+            durable=False,
+        )
+    )
+    (selection,) = [d for d in result.decisions if d.kind == "selection"]
+    assert selection.acceptance is not None
+    at = selection.acceptance[0]
+    run = probe_dir(tmp_path / "run")
+    proc = dispatch(write_pack(run, max_bytes=at), run / "st")
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "recording unavailable" in lines[0], proc.stderr
+    assert [o["op"] for o in ops(run / "st")][-2:] == ["select", "group"]
+    assert not (run / "st" / "work" / "people").exists()
+    made = prove(run / "st", tmp_path / "bundle")
+    assert made.returncode == 3  # the writer decides the same: the last complete prefix
+    partial = json.loads((tmp_path / "bundle" / "partial.json").read_text())
+    assert partial["reason"] == "recording-unavailable"
+    assert verify(tmp_path / "bundle").returncode == 0
+
+
+def test_the_operation_log_matches_its_schema(tmp_path: Path) -> None:
+    schema = json.loads((Path(__file__).parents[2] / "docs/schemas/operation.json").read_text())
+    state = tmp_path / "st"
+    assert dispatch(write_pack(tmp_path), state, ACC_FAIL="acme").returncode == 1
+    for op in ops(state):
+        jsonschema.validate(op, schema)

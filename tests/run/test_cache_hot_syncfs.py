@@ -1,5 +1,5 @@
 """A batch of many record files is made durable by one syncfs of the state's
-filesystem, not one fsync each (crucible.run.engine._syncfs; docs/spec/run.md,
+filesystem, not one fsync each (crucible.core.syncfs; docs/spec/run.md,
 "Records ride the group commit"), still before the batch's lines; a batch of a
 few files, or one with a file on another filesystem, fsyncs each."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core.errors import OperationalError
-from crucible.run.engine._syncfs import SYNCFS_MIN_PATHS, FsSync, _kernel_reports_errors
+from crucible.core.syncfs import SYNCFS_MIN_PATHS, FsSync, _kernel_reports_errors
 from crucible.run.session import _log as session
 from crucible.run.session import events
 from tests.run.cachetests import dispatch_with

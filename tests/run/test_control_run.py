@@ -421,7 +421,7 @@ def test_epilogues_chain_map_and_test_the_run_status(tmp_path: Path) -> None:
     assert [run.record("notify", k)["status"] for k in ("0", "1")] == ["passed", "passed"]
     assert run.status("celebrate") == "skipped"
     assert run.record("celebrate")["note"] == "condition false: outcome.status == 'passed'"
-    collected = float((run.state / "work" / "collect" / "t").read_text())
+    collected = float((run.state / "files" / "collect" / "t").read_text())  # captured: moved to the store
     notified = min(float((run.state / "work" / "notify" / k / "t").read_text()) for k in ("0", "1"))
     assert collected <= notified  # notify needs collect
 

@@ -68,7 +68,10 @@ def test_kept_files_and_the_history_drop_through_a_run(tmp_path: Path) -> None:
     (tmp_path / "pack.toml").write_text(PACK)
     state = tmp_path / "state"
     proc = subprocess.run(
-        [str(BIN / "crucible-dispatch"), str(tmp_path / "pack.toml"), "--state", str(state)],
+        # kept: the revisions' inputs are read below (a passed one gives its
+        # captured files to the store and its workspace back: inputs.md 4)
+        [str(BIN / "crucible-dispatch"), str(tmp_path / "pack.toml"), "--state", str(state),
+         "--keep-workspaces"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -121,7 +121,7 @@ def test_converges_to_target_and_after_tasks_see_the_kept_revision(
     for n in range(1, 5):
         rec = result(state, "evaluate", f"@rev{n}")
         assert rec is not None and rec["key"] == f"@rev{n}"
-        assert (state / "work" / "propose" / f"%40rev{n}" / "out.txt").is_file()
+        assert (state / "files" / "propose" / f"%40rev{n}" / "out.txt").is_file()
     assert result(state, "evaluate", "@rev5") is None
     # the plain records are the kept revision's; the after task staged them
     plain = result(state, "evaluate")
@@ -304,7 +304,8 @@ def test_plan_changed_refuses_an_edited_loop(pack_dir: Path, tmp_path: Path) -> 
 def test_reserved_inputs_are_written_before_each_revision(pack_dir: Path, tmp_path: Path) -> None:
     plan = make_pack(pack_dir, [0.2, 0.1, 0.3], "max_revisions = 3\n")
     state = tmp_path / "s"
-    assert dispatch(plan, "--state", state).returncode == 0
+    # kept: a passed revision's workspace is given back once its files are captured
+    assert dispatch(plan, "--state", state, "--keep-workspaces").returncode == 0
     values = state / "work" / "propose" / "%40rev3" / "inputs" / "@values"
     assert (values / "revision").read_text() == "3"
     history = json.loads((values / "history").read_bytes())

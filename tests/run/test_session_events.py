@@ -77,6 +77,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "loop_finished": {
         "stop_reason": "target", "revisions": 1, "kept_revision": 1, "best_score": 0.5,
     },
+    "temp_freed": {"task": "a", "files": 2, "bytes": 10},
 }  # fmt: skip
 
 

@@ -195,6 +195,8 @@ def test_a_drained_node_makes_units_wait_without_a_failure(tmp_path: Path) -> No
 def test_a_task_asking_1tib_is_refused_before_anything_runs(tmp_path: Path) -> None:
     pack = _one_task(tmp_path, 'echo "{}" > "$CRUCIBLE_OUTPUT"', 'resources = { memory = "1TiB" }')
     state = tmp_path / "state"
+    # an earlier test's job may still be draining from the queue on a loaded host
+    earlier = {element for element, _ in crucible_jobs()}
     done = dispatch(pack, "--state", state, *SLURM, timeout=60)
     assert done.returncode == 1, done.stderr
     line = one_line(done.stderr)
@@ -202,7 +204,7 @@ def test_a_task_asking_1tib_is_refused_before_anything_runs(tmp_path: Path) -> N
     # refused before the session's first event: the state dir is left as it
     # was (unclaimed, issue 27 item 12), so the same command works once fixed
     assert not (state / "plan.json").exists()
-    assert crucible_jobs() == []
+    assert [job for job in crucible_jobs() if job[0] not in earlier] == []
 
 
 def test_a_job_killed_past_its_memory_has_slurms_reason_in_the_note(tmp_path: Path) -> None:

@@ -121,6 +121,8 @@ def _classify(parent: str, name: str) -> tuple[str | None, str] | None:
             return "result-record.json", ""
         if parent_name == "instances" and _is_state_dir(up):
             return "instances.json", ""
+        if name == "usage.json" and parent_name == "proof" and _is_state_dir(up):
+            return "accounting-usage.json", ""  # an accounted run's (export.md §6)
     if _is_state_dir(parent):
         if name in STATE_FILES:
             return STATE_FILES[name], ""

@@ -22,7 +22,7 @@ def test_both_writers_publish_a_keyed_unit_with_its_key(
     class _Stop(Exception):
         pass
 
-    def publish(state: Path, store: Path, record: Path, root: Path, label: str, key: Any = None):  # type: ignore[no-untyped-def]
+    def publish(state: Path, store: Path, record: Path, root: Path, label: str, key: Any = None, **kw: Any):  # type: ignore[no-untyped-def]
         seen.append(key)
         raise _Stop
 

@@ -16,6 +16,7 @@ from crucible.compile._editions import (
 from crucible.compile._names import ident_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import json_type
+from crucible.core.refs import Ref, RefSyntax, parse_ref
 
 __all__ = [
     "MAX_DEFAULT_DEPTH",
@@ -26,6 +27,7 @@ __all__ = [
     "check_str",
     "check_str_list",
     "check_type",
+    "input_form",
     "is_json_value",
     "json_depth",
     "split_ref",
@@ -226,10 +228,26 @@ def check_type(chk: Checker, path: KeyPath, value: object, what: str) -> str | N
     return value
 
 
-def check_ref(chk: Checker, path: KeyPath, value: object, what: str) -> str | None:
+def check_ref(
+    chk: Checker, path: KeyPath, value: object, what: str, *, paths: bool = False
+) -> str | None:
+    """A reference's syntax; ``paths`` (edition 4): element ``[n]`` and member
+    ``.k`` steps may follow the field (crucible.core.refs)."""
     if not check_str(chk, path, value, what, nonempty=True):
         return None
     assert isinstance(value, str)
+    if paths:
+        try:
+            parse_ref(value)
+        except RefSyntax as exc:
+            chk.error(
+                "bad-ref",
+                path,
+                f'{what} {value!r} is not of the form "producer.field", optionally '
+                f"followed by [INDEX] and .MEMBER steps: {exc.message}",
+            )
+            return None
+        return value
     if split_ref(value) is None:
         chk.error(
             "bad-ref",
@@ -239,6 +257,21 @@ def check_ref(chk: Checker, path: KeyPath, value: object, what: str) -> str | No
         )
         return None
     return value
+
+
+def input_form(ref: Ref, type_: str | None = None) -> dict[str, Any]:
+    """A declared input's plan form: ``from`` as written, its producer and field,
+    and (edition 4, omitted when empty) the ``path`` of element indexes and member
+    names into the field's value (docs/spec/plan-ir.md)."""
+    spec: dict[str, Any] = {
+        "from": ref.text,
+        "producer": ref.producer,
+        "field": ref.field,
+        "type": type_,
+    }
+    if ref.path:
+        spec["path"] = list(ref.path)
+    return spec
 
 
 def check_params(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any]:

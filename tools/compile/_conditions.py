@@ -36,6 +36,7 @@ __all__ = [
     "ON_FAILURE",
     "RETRY_DEFAULTS",
     "RETRY_KEYS",
+    "RETRY_WHEN_FIELDS",
     "Read",
     "check_control_keys",
     "check_control_rules",
@@ -44,7 +45,24 @@ __all__ = [
 ]
 
 ON_FAILURE: tuple[str, ...] = ("fail", "continue")
-RETRY_KEYS: tuple[str, ...] = ("limit", "delay", "factor", "max_delay", "on_exit", "on_timeout")
+RETRY_KEYS: tuple[str, ...] = (
+    "limit",
+    "delay",
+    "factor",
+    "max_delay",
+    "on_exit",
+    "on_timeout",
+    "when",
+)
+#: what ``retry.when`` reads of the failed attempt (issue 32; Argo's ``lastRetry``)
+RETRY_WHEN_FIELDS: tuple[str, ...] = (
+    "exit_code",
+    "signal",
+    "reason",
+    "duration_s",
+    "stderr_tail",
+    "attempt",
+)
 #: written out in the plan when a ``retry`` table leaves them out (normal form)
 RETRY_DEFAULTS: dict[str, Any] = {"delay": 0.5, "factor": 2, "max_delay": 30, "on_timeout": True}
 #: the names a condition may start from (DESIGN.md fixes them)
@@ -265,7 +283,40 @@ def _check_retry(chk: Checker, path: KeyPath, raw: object) -> dict[str, Any] | N
             ok = False
         else:
             out["on_exit"] = codes
+    if "when" in raw:
+        when = _check_retry_when(chk, (*path, "when"), raw["when"])
+        if when is None:
+            ok = False
+        else:
+            out["when"] = when
     return out if ok else None
+
+
+def _check_retry_when(chk: Checker, path: KeyPath, when: object) -> str | None:
+    """``retry.when``: one expression reading only ``last.<field>`` (and Starlark's
+    built-ins); kept as written."""
+    if not isinstance(when, str):
+        chk.error("wrong-type", path, f"retry when must be a string, not {type_name(when)}")
+        return None
+    if not when.strip():
+        chk.error("bad-value", path, "retry when must not be empty")
+        return None
+    parsed = parse_condition(when)
+    if isinstance(parsed, str):
+        chk.error("when-syntax", path, f"retry when {_shown(when)}: {parsed}")
+        return None
+    for read in condition_reads(parsed):
+        root, rest = read.parts[0], read.parts[1:]
+        problem = None
+        if root == "last":
+            if rest and rest[0] not in RETRY_WHEN_FIELDS:
+                problem = f"last.{rest[0]}: the last attempt has {', '.join(RETRY_WHEN_FIELDS)}"
+        elif root not in _BUILTINS:
+            problem = f"unknown name {root!r} (a retry condition reads last.<field>)"
+        if problem is not None:
+            chk.error("when-unknown-name", path, f"retry when at {read.line}:{read.col}: {problem}")
+            return None
+    return when
 
 
 def check_control_keys(

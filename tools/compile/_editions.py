@@ -80,6 +80,8 @@ _TASK_KEYS_SINCE: dict[str, int] = {
     "network": 4,
     # issue 32: what a fan-out with no instances settles as (compile._shape)
     "on_empty": 4,
+    # captured files freed once their direct dependants settled (issue 33)
+    "temp_files": 4,
 }
 
 #: The edition that brings control flow, fan-out sources, run results, the task

@@ -2,7 +2,7 @@
 
 What a ``map`` ranges over (a producer field, a literal, a param, a sequence),
 ``matrix`` (axes, ``exclude``, ``include``), ``key``, ``parallelism``, and the
-workflow's ``[workflow.outputs]`` and ``[workflow.publish]`` tables. Each check
+workflow's ``[workflow.publish]`` table (``[workflow.outputs]``: compile._results). Each check
 records diagnostics on a :class:`~crucible.compile._checker.Checker` and returns the
 plan form (docs/spec/manifest.md "Fan-out", docs/spec/plan-ir.md). Plan forms are
 tagged objects so a plan never needs guessing; :func:`task_to_manifest` turns a plan
@@ -21,8 +21,17 @@ from crucible.compile import _checker as checker
 from crucible.compile._checker import Checker
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._names import ident_problem
+from crucible.compile._sequences import (
+    SEQUENCE_KEYS,
+    check_sequence,
+    check_sequence_params,
+    describe_sequence,
+    sequence_size,
+    sequence_to_manifest,
+    sequence_values,
+)
 from crucible.core import canon
-from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.refs import parse_ref
 
 __all__ = [
     "MATRIX_RESERVED",
@@ -32,7 +41,6 @@ __all__ = [
     "check_fanout_graph",
     "check_fanout_task",
     "check_map_source",
-    "check_outputs",
     "check_publish",
     "describe_source",
     "fanout_producers",
@@ -47,7 +55,6 @@ __all__ = [
 MAX_INSTANCES = 100_000
 #: matrix keys that are not axes (GitHub's spelling)
 MATRIX_RESERVED = ("exclude", "include")
-_SEQUENCE_KEYS = ("count", "start", "end", "step")
 #: the manifest each published directory carries (``@``: never a captured file's
 #: top-level name in practice, and the project's reserved leading character)
 PUBLISH_MANIFEST = "@publish.json"
@@ -69,7 +76,7 @@ def check_map_source(
                 chk.error("bad-ref", path, f"{what} {value!r}: {problem}")
                 return None
             return {"param": name}
-        return checker.check_ref(chk, path, value, what)
+        return checker.check_ref(chk, path, value, what, paths=True)
     if isinstance(value, list | tuple):
         return _literal(chk, path, list(value), what)
     if isinstance(value, dict):
@@ -95,12 +102,21 @@ def check_map_source(
                 f"{what}: items must be {need}, not {checker.type_name(items)}",
             )
             return None
-        if keys and keys <= set(_SEQUENCE_KEYS):
-            return _sequence(chk, path, value, what)
+        if keys and keys <= set(SEQUENCE_KEYS):
+            return check_sequence(chk, path, value, what, limit=MAX_INSTANCES)
+        if keys & {"count", "start", "end"}:  # a sequence with a key it does not take
+            extra = sorted(keys - set(SEQUENCE_KEYS))[0]
+            chk.error(
+                "unknown-key",
+                (*path, extra),
+                f"{what}: a sequence takes {', '.join(SEQUENCE_KEYS)} (found {extra!r})",
+            )
+            return None
         chk.error(
             "bad-value",
             path,
-            f"{what}: a table must be a sequence ({{count}} or {{start, end, step}}) "
+            f"{what}: a table must be a sequence ({{count}} or {{start, end, step}}, "
+            "with an optional format) "
             f"or {{items = ...}}, not keys {', '.join(sorted(map(str, keys))) or 'none'}",
         )
         return None
@@ -131,57 +147,13 @@ def _literal(chk: Checker, path: KeyPath, items: Any, what: str) -> Any | None:
     return {"items": checker.to_json(items)}
 
 
-def _sequence(chk: Checker, path: KeyPath, value: Mapping[str, Any], what: str) -> Any | None:
-    ok = True
-    for k, v in value.items():
-        if type(v) is not int:
-            chk.wrong_type((*path, k), v, f"{what}: {k} must be an integer")
-            ok = False
-        elif abs(v) > MAX_SAFE_INTEGER:  # an integer still: say what is wrong with it
-            chk.error(
-                "bad-value",
-                (*path, k),
-                f"{what}: {k} must be within ±(2^53−1) = ±{MAX_SAFE_INTEGER}, not {v}",
-            )
-            ok = False
-    if not ok:
-        return None
-    if ("count" in value) == ("end" in value):
-        chk.error("bad-value", path, f"{what}: a sequence takes exactly one of count and end")
-        return None
-    start = value.get("start", 0)
-    step = value.get("step", 1)
-    if step == 0:
-        chk.error("bad-value", (*path, "step"), f"{what}: step must not be 0")
-        return None
-    if "count" in value:
-        count = value["count"]
-        if count < 0:
-            chk.error("bad-value", (*path, "count"), f"{what}: count must not be negative")
-            return None
-    else:
-        end = value["end"]
-        count = max(0, (end - start) // step + 1)  # end is inclusive (Argo's withSequence)
-    if count > MAX_INSTANCES:
-        chk.error(
-            "fanout-too-large",
-            path,
-            f"{what} has {count} numbers, more than {MAX_INSTANCES:,}",
-        )
-        return None
-    if count and abs(start + (count - 1) * step) > MAX_SAFE_INTEGER:
-        chk.error("bad-value", path, f"{what}: the sequence leaves the safe integer range")
-        return None
-    return {"sequence": {"count": count, "start": start, "step": step}}
-
-
 def _to_manifest_source(source: Any) -> Any:
     """A plan source → its manifest spelling (the inverse of :func:`check_map_source`)."""
     if isinstance(source, dict) and len(source) == 1:
         if "param" in source and isinstance(source["param"], str):
             return f"params.{source['param']}"
         if "sequence" in source and isinstance(source["sequence"], dict):
-            return dict(source["sequence"])
+            return sequence_to_manifest(source["sequence"])
         if "items" in source and isinstance(source["items"], list):
             return source["items"]
     return source  # a producer ref, {"items": {...}}, or something malformed: checked as is
@@ -194,12 +166,7 @@ def describe_source(source: Any) -> str:
     if "param" in source:
         return f"params.{source['param']}"
     if "sequence" in source:
-        s = source["sequence"]
-        if s["count"] == 0:
-            return "sequence (empty)"
-        last = s["start"] + (s["count"] - 1) * s["step"]
-        step = f" step {s['step']}" if s["step"] != 1 else ""
-        return f"{s['start']}..{last}{step}"
+        return describe_sequence(source["sequence"])
     items = source["items"]
     return f"{len(items)} item{'s' if len(items) != 1 else ''}"
 
@@ -310,15 +277,14 @@ def _static_values(source: Any) -> list[Any]:
     """The values of a source known before the run (a literal or a sequence)."""
     if "items" in source:
         return list(source["items"])
-    seq = source["sequence"]
-    return list(range(seq["start"], seq["start"] + seq["count"] * seq["step"], seq["step"]))
+    return list(sequence_values(source["sequence"], {}, limit=MAX_INSTANCES))
 
 
 def _static_size(source: Any) -> int | None:
     if isinstance(source, dict) and "items" in source:
         return len(source["items"])
     if isinstance(source, dict) and "sequence" in source:
-        return int(source["sequence"]["count"])
+        return sequence_size(source["sequence"])  # None when a bound reads a param
     return None
 
 
@@ -490,14 +456,18 @@ def task_to_manifest(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def fanout_producers(task: Mapping[str, Any]) -> dict[str, str]:
-    """Producer task → the label of its fan-out edge (``map field``, ``axis name``)."""
+    """Producer task → the label of its fan-out edge (``map field``, ``axis name``).
+    A source's producer is one of the task's needs, so they decide which dot ends
+    it (crucible.core.refs: the same producer as the whole plan's names give)."""
     out: dict[str, str] = {}
+    needs = task.get("needs", ())
     source = task.get("map")
     if isinstance(source, str):
-        out[source.rpartition(".")[0]] = "map " + source.rpartition(".")[2]
+        ref = parse_ref(source, needs)
+        out[ref.producer] = "map " + source[len(ref.producer) + 1 :]
     for axis in task.get("matrix", {}).get("axes", []):
         if isinstance(axis["source"], str):
-            producer = axis["source"].rpartition(".")[0]
+            producer = parse_ref(axis["source"], needs).producer
             out[producer] = (
                 out[producer] + ", " if producer in out else ""
             ) + f"axis {axis['name']}"
@@ -517,9 +487,6 @@ def check_fanout_graph(
     paths: Sequence[KeyPath],
 ) -> None:
     """Rules across tasks for the fan-out sources, outputs and publish entries."""
-    # lazy: compile._rules is not loaded with this module; only check_fanout_graph() needs it
-    from crucible.compile._rules import _producer_field
-
     params = workflow.get("params", {})
     by_name = {t["name"]: t for t in reversed(tasks)}
     for task, path in zip(tasks, paths, strict=True):
@@ -527,6 +494,9 @@ def check_fanout_graph(
         source = task.get("map")
         if isinstance(source, dict) and "param" in source:
             _check_param_source(chk, (*path, "map"), task, source["param"], params, axis=False)
+        if isinstance(source, dict) and "sequence" in source:
+            what = f"map of task {task['name']!r}:"
+            check_sequence_params(chk, (*path, "map"), source["sequence"], params, what)
         matrix = task.get("matrix")
         if matrix is None:
             continue
@@ -534,32 +504,47 @@ def check_fanout_graph(
             apath = (*path, "matrix", axis["name"])
             src = axis["source"]
             if isinstance(src, str):
-                found = _producer_field(
-                    chk, task, apath, src, f"matrix axis {axis['name']!r}", by_name, "map"
-                )
-                if found is not None:
-                    type_ = by_name[found[0]]["emits"][found[1]]
-                    if type_ not in _AXIS_TYPES:
-                        chk.error(
-                            "matrix-axis-not-array",
-                            apath,
-                            f"matrix axis {axis['name']!r} of task {task['name']!r} reads "
-                            f"{src!r}, declared {type_}; an axis needs an array or any field",
-                        )
-                    elif found[0] in by_name and is_fanout(by_name[found[0]]):
-                        chk.error(
-                            "matrix-mapped-source",
-                            apath,
-                            f"matrix axis {axis['name']!r} reads {src!r}, a mapped task's fold",
-                        )
+                _check_axis_ref(chk, task, apath, axis["name"], src, by_name)
             elif "param" in src:
                 _check_param_source(chk, apath, task, src["param"], params, axis=True)
-    _check_outputs_graph(chk, workflow, by_name)
+            elif "sequence" in src:
+                what = f"matrix axis {axis['name']!r} of task {task['name']!r}:"
+                check_sequence_params(chk, apath, src["sequence"], params, what)
+    from crucible.compile._results import check_outputs_graph  # the results' own rules
+
+    check_outputs_graph(chk, workflow, by_name)
     _check_publish_graph(chk, workflow, by_name)
     # lazy: compile._task_params is not loaded with this module; only check_fanout_graph() needs it
     from crucible.compile._task_params import check_task_params
 
     check_task_params(chk, params, tasks, paths)
+
+
+def _check_axis_ref(
+    chk: Checker,
+    task: Mapping[str, Any],
+    path: KeyPath,
+    axis: str,
+    src: str,
+    by_name: Mapping[str, dict[str, Any]],
+) -> None:
+    """A matrix axis reading a producer: its field (or the element/member a path
+    names) must be an array, unless the producer fans out: then the axis ranges
+    over every instance's elements (or values), in item order (run.md)."""
+    from crucible.compile._rules import _producer_field  # _rules reaches _fanout's callers
+
+    what = f"matrix axis {axis!r}"
+    ref = _producer_field(chk, task, path, src, what, by_name, "map", edition=4)
+    if ref is None or is_fanout(by_name[ref.producer]) or ref.path:
+        return
+    type_ = by_name[ref.producer]["emits"][ref.field]
+    if type_ not in _AXIS_TYPES:
+        chk.error(
+            "matrix-axis-not-array",
+            path,
+            f"matrix axis {axis!r} of task {task['name']!r} reads "
+            f"{src!r}, declared {type_}; an axis needs an array or any field",
+        )
 
 
 def _check_param_source(
@@ -594,54 +579,6 @@ def _check_param_source(
         ok = isinstance(default, list) or (isinstance(default, dict) and not axis)
         if not ok:
             chk.error(code, path, f"{what} reads params.{name}, whose default is not {need}")
-
-
-# -- [workflow.outputs] -----------------------------------------------------------
-
-
-def check_outputs(chk: Checker, path: KeyPath, value: Any) -> dict[str, str]:
-    """``[workflow.outputs]``: result name → ``"task.field"``."""
-    out: dict[str, str] = {}
-    entries = chk.named_entries(
-        path, value, "output", 'outputs must be a table of name = "task.field"'
-    )
-    for name, ref, opath in entries:
-        checked = checker.check_ref(chk, opath, ref, f"output {name!r}")
-        if checked is not None:
-            out[name] = checked
-    return out
-
-
-def _check_outputs_graph(
-    chk: Checker, workflow: Mapping[str, Any], by_name: Mapping[str, dict[str, Any]]
-) -> None:
-
-    for name, ref in workflow.get("outputs", {}).items():
-        where = ("workflow", "outputs", name)
-        split = checker.split_ref(ref)
-        assert split is not None
-        producer, field = split
-        task = by_name.get(producer)
-        if task is None:
-            chk.error(
-                "output-unknown-task",
-                where,
-                f"output {name!r} reads {ref!r}, but {producer!r} is not a task of this workflow",
-            )
-        elif field not in task["emits"]:
-            chk.error(
-                "output-unknown-field",
-                where,
-                f"output {name!r} reads {ref!r}, but {producer!r} does not declare "
-                f"the field {field!r} in emits",
-            )
-        elif is_fanout(task):
-            chk.error(
-                "output-mapped",
-                where,
-                f"output {name!r} reads {ref!r}, but {producer!r} fans out: a run result "
-                "is one task's value (read the fold in a task that needs it and emit one)",
-            )
 
 
 # -- [workflow.publish] -----------------------------------------------------------
@@ -769,3 +706,7 @@ def _check_publish_graph(
                     where,
                     f"publish source {src!r}: task {task!r} captures no files (emits_files)",
                 )
+            elif by_name[task].get("temp_files"):
+                from crucible.compile._temps import check_temp_published  # lazy: rare
+
+                check_temp_published(chk, where, src, by_name[task])

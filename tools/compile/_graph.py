@@ -32,11 +32,15 @@ def _label(task: dict[str, Any]) -> str:
         label += "[*]\nmatrix " + " × ".join(
             f"{a['name']} ({describe_source(a['source'])})" for a in axes
         )
+        if not axes:  # an include-only matrix (issue 32): its entries are its instances
+            label += "of its include entries"
         for k in ("exclude", "include"):
             if k in task["matrix"]:
                 label += f"\n{len(task['matrix'][k])} {k}"
     if "parallelism" in task:
         label += f"\nparallelism {task['parallelism']}"
+    if task.get("on_empty") == "skip":
+        label += "\n(skipped when empty)"
     if task["kind"] != "command":
         label += f"\n({task['kind']})"
     if task["epilogue"]:

@@ -267,8 +267,9 @@ def _check_plan_workflow(chk: Checker, workflow: dict[str, Any], version: int) -
 
 def _check_plan_results(chk: Checker, workflow: dict[str, Any], version: int) -> None:
     """``outputs`` and ``publish`` (v3) must be what compiling them gives (normal form)."""
-    # lazy: compile._fanout is not loaded with this module; only _check_plan_results() needs it
-    from crucible.compile._fanout import check_outputs, check_publish
+    # lazy: only _check_plan_results() needs it (start-up)
+    from crucible.compile._fanout import check_publish
+    from crucible.compile._results import check_outputs
 
     for key, check in (("outputs", check_outputs), ("publish", check_publish)):
         if version < 3 or key not in workflow:
@@ -323,7 +324,7 @@ def _check_plan_task(
                 chk.error("wrong-type", ipath, f"input {name!r} must be an object")
                 continue
             for key in spec:
-                if key not in _INPUT_KEYS:
+                if key not in _INPUT_KEYS and not (key == "path" and version >= 3):
                     chk.error(
                         "unknown-key", (*ipath, key), f"unknown key {key!r} in input {name!r}"
                     )
@@ -344,7 +345,14 @@ def _check_plan_task(
     if len(chk.diagnostics) > before:
         return
     for name, spec in normalized.get("inputs", {}).items():
-        spec["type"] = task["inputs"][name]["type"]
+        # the graph rules check these against the producer (and, for a dotted
+        # reference with a path, against the task names: rules._check_input)
+        given = task["inputs"][name]
+        for key in ("type", "producer", "field", "path"):
+            if key in given:
+                spec[key] = given[key]
+            else:
+                spec.pop(key, None)
     if normalized != task:
         different = sorted(
             k for k in set(normalized) | set(task) if normalized.get(k) != task.get(k)

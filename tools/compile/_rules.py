@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crucible.compile._checker import Checker, split_ref
+from crucible.compile._checker import Checker, input_form
 from crucible.compile._conditions import check_control_rules
 from crucible.compile._diagnostics import KeyPath
 from crucible.compile._editions import EDITION_CONTROL, RESERVED_INPUTS
 from crucible.compile._names import task_name_problems
+from crucible.core.refs import Ref, parse_ref
 
-__all__ = ["check_graph", "check_names", "find_cycle"]
+__all__ = ["check_graph", "check_names", "check_ref_path", "find_cycle"]
 
 _COLLECTION_TYPES = ("array", "object", "any")
 
@@ -67,9 +68,11 @@ def check_graph(
                     "(epilogues run after every other task; nothing may need one)",
                 )
         if isinstance(task.get("map"), str):  # the other sources: fanout.check_fanout_graph
-            _check_map(chk, task, path, by_name, epilogue_dag=epilogue_dag)
+            _check_map(chk, task, path, by_name, epilogue_dag=epilogue_dag, edition=edition)
         for input_name, spec in task.get("inputs", {}).items():
-            _check_input(chk, task, path, input_name, spec, by_name, fill_input_types)
+            _check_input(
+                chk, task, path, input_name, spec, by_name, fill_input_types, edition=edition
+            )
 
     cycle = find_cycle(tasks)
     if cycle:
@@ -81,17 +84,20 @@ def check_graph(
 
 def _producer_field(
     chk: Checker,
-    task: dict[str, Any],
+    task: Mapping[str, Any],
     where: KeyPath,
     ref: str,
     what: str,
-    by_name: dict[str, dict[str, Any]],
+    by_name: Mapping[str, dict[str, Any]],
     code_prefix: str,
-) -> tuple[str, str] | None:
-    """Resolve ``producer.field`` against the direct dependencies of ``task``."""
-    split = split_ref(ref)
-    assert split is not None  # the structural pass refused malformed references
-    producer, field = split
+    *,
+    edition: int = 1,
+) -> Ref | None:
+    """Resolve ``producer.field[path]`` against the direct dependencies of ``task``
+    (from ``edition`` 4 the task names decide the producer and a path may follow:
+    crucible.core.refs)."""
+    resolved = parse_ref(ref, by_name if edition >= EDITION_CONTROL else None)
+    producer, field = resolved.producer, resolved.field
     name = task["name"]
     if producer not in task["needs"]:
         known = "a task of this workflow" if producer in by_name else "not a task of this workflow"
@@ -111,7 +117,42 @@ def _producer_field(
             f"the field {field!r} in emits",
         )
         return None
-    return producer, field
+    if resolved.path and not check_ref_path(
+        chk, where, f"{what} of task {name!r}", resolved, by_name[producer]
+    ):
+        return None
+    return resolved
+
+
+def check_ref_path(
+    chk: Checker, where: KeyPath, what: str, ref: Ref, producer: Mapping[str, Any]
+) -> bool:
+    """A reference's element/member path against what its producer declares: no
+    path into a mapped task's values (``ref-mapped-path``), and the first step
+    must suit the field's declared type (``ref-wrong-type``; below it nothing is
+    declared, so the run finds a miss)."""
+    if "map" in producer or "matrix" in producer:
+        chk.error(
+            "ref-mapped-path",
+            where,
+            f"{what} reads {ref.text!r}, a path into the values of {ref.producer!r}, which "
+            f"fans out: name the field ({ref.producer}.{ref.field}) and index the fold in "
+            "an expression, or map over it",
+        )
+        return False
+    type_ = producer["emits"][ref.field]
+    step = ref.path[0]
+    need = "array" if isinstance(step, int) else "object"
+    if type_ not in (need, "any"):
+        kind = f"an element [{step}]" if isinstance(step, int) else f"a member .{step}"
+        chk.error(
+            "ref-wrong-type",
+            where,
+            f"{what} reads {ref.text!r}: {kind} of {ref.producer}.{ref.field}, which is "
+            f"declared {type_} (an {need} or any field has one)",
+        )
+        return False
+    return True
 
 
 def _check_map(
@@ -121,16 +162,22 @@ def _check_map(
     by_name: dict[str, dict[str, Any]],
     *,
     epilogue_dag: bool = False,
+    edition: int = 1,
 ) -> None:
     where = (*path, "map")
     if task["epilogue"] and not epilogue_dag:
         chk.error("epilogue-map", where, f"epilogue task {task['name']!r} cannot fan out (map)")
         return
-    found = _producer_field(chk, task, where, task["map"], "map", by_name, "map")
-    if found is None:
+    ref = _producer_field(chk, task, where, task["map"], "map", by_name, "map", edition=edition)
+    if ref is None:
         return
-    producer, field = found
-    type_ = by_name[producer]["emits"][field]
+    source = by_name[ref.producer]
+    mapped = "map" in source or "matrix" in source
+    if mapped and edition >= EDITION_CONTROL:
+        # a fan-out over a fan-out (edition 4): one instance per element of each
+        # instance's value, or per instance when it is not an array (run.md)
+        return
+    type_ = "any" if ref.path else source["emits"][ref.field]
     if type_ not in _COLLECTION_TYPES:
         chk.error(
             "map-not-collection",
@@ -138,15 +185,15 @@ def _check_map(
             f"map of task {task['name']!r} reads {task['map']!r}, declared {type_}; "
             "a fan-out needs an array, object or any field",
         )
-    elif "map" in by_name[producer] or "matrix" in by_name[producer]:
-        # the run would refuse it only when the task is staged (stage.map_items):
-        # a fan-out over a fan-out, which matrix-mapped-source refuses for an axis
+    elif mapped:
+        # the run could not stage it before edition 4 (stage.map_items): a fan-out
+        # over a fan-out, which edition 4 defines
         chk.error(
             "map-mapped-source",
             where,
-            f"map of task {task['name']!r} reads {task['map']!r}, but {producer!r} is itself "
-            "mapped (a fan-out over a fan-out is not supported): map over a field of a task "
-            "that is not mapped, e.g. one that gathers the instances' values",
+            f"map of task {task['name']!r} reads {task['map']!r}, but {ref.producer!r} is "
+            "itself mapped (a fan-out over a fan-out needs edition 4): map over a field of "
+            "a task that is not mapped, e.g. one that gathers the instances' values",
         )
 
 
@@ -158,6 +205,8 @@ def _check_input(
     spec: dict[str, Any],
     by_name: dict[str, dict[str, Any]],
     fill_input_types: bool,
+    *,
+    edition: int = 1,
 ) -> None:
     where = (*path, "inputs", input_name)
     producer = spec["producer"]
@@ -178,14 +227,26 @@ def _check_input(
                 "remove this input",
             )
         return
-    found = _producer_field(
-        chk, task, where, spec["from"], f"input {input_name!r}", by_name, "input"
+    ref = _producer_field(
+        chk, task, where, spec["from"], f"input {input_name!r}", by_name, "input", edition=edition
     )
-    if found is None:
+    if ref is None:
         return
-    declared_type = by_name[found[0]]["emits"][found[1]]
+    # below a path nothing is declared: the element's type is any
+    declared_type = "any" if ref.path else by_name[ref.producer]["emits"][ref.field]
+    resolved = input_form(ref, declared_type)
     if fill_input_types:
-        spec["type"] = declared_type
+        spec.update(resolved)
+        return
+    named = ("producer", "field", "path")
+    if any(spec.get(k) != resolved.get(k) for k in named):
+        chk.error(
+            "not-normal-form",
+            where,
+            f"input {input_name!r} of task {task['name']!r}: producer, field and path must be "
+            f"what {spec['from']!r} names ({ref.producer!r}, {ref.field!r}, "
+            f"{list(ref.path)})",
+        )
     elif spec["type"] != declared_type:
         chk.error(
             "input-type-mismatch",

@@ -21,6 +21,7 @@ from crucible.compile._checker import (
     check_str,
     check_str_list,
     check_type,
+    input_form,
     split_ref,
     type_name,
     value_matches,
@@ -38,6 +39,7 @@ from crucible.compile._editions import (
 from crucible.compile._names import env_problem
 from crucible.core.contract import JOINS, KINDS
 from crucible.core.globs import pattern_problem
+from crucible.core.refs import parse_ref
 
 __all__ = [
     "JOINS",
@@ -216,6 +218,12 @@ def _task_emits_files(t: _TaskCheck, value: object) -> None:
         ]
 
 
+def _task_temp_files(t: _TaskCheck, value: object) -> None:
+    from crucible.compile._temps import check_temp_files  # lazy: edition 4 only
+
+    check_temp_files(t.chk, t.at("temp_files"), value, t.task)
+
+
 def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
     """Edition 4's map sources, matrix, key, parallelism (crucible.compile._fanout);
     before it, map is a "producer.field" reference."""
@@ -224,6 +232,13 @@ def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
         from crucible.compile._fanout import check_fanout_task
 
         check_fanout_task(t.chk, t.path, raw, t.task, t.edition)
+    elif "map" in raw and isinstance(raw["map"], list | dict):
+        t.chk.wrong_type(
+            t.at("map"),
+            raw["map"],
+            f'map must be "producer.field" at edition {t.edition} (a literal or sequence '
+            f"source needs edition {EDITION_CONTROL})",
+        )
     elif "map" in raw:
         ref = check_ref(t.chk, t.at("map"), raw["map"], "map")
         if ref is not None:
@@ -363,12 +378,13 @@ def _task_inputs(t: _TaskCheck, inputs: object) -> None:
                 "where it applies; choose another name",
             )
             continue
-        ref = check_ref(t.chk, ipath, source, f"input {name!r}")
+        paths = t.edition >= EDITION_CONTROL  # a.items[0], a.config.region
+        ref = check_ref(t.chk, ipath, source, f"input {name!r}", paths=paths)
         if ref is None:
             continue
-        split = split_ref(ref)
-        assert split is not None
-        declared[name] = {"from": ref, "producer": split[0], "field": split[1], "type": None}
+        # provisional: the graph rules, which know the task names, settle which
+        # dot ends the producer (crucible.core.refs; rules._check_input)
+        declared[name] = input_form(parse_ref(ref))
     if declared:
         t.task["inputs"] = declared
 
@@ -391,6 +407,7 @@ _TASK_STEPS: tuple[tuple[str | None, _Step], ...] = (
     ("join", _task_join),
     ("emits", _task_emits),
     ("emits_files", _task_emits_files),
+    ("temp_files", _task_temp_files),
     (None, _task_fanout),  # map, matrix, key, parallelism
     (None, _task_on_empty),
     ("cache", _task_cache),
@@ -494,7 +511,8 @@ def check_workflow(
         workflow["params"] = check_params(chk, (*path, "params"), raw["params"])
     if edition >= EDITION_CONTROL:
         # [workflow.outputs], [workflow.publish] (omitted from the plan when empty)
-        from crucible.compile._fanout import check_outputs, check_publish
+        from crucible.compile._fanout import check_publish
+        from crucible.compile._results import check_outputs
 
         if "outputs" in raw and (outputs := check_outputs(chk, (*path, "outputs"), raw["outputs"])):
             workflow["outputs"] = outputs

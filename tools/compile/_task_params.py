@@ -13,22 +13,25 @@ from typing import Any
 
 from crucible.compile._checker import Checker
 from crucible.compile._diagnostics import KeyPath
+from crucible.compile._sequences import sequence_params
 
 __all__ = ["check_task_params"]
 
 
 def _fanout_reads(task: Mapping[str, Any], path: KeyPath) -> list[tuple[str, KeyPath]]:
-    """(param, where) for each param the task's map or matrix axes read."""
+    """(param, where) for each param the task's map or matrix axes read (a
+    sequence's bounds too)."""
     out: list[tuple[str, KeyPath]] = []
-    source = task.get("map")
-    if isinstance(source, dict) and isinstance(source.get("param"), str):
-        out.append((source["param"], (*path, "map")))
+    sources: list[tuple[Any, KeyPath]] = [(task.get("map"), (*path, "map"))]
     matrix = task.get("matrix")
     if isinstance(matrix, dict):
         for axis in matrix.get("axes", ()):
-            src = axis.get("source")
-            if isinstance(src, dict) and isinstance(src.get("param"), str):
-                out.append((src["param"], (*path, "matrix", axis["name"])))
+            sources.append((axis.get("source"), (*path, "matrix", axis["name"])))
+    for src, where in sources:
+        if isinstance(src, dict) and isinstance(src.get("param"), str):
+            out.append((src["param"], where))
+        elif isinstance(src, dict) and isinstance(src.get("sequence"), dict):
+            out.extend((name, (*where, key)) for key, name in sequence_params(src["sequence"]))
     return out
 
 

@@ -32,7 +32,7 @@ def dumps_line(value: Any) -> bytes:
 
 
 def iter_lines(
-    stream: IO[bytes], *, name: str = "-", strict: bool = True, skip_blank: bool = True
+    stream: Iterable[bytes], *, name: str = "-", strict: bool = True, skip_blank: bool = True
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)``; a bad line raises :class:`NdjsonError` at
     ``name:line``. ``strict`` uses :func:`canon.loads` (duplicate keys refused)."""

@@ -7,8 +7,8 @@ every default of an absent member here, in one place; :meth:`Plan.to_json`
 writes the plan back in normal form, so a plan in normal form (every compiled
 plan, every golden plan) round-trips byte for byte through canonical JSON.
 Readers use attributes (``task.timeout``, ``task.join``), never
-``task.get("join", "all")``. ``"producer.field"`` is split in one place:
-:meth:`Ref.parse`.
+``task.get("join", "all")``. References (``"producer.field"`` with element and
+member steps) are parsed by one parser, crucible.core.refs (:func:`parse`).
 
 A new plan member is: a field on its class, a line in ``from_json`` and one in
 ``to_json``, and its name in the member table of its IR version below
@@ -17,7 +17,7 @@ A new plan member is: a field on its class, a line in ``from_json`` and one in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
@@ -29,6 +29,7 @@ from crucible.core.contract import (
     TYPES,
 )
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
+from crucible.core.refs import Ref, RefSyntax, parse_ref
 
 __all__ = [
     "PLAN",
@@ -36,10 +37,13 @@ __all__ = [
     "TASK_MEMBERS",
     "WORKFLOW_MEMBERS",
     "Axis",
+    "Bound",
+    "Expression",
     "Input",
     "ItemsSource",
     "Loop",
     "Matrix",
+    "Output",
     "Param",
     "ParamSource",
     "Plan",
@@ -53,6 +57,7 @@ __all__ = [
     "Task",
     "Workflow",
     "in_plan",
+    "parse",
     "split_ref",
 ]
 
@@ -88,6 +93,9 @@ WORKFLOW_MEMBERS: dict[str, int] = {
     "resolved_from": 1,
     "outputs": 3,
     "publish": 3,
+    # an accounted pack's bounds and workflow record (docs/spec/export.md)
+    "limits": 3,
+    "record": 3,
 }
 #: task members by the IR version that introduced them (compile's PLAN_TASK_KEYS
 #: agree: tests/core/test_plan_model.py)
@@ -122,10 +130,13 @@ TASK_MEMBERS: dict[str, int] = {
     "sandbox": 3,
     "network": 3,
     "on_empty": 3,
+    "temp_files": 3,
 }
 _PARAM_MEMBERS = frozenset({"type", "default", "description"})
-_INPUT_MEMBERS = frozenset({"from", "producer", "field", "type"})
-_RETRY_MEMBERS = frozenset({"limit", "delay", "factor", "max_delay", "on_timeout", "on_exit"})
+_INPUT_MEMBERS = frozenset({"from", "producer", "field", "path", "type"})
+_RETRY_MEMBERS = frozenset(
+    {"limit", "delay", "factor", "max_delay", "on_timeout", "on_exit", "when"}
+)
 _RESOURCE_MEMBERS = ("cpus", "memory", "gpu")
 _MATRIX_MEMBERS = frozenset({"axes", "exclude", "include"})
 _LOOP_MEMBERS = frozenset(
@@ -217,36 +228,26 @@ def _ints(value: object, path: str, what: str) -> tuple[int, ...]:
 # -- references and sources ------------------------------------------------------------
 
 
-def split_ref(text: str) -> tuple[str, str] | None:
-    """``"producer.field"`` → ``(producer, field)``, split at the last dot (a field
-    name holds no dot, a task name may); None when either side is empty."""
-    producer, dot, name = text.rpartition(".")
-    if not dot or not producer or not name:
+def split_ref(text: str, tasks: Container[str] | None = None) -> tuple[str, str] | None:
+    """``"producer.field"`` → ``(producer, field)`` (crucible.core.refs: ``tasks``
+    decide which dot ends the producer); None when ``text`` is no reference."""
+    try:
+        ref = parse_ref(text, tasks)
+    except RefSyntax:
         return None
-    return producer, name
+    return ref.producer, ref.field
 
 
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """``"producer.field"``: a field a task emits, read by another."""
-
-    producer: str
-    field: str
-
-    @classmethod
-    def parse(cls, text: object, where: str | None = None) -> Ref:
-        """The reference ``text`` names; :class:`PlanShapeError` at ``where`` if
-        it is not of the form ``producer.field``."""
-        split = split_ref(text) if isinstance(text, str) else None
-        if split is None:
-            raise PlanShapeError(f"expected 'producer.field', got {text!r}", where=in_plan(where))
-        return cls(*split)
-
-    def __str__(self) -> str:
-        return f"{self.producer}.{self.field}"
-
-    def to_json(self) -> str:
-        return f"{self.producer}.{self.field}"
+def parse(text: object, where: str | None = None, tasks: Container[str] | None = None) -> Ref:
+    """The reference ``text`` names (crucible.core.refs, the one parser: producer,
+    field and element/member path; ``tasks`` decide which dot ends the producer);
+    :class:`PlanShapeError` at ``where`` when it is none."""
+    try:
+        return parse_ref(text, tasks)
+    except RefSyntax as exc:
+        raise PlanShapeError(
+            f"expected 'producer.field', got {text!r}: {exc.message}", where=in_plan(where)
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,28 +270,72 @@ class ParamSource:
         return {"param": self.param}
 
 
+#: a sequence bound: a number, or the value of a param (``{"param": NAME}``)
+Bound: TypeAlias = int | ParamSource
+
+
 @dataclass(frozen=True, slots=True)
 class SequenceSource:
-    """``count`` integers from ``start`` by ``step``."""
+    """Integers from ``start`` by ``step``: ``count`` of them, or up to ``end``
+    (the plan keeps the one the manifest wrote when a bound reads a param;
+    compile normalizes an all-number sequence to ``count``). ``format``: the
+    printf-style text each value becomes (None: the integers themselves)."""
 
-    count: int
-    start: int
+    start: Bound
     step: int
+    count: Bound | None = None
+    end: Bound | None = None
+    format: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"sequence": {"count": self.count, "start": self.start, "step": self.step}}
+        body: dict[str, Any] = {"start": _bound_json(self.start), "step": self.step}
+        if self.count is not None:
+            body["count"] = _bound_json(self.count)
+        if self.end is not None:
+            body["end"] = _bound_json(self.end)
+        if self.format is not None:
+            body["format"] = self.format
+        return {"sequence": body}
 
-    def values(self) -> list[int]:
-        return [self.start + i * self.step for i in range(self.count)]
+    def values(self, params: Mapping[str, Any] | None = None) -> list[int] | list[str]:
+        """The items, with the run's ``params`` for the bounds that read one (an
+        ``end`` the step never reaches: none)."""
 
+        def bound(b: Bound) -> int:
+            return int((params or {})[b.param]) if isinstance(b, ParamSource) else b
+
+        start = bound(self.start)
+        if self.count is not None:
+            count = bound(self.count)
+        else:
+            assert self.end is not None
+            count = max(0, (bound(self.end) - start) // self.step + 1)
+        numbers = [start + i * self.step for i in range(count)]
+        if self.format is None:
+            return numbers
+        return [self.format % n for n in numbers]
+
+
+def _bound_json(bound: Bound) -> object:
+    return bound if isinstance(bound, int) else bound.to_json()
+
+
+def _bound(value: object, path: str, what: str) -> Bound:
+    if isinstance(value, dict):
+        _no_unknown(value, frozenset({"param"}), path, what)
+        return ParamSource(_str(value.get("param"), f"{path}.param", "param"))
+    return _int(value, path, what)
+
+
+_SEQUENCE_MEMBERS = frozenset({"count", "start", "step", "end", "format"})
 
 #: what a fan-out (a task's ``map`` or a matrix axis) reads
 Source: TypeAlias = Ref | ItemsSource | ParamSource | SequenceSource
 
 
-def _source(value: object, path: str, version: int) -> Source:
+def _source(value: object, path: str, version: int, needs: Container[str] = ()) -> Source:
     if isinstance(value, str):
-        return Ref.parse(value, path)
+        return parse(value, path, needs)
     if version < 3 or not isinstance(value, dict) or len(value) != 1:
         raise _fail(path, "a fan-out source must be 'producer.field' or {items|param|sequence}")
     ((tag, body),) = value.items()
@@ -301,16 +346,23 @@ def _source(value: object, path: str, version: int) -> Source:
     if tag == "param":
         return ParamSource(_str(body, f"{path}.param", "param"))
     if tag == "sequence":
-        seq = _obj(body, f"{path}.sequence", "sequence")
-        _no_unknown(seq, frozenset({"count", "start", "step"}), f"{path}.sequence", "sequence")
+        sp = f"{path}.sequence"
+        seq = _obj(body, sp, "sequence")
+        _no_unknown(seq, _SEQUENCE_MEMBERS, sp, "sequence")
+        if ("count" in seq) == ("end" in seq):
+            raise _fail(sp, "a sequence has count or end (one of them)")
         return SequenceSource(
-            *(_int(seq.get(k), f"{path}.sequence.{k}", k) for k in ("count", "start", "step"))
+            start=_bound(seq.get("start"), f"{sp}.start", "start"),
+            step=_int(seq.get("step"), f"{sp}.step", "step"),
+            count=_bound(seq["count"], f"{sp}.count", "count") if "count" in seq else None,
+            end=_bound(seq["end"], f"{sp}.end", "end") if "end" in seq else None,
+            format=_opt_str(seq, "format", sp),
         )
     raise _fail(f"{path}.{tag}", f"unknown fan-out source {tag!r}")
 
 
 def _source_json(source: Source) -> object:
-    return source.to_json()
+    return source.text if isinstance(source, Ref) else source.to_json()
 
 
 # -- task members -----------------------------------------------------------------------
@@ -332,23 +384,27 @@ class Input:
         return self.ref.field
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "from": self.ref.to_json(),
+        out: dict[str, Any] = {
+            "from": self.ref.text,
             "producer": self.ref.producer,
             "field": self.ref.field,
             "type": self.type,
         }
+        if self.ref.path:  # element/member steps (edition 4)
+            out["path"] = list(self.ref.path)
+        return out
 
 
-def _input(value: object, path: str) -> Input:
+def _input(value: object, path: str, needs: Container[str]) -> Input:
     raw = _obj(value, path, "an input")
     _no_unknown(raw, _INPUT_MEMBERS, path, "an input")
-    ref = Ref.parse(raw.get("from"), f"{path}.from")
+    ref = parse(raw.get("from"), f"{path}.from", needs)
     if (
         raw.get("producer", ref.producer) != ref.producer
         or raw.get("field", ref.field) != ref.field
+        or list(raw.get("path", ())) != list(ref.path)
     ):
-        raise _fail(path, "producer/field disagree with 'from'")
+        raise _fail(path, "producer/field/path disagree with 'from'")
     type_ = raw.get("type", "any")
     if type_ not in TYPES:
         raise _fail(f"{path}.type", f"unknown type {type_!r}")
@@ -366,6 +422,8 @@ class Retry:
     on_timeout: bool
     #: retry only these exit codes (None: any failure)
     on_exit: tuple[int, ...] | None = None
+    #: retry only when this condition over ``last`` holds, as written (None: always)
+    when: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -377,6 +435,8 @@ class Retry:
         }
         if self.on_exit is not None:
             out["on_exit"] = list(self.on_exit)
+        if self.when is not None:
+            out["when"] = self.when
         return out
 
 
@@ -390,6 +450,7 @@ def _retry(value: object, path: str) -> Retry:
         max_delay=_number(raw.get("max_delay", 0), f"{path}.max_delay", "max_delay"),
         on_timeout=_bool(raw.get("on_timeout", False), f"{path}.on_timeout", "on_timeout"),
         on_exit=_ints(raw["on_exit"], f"{path}.on_exit", "on_exit") if "on_exit" in raw else None,
+        when=_opt_str(raw, "when", path),
     )
 
 
@@ -449,7 +510,7 @@ def _entries(raw: Mapping[str, Any], key: str, path: str) -> tuple[dict[str, Any
     return tuple(value)
 
 
-def _matrix(value: object, path: str, version: int) -> Matrix:
+def _matrix(value: object, path: str, version: int, needs: Container[str] = ()) -> Matrix:
     raw = _obj(value, path, "matrix")
     _no_unknown(raw, _MATRIX_MEMBERS, path, "matrix")
     axes_raw = raw.get("axes")
@@ -464,7 +525,7 @@ def _matrix(value: object, path: str, version: int) -> Matrix:
         axes.append(
             Axis(
                 _str(axis.get("name"), f"{apath}.name", "name"),
-                _source(axis.get("source"), f"{apath}.source", version),
+                _source(axis.get("source"), f"{apath}.source", version, needs),
             )
         )
     return Matrix(tuple(axes), _entries(raw, "exclude", path), _entries(raw, "include", path))
@@ -516,6 +577,8 @@ class Task:
     network: bool = False
     #: as written (None: absent, meaning "pass"); :attr:`skips_when_empty` is what it means
     on_empty: Literal["pass", "skip"] | None = None
+    #: captured files freed once their direct dependants settled (run.md, "Temporary files")
+    temp_files: tuple[str, ...] = ()
 
     # -- what the members mean -----------------------------------------------------
 
@@ -537,11 +600,13 @@ class Task:
     @property
     def listed(self) -> bool:
         """The dispatcher lists its instances in ``STATE/instances/<task>.json``: a
-        matrix, a keyed map, or a map whose source is not a producer field."""
+        matrix, a keyed map, a map whose source is not a producer field, or one
+        with a path into it. A map over a mapped producer is listed too: the
+        plan knows that (:meth:`Plan.listed`), not the task."""
         return (
             self.matrix is not None
             or self.key is not None
-            or (self.map is not None and not isinstance(self.map, Ref))
+            or (self.map is not None and (not isinstance(self.map, Ref) or bool(self.map.path)))
         )
 
     @property
@@ -613,6 +678,8 @@ class Task:
             out["sandbox"] = True
         if self.network:
             out["network"] = True
+        if self.temp_files:
+            out["temp_files"] = list(self.temp_files)
         return out
 
 
@@ -628,34 +695,34 @@ def _task_checked(raw: dict[str, Any], version: int) -> Task:
     matrix = get("matrix")
     params = get("params")
     resources = get("resources")
+    needs = tuple(raw["needs"])
     return Task(
         name=raw["name"],
         kind=raw["kind"],
-        needs=tuple(raw["needs"]),
+        needs=needs,
         join=raw["join"],
         emits=raw["emits"],
         emits_files=tuple(raw["emits_files"]),
         retries=raw["retries"],
         epilogue=raw["epilogue"],
         run=run if run is None or isinstance(run, str) else tuple(run),
-        map=None
-        if m is None
-        else Ref(*m.rsplit(".", 1))
-        if isinstance(m, str)
-        else _source(m, "", version),
+        map=None if m is None else _source(m, "", version, needs),
         timeout=get("timeout"),
         prompt=get("prompt"),
         description=get("description"),
         env=tuple(get("env", ())),
         inputs={}
         if inputs is None
-        else {n: Input(Ref(i["producer"], i["field"]), i["type"]) for n, i in inputs.items()},
+        else {
+            n: Input(Ref(i["producer"], i["field"], tuple(i.get("path", ()))), i["type"])
+            for n, i in inputs.items()
+        },
         when=get("when"),
         on_failure=get("on_failure", "fail"),
         allow_exit=tuple(get("allow_exit", ())),
         retry=None if retry is None else _retry(retry, ""),
         deadline=get("deadline"),
-        matrix=None if matrix is None else _matrix(matrix, "", version),
+        matrix=None if matrix is None else _matrix(matrix, "", version, needs),
         key=get("key"),
         parallelism=get("parallelism"),
         cache=get("cache"),
@@ -665,6 +732,7 @@ def _task_checked(raw: dict[str, Any], version: int) -> Task:
         sandbox=get("sandbox", False),
         network=get("network", False),
         on_empty=get("on_empty"),
+        temp_files=tuple(get("temp_files", ())),
     )
 
 
@@ -697,28 +765,31 @@ def _task(value: object, path: str, version: int) -> Task:
     on_empty = raw.get("on_empty")
     if on_empty not in (None, "pass", "skip"):
         raise _fail(f"{path}.on_empty", f"unknown on_empty {on_empty!r}")
+    needs = _strs(raw.get("needs", []), f"{path}.needs", "needs")
     return Task(
         name=name,
         kind=kind,
-        needs=_strs(raw.get("needs", []), f"{path}.needs", "needs"),
+        needs=needs,
         join=join,
         emits=emits,
         emits_files=_strs(raw.get("emits_files", []), f"{path}.emits_files", "emits_files"),
         retries=_int(raw.get("retries", 0), f"{path}.retries", "retries"),
         epilogue=_bool(raw.get("epilogue", False), f"{path}.epilogue", "epilogue"),
         run=run,
-        map=_source(raw["map"], f"{path}.map", version) if "map" in raw else None,
+        map=_source(raw["map"], f"{path}.map", version, needs) if "map" in raw else None,
         timeout=_opt_number(raw, "timeout", path),
         prompt=_opt_str(raw, "prompt", path),
         description=_opt_str(raw, "description", path),
         env=_strs(raw.get("env", []), f"{path}.env", "env"),
-        inputs={n: _input(i, f"{path}.inputs.{n}") for n, i in inputs_raw.items()},
+        inputs={n: _input(i, f"{path}.inputs.{n}", needs) for n, i in inputs_raw.items()},
         when=_opt_str(raw, "when", path),
         on_failure=on_failure,
         allow_exit=_ints(raw.get("allow_exit", []), f"{path}.allow_exit", "allow_exit"),
         retry=_retry(raw["retry"], f"{path}.retry") if "retry" in raw else None,
         deadline=_opt_number(raw, "deadline", path),
-        matrix=_matrix(raw["matrix"], f"{path}.matrix", version) if "matrix" in raw else None,
+        matrix=_matrix(raw["matrix"], f"{path}.matrix", version, needs)
+        if "matrix" in raw
+        else None,
         key=_opt_str(raw, "key", path),
         parallelism=_int(raw["parallelism"], f"{path}.parallelism", "parallelism")
         if "parallelism" in raw
@@ -730,6 +801,7 @@ def _task(value: object, path: str, version: int) -> Task:
         sandbox=_bool(raw.get("sandbox", False), f"{path}.sandbox", "sandbox"),
         network=_bool(raw.get("network", False), f"{path}.network", "network"),
         on_empty=on_empty,
+        temp_files=_strs(raw.get("temp_files", []), f"{path}.temp_files", "temp_files"),
     )
 
 
@@ -793,6 +865,28 @@ def _publish(value: object, path: str) -> Publish:
 
 
 @dataclass(frozen=True, slots=True)
+class Expression:
+    """A computed run result (``[workflow.outputs]``, edition 4): an expression
+    over ``tasks.T.F`` and ``params``, as written (docs/spec/manifest.md)."""
+
+    expression: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"expression": self.expression}
+
+
+#: a run result: a reference (with its steps) or an expression
+Output: TypeAlias = Ref | Expression
+
+
+def _output(value: object, path: str, tasks: Container[str]) -> Output:
+    if isinstance(value, dict):
+        _no_unknown(value, frozenset({"expression"}), path, "an output")
+        return Expression(_str(value.get("expression"), f"{path}.expression", "expression"))
+    return parse(value, path, tasks)
+
+
+@dataclass(frozen=True, slots=True)
 class Workflow:
     """The plan's workflow: its name, params, and (IR v3) run results and published files."""
 
@@ -800,8 +894,16 @@ class Workflow:
     params: Mapping[str, Param] = field(default_factory=dict)
     description: str | None = None
     resolved_from: str | None = None
-    outputs: Mapping[str, Ref] = field(default_factory=dict)
+    outputs: Mapping[str, Output] = field(default_factory=dict)
     publish: Mapping[str, Publish] = field(default_factory=dict)
+    #: an accounted pack's ``[workflow.limits]``, every bound written out (None: unaccounted)
+    limits: Mapping[str, int] | None = None
+    #: the workflow record's stages the pack maps to (docs/spec/export.md §3), as JSON
+    record: tuple[Mapping[str, Any], ...] | None = None
+
+    @property
+    def accounted(self) -> bool:
+        return self.limits is not None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -813,9 +915,15 @@ class Workflow:
         if self.resolved_from is not None:
             out["resolved_from"] = self.resolved_from
         if self.outputs:
-            out["outputs"] = {n: r.to_json() for n, r in self.outputs.items()}
+            out["outputs"] = {
+                n: r.text if isinstance(r, Ref) else r.to_json() for n, r in self.outputs.items()
+            }
         if self.publish:
             out["publish"] = {d: p.to_json() for d, p in self.publish.items()}
+        if self.limits is not None:
+            out["limits"] = dict(self.limits)
+        if self.record is not None:
+            out["record"] = [dict(s) for s in self.record]
         return out
 
     def defaults(self) -> dict[str, JsonValue]:
@@ -823,7 +931,7 @@ class Workflow:
         return {n: p.default for n, p in self.params.items() if p.has_default}
 
 
-def _workflow(value: object, version: int) -> Workflow:
+def _workflow(value: object, version: int, tasks: Container[str]) -> Workflow:
     raw = _obj(value, "$.workflow", "workflow")
     _no_unknown(raw, _WORKFLOW_KNOWN[version], "$.workflow", f"a version {version} workflow")
     params = _obj(raw.get("params", {}), "$.workflow.params", "params")
@@ -834,9 +942,31 @@ def _workflow(value: object, version: int) -> Workflow:
         params={n: _param(p, f"$.workflow.params.{n}") for n, p in params.items()},
         description=_opt_str(raw, "description", "$.workflow"),
         resolved_from=_opt_str(raw, "resolved_from", "$.workflow"),
-        outputs={n: Ref.parse(r, f"$.workflow.outputs.{n}") for n, r in outputs.items()},
+        outputs={n: _output(r, f"$.workflow.outputs.{n}", tasks) for n, r in outputs.items()},
         publish={d: _publish(p, f"$.workflow.publish.{d}") for d, p in publish.items()},
+        limits=_limits(raw),
+        record=_record(raw),
     )
+
+
+def _limits(raw: Mapping[str, Any]) -> Mapping[str, int] | None:
+    if "limits" not in raw:
+        return None
+    limits = _obj(raw["limits"], "$.workflow.limits", "limits")
+    for name, value in limits.items():
+        if type(value) is not int or value < 1:
+            raise _fail(f"$.workflow.limits.{name}", "a limit must be a positive integer")
+    return dict(limits)
+
+
+def _record(raw: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...] | None:
+    """The record's stages, kept as JSON (compile checks their form and normal form)."""
+    if "record" not in raw:
+        return None
+    stages = raw["record"]
+    if not isinstance(stages, list):
+        raise _fail("$.workflow.record", "the workflow record must be an array of stages")
+    return tuple(_obj(s, f"$.workflow.record[{i}]", "a record stage") for i, s in enumerate(stages))
 
 
 # -- the loop ----------------------------------------------------------------------------
@@ -931,6 +1061,16 @@ class Plan:
         """Task names in declaration order."""
         return tuple(t.name for t in self.tasks)
 
+    def listed(self, name: str) -> bool:
+        """Does the dispatcher list the instances of task ``name`` (:attr:`Task.listed`,
+        or a map over a mapped producer's field, edition 4)?"""
+        task = self.task(name)
+        if task.listed:
+            return True
+        ref = task.map_ref
+        producer = None if ref is None else self.by_name.get(ref.producer)
+        return producer is not None and producer.fans_out
+
     @classmethod
     def from_json(cls, obj: object, *, checked: bool = False) -> Plan:
         """The plan the JSON value ``obj`` holds. Unknown members, and members of
@@ -965,7 +1105,9 @@ class Plan:
         return cls(
             version=version,
             edition=edition,
-            workflow=_workflow(raw.get("workflow", {"name": ""}), version),
+            workflow=_workflow(
+                raw.get("workflow", {"name": ""}), version, frozenset(t.name for t in tasks)
+            ),
             tasks=tasks,
             loop=_loop(raw["loop"]) if "loop" in raw else None,
         )

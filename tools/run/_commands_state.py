@@ -66,7 +66,9 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
         raise InputRefused("no such state dir", where=str(state))
     if opts.tsv_file is not None and (opts.html_file is not None or opts.as_json):
         raise UsageError("--tsv goes alone (not with --html or --json)")
-    rows = report.collect(state, task)
+    # the trace lists every attempt: nothing folded (crucible.run.report._fold)
+    fold_above = None if opts.tsv_file is not None else report.FOLD_ABOVE
+    rows = report.collect(state, task, fold_above=fold_above)
     if opts.tsv_file is not None:
         # lazy: run.report._usage is not loaded with this module; only run_report() needs it
         from crucible.run.report._usage import render_tsv
@@ -104,6 +106,10 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     report.render_table(rows, table, instances=task is not None)
     if task is None:
         report.render_outputs(state, table)
+        report.render_freed(state, table)
+        from crucible.run.report._accounting import render_accounting  # accounted runs only
+
+        render_accounting(state, table)
     out.write(table.getvalue().encode("utf-8"))
     return EXIT_OK
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from crucible.core.fsio import clear_path
 from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, capture, emit_cap_problem
 from crucible.stage._files import FILES_RUN_MAX
+from crucible.stage._guard import enable as guard_views
 from crucible.stage._inputs import (
     INDEX_FORMAT,
     INPUTS_ENV_MAX,
@@ -77,6 +78,7 @@ __all__ = [
     "clear_path",
     "emit_cap_problem",
     "escape_key",
+    "guard_views",
     "instances_path",
     "load_all",
     "load_result",

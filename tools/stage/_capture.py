@@ -238,10 +238,14 @@ def _check_fields(
 
 def _capture_files(
     state: Path, task: str, key: str | None, workspace: Path, patterns: tuple[str, ...],
-    files_max: int, found: _Fields,
+    files_max: int, found: _Fields, empty_workspace: bool = False,
 ) -> tuple[list[dict[str, Any]], bool]:  # fmt: skip
     """Capture the task's emits_files into ``files/<task>[/<key>]`` (swapped in
-    whole); returns (the files, whether they were captured)."""
+    whole); returns (the files, whether they were captured). ``empty_workspace``
+    (a passing attempt whose workspace is not kept): files are captured by hard
+    link where safe, and their workspace names removed once the capture
+    passed — the state then holds their bytes once (4, "One copy")."""
+    link = empty_workspace and not found.problems
     target = StateLayout(state).files_dir(task, key)
     parent = target.parent
     try:
@@ -253,8 +257,9 @@ def _capture_files(
         raise OperationalError(f"cannot capture files: {exc.strerror}", where=str(parent)) from None
     try:
         got = capture_files(
-            workspace, patterns, tmp, budget=files_max, require_literals=not found.problems
-        )
+            workspace, patterns, tmp, budget=files_max, require_literals=not found.problems,
+            link=link,
+        )  # fmt: skip
     except CaptureRefused as refusal:
         remove_tree(tmp)
         remove_tree(target)  # never leave an earlier attempt's files beside this record
@@ -265,7 +270,32 @@ def _capture_files(
         remove_tree(tmp)
         raise
     swap_in_dir(tmp, target)
+    if got.moved and not found.problems:
+        _empty(workspace, got.moved)
     return got.files, True
+
+
+def _empty(workspace: Path, moved: list[Any]) -> None:
+    """Unlink the workspace names of files captured by link (each only while
+    it still names the captured inode), then the directories that left empty,
+    up to the workspace."""
+    parents: set[str] = set()
+    root = os.path.realpath(workspace)  # the moved paths are resolved ones
+    for m in moved:
+        try:
+            st = os.lstat(m.path)
+            if (st.st_dev, st.st_ino) == (m.dev, m.ino):
+                os.unlink(m.path)
+                parents.add(os.path.dirname(m.path))
+        except OSError:
+            continue
+    for d in sorted(parents, key=len, reverse=True):
+        while d.startswith(root + "/"):
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+            d = os.path.dirname(d)
 
 
 def _build_record(
@@ -307,6 +337,7 @@ def capture(
     output_name: str | None = None,
     held_notes: list[str] | None = None,
     write: bool = True,
+    empty_workspace: bool = False,
 ) -> dict[str, Any]:
     """Settle one attempt of ``task`` (or of its instance ``key``) and return its record.
 
@@ -319,7 +350,10 @@ def capture(
     what :func:`check_inputs` found when the caller checked the task's staged
     files before giving its slot back (they are not checked again). ``write``
     False: the record is built, not written (dispatch amends it in memory and
-    writes it once, crucible.stage.write_result).
+    writes it once, crucible.stage.write_result). ``empty_workspace``: the
+    caller will not keep the workspace of a passed attempt (dispatch without
+    --keep-workspaces): its captured files move into the store by hard link
+    where safe and leave the workspace (docs/spec/inputs.md 4, "One copy").
     """
     pv = view(plan)
     t = pv.task(task)
@@ -354,8 +388,9 @@ def capture(
     files_captured = False
     if t.emits_files:
         files, files_captured = _capture_files(
-            state, task, key, workspace, t.emits_files, files_max, found
-        )
+            state, task, key, workspace, t.emits_files, files_max, found,
+            empty_workspace and exit_code == 0,
+        )  # fmt: skip
     record = _build_record(
         task, key, found, output, attempt=attempt, exit_code=exit_code,
         emit_cap=emit_cap if capped else None, files=files, files_captured=files_captured,

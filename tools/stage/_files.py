@@ -61,9 +61,21 @@ class CaptureRefused(Exception):
 
 
 @dataclass
+class Moved:
+    """A workspace file whose inode became the stored one (capture by link):
+    its workspace name, to unlink once the capture passed, and the inode."""
+
+    path: str
+    dev: int
+    ino: int
+
+
+@dataclass
 class FileCapture:
     files: list[dict[str, object]] = field(default_factory=list)
     total: int = 0
+    #: files captured by link (``link=True``): their workspace names
+    moved: list[Moved] = field(default_factory=list)
 
 
 def check_pattern(pattern: str, where: str | Location) -> tuple[str, ...]:
@@ -96,7 +108,9 @@ def _inside(real: str, root_real: str) -> bool:
 
 
 class _Copier:
-    def __init__(self, workspace: Path, dest: Path, budget: int) -> None:
+    def __init__(self, workspace: Path, dest: Path, budget: int, link: bool = False) -> None:
+        #: capture by hard link where that is safe (:meth:`_link_file`)
+        self.link = link
         self.workspace = workspace
         self.root_real = os.path.realpath(workspace)
         self.dest = dest
@@ -218,6 +232,9 @@ class _Copier:
                 )
             limit = self.budget - self.result.total + st.st_size
             entry: dict[str, object] = {"path": rel}
+            if self.link and self._link_file(fd, st, real, target, entry):
+                self.result.moved.append(Moved(real, st.st_dev, st.st_ino))
+                return entry
             if st.st_size < KERNEL_COPY_MIN:
                 size, entry["digest"] = copy_fd_hashed(
                     fd, target, limit=limit, expect=st.st_size
@@ -229,6 +246,46 @@ class _Copier:
             return entry
         finally:
             os.close(fd)
+
+    def _link_file(
+        self, fd: int, st: os.stat_result, real: str, target: Path, entry: dict[str, object]
+    ) -> bool:
+        """Capture by hard link: the task's inode becomes the stored one, no
+        byte copied. Only when that is safe — the file has no other name
+        (``st_nlink`` 1: not a staged link, nothing the task linked
+        elsewhere), nobody holds it open for writing (the kernel grants a
+        read lease, crucible.stage._guard), and nobody opened it for writing
+        while it was hashed (the lease held). Else False: it is copied."""
+        if st.st_nlink != 1:
+            return False
+        from crucible.stage import _guard  # lazy: signal and resource, only for a link
+
+        if not _guard.no_writer(fd):
+            return False
+        linked = done = False
+        h = hashlib.sha256()
+        size = 0
+        try:
+            try:
+                os.link(real, target, follow_symlinks=False)
+                linked = True
+            except OSError:
+                return False
+            # the name may have been swapped since it was opened: the inode
+            # linked must be the one opened (and hashed below)
+            if os.lstat(target).st_ino == st.st_ino and os.fstat(fd).st_nlink == 2:
+                buf = memoryview(bytearray(min(1 << 20, st.st_size + 1)))
+                size = hash_fd(fd, buf, h, 0, 1 << 62)
+                done = size == st.st_size
+        finally:
+            unwritten = _guard.still_unwritten(fd)
+            done = done and unwritten and os.fstat(fd).st_nlink == 2
+            if linked and not done:
+                os.unlink(target)
+        if done:
+            entry["digest"] = "sha256:" + h.hexdigest()
+            entry["size"] = size
+        return done
 
     def _copy_large(
         self, fd: int, target: Path, limit: int, entry: dict[str, object], st: os.stat_result
@@ -637,13 +694,16 @@ def capture_files(
     *,
     budget: int,
     require_literals: bool,
+    link: bool = False,
 ) -> FileCapture:
     """Copy what ``patterns`` match in ``workspace`` to ``dest`` (same relative paths).
 
     A literal entry that does not exist fails the attempt when
     ``require_literals`` (a passing attempt); a glob may match nothing.
+    ``link``: capture by hard link where safe (the caller then empties the
+    workspace of :attr:`FileCapture.moved`, or copies nothing back).
     """
-    copier = _Copier(workspace, dest, budget)
+    copier = _Copier(workspace, dest, budget, link)
     try:
         _capture_patterns(copier, workspace, patterns, require_literals)
     except BaseException:

@@ -11,6 +11,7 @@ Normative text: docs/spec/inputs.md.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import stat
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
+from crucible.core.refs import RefMissing, resolve_path
 from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
@@ -117,9 +119,7 @@ def _items_entry(
         raise InputRefused(f"task {task!r} is not mapped")
     if t.listed:
         return _listed_entry(as_path(state), task)
-    producer, fld = t.map
-    if pv.task(producer).map is not None:
-        raise InputRefused(f"task {task!r} maps over {producer!r}, which is itself mapped")
+    producer, fld = t.map  # (a map over a mapped task, or with a path, is listed)
     state = as_path(state)
     path = StateLayout(state).result_path(producer)
     try:
@@ -328,13 +328,25 @@ def axis_params(task: Mapping[str, Any]) -> frozenset[str]:
     source = task.get("map")
     if isinstance(source, dict) and isinstance(source.get("param"), str):
         names.add(source["param"])
+    names.update(_sequence_params(source))
     matrix = task.get("matrix")
     if isinstance(matrix, dict):
         for axis in matrix.get("axes", ()):
             src = axis.get("source") if isinstance(axis, dict) else None
             if isinstance(src, dict) and isinstance(src.get("param"), str):
                 names.add(src["param"])
+            names.update(_sequence_params(src))
     return frozenset(names)
+
+
+def _sequence_params(source: Any) -> list[str]:
+    """The params a sequence source's bounds read (``{"count": {"param": "n"}}``,
+    issue 32): the numbers reach each instance as its item, as an axis's values do."""
+    seq = source.get("sequence") if isinstance(source, dict) else None
+    if not isinstance(seq, dict):
+        return []
+    bounds = (seq.get(k) for k in ("count", "start", "end"))
+    return [b["param"] for b in bounds if isinstance(b, dict) and isinstance(b.get("param"), str)]
 
 
 def task_params(plan: Any, task: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -509,8 +521,14 @@ def _ancestor_units(
     pkey = producer_key(plan, pv, state, task, key, anc)
     if pkey is not None:
         unit = revision_unit(state, anc, pkey, anc)
-        return [unit] if unit.store.is_dir() else []
-    return units_of(state, anc, at.map is not None)
+        units = [unit] if unit.store.is_dir() else []
+    else:
+        units = units_of(state, anc, at.map is not None)
+    if at.temp_files and anc not in pv.tasks[task].needs:
+        # temporaries reach the producer's direct dependants only (run.md,
+        # "Temporary files"): freed once they settled, never promised further
+        units = [dataclasses.replace(u, skip=at.temp_files) for u in units]
+    return units
 
 
 def staged_units(
@@ -583,7 +601,14 @@ def declared_entry(
         entry["files_staged"] = producer in files_staged and _captured_any(rec)
         output = rec.get("output") if rec else None
         if isinstance(output, dict) and fld in output:
-            entry.update(_value_entry(rel, output[fld], files))
+            value = output[fld]
+            if spec.get("path"):  # a.items[0], a.config.region (edition 4)
+                try:
+                    value = resolve_path(value, spec["path"], f"{producer}.{fld}")
+                except RefMissing as exc:
+                    # the consumer fails with it (a missing element is no value)
+                    raise InputRefused(f"input {name!r}: {exc.message}") from None
+            entry.update(_value_entry(rel, value, files))
         elif status == "passed":
             raise InputRefused(
                 f"producer {producer!r} passed without its declared field {fld!r} "
@@ -844,7 +869,7 @@ def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, b
     try:
         for rel in d.roots:
             (tmp / rel).mkdir()
-        files_bytes = stage_units(state, d.units, tmp, 0, bound)
+        files_bytes = stage_units(state, d.units, tmp, 0, bound, holder=workspace)
         for rel in d.dirs:
             (tmp / rel).mkdir()
         tmp_s = str(tmp)

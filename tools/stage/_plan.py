@@ -8,12 +8,14 @@ clear message (a plan/state mismatch, an unknown task, an unsafe name).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from crucible.core.contract import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, TYPES
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
+from crucible.core.refs import Ref, RefSyntax, parse_ref
 from crucible.stage._names import task_name_problem
 
 __all__ = [
@@ -54,9 +56,13 @@ class TaskView:
     prompt: str | None
     raw: dict[str, Any] = field(repr=False)
     #: IR v3 fan-outs whose instances the dispatcher lists in STATE/instances/<task>.json
-    #: (a literal, param or sequence map, a matrix, a map with ``key``); ``map`` is then
-    #: ("", "") unless a producer field is the source
+    #: (a literal, param or sequence map, a matrix, a map with ``key``, a map whose
+    #: reference has a path or whose producer is mapped); ``map`` is then ("", "")
+    #: unless a producer field is the source
     listed: bool = False
+    #: IR v3: emits_files entries freed once the direct dependants settled,
+    #: staged only into them (docs/spec/run.md, "Temporary files")
+    temp_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,13 +105,21 @@ class PlanView:
         return {n: i for i, n in enumerate(self.order)}
 
 
-def _split_ref(ref: object, where: str) -> tuple[str, str]:
-    if not isinstance(ref, str) or "." not in ref:
-        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=in_plan(where))
-    producer, _, fld = ref.rpartition(".")
-    if not producer or not fld:
-        raise InputRefused(f"expected 'producer.field', got {ref!r}", where=in_plan(where))
-    return producer, fld
+def _parse_ref(ref: object, where: str, needs: Any) -> Ref:
+    """A reference's producer, field and path; the producer is one of ``needs``,
+    which decide which dot ends it (crucible.core.refs)."""
+    try:
+        return parse_ref(ref, needs if isinstance(needs, list | tuple) else None)
+    except RefSyntax as exc:
+        why = f": {exc.message}" if isinstance(ref, str) and "[" in ref else ""
+        raise InputRefused(
+            f"expected 'producer.field', got {ref!r}{why}", where=in_plan(where)
+        ) from None
+
+
+def _split_ref(ref: object, where: str, needs: Any = None) -> tuple[str, str]:
+    parsed = _parse_ref(ref, where, needs)
+    return parsed.producer, parsed.field
 
 
 def _task(raw: Any, i: int, checked: bool) -> TaskView:
@@ -114,7 +128,9 @@ def _task(raw: Any, i: int, checked: bool) -> TaskView:
         _check_task(raw, where)
     listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
     if "map" in raw and isinstance(raw["map"], str):
-        mapped: tuple[str, str] | None = _split_ref(raw["map"], f"{where}.map")
+        ref = _parse_ref(raw["map"], f"{where}.map", raw.get("needs"))
+        mapped: tuple[str, str] | None = (ref.producer, ref.field)
+        listed = listed or bool(ref.path)  # the dispatcher resolves the path
     else:
         mapped = ("", "") if listed else None
     prompt = raw.get("prompt")
@@ -131,6 +147,7 @@ def _task(raw: Any, i: int, checked: bool) -> TaskView:
         prompt=prompt if isinstance(prompt, str) else None,
         raw=raw,
         listed=listed,
+        temp_files=tuple(raw.get("temp_files", ())),
     )
 
 
@@ -156,7 +173,7 @@ def _check_task(raw: Any, where: str) -> None:
             "emits_files must be a list of paths", where=in_plan(f"{where}.emits_files")
         )
     if "map" in raw and isinstance(raw["map"], str):
-        _split_ref(raw["map"], f"{where}.map")
+        _split_ref(raw["map"], f"{where}.map", needs)
     inputs = raw.get("inputs", {})
     if not isinstance(inputs, dict):
         raise InputRefused("inputs must be an object", where=in_plan(f"{where}.inputs"))
@@ -164,9 +181,13 @@ def _check_task(raw: Any, where: str) -> None:
         iw = f"{where}.inputs.{input_name}"
         if not isinstance(spec, dict):
             raise InputRefused("an input must be an object", where=in_plan(iw))
-        producer, fld = _split_ref(spec.get("from"), f"{iw}.from")
-        if spec.get("producer", producer) != producer or spec.get("field", fld) != fld:
-            raise InputRefused("producer/field disagree with 'from'", where=in_plan(iw))
+        ref = _parse_ref(spec.get("from"), f"{iw}.from", needs)
+        if (
+            spec.get("producer", ref.producer) != ref.producer
+            or spec.get("field", ref.field) != ref.field
+            or list(spec.get("path", ())) != list(ref.path)
+        ):
+            raise InputRefused("producer/field/path disagree with 'from'", where=in_plan(iw))
     join = raw.get("join", "all")
     if join not in ("all", "settled"):
         raise InputRefused(f"unknown join {join!r}", where=in_plan(f"{where}.join"))
@@ -201,6 +222,11 @@ def build_view(plan: Any, *, checked: bool = False) -> PlanView:
         if t.name in tasks:
             raise InputRefused(f"task {t.name!r} is declared twice", where=in_plan(f"$.tasks[{i}]"))
         tasks[t.name] = t
+    # a map over a mapped task (edition 4) is expanded by the dispatcher too
+    for name, t in list(tasks.items()):
+        source = tasks.get(t.map[0]) if t.map is not None and not t.listed else None
+        if source is not None and source.map is not None:
+            tasks[name] = dataclasses.replace(t, listed=True)
     for t in tasks.values():
         for n in t.needs:
             if n not in tasks:

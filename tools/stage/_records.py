@@ -207,19 +207,22 @@ def settle_fold(
     counts = {s: 0 for s in STATUSES}
     first_bad: tuple[str, dict[str, Any]] | None = None
     first_failed: tuple[str, dict[str, Any]] | None = None
-    records = load_all(state, task)  # one read of results/<task>.jsonl
+    # one pass over results/<task>.jsonl: each key's status, and the records of
+    # those that did not pass (a million passed lines are not kept: issue 33)
+    status_of, odd = _store.scan_keyed(state, task)
     for k in keys:
-        rec = records.get(k)
-        if rec is None:
+        s = status_of.get(k)
+        if s is None:
             raise InputRefused(
                 f"instance {k!r} of task {task!r} has no settled record; settle it first",
                 where=str(_store.packed_path(state, task)),
             )
-        counts[rec["status"]] += 1
-        if rec["status"] != "passed" and first_bad is None:
-            first_bad = (k, rec)
-        if rec["status"] == "failed" and first_failed is None:
-            first_failed = (k, rec)
+        counts[s] += 1
+        if s != "passed" and first_bad is None:
+            first_bad = (k, _store.parse_record_line(odd[k]))
+        if s == "failed" and first_failed is None:
+            first_failed = (k, _store.parse_record_line(odd[k]))
+    del status_of, odd
     if first_bad is None:
         status, note = "passed", f"{len(keys)} of {len(keys)} instances passed"
     else:

@@ -57,7 +57,7 @@ def restage_in_place(state: Path, d: Described, inputs_dir: Path, bound: int) ->
         for rel in d.roots:
             ensure_dir(inputs_dir, rel)
             wanted.add(rel)
-        used, laid = restage_units(state, d.units, inputs_dir, 0, bound)
+        used, laid = restage_units(state, d.units, inputs_dir, 0, bound, inputs_dir.parent)
         wanted.update(laid)
         for rel in d.dirs:
             ensure_dir(inputs_dir, rel)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -51,8 +52,11 @@ import orjson
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
+from crucible.core.globs import pattern_regex
+from crucible.stage import _guard as guard
 from crucible.stage._files import clone_fd, clone_known_bad, copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
+from crucible.stage._guard import BACKUP_DIR, backup_name
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
 from crucible.stage._store import load_keyed
@@ -78,6 +82,10 @@ MANIFEST_FORMAT = "crucible.shared/1"
 #: stage's list of a unit's replaced inodes: ``<parent>/@tampered/<unit>``
 TAMPERED_DIR = "@tampered"
 _READONLY = 0o444
+#: publishing modes: the store is what consumers link (one copy; only where
+#: the staging process guards them, crucible.stage._guard), or a copy of it
+STORE = "store"
+COPY = "copy"
 #: a walk of a store or a staged tree; capture's own bound keeps them far below
 _WALK_DEPTH = 100_000
 
@@ -101,10 +109,10 @@ class Published:
     dev: int  # the published tree's filesystem
     dirs: tuple[str, ...]
     files: tuple[Entry, ...]
-
-    @property
-    def tree(self) -> Path:
-        return self.root / "tree"
+    #: where the published files are: the store itself (``store`` mode: one
+    #: copy, views guarded by leases) or ``root/tree`` (``copy`` mode)
+    tree: Path
+    mode: str = COPY
 
 
 @dataclass(frozen=True)
@@ -117,6 +125,9 @@ class Unit:
     label: str  # "task" or "task[<escaped key>]"
     staged: str  # "task" or "task/<escaped key>", under a consumer's inputs/
     key: str | None = None  # a keyed unit's key: its record is a line of ``record``
+    #: patterns of files not handed to this consumer: the producer's
+    #: temp_files, for a consumer that is not its direct dependant
+    skip: tuple[str, ...] = ()
 
 
 def units_of(state: Path, task: str, mapped: bool) -> list[Unit]:
@@ -173,13 +184,16 @@ def _locked(state: Path) -> Any:
 # -- manifests -------------------------------------------------------------------
 
 
-def _read_manifest(root: Path, label: str) -> tuple[str, Published] | None:
+def _read_manifest(root: Path, label: str, store: Path) -> tuple[str, Published] | None:
     try:
         with open(root / "manifest.json", "rb") as f:
             doc = orjson.loads(f.read())
         files = tuple(Entry(*e) for e in doc["files"])
         gen, dev = int(doc["generation"]), int(doc["dev"])
-        return str(doc["source"]), Published(label, root, gen, dev, tuple(doc["dirs"]), files)
+        mode = STORE if doc.get("mode") == STORE else COPY
+        tree = store if mode == STORE else root / "tree"
+        pub = Published(label, root, gen, dev, tuple(doc["dirs"]), files, tree, mode)
+        return str(doc["source"]), pub
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError):
@@ -316,10 +330,13 @@ def _same(st: os.stat_result, e: Entry, ctime: int | None) -> bool:
     )
 
 
-def _changed(pub: Published) -> list[Entry]:
+def _changed(pub: Published, state: Path | None = None) -> list[Entry]:
     """Published files that were changed since the last staging recorded them
-    (stat first; the bytes are hashed only when the stat moved)."""
+    (stat first; the bytes are hashed only when the stat moved). In store mode
+    an inode with a backup is changed too: a lease on it broke, so a write
+    through it is under way (crucible.stage._guard)."""
     ctimes = _read_ctimes(pub)
+    backed = _backups(state) if state is not None and pub.mode == STORE else set()
     bad = []
     tree = str(pub.tree)
     for e in pub.files:
@@ -329,9 +346,23 @@ def _changed(pub: Published) -> list[Entry]:
         except OSError:
             bad.append(e)
             continue
-        if not _same(st, e, ctimes.get(e.rel)) and _really_changed(path, e):
+        if backup_name(pub.dev, e.ino, e.mtime_ns) in backed or (
+            not _same(st, e, ctimes.get(e.rel)) and _really_changed(path, e)
+        ):
             bad.append(e)
     return bad
+
+
+def _backup_dir(state: Path) -> Path:
+    return StateLayout(state).shared_root / BACKUP_DIR
+
+
+def _backups(state: Path) -> set[str]:
+    """The names in ``shared/@backup`` (one listing; none nearly always)."""
+    try:
+        return set(os.listdir(_backup_dir(state)))
+    except OSError:
+        return set()
 
 
 def _really_changed(path: str, e: Entry) -> bool:
@@ -491,30 +522,177 @@ def _kernel_copy(src: int, out: int) -> None:
 
 
 def publish(
-    state: Path, store: Path, record: Path, root: Path, label: str, key: str | None = None
+    state: Path,
+    store: Path,
+    record: Path,
+    root: Path,
+    label: str,
+    key: str | None = None,
+    *,
+    mode: str | None = None,
 ) -> Published:
     """The current published set of one producer unit: built on first use,
     rebuilt when its store was captured again, restored when a published file
-    was changed (the changed inodes are listed in ``tampered.jsonl``). Call with
-    the lock held."""
+    was changed (the changed inodes are listed in ``@tampered``). ``mode``:
+    :data:`STORE` (the default where this process guards views) publishes
+    the store itself, :data:`COPY` a copy of it. Call with the lock held."""
+    if mode is None:
+        mode = STORE if guard.active() else COPY
     source = _source_id(store, record, key)
-    found = _read_manifest(root, label)
+    found = _read_manifest(root, label, store)
     generation = 1
     if found is not None:
         old_source, pub = found
         if old_source == source:
-            bad = _changed(pub)
-            if not bad:
+            bad = _changed(pub, state)
+            if not bad and pub.mode == mode:
                 return pub
-            _list_tampered(pub, bad)
+            if bad:
+                _list_tampered(pub, bad)
+                if pub.mode == STORE:
+                    _restore_store(state, pub, bad)
         generation = pub.generation + 1
-    built = _build(store, record, root.parent, label, source, generation, key)
+    if mode == STORE:
+        built = _build_store(state, store, record, root.parent, label, source, generation, key)
+    else:
+        built = _build(store, record, root.parent, label, source, generation, key)
     swap_in_dir(built, root, durable=False)
-    found = _read_manifest(root, label)
+    found = _read_manifest(root, label, store)
     if found is None:  # pragma: no cover - we just wrote it
         raise OperationalError("cannot read the manifest just written", where=str(root))
     _record_ctimes(found[1])
     return found[1]
+
+
+def _digest_of(path: str) -> str | None:
+    try:
+        fd, _ = open_regular(path)
+    except (OSError, NotRegular):
+        return None
+    try:
+        h = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            h.update(chunk)
+        return "sha256:" + h.hexdigest()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _restore_store(state: Path, pub: Published, bad: list[Entry]) -> None:
+    """Store mode: give each changed store file a fresh inode holding its
+    captured bytes — its lease's backup (saved before the write), else its own
+    bytes when only its mode, links or times moved. The changed inode stays
+    with the consumers that hold it (listed in ``@tampered``). Without an
+    intact copy the store was changed for good: refused, naming the file."""
+    backups = _backup_dir(state)
+    saved = sorted(_backups(state))
+    for e in bad:
+        target = f"{pub.tree}/{e.rel}"
+        # this inode's backup (its mtime names it; an entry made from a changed
+        # store file does not know the mtime it was captured with: any of the
+        # inode's, each judged by its digest)
+        exact = backup_name(pub.dev, e.ino, e.mtime_ns)
+        prefix = exact.rpartition("-")[0] + "-"
+        found = False
+        for name in sorted((n for n in saved if n.startswith(prefix)), key=lambda n: n != exact):
+            backup = f"{backups}/{name}"
+            if _digest_of(backup) == e.digest:
+                os.chmod(backup, _READONLY)
+                os.replace(backup, target)
+                found = True
+                break
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(backup)  # not the captured bytes (an inode number used again)
+        if found:
+            continue
+        if _digest_of(target) == e.digest:
+            tmp = f"{pub.tree}/{TMP_PREFIX}restore-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            fd, _ = open_regular(target)
+            try:
+                _clone_or_copy(fd, Path(tmp), hash_it=False)
+            finally:
+                os.close(fd)
+            if _digest_of(tmp) == e.digest:
+                os.chmod(tmp, _READONLY)
+                os.replace(tmp, target)
+                continue
+            os.unlink(tmp)
+        raise InputRefused(
+            f"captured file {e.rel!r} of {pub.label} was changed and no intact copy of it "
+            f"is left (written while no lease guarded it); the store was changed: run "
+            f"its producer again (--fresh)",
+            where=target,
+        )
+
+
+def _build_store(
+    state: Path,
+    store: Path,
+    record: Path,
+    parent: Path,
+    label: str,
+    source: str,
+    generation: int,
+    key: str | None = None,
+) -> Path:
+    """A store-mode manifest (the store's own inodes, files made read-only),
+    in a temp directory beside ``parent``'s entries; returns it. Each file is
+    checked against its recorded digest as :func:`_build` checks it; one
+    that does not match is restored from its backup when there is one."""
+    parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}pub-", dir=parent))
+    try:
+        recorded, written = _recorded_files(record, key)
+        dirs: list[str] = []
+        files: list[list[Any]] = []
+        dev = os.lstat(store).st_dev
+        for rel in walk_tree(str(store), max_depth=_WALK_DEPTH):
+            if rel.startswith(TMP_PREFIX):
+                continue
+            path = f"{store}/{rel}"
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                dirs.append(rel)
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise InputRefused(f"captured file {rel!r} of {label} is not a regular file")
+            want = recorded.get(rel)
+            untouched = written is not None and st.st_ctime_ns < written
+            if want is not None and untouched and want[0] == st.st_size:
+                sha = want[1]
+            else:
+                sha = _digest_of(path) or ""
+            if want is not None and want[1] != sha:
+                probe = Published(label, parent, 0, dev, (), (), store, STORE)
+                _restore_store(state, probe, [Entry(rel, want[0], want[1], st.st_ino, 0)])
+                st, sha = os.lstat(path), want[1]
+            if stat.S_IMODE(st.st_mode) != _READONLY:
+                os.chmod(path, _READONLY)
+                st = os.lstat(path)
+            files.append([rel, st.st_size, sha, st.st_ino, st.st_mtime_ns])
+        doc = {
+            "format": MANIFEST_FORMAT,
+            "source": source,
+            "generation": generation,
+            "mode": STORE,
+            "dev": dev,
+            "dirs": dirs,
+            "files": files,
+        }
+        fd = os.open(tmp / "manifest.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write_all(fd, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+        finally:
+            os.close(fd)
+        return tmp
+    except BaseException:
+        remove_tree(tmp)
+        raise
 
 
 def _list_tampered(pub: Published, bad: list[Entry]) -> None:
@@ -559,9 +737,28 @@ def _tampered_inodes(root: Path) -> dict[tuple[int, int], str]:
 # -- consumers ----------------------------------------------------------------------
 
 
-def link_published(pub: Published, dest: Path) -> int:
+def _visible(pub: Published, skip: tuple[str, ...]) -> Published:
+    """``pub`` without the paths ``skip`` matches (or that lie under a match)."""
+    if not skip:
+        return pub
+
+    regexes = [pattern_regex(tuple(p for p in s.split("/") if p)) for s in skip]
+
+    def hidden(rel: str) -> bool:
+        parts = rel.split("/")
+        return any(r.match("/".join(parts[:n])) for r in regexes for n in range(1, len(parts) + 1))
+
+    return dataclasses.replace(
+        pub,
+        dirs=tuple(d for d in pub.dirs if not hidden(d)),
+        files=tuple(e for e in pub.files if not hidden(e.rel)),
+    )
+
+
+def link_published(pub: Published, dest: Path, guarded: _Guarded | None = None) -> int:
     """Lay ``pub``'s tree into ``dest`` (a new directory): directories made,
-    files reflinked, hard-linked or copied (module doc). Returns the bytes."""
+    files reflinked, hard-linked or copied (module doc). Returns the bytes.
+    ``guarded``: who holds the links, in store mode (each one leased)."""
     dest_s = str(dest)
     try:
         os.makedirs(dest_s, exist_ok=True)
@@ -576,16 +773,52 @@ def link_published(pub: Published, dest: Path) -> int:
         src = f"{tree}/{e.rel}"
         dst = f"{dest_s}/{e.rel}"
         try:
-            _hand_over(src, dst, key)
+            _hand_over(src, dst, key, _guard_of(pub, guarded))
         except OSError as exc:
             raise OperationalError(f"cannot stage {src}: {exc.strerror or exc}") from None
         total += e.size
     return total
 
 
-def _hand_over(src: str, dst: str, key: tuple[int, int]) -> None:
-    """One file to a consumer: a reflink, else a hard link, else a copy."""
+@dataclass(frozen=True)
+class _Guarded:
+    """Who a store-mode view is for: the consumer's workspace (its leases'
+    holder) and where a broken lease saves the bytes."""
+
+    holder: str
+    backups: str
+
+
+def _guarded(state: Path, holder: Path | str | None) -> _Guarded | None:
+    if holder is None or not guard.active():
+        return None
+    return _Guarded(os.path.abspath(holder), os.path.abspath(_backup_dir(state)))
+
+
+def _guard_of(pub: Published, guarded: _Guarded | None) -> _Guarded | None:
+    """The guard a hard link to ``pub`` needs: none for a copy-mode tree (the
+    store is not reachable through it); in store mode a lease, and without
+    one (``_NO_GUARD``) no hard link at all."""
+    if pub.mode != STORE:
+        return None
+    return guarded or _NO_GUARD
+
+
+_NO_GUARD = _Guarded("", "")
+
+
+def _hand_over(
+    src: str, dst: str, key: tuple[int, int], guarded: _Guarded | None = None
+) -> None:
+    """One file to a consumer: a reflink, else a hard link, else a copy. A
+    hard link to a stored inode (``guarded``) needs a lease on it, held for
+    the consumer until its check (crucible.stage._guard); else a copy."""
     if clone_known_bad(key) or not _reflink(src, dst, key):
+        if guarded is not None and (
+            guarded is _NO_GUARD or not guard.lease(src, guarded.holder, guarded.backups)
+        ):
+            _copy(src, dst)
+            return
         try:
             os.link(src, dst, follow_symlinks=False)
         except OSError as exc:
@@ -620,12 +853,16 @@ def _copy(src: str, dst: str) -> None:
     os.chmod(dst, _READONLY)  # whatever the umask did
 
 
-def _published_within(state: Path, u: Unit, used: int, bound: int) -> tuple[Published, int]:
+def _published_within(
+    state: Path, u: Unit, used: int, bound: int, guarded: _Guarded | None
+) -> tuple[Published, int]:
     """``u``'s published set and ``used`` plus its bytes, refused past ``bound``
     (before anything of it is laid). The one place both writers publish a unit:
-    a keyed unit is published from its own line of the packed records."""
-    pub = publish(state, u.store, u.record, u.root, u.label, u.key)
-    size = sum(e.size for e in pub.files)
+    a keyed unit is published from its own line of the packed records. The
+    store itself is published only for a guarded consumer."""
+    mode = STORE if guarded is not None else COPY
+    pub = publish(state, u.store, u.record, u.root, u.label, u.key, mode=mode)
+    size = sum(e.size for e in _visible(pub, u.skip).files)
     if used + size > bound:
         raise InputRefused(
             f"staging emits_files would pass the bound of {bound} bytes "
@@ -634,16 +871,26 @@ def _published_within(state: Path, u: Unit, used: int, bound: int) -> tuple[Publ
     return pub, used + size
 
 
-def stage_units(state: Path, units: list[Unit], dest: Path, used: int, bound: int) -> int:
+def stage_units(
+    state: Path,
+    units: list[Unit],
+    dest: Path,
+    used: int,
+    bound: int,
+    holder: Path | str | None = None,
+) -> int:
     """Lay every unit's published files into ``dest/<unit.staged>``; returns
     ``used`` plus their bytes. Raises :class:`InputRefused` past ``bound``
-    (nothing is linked for the unit that would pass it)."""
+    (nothing is linked for the unit that would pass it). ``holder``: the
+    consumer's workspace, which may hold guarded links to the store itself
+    when this process guards views (crucible.stage._guard)."""
     if not units:
         return used
+    guarded = _guarded(state, holder)
     with _locked(state):
         for u in units:
-            pub, used = _published_within(state, u, used, bound)
-            link_published(pub, dest / u.staged)
+            pub, used = _published_within(state, u, used, bound, guarded)
+            link_published(_visible(pub, u.skip), dest / u.staged, guarded)
             _record_ctimes(pub)  # the links just made moved them
     return used
 
@@ -662,7 +909,7 @@ def ensure_dir(base: Path, rel: str) -> None:
         os.mkdir(path)
 
 
-def relink_published(pub: Published, dest: Path) -> int:
+def relink_published(pub: Published, dest: Path, guarded: _Guarded | None = None) -> int:
     """Lay ``pub``'s tree into ``dest``, which may hold an earlier consumer's
     (a recycled workspace, 3.8): a file that already is a hard link to the
     current published inode is kept — :func:`publish` has just checked that
@@ -683,16 +930,29 @@ def relink_published(pub: Published, dest: Path) -> int:
         except FileNotFoundError:
             st = None
         if st is not None:
-            if stat.S_ISREG(st.st_mode) and st.st_ino == e.ino and st.st_dev == pub.dev:
+            if (
+                stat.S_ISREG(st.st_mode)
+                and st.st_ino == e.ino
+                and st.st_dev == pub.dev
+                and (
+                    pub.mode != STORE
+                    or (guarded is not None and guard.lease(dst, guarded.holder, guarded.backups))
+                )
+            ):
                 continue
             clear_path(Path(dst))
-        _hand_over(f"{tree}/{e.rel}", dst, key)
+        _hand_over(f"{tree}/{e.rel}", dst, key, _guard_of(pub, guarded))
         handed += 1
     return handed
 
 
 def restage_units(
-    state: Path, units: list[Unit], dest: Path, used: int, bound: int
+    state: Path,
+    units: list[Unit],
+    dest: Path,
+    used: int,
+    bound: int,
+    holder: Path | str | None = None,
 ) -> tuple[int, set[str]]:
     """:func:`stage_units` into a tree an earlier consumer of the same task left
     (:func:`relink_published`); returns ``used`` plus the units' bytes, and every
@@ -700,17 +960,19 @@ def restage_units(
     laid: set[str] = set()
     if not units:
         return used, laid
+    guarded = _guarded(state, holder)
     with _locked(state):
         for u in units:
-            pub, used = _published_within(state, u, used, bound)
+            pub, used = _published_within(state, u, used, bound, guarded)
             try:
                 ensure_dir(dest, u.staged)  # each component checked from inputs/ down
-                handed = relink_published(pub, dest / u.staged)
+                shown = _visible(pub, u.skip)
+                handed = relink_published(shown, dest / u.staged, guarded)
             except OSError as exc:
                 raise OperationalError(f"cannot stage into {dest}: {exc.strerror or exc}") from None
             laid.add(u.staged)
-            laid.update(f"{u.staged}/{rel}" for rel in pub.dirs)
-            laid.update(f"{u.staged}/{e.rel}" for e in pub.files)
+            laid.update(f"{u.staged}/{rel}" for rel in shown.dirs)
+            laid.update(f"{u.staged}/{e.rel}" for e in shown.files)
             if handed:
                 _record_ctimes(pub)  # the links just made moved them
     return used, laid
@@ -722,9 +984,16 @@ def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path
     recorded, else its bytes hashed), and none may be an inode already found
     changed. A changed file gets its published set restored; the returned notes
     name each file and the consumer ``holder``."""
+    try:
+        return _verify_consumer(state, holder, units, workspace)
+    finally:
+        guard.release(os.path.abspath(workspace))  # checked: its leases are no longer needed
+
+
+def _verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path) -> list[str]:
     notes: list[str] = []
     for u in units:
-        found = _read_manifest(u.root, u.label)
+        found = _read_manifest(u.root, u.label, u.store)
         if found is None:
             continue
         changed = _changed_holdings(found[1], workspace / "inputs" / u.staged)
@@ -732,11 +1001,14 @@ def verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Path
             continue
         with _locked(state):
             pub = found[1]
-            current = _read_manifest(u.root, u.label)
+            current = _read_manifest(u.root, u.label, u.store)
             if current is not None and current[1].generation == pub.generation:
                 # still the generation the consumer holds: restore it now
-                _list_tampered(pub, [e for e in pub.files if e.rel in changed])
-            publish(state, u.store, u.record, u.root, u.label, u.key)
+                bad = [e for e in pub.files if e.rel in changed]
+                _list_tampered(pub, bad)
+                if pub.mode == STORE:
+                    _restore_store(state, pub, bad)
+            publish(state, u.store, u.record, u.root, u.label, u.key, mode=pub.mode)
         shown = ", ".join(f"inputs/{u.staged}/{r}" for r in sorted(changed)[:5])
         more = len(changed) - 5
         notes.append(
@@ -754,19 +1026,27 @@ def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
     and its link replaced by one to the fresh published copy, so it starts with
     the captured bytes. Returns the workspace paths replaced."""
     replaced: list[str] = []
+    guarded = _guarded(state, workspace)
     for u in units:
-        found = _read_manifest(u.root, u.label)
+        found = _read_manifest(u.root, u.label, u.store)
         if found is None:
             continue
         top = workspace / "inputs" / u.staged
         changed = _changed_holdings(found[1], top)
+        if found[1].mode == STORE:
+            changed |= _unguarded_holdings(found[1], top, guarded)
         if not changed:
             continue
         with _locked(state):
-            current = _read_manifest(u.root, u.label)
-            if current is not None and current[1].generation == found[1].generation:
-                _list_tampered(found[1], [e for e in found[1].files if e.rel in changed])
-            fresh = publish(state, u.store, u.record, u.root, u.label, u.key)
+            current = _read_manifest(u.root, u.label, u.store)
+            pub = found[1]
+            if current is not None and current[1].generation == pub.generation:
+                bad = [e for e in pub.files if e.rel in changed and _changed_one(pub, e, top)]
+                if bad:
+                    _list_tampered(pub, bad)
+                    if pub.mode == STORE:
+                        _restore_store(state, pub, bad)
+            fresh = publish(state, u.store, u.record, u.root, u.label, u.key, mode=pub.mode)
             by_rel = {e.rel: e for e in fresh.files}
             key = (fresh.dev, os.stat(top).st_dev)
             for rel in sorted(changed):
@@ -777,13 +1057,39 @@ def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
                 try:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(tmp)
-                    _hand_over(str(fresh.tree / rel), str(tmp), key)
+                    _hand_over(str(fresh.tree / rel), str(tmp), key, _guard_of(fresh, guarded))
                     os.replace(tmp, dst)
                 except OSError as exc:
                     raise OperationalError(f"cannot restore {dst}: {exc.strerror or exc}") from None
                 replaced.append(f"inputs/{u.staged}/{rel}")
             _record_ctimes(fresh)
     return replaced
+
+
+def _changed_one(pub: Published, e: Entry, top: Path) -> bool:
+    """Whether the consumer's file for ``e`` under ``top`` was changed (not
+    merely unleased)."""
+    path = f"{top}/{e.rel}"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return True
+    return not _same(st, e, _read_ctimes(pub).get(e.rel)) and _really_changed(path, e)
+
+
+def _unguarded_holdings(pub: Published, top: Path, guarded: _Guarded | None) -> set[str]:
+    """Store mode, just before a consumer starts (a retry: its leases were
+    given up at the last check): the held links to stored inodes, leased again;
+    one that cannot be is replaced by a copy (returned, to be relinked)."""
+    by_ino = {e.ino: e for e in pub.files}
+    out: set[str] = set()
+    for held, st in _held_files(top, pub.dev):
+        e = by_ino.get(st.st_ino)
+        if e is None:
+            continue
+        if guarded is None or not guard.lease(held, guarded.holder, guarded.backups):
+            out.add(e.rel)
+    return out
 
 
 def _changed_holdings(pub: Published, top: Path) -> set[str]:

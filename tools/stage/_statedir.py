@@ -189,10 +189,12 @@ class StateDir:
         output_name: str | None = None,
         held_notes: list[str] | None = None,
         write: bool = True,
+        empty_workspace: bool = False,
     ) -> dict[str, Any]:
         """Settle one attempt and return its record (crucible.stage.capture)."""
         return _capture.capture(
             self.view, self.state, task, workspace, output_file=output_file,
             exit_code=exit_code, key=key, attempt=attempt, emit_cap=emit_cap, extra=extra,
             files_max=files_max, output_name=output_name, held_notes=held_notes, write=write,
+            empty_workspace=empty_workspace,
         )  # fmt: skip

@@ -48,9 +48,11 @@ __all__ = [
     "load_one",
     "packed_path",
     "parse_packed",
+    "parse_record_line",
     "plain_path",
     "record_path",
     "remove_record",
+    "scan_keyed",
     "store_record",
 ]
 
@@ -177,6 +179,12 @@ def _parse_line(line: bytes) -> Any:
     return orjson.loads(line)
 
 
+def parse_record_line(line: bytes) -> dict[str, Any]:
+    """A record from a line :func:`scan_keyed` returned (checked when it was read)."""
+    record: dict[str, Any] = _parse_line(line)
+    return record
+
+
 def check_record(record: Any, where: str, task: str, key: str | None) -> dict[str, Any]:
     """A settled record read back: the format, the unit it names, its status."""
     if not isinstance(record, dict):
@@ -287,6 +295,76 @@ def load_keyed(state: Path, task: str) -> Records:
         os.close(fd)
     _cache[path] = entry
     return Records(entry.raw)
+
+
+def scan_keyed(state: Path, task: str) -> tuple[dict[str, str], dict[str, bytes]]:
+    """One pass over ``results/<task>.jsonl`` in 1 MiB blocks, nothing kept for
+    later reads (unlike :func:`load_keyed`): each key's status (its last line
+    wins, a tombstone removes it) and the lines of the keys whose status is
+    not ``passed``. For a fold of a million instances that is ~0.1 KiB a key
+    while it runs, where :func:`load_keyed` keeps ~0.5 KiB a key for the
+    session. Lines are checked as :func:`load_keyed` checks them (a damaged
+    line followed by another is ``file:line``; a torn last line is ignored)."""
+    path = str(packed_path(state, task))
+    status: dict[str, str] = {}
+    odd: dict[str, bytes] = {}
+    try:
+        fd, st = open_regular(path)
+    except FileNotFoundError:
+        return status, odd
+    except NotRegular as exc:
+        raise OperationalError(f"cannot read result records: {exc.why}", where=path) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot read result records: {exc.strerror}", where=path) from None
+    passed = "passed"  # one string for every passed key (a million of them)
+    try:
+        offset, rest, lineno = 0, b"", 0
+        damaged: str | None = None
+        while offset < st.st_size:
+            chunk = os.pread(fd, min(st.st_size - offset, 1 << 20), offset)
+            if not chunk:
+                break
+            offset += len(chunk)
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            data, rest = data[:cut], data[cut:]  # whole lines; the rest waits
+            for line in data.split(b"\n")[:-1]:
+                lineno += 1
+                if damaged is not None:  # a damaged line with another after it
+                    raise ParseError("not a JSON record (a damaged line)", where=damaged)
+                where = f"{path}:{lineno}"
+                try:
+                    value = _parse_line(line)
+                except ValueError:
+                    damaged = where  # torn if it is the last line
+                    continue
+                if not isinstance(value, dict) or not isinstance(value.get("key"), str):
+                    raise ParseError(
+                        "a packed result line is a JSON object with a string key", where=where
+                    )
+                k = value["key"]
+                if value.get(TOMBSTONE) is True:
+                    if value.get("task") != task or value.get("format") != RESULT_FORMAT:
+                        raise InputRefused(
+                            f"tombstone is for task {value.get('task')!r} format "
+                            f"{value.get('format')!r}, not {task!r} (plan/state mismatch)",
+                            where=where,
+                        )
+                    status.pop(k, None)
+                    odd.pop(k, None)
+                    continue
+                check_record(value, where, task, k)
+                if value["status"] == passed:
+                    status[k] = passed
+                    odd.pop(k, None)
+                else:
+                    status[k] = value["status"]
+                    odd[k] = line
+    except OSError as exc:
+        raise OperationalError(f"cannot read result records: {exc.strerror}", where=path) from None
+    finally:
+        os.close(fd)
+    return status, odd
 
 
 def _read_plain(path: str) -> bytes | None:

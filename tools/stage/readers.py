@@ -43,11 +43,12 @@ from crucible.stage._records import (
     write_result,
 )
 from crucible.stage._share import units_of
-from crucible.stage._store import parse_packed
+from crucible.stage._store import TOMBSTONE, parse_packed
 
 __all__ = [
     "RESERVED_INPUTS",
     "RESERVED_STATE_NAMES",
+    "TOMBSTONE",
     "VALUES_DIR",
     "PlanView",
     "TaskView",

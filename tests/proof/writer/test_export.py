@@ -14,11 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused, UsageError
 from crucible.proof.reader import VerifyOptions, load_expectations, verify_bundle
 from crucible.proof.writer import ExportOptions, export
+from crucible.proof.writer._export import run_ended
 from tests.proof.writer.prove_helpers import read_tree
 
 REPO = Path(__file__).resolve().parents[3]
@@ -247,6 +250,15 @@ def test_out_existing_nonempty_directory_is_refused_untouched(tmp_path: Path) ->
     assert (tmp_path / "file").read_text() == "mine"
 
 
+def test_out_inside_the_state_dir_is_refused(tmp_path: Path) -> None:
+    state = state_of("complete", tmp_path)
+    for out in (state / "bundle", state / "proof" / "bundle"):
+        proc = cli(PROVE, "--state", state, "--out", out)
+        assert proc.returncode == 2, proc.stderr
+        assert "inside the run's state directory" in one_line(proc.stderr)
+        no_leftovers(out.parent, "bundle")
+
+
 def test_out_empty_directory_is_filled(tmp_path: Path) -> None:
     state = state_of("complete", tmp_path)
     (tmp_path / "empty").mkdir()
@@ -296,3 +308,74 @@ def test_errors_are_the_documented_classes(tmp_path: Path) -> None:
     (tmp_path / "s").mkdir()
     with pytest.raises(InputRefused):
         export(ExportOptions(tmp_path / "s", tmp_path / "b"))
+
+
+_EVENT = st.fixed_dictionaries(
+    {
+        "event": st.sampled_from(["plan_admitted", "task_finished", "run_finished", "shutdown"]),
+        "session": st.integers(1, 3),
+    },
+    optional={"reason": st.sampled_from(["completed", "signal", "error"])},
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(events=st.lists(_EVENT, max_size=6), tail=st.binary(max_size=24), torn=st.booleans())
+def test_a_run_ended_only_when_its_last_line_is_a_completed_shutdown(
+    events: list[dict[str, object]],
+    tail: bytes,
+    torn: bool,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    state = tmp_path_factory.mktemp("ended")
+    data = b"".join(canon.dumps(e) + b"\n" for e in events)
+    if torn:
+        data += tail.replace(b"\n", b"")  # a last line cut short (or garbage)
+    (state / "session.jsonl").write_bytes(data)
+    last = events[-1] if events else None
+    expected = (
+        last is not None
+        and last["event"] == "shutdown"
+        and last.get("reason") == "completed"
+        and not (torn and tail.replace(b"\n", b""))
+    )
+    assert run_ended(state) is expected
+
+
+def test_a_torn_last_line_is_left_out_of_the_export(tmp_path: Path) -> None:
+    """A dispatcher killed mid-append leaves a last line without its newline: the
+    export is the complete lines' (partial), with a note naming the torn line."""
+    state = state_of("complete", tmp_path)
+    _session(state, SHUTDOWN)  # even a log that claims an end: a torn tail is no end
+    ops = state / "operations.ndjson"
+    lines = ops.read_bytes().splitlines(keepends=True)
+    ops.write_bytes(b"".join(lines[:-2]) + lines[-2][:17])
+    out = tmp_path / "bundle"
+    proc = cli(PROVE, "--state", state, "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    note, summary = proc.stderr.splitlines()
+    assert note == (
+        f"crucible-prove: {state}/operations.ndjson:{len(lines) - 1}: a torn last line "
+        "(its writer was killed mid-write) is not part of the export"
+    )
+    assert "(partial: open-epoch)" in summary  # b's observation was the torn line
+    # the same bundle as the log cut cleanly before that line
+    clean = state_of("complete", tmp_path / "clean")
+    (clean / "operations.ndjson").write_bytes(b"".join(lines[:-2]))
+    export(ExportOptions(clean, tmp_path / "clean.bundle", durable=False))
+    assert read_tree(out) == read_tree(tmp_path / "clean.bundle")
+    reads = verify_bundle(out, VerifyOptions())
+    assert reads.reading is not None and reads.reading.completion == "partial"
+    # the three-input form keeps refusing it (every line must parse)
+    direct = cli(
+        PROVE,
+        "--workflow",
+        state / "workflow.json",
+        "--operations",
+        ops,
+        "--artifacts",
+        state / "proof" / "artifacts",
+        "--out",
+        tmp_path / "direct",
+    )
+    assert direct.returncode == 2 and f"operations.ndjson:{len(lines) - 1}:" in direct.stderr

@@ -20,6 +20,7 @@ from typing import IO
 from crucible.core import canon
 from crucible.core.atomic import fsync_dir
 from crucible.core.errors import OperationalError, UsageError
+from crucible.core.syncfs import FsSync
 from crucible.proof import layout
 
 __all__ = [
@@ -176,19 +177,33 @@ def _not_a_bundle(out: Path) -> str | None:
 
 
 def sync_tree(root: Path) -> None:
-    """fsync every file and directory below ``root`` (before it is renamed in)."""
+    """Make every file and directory below ``root`` durable (before it is renamed in):
+    one ``syncfs`` of its filesystem where that reports writeback errors
+    (crucible.core.syncfs: a bundle of 8,000 files took 37 s fsynced one by one on
+    a busy disk), else one fsync each."""
     current = str(root)
     try:
+        paths: list[str] = []
         for dirpath, _dirs, files in os.walk(root):
-            for name in files:
-                current = os.path.join(dirpath, name)
-                fd = os.open(current, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            current = dirpath
-            fsync_dir(dirpath)
+            paths.extend(os.path.join(dirpath, name) for name in files)
+            paths.append(dirpath)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fs = FsSync(fd, str(root))
+            if fs.covers(paths):
+                fs.sync()
+                return
+        finally:
+            os.close(fd)
+        for current in paths:
+            if os.path.isdir(current):
+                fsync_dir(current)
+                continue
+            fd = os.open(current, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except OSError as exc:
         raise OperationalError(f"cannot sync: {exc.strerror}", where=current) from None
 

@@ -2,10 +2,11 @@
 
 The dispatcher of an accounted pack keeps, beside its own state, the three inputs of
 ``prove``: ``STATE/workflow.json``, ``STATE/operations.ndjson`` and the received
-artifacts the log names under ``STATE/proof/artifacts/``. The export replays that log with the
-same engine (so the bundle is the one ``--workflow/--operations/--artifacts`` would
-write) into a fresh directory, swapped in atomically. A run whose last session ended
-by itself is closed by a ``finish`` with no files; any other exports partial (admission-proof.md §9, §11).
+artifacts the log names under ``STATE/proof/artifacts/``. The export replays that log
+with the same engine (so the bundle is the one ``--workflow/--operations/--artifacts``
+would write) into a fresh directory, swapped in atomically. A run whose last session
+ended by itself is closed by a ``finish`` with no files; any other exports partial
+(admission-proof.md §9, §11).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def export(options: ExportOptions) -> ProveResult:
     state, out = options.state, options.out
     _check_state(state)
     _check_out(out)
+    if _inside(out, state):
+        raise UsageError(
+            "--out: inside the run's state directory; an export is written outside it",
+            where=str(out),
+        )
     workflow = state / STATE_WORKFLOW
     operations = state / STATE_OPERATIONS
     with _quiet_state(state):
@@ -79,6 +85,7 @@ def export(options: ExportOptions) -> ProveResult:
                 durable=options.durable,
                 keep_decisions=False,
                 ended=run_ended(state),
+                complete_lines_only=True,
             )
         )
 
@@ -121,14 +128,20 @@ def _check_state(state: Path) -> None:
             "[workflow.limits], so there is no proof to export)",
             where=where,
         )
-    for name in (STATE_WORKFLOW,):
-        if not (state / name).is_file():
-            raise InputRefused(f"an accounted run without {name}", where=where)
+    if not (state / STATE_WORKFLOW).is_file():
+        raise InputRefused(f"an accounted run without {STATE_WORKFLOW}", where=where)
     artifacts = state / STATE_ARTIFACTS
     if not artifacts.is_dir() or artifacts.is_symlink():
         raise InputRefused(
             f"an accounted run without its {STATE_ARTIFACTS}/ directory", where=where
         )
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    """Whether ``path`` (existing or not) would be ``directory`` or below it."""
+    base = directory.resolve()
+    target = path.parent.resolve() / path.name
+    return target == base or base in target.parents
 
 
 def _check_out(out: Path) -> None:
@@ -177,7 +190,9 @@ def _quiet_state(state: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+                raise OperationalError(
+                    f"cannot lock {STATE_LOCK}: {exc.strerror}", where=str(state)
+                ) from None
             raise InputRefused(
                 "a dispatcher is running on this state directory; export once it has "
                 "ended (or been interrupted)",

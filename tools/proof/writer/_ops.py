@@ -10,7 +10,7 @@ import datetime as _dt
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from crucible.core import ndjson
 from crucible.core.errors import InputRefused, Location, OperationalError
@@ -377,12 +377,29 @@ def _check_bundle_path(f: _Form, target: str) -> None:
         raise f.fail(f"finalization path {target[:64]!r}... is over {MAX_BUNDLE_PATH_BYTES} bytes")
 
 
-def iter_operations(path: Path) -> Iterator[Op]:
+def iter_operations(path: Path, *, torn: list[int] | None = None) -> Iterator[Op]:
     """Typed operations of an NDJSON log, lazily, each error naming ``path:line``.
-    ``-`` reads standard input."""
+    ``-`` reads standard input. With ``torn`` (a list), a last line that lacks its
+    newline — its writer was killed mid-append — is not read: its number is appended
+    to ``torn`` instead (the export of a crashed run, admission-proof.md §11)."""
     name = "<stdin>" if str(path) == "-" else str(path)
     try:
-        for line, obj in ndjson.read_path(path):
-            yield parse_operation(obj, line, Location(name, line))
+        if torn is None or name == "<stdin>":
+            for line, obj in ndjson.read_path(path):
+                yield parse_operation(obj, line, Location(name, line))
+            return
+        with open(path, "rb") as f:
+            for line, obj in ndjson.iter_lines(_complete_lines(f, torn), name=name):
+                yield parse_operation(obj, line, Location(name, line))
     except OSError as exc:
         raise OperationalError(f"cannot read operations: {exc.strerror}", where=name) from None
+
+
+def _complete_lines(f: IO[bytes], torn: list[int]) -> Iterator[bytes]:
+    """The lines of ``f`` that end with a newline; the number of a last one that
+    does not goes to ``torn``."""
+    for number, raw in enumerate(f, start=1):
+        if not raw.endswith(b"\n"):
+            torn.append(number)
+            return
+        yield raw

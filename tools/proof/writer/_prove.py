@@ -54,6 +54,9 @@ class ProveOptions:
     #: epoch is closed by ``finish {files: {}}`` as if its next line (export,
     #: admission-proof.md §11); the log itself is not changed
     ended: bool = False
+    #: a last operation line without its newline (a writer killed mid-append) is left
+    #: out rather than refused (export, admission-proof.md §11)
+    complete_lines_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class ProveResult:
     unrecordable: str | None
     custody: Path | None
     decisions: list[Decision] = field(default_factory=list)
+    #: the number of a torn last operation line left out (complete_lines_only)
+    torn_line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class _Applied:
     partial: str | None
     proof_size: int
     proof_digest: str
+    torn_line: int | None = None
 
 
 def prove(options: ProveOptions) -> ProveResult:
@@ -130,6 +136,7 @@ def _prove_into(wf: Workflow, options: ProveOptions, staging: Path) -> ProveResu
         ),
         custody=custody,
         decisions=applied.engine.decisions,
+        torn_line=applied.torn_line,
     )
 
 
@@ -153,11 +160,12 @@ def _apply_log(wf: Workflow, options: ProveOptions, staging: Path) -> _Applied:
         )
         unrecordable: Unrecordable | None = None
         last_line = 0
+        torn: list[int] | None = [] if options.complete_lines_only else None
         try:
-            for op in iter_operations(options.operations):
+            for op in iter_operations(options.operations, torn=torn):
                 last_line = op.line
                 engine.apply(op)
-            if options.ended and engine.state is not None:
+            if options.ended and not torn and engine.state is not None:
                 _close_ended(engine, last_line)
         except Unrecordable as exc:
             unrecordable = exc
@@ -171,7 +179,10 @@ def _apply_log(wf: Workflow, options: ProveOptions, staging: Path) -> _Applied:
         spool.discard()
         raise
     spool.close()
-    return _Applied(engine, unrecordable, partial, proof_size, engine.proof_chain.digest())
+    torn_line = torn[0] if torn else None
+    return _Applied(
+        engine, unrecordable, partial, proof_size, engine.proof_chain.digest(), torn_line
+    )
 
 
 def _close_ended(engine: Engine, last_line: int) -> None:

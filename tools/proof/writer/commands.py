@@ -79,6 +79,11 @@ def run_prove(opts: ProveOptions, out: BinaryIO, err: TextIO) -> int:
         result = prove(ProveOptions(workflow, operations, artifacts, bundle, opts.check_candidates))
     out.write(result.proof_digest.encode("ascii") + b"\n")
     out.flush()
+    if result.torn_line is not None:
+        err.write(
+            f"{PROG}: {opts.state}/operations.ndjson:{result.torn_line}: a torn last line "
+            "(its writer was killed mid-write) is not part of the export\n"
+        )
     label = f" (partial: {result.partial})" if result.partial else ""
     err.write(
         f"{PROG}: {result.out}: {result.epochs} epochs, {result.bytes} bytes in "

@@ -17,13 +17,14 @@ import os
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic, canon, digest, fdio
 from crucible.core.errors import Location, OperationalError
+from crucible.proof import layout
 from crucible.proof.writer._engine import Decision, Engine, EngineSettings, Forbidden, Unrecordable
 from crucible.proof.writer._model import Workflow, parse_workflow
-from crucible.proof.writer._ops import iter_operations, parse_operation
+from crucible.proof.writer._ops import Observe, iter_operations, parse_operation
 from crucible.run.accounting import _forms as forms
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
@@ -50,6 +51,25 @@ class _PayloadSink:
 
     def read(self, rel: str) -> bytes:
         return self.payloads[rel]
+
+
+class _RunEngine(Engine):
+    """The writer's engine at run time: an observation's files are the bytes this run
+    just wrote (no read back); everything else is the writer's own decision code."""
+
+    #: artifact path -> bytes of the observation being applied
+    fresh: dict[str, bytes]
+
+    def _receive(self, op: Observe, where: Location) -> dict[str, bytes]:
+        received: dict[str, bytes] = {}
+        for pin, rel in op.files.items():
+            data = self.fresh.get(rel)
+            if data is None:  # an earlier session's file (a replayed log)
+                return super()._receive(op, where)
+            if len(data) > layout.MAX_RECEIVED_FILE_BYTES:
+                return super()._receive(op, where)  # the writer's own refusal and custody
+            received[pin] = data
+        return received
 
 
 class _OperationLog:
@@ -114,7 +134,7 @@ class Accounting:
         self.actor = actor
         self.environ = environ
         self.paths = forms.StatePaths(state)
-        self.engine = Engine(
+        self.engine = _RunEngine(
             wf,
             self.paths.artifacts,
             _PayloadSink(),  # type: ignore[arg-type]
@@ -122,8 +142,9 @@ class Accounting:
             EngineSettings(ops_name=str(self.paths.operations), keep_decisions=True),
         )
         self.log: _OperationLog | None = None
-        #: (instance, attempt) -> the observation waiting for its turn, its unit, its settle
-        self.held: dict[tuple[str, int], tuple[dict[str, Any], Any, Settle]] = {}
+        #: (instance, attempt) -> the observation waiting for its turn, its unit, its
+        #: settle, and its files' bytes
+        self.held: dict[tuple[str, int], tuple[dict[str, Any], Any, Settle, dict[str, bytes]]] = {}
         #: units waiting for their retry epoch (one open epoch at a time)
         self.waiting: deque[Any] = deque()
         #: producer stage -> its selection's refusal note (None: admitted)
@@ -133,8 +154,18 @@ class Accounting:
         self.requeue: Callable[[Any], None] = lambda unit: None
         #: drop the record of a held unit at shutdown (set by the dispatcher)
         self.unsettle: Callable[[Any], None] = lambda unit: None
+        self.engine.fresh = {}
+        #: the open epoch's unobserved slots, and that epoch's number
+        self._slots: set[tuple[str, int]] = set()
+        self._slots_of = 0
+        #: the bytes of the observation being built (artifact path -> bytes)
+        self._fresh: dict[str, bytes] = {}
+        #: artifact names written by this session (content-addressed: written once)
+        self.blobs: set[str] = set()
         self.root = wf.root.name
         self.closed = False
+        #: recording became unavailable (RFC 0024 §8): the log ends at that line
+        self.unavailable = False
 
     # -- the log ---------------------------------------------------------------------
     def _at(self) -> str:
@@ -151,6 +182,7 @@ class Accounting:
             self.engine.apply(op)
         except Unrecordable as exc:
             self.log.append(line)  # prove replays it to the same partial prefix
+            self.unavailable = True  # nothing follows it in the log
             raise OperationalError(
                 f"recording unavailable: {exc.message}", location=where
             ) from None
@@ -295,16 +327,22 @@ class Accounting:
             up = None if producer is None else producer.from_stage
             return (up and self.selections.get(up)) or "accounted: this instance has no reservation"
         o = self.engine.open
-        if (
-            o is not None
-            and inst.attempts
-            and (inst.id, inst.attempts[-1].number) in o.begins[o.next :]
-        ):
+        if inst.attempts and (inst.id, inst.attempts[-1].number) in self._unobserved():
             return True  # begun by its group (or its retry epoch), not yet observed
         if o is not None or self.held:
             self.waiting.append(unit)
             return False
         return self._retry(inst.id)
+
+    def _unobserved(self) -> set[tuple[str, int]]:
+        """The open epoch's begun slots not yet observed (kept per epoch: O(1) a look)."""
+        o = self.engine.open
+        if o is None:
+            return set()
+        if self._slots_of != o.number:
+            self._slots = set(o.begins[o.next :])
+            self._slots_of = o.number
+        return self._slots
 
     def _retry(self, iid: str) -> str | bool:
         inst = self.engine.branch_state.instances[iid]
@@ -338,18 +376,17 @@ class Accounting:
         iid = self.instance_of(unit.name, unit.key)
         st = self.engine.branch_state
         inst = None if iid is None else st.instances.get(iid)
-        o = self.engine.open
         if (
             inst is None
             or not inst.attempts
-            or o is None
-            or (inst.id, inst.attempts[-1].number) not in o.begins[o.next :]
+            or (inst.id, inst.attempts[-1].number) not in self._unobserved()
         ):
             settle(None)  # no begun slot: nothing of it is recorded
             return
         n = inst.attempts[-1].number
-        obj = self._observation(unit, inst.id, n, kind, exit_code, reason, inst.case_digest)
-        self.held[(inst.id, n)] = (obj, unit, settle)
+        self._fresh = {}
+        obj = self._observation(unit, inst.id, n, kind, exit_code, reason)
+        self.held[(inst.id, n)] = (obj, unit, settle, self._fresh)
         self._drain()
 
     def _observation(
@@ -360,19 +397,18 @@ class Accounting:
         kind: str,
         exit_code: int | None,
         reason: str,
-        case_digest: str | None,
     ) -> dict[str, Any]:
         if kind == "acquisition":
             return self._observe(iid, n, "failed", "acquisition-failed", {})
         files = {
-            "run": forms.run_file(self._at(), unit.name, unit.key, unit.attempt, exit_code),
-            "preparation": forms.preparation_file(unit.name, unit.key, case_digest),
+            "run": forms.run_file(self._at(), exit_code),
+            "preparation": forms.preparation_file(unit.name),
         }
         if kind == "evaluated":
             files["audit"] = forms.audit_file(self._output(unit))
-            return self._observe(iid, n, "evaluated", None, self._write(iid, n, files))
+            return self._observe(iid, n, "evaluated", None, self._write(files))
         files["evaluationError"] = forms.evaluation_error_file(exit_code, reason)
-        return self._observe(iid, n, "failed", "evaluation-error", self._write(iid, n, files))
+        return self._observe(iid, n, "failed", "evaluation-error", self._write(files))
 
     @staticmethod
     def _observe(
@@ -387,25 +423,24 @@ class Accounting:
             "files": files,
         }
 
-    _NAMES: ClassVar[dict[str, str]] = {
-        "run": "run.json",
-        "preparation": "preparation.json",
-        "audit": "audit.json",
-        "evaluationError": "evaluation-error.json",
-    }
-
-    def _write(self, iid: str, n: int, files: dict[str, bytes]) -> dict[str, str]:
-        rel_dir = forms.StatePaths.attempt_dir(iid, n)
-        directory = self.paths.artifacts / rel_dir
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            out = {}
-            for role, data in files.items():
-                name = self._NAMES[role]
-                (directory / name).write_bytes(data)
-                out[role] = f"{rel_dir}/{name}"
-        except OSError as exc:
-            raise OperationalError(f"cannot write {directory}: {exc.strerror}") from None
+    def _write(self, files: dict[str, bytes]) -> dict[str, str]:
+        """Each file once in the content-addressed store (export.md §6): role -> path."""
+        out = {}
+        for role, data in files.items():
+            rel = forms.StatePaths.blob(data)
+            if rel not in self.blobs:
+                path = os.path.join(self.paths.artifacts, rel)
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                    try:
+                        fdio.write_all(fd, data)
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    raise OperationalError(f"cannot write {path}: {exc.strerror}") from None
+                self.blobs.add(rel)
+            self._fresh[rel] = data
+            out[role] = rel
         return out
 
     def _output(self, unit: Any) -> Any:
@@ -421,8 +456,11 @@ class Accounting:
             slot = o.begins[o.next]
             if slot not in self.held:
                 break
-            obj, unit, settle = self.held.pop(slot)
+            obj, unit, settle, fresh = self.held.pop(slot)
+            self._unobserved().discard(slot)
+            self.engine.fresh = fresh
             decision = self._apply(obj)
+            self.engine.fresh = {}
             note = None if decision is None else self._observation_note(decision, obj, unit)
             if note is not None:
                 self.refusals.append({"task": unit.name, "key": unit.key, "note": note})
@@ -461,16 +499,30 @@ class Accounting:
             return
         self.closed = True
         try:
-            for _obj, unit, _settle in self.held.values():
+            for _obj, unit, _settle, _fresh in self.held.values():
                 self.unsettle(unit)
             self.held.clear()
-            if self.engine.open is not None:
+            if self.engine.open is not None and not self.unavailable:
                 # recording unavailable: the log keeps its last complete prefix
                 with contextlib.suppress(OperationalError):
                     self._apply({"op": "recover"})
             self._write_usage()
         finally:
             self.log.close()
+
+    def discard(self, *, fresh: bool) -> None:
+        """The session could not start: close the log; a fresh run leaves nothing of
+        its accounting behind (nothing half-written)."""
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.log.fd)
+            self.log = None
+        if fresh and self.engine.state is None:
+            import shutil  # only on this error path
+
+            self.paths.operations.unlink(missing_ok=True)
+            self.paths.workflow.unlink(missing_ok=True)
+            shutil.rmtree(self.paths.proof, ignore_errors=True)
 
     def usage(self) -> dict[str, Any]:
         st = self.engine.branch_state
@@ -494,7 +546,7 @@ class Accounting:
         }
 
     def _write_usage(self) -> None:
-        if self.engine.state is None:
+        if self.engine.state is None or self.engine.proof is None:
             return
         earlier: list[Any] = []
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -523,5 +575,9 @@ def open_accounting(
         forms.check_actor(actor) if actor is not None else forms.default_actor(environ),
         environ,
     )
-    book.start(params, resume)
+    try:
+        book.start(params, resume)
+    except BaseException:
+        book.discard(fresh=not resume)
+        raise
     return book

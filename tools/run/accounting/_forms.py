@@ -87,25 +87,18 @@ class StatePaths:
     ROOT_CASE = "root-case.json"
 
     @staticmethod
-    def attempt_dir(instance: str, number: int) -> str:
-        return f"attempts/{instance}/{number}"
+    def blob(data: bytes) -> str:
+        """Attempt material is content-addressed, flat: ``sha256-<hex>.json``
+        (equal files are kept once; the bundle still holds one copy per attempt)."""
+        return "sha256-" + digest.of_bytes(data)[7:] + ".json"
 
 
-def run_file(at: str, task: str, key: str | None, attempt: int, exit_code: int | None) -> bytes:
-    return canon.dumps(
-        {
-            "exportVersion": 3,
-            "finishedAt": at,
-            "task": task,
-            "key": key,
-            "attempt": attempt,
-            "exitCode": exit_code,
-        }
-    )
+def run_file(at: str, exit_code: int | None) -> bytes:
+    return canon.dumps({"exportVersion": 3, "finishedAt": at, "exitCode": exit_code})
 
 
-def preparation_file(task: str, key: str | None, case_digest: str | None) -> bytes:
-    return canon.dumps({"task": task, "key": key, "caseDigest": case_digest})
+def preparation_file(task: str) -> bytes:
+    return canon.dumps({"preparationVersion": 1, "task": task})
 
 
 def evaluation_error_file(exit_code: int | None, reason: str) -> bytes:

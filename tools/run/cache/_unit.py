@@ -56,8 +56,10 @@ def usable_cache_dir(path: Path | None, warn: Warn) -> Path | None:
 
 
 def cacheable(task: Mapping[str, Any]) -> bool:
-    """``cache = false`` (edition 4): the task's results are state, never cached."""
-    return task.get("cache", True) is not False
+    """``cache = false`` (edition 4): the task's results are state, never cached;
+    nor is a task with ``temp_files`` (its temporaries are freed: a hit could
+    not lay them back, and they must not outlive the run in the cache)."""
+    return task.get("cache", True) is not False and not task.get("temp_files")
 
 
 class UnitCache:

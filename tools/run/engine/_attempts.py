@@ -15,6 +15,7 @@ from crucible.run.engine import _control as control
 from crucible.run.engine._failures import compose_note, exit_text, failure_record, with_reason
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._readiness import Readiness
+from crucible.run.engine._retry_when import apply_retry_when, last_attempt
 from crucible.run.engine._units import FAILED, INTERRUPTED, PASSED, Finished, Unit
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
@@ -111,7 +112,8 @@ class Attempts:
         its first attempt only (later attempts have the same item)."""
         if unit.key is None or unit.attempt > 1:
             return None
-        return self.fanouts.previews.get((unit.name, unit.key))
+        # said once: a started instance's preview is not kept (a million of them)
+        return self.fanouts.take_preview(unit.name, unit.index)
 
     def exited(self, unit: Unit, result: dict[str, Any]) -> None:
         self.schedule.running -= 1
@@ -199,6 +201,14 @@ class Attempts:
                 backoff=self.options.backoff,
                 elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
             )
+            retry = self._retry_when(
+                task,
+                retry,
+                last_attempt(
+                    attempt=unit.attempt, exit_code=finished.code, timed_out=timed_out,
+                    duration=finished.duration, tail=finished.tail,
+                ),
+            )  # fmt: skip
             if retry.why_not is not None and note is not None:
                 note = with_reason(note, retry.why_not)
         if retry.delay is not None:
@@ -275,6 +285,13 @@ class Attempts:
         record goes, so a resume runs it again (docs/spec/export.md §5)."""
         self.state_dir.remove_result(unit.name, unit.key, durable=True)
 
+    def _retry_when(self, task: Any, retry: control.Retry, last: dict[str, Any]) -> control.Retry:
+        """The task's ``retry.when`` over the failed attempt, asked only of a retry
+        the rest of its policy allows (crucible.run.engine._retry_when)."""
+        return apply_retry_when(
+            task, retry, last, cancelled=lambda: self.signals.received is not None
+        )
+
     def worker_lost(self, unit: Unit, worker: str) -> None:
         """A transient failure: retried under the task's retries (whatever its
         ``on_exit``: there is no exit code), else a failure of the unit that no
@@ -293,6 +310,11 @@ class Attempts:
                 backoff=self.options.backoff,
                 elapsed=None if unit.first_start is None else time.monotonic() - unit.first_start,
             )  # fmt: skip
+            last = last_attempt(
+                attempt=unit.attempt, exit_code=None, timed_out=False, duration=None, tail="",
+                lost=True,
+            )  # fmt: skip
+            retry = self._retry_when(task, retry, last)
         if retry.delay is None:
             self.fail_unit(unit, note if retry.why_not is None else f"{note}; {retry.why_not}")
             return

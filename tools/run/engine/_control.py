@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
     from crucible.stage import StateDir
 
+from crucible.core.refs import RefMissing, resolve_path
+
 __all__ = [
     "NO_ITEM",
     "ConditionCancelled",
@@ -159,7 +161,13 @@ class Control:
             record = self.state_dir.load_result(producer)
             if producer not in self._mapped:
                 output = record.get("output") if record else None
-                out[name] = output.get(field) if isinstance(output, dict) else None
+                value = output.get(field) if isinstance(output, dict) else None
+                if spec.get("path") and value is not None:  # a.items[0] (edition 4)
+                    try:
+                        value = resolve_path(value, spec["path"], f"{producer}.{field}")
+                    except RefMissing:
+                        value = None  # none there: staging fails the unit, saying why
+                out[name] = value
                 continue
             fold: dict[str, Any] = {}
             for key in record.get("keys", []) if record else []:

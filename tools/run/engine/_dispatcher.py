@@ -35,6 +35,7 @@ from crucible.run.engine._readiness import Readiness
 from crucible.run.engine._schedule import Schedule
 from crucible.run.engine._selection import Selection
 from crucible.run.engine._signals import StopSignals
+from crucible.run.engine._temps import TempFreer
 from crucible.run.engine._units import (
     FAILED,
     FAILURES_SHOWN,
@@ -222,6 +223,15 @@ class Dispatcher:
             durable=self.durable, signals=self.signals, control=self.control,
             fanouts=self.fanouts, loop=self.loop, accounting=self.accounting,
         )  # fmt: skip
+        # temporary files (crucible.run.engine._temps): freed as their readers settle
+        self.temps: Any = None
+        if any(t.get("temp_files") for t in self.graph.tasks.values()):
+            self.temps = TempFreer(
+                self.state, self.graph.tasks, self.schedule.status,
+                lambda: self.schedule.selected, self._temp_freed,
+                self.loop.body if self.loop is not None else frozenset(),
+            )  # fmt: skip
+            self.schedule.on_settled = self.temps.settled
         self.attempts = Attempts(parts)
         self.readiness = Readiness(parts, self.attempts.note_failure)
         self.attempts.readiness = self.readiness
@@ -239,6 +249,9 @@ class Dispatcher:
                 self.loop is None or not (name in self.loop.body or name in self.loop.phases.before)
             )
         )
+
+    def _temp_freed(self, task: str, files: int, size: int) -> None:
+        self.log.emit(events.temp_freed(task=task, files=files, bytes=size))
 
     def close(self) -> None:
         """Stop the workers (idempotent)."""
@@ -268,6 +281,8 @@ class Dispatcher:
         self.durable.watch(wake_w)
         try:
             self.schedule.resume(self.selection)
+            if self.temps is not None:  # an earlier session's leftovers, first
+                self.temps.start()
             self.readiness.not_selected()
             for name in self.graph.order:
                 if name not in self.schedule.status and self.schedule.remaining[name] == 0:

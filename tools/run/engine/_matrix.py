@@ -20,23 +20,39 @@ matches none. At most :data:`MAX_INSTANCES` combinations.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, describe_source, keyed_items
+from crucible.compile._sequences import (
+    SequenceProblem,
+    check_sequence_param_values,
+    sequence_values,
+)
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
+from crucible.core.refs import RefMissing, parse_ref
+from crucible.run.engine._folds import (
+    Fold,
+    FoldProblem,
+    FoldSkipped,
+    fold_pairs,
+    read_fold,
+    unique_keys,
+)
 
 __all__ = [
     "INSTANCES_FORMAT",
     "FanoutFailed",
+    "FanoutSkipped",
     "Fanouts",
     "check_fanout_params",
     "combination_key",
     "combinations",
     "is_listed",
     "is_static",
+    "mapped_tasks",
     "preview",
 ]
 
@@ -52,9 +68,31 @@ class FanoutFailed(InputRefused):
     code = "fanout-failed"
 
 
-def is_listed(task: Mapping[str, Any]) -> bool:
-    """Instances come from the instances file (the same rule as stage's TaskView)."""
-    return "matrix" in task or "key" in task or ("map" in task and not isinstance(task["map"], str))
+class FanoutSkipped(FanoutFailed):
+    """``join = "all"`` and an instance of the mapped task a map or axis reads did
+    not pass: the fan-out is skipped (with its skip propagation), as a task is
+    whose need did not pass."""
+
+    code = "fanout-skipped"
+
+
+def is_listed(task: Mapping[str, Any], mapped: Container[str] = ()) -> bool:
+    """Instances come from the instances file (the same rule as stage's TaskView):
+    every source but a plain ``producer.field`` of an unmapped producer (``mapped``:
+    the plan's mapped tasks)."""
+    if "matrix" in task or "key" in task:
+        return True
+    source = task.get("map")
+    if source is None:
+        return False
+    if not isinstance(source, str):
+        return True
+    ref = parse_ref(source, task.get("needs", ()))
+    return bool(ref.path) or ref.producer in mapped
+
+
+def mapped_tasks(plan: Mapping[str, Any]) -> frozenset[str]:
+    return frozenset(t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t)
 
 
 def _sources(task: Mapping[str, Any]) -> list[Any]:
@@ -75,34 +113,64 @@ def _utf16_order(keys: Iterable[str]) -> list[str]:
     return sorted(keys, key=lambda k: k.encode("utf-16-be", "surrogatepass"))
 
 
-def _source_value(source: Any, params: Mapping[str, Any], state: Path, what: str) -> Any:
+def _source_value(
+    source: Any, params: Mapping[str, Any], state: Path, what: str, task: Mapping[str, Any]
+) -> Any:
     if isinstance(source, str):
-        # lazy: stage is not loaded with this module; only _source_value() needs it
-        from crucible import stage
-
-        producer, _, field = source.rpartition(".")
-        record = stage.load_result(state, producer)
-        if record is None or record.get("status") != "passed":
-            status = "not settled" if record is None else record.get("status")
-            raise FanoutFailed(f"{what} {source}: {producer!r} is {status}, not passed")
-        output = record.get("output")
-        if not isinstance(output, dict) or field not in output:
-            raise FanoutFailed(f"{what} {source}: {producer!r} carries no field {field!r}")
-        return output[field]
+        return _producer_value(source, state, what, task)
     if "param" in source:
         return params.get(source["param"])
     if "sequence" in source:
-        s = source["sequence"]
-        return list(range(s["start"], s["start"] + s["count"] * s["step"], s["step"]))
+        try:
+            return sequence_values(source["sequence"], params, limit=MAX_INSTANCES)
+        except SequenceProblem as exc:
+            raise FanoutFailed(f"{what} {_describe(source)}: {exc}") from None
     return source["items"]
+
+
+def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]) -> Any:
+    """An unmapped producer's field (at the reference's path, edition 4), or a
+    mapped producer's fold (crucible.run.engine._folds)."""
+    # lazy: stage is not loaded with this module; only _producer_value() needs it
+    from crucible import stage
+
+    ref = parse_ref(source, task.get("needs", ()))
+    producer, field = ref.producer, ref.field
+    record = stage.load_result(state, producer)
+    if record is not None and "keys" in record:  # a mapped producer's aggregate
+        try:
+            return read_fold(
+                stage.load_all(state, producer),
+                record["keys"],
+                producer,
+                field,
+                settled=task.get("join", "all") == "settled",
+                what=f"{what} {source}",
+            )
+        except FoldSkipped as exc:
+            raise FanoutSkipped(exc.message) from None
+        except FoldProblem as exc:
+            raise FanoutFailed(exc.message) from None
+    if record is None or record.get("status") != "passed":
+        status = "not settled" if record is None else record.get("status")
+        raise FanoutFailed(f"{what} {source}: {producer!r} is {status}, not passed")
+    output = record.get("output")
+    if not isinstance(output, dict) or field not in output:
+        raise FanoutFailed(f"{what} {source}: {producer!r} carries no field {field!r}")
+    try:
+        return ref.at(output[field])
+    except RefMissing as exc:
+        raise FanoutFailed(f"{what}: {exc.message}") from None
 
 
 def _map_pairs(
     task: Mapping[str, Any], params: Mapping[str, Any], state: Path
 ) -> list[tuple[str, Any]]:
     source = task["map"]
-    value = _source_value(source, params, state, "map")
-    if isinstance(value, list):
+    value = _source_value(source, params, state, "map", task)
+    if isinstance(value, Fold):
+        pairs = _pairs_of(value, f"map {source}")
+    elif isinstance(value, list):
         pairs = [(str(i), v) for i, v in enumerate(value)]
     elif isinstance(value, dict):
         pairs = [(k, value[k]) for k in _utf16_order(value)]
@@ -114,10 +182,22 @@ def _map_pairs(
         )
     if "key" in task:
         try:
-            return keyed_items(pairs, task["key"])
+            pairs = keyed_items(pairs, task["key"])
         except KeyProblem as exc:
             raise FanoutFailed(f"key {task['key']!r}: {exc}") from None
+    if isinstance(value, Fold) and "key" not in task:
+        try:
+            unique_keys(pairs, f"map {source}")
+        except FoldProblem as exc:
+            raise FanoutFailed(exc.message) from None
     return pairs
+
+
+def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
+    try:
+        return fold_pairs(fold, what)
+    except FoldProblem as exc:
+        raise FanoutFailed(exc.message) from None
 
 
 def _describe(source: Any) -> str:
@@ -167,7 +247,9 @@ def _matrix_pairs(
     axes: list[tuple[str, Sequence[Any]]] = []
     for axis in matrix["axes"]:
         what = f"matrix axis {axis['name']!r}"
-        value = _source_value(axis["source"], params, state, what)
+        value = _source_value(axis["source"], params, state, what, task)
+        if isinstance(value, Fold):  # every instance's elements (or value), in item order
+            value = [v for _, v in _pairs_of(value, f"{what} {axis['source']}")]
         if not isinstance(value, list):
             raise FanoutFailed(f"{what} ({_describe(axis['source'])}) is not an array")
         axes.append((axis["name"], value))
@@ -220,13 +302,18 @@ class Fanouts:
     (before ``plan_admitted``), the others when :meth:`keys` is first asked."""
 
     def __init__(self, plan: Mapping[str, Any], params: Mapping[str, Any], state: Path) -> None:
-        self.tasks = {t["name"]: t for t in plan["tasks"] if is_listed(t)}
+        mapped = mapped_tasks(plan)
+        self.tasks = {t["name"]: t for t in plan["tasks"] if is_listed(t, mapped)}
         self.params = params
         self.state = state
         self._keys: dict[str, list[str]] = {}
         self._failed: dict[str, str] = {}
-        #: (task, key) -> preview of the item, for task_started
-        self.previews: dict[tuple[str, str], str] = {}
+        #: the refusal itself (FanoutSkipped settles the task skipped, not failed)
+        self._refused: dict[str, FanoutFailed] = {}
+        #: task -> the preview of each instance's item, in instance order, for
+        #: its first task_started (then dropped); a list, not a dict by key:
+        #: ~60 bytes an instance instead of ~200 (issue 33, a million of them)
+        self.previews: dict[str, list[str | None]] = {}
         for name, task in self.tasks.items():
             if is_static(task):
                 self._expand(name)
@@ -236,6 +323,7 @@ class Fanouts:
             pairs = expand(self.tasks[name], self.params, self.state)
         except FanoutFailed as exc:
             self._failed[name] = exc.message
+            self._refused[name] = exc
             return
         write_instances(self.state, name, pairs)
         self._keys[name] = [k for k, _ in pairs]
@@ -243,12 +331,23 @@ class Fanouts:
 
     def remember_previews(self, name: str, pairs: Iterable[tuple[str, Any]]) -> None:
         """Keep each instance's item preview for its ``task_started`` (a plain
-        producer map's items too, which stage reads from the producer's record)."""
-        for k, item in pairs:
+        producer map's items too, which stage reads from the producer's record),
+        by its index in the instance order."""
+        found: list[str | None] = []
+        for _, item in pairs:
             try:
-                self.previews[(name, k)] = preview(item)
+                found.append(preview(item))
             except canon.CanonError:  # a preview is never worth failing a task over
-                continue
+                found.append(None)
+        self.previews[name] = found
+
+    def take_preview(self, name: str, index: int) -> str | None:
+        """The preview of instance ``index`` of ``name``, once (then dropped)."""
+        found = self.previews.get(name)
+        if found is None or not 0 <= index < len(found):
+            return None
+        text, found[index] = found[index], None
+        return text
 
     def listed(self, name: str) -> bool:
         return name in self.tasks
@@ -258,7 +357,7 @@ class Fanouts:
         if name not in self._keys and name not in self._failed:
             self._expand(name)
         if name in self._failed:
-            raise FanoutFailed(self._failed[name])
+            raise self._refused.get(name) or FanoutFailed(self._failed[name])
         return self._keys[name]
 
     def items(self, name: str) -> dict[str, Any]:
@@ -284,6 +383,14 @@ def check_fanout_params(plan: Mapping[str, Any], params: Mapping[str, Any]) -> N
     """Admission: a param a map or matrix axis ranges over must hold an array (or,
     for a map, an object). Compile checked defaults; this checks what the run got."""
     for task in plan["tasks"]:
+        for seq in _sequence_sources(task):
+            try:
+                check_sequence_param_values(seq, params)
+            except SequenceProblem as exc:
+                raise InputRefused(
+                    f"task {task['name']!r} fans out over a sequence: {exc}",
+                    where=f"params.{exc.param}" if exc.param else None,
+                ) from None
         for source, axis in _param_sources(task):
             name = source["param"]
             value = params.get(name)
@@ -307,3 +414,9 @@ def _param_sources(task: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]
         if isinstance(axis["source"], dict) and "param" in axis["source"]:
             out.append((axis["source"], True))
     return out
+
+
+def _sequence_sources(task: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan-form sequences a task's map or matrix axes range over."""
+    sources = [task.get("map")] + [a["source"] for a in task.get("matrix", {}).get("axes", [])]
+    return [s["sequence"] for s in sources if isinstance(s, dict) and "sequence" in s]

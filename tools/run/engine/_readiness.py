@@ -14,6 +14,7 @@ from typing import Any
 
 from crucible.core.errors import CrucibleError
 from crucible.run.engine import _control as control
+from crucible.run.engine._matrix import FanoutSkipped
 from crucible.run.engine._parts import Parts
 from crucible.run.engine._selection import NOT_SELECTED
 from crucible.run.engine._units import FAILED, PASSED, SKIPPED, Unit
@@ -153,6 +154,9 @@ class Readiness:
                 if conditional:
                     item_of = dict(items)
                 del items
+        except FanoutSkipped as exc:  # join = "all" over a mapped task's fold
+            self.settle_unrun(name, SKIPPED, exc.message)
+            return
         except CrucibleError as exc:
             if self.fanouts.listed(name):
                 note = f"cannot expand the fan-out: {exc}"
@@ -170,25 +174,27 @@ class Readiness:
         # Instances settled in an earlier session keep their records (resume):
         # one read of the task's packed records.
         recorded = self.state_dir.load_all(name)
-        pending: list[str] = []
-        for key in keys:
+        pending: list[int] = []  # indexes into keys
+        for index, key in enumerate(keys):
             record = recorded.get(key)
             if record is not None:
                 self.schedule.count_settled(record.get("status", FAILED))
                 continue
-            pending.append(key)
+            pending.append(index)
+        del recorded
         self.schedule.instances_left[name] = len(pending)
         if not pending:
             self.fold(name, keys)
             return
-        for key in pending:
+        for index in pending:
+            key = keys[index]
             if refusal is not None:  # refused children never start
                 self._refuse_instance(name, key, refusal)
                 continue
             # A false condition settles its instance at once (the last one folds).
             if conditional and self._condition_settles(name, key, item_of[key]):
                 continue
-            self.schedule.ready.append(Unit(name, key))
+            self.schedule.ready.append(Unit(name, key, index))
 
     def fold(self, name: str, keys: list[str]) -> None:
         record = self.state_dir.settle_fold(name, keys, durable=False)

@@ -53,6 +53,9 @@ class Schedule:
         #: a scored loop's before phase, and what the loop does when one of them settles
         self.loop_before: frozenset[str] = frozenset()
         self.on_loop_before: Callable[[], None] = lambda: None
+        #: told of every task that settled, once its record is durable (temporary
+        #: files: crucible.run.engine._temps); None: nobody listens
+        self.on_settled: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------- settling
 
@@ -63,6 +66,9 @@ class Schedule:
         self.status[name] = status
         if self.graph.consumers[name] or name in self.loop_before:
             self.gate.after_durable(lambda: self._wake_consumers(name))
+        if self.on_settled is not None:
+            listener = self.on_settled
+            self.gate.after_durable(lambda: listener(name))
 
     def _wake_consumers(self, name: str) -> None:
         for consumer in self.graph.consumers[name]:

@@ -11,13 +11,16 @@ records of what runs again (``--retry-failed``). A dry run prints the decision
 from __future__ import annotations
 
 import contextlib
+import os
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
+from crucible.core.refs import parse_ref
 from crucible.run.engine._graph import TaskGraph
+from crucible.run.engine._temps import freed_marker, rerun_for_freed
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
     from crucible.stage import StateDir
@@ -111,9 +114,19 @@ def select(
     }
     selected = _closure(targets, graph.waits_for) if targets else None
     kept = {n: r for n, r in records.items() if n not in rerun}
+    # a producer whose temporaries were freed runs again before a dependant
+    # that stages them (docs/spec/run.md, "Temporary files")
+    again = rerun_for_freed(
+        sd.state, graph.tasks, lambda c: c not in kept and (selected is None or c in selected)
+    )
+    for name in again:
+        kept.pop(name, None)
+        rerun.add(name)
     reasons: dict[str, tuple[str, str]] = {}
     for name in graph.order:
-        if name in kept:
+        if name in again:
+            reasons[name] = ("run", again[name])
+        elif name in kept:
             reasons[name] = ("keep", f"{kept[name].get('status')} in an earlier session")
         elif selected is not None and name not in selected:
             reasons[name] = ("not selected", "not a --target or an ancestor of one")
@@ -133,6 +146,8 @@ def apply(sd: StateDir, graph: TaskGraph, selection: Selection) -> None:
     instances' (a partly rerun mapped task keeps its passed instances)."""
     for name in selection.rerun:
         sd.remove_result(name)
+        with contextlib.suppress(FileNotFoundError):  # its temporaries are made again
+            os.unlink(freed_marker(sd.state, name))
         if "map" not in graph.tasks[name]:
             continue
         # its instances' records: one tombstone line each (a partly rerun task
@@ -217,9 +232,12 @@ def dry_run_lines(
                 continue
             if keys is not None:
                 why += "; no instances"
+                if task.get("on_empty") == "skip":  # issue 32
+                    why += ': settles skipped (on_empty = "skip")'
         if action == "run" and isinstance(source, str):
             instances = []
-            if selection.reasons.get(source.rpartition(".")[0], ("",))[0] == "keep":
+            producer = parse_ref(source, task.get("needs", ())).producer
+            if selection.reasons.get(producer, ("",))[0] == "keep":
                 instances = _instance_lines(sd, name, selection)
             if instances:
                 lines.extend(instances)

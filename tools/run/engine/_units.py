@@ -62,11 +62,22 @@ class RunOutcome:
 class Unit:
     """One runnable thing: a task, or one instance of a mapped task, and its attempt."""
 
-    __slots__ = ("attempt", "first_start", "key", "last_env", "name", "pid", "staged_env")
+    __slots__ = (
+        "attempt",
+        "first_start",
+        "index",
+        "key",
+        "last_env",
+        "name",
+        "pid",
+        "staged_env",
+    )
 
-    def __init__(self, name: str, key: str | None) -> None:
+    def __init__(self, name: str, key: str | None, index: int = -1) -> None:
         self.name = name
         self.key = key
+        #: an instance's position in its task's instance order (-1: not known)
+        self.index = index
         self.attempt = 1
         #: what staging returned on the first attempt (retries keep it)
         self.staged_env: dict[str, str] | None = None

@@ -73,6 +73,7 @@ from crucible.stage import (
     amend_record,
     clear_path,
     escape_key,
+    guard_views,
 )
 
 __all__ = ["Slots", "UnitPaths", "UnitRunner"]
@@ -757,6 +758,9 @@ class UnitRunner:
         HANDBACK_AFTER hands its staged successor back (``handback``: another
         worker starts it), so no unit waits long behind another's task."""
         held: dict[int, None] = {}  # tokens without a final reply
+        # this process lives from each staging to its check: it can guard the
+        # consumers' links to the one stored copy (docs/spec/inputs.md 3.4)
+        guard_views()
         try:
             self._serve(inbox, held)
         except Exception as exc:  # a bug: said for every token held, then gone
@@ -1112,6 +1116,9 @@ class UnitRunner:
             emit_cap=self.emit_cap,
             held_notes=held_notes,
             write=False,
+            # a passed workspace is emptied of what was captured (one copy),
+            # unless it is kept; an evaluate task's verdict may still fail it
+            empty_workspace=not self.options.keep_workspaces and task.get("kind") != "evaluate",
         )
         if record.get("status") == PASSED and task.get("kind") == "evaluate":
             record = self._apply_verdict(record, output)

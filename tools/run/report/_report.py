@@ -14,14 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
+from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused
 from crucible.run._display import clip, escape, name_signals, signal_name
+from crucible.run.report._accounting import refused_label
+from crucible.run.report._fold import FOLD_ABOVE, Folded
 from crucible.run.report._state import (
     Event,
+    iter_events,
+    iter_records,
     load_plan,
     load_record,
     load_resources,
-    read_events,
     read_regular,
 )
 from crucible.run.report._usage import (
@@ -30,14 +36,15 @@ from crucible.run.report._usage import (
     pct_text,
     rss_text,
     size_text,
-    stats,
     task_json,
+    task_stats,
     unit_json,
     unit_usage,
     usage_line,
 )
 
 __all__ = [
+    "FOLD_ABOVE",
     "Attempt",
     "Report",
     "Row",
@@ -88,7 +95,7 @@ class Session:
     closed: bool = False  # its ``shutdown`` is in the log
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     task: str
     key: str | None
@@ -117,6 +124,9 @@ class Row:
     usage: UnitUsage | None = None
     #: a mapped task: its instances' usage (crucible.run.report._usage)
     member_usage: list[UnitUsage] = field(default_factory=list)
+    #: a mapped task of more than FOLD_ABOVE instances: the plain ones, as
+    #: columns instead of rows (crucible.run.report._fold)
+    folded: Folded | None = None
 
     @property
     def name(self) -> str:
@@ -129,6 +139,8 @@ class Row:
             return "failed (tolerated)"
         if self.cached and self.status == "passed":
             return "passed (cached)"
+        if self.status == "failed" and (refused := refused_label(self.note)) is not None:
+            return refused  # an accounted run's refusal (docs/spec/export.md §7)
         return self.status.replace("_", " ")
 
 
@@ -155,17 +167,17 @@ class Report(list[Row]):
         self.resources = resources or {}
 
 
-def _sessions(events: list[Event]) -> list[Session]:
-    found: dict[int, Session] = {}
-    for e in events:
-        s = found.get(e.session)
-        if s is None:
-            found[e.session] = s = Session(e.session, e.time, e.time)
-        s.start = min(s.start, e.time)
-        s.end = max(s.end, e.time)
-        if e.kind == "shutdown":
-            s.closed = True
-    return [found[n] for n in sorted(found)]
+def _note_session(found: dict[int, Session], e: Event) -> None:
+    """Widen the session ``e`` belongs to (every event counts, in any order)."""
+    s = found.get(e.session)
+    if s is None:
+        found[e.session] = s = Session(e.session, e.time, e.time)
+    elif e.time < s.start:
+        s.start = e.time
+    elif e.time > s.end:
+        s.end = e.time
+    if e.kind == "shutdown":
+        s.closed = True
 
 
 def _apply(r: Row, e: Event) -> None:
@@ -303,8 +315,6 @@ def _item_keys(
 
 
 def _plan_value(state: Path) -> Any:
-    # lazy: not loaded with this module; only _plan_value() needs it
-    import orjson
 
     # lazy: stage is not loaded with this module; only _plan_value() needs it
     from crucible.stage import StateLayout
@@ -313,20 +323,27 @@ def _plan_value(state: Path) -> Any:
     return orjson.loads(data or b"null")
 
 
-def _aggregate(agg: Row, instances: list[Row]) -> None:
-    if instances:
-        agg.instances = len(instances)
+def _aggregate(agg: Row, instances: list[Row], pending: int = 0) -> None:
+    """A mapped task's totals over its instance rows, its folded instances
+    (``agg.folded``) and ``pending`` more that never started and have no row."""
+    folded = agg.folded
+    n_folded, f_attempts, f_spans, f_out, f_files, f_cached = (
+        folded.totals() if folded is not None else (0, 0, {}, None, None, True)
+    )
+    total = len(instances) + n_folded + pending
+    if total:
+        agg.instances = total
     agg.counts = {}
     for inst in instances:
         agg.counts[inst.status] = agg.counts.get(inst.status, 0) + 1
-    agg.attempts = sum(i.attempts for i in instances)
-    starts = [t.start for i in instances for t in i.tries if t.start is not None]
-    ends = [t.end for i in instances for t in i.tries if t.end is not None]
-    agg.start = min(starts, default=None)
-    agg.end = max(ends, default=None)
+    if n_folded:
+        agg.counts["passed"] = agg.counts.get("passed", 0) + n_folded
+    if pending:
+        agg.counts["pending"] = agg.counts.get("pending", 0) + pending
+    agg.attempts = sum(i.attempts for i in instances) + f_attempts
     # Busy time per session, summed: the idle gap between two sessions is not
     # the task's duration.
-    spans: dict[int, list[float]] = {}
+    spans: dict[int, list[float]] = {s: list(lo_hi) for s, lo_hi in f_spans.items()}
     for i in instances:
         for t in i.tries:
             if t.start is None:
@@ -334,16 +351,21 @@ def _aggregate(agg: Row, instances: list[Row]) -> None:
             lo_hi = spans.setdefault(t.session, [t.start, t.end or t.start])
             lo_hi[0] = min(lo_hi[0], t.start)
             lo_hi[1] = max(lo_hi[1], t.end or t.start)
+    starts = [lo for lo, _ in spans.values()]
+    ends = [t.end for i in instances for t in i.tries if t.end is not None]
+    ends += [hi for s, (_, hi) in f_spans.items()]
+    agg.start = min(starts, default=None)
+    agg.end = max(ends, default=None)
     if spans:
         agg.duration = round(sum(hi - lo for lo, hi in spans.values()), 6)
     agg.member_usage = [i.usage for i in instances if i.usage is not None]
-    if instances:
-        if any(i.output_bytes is not None for i in instances):
-            agg.output_bytes = sum(i.output_bytes or 0 for i in instances)
-        if any(i.files_bytes is not None for i in instances):
-            agg.files_bytes = sum(i.files_bytes or 0 for i in instances)
+    if instances or n_folded:
+        if any(i.output_bytes is not None for i in instances) or f_out is not None:
+            agg.output_bytes = sum(i.output_bytes or 0 for i in instances) + (f_out or 0)
+        if any(i.files_bytes is not None for i in instances) or f_files is not None:
+            agg.files_bytes = sum(i.files_bytes or 0 for i in instances) + (f_files or 0)
         # every instance restored from the cache: so is the task
-        agg.cached = agg.cached or all(i.cached for i in instances)
+        agg.cached = agg.cached or (all(i.cached for i in instances) and f_cached)
 
 
 def _unsettled_status(agg: Row, open_run: bool) -> str:
@@ -368,9 +390,18 @@ def _unsettled_note(agg: Row) -> str:
     return f"{agg.instances} instances" + (": " + ", ".join(parts) if parts else "")
 
 
-def _replay(events: list[Event], top: dict[str, Row], inst: dict[str, dict[str, Row]]) -> None:
-    """Apply the log's task events to the rows of the units they name."""
-    for e in events:
+def _replay(
+    state: Path,
+    top: dict[str, Row],
+    inst: dict[str, dict[str, Row]],
+    folds: dict[str, Folded],
+) -> dict[int, Session]:
+    """Read the log once, applying its task events to the rows of the units
+    they name (a task in ``folds`` folds each plain instance as it finishes:
+    crucible.run.report._fold); returns the sessions it saw."""
+    sessions: dict[int, Session] = {}
+    for e in iter_events(state):
+        _note_session(sessions, e)
         if e.kind not in ("task_started", "task_finished"):
             continue
         name, key = e.fields["task"], e.fields.get("key")
@@ -379,10 +410,93 @@ def _replay(events: list[Event], top: dict[str, Row], inst: dict[str, dict[str, 
         if key is None:
             _apply(top[name], e)
             continue
-        r = inst[name].get(key)
+        rows = inst[name]
+        r = rows.get(key)
         if r is None:
-            r = inst[name][key] = Row(name, key)
+            folded = folds.get(name)
+            if folded is not None and key in folded:
+                r = rows[key] = _unfold(folded, key)  # another attempt: a row again
+            else:
+                r = rows[key] = Row(name, key)
         _apply(r, e)
+        if e.kind == "task_finished" and name in folds and _foldable(r):
+            _fold(folds[name], r)
+            del rows[key]
+    return sessions
+
+
+def _foldable(r: Row) -> bool:
+    """One attempt, finished and passed, with nothing to say: a plain instance."""
+    if len(r.tries) != 1 or r.status != "passed" or r.awaiting_retry or r.exit_code:
+        return False
+    t = r.tries[0]
+    return (
+        t.end is not None
+        and t.start is not None
+        and t.status == "passed"
+        and not t.note
+        and not t.exit_code
+        and not r.cache_miss
+    )
+
+
+def _fold(folded: Folded, r: Row) -> None:
+    """Fold a :func:`_foldable` instance row (the caller drops it)."""
+    t = r.tries[0]
+    assert r.key is not None and t.start is not None and t.end is not None
+    folded.add(
+        r.key, t.session, t.start, t.end, r.duration, r.output_bytes, r.files_bytes,
+        r.cached, r.usage,
+    )  # fmt: skip
+
+
+def _unfold(folded: Folded, key: str) -> Row:
+    """A folded instance's row again (its one passed attempt, figures and flags)."""
+    kept = folded.take(key)
+    r = Row(folded.task, key, status="passed", note="", attempts=1, exit_code=0)
+    r.tries.append(Attempt(kept.session, 1, kept.start, kept.end, "passed", "", 0))
+    r.cached = kept.cached
+    r.duration = kept.duration
+    r.output_bytes = kept.output_bytes
+    r.files_bytes = kept.files_bytes
+    r.usage = kept.usage
+    return r
+
+
+def _plain_record(folded: Folded, key: str, record: dict[str, Any]) -> bool:
+    """Whether a folded instance's record says what its fold says (passed,
+    cached alike, nothing more to read from it), so it stays folded."""
+    if record["status"] != "passed":
+        return False
+    extra = record.get("extra") or {}
+    if record.get("tolerated", extra.get("tolerated")):
+        return False
+    cached = bool(record.get("cached", extra.get("cached", False)))
+    i = folded.index[key]
+    if cached != bool(folded.cached[i]):
+        return False
+    if cached and folded.output_bytes[i] < 0 and "output" in record:
+        return False  # its output's size is read from the record
+    return folded.usage_known(i) or not isinstance(record.get("usage"), dict)
+
+
+def _folded_records(
+    state: Path, task: str, folded: Folded, seen: dict[str, Row]
+) -> dict[str, dict[str, Any] | None]:
+    """The records of a folded task's instances that are rows or must become
+    rows, by key (None: its last line is a tombstone), in one pass over its
+    packed file; a folded instance whose record agrees with its fold is not
+    kept (so memory stays with the rows, not the instances)."""
+    odd: dict[str, dict[str, Any] | None] = {}
+    for key, record in iter_records(state, task):
+        if record is not None and key in folded and _plain_record(folded, key, record):
+            odd.pop(key, None)  # its last line is the plain one
+        else:
+            odd[key] = record
+    for key in odd:
+        if key in folded:
+            seen[key] = _unfold(folded, key)
+    return odd
 
 
 def _instances(
@@ -394,17 +508,39 @@ def _instances(
     sessions: dict[int, Session],
 ) -> list[Row]:
     """A mapped task's instance rows in item order, settled; ``agg`` gets
-    their totals (and, before its own record exists, its status and note)."""
+    their totals (and, before its own record exists, its status and note).
+    A folded task (``agg.folded``): the rows of its notable instances only,
+    the others counted (crucible.run.report._fold)."""
+    folded = agg.folded
     members: list[Row] = []
-    for k in _item_keys(state, agg.task, source, record, list(seen)):
-        r = seen.get(k) or Row(agg.task, k)
-        _close_open_tries(r, sessions)
-        _settle(r, load_record(state, agg.task, k))
-        members.append(r)
+    pending = 0
+    if folded is None:
+        for k in _item_keys(state, agg.task, source, record, list(seen)):
+            r = seen.get(k) or Row(agg.task, k)
+            _close_open_tries(r, sessions)
+            _settle(r, load_record(state, agg.task, k))
+            members.append(r)
+    else:
+        records = _folded_records(state, agg.task, folded, seen)
+        for k in folded.outliers():
+            seen[k] = _unfold(folded, k)
+        for k in _item_keys(state, agg.task, source, record, list(seen)):
+            row = seen.get(k)
+            if row is None and k in records:
+                row = Row(agg.task, k)  # a record with no event (a log cut short)
+            if row is None:
+                if k not in folded:
+                    pending += 1  # never started: counted, not a row
+                continue
+            _close_open_tries(row, sessions)
+            _settle(row, records.get(k))
+            members.append(row)
+    if folded is not None:
+        folded.pending = pending
     if record is not None and "keys" in record:
         agg.instances = len(record["keys"])
-    if members:
-        _aggregate(agg, members)
+    if members or folded or pending:
+        _aggregate(agg, members, pending)
         if record is None:
             open_run = not sessions[max(sessions)].closed if sessions else False
             agg.status = _unsettled_status(agg, open_run)
@@ -413,9 +549,17 @@ def _instances(
     return members
 
 
-def collect(state: Path, task: str | None = None) -> Report:
+def _fold_size(state: Path, task: str, source: str | None, record: dict[str, Any] | None) -> int:
+    """How many instances a mapped task has, as far as its record or its map
+    source tells before the log is read (0: not known)."""
+    return len(_item_keys(state, task, source, record, []))
+
+
+def collect(state: Path, task: str | None = None, *, fold_above: int | None = FOLD_ABOVE) -> Report:
     """Rows in plan order: one per task, each mapped task followed by its
-    instances in item order (only ``task``'s rows when given)."""
+    instances in item order (only ``task``'s rows when given). Without
+    ``task``, a mapped task of more than ``fold_above`` instances keeps rows
+    for its notable instances only (crucible.run.report._fold; None: never)."""
     tasks = load_plan(state)
     # A scored loop's body task is shown as a group of its revisions (@rev<N>).
     from crucible.run.report import _loop_view as loop_view
@@ -429,19 +573,27 @@ def collect(state: Path, task: str | None = None) -> Report:
         raise InputRefused(
             f"no task {task!r} in this run's plan (tasks: {', '.join(names)})", where=str(state)
         )
-    events = read_events(state)
-    sessions = _sessions(events)
-    by_number = {s.number: s for s in sessions}
     top = {name: Row(name, None, mapped=mapped) for name, mapped, _ in tasks}
     inst: dict[str, dict[str, Row]] = {name: {} for name, mapped, _ in tasks if mapped}
-    _replay(events, top, inst)
+    records = {n: load_record(state, n, None) for n in names if task is None or n == task}
+    folds: dict[str, Folded] = {}
+    if task is None and fold_above is not None:
+        for name, mapped, source in tasks:
+            if (
+                mapped
+                and name not in body
+                and _fold_size(state, name, source, records.get(name)) > fold_above
+            ):
+                folds[name] = top[name].folded = Folded(name)
+    by_number = _replay(state, top, inst, folds)
+    sessions = [by_number[n] for n in sorted(by_number)]
     rows: list[Row] = []
     for name, mapped, source in tasks:
         if task is not None and name != task:
             continue
         agg = top[name]
         _close_open_tries(agg, by_number)
-        record = load_record(state, name, None)
+        record = records.get(name)
         _settle(agg, record)
         rows.append(agg)
         if mapped:
@@ -533,15 +685,20 @@ def usage_cells(r: Row) -> tuple[str, str, str, str, str]:
     the sums, the largest peak RSS, I/O summed (``-``: not measured)."""
     if r.mapped and r.key is None:
         units = r.member_usage
-        cpu, read, write = (
-            stats(getattr(u, a) for u in units) for a in ("cpu_s", "read_bytes", "write_bytes")
+        more = r.folded
+        found = task_stats(units, more)
+        cpu, read, write, rss = (
+            found.get(a) for a in ("cpu_s", "read_bytes", "write_bytes", "max_rss_kib")
         )
-        rss = stats(u.max_rss_kib for u in units)
         bound = rss is not None and all(u.rss_bound for u in units if u.max_rss_kib == rss.max)
+        if rss is not None and more is not None:
+            bound = bound and more.rss_bound_at(rss.max)
         # CPU over the summed wall time of the same units
         timed = [u for u in units if u.cpu_s is not None and u.wall_s]
-        wall = sum(u.wall_s or 0.0 for u in timed)
-        pct = None if not wall else 100.0 * sum(u.cpu_s or 0.0 for u in timed) / wall
+        cpu_sum, wall = more.timed() if more is not None else (0.0, 0.0)
+        wall += sum(u.wall_s or 0.0 for u in timed)
+        cpu_sum += sum(u.cpu_s or 0.0 for u in timed)
+        pct = None if not wall else 100.0 * cpu_sum / wall
         return (
             cpu_text(None if cpu is None else cpu.sum),
             pct_text(pct),
@@ -603,7 +760,7 @@ def render_table(rows: list[Row], out: IO[str], *, instances: bool) -> None:
                     f"    ... {len(bad) - FAILED_SHOWN} more failed instances "
                     f"(report STATE {escape(r.task)})"
                 )
-            spread = usage_line(r.member_usage)
+            spread = usage_line(r.member_usage, r.folded)
             if spread:
                 details.append(f"    {spread}")
         lines.append((cells, details))
@@ -653,7 +810,7 @@ def row_json(r: Row) -> dict[str, Any]:
         data["instances"] = r.instances
         data["instance_status"] = dict(r.counts)
     if r.key is None and r.mapped:
-        data["usage"] = task_json(r.member_usage)
+        data["usage"] = task_json(r.member_usage, r.folded)
     elif r.usage is not None:
         data.update(unit_json(r.usage))
     return {k: v for k, v in data.items() if v is not None}
@@ -663,8 +820,7 @@ def render_outputs(state: Path, out: IO[str]) -> None:
     """The run's results (``STATE/outputs.json``), under the table when the plan
     declares any: each present one as canonical JSON (cut), each absent one with
     its reason."""
-    # lazy: core.canon, stage are not loaded with this module; only render_outputs() needs it
-    from crucible.core import canon
+    # lazy: stage is not loaded with this module; only render_outputs() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).outputs_path
@@ -695,3 +851,18 @@ def render_outputs(state: Path, out: IO[str]) -> None:
             note = why.get("note") if isinstance(why, dict) else None
             detail = f": {note}" if isinstance(note, str) and note else ""
             out.write(f"  {escape(name)}: absent ({escape(str(text))}{escape(detail)})\n")
+
+
+def render_freed(state: Path, out: IO[str]) -> None:
+    """The temporary files freed in this state (``STATE/freed/``), under the
+    table when there are any: per producer, the files and bytes freed."""
+    from crucible.run.engine._temps import read_freed  # the report's only use of the engine
+
+    freed = read_freed(state)
+    if not freed:
+        return
+    total = sum(int(d.get("bytes", 0)) for d in freed.values())
+    out.write(f"\nTEMPORARY FILES FREED ({total} bytes)\n")
+    for task in sorted(freed, key=lambda k: k.encode()):
+        doc = freed[task]
+        out.write(f"  {escape(task)}: {int(doc.get('files', 0))} files, {int(doc.get('bytes', 0))} bytes\n")

@@ -22,6 +22,7 @@ from crucible.run._display import clip, escape
 from crucible.run.report._usage import UnitUsage, cpu_text, pct_text, rss_text, size_text
 
 if TYPE_CHECKING:
+    from crucible.run.report._fold import Folded
     from crucible.run.report._report import Row
 
 __all__ = ["CSS", "HEAVIEST", "heaviest", "render_section"]
@@ -145,30 +146,49 @@ class _Figure:
     title: str
     value: Callable[[_Unit], float | None]
     text: Callable[[float], str]
+    #: its name for a folded task's columns (crucible.run.report._fold)
+    folded: str
 
 
 _FIGURES = (
-    _Figure("duration", lambda u: u.duration, cpu_text),
-    _Figure("%CPU", lambda u: u.usage.cpu_pct, pct_text),
+    _Figure("duration", lambda u: u.duration, cpu_text, "duration"),
+    _Figure("%CPU", lambda u: u.usage.cpu_pct, pct_text, "cpu_pct"),
     _Figure(
         "peak RSS",
         lambda u: None if u.usage.max_rss_kib is None else float(u.usage.max_rss_kib),
         rss_text,
+        "max_rss_kib",
     ),
-    _Figure("I/O (read+write)", lambda u: None if u.io is None else float(u.io), size_text),
+    _Figure("I/O (read+write)", lambda u: None if u.io is None else float(u.io), size_text, "io"),
 )
+
+
+def _values(fig: _Figure, units: list[_Unit], more: Folded | None) -> list[float]:
+    """A figure over a task's measured units: its rows and its folded instances."""
+    values = [v for u in units if (v := fig.value(u)) is not None]
+    if more is not None:
+        values += more.figure(fig.folded, measured=True)
+    return values
+
+
+def _folded(rows: Sequence[Row]) -> dict[str, Folded]:
+    return {r.task: r.folded for r in rows if r.key is None and r.folded is not None}
 
 
 def _median(values: list[float]) -> float:
     return _quartiles(values)[2]
 
 
-def _allocated(units: list[_Unit], asked: dict[str, int]) -> tuple[str, str]:
+def _allocated(
+    units: list[_Unit], asked: dict[str, int], more: Folded | None = None
+) -> tuple[str, str]:
     """The "% allocated" cell and the flags cell of a task that declares resources."""
     cells, flags = [], []
     memory = asked.get("memory")
     if memory:
         used = [u.usage.max_rss_kib * 1024 for u in units if u.usage.max_rss_kib is not None]
+        if more is not None:
+            used += [int(kib) * 1024 for kib in more.figure("max_rss_kib", measured=True)]
         if used:
             median = 100 * _median([float(b) for b in used]) / memory
             cells.append(
@@ -182,11 +202,15 @@ def _allocated(units: list[_Unit], asked: dict[str, int]) -> tuple[str, str]:
             and not u.usage.rss_bound
             and u.usage.max_rss_kib * 1024 > memory
         )
+        if more is not None:
+            over += more.over_memory(memory / 1024)
         if over:
             flags.append(f"{over} over memory")
     cpus = asked.get("cpus")
     if cpus:
         pcts = [u.usage.cpu_pct for u in units if u.usage.cpu_pct is not None]
+        if more is not None:
+            pcts += more.figure("cpu_pct", measured=True)
         if pcts:
             cells.append(f"cpus {cpus}: median {_median(pcts) / cpus:.0f}%")
         idle = sum(1 for p in pcts if p < 100 * cpus * CPU_IDLE_SHARE)
@@ -215,12 +239,14 @@ def render_section(
     """The section's HTML ("" when no unit was measured). ``asked``: each task's
     declared resources; ``anchors``: row index -> the id of its timeline row."""
     tasks = _units(rows)
+    folded = _folded(rows)
     measured = [u for us in tasks.values() for u in us]
-    if not measured:
+    if not measured and not any(f.measured() for f in folded.values()):
         return ""
     tops = []
     for fig in _FIGURES:
         values = [v for u in measured if (v := fig.value(u)) is not None]
+        values += [v for f in folded.values() for v in f.figure(fig.folded, measured=True)]
         tops.append(max(values, default=0.0))
     any_asked = any(asked.get(t) for t in tasks)
     head = "".join(
@@ -235,21 +261,23 @@ def render_section(
         "</tr>",
     ]
     for task, units in tasks.items():
+        more = folded.get(task)
+        count = len(units) + (more.measured() if more is not None else 0)
         cells = [f"<tr><td>{html.escape(clip(escape(task), 40))}</td>"]
-        if not units:  # every task has its line: this one ran nothing measured
+        if not count:  # every task has its line: this one ran nothing measured
             span = len(_FIGURES) + (2 if any_asked else 0)
             cells.append(f'<td class="n">0</td><td colspan="{span}">no attempt measured</td></tr>')
             parts.append("".join(cells))
             continue
-        cells.append(f'<td class="n">{len(units)}</td>')
+        cells.append(f'<td class="n">{count}</td>')
         for fig, top in zip(_FIGURES, tops, strict=True):
-            values = [v for u in units if (v := fig.value(u)) is not None]
+            values = _values(fig, units, more)
             said = "-"
             if values:
                 said = f"median {fig.text(_median(values))} \u00b7 max {fig.text(max(values))}"
             cells.append(f"<td>{_svg(values, top)}<small>{html.escape(said)}</small></td>")
         if any_asked:
-            allocated, flags = _allocated(units, asked.get(task, {}))
+            allocated, flags = _allocated(units, asked.get(task, {}), more)
             cells.append(f'<td class="w">{html.escape(allocated)}</td><td class=over>{flags}</td>')
         cells.append("</tr>")
         parts.append("".join(cells))

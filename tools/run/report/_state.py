@@ -12,10 +12,12 @@ them to the schemas.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +27,17 @@ from crucible.core.errors import CrucibleError, InputRefused, OperationalError, 
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
 
-__all__ = ["Event", "load_plan", "load_record", "load_resources", "read_events", "read_regular"]
+__all__ = [
+    "Event",
+    "iter_events",
+    "iter_records",
+    "load_plan",
+    "load_record",
+    "load_resources",
+    "open_lines",
+    "read_events",
+    "read_regular",
+]
 
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
 #: event kinds whose fields the report reads; other kinds (added by later
@@ -42,6 +54,23 @@ def read_regular(path: Path, what: str) -> bytes | None:
     Opened with O_NOFOLLOW and O_NONBLOCK: a symlink is refused (nothing outside
     the state dir is read), and a FIFO or device is refused after ``fstat``
     without waiting for a writer (exit 2, like any wrong kind of path)."""
+    fd = _open_regular(path, what)
+    if fd is None:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise OperationalError(f"cannot read {what}: {exc.strerror}", where=str(path)) from None
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: Path, what: str) -> int | None:
+    """A read-only descriptor of a regular file (None: it does not exist);
+    a symlink, FIFO, device or directory is refused without waiting on it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -54,16 +83,13 @@ def read_regular(path: Path, what: str) -> bytes | None:
         raise OperationalError(f"cannot read {what}: {exc.strerror}", where=str(path)) from None
     try:
         mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise ParseError(f"{what} is not a regular file ({_kind(mode)})", where=str(path))
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
     except OSError as exc:
-        raise OperationalError(f"cannot read {what}: {exc.strerror}", where=str(path)) from None
-    finally:
         os.close(fd)
+        raise OperationalError(f"cannot read {what}: {exc.strerror}", where=str(path)) from None
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ParseError(f"{what} is not a regular file ({_kind(mode)})", where=str(path))
+    return fd
 
 
 def _kind(mode: int) -> str:
@@ -209,6 +235,30 @@ def _check_usage(value: dict[str, Any], where: str) -> None:
             raise ParseError(f"{name} must be null or {kind} >= 0, not {v!r}", where=where)
 
 
+#: the epoch second of each ``YYYY-MM-DDTHH:MM:SS`` a log names: a run's
+#: events share few seconds, and parsing a date costs more than the rest of
+#: an event's checks (a million-instance log has three million events)
+_seconds: dict[str, float] = {}
+
+
+def _timestamp(text: Any, where: str) -> float:
+    """An event's ``time`` (RFC 3339 UTC with milliseconds) as epoch seconds."""
+    if not isinstance(text, str) or not _TIME.fullmatch(text):
+        raise ParseError(
+            f"time {text!r} is not an RFC 3339 UTC time with milliseconds", where=where
+        )
+    second = _seconds.get(text[:19])
+    if second is None:
+        try:
+            second = datetime.fromisoformat(text[:19] + "+00:00").timestamp()
+        except ValueError:
+            raise ParseError(f"time {text!r} is not a valid date and time", where=where) from None
+        if len(_seconds) > 100_000:  # a log spanning days: keep the cache small
+            _seconds.clear()
+        _seconds[text[:19]] = second
+    return second + int(text[20:23]) / 1000
+
+
 def _check_event(value: dict[str, Any], where: str) -> Event:
     for name in ("event", "session", "time"):
         if name not in value:
@@ -218,14 +268,7 @@ def _check_event(value: dict[str, Any], where: str) -> Event:
         raise ParseError(f"event must be a string, not {_type(kind)}", where=where)
     if not _int(session, 1):
         raise ParseError(f"session must be an integer >= 1, not {session!r}", where=where)
-    if not isinstance(text, str) or not _TIME.fullmatch(text):
-        raise ParseError(
-            f"time {text!r} is not an RFC 3339 UTC time with milliseconds", where=where
-        )
-    try:
-        at = datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise ParseError(f"time {text!r} is not a valid date and time", where=where) from None
+    at = _timestamp(text, where)
     if kind in ("task_started", "task_finished"):
         task = value.get("task")
         if not isinstance(task, str):
@@ -264,36 +307,63 @@ def _check_event(value: dict[str, Any], where: str) -> Event:
 
 def read_events(state: Path) -> list[Event]:
     """Every event of ``STATE/session.jsonl`` the report reads, checked, in log
-    order. A torn last line (a crash before its fsync) is ignored, as the
-    dispatcher does; any other bad line is ``session.jsonl:N: message``."""
-    # lazy: not loaded with this module; only read_events() needs it
+    order (:func:`iter_events`, as a list)."""
+    return list(iter_events(state))
+
+
+def iter_events(state: Path) -> Iterator[Event]:
+    """Each event of ``STATE/session.jsonl`` the report reads, checked, in log
+    order, read as the caller consumes them (a million-instance log is ~0.5 GB:
+    never held whole). A torn last line (a crash before its fsync) is ignored,
+    as the dispatcher does; any other bad line is ``session.jsonl:N: message``."""
+    # lazy: not loaded with this module; only iter_events() needs it
     import orjson
 
-    # lazy: stage is not loaded with this module; only read_events() needs it
+    # lazy: stage is not loaded with this module; only iter_events() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).session_path
-    data = read_regular(path, "session.jsonl")
-    if not data:
-        return []
     name = str(path)
-    complete = data[: data.rfind(b"\n") + 1]
-    events: list[Event] = []
-    for number, raw in enumerate(complete.split(b"\n")[:-1], start=1):
-        if not raw.strip():
-            continue
-        where = f"{name}:{number}"
-        try:
-            value = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise ParseError(f"invalid JSON: {exc}", where=where) from None
-        if not isinstance(value, dict):
-            raise ParseError("line is not a JSON object", where=where)
-        event = _check_event(value, where)
-        event.line = number
-        if event.kind in _KNOWN:
-            events.append(event)
-    return events
+    with open_lines(path, "session.jsonl") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if not raw.endswith(b"\n"):
+                return  # a torn last line
+            if not raw.strip():
+                continue
+            where = f"{name}:{number}"
+            try:
+                value = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise ParseError(f"invalid JSON: {exc}", where=where) from None
+            if not isinstance(value, dict):
+                raise ParseError("line is not a JSON object", where=where)
+            event = _check_event(value, where)
+            event.line = number
+            if event.kind in _KNOWN:
+                yield event
+
+
+@contextlib.contextmanager
+def open_lines(path: Path, what: str) -> Iterator[Iterator[bytes]]:
+    """The lines of a regular file (each with its ``\\n``; the last one perhaps
+    without), read in 1 MiB blocks; nothing when it does not exist. Opened as
+    :func:`read_regular` opens it: a symlink, FIFO or device is refused."""
+    fd = _open_regular(path, what)
+    if fd is None:
+        yield iter(())
+        return
+    f = os.fdopen(fd, "rb", buffering=1 << 20)
+    try:
+        yield _lines(f, path, what)
+    finally:
+        f.close()
+
+
+def _lines(f: Any, path: Path, what: str) -> Iterator[bytes]:
+    try:
+        yield from f
+    except OSError as exc:
+        raise OperationalError(f"cannot read {what}: {exc.strerror}", where=str(path)) from None
 
 
 # -- results/ ---------------------------------------------------------------------
@@ -348,11 +418,54 @@ def _keyed_record(path: Path, task: str, key: str) -> Any:
     return hit[1].get(key)
 
 
+def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """Each line of ``task``'s packed records (``results/<task>.jsonl``) in
+    file order, as (key, record checked) or (key, None) for a tombstone; a
+    later line for a key replaces an earlier one. Read as the caller consumes
+    them (never the whole file at once). A damaged line followed by another is
+    ``file:line: message``; a damaged or unfinished last line is a torn append,
+    ignored (as the dispatcher reads it: crucible.stage._store)."""
+    # lazy: not loaded with this module; only iter_records() needs it
+    import orjson
+
+    # lazy: stage, stage.readers are not loaded with this module; only iter_records() needs it
+    from crucible.stage import StateLayout
+    from crucible.stage.readers import TOMBSTONE
+
+    path = StateLayout(state).result_path(task, "")
+    name = str(path)
+    damaged: str | None = None
+    with open_lines(path, "result records") as lines:
+        for number, raw in enumerate(lines, start=1):
+            if damaged is not None:  # a damaged line that was not the last one
+                raise ParseError("not a JSON record (a damaged line)", where=damaged)
+            where = f"{name}:{number}"
+            if not raw.endswith(b"\n"):
+                return  # an append not finished
+            try:
+                value = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                damaged = where
+                continue
+            if not isinstance(value, dict) or not isinstance(value.get("key"), str):
+                raise ParseError(
+                    "a packed result line is a JSON object with a string key", where=where
+                )
+            k = value["key"]
+            if value.get(TOMBSTONE) is True:
+                if value.get("task") != task:
+                    raise ParseError(
+                        f"tombstone is for task {value.get('task')!r}, not {task!r}", where=where
+                    )
+                yield k, None
+                continue
+            yield k, _check_loaded(value, f"{where} (key {k!r})", task, k)
+
+
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
     """The settled record of a unit, checked, or None when there is none."""
-    # lazy: core.contract, stage are not loaded with this module; only load_record() needs it
-    from crucible.core.contract import RESULT_STATUSES as STATUSES
-    from crucible.stage import RESULT_FORMAT, StateLayout
+    # lazy: stage is not loaded with this module; only load_record() needs it
+    from crucible.stage import StateLayout
 
     path = StateLayout(state).result_path(task, key)
     if key is not None:
@@ -366,6 +479,15 @@ def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | Non
             return None
         where = str(path)
         record = _load_json(data, where)
+    return _check_loaded(record, where, task, key)
+
+
+def _check_loaded(record: Any, where: str, task: str, key: str | None) -> dict[str, Any]:
+    """A record read back, checked against result-record.json (what the report reads)."""
+    # lazy: core.contract, stage are not loaded with this module; only _check_loaded() needs it
+    from crucible.core.contract import RESULT_STATUSES as STATUSES
+    from crucible.stage import RESULT_FORMAT
+
     if not isinstance(record, dict):
         raise ParseError("a result record must be a JSON object", where=where)
     for name in ("format", "task", "status", "note", "retryable"):

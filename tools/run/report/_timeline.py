@@ -22,6 +22,7 @@ from crucible.run.report._report import Report, display_note
 from crucible.run.report._usage import unit_usage
 
 if TYPE_CHECKING:
+    from crucible.run.report._fold import Folded
     from crucible.run.report._report import Attempt, Row, Session
 
 __all__ = ["FAILURES_SHOWN", "render", "render_report"]
@@ -33,6 +34,8 @@ LABEL_MAX = 40
 TIP_MAX = 120
 #: width (percent of the lane) of the cut between two sessions
 GAP = 2.0
+#: a folded task's plain instances are drawn as this many density bars
+STRIP_BINS = 200
 
 #: status -> (one-letter code used in data-s, colour)
 STATUS_STYLE = {
@@ -69,6 +72,7 @@ details>.r>span:first-child{font-weight:bold}
 .g>.r{height:18px;background:#eef1f6;cursor:pointer}
 .g .r>b{padding-left:1.2em}
 .i{content-visibility:auto;contain-intrinsic-size:auto 15px}
+.fd>b{font-style:italic}
 summary{list-style:none} summary::-webkit-details-marker{display:none}
 summary>span:first-child::before{content:"\\25b8 "} details[open]>summary>span:first-child::before{content:"\\25be "}
 .bar,.span{position:absolute;top:0;height:11px;min-width:2px}
@@ -264,6 +268,8 @@ def _meta(r: Row) -> str:
 
 def _group_spans(agg: Row, members: list[Row], axis: _Axis) -> str:
     spans: dict[int, list[float]] = {}
+    if agg.folded is not None:
+        spans = {s: list(lo_hi) for s, lo_hi in agg.folded.totals()[2].items()}
     for m in members:
         for t in m.tries:
             if t.start is None:
@@ -285,14 +291,51 @@ def _group_spans(agg: Row, members: list[Row], axis: _Axis) -> str:
     return "".join(out)
 
 
-def _group_counts(members: list[Row]) -> str:
-    """``6`` when every instance passed, else ``6: 1 failed, 2 interrupted``."""
+def _group_counts(members: list[Row], folded: Folded | None = None) -> str:
+    """``6`` when every instance passed, else ``6: 1 failed, 2 interrupted``
+    (a folded task's: its folded and never started instances counted in)."""
     counts: dict[str, int] = {}
     for m in members:
         if m.status != "passed":
             counts[m.label] = counts.get(m.label, 0) + 1
+    total = len(members)
+    if folded is not None:
+        total += len(folded) + folded.pending
+        if folded.pending:
+            counts["pending"] = counts.get("pending", 0) + folded.pending
     detail = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
-    return f"{len(members)}: {detail}" if detail else str(len(members))
+    return f"{total}: {detail}" if detail else str(total)
+
+
+def _folded_strip(folded: Folded, axis: _Axis) -> str:
+    """The row of a folded task's plain instances: how many passed in each
+    :data:`STRIP_BINS`-th of the lane (a bar each, darker where more ran),
+    with their median and longest duration."""
+    bins = [0] * STRIP_BINS
+    for session, start, end in folded.starts():
+        x = axis.x(session, (start + end) / 2)
+        bins[min(int(x * STRIP_BINS / 100.0), STRIP_BINS - 1)] += 1
+    peak = max(bins, default=0) or 1
+    width = 100.0 / STRIP_BINS
+    bars = "".join(
+        f'<i class="bar" data-s=p style="left:{_pc(b * width)};width:{_pc(width)};'
+        f'opacity:{0.25 + 0.75 * c / peak:.2f}" title="{c}"></i>'
+        for b, c in enumerate(bins)
+        if c
+    )
+    n = len(folded)
+    durations = sorted(folded.figure("duration"))
+    meta = ""
+    if durations:
+        meta = f"median {durations[len(durations) // 2]:.3f}s max {durations[-1]:.3f}s"
+    tip = (
+        f"{n} instances that passed at their first attempt, drawn as a density "
+        "(how many in each stretch of time), not one row each"
+    )
+    return (
+        f'<div class="r i fd"><b title="{html.escape(tip)}">{n} passed (folded)</b>'
+        f"<s>{bars}</s><u>{html.escape(meta)}</u></div>"
+    )
 
 
 def _failures(rows: list[Row], ids: dict[int, str]) -> str:
@@ -370,10 +413,13 @@ def render(
             while j < len(rows) and rows[j].key is not None and rows[j].task == r.task:
                 j += 1
             members = rows[i + 1 : j]
-            everything_passed = all(m.status == "passed" for m in members)
+            everything_passed = all(m.status == "passed" for m in members) and not (
+                r.folded is not None and r.folded.pending
+            )
             head = (
                 f'<summary class="r"><span title="{html.escape(clip(_name(r), 200))}">'
-                f"{html.escape(clip(_name(r), LABEL_MAX))} ({_group_counts(members)})</span>"
+                f"{html.escape(clip(_name(r), LABEL_MAX))} "
+                f"({_group_counts(members, r.folded)})</span>"
                 f"<s>{_group_spans(r, members, axis)}</s><u>{_meta(r)}</u></summary>"
             )
             body.append(f'<details class="g"{"" if everything_passed else " open"}>{head}')
@@ -386,6 +432,8 @@ def render(
                     f'<div class="r i"{anchor}><b{tip}>{html.escape(clip(key, LABEL_MAX))}</b>'
                     f"<s>{_bars(m, axis, '')}</s><u>{_meta(m)}</u></div>"
                 )
+            if r.folded is not None and len(r.folded):
+                body.append(_folded_strip(r.folded, axis))
             body.append("</details>")
             i = j
             continue
@@ -401,8 +449,24 @@ def render(
     counts: dict[str, int] = {}
     for r in units:
         counts[r.label] = counts.get(r.label, 0) + 1
+    n_units, n_folded = len(units), 0
+    for r in rows:  # a folded task's instances without a row
+        f = r.folded
+        if f is None or r.key is not None:
+            continue
+        cached = f.cached_count()
+        for label, n in (
+            ("passed", len(f) - cached),
+            ("passed (cached)", cached),
+            ("pending", f.pending),
+        ):
+            if n:
+                counts[label] = counts.get(label, 0) + n
+        n_units += len(f) + f.pending
+        n_folded += len(f)
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
     drawn = sum(len(r.tries) for r in rows)
+    folded_text = f" ({n_folded} more as density strips)" if n_folded else ""
     overlay = "".join(
         f'<i style="left:{axis.offset[s.number] - GAP / 2:.3f}%"></i>' for s in sessions[1:]
     )
@@ -413,8 +477,8 @@ def render(
         f"<title>{html.escape(escape(title))} \u2014 crucible timeline</title>",
         f"<style>{_CSS}{resources_html.CSS}</style></head><body>",
         f"<h1>{html.escape(escape(title))}</h1>",
-        f'<p class="sum">{len(units)} units ({html.escape(summary) or "none started"}); '
-        f"{drawn} attempts drawn over {axis.busy:.3f} s busy in {len(sessions)} "
+        f'<p class="sum">{n_units} units ({html.escape(summary) or "none started"}); '
+        f"{drawn} attempts drawn{folded_text} over {axis.busy:.3f} s busy in {len(sessions)} "
         f"session{'s' if len(sessions) != 1 else ''}.</p>",
         _failures(rows, ids),
         resources_html.render_section(rows, resources or {}, ids),

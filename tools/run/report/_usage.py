@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 __all__ = [
     "TRACE_COLUMNS",
+    "MoreUnits",
     "Stats",
     "UnitUsage",
     "cpu_text",
@@ -119,23 +120,40 @@ FIGURES = (
 )
 
 
-def task_stats(units: Sequence[UnitUsage]) -> dict[str, Stats]:
-    """Each figure's :class:`Stats` over ``units`` (figures none measured left out)."""
+class MoreUnits(Protocol):
+    """Units measured without a row each (a wide fan-out's folded instances:
+    crucible.run.report._fold), counted in with the rows' figures."""
+
+    def figure(self, name: str) -> list[float]:
+        """A figure (a :class:`UnitUsage` attribute) of each unit that measured it."""
+        ...
+
+    def measured(self) -> int:
+        """How many of them measured anything."""
+        ...
+
+
+def task_stats(units: Sequence[UnitUsage], more: MoreUnits | None = None) -> dict[str, Stats]:
+    """Each figure's :class:`Stats` over ``units`` and ``more`` (figures none
+    measured left out)."""
     found: dict[str, Stats] = {}
     for name, attr, _ in FIGURES:
-        s = stats(getattr(u, attr) for u in units)
+        values: Iterable[float | int | None] = (getattr(u, attr) for u in units)
+        if more is not None:
+            values = [*values, *more.figure(attr)]
+        s = stats(values)
         if s is not None:
             found[name] = s
     return found
 
 
-def task_json(units: Sequence[UnitUsage]) -> dict[str, Any] | None:
+def task_json(units: Sequence[UnitUsage], more: MoreUnits | None = None) -> dict[str, Any] | None:
     """A mapped task's ``usage`` member of ``report --json`` (None: nothing measured)."""
-    found = task_stats(units)
+    found = task_stats(units, more)
     if not found:
         return None
     whole = {name: w for name, _, w in FIGURES}
-    out: dict[str, Any] = {"units": len(units)}
+    out: dict[str, Any] = {"units": len(units) + (more.measured() if more is not None else 0)}
     out.update({name: s.to_json(whole[name]) for name, s in found.items()})
     if "cpu_pct" in out:  # a sum of percentages says nothing
         del out["cpu_pct"]["sum"]
@@ -187,13 +205,15 @@ def pct_text(pct: float | None) -> str:
     return "-" if pct is None else f"{pct:.0f}%"
 
 
-def usage_line(units: Sequence[UnitUsage]) -> str:
-    """The line under a mapped task's row: over its measured units, the sum,
-    max and median of CPU, the median %CPU, the max and median peak RSS, and
-    the sum and max of its I/O ("" with fewer than two: its row says it all)."""
-    if len(units) < 2:
+def usage_line(units: Sequence[UnitUsage], more: MoreUnits | None = None) -> str:
+    """The line under a mapped task's row: over its measured units (``units``
+    and ``more``), the sum, max and median of CPU, the median %CPU, the max
+    and median peak RSS, and the sum and max of its I/O ("" with fewer than
+    two: its row says it all)."""
+    n = len(units) + (more.measured() if more is not None else 0)
+    if n < 2:
         return ""
-    s = task_stats(units)
+    s = task_stats(units, more)
     parts = []
     if "cpu_s" in s:
         c = s["cpu_s"]
@@ -207,7 +227,7 @@ def usage_line(units: Sequence[UnitUsage]) -> str:
         if figure in s:
             f = s[figure]
             parts.append(f"{label} sum {size_text(f.sum)} max {size_text(f.max)}")
-    return f"usage of {len(units)} units: " + "; ".join(parts)
+    return f"usage of {n} units: " + "; ".join(parts)
 
 
 # -- report --tsv: a Nextflow trace ---------------------------------------------

@@ -1,8 +1,8 @@
 """Run results: ``STATE/outputs.json`` from ``[workflow.outputs]`` (IR v3).
 
 After the run (passed, failed or interrupted) the dispatcher writes one canonical
-JSON object, atomically: each result name whose producer passed and carries the
-field maps to its value, so ``jq .total`` reads it directly; the members whose
+JSON object, atomically: each result whose producers passed maps to its value
+(read, or computed: crucible.run.session._computed), so ``jq .total`` reads it; the members whose
 names start with ``@`` (never a result name: those are identifiers) say what
 the file is and why any result is absent. docs/spec/run.md, "Run results";
 schema docs/schemas/outputs.json.
@@ -23,26 +23,14 @@ __all__ = ["OUTPUTS_FORMAT", "build_outputs", "copy_outputs", "finish_results", 
 OUTPUTS_FORMAT = "crucible.outputs/1"
 
 
-def _absence(record: Mapping[str, Any] | None, producer: str, field: str) -> dict[str, str]:
-    if record is None:
-        return {"reason": "not-run", "note": f"{producer!r} did not settle in this run"}
-    status = str(record.get("status"))
-    note = str(record.get("note") or "")
-    if status in ("failed", "skipped"):
-        return {
-            "reason": status,
-            "note": f"{producer!r}: {note}" if note else f"{producer!r} {status}",
-        }
-    # capture fails a producer without a declared field; kept for records written otherwise
-    return {"reason": "missing", "note": f"{producer!r} passed without the field {field!r}"}
-
-
 def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> dict[str, Any]:
-    """The outputs object of the run in ``state`` (see module doc)."""
-    # lazy: stage is not loaded with this module; only build_outputs() needs it
+    """The outputs object of the run in ``state`` (see module doc): each declared
+    result read or computed by :class:`crucible.run.session._computed.Results`."""
+    # lazy: only build_outputs() needs it (start-up)
     from crucible import stage
+    from crucible.run.session._computed import Absent, Results
 
-    declared: Mapping[str, str] = plan["workflow"].get("outputs", {})
+    declared: Mapping[str, Any] = plan["workflow"].get("outputs", {})
     doc: dict[str, Any] = {
         "@format": OUTPUTS_FORMAT,
         "@plan": digest,
@@ -50,22 +38,12 @@ def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str
         "@from": dict(declared),
         "@absent": {},
     }
-    records: dict[str, dict[str, Any] | None] = {}
-    for name, ref in declared.items():
-        producer, _, field = ref.rpartition(".")
-        if producer not in records:
-            records[producer] = stage.load_result(state, producer)
-        record = records[producer]
-        output = record.get("output") if record is not None else None
-        if (
-            record is not None
-            and record.get("status") == "passed"
-            and isinstance(output, dict)
-            and field in output
-        ):
-            doc[name] = output[field]
-        else:
-            doc["@absent"][name] = _absence(record, producer, field)
+    results = Results(plan, state, stage)
+    for name, form in declared.items():
+        try:
+            doc[name] = results.value(form)
+        except Absent as why:
+            doc["@absent"][name] = {"reason": why.reason, "note": why.note}
     return doc
 
 

@@ -21,7 +21,7 @@ from crucible.run.engine._selection import Selection, dry_run_lines, select
 from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.executors._usage import data_limit_problem
 from crucible.run.session._admit import Admission, admit
-from crucible.run.session._log import read_events
+from crucible.run.session._log import read_earlier
 from crucible.run.session._outputs import finish_results
 from crucible.run.session._session import Session, copy_outputs_file
 from crucible.stage import StateDir
@@ -74,6 +74,7 @@ def _run_admitted(
     if options.dry_run:
         return _dry_run_outcome(admission, options, state_dir, graph, selection, env, on_warning)
     if options.resume and not selection.to_run(graph):
+        _finish_freeing(admission.plan, options, graph, selection)
         return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
     with Session(
         admission, options, state_dir=state_dir, graph=graph, selection=selection,
@@ -88,6 +89,24 @@ def _run_admitted(
             signum=outcome.exit_code - 128,
         )
     return outcome
+
+
+def _finish_freeing(
+    plan: dict[str, Any], options: RunOptions, graph: TaskGraph, selection: Selection
+) -> None:
+    """Nothing runs: still finish what an earlier session marked freed and did
+    not delete (killed between the two), and free what nothing needs any more
+    (docs/spec/run.md, "Temporary files"; no session, so no event)."""
+    if not any(t.get("temp_files") for t in graph.tasks.values()):
+        return
+    from crucible.run.engine._temps import TempFreer  # lazy: plans with temp_files only
+
+    status = {n: str(r.get("status")) for n, r in selection.kept.items()}
+    body = (plan.get("loop") or {}).get("body") or ()
+    loop = frozenset(n for n in body if isinstance(n, str))
+    TempFreer(
+        options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None, loop,
+    ).start()  # fmt: skip
 
 
 def _prepare(admission: Admission, options: RunOptions) -> StateDir:
@@ -109,7 +128,7 @@ def _earlier_events(
     """The state's session log so far (none for a fresh run); a resume first
     stops what a killed run left running."""
     log_path = state_dir.layout.session_path
-    earlier = [] if admission.unclaimed else read_events(log_path)
+    earlier = [] if admission.unclaimed else read_earlier(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
         # lazy: only _earlier_events() needs it (start-up)
         from crucible.run.session._leftovers import stop_leftovers

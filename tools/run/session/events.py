@@ -27,6 +27,7 @@ __all__ = [
     "shutdown",
     "task_finished",
     "task_started",
+    "temp_freed",
 ]
 
 _STR, _INT, _NUM, _BOOL = ("string",), ("integer",), ("number",), ("boolean",)
@@ -66,6 +67,7 @@ MEMBERS: dict[str, dict[str, tuple[str, ...]]] = {
     "loop_finished": {
         "stop_reason": _STR, "revisions": _INT, "kept_revision": _INT, "best_score": _NUM,
     },
+    "temp_freed": {"task": _STR, "files": _INT, "bytes": _INT},
 }  # fmt: skip
 
 #: per event kind, the members it always carries
@@ -80,6 +82,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "revision_started": ("revision",),
     "revision_finished": ("revision", "verdict", "kept", "reason", "duration_ms"),
     "loop_finished": ("revisions",),
+    "temp_freed": ("task", "files", "bytes"),
 }  # fmt: skip
 
 KINDS: tuple[str, ...] = tuple(MEMBERS)
@@ -187,3 +190,8 @@ def loop_finished(
         "stop_reason": stop_reason, "revisions": revisions, "kept_revision": kept_revision,
         "best_score": best_score,
     })  # fmt: skip
+
+
+def temp_freed(*, task: str, files: int, bytes: int) -> SessionEvent:
+    """A producer's temporary files were freed (docs/spec/run.md, "Temporary files")."""
+    return SessionEvent("temp_freed", {"task": task, "files": files, "bytes": bytes})

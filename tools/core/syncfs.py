@@ -1,4 +1,5 @@
-"""One ``syncfs(2)`` of the state's filesystem instead of one fsync per record.
+"""One ``syncfs(2)`` of a filesystem instead of one fsync per file (the session
+log's group commit, a proof bundle before it is renamed in).
 
 The session log's group commit makes every record file a batch wrote durable
 before the batch's lines (docs/spec/run.md, "Records ride the group commit").
