@@ -24,7 +24,7 @@ report process, page size) and ``-n`` on the finished state. Budgets (issue
 (the largest step's at most 1.2x the smallest's), the dispatcher's peak RSS
 at most 512 MiB and growing less than the instances, at most 1 KiB of state
 and 4 inodes an instance, ``report`` at most 30 s at 10^6 (pro rata below,
-never under 2 s) and its peak RSS at most 256 MiB at any size, the page at
+never under 2 s) and its peak RSS at most 512 MiB, the page at
 most 2 MiB at any size, ``-n`` at most 30 s at 10^6 (pro rata). Run without
 arguments (``nox -s bench``), it runs the matrix comparison and then the
 ladder 10,000 and 100,000 with its budgets.
@@ -63,7 +63,7 @@ FLAT_RATIO = 1.2  # time per instance, largest step over smallest
 DISPATCHER_RSS_MIB = 512.0  # at 10^6 (and below)
 REPORT_S_AT_MILLION = 30.0  # report, report --html, -n at 10^6; pro rata below
 REPORT_S_FLOOR = 2.0  # ... never under this (start-up)
-REPORT_RSS_MIB = 256.0  # report's peak RSS at any size: it streams
+REPORT_RSS_MIB = 512.0  # report's peak RSS at 10^6 (~300 B a folded instance: it streams)
 PAGE_MIB = 2.0  # report --html at any size
 #: the ladder nox -s bench runs (10^6 is run by hand: ~1 h on a 2-core machine)
 DEFAULT_LADDER = (10_000, 100_000)

@@ -7,9 +7,10 @@ the instances a reader looks at: every one that did not pass at its first
 attempt (failed, retried, skipped, interrupted, running, not started), and
 its outliers (the :data:`SLOWEST` longest and the heaviest by peak RSS and by
 CPU, :data:`HEAVIEST`). Each other instance, one attempt that passed, is
-folded as soon as its ``task_finished`` is read: a few numbers in typed
-arrays (~100 bytes, no object) that the task's totals, spreads and the HTML
-page's density strip are computed from. A later event or record that
+folded as soon as its ``task_finished`` is read: its figures in typed
+arrays (~100 bytes) and its key in an index (~200 bytes with the key), from
+which the task's totals, spreads and the HTML page's density strip are
+computed. A later event or record that
 contradicts the fold (another attempt, a record that did not pass) unfolds the
 instance back into a row first.
 """

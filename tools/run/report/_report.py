@@ -400,6 +400,9 @@ def _replay(
     they name (a task in ``folds`` folds each plain instance as it finishes:
     crucible.run.report._fold); returns the sessions it saw."""
     sessions: dict[int, Session] = {}
+    #: a folded task's instances started and not yet finished: their start
+    #: event only (a row is made when they turn out not to be plain)
+    starts: dict[str, dict[str, Event]] = {name: {} for name in folds}
     for e in iter_events(state):
         _note_session(sessions, e)
         if e.kind not in ("task_started", "task_finished"):
@@ -412,17 +415,57 @@ def _replay(
             continue
         rows = inst[name]
         r = rows.get(key)
-        if r is None:
-            folded = folds.get(name)
-            if folded is not None and key in folded:
+        folded = folds.get(name)
+        if r is None and folded is not None:
+            started = starts[name]
+            if key in folded:
                 r = rows[key] = _unfold(folded, key)  # another attempt: a row again
-            else:
+            elif key in started:
+                first = started.pop(key)
+                if e.kind == "task_finished" and _fold_plain(folded, first, e):
+                    continue
                 r = rows[key] = Row(name, key)
+                _apply(r, first)
+            elif e.kind == "task_started":
+                started[key] = e  # the common case: folded when it finishes
+                continue
+        if r is None:
+            r = rows[key] = Row(name, key)
         _apply(r, e)
-        if e.kind == "task_finished" and name in folds and _foldable(r):
-            _fold(folds[name], r)
+        if folded is not None and e.kind == "task_finished" and _foldable(r):
+            _fold(folded, r)
             del rows[key]
+    for name, started in starts.items():  # never finished: rows
+        for key, first in started.items():
+            r = inst[name][key] = Row(name, key)
+            _apply(r, first)
     return sessions
+
+
+def _fold_plain(folded: Folded, start: Event, end: Event) -> bool:
+    """Fold an instance from its start and finish events when that one attempt
+    is plain (what :func:`_apply` then :func:`_foldable` would find, without
+    making its row: the common case of a wide fan-out); False: not plain."""
+    f = end.fields
+    if (
+        f["status"] != "passed"
+        or f.get("retry") is True
+        or f.get("exit_code")
+        or f.get("note")
+        or f.get("cache_miss")
+        or end.session != start.session
+        or f.get("attempt") not in (None, start.fields["attempt"])
+        or "log" in f
+        or "stderr_tail" in f
+    ):
+        return False
+    duration = f.get("duration")
+    wall = None if duration is None else float(duration)
+    folded.add(
+        f["key"], start.session, start.time, end.time, wall, f.get("output_bytes"),
+        f.get("files_bytes"), f.get("cached", False), unit_usage(f, wall),
+    )  # fmt: skip
+    return True
 
 
 def _foldable(r: Row) -> bool:
@@ -865,4 +908,6 @@ def render_freed(state: Path, out: IO[str]) -> None:
     out.write(f"\nTEMPORARY FILES FREED ({total} bytes)\n")
     for task in sorted(freed, key=lambda k: k.encode()):
         doc = freed[task]
-        out.write(f"  {escape(task)}: {int(doc.get('files', 0))} files, {int(doc.get('bytes', 0))} bytes\n")
+        out.write(
+            f"  {escape(task)}: {int(doc.get('files', 0))} files, {int(doc.get('bytes', 0))} bytes\n"
+        )
