@@ -26,8 +26,8 @@ OUTPUTS_FORMAT = "crucible.outputs/1"
 def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> dict[str, Any]:
     """The outputs object of the run in ``state`` (see module doc): each declared
     result read or computed by :class:`crucible.run.session._computed.Results`."""
-    # lazy: only build_outputs() needs it (start-up)
-    from crucible import stage
+    # lazy: run.session._computed (and stage) are not loaded with this module;
+    # only build_outputs() needs them
     from crucible.run.session._computed import Absent, Results
 
     declared: Mapping[str, Any] = plan["workflow"].get("outputs", {})
@@ -38,7 +38,7 @@ def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str
         "@from": dict(declared),
         "@absent": {},
     }
-    results = Results(plan, state, stage)
+    results = Results(plan, state)
     for name, form in declared.items():
         try:
             doc[name] = results.value(form)
