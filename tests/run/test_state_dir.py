@@ -6,6 +6,7 @@ never filled by a run."""
 
 from __future__ import annotations
 
+import ast
 import io
 import os
 import sys
@@ -157,3 +158,29 @@ def test_crucible_stage_builds_the_plan_view_once_per_command(
     assert run_prompt(PromptOptions(target), out, io.StringIO()) == 0
     assert out.getvalue().startswith(b"Count.") and len(_calls(views)) == 2
     assert stage_plan._cache is None
+
+
+def test_no_part_of_run_takes_the_stage_package_as_a_value() -> None:
+    """run/ reaches stage through the typed StateDir (or stage's typed functions),
+    never a ``stage`` parameter typed Any (or untyped) or a ``stage`` attribute
+    holding the package, which mypy cannot check (issue 31 item 4). (A proof
+    workflow's stage, a name, is typed ``str``.)"""
+    tools = Path(__file__).resolve().parents[2] / "tools" / "run"
+    found = []
+    for path in sorted(tools.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                found += [
+                    f"{path.name}:{node.lineno}"
+                    for a in args
+                    if a.arg == "stage"
+                    and (a.annotation is None or ast.unparse(a.annotation) == "Any")
+                ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "stage"
+                and isinstance(node.ctx, ast.Store)
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []
