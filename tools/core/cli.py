@@ -199,7 +199,6 @@ def _restore_sigint() -> None:
 
 
 def _guard_teardown() -> None:
-
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, crucible._interrupted_early)

@@ -507,7 +507,6 @@ class _Copy:
     __slots__ = ("copied", "cv", "entry", "failed", "fd", "size", "target")
 
     def __init__(self, fd: int, target: Path, entry: dict[str, object]) -> None:
-
         self.fd = fd
         self.target = target
         self.entry = entry

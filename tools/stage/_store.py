@@ -175,7 +175,6 @@ def _read_from(fd: int, offset: int, size: int) -> bytes:
 
 
 def _parse_line(line: bytes) -> Any:
-
     return orjson.loads(line)
 
 

@@ -207,7 +207,6 @@ def run_inputs(
 
 
 def _exit_code(value: int) -> int:
-
     if not EXIT_CODE_MIN <= value <= EXIT_CODE_MAX:
         raise UsageError(
             f"must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, not {value}",

@@ -373,5 +373,4 @@ class State:
 
 
 def _digest_of(data: bytes) -> str:
-
     return digest.of_bytes(data)

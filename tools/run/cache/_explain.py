@@ -37,7 +37,6 @@ def _ancestors(tasks: Mapping[str, Mapping[str, Any]], name: str) -> list[str]:
 
 
 def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
-
     shadow = root / "state"
     shadow.mkdir()
     for part in ("results", "files", "reserved", "instances"):

@@ -201,7 +201,6 @@ def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
 
 
 def _describe(source: Any) -> str:
-
     return describe_source(source)
 
 

@@ -315,7 +315,6 @@ def _item_keys(
 
 
 def _plan_value(state: Path) -> Any:
-
     # lazy: stage is not loaded with this module; only _plan_value() needs it
     from crucible.stage import StateLayout
 

@@ -167,7 +167,6 @@ def emit_cap_from(options: RunOptions, environ: Mapping[str, str]) -> int:
 
 
 def _load(path: Path) -> tuple[dict[str, Any], bytes, str, tuple[str, ...]]:
-
     if str(path) != "-" and not path.exists():
         raise UsageError("no such plan or manifest", where=str(path))
     compiled = load_any(path)
