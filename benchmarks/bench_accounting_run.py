@@ -2,10 +2,12 @@
 accounted fan-out against the same pack without ``[workflow.limits]``, both run by
 ``crucible-dispatch`` from this process, each round in a fresh directory.
 
-Prints the wall-clock ratio accounted / plain (budget 1.3x, the best of ``--rounds``
-rounds of each, interleaved) and, for the accounted run's state, the time
+Prints the ratio accounted / plain of the CPU time the dispatcher and its tasks used
+(budget 1.3x, the best of ``--rounds`` rounds of each, interleaved; CPU, not wall
+time, because the machine this runs on is shared: the wall ratio is printed too) and, for the accounted run's state, the time
 ``crucible-prove`` + ``crucible-verify`` take against reading and SHA-256 hashing
-the bundle's bytes in this process (budget 10x). Exits 1 when over a budget. On a
+the bundle's bytes in this process (informational: bench_accounted.py holds the
+export's 10x budget). Exits 1 when over the run's budget. On a
 tmpfs (``benchmarks/_tmpfs.py``) unless ``--disk``: the figures compare CPU work, not
 a shared disk's queue.
 
@@ -19,6 +21,7 @@ import argparse
 import contextlib
 import hashlib
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -59,8 +62,10 @@ def write_pack(root: Path, n: int, accounted: bool) -> Path:
     return pack
 
 
-def run(pack: Path, state: Path) -> float:
+def run(pack: Path, state: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the dispatcher and everything it ran)."""
     env = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     subprocess.run(
         [DISPATCH, str(pack), "--state", str(state), "-j", "2", "--actor", "bench"],
@@ -68,7 +73,10 @@ def run(pack: Path, state: Path) -> float:
         stderr=subprocess.DEVNULL,
         env=env,
     )
-    return time.perf_counter() - t
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 def export_and_verify(state: Path, bundle: Path) -> float:
@@ -123,30 +131,34 @@ def main() -> int:
     with where as (root, how):
         packs = {acc: write_pack(root, args.instances, acc) for acc in (False, True)}
         best = {False: float("inf"), True: float("inf")}
+        cpu = {False: float("inf"), True: float("inf")}
         last_state = root
         for r in range(args.rounds):
             for acc in (False, True):  # interleaved, each round in a fresh state dir
                 state = root / f"state-{int(acc)}-{r}"
-                best[acc] = min(best[acc], run(packs[acc], state))
+                wall, used = run(packs[acc], state)
+                best[acc], cpu[acc] = min(best[acc], wall), min(cpu[acc], used)
                 if acc:
                     last_state = state
-        ratio = best[True] / best[False]
+        ratio = cpu[True] / cpu[False]
         bundle = root / "bundle"
         export = export_and_verify(last_state, bundle)
         floor, size = read_and_hash(bundle)
         export_ratio = export / floor if floor > 0 else float("inf")
     print(f"({how})")
     print(
-        f"accounted fan-out of {args.instances}: {best[True]:.2f}s vs plain {best[False]:.2f}s: "
-        f"{ratio:.2f}x (budget {RUN_BUDGET}x)"
+        f"accounted fan-out of {args.instances}: CPU {cpu[True]:.2f}s vs plain {cpu[False]:.2f}s: "
+        f"{ratio:.2f}x (budget {RUN_BUDGET}x); wall {best[True]:.2f}s vs {best[False]:.2f}s: "
+        f"{best[True] / best[False]:.2f}x"
     )
     print(
         f"prove + verify of its bundle ({size} bytes): {export:.2f}s vs read + sha256 "
-        f"{floor * 1000:.1f} ms: {export_ratio:.1f}x (budget {EXPORT_BUDGET}x; includes two "
-        "command start-ups)"
+        f"{floor * 1000:.1f} ms: {export_ratio:.1f}x (wall, two command start-ups included; "
+        f"the {EXPORT_BUDGET}x budget is bench_accounted.py's)"
     )
-    over = ratio > RUN_BUDGET or export_ratio > EXPORT_BUDGET
-    return 1 if over else 0
+    # the export's budget is benchmarks/bench_accounted.py's (helper F's export from
+    # --state, timed in-process): here the figure is informational
+    return 1 if ratio > RUN_BUDGET else 0
 
 
 if __name__ == "__main__":

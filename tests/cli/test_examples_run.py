@@ -89,7 +89,7 @@ def check_org_people_descriptive(state: Path) -> None:
     assert report["org"]["status"] == "passed"
     assert report["people"]["status"] == "failed"
     assert report["people"]["instance_status"] == {"passed": 3, "failed": 1}
-    # by 637 bytes with a four-letter login name: the actor is part of every candidate
+    # by 552 bytes with a four-letter login name: the actor is part of every candidate
     assert re.search(r"refused: would exceed max_bytes by \d+", result(state, "people")["note"])
 
 

@@ -269,8 +269,8 @@ def test_org_people_short_ids_fit_descriptive_ids_are_refused(tmp_path: Path) ->
     short = tmp_path / "short"
     assert dispatch(pack, short).returncode == 0
     size, files = export(short, tmp_path / "short.bundle")
-    # the pack's header: 15,499 bytes with a four-letter actor (root); ours is "tester"
-    assert (size, files) == (15499 + len("tester") - len("root"), 46)
+    # the pack's header: 14,932 bytes with a four-letter actor (root); ours is "tester"
+    assert (size, files) == (14932 + len("tester") - len("root"), 46)
     reads(tmp_path / "short.bundle", "complete")
     long = tmp_path / "long"
     proc = dispatch(pack, long, "-p", "ids=descriptive")
@@ -279,15 +279,15 @@ def test_org_people_short_ids_fit_descriptive_ids_are_refused(tmp_path: Path) ->
     export(long, bundle)
     reads(bundle, "partial")
     # the selection reserved the ids the run actually proposed, and the same research
-    # under them crosses max_bytes: the fourth output is refused (by 637 bytes)
+    # under them crosses max_bytes: the fourth output is refused (by 552 bytes)
     sel = [e for e in epochs(bundle) if e["kind"] == "selection"]
     ids = sel[0]["childIds"]
     assert len(ids) == 4 and all(i.startswith("people.org-000") for i in ids)
     assert [instance(bundle, i)["state"] for i in ids] == ["completed"] * 3 + ["failed"]
     assert instance(bundle, ids[3])["failure"] == "limit-exceeded"
     note = canon.loads((long / "results" / "people.json").read_bytes())["note"]
-    # 637 with a four-letter actor (the pack's header); the actor is in every candidate
-    assert f"refused: would exceed max_bytes by {637 + len('tester') - len('root')}" in note
+    # 552 with a four-letter actor (the pack's header); the actor is in every candidate
+    assert f"refused: would exceed max_bytes by {552 + len('tester') - len('root')}" in note
 
 
 def test_refused_selection_keeps_its_prospective_ids(tmp_path: Path) -> None:
@@ -403,17 +403,25 @@ def _calm_bundle(tmp_path: Path) -> Path:
 
 
 def test_forged_refusal_when_the_candidate_fits_is_refused(tmp_path: Path) -> None:
-    """RFC 0024: b's candidate fit; a fails first and is retried later, so a's later
-    bytes would make the bundle's final size look like b could not have fit. Forging
-    b's refusal into the exported bundle is still refused by the reader."""
+    """RFC 0024: b's candidate fit; a fails first and is retried later, and the run
+    ends at exactly max_bytes, so b's outputs plus a's later bytes fill the bound.
+    Forging b's refusal into the exported bundle is refused by the reader, which
+    measures b's candidate at b's own prefix, not against a's later bytes."""
     specs = [{"id": "a", "size": 400, "fail_first": True}, {"id": "b", "size": 400}]
-    case = Case(tmp_path / "c", ROOMY)
-    state = case.state()
-    assert dispatch(case.pack, state, "-p", items(*specs)).returncode == 1
-    again = dispatch(case.pack, state, "--resume", "--retry-failed", "-p", items(*specs))
-    assert again.returncode == 0, again.stderr
+
+    def run(case: Case) -> Path:
+        state = case.state()
+        assert dispatch(case.pack, state, "-p", items(*specs)).returncode == 1
+        again = dispatch(case.pack, state, "--resume", "--retry-failed", "-p", items(*specs))
+        assert again.returncode == 0, again.stderr
+        return state
+
+    measuring = run(Case(tmp_path / "m", ROOMY))
+    t, _ = export(measuring, tmp_path / "m.bundle")
+    assert 10000 <= t < ROOMY
+    state = run(Case(tmp_path / "c", t))  # admitted at exactly max_bytes
     bundle = tmp_path / "fits.bundle"
-    export(state, bundle)
+    assert export(state, bundle)[0] == t
     reads(bundle, "complete")
     # edit the exported bundle: mark b failed/limit-exceeded and drop its outputs
     ex = canon.loads((bundle / "execution.json").read_bytes())
@@ -429,8 +437,11 @@ def test_forged_refusal_when_the_candidate_fits_is_refused(tmp_path: Path) -> No
     shutil.rmtree(bundle / "outputs" / "people" / "people.b")
     code, report, err = verify(bundle)
     assert code == 1 and report["verdict"] == "finding", report
-    assert report["problem"]["code"] == "output-mismatch" and report["problem"]["phase"] == 4
-    assert "finding: output-mismatch (phase 4" in err
+    problem = report["problem"]
+    assert (problem["code"], problem["phase"]) == ("output-mismatch", 4)
+    # at b's observation: the second result of the group that started a and b
+    assert (problem["epoch"], problem["observation"]) == (4, 2)
+    assert "finding: output-mismatch (phase 4, epoch 4, observation 2" in err
 
 
 def test_tampered_output_file_is_refused(tmp_path: Path) -> None:

@@ -177,6 +177,16 @@ def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> No
     proc = dispatch(write_pack(probe_dir(at), max_bytes=exact), at / "st")
     assert proc.returncode == 0, proc.stderr
     assert usage(at / "st")["used"]["bytes"] == exact
+    # admitted at exactly max_bytes, the export of the state dir still verifies complete
+    exported = subprocess.run(
+        [PROVE, "--state", str(at / "st"), "--out", str(at / "bundle")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert exported.returncode == 0, exported.stderr
+    read = verify(at / "bundle")
+    assert read.returncode == 0 and read.stdout.startswith("reading: complete"), read.stdout
 
     over = tmp_path / "over"
     proc = dispatch(write_pack(probe_dir(over), max_bytes=exact - 1), over / "st")
@@ -203,6 +213,14 @@ def test_admitted_at_exactly_max_bytes_refused_at_one_more(tmp_path: Path) -> No
         f"accounting: bytes {used['bytes']} of {exact - 1}, files {used['files']} of 1048576, "
         "instances 4 of 64, records 5 of 65536"
     ) in summary
+    rows = subprocess.run(
+        [DISPATCH, "report", str(over / "st"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert json.loads(rows[-1]) == {"accounting": usage(over / "st")}
+    (over / "report-row.stdout.json").write_text(rows[-1])  # the schema walker checks it
     last = ops(over / "st")[-1]
     assert last["instance"] == "people.2" and last["state"] == "evaluated"
     bundle = tmp_path / "bundle"
@@ -372,3 +390,32 @@ def test_the_operation_log_matches_its_schema(tmp_path: Path) -> None:
     assert dispatch(write_pack(tmp_path), state, ACC_FAIL="acme").returncode == 1
     for op in ops(state):
         jsonschema.validate(op, schema)
+
+
+def test_cache_is_refused_for_an_accounted_plan(tmp_path: Path) -> None:
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    proc = dispatch(pack, state, "--cache", str(tmp_path / "cache"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "accounted plan" in proc.stderr
+    # refused before the run claimed the state dir (its lock, as for any such refusal)
+    assert not state.exists() or [p.name for p in state.iterdir()] == ["lock"]
+
+
+def test_a_session_that_ended_before_its_group_begins_it_on_resume(tmp_path: Path) -> None:
+    """Reserved children never begun (the log ends at the selection, as after a crash
+    between the two lines): the resume begins their group, not retries."""
+    pack, state = write_pack(tmp_path), tmp_path / "st"
+    assert dispatch(pack, state).returncode == 0
+    lines = (state / "operations.ndjson").read_bytes().splitlines(keepends=True)
+    kinds = [json.loads(line)["op"] for line in lines]
+    cut = kinds.index("select") + 1
+    (state / "operations.ndjson").write_bytes(b"".join(lines[:cut]))
+    (state / "results" / "people.jsonl").unlink()
+    (state / "results" / "people.json").unlink(missing_ok=True)
+    resumed = dispatch(pack, state, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    after = [o["op"] for o in ops(state)]
+    assert after[cut:] == ["group", "observe", "observe", "observe"]
+    bundle = tmp_path / "bundle"
+    assert prove(state, bundle).returncode == 0
+    assert verify(bundle).returncode == 0

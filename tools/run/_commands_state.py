@@ -99,6 +99,11 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
             from crucible.run.report import _loop_view as loop_view
 
             out.write(ndjson.dumps_line({"loop": loop_view.to_json(rows.loop)}))
+        if task is None:
+            from crucible.run.report._accounting import accounting_line  # accounted runs only
+
+            if (line := accounting_line(state)) is not None:
+                out.write(ndjson.dumps_line(line))
         return EXIT_OK
     import io
 

@@ -103,7 +103,8 @@ def test_ended_run_exports_complete_without_a_finish_line(tmp_path: Path) -> Non
     _without_finish(state)
     _session(state, {"event": "run_finished", "session": 1}, SHUTDOWN)
     log = (state / "operations.ndjson").read_bytes()
-    result = export(ExportOptions(state, tmp_path / "bundle", durable=False))
+    # every candidate materialized in full and compared, the virtual finish's too
+    result = export(ExportOptions(state, tmp_path / "bundle", check_candidates=True))
     assert result.partial is None
     # the same bundle the recorded log with its finish line gives
     assert read_tree(tmp_path / "bundle") == read_tree(VECTORS / "complete" / "bundle")
@@ -379,3 +380,26 @@ def test_a_torn_last_line_is_left_out_of_the_export(tmp_path: Path) -> None:
         tmp_path / "direct",
     )
     assert direct.returncode == 2 and f"operations.ndjson:{len(lines) - 1}:" in direct.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "outside-link"])
+def test_a_flat_artifact_that_is_no_regular_file_inside_is_refused(
+    kind: str, tmp_path: Path
+) -> None:
+    """The flat names of the state's artifacts take the lstat path of read_artifact:
+    a FIFO is never opened (no hang), a directory or a link out is refused."""
+    state = state_of("complete", tmp_path)
+    case = state / "proof" / "artifacts" / "root-case.json"
+    case.unlink()
+    if kind == "fifo":
+        os.mkfifo(case)
+    elif kind == "directory":
+        case.mkdir()
+    else:
+        (tmp_path / "outside.json").write_bytes(b'{"q":1}')
+        case.symlink_to(tmp_path / "outside.json")
+    proc = cli(PROVE, "--state", state, "--out", tmp_path / "bundle")
+    assert proc.returncode == 1, proc.stderr
+    says = "escapes the artifacts directory" if kind == "outside-link" else "not a regular file"
+    assert says in one_line(proc.stderr)
+    no_leftovers(tmp_path, "bundle")

@@ -58,11 +58,19 @@ def cannot_write(out: Path, rel: str, exc: OSError) -> OperationalError:
     )
 
 
-def write_staged(staging: Path, out: Path, rel: str, data: bytes) -> None:
-    """Write ``rel`` of the bundle ``out`` into its staging directory."""
+def write_staged(
+    staging: Path, out: Path, rel: str, data: bytes, made: set[str] | None = None
+) -> None:
+    """Write ``rel`` of the bundle ``out`` into its staging directory. ``made``: the
+    directories (relative) a caller already created, so a bundle of many files does
+    not ask the kernel again for every one."""
     target = staging / rel
+    parent = rel.rpartition("/")[0]
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        if made is None or parent not in made:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if made is not None:
+                made.add(parent)
         with open(target, "wb") as f:
             f.write(data)
     except OSError as exc:
@@ -77,10 +85,12 @@ class FileSink:
         self.out = out
         #: path -> bytes of every committed file, kept only in cross-check mode
         self.kept: dict[str, bytes] | None = {} if keep else None
+        #: directories already created below the staging directory
+        self._made: set[str] = set()
 
     def write(self, files: dict[str, bytes]) -> None:
         for rel, data in files.items():
-            write_staged(self.root, self.out, rel, data)
+            write_staged(self.root, self.out, rel, data, self._made)
             if self.kept is not None:
                 self.kept[rel] = data
 

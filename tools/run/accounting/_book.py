@@ -119,6 +119,10 @@ def workflow_document(plan: dict[str, Any]) -> bytes:
 
 
 class Accounting:
+    """One session's accounting: the writer's engine (replayed from the log on a
+    resume), the operation log it appends, and what the dispatcher waits on (held
+    observations, units waiting for their retry epoch)."""
+
     def __init__(
         self,
         plan: dict[str, Any],
@@ -285,6 +289,14 @@ class Accounting:
             self.log_sync()
             return self._selection_note(decision, reserved_before, len(ids))
         reservation = decision.epoch
+        if any(not st.instances[i].attempts for i in st.reservations.get(reservation, [])):
+            self._begin_group(reservation)
+        self.log_sync()
+        return None
+
+    def _begin_group(self, reservation: int) -> bool:
+        """A group starting every eligible slot of ``reservation`` at once."""
+        st = self.engine.branch_state
         eligible = [
             i
             for i in st.reservations.get(reservation, [])
@@ -294,8 +306,8 @@ class Accounting:
             self._apply(
                 {"op": "group", "reservation": reservation, "starts": eligible, "cancelled": []}
             )
-        self.log_sync()
-        return None
+            self.log_sync()
+        return True
 
     def _selection_note(self, d: Decision, reserved: int, n: int) -> str:
         lim = self.wf.limits
@@ -332,6 +344,8 @@ class Accounting:
         if o is not None or self.held:
             self.waiting.append(unit)
             return False
+        if not inst.attempts:  # reserved, never begun (a session ended before its group)
+            return self._begin_group(inst.reservation)
         return self._retry(inst.id)
 
     def _unobserved(self) -> set[tuple[str, int]]:
@@ -356,10 +370,9 @@ class Accounting:
         return True
 
     def _release_waiting(self) -> None:
-        while self.waiting and self.engine.open is None and not self.held:
-            unit = self.waiting.popleft()
-            self.requeue(unit)  # may_start begins its retry epoch when it is taken
-            return
+        if self.waiting and self.engine.open is None and not self.held:
+            # one at a time: may_start begins its epoch when the unit is taken
+            self.requeue(self.waiting.popleft())
 
     # -- observations ----------------------------------------------------------------
     def observed(
@@ -369,6 +382,8 @@ class Accounting:
         exit_code: int | None,
         reason: str,
         settle: Settle,
+        *,
+        output: Any = None,
     ) -> None:
         """An attempt settled: ``kind`` is ``evaluated`` (passed capture), ``failed``
         (exit, timeout, capture) or ``acquisition`` (never started). ``settle`` is
@@ -385,7 +400,7 @@ class Accounting:
             return
         n = inst.attempts[-1].number
         self._fresh = {}
-        obj = self._observation(unit, inst.id, n, kind, exit_code, reason)
+        obj = self._observation(unit, inst.id, n, kind, exit_code, reason, output)
         self.held[(inst.id, n)] = (obj, unit, settle, self._fresh)
         self._drain()
 
@@ -397,6 +412,7 @@ class Accounting:
         kind: str,
         exit_code: int | None,
         reason: str,
+        output: Any,
     ) -> dict[str, Any]:
         if kind == "acquisition":
             return self._observe(iid, n, "failed", "acquisition-failed", {})
@@ -405,7 +421,8 @@ class Accounting:
             "preparation": forms.preparation_file(unit.name),
         }
         if kind == "evaluated":
-            files["audit"] = forms.audit_file(self._output(unit))
+            # the worker's reply carries the captured result; else it is read back
+            files["audit"] = forms.audit_file(self._output(unit) if output is None else output)
             return self._observe(iid, n, "evaluated", None, self._write(files))
         files["evaluationError"] = forms.evaluation_error_file(exit_code, reason)
         return self._observe(iid, n, "failed", "evaluation-error", self._write(files))

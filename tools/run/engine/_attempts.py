@@ -270,7 +270,8 @@ class Attempts:
         if status != PASSED and finished.code == 0 and reason == "exit":
             reason = "capture"
         kind = "evaluated" if status == PASSED else "failed"
-        self.accounting.observed(unit, kind, finished.code, reason, settle)
+        output = None if record is None else record.get("output")
+        self.accounting.observed(unit, kind, finished.code, reason, settle, output=output)
 
     def _refused(self, unit: Unit, note: str) -> str:
         """An accounted unit whose output the proof refused: its record fails."""

@@ -1146,6 +1146,9 @@ class UnitRunner:
             summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record.get("files", []))
         if not self.durable_records:  # the dispatcher fsyncs these in its group commit
             summary["wrote"] = list(wrote)
+        if "limits" in self.plan["workflow"] and record.get("status") == PASSED:
+            # an accounted run's audit (docs/spec/export.md §4), without a read back
+            summary["output"] = record.get("output", {})
         return summary
 
     def _miss_reason(self, name: str, key: str | None, cache_key: Any) -> str:

@@ -12,7 +12,7 @@ from crucible.core import canon
 from crucible.core.errors import CrucibleError
 from crucible.run.report._state import read_regular
 
-__all__ = ["refused_label", "render_accounting"]
+__all__ = ["accounting_line", "refused_label", "render_accounting"]
 
 _BOUND = re.compile(r"\Arefused: (?:would exceed |a (?:case|record) would exceed )?(max_[a-z_]+)")
 
@@ -35,6 +35,12 @@ def _usage(state: Path) -> dict[str, Any] | None:
     except CrucibleError:
         return None
     return value if isinstance(value, dict) and value.get("usageVersion") == 1 else None
+
+
+def accounting_line(state: Path) -> dict[str, Any] | None:
+    """``report --json``'s last line of an accounted run: ``{"accounting": usage}``."""
+    usage = _usage(state)
+    return None if usage is None else {"accounting": usage}
 
 
 def render_accounting(state: Path, out: IO[str]) -> None:

@@ -117,6 +117,11 @@ def _prepare(admission: Admission, options: RunOptions) -> StateDir:
         problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
         if problem is not None:
             raise UsageError(problem)
+    if options.cache is not None and "limits" in admission.plan["workflow"]:
+        raise UsageError(
+            "--cache does not go with an accounted plan ([workflow.limits]): a cache hit "
+            "is an attempt that never ran (docs/spec/export.md §2)"
+        )
     return state_dir
 
 
