@@ -419,3 +419,67 @@ def test_a_session_that_ended_before_its_group_begins_it_on_resume(tmp_path: Pat
     bundle = tmp_path / "bundle"
     assert prove(state, bundle).returncode == 0
     assert verify(bundle).returncode == 0
+
+
+def test_two_consumers_are_reserved_by_one_selection(tmp_path: Path) -> None:
+    """Both tasks mapping over the root are the root stage's direct consumers: one
+    selection reserves every child of both, in workflow order (RFC 0024 §3)."""
+    text = PACK.replace("ORGS", ORGS).replace("MAX_BYTES", "99999").replace("MAX_INSTANCES", "64")
+    text += """
+[[workflow.task]]
+name = "sites"
+needs = ["org"]
+map = "org.orgs"
+key = "name"
+run = '''printf '{"site": 1}' > "$CRUCIBLE_OUTPUT"'''
+"""
+    pack, state = tmp_path / "pack.toml", tmp_path / "st"
+    pack.write_text(text)
+    proc = dispatch(pack, state)
+    assert proc.returncode == 0, proc.stderr
+    (select,) = [o for o in ops(state) if o["op"] == "select"]
+    assert select["childIds"] == [
+        "people.0",
+        "people.1",
+        "people.2",
+        "sites.acme",
+        "sites.globex",
+        "sites.initech",
+    ]
+    groups = [o for o in ops(state) if o["op"] == "group"]
+    assert len(groups) == 2 and len(groups[1]["starts"]) == 6
+    bundle = tmp_path / "bundle"
+    assert prove(state, bundle).returncode == 0
+    assert verify(bundle).returncode == 0
+
+
+def test_a_refused_root_output_is_never_staged_downstream(tmp_path: Path) -> None:
+    probe = probe_dir(tmp_path / "probe")
+    dispatch(write_pack(probe, max_bytes=9999), probe / "st")
+    st = probe / "st"
+    result = prove_lib(
+        ProveOptions(
+            st / "workflow.json",
+            st / "operations.ndjson",
+            st / "proof" / "artifacts",
+            probe / "bundle",
+            durable=False,
+        )
+    )
+    root = next(d for d in result.decisions if d.kind == "observation")
+    assert root.outcome == "accepted" and root.acceptance is not None
+    limit = root.acceptance[0] - 1
+    assert 1000 <= limit <= 9999  # the same number of digits as the probe's bound
+    run = probe_dir(tmp_path / "run")
+    proc = dispatch(write_pack(run, max_bytes=limit), run / "st")
+    assert proc.returncode == 1
+    org = json.loads((run / "st" / "results" / "org.json").read_text())
+    assert org["status"] == "failed"
+    assert org["note"] == "refused: would exceed max_bytes by 1"
+    people = json.loads((run / "st" / "results" / "people.json").read_text())
+    assert people["status"] == "skipped"
+    assert [o["op"] for o in ops(run / "st")] == ["root", "group", "observe"]
+    assert not (run / "st" / "work" / "people").exists()
+    bundle = tmp_path / "bundle"
+    assert prove(run / "st", bundle).returncode == 0
+    assert verify(bundle).returncode == 0

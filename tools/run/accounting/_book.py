@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic, canon, digest, fdio
-from crucible.core.errors import Location, OperationalError
+from crucible.core.errors import CrucibleError, Location, OperationalError
 from crucible.proof import layout
 from crucible.proof.writer._engine import Decision, Engine, EngineSettings, Forbidden, Unrecordable
 from crucible.proof.writer._model import Workflow, parse_workflow
@@ -235,7 +235,9 @@ class Accounting:
         return self.root if key is None else forms.child_id(name, key)
 
     # -- selections ------------------------------------------------------------------
-    def reserve(self, task: str, keys: list[str]) -> str | None:
+    def reserve(
+        self, task: str, keys: list[str], *, keys_of: Callable[[str], list[str]]
+    ) -> str | None:
         """The selection of ``task``'s producer (once for all its consumers) and the
         group starting its children; the refusal note, or None when admitted."""
         stage = self.wf.stage(task)
@@ -248,22 +250,23 @@ class Accounting:
             note = None if st.consumed(producer) else "refused: the selection was refused earlier"
             self.selections[producer] = note
             return note
-        note = self._select(producer, task, keys)
+        note = self._select(producer, task, keys, keys_of)
         self.selections[producer] = note
         if note is not None:
             self.refusals.append({"task": producer, "key": None, "note": note})
         return note
 
-    def _select(self, producer: str, task: str, keys: list[str]) -> str | None:
+    def _select(
+        self, producer: str, task: str, keys: list[str], keys_of: Callable[[str], list[str]]
+    ) -> str | None:
         st = self.engine.branch_state
         offered = st.set_records(producer)
         ids: list[str] = []
         for consumer in self.wf.consumers(producer):
-            ks = (
-                keys
-                if consumer.name == task
-                else [k for k, _ in self.state_dir.map_items(consumer.name)]
-            )
+            try:
+                ks = keys if consumer.name == task else keys_of(consumer.name)
+            except CrucibleError as exc:  # another consumer's keys cannot be had
+                return f"accounted: cannot reserve the children of {consumer.name}: {exc}"
             if len(ks) != len(offered):
                 return (
                     f"accounted: {consumer.name} has {len(ks)} instances but {producer} "

@@ -139,6 +139,13 @@ class Readiness:
         self.schedule.count_settled(status)
         self.schedule.settle(name, status)
 
+    def _keys_of(self, name: str) -> list[str]:
+        """A mapped task's instance keys, as its own expansion finds them (an
+        accounted selection reserves every consumer's children at once)."""
+        if self.fanouts.listed(name):
+            return self.fanouts.keys(name)
+        return [key for key, _ in self.state_dir.map_items(name)]
+
     def _expand(self, name: str) -> None:
         conditional = "when" in self.graph.tasks[name]
         item_of: dict[str, Any] = {}
@@ -165,7 +172,11 @@ class Readiness:
             self.settle_unrun(name, FAILED, note)
             return
         # an accounted run: the selection reserving these instances (export.md §5)
-        refusal = None if self.accounting is None else self.accounting.reserve(name, keys)
+        refusal = (
+            None
+            if self.accounting is None
+            else self.accounting.reserve(name, keys, keys_of=self._keys_of)
+        )
         if not keys:
             self.fold(name, keys)
             return
