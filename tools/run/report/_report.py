@@ -288,7 +288,7 @@ def _item_keys(
     the log names."""
     keys: list[str] | None = None
     if record is not None and "keys" in record:
-        keys = list(record["keys"])
+        keys = record["keys"]  # the caller does not change it
     elif source is None:  # a listed fan-out (count, list) or a matrix: the plan says
         from crucible import stage
 
@@ -310,8 +310,13 @@ def _item_keys(
             keys = None  # the source failed or holds no array/object: the log's keys
     if keys is None:
         return seen
-    known = set(keys)
-    return keys + [k for k in seen if k not in known]
+    if not seen:
+        return keys
+    unknown = set(seen)  # the few keys seen, not a set of every key
+    for k in keys:
+        unknown.discard(k)
+    extra = [k for k in seen if k in unknown]
+    return keys + extra if extra else keys
 
 
 def _plan_value(state: Path) -> Any:
@@ -617,7 +622,13 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
         )
     top = {name: Row(name, None, mapped=mapped) for name, mapped, _ in tasks}
     inst: dict[str, dict[str, Row]] = {name: {} for name, mapped, _ in tasks if mapped}
-    records = {n: load_record(state, n, None) for n in names if task is None or n == task}
+    # a mapped task's record now (its size decides a fold); another's when its
+    # row is settled (a map source's record holds every item: not kept)
+    records = {
+        n: load_record(state, n, None)
+        for n, mapped, _ in tasks
+        if mapped and (task is None or n == task)
+    }
     folds: dict[str, Folded] = {}
     if task is None and fold_above is not None:
         for name, mapped, source in tasks:
@@ -635,7 +646,7 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
             continue
         agg = top[name]
         _close_open_tries(agg, by_number)
-        record = records.get(name)
+        record = records.pop(name) if mapped else load_record(state, name, None)
         _settle(agg, record)
         rows.append(agg)
         if mapped:
