@@ -29,6 +29,7 @@ from crucible.compile import (
     KeyProblem,
     SequenceProblem,
     check_sequence_param_values,
+    describe_source,
     keyed_items,
     sequence_values,
 )
@@ -132,6 +133,7 @@ def _source_value(
 def _producer_value(source: str, state: Path, what: str, task: Task) -> Any:
     """An unmapped producer's field (at the reference's path, edition 4), or a
     mapped producer's fold (crucible.run.engine._folds)."""
+    # lazy: stage is not loaded with this module; only _producer_value() needs it
     from crucible import stage
 
     ref = parse_ref(source, task.needs)
@@ -200,8 +202,6 @@ def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
 
 
 def _describe(source: Any) -> str:
-    from crucible.compile import describe_source
-
     return describe_source(source)
 
 
@@ -229,6 +229,7 @@ def combinations(
     """The matrix's combinations (module doc), in order, matched in linear time
     (crucible.compile._matrix_rules). Raises :class:`FanoutFailed` above
     :data:`MAX_INSTANCES`."""
+    # lazy: compile._matrix_rules is not loaded with this module; only combinations() needs it
     from crucible.compile import TooManyCombinations, matrix_combinations
 
     try:
@@ -278,6 +279,7 @@ def preview(item: Any) -> str:
 
 
 def write_instances(state: Path, task: str, pairs: Sequence[tuple[str, Any]]) -> None:
+    # lazy: stage is not loaded with this module; only write_instances() needs it
     from crucible.stage import instances_path
 
     path = instances_path(state, task)
