@@ -145,7 +145,7 @@ class Keyer:
             components.update(self._inputs_v1(pv, t, key))
         if ancestors:
             components.update(
-                ancestor_files(self.plan, name, self.state, escape_key, self._files_memo, ancestors)
+                ancestor_files(self.state, escape_key, ancestors, self._files_memo)
             )
         if t.raw.get("reads"):
             components["reads"] = self.reads.component(t.raw["reads"])

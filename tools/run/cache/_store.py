@@ -195,21 +195,6 @@ def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
     _write_new(tmp, path, data, 0o644)
 
 
-_TASKS_MEMO: dict[int, tuple[Any, dict[str, Any]]] = {}
-
-
-def _tasks_of(plan: Mapping[str, Any]) -> dict[str, Any]:
-    """name -> task, built once per plan object (a unit's key is computed per
-    unit: rebuilding it each time is quadratic in the task count)."""
-    tasks_list = plan["tasks"]
-    memo = _TASKS_MEMO.get(id(plan))
-    if memo is None or memo[0] is not tasks_list:
-        memo = (tasks_list, {t["name"]: t for t in tasks_list})
-        _TASKS_MEMO.clear()
-        _TASKS_MEMO[id(plan)] = memo
-    return memo[1]
-
-
 def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
     """The task's plan object as its key holds it. A static fan-out's sources
     (a literal list, a sequence, a param, the matrix's axes, include and
@@ -245,12 +230,10 @@ FilesMemo = dict[str, tuple[tuple[int, int, int], str]]
 
 
 def ancestor_files(
-    plan: Mapping[str, Any],
-    task_name: str,
     state: Path,
     escape_key: Callable[[str], str],
+    ancestors: list[str],
     memo: FilesMemo | None = None,
-    ancestors: list[str] | None = None,
 ) -> dict[str, str]:
     """One component per ancestor that declares emits_files: what was staged
     under ``inputs/<ancestor>/`` (its captured files and their digests).
@@ -260,19 +243,8 @@ def ancestor_files(
     otherwise re-read it (and, for a fold, every instance record of it). A
     settled record is replaced, never changed in place, so its identity says
     whether it changed; a fold's record is written after its instances'.
-    ``ancestors`` (the keyer's, walked once per task): the ancestors that
-    declare emits_files, sorted; else they are walked here."""
-    tasks = _tasks_of(plan)
-    if ancestors is None:
-        seen: set[str] = set()
-        stack = list(tasks[task_name].get("needs", []))
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            stack.extend(tasks[name].get("needs", []))
-        ancestors = sorted(n for n in seen if tasks[n].get("emits_files"))
+    ``ancestors`` (the keyer's, walked once per task over the plan's view):
+    the ancestors that declare emits_files, sorted."""
     out: dict[str, str] = {}
     for name in ancestors:
         rec_path = state / "results" / f"{name}.json"
