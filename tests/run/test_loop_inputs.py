@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
+from crucible.core.plan import Plan
 from crucible.run.loop import _inputs as li
 from crucible.stage import StateLayout
 from tests.stage.stageplans import loop_entry
@@ -113,7 +114,8 @@ def test_kept_value() -> None:
 
 
 def test_declared_fields_keep_only_what_the_task_declares() -> None:
-    plan = {"tasks": [{"name": "e", "emits": {"score": "number", "why": "string"}}]}
+    emits = {"score": "number", "why": "string"}
+    plan = Plan.from_json({"version": 1, "tasks": [{"name": "e", "kind": "command", "emits": emits}]})
     rec = {"output": {"score": 1, "why": "w", "extra": [1]}}
     assert li.declared_fields(plan, "e", rec) == {"score": 1, "why": "w"}
     assert li.declared_fields(plan, "e", None) == {}
@@ -196,7 +198,7 @@ def test_reserve_reads_the_kept_revisions_records(tmp_path: Path) -> None:
         entry(2, score=0.9, kept=True),
         entry(3, score=0.5, note="n" * 120),
     ]
-    history, dropped, kept = li.reserve(StateLayout(state), p, 4, revs)
+    history, dropped, kept = li.reserve(StateLayout(state), Plan.from_json(p), 4, revs)
     assert kept == {
         "revision": 2,
         "score": 0.9,
@@ -207,7 +209,7 @@ def test_reserve_reads_the_kept_revisions_records(tmp_path: Path) -> None:
     assert read(state, "meta")["history"] == {"budget": 300, "dropped": dropped, "total": 3}
     assert read(state, "revision") == 4
     # nothing kept yet: null
-    assert li.reserve(state, p, 2, [entry(1)])[2] is None
+    assert li.reserve(state, Plan.from_json(p), 2, [entry(1)])[2] is None
     assert read(state, "kept") is None
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused
+from crucible.core.plan import Plan
 from crucible.run.loop import _inputs as li
 from crucible.stage import StateLayout, capture, stage_inputs
 from tests.packed import keyed
@@ -205,7 +206,7 @@ def test_each_revision_reads_its_own_producers(state: Path) -> None:
     settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
     li.write_reserved(state, 1, [], None)
     run_revision(p, state, 1, 10, 0.1)
-    li.reserve(state, p, 2, [rev_entry(1, 0.1, kept=True)])
+    li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.1, kept=True)])
     run_revision(p, state, 2, 20, 0.2)  # evaluate@rev2 reads propose@rev2: x = 20, its x.txt
     layout = StateLayout(state)
     assert layout.result_path("propose", "@rev2") == state / "results" / "propose.jsonl"
@@ -240,14 +241,14 @@ def test_kept_files_are_staged_into_the_next_revision_read_only(state: Path) -> 
     assert not (first / "inputs" / "@kept").exists()  # nothing kept before revision 1
     idx1 = json.loads((first / "inputs" / "@values" / "index.json").read_bytes())
     assert "kept_files" not in entries(idx1)["kept"]
-    _, _, kept = li.reserve(state, p, 2, [rev_entry(1, 0.9, kept=True)])
+    _, _, kept = li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True)])
     assert kept == {
         "revision": 1,
         "score": 0.9,
         "outputs": {"evaluate": {"score": 0.9}, "propose": {"x": 10}},
     }
     run_revision(p, state, 2, 20, 0.5)  # not improved: revision 1 stays kept
-    li.reserve(state, p, 3, [rev_entry(1, 0.9, kept=True), rev_entry(2, 0.5)])
+    li.reserve(state, Plan.from_json(p), 3, [rev_entry(1, 0.9, kept=True), rev_entry(2, 0.5)])
     ws = StateLayout(state).work_dir("propose", "@rev3")
     staged = stage_inputs(p, state, "propose", ws, key="@rev3")
     got = ws / "inputs" / "@kept" / "propose" / "work" / "x.txt"
@@ -301,7 +302,7 @@ def test_a_body_task_writing_a_kept_file_is_named(state: Path) -> None:
     settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
     li.write_reserved(state, 1, [], None)
     run_revision(p, state, 1, 10, 0.9)
-    li.reserve(state, p, 2, [rev_entry(1, 0.9, kept=True)])
+    li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True)])
     ws = StateLayout(state).work_dir("propose", "@rev2")
     stage_inputs(p, state, "propose", ws, key="@rev2")
     victim = ws / "inputs" / "@kept" / "propose" / "work" / "x.txt"
@@ -330,10 +331,10 @@ def test_after_tasks_read_the_kept_revision_and_before_tasks_see_nothing(state: 
     settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
     li.write_reserved(state, 1, [], None)
     run_revision(p, state, 1, 10, 0.9)
-    li.reserve(state, p, 2, [rev_entry(1, 0.9, kept=True)])
+    li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True)])
     run_revision(p, state, 2, 20, 0.5)
     final = [rev_entry(1, 0.9, kept=True), rev_entry(2, 0.5)]
-    li.reserve(state, p, 2, final)  # after the loop: every revision, the final kept
+    li.reserve(state, Plan.from_json(p), 2, final)  # after the loop: every revision, the final kept
     ws = StateLayout(state).work_dir("report")
     staged = stage_inputs(p, state, "report", ws)
     assert canon.loads((ws / "inputs" / "@values" / "score").read_bytes()) == 0.9
@@ -360,7 +361,7 @@ def test_stage_inputs_command_takes_a_revision_key(state: Path, tmp_path: Path) 
     (state / "plan.json").write_bytes(canon.dumps(p))
     li.write_reserved(state, 1, [], None)
     run_revision(p, state, 1, 10, 0.9)
-    li.reserve(state, p, 2, [rev_entry(1, 0.9, kept=True)])
+    li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True)])
     exe = Path(sys.executable).parent / "crucible-stage"
     proc = subprocess.run(
         [
@@ -440,7 +441,7 @@ def test_a_compiled_loop_through_the_stage_commands(tmp_path: Path) -> None:
     revs: list[dict[str, Any]] = []
     best = None
     for n, score in enumerate([0.2, 0.6, 0.4, 0.3, 0.5, 0.1], start=1):
-        li.reserve(state, p, n, revs)
+        li.reserve(state, Plan.from_json(p), n, revs)
         key = li.revision_key(n)
         proc = stage("inputs", "--task", "propose", "--key", key, "--json")
         assert proc.returncode == 0, proc.stderr

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
+from crucible.core.plan import Plan
 from crucible.run.loop import _inputs as li
 from crucible.stage import (
     HISTORY_BEGIN,
@@ -134,7 +135,7 @@ def test_the_body_agent_sees_revision_kept_and_history(state: Path) -> None:
     settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
     li.write_reserved(state, 1, [], None)
     run_revision(p, state, 1, 10, 0.9)
-    li.reserve(state, p, 2, [rev_entry(1, 0.9, kept=True, note="first")])
+    li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True, note="first")])
     ws = state / "work" / "propose" / "%40rev2"
     text = render_prompt(p, state, "propose", ws, key="@rev2")
     assert text.startswith("Improve x.\n\n## Inputs\n")

@@ -29,6 +29,7 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.core.atomic import write_bytes
+from crucible.core.plan import Plan
 
 __all__ = [
     "HISTORY_FIELDS",
@@ -99,15 +100,10 @@ def history_value(
     return records[dropped:], dropped
 
 
-def declared_fields(
-    plan: Mapping[str, Any], task: str, record: Mapping[str, Any] | None
-) -> dict[str, Any]:
+def declared_fields(plan: Plan, task: str, record: Mapping[str, Any] | None) -> dict[str, Any]:
     """The fields ``task`` declares in ``emits``, as its record's output holds them."""
-    emits: Mapping[str, Any] = {}
-    for t in plan.get("tasks", []):
-        if isinstance(t, Mapping) and t.get("name") == task:
-            emits = t.get("emits") or {}
-            break
+    known = plan.by_name.get(task)
+    emits: Mapping[str, str] = known.emits if known is not None else {}
     output = record.get("output") if record else None
     if not isinstance(output, Mapping):
         return {}
@@ -136,7 +132,7 @@ def _state_of(layout: Any) -> Path:
 
 
 def kept_from_state(
-    layout: Any, plan: Mapping[str, Any], revision: int | None, score: Any
+    layout: Any, plan: Plan, revision: int | None, score: Any
 ) -> dict[str, Any] | None:
     """:func:`kept_value` with each body task's declared fields read from its
     record of revision ``revision`` (a line of ``STATE/results/<task>.jsonl``)."""
@@ -147,7 +143,8 @@ def kept_from_state(
 
     state = _state_of(layout)
     key = revision_key(revision)
-    body = sorted(plan["loop"]["body"])
+    assert plan.loop is not None  # only a plan with a loop keeps a revision
+    body = sorted(plan.loop.body)
     outputs = {t: declared_fields(plan, t, load_result(state, t, key)) for t in body}
     return kept_value(revision, score, outputs)
 
@@ -203,7 +200,7 @@ def write_reserved(
 
 def reserve(
     layout: Any,
-    plan: Mapping[str, Any],
+    plan: Plan,
     revision: int,
     revisions: Sequence[Mapping[str, Any]],
     *,
@@ -215,8 +212,8 @@ def reserve(
     ``plan.loop.history_bytes`` (default 65,536); ``kept`` is the last entry
     marked kept, with its body tasks' declared fields from their records.
     Returns ``(history, dropped, kept)`` as written."""
-    loop = plan["loop"]
-    budget = int(loop.get("history_bytes", 65536))
+    assert plan.loop is not None  # reserved inputs are a loop's
+    budget = plan.loop.history_bytes
     records, dropped = history_value(revisions, budget)
     kept_entry = next((r for r in reversed(revisions) if r.get("kept")), None)
     kept = (

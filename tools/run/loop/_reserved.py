@@ -24,4 +24,4 @@ def write(d: LoopHost, n: int, revisions: list[dict[str, Any]]) -> None:
     # Atomic, not durable: derived from loop.json and rewritten before every
     # revision (a resume rewrites them too), and the scheduling thread never
     # waits for an fsync it can do without (8 of them per revision, measured).
-    loop_inputs.reserve(d.layout, d.plan, n, revisions, durable=False)
+    loop_inputs.reserve(d.layout, d.model, n, revisions, durable=False)
