@@ -608,9 +608,11 @@ def test_the_process_limit_check_counts_workers_and_tasks(
     import resource
 
     from crucible.core.errors import UsageError
+    from crucible.core.plan import Plan
     from crucible.run.session import _admit as admit
 
-    plan = {"tasks": [{"name": f"t{i}"} for i in range(50)]}
+    tasks = [{"name": f"t{i}", "kind": "command"} for i in range(50)]
+    plan = Plan.from_json({"version": 1, "tasks": tasks})
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (100, 100))
     monkeypatch.setattr(admit, "_processes_of", lambda _uid: 60)

@@ -144,11 +144,13 @@ def test_cache_forget_refuses_a_name_no_task_can_have(tmp_path: Path, name: str,
 def test_a_resource_no_worker_offers_that_much_of_says_the_most_offered() -> None:
     # was: "no Dask worker offers memory" for a 1000 TiB need, while every worker did
     from crucible.core.errors import InputRefused
+    from crucible.core.plan import Resources, Task
     from crucible.run.executors.dask._executor import _check_resources
 
     info = {"workers": {"a": {"resources": {"cpus": 4, "memory": 16 * 2**30}}}}
+    big = Task(name="big", kind="command", resources=Resources(memory=1000 * 2**40, gpu=1))
     with pytest.raises(InputRefused) as refused:
-        _check_resources({"big": {"resources": {"memory": 1000 * 2**40, "gpu": 1}}}, info)
+        _check_resources({"big": big}, info)
     assert refused.value.message == (
         "task 'big' needs resources gpu=1, memory=1000 TiB; no Dask worker offers gpu; "
         "no Dask worker offers memory=1000 TiB (the most one offers: 16 GiB)"
