@@ -75,11 +75,11 @@ def run(pack: Path, state: Path, units: int) -> tuple[float, float]:
 
 def expansion(outer: int, inner: int) -> tuple[float, float]:
     """(fold expansion seconds, plain pairs seconds) for outer x inner elements."""
-    from crucible.run.engine._matrix import Fold, _fold_pairs
+    from crucible.run.engine._folds import Fold, fold_pairs
 
     fold = Fold((str(i), list(range(inner))) for i in range(outer))
     t = time.perf_counter()
-    pairs = _fold_pairs(fold, "gen.v")
+    pairs = fold_pairs(fold, "gen.v")
     ours = time.perf_counter() - t
     values = list(range(outer * inner))
     t = time.perf_counter()

@@ -9,7 +9,9 @@ with the writer. Every import counts, the lazy ones inside functions too.
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -188,3 +190,89 @@ def test_the_circle_finder_finds_one(tmp_path: Path, monkeypatch: pytest.MonkeyP
         {"crucible.x.a": a, "crucible.x.b": b, "crucible.x": tmp_path / "__init__.py"},
     )
     assert import_circles() == [["crucible.x.a", "crucible.x.b"]]
+
+
+def _comment_lines(source: str) -> set[int]:
+    """Lines holding a comment that says something (not only a tool's pragma)."""
+    found: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        text = tok.string.lstrip("#").strip()
+        if tok.type == tokenize.COMMENT and text and not text.startswith(PRAGMAS):
+            found.add(tok.start[0])
+    return found
+
+
+#: comments that are a tool's, not a reason
+PRAGMAS = ("noqa", "type:", "pragma", "fmt:")
+
+
+def _import_runs(fn: ast.AST) -> list[list[ast.stmt]]:
+    """Runs of adjacent import statements in each statement list inside ``fn``."""
+    runs: list[list[ast.stmt]] = []
+    for node in ast.walk(fn):
+        for name in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, name, None)
+            if not isinstance(stmts, list):
+                continue
+            run: list[ast.stmt] = []
+            for s in stmts:
+                if not isinstance(s, (ast.Import, ast.ImportFrom)):
+                    run = []
+                    continue
+                end = run[-1].end_lineno if run else None
+                if run and end is not None and s.lineno == end + 1:
+                    run.append(s)
+                else:
+                    run = [s]
+                    runs.append(run)
+    return runs
+
+
+def unexplained_imports(path: Path) -> list[str]:
+    """Function-level imports with no comment saying why: on one of their lines,
+    or on the line just above the run of imports they belong to."""
+    source = path.read_text()
+    comments = _comment_lines(source)
+    found: list[str] = []
+    seen: set[int] = set()
+    for fn in ast.walk(ast.parse(source, str(path))):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for run in _import_runs(fn):
+            first, last = run[0].lineno, run[-1].end_lineno or run[-1].lineno
+            if first in seen:
+                continue
+            seen.add(first)
+            if not comments.intersection(range(first - 1, last + 1)):
+                found.append(f"{path.relative_to(TOOLS.parent)}:{first}: in {fn.name}()")
+    return found
+
+
+def test_function_level_imports_say_why() -> None:
+    """An import inside a function says why it is there and not at the top
+    (start-up: a heavy or rarely needed module; or another reason): a
+    comment on it, or on the line above its run of imports (docs/ARCHITECTURE.md)."""
+    assert [
+        line for p in [*MODULES, TOOLS / "__init__.py"] for line in unexplained_imports(p)
+    ] == []
+
+
+def test_an_unexplained_function_level_import_is_found(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    module = tools / "m.py"
+    module.write_text(
+        "def f():\n"
+        "    import json  # noqa: F401\n"
+        "\n"
+        "def g():\n"
+        "    # lazy: only g needs them\n"
+        "    import json\n"
+        "    import os\n"
+        "\n"
+        "    import sys  # lazy: a reason\n"
+        "    import re\n"
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys.modules[__name__], "TOOLS", tools)
+        assert unexplained_imports(module) == ["tools/m.py:2: in f()"]

@@ -6,6 +6,7 @@ __version__ = "0.1.0"
 def _interrupted_early(signum: int, frame: object) -> None:
     """Ctrl-C before the command edge is reached (while click and the tool load):
     one line and exit 130, as the edge itself would say (cli.md)."""
+    # here, not at the top: the package's namespace holds its tools and __version__ only
     import contextlib
     import os
     import sys
@@ -19,6 +20,7 @@ def _interrupted_early(signum: int, frame: object) -> None:
 def _terminated_early(signum: int, frame: object) -> None:
     """SIGTERM before the command edge is reached: one line and exit 143, as the
     edge says it (a default SIGTERM ended the process without a word)."""
+    # here, not at the top: the package's namespace holds its tools and __version__ only
     import contextlib
     import os
     import sys
@@ -31,7 +33,8 @@ def _terminated_early(signum: int, frame: object) -> None:
 
 def _guard_startup() -> None:
     # Only in a crucible program (its script imports this package first); a
-    # library user or a test runner keeps its own SIGINT behaviour.
+    # library user or a test runner keeps its own SIGINT behaviour. Imported
+    # here, not at the top: the package's namespace holds its tools and __version__.
     import contextlib
     import os
     import signal

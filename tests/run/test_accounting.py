@@ -451,3 +451,35 @@ run = '''printf '{"site": 1}' > "$CRUCIBLE_OUTPUT"'''
     bundle = tmp_path / "bundle"
     assert prove(state, bundle).returncode == 0
     assert verify(bundle).returncode == 0
+
+
+def test_a_refused_root_output_is_never_staged_downstream(tmp_path: Path) -> None:
+    probe = probe_dir(tmp_path / "probe")
+    dispatch(write_pack(probe, max_bytes=9999), probe / "st")
+    st = probe / "st"
+    result = prove_lib(
+        ProveOptions(
+            st / "workflow.json",
+            st / "operations.ndjson",
+            st / "proof" / "artifacts",
+            probe / "bundle",
+            durable=False,
+        )
+    )
+    root = next(d for d in result.decisions if d.kind == "observation")
+    assert root.outcome == "accepted" and root.acceptance is not None
+    limit = root.acceptance[0] - 1
+    assert 1000 <= limit <= 9999  # the same number of digits as the probe's bound
+    run = probe_dir(tmp_path / "run")
+    proc = dispatch(write_pack(run, max_bytes=limit), run / "st")
+    assert proc.returncode == 1
+    org = json.loads((run / "st" / "results" / "org.json").read_text())
+    assert org["status"] == "failed"
+    assert org["note"] == "refused: would exceed max_bytes by 1"
+    people = json.loads((run / "st" / "results" / "people.json").read_text())
+    assert people["status"] == "skipped"
+    assert [o["op"] for o in ops(run / "st")] == ["root", "group", "observe"]
+    assert not (run / "st" / "work" / "people").exists()
+    bundle = tmp_path / "bundle"
+    assert prove(run / "st", bundle).returncode == 0
+    assert verify(bundle).returncode == 0

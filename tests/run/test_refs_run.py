@@ -378,7 +378,7 @@ def test_fold_pairs_flatten_and_bound_in_the_library() -> None:
         f"matrix axis 'n' gen.v has {MAX_INSTANCES + 1:,} items over 2 instances, "
         f"more than {MAX_INSTANCES:,}"
     )
-    records = {
+    records: dict[str, dict[str, Any]] = {
         "0": {"status": "passed", "output": {"v": [1]}},
         "1": {"status": "failed"},
         "2": {"status": "passed", "output": {"v": [2]}},

@@ -6,6 +6,8 @@ never filled by a run."""
 
 from __future__ import annotations
 
+import ast
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -14,10 +16,19 @@ from typing import Any
 
 import pytest
 
+from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.stage import StateDir, load_result, record_settled
 from crucible.stage import _plan as stage_plan
+from crucible.stage.commands import (
+    InputsOptions,
+    PromptOptions,
+    TargetOptions,
+    run_inputs,
+    run_prompt,
+)
 from tests.run.dispatchtests import Pack, result, run
+from tests.stage.stageplans import plan, settle, task
 
 FANOUT = """
 [[workflow.task]]
@@ -121,3 +132,55 @@ def test_a_state_dir_refuses_a_plan_stage_cannot_read(tmp_path: Path) -> None:
     plan["tasks"][1]["needs"] = ["nope"]
     with pytest.raises(InputRefused, match="unknown task 'nope'"):
         StateDir(plan, tmp_path)
+
+
+def test_crucible_stage_builds_the_plan_view_once_per_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage command's StateDir: the view it checks the plan with is the one
+    its staging and prompt use (no second build, no module-level cache)."""
+    p = plan(
+        task("a", emits={"x": "integer"}),
+        task("ag", "agent", needs=["a"], inputs={"x": "a.x"}, prompt="Count."),
+        version=2,
+    )
+    state = tmp_path / "st"
+    state.mkdir()
+    (state / "plan.json").write_bytes(canon.dumps(p))
+    settle(p, state, "a", {"x": 41})
+    monkeypatch.setattr(stage_plan, "_cache", None)
+    views = tmp_path / "views"
+    _count_calls(monkeypatch, "build_view", views)
+    target = TargetOptions(state=str(state), task="ag")
+    assert run_inputs(InputsOptions(target, "json"), io.BytesIO(), io.StringIO()) == 0
+    assert len(_calls(views)) == 1
+    out = io.BytesIO()
+    assert run_prompt(PromptOptions(target), out, io.StringIO()) == 0
+    assert out.getvalue().startswith(b"Count.") and len(_calls(views)) == 2
+    assert stage_plan._cache is None
+
+
+def test_no_part_of_run_takes_the_stage_package_as_a_value() -> None:
+    """run/ reaches stage through the typed StateDir (or stage's typed functions),
+    never a ``stage`` parameter typed Any (or untyped) or a ``stage`` attribute
+    holding the package, which mypy cannot check (issue 31 item 4). (A proof
+    workflow's stage, a name, is typed ``str``.)"""
+    tools = Path(__file__).resolve().parents[2] / "tools" / "run"
+    found = []
+    for path in sorted(tools.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                found += [
+                    f"{path.name}:{node.lineno}"
+                    for a in args
+                    if a.arg == "stage"
+                    and (a.annotation is None or ast.unparse(a.annotation) == "Any")
+                ]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr == "stage"
+                and isinstance(node.ctx, ast.Store)
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []

@@ -68,9 +68,11 @@ def load_any(path: Path) -> CompiledPlan:
     """A ``.toml`` manifest is compiled; anything else is read as a plan file
     (without importing the manifest compiler and tomllib: ~7 ms of a dispatch)."""
     if Path(path).suffix == ".toml":
+        # lazy: compile._manifest is not loaded with this module; only load_any() needs it
         from crucible.compile._manifest import compile_path
 
         return compile_path(Path(path))
+    # lazy: compile._plan is not loaded with this module; only load_any() needs it
     from crucible.compile._plan import load_plan_path
 
     return load_plan_path(Path(path))

@@ -90,6 +90,7 @@ def evaluate_expression(
     ``data`` (JSON values) is bound to ``_d`` before ``prelude`` runs (Starlark
     statements that define the names the expression reads, with the ``struct``
     and ``json`` extensions); the expression's value comes back as JSON."""
+    # lazy: not loaded with this module; only evaluate_expression() needs it
     import orjson
 
     if cancelled is not None and cancelled():
@@ -145,6 +146,7 @@ class _Child:
         return None
 
     def ask(self, request: bytes, timeout: float, cancelled: Callable[[], bool]) -> Evaluated:
+        # lazy: not loaded with this module; only ask() needs it
         import orjson
 
         for last_try in (False, True):
@@ -236,8 +238,10 @@ def serve(
     stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None
 ) -> None:  # pragma: no cover - runs in the child
     """The child's loop: one JSON request a line in, one JSON reply a line out."""
+    # lazy: not loaded with this module; only serve() needs it
     import faulthandler
 
+    # lazy: starlark is heavy; only serve() needs it
     import orjson
     import starlark as sl
 
@@ -271,6 +275,7 @@ def serve(
 def _evaluate_here(
     sl: Any, globals_: Any, request: dict[str, Any]
 ) -> dict[str, Any]:  # pragma: no cover - runs in the child
+    # lazy: not loaded with this module; only _evaluate_here() needs it
     import orjson
 
     deadline = time.monotonic() + float(request["timeout"])
@@ -330,6 +335,7 @@ def _first_line(report: str) -> str:
 def _die_with_parent(parent: int | None) -> None:  # pragma: no cover - runs in the child
     """SIGKILL this child when the process that started it ends (Linux)."""
     with contextlib.suppress(OSError, AttributeError):
+        # lazy: ctypes costs start-up; only _die_with_parent() needs it
         import ctypes
 
         pr_set_pdeathsig = 1

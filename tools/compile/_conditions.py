@@ -117,8 +117,10 @@ class Read:
 
 def parse_condition(text: str) -> ast.Expression | str:
     """The expression's Python AST, or a one-line reason it is not one Starlark expression."""
+    # lazy: starlark is heavy; only parse_condition() needs it
     import starlark
 
+    # lazy: compile._starbound is not loaded with this module; only parse_condition() needs it
     from crucible.compile._starbound import MAX_NESTING, nesting_problem
 
     if len(text) > MAX_CONDITION:

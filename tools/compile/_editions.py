@@ -139,6 +139,7 @@ def edition_for_version(version: int) -> tuple[int, ...]:
 
 def _shown(value: object) -> str:
     """A refused value as the user wrote it (JSON/TOML spelling: true, "3"), not repr."""
+    # lazy: json costs start-up; only _shown() needs it
     import json
 
     try:

@@ -514,6 +514,7 @@ def check_fanout_graph(
 
     check_outputs_graph(chk, workflow, by_name)
     _check_publish_graph(chk, workflow, by_name)
+    # lazy: compile._task_params is not loaded with this module; only check_fanout_graph() needs it
     from crucible.compile._task_params import check_task_params
 
     check_task_params(chk, params, tasks, paths)

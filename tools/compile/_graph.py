@@ -63,6 +63,7 @@ def _trigger(task: dict[str, Any], need: str) -> str | None:
     """The condition, when it reads ``needs.<need>``: what makes the edge fire."""
     if "when" not in task:
         return None
+    # lazy: compile._conditions is not loaded with this module; only _trigger() needs it
     from crucible.compile._conditions import condition_reads, parse_condition
 
     tree = parse_condition(task["when"])

@@ -10,6 +10,7 @@ A short pipeline of steps: read → parse TOML → edition gate → structure
 from __future__ import annotations
 
 import re
+import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,8 +73,6 @@ def edition_warning(edition: int) -> str | None:
 def read_input(path: Path) -> tuple[bytes, str, Path]:
     """(bytes, display name, base directory) of a path, ``-`` for stdin."""
     if str(path) == "-":
-        import sys
-
         return sys.stdin.buffer.read(), "<stdin>", Path.cwd()
     name = str(path)
     return read_named(path, name), name, path.parent
@@ -150,6 +149,7 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
     # source replaces the checker: its diagnostics point into the TOML text
     loop: dict[str, Any] | None = None
     if "loop" in doc and "loop" in known:
+        # lazy: compile._loop is not loaded with this module; only analyze_document() needs it
         from crucible.compile._loop import check_loop_table
 
         loop = check_loop_table(chk, doc["loop"])
@@ -185,6 +185,7 @@ def analyze_document(doc: dict[str, Any], locator: Locator, name: str, base_dir:
     )
     check_fanout_graph(chk, workflow, tasks, paths)
     if loop is not None and not chk.failed:
+        # lazy: compile._loop is not loaded with this module; only analyze_document() needs it
         from crucible.compile._loop import check_loop_graph
 
         loop_chk = Checker(locator)
@@ -218,6 +219,7 @@ def _load_source(
     chk: Checker, raw: dict[str, Any], name: str, base_dir: Path, edition: int
 ) -> tuple[dict[str, Any], str, Checker] | None:
     """Evaluate ``[workflow] source``; its workflow replaces the manifest's table."""
+    # lazy: compile._star is not loaded with this module; only _load_source() needs it
     from crucible.compile._star import evaluate_source
 
     source = raw["source"]
@@ -282,6 +284,7 @@ def _load_source(
 
 def analyze_star(path: Path, edition: int) -> Analysis:
     """Check a Starlark source alone (``crucible-validate pack.star``)."""
+    # lazy: compile._star is not loaded with this module; only analyze_star() needs it
     from crucible.compile._star import evaluate_source
 
     data, name, _ = read_input(path)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from crucible.compile._checker import Checker, check_params, type_name
 from crucible.compile._diagnostics import FileLocator, ValidationFailed
@@ -103,7 +106,6 @@ def canonical_bytes(plan: dict[str, Any]) -> bytes:
     and identifiers), so only those need looking at; anything else takes the exact
     path. Tests compare the two on every pack and on fuzzed plans.
     """
-    import orjson
 
     if any(type(t.get("timeout")) is float for t in plan["tasks"]) or not _plain_json(
         plan["workflow"]["params"]
@@ -137,8 +139,6 @@ def load_plan_path(path: Path) -> CompiledPlan:
     """Read a plan file (``-`` for stdin) and check it strictly."""
     name = str(path)
     if name == "-":
-        import sys
-
         return load_plan_bytes(sys.stdin.buffer.read(), "<stdin>")
     return load_plan_bytes(
         read_named(path, name, directory="is a directory, not a plan file"), name
@@ -204,6 +204,7 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
         chk, tasks, paths, fill_input_types=False, params=workflow["params"], edition=edition
     )
     if version >= 3:
+        # lazy: compile._fanout is not loaded with this module; only load_plan_bytes() needs it
         from crucible.compile._fanout import check_fanout_graph
 
         check_fanout_graph(chk, workflow, tasks, paths)
@@ -222,6 +223,7 @@ def load_plan_bytes(data: bytes, name: str) -> CompiledPlan:
 def _check_plan_loop(chk: Checker, loop: Any, tasks: list[dict[str, Any]]) -> None:
     """The ``loop`` member (v3) must be what compiling it gives (normal form: body
     sorted, defaults written out), then pass the same graph rules as a manifest's."""
+    # lazy: compile._loop is not loaded with this module; only _check_plan_loop() needs it
     from crucible.compile._loop import check_loop_graph, check_loop_table
 
     before = len(chk.diagnostics)
@@ -265,6 +267,7 @@ def _check_plan_workflow(chk: Checker, workflow: dict[str, Any], version: int) -
 
 def _check_plan_results(chk: Checker, workflow: dict[str, Any], version: int) -> None:
     """``outputs`` and ``publish`` (v3) must be what compiling them gives (normal form)."""
+    # lazy: only _check_plan_results() needs it (start-up)
     from crucible.compile._fanout import check_publish
     from crucible.compile._results import check_outputs
 
@@ -305,6 +308,7 @@ def _check_plan_task(
     # exactly what compiling its own fields would produce (normal form).
     raw = {k: v for k, v in task.items() if k in allowed and k != "inputs"}
     if version >= 3:
+        # lazy: compile._fanout is not loaded with this module; only _check_plan_task() needs it
         from crucible.compile._fanout import task_to_manifest
 
         raw = task_to_manifest(raw)

@@ -228,6 +228,7 @@ def _task_fanout(t: _TaskCheck, raw: Mapping[str, Any]) -> None:
     """Edition 4's map sources, matrix, key, parallelism (crucible.compile._fanout);
     before it, map is a "producer.field" reference."""
     if t.edition >= EDITION_CONTROL:
+        # lazy: compile._fanout is not loaded with this module; only _task_fanout() needs it
         from crucible.compile._fanout import check_fanout_task
 
         check_fanout_task(t.chk, t.path, raw, t.task, t.edition)
@@ -280,6 +281,7 @@ def _task_cache(t: _TaskCheck, value: object) -> None:
 
 
 def _task_reads(t: _TaskCheck, value: object) -> None:
+    # lazy: compile._reads is not loaded with this module; only _task_reads() needs it
     from crucible.compile._reads import check_reads
 
     reads = check_reads(t.chk, t.at("reads"), value)
@@ -288,12 +290,14 @@ def _task_reads(t: _TaskCheck, value: object) -> None:
 
 
 def _task_sandbox(t: _TaskCheck, value: object) -> None:
+    # lazy: compile._reads is not loaded with this module; only _task_sandbox() needs it
     from crucible.compile._reads import check_flag
 
     check_flag(t.chk, t.at("sandbox"), value, "sandbox", t.task)
 
 
 def _task_network(t: _TaskCheck, value: object) -> None:
+    # lazy: compile._reads is not loaded with this module; only _task_network() needs it
     from crucible.compile._reads import check_flag
 
     check_flag(t.chk, t.at("network"), value, "network", t.task)
@@ -308,6 +312,7 @@ def _task_params(t: _TaskCheck, value: object) -> None:
 
 
 def _task_resources(t: _TaskCheck, value: object) -> None:
+    # lazy: compile._resources is not loaded with this module; only _task_resources() needs it
     from crucible.compile._resources import check_resources
 
     check_resources(t.chk, t.at("resources"), value, t.task)
@@ -540,6 +545,7 @@ def check_workflow(
             continue
         task = check_task(chk, tpath, raw_task, edition, label=task_label)
         if defaults:
+            # lazy: compile._reads is not loaded with this module; only check_workflow() needs it
             from crucible.compile._reads import inherit
 
             inherit(task, raw_task, defaults)

@@ -115,6 +115,7 @@ def _workflow_table(chk: Checker, kwargs: dict[str, Any], edition: int) -> dict[
 
 def _evaluate_here(text: str, display: str, edition: int, timeout: float) -> StarResult:
     """The evaluation itself (in the child). Ctrl-C is the parent's to handle."""
+    # lazy: starlark is heavy; only _evaluate_here() needs it
     import starlark as sl
 
     state: dict[str, Any] = {"workflow": None, "refused": None}
@@ -186,6 +187,7 @@ def _timed_out(timeout: float, location: Location) -> StarResult:
 
 def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResult:
     """Evaluate in a forked child; its result comes back pickled through a pipe."""
+    # lazy: pickle costs start-up; only _in_child() needs it
     import pickle
     import select
 
@@ -250,6 +252,7 @@ def _in_child(text: str, display: str, edition: int, timeout: float) -> StarResu
 def _child(
     text: str, display: str, edition: int, timeout: float, fd: int
 ) -> None:  # pragma: no cover
+    # lazy: pickle costs start-up; only _child() needs it
     import faulthandler
     import pickle
 

@@ -107,6 +107,7 @@ def nesting_problem(text: str) -> tuple[Location, str] | None:
 
 def limit_memory(extra: int = MAX_EVAL_MEMORY) -> None:
     """Cap this process's data segment at what it holds now plus ``extra`` bytes."""
+    # lazy: not loaded with this module; only limit_memory() needs it
     import resource
 
     try:

@@ -37,6 +37,7 @@ def _fanout_reads(task: Mapping[str, Any], path: KeyPath) -> list[tuple[str, Key
 
 def _when_reads(task: Mapping[str, Any]) -> list[tuple[str, int, int]]:
     """(param, line, col) for each ``params.X`` the task's ``when`` reads."""
+    # lazy: compile._conditions is not loaded with this module; only _when_reads() needs it
     from crucible.compile._conditions import condition_reads, parse_condition
 
     when = task.get("when")

@@ -55,6 +55,7 @@ _CONTEXT = {"help_option_names": ["-h", "--help"]}  # as crucible-stage/-ledger/
 )
 @click.version_option(__version__, prog_name="crucible-compile")
 def compile_command(path: Path, output: str, digest_only: bool, graph: str | None) -> None:
+    # lazy: compile.commands is not loaded with this module; only compile_command() needs it
     from crucible.compile.commands import CompileOptions, run_compile
 
     if digest_only and graph:
@@ -96,6 +97,7 @@ def compile_command(path: Path, output: str, digest_only: bool, graph: str | Non
 )
 @click.version_option(__version__, prog_name="crucible-validate")
 def validate_command(paths: tuple[Path, ...], as_json: bool, edition: int | None) -> None:
+    # lazy: compile.commands is not loaded with this module; only validate_command() needs it
     from crucible.compile.commands import ValidateOptions, run_validate
 
     code = run_validate(ValidateOptions(paths, as_json, edition), sys.stdout.buffer, sys.stderr)
@@ -103,12 +105,14 @@ def validate_command(paths: tuple[Path, ...], as_json: bool, edition: int | None
 
 
 def compile_main() -> NoReturn:
+    # lazy: core.cli is not loaded with this module; only compile_main() needs it
     from crucible.core.cli import run
 
     run(compile_command, "crucible-compile")
 
 
 def validate_main() -> NoReturn:
+    # lazy: core.cli is not loaded with this module; only validate_main() needs it
     from crucible.core.cli import run
 
     run(validate_command, "crucible-validate")

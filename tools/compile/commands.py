@@ -49,6 +49,7 @@ def run_compile(opts: CompileOptions, out: BinaryIO, err: TextIO) -> int:
     compiled = analysis.compiled
     assert compiled is not None
     if opts.graph is not None:
+        # lazy: compile._graph is not loaded with this module; only run_compile() needs it
         from crucible.compile._graph import render
 
         payload = render(compiled.plan, opts.graph).encode("utf-8")

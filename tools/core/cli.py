@@ -10,12 +10,14 @@ ends quietly; Ctrl-C is 130.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import crucible
 from crucible.core.errors import (
     EXIT_BUG,
     EXIT_OPERATIONAL,
@@ -94,6 +96,7 @@ def pause_gc() -> None:
     live until exit, so the collections they trigger (~6 ms of a one-task
     dispatch) find nothing. :func:`resume_gc` ends the pause."""
     global _gc_paused
+    # lazy: not loaded with this module; only pause_gc() needs it
     import gc
 
     if gc.isenabled():
@@ -107,6 +110,7 @@ def resume_gc() -> None:
     the pages a walk would write) and the collector is back on."""
     global _gc_paused
     if _gc_paused:
+        # lazy: not loaded with this module; only resume_gc() needs it
         import gc
 
         _gc_paused = False
@@ -145,6 +149,7 @@ def debug_option(command: Any) -> Any:
     """Give ``command`` (and, for a group, each of its subcommands) a real
     ``--debug`` option. A real option is parsed by click like any other, so a
     ``--debug`` after ``--`` stays in a child's argv (``ledger run -- CMD``)."""
+    # lazy: click is heavy; only debug_option() needs it
     import click
 
     if not any(getattr(p, "name", None) == "debug" for p in command.params):
@@ -194,8 +199,6 @@ def _restore_sigint() -> None:
 
 
 def _guard_teardown() -> None:
-    import crucible
-
     try:
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signal.signal(signal.SIGINT, crucible._interrupted_early)
@@ -267,6 +270,7 @@ def _exit_now(exc: SystemExit, prog: str) -> None:
             return
     if not _flushed():
         return
+    # lazy: not loaded with this module; only _exit_now() needs it
     import atexit
 
     atexit._run_exitfuncs()
@@ -287,8 +291,8 @@ CHECK_EXIT_ENV = "CRUCIBLE_CHECK_EXIT"
 def _left_open(prog: str) -> bool:
     """Whether a writable file object other than the standard streams is still
     open; if so, says which on stderr."""
+    # lazy: not loaded with this module; only _left_open() needs it
     import gc
-    import io
 
     gc.unfreeze()  # what start-up froze (pause_gc) is looked at too
     std = set()
@@ -356,6 +360,7 @@ def _run(command: Any, prog: str, argv: list[str] | None, fast: FastPath | None)
         if call is not None:
             result: Any = call()
         else:
+            # lazy: click is heavy; only _run() needs it
             import click.exceptions as ce
 
             if not hasattr(command, "make_context"):

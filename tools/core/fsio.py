@@ -19,7 +19,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from crucible.core.errors import OperationalError
+from crucible.core.errors import OperationalError, UsageError
 
 __all__ = [
     "NotRegular",
@@ -218,7 +218,6 @@ def read_named(
 ) -> bytes:
     """A whole input file the user named: missing or a directory is a usage error
     (exit 2), any other failure operational (exit 3), each one line at ``where``."""
-    from crucible.core.errors import UsageError
 
     try:
         return path.read_bytes()

@@ -7,8 +7,11 @@ Readers are lazy and keep the line number, so a bad line is reported as
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
+
+import orjson
 
 from crucible.core import canon
 from crucible.core.errors import Location, ParseError
@@ -33,7 +36,6 @@ def iter_lines(
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_number, object)``; a bad line raises :class:`NdjsonError` at
     ``name:line``. ``strict`` uses :func:`canon.loads` (duplicate keys refused)."""
-    import orjson
 
     parse = canon.loads if strict else orjson.loads
     for number, raw in enumerate(stream, start=1):
@@ -58,7 +60,6 @@ def read_path(
     path: str | os.PathLike[str], *, strict: bool = True
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """:func:`iter_lines` over a file (``-`` for stdin)."""
-    import sys
 
     if str(path) == "-":
         yield from iter_lines(sys.stdin.buffer, name="<stdin>", strict=strict)

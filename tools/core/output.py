@@ -66,6 +66,7 @@ def write_output(path: str, data: bytes, *, if_changed: bool = False, mode: int 
       nobody reads is refused (:class:`UsageError`) instead of waiting.
     - a directory, a block device, a dangling link: refused (:class:`UsageError`).
     """
+    # lazy: core.atomic is not loaded with this module; only write_output() needs it
     from crucible.core import atomic
 
     try:

@@ -77,6 +77,7 @@ class FsSync:
             self._call = False
             if sys.platform.startswith("linux") and _kernel_reports_errors(os.uname().release):
                 try:
+                    # lazy: ctypes costs start-up; only _syncfs() needs it
                     import ctypes
 
                     libc = ctypes.CDLL(None, use_errno=True)
@@ -112,6 +113,7 @@ class FsSync:
         call = self._syncfs()
         assert callable(call), "sync() after covers() said yes"
         if call(self.fd) != 0:
+            # lazy: ctypes costs start-up; only sync() needs it
             import ctypes
 
             err = ctypes.get_errno()

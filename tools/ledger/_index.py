@@ -33,6 +33,7 @@ from stat import S_ISREG
 
 import xxhash
 
+from crucible.core.errors import OperationalError
 from crucible.ledger._scan import Scan, identity_hash, scan
 
 __all__ = [
@@ -280,8 +281,8 @@ def _slots_for(identities: int) -> int:
 
 def write_table(directory: Path, summary: Summary, entries: dict[int, int]) -> None:
     """Write a fresh ``steps.idx`` (temp file + rename: a reader keeps its own)."""
+    # lazy: core.atomic is not loaded with this module; only write_table() needs it
     from crucible.core.atomic import write_bytes
-    from crucible.core.errors import OperationalError
 
     summary.slots = max(summary.slots, _slots_for(len(entries)))
     summary.identities = len(entries)

@@ -23,7 +23,7 @@ from crucible.ledger._files import (
 )
 from crucible.ledger._index import build
 from crucible.ledger._index import remove as remove_index
-from crucible.ledger._record import FORMAT_VERSION
+from crucible.ledger._record import FORMAT_VERSION, decode_line
 from crucible.ledger._scan import Scan, scan
 
 __all__ = ["CompactReport", "compact", "verify"]
@@ -180,7 +180,6 @@ def _rejected_bytes(data: bytes, result: Scan, kept: set[int]) -> bytes:
     are good records superseded by a later one)."""
     if not result.bad_lines and not result.torn_tail:
         return b""
-    from crucible.ledger._record import decode_line
 
     out: list[bytes] = []
     pos = 0

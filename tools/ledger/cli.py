@@ -76,6 +76,7 @@ def run(
     The step key covers the argv, every --key and the sha256 of every --key-file.
     Recorded on exit 0 or a listed --record-exit code; never when killed.
     """
+    # lazy: ledger.commands is not loaded with this module; only run() needs it
     from crucible.ledger.commands import StepRunOptions, run_run
 
     options = StepRunOptions(directory, scope, keys, key_files, record_exits, argv)
@@ -108,6 +109,7 @@ def _step_options(func: Callable[..., int]) -> Callable[..., int]:
         argv: tuple[str, ...],
         **rest: Any,
     ) -> int:
+        # lazy: ledger.commands is not loaded with this module; only _step_options() needs it
         from crucible.ledger.commands import KeySpec
 
         return func(directory, scope, KeySpec(step, keys, key_files, argv), **rest)
@@ -128,6 +130,7 @@ def get(directory: str, scope: str, spec: KeySpec) -> int:
 
     Name the step with --step, or with the same --key/--key-file/-- CMD as `run`.
     """
+    # lazy: ledger.commands is not loaded with this module; only get() needs it
     from crucible.ledger.commands import GetOptions, run_get
 
     return run_get(GetOptions(directory, scope, spec), sys.stdout.buffer, sys.stderr)
@@ -138,6 +141,7 @@ def get(directory: str, scope: str, spec: KeySpec) -> int:
 @click.option("--failed", is_flag=True, help="Record a deterministic failure, not a success.")
 def put(directory: str, scope: str, spec: KeySpec, failed: bool) -> int:
     """Record the JSON value on stdin as the step's settled result."""
+    # lazy: ledger.commands is not loaded with this module; only put() needs it
     from crucible.ledger.commands import PutOptions, run_put
 
     options = PutOptions(directory, scope, spec, failed, sys.stdin.buffer)
@@ -149,6 +153,7 @@ def put(directory: str, scope: str, spec: KeySpec, failed: bool) -> int:
 @click.option("--scope", default=None, help="Only records of this scope.")
 def ls(directory: str, scope: str | None) -> int:
     """The latest record of each identity, as NDJSON, in file order."""
+    # lazy: ledger.commands is not loaded with this module; only ls() needs it
     from crucible.ledger.commands import LsOptions, run_ls
 
     try:
@@ -161,6 +166,7 @@ def ls(directory: str, scope: str | None) -> int:
 @dir_option
 def verify(directory: str) -> int:
     """Report records, duplicates, bad lines, torn tail (JSON); exit 1 on damage."""
+    # lazy: ledger.commands is not loaded with this module; only verify() needs it
     from crucible.ledger.commands import VerifyOptions, run_verify
 
     return run_verify(VerifyOptions(directory), sys.stdout.buffer, sys.stderr)
@@ -170,12 +176,14 @@ def verify(directory: str) -> int:
 @dir_option
 def compact(directory: str) -> int:
     """Atomically rewrite keeping the latest record per identity."""
+    # lazy: ledger.commands is not loaded with this module; only compact() needs it
     from crucible.ledger.commands import CompactOptions, run_compact
 
     return run_compact(CompactOptions(directory), sys.stdout.buffer, sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    # lazy: core.cli is not loaded with this module; only main() needs it
     from crucible.core.cli import run as run_edge
 
     run_edge(cli, PROG, argv)

@@ -240,6 +240,7 @@ def run_cmd(
     actor: str | None,
 ) -> int:
     """Run PLAN (a plan JSON file or a pack manifest .toml) with its state in --state."""
+    # lazy: run.commands is not loaded with this module; only run_cmd() needs it
     from crucible.run.commands import dispatch_options, run_run
 
     options = dispatch_options(
@@ -300,6 +301,7 @@ def report_cmd(
     state: Path, task: str | None, html_file: str | None, as_json: bool, tsv_file: str | None
 ) -> int:
     """Summarise the run in STATE: one row per task (per instance with TASK)."""
+    # lazy: run.commands is not loaded with this module; only report_cmd() needs it
     from crucible.run.commands import ReportOptions, run_report
 
     options = ReportOptions(state, task, html_file, as_json, tsv_file)
@@ -319,6 +321,7 @@ _CACHE_OPTION = _cache_option("The task cache directory ($CRUCIBLE_CACHE).")
 @_CACHE_OPTION
 def cache_forget(task: str, cache: Path | None) -> int:
     """Drop every cached result of TASK (it runs again next time)."""
+    # lazy: run.commands is not loaded with this module; only cache_forget() needs it
     from crucible.run.commands import CacheForgetOptions, run_cache_forget
 
     return run_cache_forget(CacheForgetOptions(task, cache), sys.stdout.buffer, sys.stderr)
@@ -336,6 +339,7 @@ def cache_forget(task: str, cache: Path | None) -> int:
 )
 def cache_gc(cache: Path | None, grace: float) -> int:
     """Remove store files that no cached result names."""
+    # lazy: run.commands is not loaded with this module; only cache_gc() needs it
     from crucible.run.commands import CacheGcOptions, run_cache_gc
 
     return run_cache_gc(CacheGcOptions(cache, grace), sys.stdout.buffer, sys.stderr)

@@ -4,6 +4,7 @@ loaded only when one of them runs)."""
 
 from __future__ import annotations
 
+import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,7 @@ class CacheGcOptions:
 def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     """The task table (or one task's instances), the NDJSON rows, the trace
     (``--tsv``), or the HTML page, on ``out`` (UTF-8)."""
+    # lazy: only run_report() needs it (start-up)
     from crucible.core import ndjson, output
     from crucible.run.report import _report as report
 
@@ -68,8 +70,7 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
     fold_above = None if opts.tsv_file is not None else report.FOLD_ABOVE
     rows = report.collect(state, task, fold_above=fold_above)
     if opts.tsv_file is not None:
-        import io
-
+        # lazy: run.report._usage is not loaded with this module; only run_report() needs it
         from crucible.run.report._usage import render_tsv
 
         trace = io.StringIO()
@@ -105,7 +106,6 @@ def run_report(opts: ReportOptions, out: BinaryIO, err: TextIO) -> int:
             if (line := accounting_line(state)) is not None:
                 out.write(ndjson.dumps_line(line))
         return EXIT_OK
-    import io
 
     table = io.StringIO()
     report.render_table(rows, table, instances=task is not None)
@@ -131,6 +131,7 @@ def _cache_dir(cache: Path | None) -> Path | None:
 
 
 def _json_line(out: BinaryIO, value: dict[str, Any], *, sort_keys: bool = False) -> None:
+    # lazy: json costs start-up; only _json_line() needs it
     import json
 
     out.write((json.dumps(value, sort_keys=sort_keys, separators=(",", ":")) + "\n").encode())
@@ -139,6 +140,7 @@ def _json_line(out: BinaryIO, value: dict[str, Any], *, sort_keys: bool = False)
 
 def run_cache_forget(opts: CacheForgetOptions, out: BinaryIO, err: TextIO) -> int:
     """Drop every cached result of the task; ``{"forgotten": N, "task": T}`` on ``out``."""
+    # lazy: only run_cache_forget() needs it (start-up)
     from crucible.core.contract import task_name_problems
     from crucible.run.cache._store import TaskCache
     from crucible.stage import escape_key
@@ -160,6 +162,7 @@ def run_cache_forget(opts: CacheForgetOptions, out: BinaryIO, err: TextIO) -> in
 
 def run_cache_gc(opts: CacheGcOptions, out: BinaryIO, err: TextIO) -> int:
     """Remove store files no cached result names; the counts on ``out``."""
+    # lazy: run.cache._store is not loaded with this module; only run_cache_gc() needs it
     from crucible.run.cache._store import TaskCache
 
     directory = _cache_dir(opts.cache)

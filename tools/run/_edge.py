@@ -15,6 +15,7 @@ PROG = "crucible-dispatch"
 def warner(err: TextIO) -> Callable[[str], None]:
     """One warning line on ``err``, written so that a stderr nobody reads drops
     it instead of holding the dispatcher (crucible.run.session._mirror)."""
+    # lazy: run.session._mirror is not loaded with this module; only warner() needs it
     from crucible.run.session._mirror import BoundedOut
 
     bounded: list[BoundedOut] = []

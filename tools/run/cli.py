@@ -40,6 +40,7 @@ PROG = "crucible-dispatch"
 def __getattr__(name: str) -> Any:
     # the click group and its commands, for tests and the umbrella's help
     if name in ("cli", "run_cmd", "report_cmd", "cache_group", "cache_forget", "cache_gc"):
+        # lazy: run._click_cli is not loaded with this module; only __getattr__() needs it
         from crucible.run import _click_cli
 
         return getattr(_click_cli, name)
@@ -47,6 +48,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _click_group() -> Any:
+    # lazy: run._click_cli is not loaded with this module; only _click_group() needs it
     from crucible.run._click_cli import cli
 
     return cli
@@ -54,6 +56,7 @@ def _click_group() -> Any:
 
 def _fast(args: list[str]) -> Callable[[], int] | None:
     """The run a plain command line asks for, or None (click parses it)."""
+    # lazy: run._argv is not loaded with this module; only _fast() needs it
     from crucible.run._argv import parse
 
     values = parse(args)
@@ -62,6 +65,7 @@ def _fast(args: list[str]) -> Callable[[], int] | None:
     pause_gc()  # until the run starts (run/session/_runner.py resumes it)
 
     def call() -> int:
+        # lazy: run.commands is not loaded with this module; only _fast() needs it
         from crucible.run.commands import dispatch_options, run_run
 
         return run_run(dispatch_options(**values), sys.stdout.buffer, sys.stderr)

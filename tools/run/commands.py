@@ -10,6 +10,7 @@ run/_commands_state.py, re-exported here and loaded on first use.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
@@ -56,6 +57,7 @@ _STATE_VERBS = (
 
 def __getattr__(name: str) -> Any:
     if name in _STATE_VERBS:
+        # lazy: run._commands_state is not loaded with this module; only __getattr__() needs it
         from crucible.run import _commands_state
 
         return getattr(_commands_state, name)
@@ -84,6 +86,7 @@ def dispatch_options(
 def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     """Run the plan; the dry run's lines or ``--outputs -`` on ``out``, the summary on
     ``err``. Refused and unusable options raise before the state dir is touched."""
+    # lazy: run.session._runner is not loaded with this module; only run_run() needs it
     from crucible.run.session._runner import run_plan
 
     options = opts.run
@@ -95,14 +98,17 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
     progress = err.isatty() and not options.follow and not options.dry_run
     options = dataclasses.replace(options, progress=progress)
     if options.executor == "slurm" and not options.dry_run:
+        # lazy: only run_run() needs it (start-up)
         from crucible.run.executors.slurm._executor import check_options as check_slurm
 
         check_slurm(options)  # before the state dir is touched
     elif options.executor != "local" and not options.dry_run:
+        # lazy: run.executors.dask._executor is not loaded with this module; only run_run() needs it
         from crucible.run.executors.dask._executor import check_options
 
         check_options(options)  # before the state dir is touched
     if options.actor is not None:
+        # lazy: run.accounting._forms is not loaded with this module; only run_run() needs it
         from crucible.run.accounting._forms import check_actor
 
         check_actor(options.actor)  # before the state dir is touched
@@ -110,6 +116,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         raise UsageError("--outputs - and --events - cannot both use stdout")
     live: Any = None
     if options.progress:
+        # lazy: run.engine._progress is not loaded with this module; only run_run() needs it
         from crucible.run.engine._progress import LiveProgress
 
         live = LiveProgress(err)
@@ -120,6 +127,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         if live is not None:
             live.close()
         if options.follow:
+            # lazy: run.session._mirror is not loaded with this module; only run_run() needs it
             from crucible.run.session._mirror import STALL, follow_dropped
 
             if follow_dropped():
@@ -141,8 +149,8 @@ def _copy_outputs(options: RunOptions, out: BinaryIO) -> None:
     """``--outputs``: STATE/outputs.json to stdout or FILE. A stdout whose reader
     has left (``| head -c 0``) only loses the copy: the run's own exit code and
     last line stand, as with ``--events -`` (issue 27 item 13)."""
-    import os
 
+    # lazy: run.session._outputs is not loaded with this module; only _copy_outputs() needs it
     from crucible.run.session._outputs import copy_outputs
 
     try:
@@ -188,6 +196,7 @@ def _printable(text: str) -> str:
 
 
 def _print_dry_run(lines: Any, as_json: bool, show_all: bool, out: BinaryIO) -> None:
+    # lazy: core.ndjson is not loaded with this module; only _print_dry_run() needs it
     from crucible.core import ndjson
 
     if as_json:
@@ -195,6 +204,7 @@ def _print_dry_run(lines: Any, as_json: bool, show_all: bool, out: BinaryIO) -> 
             out.write(ndjson.dumps_line(line))
         out.flush()
         return
+    # lazy: run.report._dry_text is not loaded with this module; only _print_dry_run() needs it
     from crucible.run.report._dry_text import dry_run_text
 
     for text in dry_run_text(list(lines), show_all=show_all, printable=_printable):

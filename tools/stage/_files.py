@@ -10,10 +10,12 @@ is copied as a regular file); special files are refused. Staging the captured tr
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -424,7 +426,6 @@ def clone_fd(src: int, out: int, key: tuple[int, int] | None = None) -> bool:
         key = (os.fstat(src).st_dev, os.fstat(out).st_dev)
     if _clone_ok.get(key) is False:
         return False
-    import fcntl
 
     try:
         fcntl.ioctl(out, FICLONE, src)
@@ -506,8 +507,6 @@ class _Copy:
     __slots__ = ("copied", "cv", "entry", "failed", "fd", "size", "target")
 
     def __init__(self, fd: int, target: Path, entry: dict[str, object]) -> None:
-        import threading
-
         self.fd = fd
         self.target = target
         self.entry = entry
@@ -556,8 +555,8 @@ class _Hasher:
     is made (:meth:`hash_here`). A failure is raised by :meth:`close`."""
 
     def __init__(self) -> None:
+        # lazy: not loaded with this module; only __init__() needs it
         import queue
-        import threading
 
         n = _hash_threads()
         self.threaded = n > 1

@@ -835,6 +835,7 @@ def stage_inputs(
         return _nothing_staged(state, inputs_dir)
     files_bytes = None
     if in_place:
+        # lazy: stage._restage is not loaded with this module; only stage_inputs() needs it
         from crucible.stage._restage import restage_in_place
 
         files_bytes = restage_in_place(state, d, inputs_dir, files_max)

@@ -52,12 +52,14 @@ import orjson
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
+from crucible.core.globs import pattern_regex
 from crucible.stage import _guard as guard
 from crucible.stage._files import clone_fd, clone_known_bad, copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._guard import BACKUP_DIR, backup_name
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
+from crucible.stage._store import load_keyed
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -201,7 +203,6 @@ def _read_manifest(root: Path, label: str, store: Path) -> tuple[str, Published]
 def _keyed_record(record: Path, key: str | None) -> dict[str, Any] | None:
     """A keyed unit's record, a line of its task's packed file (crucible.stage._store);
     None without one (``key`` None: captured files whose unit has no record)."""
-    from crucible.stage._store import load_keyed
 
     if key is None:
         return None
@@ -740,7 +741,6 @@ def _visible(pub: Published, skip: tuple[str, ...]) -> Published:
     """``pub`` without the paths ``skip`` matches (or that lie under a match)."""
     if not skip:
         return pub
-    from crucible.core.globs import pattern_regex
 
     regexes = [pattern_regex(tuple(p for p in s.split("/") if p)) for s in skip]
 

@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from crucible.core import canon
 from crucible.core.atomic import abandon, fsync_dir
 from crucible.core.contract import RESULT_STATUSES
@@ -173,8 +175,6 @@ def _read_from(fd: int, offset: int, size: int) -> bytes:
 
 
 def _parse_line(line: bytes) -> Any:
-    import orjson
-
     return orjson.loads(line)
 
 

@@ -25,6 +25,7 @@ PROG = "crucible-stage"
 def _target(
     plan: str | None, state: str, task: str, key: str | None, workspace: str | None
 ) -> TargetOptions:
+    # lazy: stage.commands is not loaded with this module; only _target() needs it
     from crucible.stage import commands
 
     return commands.TargetOptions(state=state, task=task, plan=plan, key=key, workspace=workspace)
@@ -77,6 +78,7 @@ def inputs_cmd(
     \b
     eval "$(crucible-stage inputs --state st --task report)"
     """
+    # lazy: stage.commands is not loaded with this module; only inputs_cmd() needs it
     from crucible.stage.commands import InputsOptions, run_inputs
 
     opts = InputsOptions(_target(plan, state, task, key, workspace), fmt)
@@ -114,6 +116,7 @@ def capture_cmd(
 ) -> int:
     """Settle one attempt of TASK: check and cap its result, capture its
     emits_files, write its record and print it. Exit 1 when the attempt failed."""
+    # lazy: stage.commands is not loaded with this module; only capture_cmd() needs it
     from crucible.stage.commands import CaptureOptions, run_capture
 
     opts = CaptureOptions(
@@ -133,6 +136,7 @@ def prompt_cmd(
     plan: str | None, state: str, task: str, key: str | None, workspace: str | None
 ) -> int:
     """Print agent TASK's prompt (staging its inputs first when needed)."""
+    # lazy: stage.commands is not loaded with this module; only prompt_cmd() needs it
     from crucible.stage.commands import PromptOptions, run_prompt
 
     opts = PromptOptions(_target(plan, state, task, key, workspace))

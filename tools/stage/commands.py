@@ -11,7 +11,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Protocol, TextIO, TypeVar
+from typing import IO, Any, BinaryIO, TextIO
 
 from crucible.core import canon
 from crucible.core.contract import emit_cap_from
@@ -23,7 +23,10 @@ from crucible.core.errors import (
     PlanChanged,
     UsageError,
 )
+from crucible.stage import StateDir
+from crucible.stage._capture import EXIT_CODE_MAX, EXIT_CODE_MIN
 from crucible.stage._layout import StateLayout
+from crucible.stage._plan import PLAN
 
 __all__ = [
     "CaptureOptions",
@@ -75,8 +78,8 @@ class PromptOptions:
 class Target:
     """What every subcommand is about: one task (or instance) of one run."""
 
-    plan: dict[str, Any]
-    state: Path
+    #: the run's state dir over the plan, whose view is built once
+    state_dir: StateDir
     task: str
     key: str | None
     workspace: Path
@@ -88,7 +91,6 @@ class Target:
 def naming_plan(name: str) -> Iterator[None]:
     """The library locates plan problems in the plan it was handed
     (:func:`crucible.stage._plan.in_plan`); say which file that is."""
-    from crucible.stage._plan import PLAN
 
     try:
         yield
@@ -128,10 +130,10 @@ def _admitted(path: Path) -> bytes:
         raise OperationalError(f"cannot read: {exc.strerror}", where=str(path)) from None
 
 
-def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None) -> dict[str, Any]:
-    """Read a plan strictly, check what stage relies on, and check it is the plan
-    the run in ``state`` admitted (``STATE/plan.json``) when there is one."""
-    from crucible.stage._plan import build_view
+def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None) -> StateDir:
+    """Read a plan strictly, check what stage relies on (building its view once,
+    in the state dir returned), and check it is the plan the run in ``state``
+    admitted (``STATE/plan.json``) when there is one."""
 
     data, name = _read_plan_bytes(plan_arg, state, stdin)
     try:
@@ -140,7 +142,7 @@ def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None)
         raise ParseError(exc.message, where=name) from None
     try:
         with naming_plan(name):
-            build_view(plan)
+            state_dir = StateDir(plan, state)
     except CrucibleError as exc:
         if exc.location.file != name:  # a problem of the plan, wherever it was found
             exc.where = name
@@ -148,8 +150,7 @@ def load_plan(plan_arg: str | None, state: Path, stdin: IO[bytes] | None = None)
     admitted = StateLayout(state).plan_path
     if plan_arg is not None and admitted.exists() and _admitted(admitted) != canon.dumps(plan):
         raise PlanChanged(f"plan differs from the one the run admitted ({admitted})", where=name)
-    assert isinstance(plan, dict)
-    return plan
+    return state_dir
 
 
 def _directory_arg(option: str, value: str, *, must_exist: bool = True) -> Path:
@@ -180,25 +181,7 @@ def resolve_target(
     else:
         name = str(Path(opts.plan) if opts.plan else StateLayout(state_path).plan_path)
     ws = ws_arg or StateLayout(state_path).work_dir(opts.task, opts.key)
-    return Target(loaded, state_path, opts.task, opts.key, ws, name)
-
-
-_T_co = TypeVar("_T_co", covariant=True)
-
-
-class _TargetStep(Protocol[_T_co]):
-    """A library call about one task of one run: stage_inputs, render_prompt."""
-
-    def __call__(
-        self, plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
-    ) -> _T_co: ...
-
-
-def _for_target(opts: TargetOptions, stdin: IO[bytes] | None, step: _TargetStep[_T_co]) -> _T_co:
-    """``step`` on the target the options name, its errors naming the plan file."""
-    t = resolve_target(opts, stdin=stdin)
-    with naming_plan(t.plan_name):
-        return step(t.plan, t.state, t.task, t.workspace, key=t.key)
+    return Target(loaded, opts.task, opts.key, ws, name)
 
 
 # -- inputs ----------------------------------------------------------------------
@@ -208,9 +191,10 @@ def run_inputs(
     opts: InputsOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Stage the task's inputs/ and print its environment."""
-    from crucible.stage import stage_inputs
 
-    staged = _for_target(opts.target, stdin, stage_inputs)
+    t = resolve_target(opts.target, stdin=stdin)
+    with naming_plan(t.plan_name):
+        staged = t.state_dir.stage_inputs(t.task, t.workspace, key=t.key)
     if opts.fmt == "json":
         out.write(canon.dumps(staged.env) + b"\n")
     else:
@@ -223,8 +207,6 @@ def run_inputs(
 
 
 def _exit_code(value: int) -> int:
-    from crucible.stage._capture import EXIT_CODE_MAX, EXIT_CODE_MIN
-
     if not EXIT_CODE_MIN <= value <= EXIT_CODE_MAX:
         raise UsageError(
             f"must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, not {value}",
@@ -244,12 +226,9 @@ def _capture(
 ) -> dict[str, Any]:
     """Capture from ``output_file``; ``-`` spools stdin to a private temp file
     first (not in the workspace, which emits_files globs may read)."""
-    from crucible.stage import capture
 
     def settle(path: Path, name: str | None) -> dict[str, Any]:
-        return capture(
-            t.plan,
-            t.state,
+        return t.state_dir.capture(
             t.task,
             t.workspace,
             output_file=path,
@@ -304,7 +283,9 @@ def run_prompt(
     opts: PromptOptions, out: BinaryIO, err: TextIO, *, stdin: IO[bytes] | None = None
 ) -> int:
     """Print an agent task's prompt (staging its inputs first when needed)."""
-    from crucible.stage import render_prompt
 
-    out.write(_for_target(opts.target, stdin, render_prompt).encode("utf-8"))
+    t = resolve_target(opts.target, stdin=stdin)
+    with naming_plan(t.plan_name):
+        prompt = t.state_dir.render_prompt(t.task, t.workspace, key=t.key)
+    out.write(prompt.encode("utf-8"))
     return 0

@@ -37,6 +37,7 @@ def command(bundle: Path, expect_path: Path | None, as_json: bool) -> int:
 
     Exit 0: a reading. 1: a refusal or finding. 2: usage. 3: no verdict reachable.
     """
+    # lazy: proof.reader.commands is not loaded with this module; only command() needs it
     from crucible.proof.reader.commands import VerifyCommand, run_verify
 
     return run_verify(VerifyCommand(bundle, expect_path, as_json), sys.stdout.buffer, sys.stderr)

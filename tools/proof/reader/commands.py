@@ -30,6 +30,7 @@ def _one_line(text: str) -> str:
 def run_verify(opts: VerifyCommand, out: BinaryIO, err: TextIO) -> int:
     """Verify one bundle: the report on ``out`` (JSON or one line), a refusal or finding
     as one line on ``err``. Raises a CrucibleError for usage (2) and inability (3)."""
+    # lazy: proof.reader is not loaded with this module; only run_verify() needs it
     from crucible.proof.reader import VerifyOptions, load_expectations, verify_bundle
 
     expect = load_expectations(opts.expect) if opts.expect is not None else None

@@ -82,6 +82,7 @@ def _run(
     ops: list[dict[str, Any]],
     files: dict[str, bytes],
 ) -> Any:
+    # lazy: proof.writer is not loaded with this module; only _run() needs it
     from crucible.proof.writer import ProveOptions, prove
 
     if root.exists():

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from crucible.core import canon
+from crucible.core import canon, digest
 from crucible.proof import layout
 from crucible.proof.writer._model import Workflow
 
@@ -373,6 +373,4 @@ class State:
 
 
 def _digest_of(data: bytes) -> str:
-    from crucible.core import digest
-
     return digest.of_bytes(data)

@@ -60,6 +60,7 @@ def command(
     """
     if ctx.invoked_subcommand is not None:
         return 0
+    # lazy: proof.writer.commands is not loaded with this module; only command() needs it
     from crucible.proof.writer.commands import ProveOptions, run_prove
 
     opts = ProveOptions(workflow, operations, artifacts, out, check_candidates, state)
@@ -75,6 +76,7 @@ def command(
 )
 def probe_command(as_json: bool) -> int:
     """Print the synthetic accounting experiment: measured candidates and boundaries."""
+    # lazy: proof.writer.commands is not loaded with this module; only probe_command() needs it
     from crucible.proof.writer.commands import ProbeOptions, run_probe
 
     return run_probe(ProbeOptions(json=as_json), sys.stdout.buffer, sys.stderr)

@@ -69,6 +69,7 @@ def run_prove(opts: ProveOptions, out: BinaryIO, err: TextIO) -> int:
     """Write the bundle; the proof digest on ``out``, a summary line on ``err``.
     Exit 3 (and the last complete prefix, labelled partial) when recording became
     unavailable; refused input raises (exit 1 or 2, the previous bundle untouched)."""
+    # lazy: proof.writer is not loaded with this module; only run_prove() needs it
     from crucible.proof.writer import ExportOptions, ProveOptions, export, prove
 
     if opts.state is not None:
@@ -107,6 +108,7 @@ class ProbeOptions:
 
 def run_probe(opts: ProbeOptions, out: BinaryIO, err: TextIO) -> int:
     """The synthetic accounting experiment: measured candidates and boundaries."""
+    # lazy: proof.writer._probe is not loaded with this module; only run_probe() needs it
     from crucible.proof.writer._probe import run_probe as probe
 
     out.write(probe(as_json=opts.json))

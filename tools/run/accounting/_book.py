@@ -467,10 +467,8 @@ class Accounting:
         """The captured result object of the unit's passed attempt (its audit)."""
         if unit.key is None:
             record = self.state_dir.load_result(unit.name)
-        else:
-            from crucible.stage._records import load_record_fast  # one parse per new line
-
-            record = load_record_fast(self.state, unit.name, unit.key)
+        else:  # the task's packed records, read once (one parse per new line)
+            record = self.state_dir.load_all(unit.name).get(unit.key)
         return {} if record is None else record.get("output", {})
 
     def _drain(self) -> None:

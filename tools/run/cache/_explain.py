@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.stage import StateDir, escape_key
 
@@ -36,8 +37,6 @@ def _ancestors(tasks: Mapping[str, Mapping[str, Any]], name: str) -> list[str]:
 
 
 def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
-    from crucible.core import atomic
-
     shadow = root / "state"
     shadow.mkdir()
     for part in ("results", "files", "reserved", "instances"):
@@ -52,6 +51,7 @@ def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
 def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
     """A static fan-out's instances file in the shadow, as the run writes it at
     admission (a producer-mapped task's comes with its producer's records)."""
+    # lazy: run.engine._matrix is not loaded with this module; only _list_instances() needs it
     from crucible.run.engine._matrix import expand, is_static, write_instances
 
     if is_static(task):
@@ -86,6 +86,7 @@ def explain_lines(
 ) -> list[dict[str, Any]]:
     """``lines`` (crucible.run.engine._selection.dry_run_lines) with ``cache`` (hit, miss,
     off, unknown) on each unit that would run; a hit's action is ``cached``."""
+    # lazy: only explain_lines() needs it (start-up)
     from crucible.run.cache._keyer import Keyer
     from crucible.run.cache._unit import UnitCache, cacheable
 

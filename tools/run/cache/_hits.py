@@ -185,6 +185,7 @@ class CacheHits:
         own under the ledger's lock (docs/spec/cache.md, "Hit, miss, and what
         is recorded"). A failure is a warning: those units miss next time."""
         if self._recorder is None:
+            # lazy: run.cache._store is not loaded with this module; only record_facts() needs it
             from crucible.run.cache._store import TaskCache
 
             self._recorder = TaskCache(self._directory, warn=self.warn)

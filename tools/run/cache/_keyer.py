@@ -25,11 +25,12 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError
-from crucible.run.cache._reads import ReadsKeyer
+from crucible.run.cache._reads import ReadsKeyer, describe_change
 from crucible.run.cache._store import (
     CacheKey,
     FilesMemo,
     ancestor_files,
+    explain_miss,
     fixed_components,
     scalar_digest,
 )
@@ -152,8 +153,6 @@ class Keyer:
     def explain(self, previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
         """Why a unit missed (crucible.run.cache._store.explain_miss), naming the
         declared read that changed when that is the first difference."""
-        from crucible.run.cache._reads import describe_change
-        from crucible.run.cache._store import explain_miss
 
         why = explain_miss(previous, current)
         if why == "changed reads" and previous is not None and "reads" in current:

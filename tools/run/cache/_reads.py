@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from crucible.core import canon, digest
 from crucible.core.globs import GLOB_CHARS, pattern_regex
 
@@ -119,7 +121,6 @@ def _listing_bytes(listing: Listing) -> bytes:
     from the plan, paths made printable), for which orjson writes the RFC 8785
     bytes (crucible.core.canon's own fast path) without canon's walk over
     10,000 members first."""
-    import orjson
 
     return orjson.dumps(listing)
 
@@ -146,11 +147,10 @@ class ReadsKeyer:
         if self._memo is None:
             self._memo = {}
             if self.cache_dir is not None:
+                # lazy: core.fdio is not loaded with this module; only _load_memo() needs it
                 from crucible.core.fdio import read_regular
 
                 with contextlib.suppress(Exception):  # a damaged memo only costs rereads
-                    import orjson
-
                     loaded = orjson.loads(read_regular(self.cache_dir / _MEMO, follow=False))
                     if isinstance(loaded, dict):
                         self._memo = loaded
@@ -160,8 +160,8 @@ class ReadsKeyer:
         if not self._memo_dirty or self.cache_dir is None or self._memo is None:
             return
         self._memo_dirty = False
-        import orjson
 
+        # lazy: core.atomic is not loaded with this module; only _save_memo() needs it
         from crucible.core import atomic
 
         # TypeError: a path that is not UTF-8 cannot be a JSON key (its file is
@@ -177,6 +177,7 @@ class ReadsKeyer:
         known = memo.get(path)
         if known is not None and known[:5] == ident:
             return str(known[5])
+        # lazy: run.cache._storefs is not loaded with this module; only file_digest() needs it
         from crucible.run.cache import _storefs
 
         # a declared read may be a link to a file: its target's bytes are keyed
@@ -247,6 +248,7 @@ class ReadsKeyer:
         where = self._listing_path(value)
         if where is None or where.exists():
             return
+        # lazy: only _keep_listing() needs it (start-up)
         from crucible.core import atomic
         from crucible.run.cache._storefs import real_dirs
 
@@ -266,6 +268,7 @@ class ReadsKeyer:
         where = self._listing_path(value)
         if where is None:
             return None
+        # lazy: core.fdio is not loaded with this module; only kept_listing() needs it
         from crucible.core.fdio import read_regular
 
         try:

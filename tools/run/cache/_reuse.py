@@ -53,6 +53,7 @@ def environ_record(
     """What ``STATE/environ.json`` holds for a run of ``plan`` from ``environ``:
     every host variable a task of it is handed and keyed on (run.md,
     "Environment"; cache.md), never another."""
+    # lazy: run.executors._environ is not loaded with this module; only environ_record() needs it
     from crucible.run.executors._environ import BASE_VARS
 
     names = set(BASE_VARS)
@@ -130,6 +131,7 @@ def _passed_in(prev: Path) -> dict[tuple[str, str | None], int] | None:
     """The session each unit last passed in, from the earlier run's session log
     (None when it cannot be read: then no unit of a run with several
     environments is reused)."""
+    # lazy: run.session._log is not loaded with this module; only _passed_in() needs it
     from crucible.run.session._log import read_events
 
     try:
@@ -265,6 +267,7 @@ def reuse_dir(state: Path) -> Path:
     """A temporary cache beside ``state`` (its filesystem: files are hard-linked).
     One a killed run left is removed first (the caller holds the state's lock:
     no other run of this state uses one)."""
+    # lazy: shutil, tempfile cost start-up; only reuse_dir() needs it
     import shutil
     import tempfile
 

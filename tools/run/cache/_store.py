@@ -29,6 +29,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,7 @@ def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
     name is fixed per process — one thread of a process writes these — so
     there is no random name to draw and no retry; it is created O_EXCL, so a
     link planted at it is refused (OSError), never written through."""
+    # lazy: core.atomic is not loaded with this module; only write_quick() needs it
     from crucible.core.atomic import TMP_PREFIX
 
     parent = path.parent
@@ -343,6 +345,7 @@ def fixed_components(
     miss names each variable that changed; ``PATH`` is keyed as the programs
     it resolves (``program:<name>``, crucible.run.cache._programs), not as a
     string."""
+    # lazy: run.cache._programs is not loaded with this module; only fixed_components() needs it
     from crucible.run.cache._programs import program_components
 
     version = int(plan["version"])
@@ -384,6 +387,7 @@ def unit_key(
     components.update(_staged_inputs(workspace, int(plan["version"])))
     components.update(ancestor_files(plan, task_name, state, escape_key))
     if task.get("reads"):
+        # lazy: run.cache._reads is not loaded with this module; only unit_key() needs it
         from crucible.run.cache._reads import ReadsKeyer
 
         components["reads"] = ReadsKeyer(pack_dir, None).component(task["reads"])
@@ -506,6 +510,7 @@ class TaskCache:
     # pays for opening it once, in the process that looks up.
     def _open(self) -> Any:
         if self._ledger is None:
+            # lazy: ledger is not loaded with this module; only _open() needs it
             from crucible.ledger import Ledger
 
             self._ledger = Ledger(self.directory, warn=self.warn)
@@ -652,6 +657,7 @@ class TaskCache:
         if ck.key is None:  # a plain unit: its hits link their record from the store
             with contextlib.suppress(OSError):
                 value[RESTORED] = self._put_restored(canon.dumps(restored_record(record, ck)))
+        # lazy: ledger is not loaded with this module; only save() needs it
         from crucible.ledger import Ledger, Outcome
 
         step = _step(ck)
@@ -694,6 +700,7 @@ class TaskCache:
         superseded by a ``failed`` record whose value is ``{"forgotten": true}``
         (the ledger is append-only; a lookup replays only ``ok``), and its
         ``last/`` entries go. Returns how many records were forgotten."""
+        # lazy: ledger is not loaded with this module; only forget() needs it
         from crucible.ledger import Outcome
 
         ledger = self._open()
@@ -717,7 +724,6 @@ class TaskCache:
         """Remove store files no live record names. Files younger than ``grace``
         seconds are kept: a run stores a unit's files just before it appends
         the record that names them."""
-        import time
 
         live: set[Any] = set()
         for r in self._live():

@@ -82,6 +82,7 @@ def evaluate(
 ) -> bool:
     """Evaluate ``expression`` over ``values`` (params, inputs, needs[, item][, outcome])
     within the bounds of crucible.compile._bounded (time, memory, signals)."""
+    # lazy: compile._bounded is not loaded with this module; only evaluate() needs it
     from crucible.compile._bounded import evaluate_expression
 
     prelude = _PRELUDE + (_PRELUDE_ITEM if item else "") + (_PRELUDE_OUTCOME if outcome else "")
@@ -130,6 +131,7 @@ class Control:
 
     def params(self) -> dict[str, Any]:
         if self._params is None:
+            # lazy: not loaded with this module; only params() needs it
             import orjson
 
             # Admission wrote the resolved params before anything ran.
@@ -247,6 +249,7 @@ def amend_record(path: Path, *, durable: bool = True, **members: Any) -> dict[st
     amend_result refuses a mapped task's aggregate, which this also amends).
     ``durable=False``: not fsynced; the dispatcher's group commit makes it
     durable before the batch holding its ``task_finished`` (run.md)."""
+    # lazy: core.atomic is not loaded with this module; only amend_record() needs it
     from crucible.core import atomic, canon
 
     record: dict[str, Any] = canon.loads(path.read_bytes())

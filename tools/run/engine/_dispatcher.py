@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import selectors
 import signal
 import time
@@ -34,6 +35,7 @@ from crucible.run.engine._readiness import Readiness
 from crucible.run.engine._schedule import Schedule
 from crucible.run.engine._selection import Selection
 from crucible.run.engine._signals import StopSignals
+from crucible.run.engine._temps import TempFreer
 from crucible.run.engine._units import (
     FAILED,
     FAILURES_SHOWN,
@@ -224,8 +226,6 @@ class Dispatcher:
         # temporary files (crucible.run.engine._temps): freed as their readers settle
         self.temps: Any = None
         if any(t.get("temp_files") for t in self.graph.tasks.values()):
-            from crucible.run.engine._temps import TempFreer
-
             self.temps = TempFreer(
                 self.state, self.graph.tasks, self.schedule.status,
                 lambda: self.schedule.selected, self._temp_freed,
@@ -261,34 +261,17 @@ class Dispatcher:
     # ------------------------------------------------------------ entry point
 
     def run(self) -> RunOutcome:
+        """The session: watch the workers and the signals, queue what is ready,
+        run the turns until nothing is left, then its verdict (``run_finished``)."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.selector.register(wake_r, selectors.EVENT_READ, None)
-
-        # -- lazy workers (crucible.run.executors._workers): a local pool forks at its first
-        # unit; its reply fds are watched as they appear
-        def watch(fd: int) -> None:
-            self.selector.register(fd, selectors.EVENT_READ, _WORKER)
-
-        if hasattr(self.workers, "watch"):
-            self.workers.watch(watch)
-        else:
-            for fd in self.workers.reply_fds:
-                watch(fd)
-        # -- end lazy workers
+        self._watch_workers()
         self.signals.install(wake_w)
         started = time.monotonic()
         lost: executor.ExecutorLost | None = None
         self.durable.watch(wake_w)
         try:
-            self.schedule.resume(self.selection)
-            if self.temps is not None:  # an earlier session's leftovers, first
-                self.temps.start()
-            self.readiness.not_selected()
-            for name in self.graph.order:
-                if name not in self.schedule.status and self.schedule.remaining[name] == 0:
-                    self.schedule.ready_once(name)
-            if self.loop is not None:  # scored loop: its before tasks may all be settled
-                self.loop.maybe_start()
+            self._queue_ready()
             self._loop(wake_r)
             if self.loop is not None:
                 self.loop.at_end()
@@ -317,36 +300,8 @@ class Dispatcher:
             if self.accounting is not None:  # recover an open epoch; usage.json
                 self.accounting.close()
         duration = time.monotonic() - started
-        counts = {
-            "tasks": len(self.graph.tasks),
-            "units": self.schedule.counts.total,
-            PASSED: self.schedule.counts.passed,
-            FAILED: self.schedule.counts.failed,
-            SKIPPED: self.schedule.counts.skipped,
-        }
-        if self.schedule.counts.tolerated:
-            counts["tolerated"] = self.schedule.counts.tolerated
-        if lost is not None:
-            status, code = FAILED, lost.exit_code
-        elif self.signals.received is not None:
-            status = INTERRUPTED
-            code = 128 + self.signals.received
-        elif self.loop is not None and self.loop.fails_run:  # scored loop: body_failed
-            status, code = FAILED, 1
-        elif all(self.schedule.status.get(n) == PASSED for n in self.schedule.expected()):
-            status, code = PASSED, 0
-        elif self.plan["version"] >= 3 and all(
-            n in self.schedule.status
-            and (self.schedule.status[n] != FAILED or n in self.schedule.tolerated)
-            for n in self.schedule.expected()
-        ):
-            # IR v3: skips (a false condition, a tolerated producer) and tolerated
-            # failures leave the run passed; any other skip follows a failure.
-            status, code = PASSED, 0
-        else:
-            status, code = FAILED, 1
-        import resource
-
+        counts = self._counts()
+        status, code = self._verdict(lost)
         self.log.emit(
             events.run_finished(
                 status=status,
@@ -361,6 +316,66 @@ class Dispatcher:
         return RunOutcome(
             status, code, counts, self.admission.digest, duration, tuple(self.schedule.failures)
         )
+
+    def _watch_workers(self) -> None:
+        """The workers' reply fds in the selector: a local pool forks at its first
+        unit (crucible.run.executors._workers), its fds watched as they appear."""
+
+        def watch(fd: int) -> None:
+            self.selector.register(fd, selectors.EVENT_READ, _WORKER)
+
+        if hasattr(self.workers, "watch"):
+            self.workers.watch(watch)
+        else:
+            for fd in self.workers.reply_fds:
+                watch(fd)
+
+    def _queue_ready(self) -> None:
+        """What an earlier session settled, the leftovers it freed, what is not
+        selected, then every task ready now (and a scored loop whose before tasks
+        may all have settled)."""
+        self.schedule.resume(self.selection)
+        if self.temps is not None:  # an earlier session's leftovers, first
+            self.temps.start()
+        self.readiness.not_selected()
+        for name in self.graph.order:
+            if name not in self.schedule.status and self.schedule.remaining[name] == 0:
+                self.schedule.ready_once(name)
+        if self.loop is not None:  # scored loop: its before tasks may all be settled
+            self.loop.maybe_start()
+
+    def _counts(self) -> dict[str, int]:
+        """``run_finished.counts``."""
+        counts = {
+            "tasks": len(self.graph.tasks),
+            "units": self.schedule.counts.total,
+            PASSED: self.schedule.counts.passed,
+            FAILED: self.schedule.counts.failed,
+            SKIPPED: self.schedule.counts.skipped,
+        }
+        if self.schedule.counts.tolerated:
+            counts["tolerated"] = self.schedule.counts.tolerated
+        return counts
+
+    def _verdict(self, lost: executor.ExecutorLost | None) -> tuple[str, int]:
+        """The session's status and exit code (docs/spec/run.md, "Exit codes")."""
+        if lost is not None:
+            return FAILED, lost.exit_code
+        if self.signals.received is not None:
+            return INTERRUPTED, 128 + self.signals.received
+        if self.loop is not None and self.loop.fails_run:  # scored loop: body_failed
+            return FAILED, 1
+        if all(self.schedule.status.get(n) == PASSED for n in self.schedule.expected()):
+            return PASSED, 0
+        if self.plan["version"] >= 3 and all(
+            n in self.schedule.status
+            and (self.schedule.status[n] != FAILED or n in self.schedule.tolerated)
+            for n in self.schedule.expected()
+        ):
+            # IR v3: skips (a false condition, a tolerated producer) and tolerated
+            # failures leave the run passed; any other skip follows a failure.
+            return PASSED, 0
+        return FAILED, 1
 
     def _kill_orphaned_groups(self) -> None:
         """SIGKILL the groups of tasks still running, when their pids are this

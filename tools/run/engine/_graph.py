@@ -34,6 +34,7 @@ def _topological_order(
     tasks: dict[str, dict[str, Any]], waits_for: dict[str, tuple[str, ...]]
 ) -> tuple[str, ...]:
     """Kahn's algorithm; among ready tasks the earliest declared goes first."""
+    # lazy: not loaded with this module; only _topological_order() needs it
     import heapq
 
     position = {name: i for i, name in enumerate(tasks)}

@@ -24,7 +24,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, keyed_items
+from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, describe_source, keyed_items
 from crucible.compile._sequences import (
     SequenceProblem,
     check_sequence_param_values,
@@ -131,6 +131,7 @@ def _source_value(
 def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]) -> Any:
     """An unmapped producer's field (at the reference's path, edition 4), or a
     mapped producer's fold (crucible.run.engine._folds)."""
+    # lazy: stage is not loaded with this module; only _producer_value() needs it
     from crucible import stage
 
     ref = parse_ref(source, task.get("needs", ()))
@@ -200,8 +201,6 @@ def _pairs_of(fold: Fold, what: str) -> list[tuple[str, Any]]:
 
 
 def _describe(source: Any) -> str:
-    from crucible.compile._fanout import describe_source
-
     return describe_source(source)
 
 
@@ -229,6 +228,7 @@ def combinations(
     """The matrix's combinations (module doc), in order, matched in linear time
     (crucible.compile._matrix_rules). Raises :class:`FanoutFailed` above
     :data:`MAX_INSTANCES`."""
+    # lazy: compile._matrix_rules is not loaded with this module; only combinations() needs it
     from crucible.compile._matrix_rules import TooManyCombinations, matrix_combinations
 
     try:
@@ -280,6 +280,7 @@ def preview(item: Any) -> str:
 
 
 def write_instances(state: Path, task: str, pairs: Sequence[tuple[str, Any]]) -> None:
+    # lazy: stage is not loaded with this module; only write_instances() needs it
     from crucible.stage import instances_path
 
     path = instances_path(state, task)

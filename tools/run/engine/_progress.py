@@ -37,6 +37,7 @@ class LiveProgress:
     """A rich ``Live`` line refreshed at most 8 times a second."""
 
     def __init__(self, stream: IO[str]) -> None:
+        # lazy: rich is heavy; only __init__() needs it
         from rich.console import Console
         from rich.live import Live
 
@@ -54,6 +55,7 @@ class LiveProgress:
             self._render(counts)
 
     def _render(self, counts: Counts) -> None:
+        # lazy: rich is heavy; only _render() needs it
         from rich.progress_bar import ProgressBar
         from rich.table import Table
 

@@ -199,6 +199,7 @@ def _instance_lines(
 def _static_keys(task: dict[str, Any], params: Any, sd: StateDir) -> list[str] | None:
     """A static fan-out's instance keys (a matrix, a literal or param map), or
     None when it is not one or cannot expand (the run reports why)."""
+    # lazy: run.engine._matrix is not loaded with this module; only _static_keys() needs it
     from crucible.run.engine._matrix import FanoutFailed, expand, is_static
 
     if params is None or not is_static(task):

@@ -86,6 +86,7 @@ def rerun_for_freed(
 
 
 def _matches(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    # lazy: core.globs is not loaded with this module; only _matches() needs it
     from crucible.core.globs import pattern_regex
 
     regexes = [pattern_regex(tuple(p for p in s.split("/") if p)) for s in patterns]

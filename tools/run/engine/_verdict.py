@@ -20,6 +20,7 @@ VERDICTS = ("pass", "fail")
 def check(output_file: Path) -> tuple[Any, str | None]:
     """``(verdict value, None)`` when the verdict is ``"pass"``; otherwise
     ``(verdict value or None, the failure note)``."""
+    # lazy: not loaded with this module; only check() needs it
     import orjson
 
     try:

@@ -52,9 +52,11 @@ def create(
         )
         return LocalExecutor(pool, slots, reaper)
     if options.executor == "slurm":
+        # lazy: run.executors.slurm._executor is not loaded with this module; only create() needs it
         from crucible.run.executors.slurm._executor import SlurmExecutor
 
         return SlurmExecutor(options, jobs=jobs, runner=runner)
+    # lazy: run.executors.dask._executor is not loaded with this module; only create() needs it
     from crucible.run.executors.dask._executor import DaskExecutor
 
     return DaskExecutor(options, jobs=jobs, runner=runner, warn=warn)

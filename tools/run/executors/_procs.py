@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -135,8 +136,6 @@ def close_inherited() -> None:
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:  # no /proc: every descriptor up to the soft limit
-        import resource
-
         fds = list(range(3, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536)))
     for fd in fds:
         if fd > 2:
@@ -163,6 +162,7 @@ def spawn(
     be started (ValueError for a NUL in argv or env: a bug of the caller).
     With ``sandbox``, the task starts sandboxed (crucible.run.executors._sandbox)."""
     if sandbox is not None:
+        # lazy: run.executors._sandbox is not loaded with this module; only spawn() needs it
         from crucible.run.executors._sandbox import sandboxed
 
         pid = sandboxed(

@@ -29,6 +29,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from typing import Any
 
 __all__ = ["Reaper"]
@@ -149,8 +150,8 @@ class Reaper:
 
 def _reap(pid: int, timeout: float) -> None:
     """Wait up to ``timeout`` seconds for the reaper to exit, and reap it."""
+    # lazy: not loaded with this module; only _reap() needs it
     import select
-    import time
 
     deadline = time.monotonic() + timeout
     with contextlib.suppress(ChildProcessError):

@@ -166,6 +166,7 @@ class SandboxSpec:
 def choose(environ: Mapping[str, str]) -> tuple[str, str]:
     """(mechanism, bwrap's path) for this host; SandboxUnavailable (one line)
     when neither can be used."""
+    # lazy: core.fsio is not loaded with this module; only choose() needs it
     from crucible.core.fsio import which
 
     forced = environ.get(ENV_SWITCH, "")
@@ -421,6 +422,7 @@ class UnitSandbox:
     def _reads_paths(self, reads: tuple[str, ...]) -> tuple[list[str], list[str]]:
         """(files and trees it may read, directories it may list): each entry's
         matches, and the directory a glob is matched under."""
+        # lazy: run.cache._reads is not loaded with this module; only _reads_paths() needs it
         from crucible.run.cache._reads import match_files, split_entry
 
         files: list[str] = []

@@ -27,6 +27,7 @@ gone, and the worker kills its task's group rather than leave it orphaned.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -42,7 +43,7 @@ from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.core.fdio import write_all
 from crucible.run._options import RunOptions
-from crucible.run.cache._unit import cacheable
+from crucible.run.cache._unit import UnitCache, cacheable
 from crucible.run.engine import _verdict as verdict_rules
 from crucible.run.engine._failures import (
     TAIL_BYTES,
@@ -340,7 +341,6 @@ def follow_prefix(name: str, key: str | None) -> bytes:
 def log_header(name: str, key: str | None, attempt: int, argv: list[str], started: str) -> bytes:
     """The line that heads each attempt in a log: ``== crucible: attempt N``, then
     the task, key, start time and argv as JSON strings (one line whatever they hold)."""
-    import json
 
     parts = [f"== crucible: attempt {attempt} task {json.dumps(name)}"]
     if key is not None:
@@ -471,8 +471,8 @@ class UnitRunner:
         # it passed, saved
         self.cache: Any = None
         if options.cache is not None:
+            # lazy: run.cache._keyer is not loaded with this module; only __init__() needs it
             from crucible.run.cache._keyer import Keyer
-            from crucible.run.cache._unit import UnitCache
 
             keyer = Keyer(
                 plan,
@@ -582,6 +582,7 @@ class UnitRunner:
         # --- end agent streams
         sandbox = None
         if self._sandboxed(task):
+            # lazy: run.executors._sandbox is not loaded with this module; only _start() needs it
             from crucible.run.executors._sandbox import SandboxUnavailable
 
             try:
@@ -611,6 +612,7 @@ class UnitRunner:
                 "message": f"cannot start {argv[0]!r}: {why or exc}",
                 "staged_env": staged.staged_env,
             }
+        # lazy: run.session._log is not loaded with this module; only _start() needs it
         from crucible.run.session._log import now_text
 
         attempt = staged.attempt
@@ -629,6 +631,7 @@ class UnitRunner:
 
     def _sandbox_of(self) -> Any:
         if self._sandbox is None:
+            # lazy: only _sandbox_of() needs it (start-up)
             from crucible.run.executors._sandbox import UnitSandbox
 
             self._sandbox = UnitSandbox(self.environ, str(self.state), self.pack_dir)

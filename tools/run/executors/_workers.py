@@ -260,6 +260,7 @@ def _serve_loop(handler: Callable[[Any, Channel], Any], requests: int, replies: 
         try:
             data = _frame(reply)
         except Exception:
+            # lazy: traceback costs start-up; only _serve_loop() needs it
             import traceback
 
             data = _frame((token, "bug", traceback.format_exc()))

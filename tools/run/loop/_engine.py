@@ -163,6 +163,7 @@ class LoopRun:
             if write:
                 self._write(durable=True)
             else:
+                # lazy: only _durable_then() needs it (start-up)
                 from crucible.run.session._log import _fsync_path
 
                 _fsync_path(str(self.path))
@@ -295,6 +296,7 @@ class LoopRun:
             self._write_reserved(len(self.revisions))
 
     def _write_reserved(self, n: int) -> None:
+        # lazy: run.loop._reserved is not loaded with this module; only _write_reserved() needs it
         from crucible.run.loop import _reserved as _loop_reserved
 
         _loop_reserved.write(self.d, n, self.revisions)
@@ -355,6 +357,7 @@ class LoopRun:
         """Every body need of ``name`` settled in this revision: queue its unit,
         or settle it skipped (its join, a false condition) or failed (a condition
         error) as the dispatcher does any task (pending already counts it)."""
+        # lazy: only _ready() needs it (start-up)
         from crucible.run.engine import _control as control
         from crucible.run.engine._units import Unit
 

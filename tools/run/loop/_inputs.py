@@ -54,6 +54,7 @@ _EMPTY_LIST = 2
 
 def revision_key(revision: int) -> str:
     """The instance key of revision ``revision``: ``@rev<N>`` (stage's rule)."""
+    # lazy: stage is not loaded with this module; only revision_key() needs it
     from crucible.stage import revision_key as key
 
     return key(revision)
@@ -141,6 +142,7 @@ def kept_from_state(
     record of revision ``revision`` (a line of ``STATE/results/<task>.jsonl``)."""
     if revision is None:
         return None
+    # lazy: stage is not loaded with this module; only kept_from_state() needs it
     from crucible.stage import load_result
 
     state = _state_of(layout)

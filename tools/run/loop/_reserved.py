@@ -18,6 +18,7 @@ __all__ = ["write"]
 def write(d: LoopHost, n: int, revisions: list[dict[str, Any]]) -> None:
     """STATE/reserved/{revision,history,kept,meta}.json for revision ``n``, from
     loop.json's settled ``revisions``, atomically."""
+    # lazy: run.loop._inputs is not loaded with this module; only write() needs it
     from crucible.run.loop import _inputs as loop_inputs
 
     # Atomic, not durable: derived from loop.json and rewritten before every

@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from crucible.run.report._usage import UnitUsage
@@ -184,16 +184,12 @@ class Folded:
     def outliers(self) -> list[str]:
         """The keys of the folded instances that are kept as rows after all:
         the :data:`SLOWEST` by duration, the :data:`HEAVIEST` by peak RSS and by CPU."""
-        live = list(self.live())
         chosen: set[int] = set()
         for name, n in (("duration", SLOWEST), ("max_rss_kib", HEAVIEST), ("cpu_s", HEAVIEST)):
             column = self._column(name)
-            measured = [
-                (float(column[i]), -i)
-                for i in live
-                if column[i] == column[i] and column[i] != _NONE
-            ]
-            chosen.update(-neg for _, neg in heapq.nlargest(n, measured))
+            measured = (i for i in self.live() if column[i] == column[i] and column[i] != _NONE)
+            # ties: the first folded (a generator: nothing a million long is built)
+            chosen.update(heapq.nlargest(n, measured, key=_ranked(column)))
         return [self.keys[i] for i in sorted(chosen)]
 
     def _column(self, name: str) -> array[float] | array[int]:
@@ -298,6 +294,15 @@ class Folded:
                 cpu += c
                 wall += d
         return cpu, wall
+
+
+def _ranked(column: array[float] | array[int]) -> Callable[[int], tuple[float, int]]:
+    """A slot's rank by ``column`` (ties: the first folded first)."""
+
+    def rank(i: int) -> tuple[float, int]:
+        return (float(column[i]), -i)
+
+    return rank
 
 
 def _opt(v: float) -> float | None:

@@ -68,6 +68,7 @@ class LoopView:
 
 
 def _type(value: Any) -> str:
+    # lazy: run.report._state is not loaded with this module; only _type() needs it
     from crucible.run.report._state import _type as kind
 
     return kind(value)
@@ -137,8 +138,10 @@ def plan_loop(state: Path) -> dict[str, Any]:
     """The plan's ``loop`` member (plan.json; the report read the plan through
     its rules already), or an empty dict: what is drawn or grouped from it is
     never an error of its own."""
+    # lazy: not loaded with this module; only plan_loop() needs it
     import orjson
 
+    # lazy: run.report._state, stage are not loaded with this module; only plan_loop() needs it
     from crucible.run.report._state import read_regular
     from crucible.stage import StateLayout
 
@@ -168,8 +171,10 @@ def _target(loop: dict[str, Any]) -> float | None:
 def load(state: Path, loop: dict[str, Any] | None = None) -> LoopView | None:
     """``STATE/loop.json`` checked, or None when the run has no loop; ``loop``
     is the plan's member (:func:`plan_loop`, read when not given)."""
+    # lazy: not loaded with this module; only load() needs it
     import orjson
 
+    # lazy: run.report._state, stage are not loaded with this module; only load() needs it
     from crucible.run.report._state import read_regular
     from crucible.stage import StateLayout
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
+from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused
 from crucible.run._display import clip, escape, name_signals, signal_name
 from crucible.run.report._accounting import refused_label
@@ -25,6 +28,7 @@ from crucible.run.report._state import (
     load_plan,
     load_record,
     load_resources,
+    read_regular,
 )
 from crucible.run.report._usage import (
     UnitUsage,
@@ -284,7 +288,7 @@ def _item_keys(
     the log names."""
     keys: list[str] | None = None
     if record is not None and "keys" in record:
-        keys = list(record["keys"])
+        keys = record["keys"]  # the caller does not change it
     elif source is None:  # a listed fan-out (count, list) or a matrix: the plan says
         from crucible import stage
 
@@ -306,14 +310,17 @@ def _item_keys(
             keys = None  # the source failed or holds no array/object: the log's keys
     if keys is None:
         return seen
-    known = set(keys)
-    return keys + [k for k in seen if k not in known]
+    if not seen:
+        return keys
+    unknown = set(seen)  # the few keys seen, not a set of every key
+    for k in keys:
+        unknown.discard(k)
+    extra = [k for k in seen if k in unknown]
+    return keys + extra if extra else keys
 
 
 def _plan_value(state: Path) -> Any:
-    import orjson
-
-    from crucible.run.report._state import read_regular
+    # lazy: stage is not loaded with this module; only _plan_value() needs it
     from crucible.stage import StateLayout
 
     data = read_regular(StateLayout(state).plan_path, "plan.json")
@@ -615,7 +622,13 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
         )
     top = {name: Row(name, None, mapped=mapped) for name, mapped, _ in tasks}
     inst: dict[str, dict[str, Row]] = {name: {} for name, mapped, _ in tasks if mapped}
-    records = {n: load_record(state, n, None) for n in names if task is None or n == task}
+    # a mapped task's record now (its size decides a fold); another's when its
+    # row is settled (a map source's record holds every item: not kept)
+    records = {
+        n: load_record(state, n, None)
+        for n, mapped, _ in tasks
+        if mapped and (task is None or n == task)
+    }
     folds: dict[str, Folded] = {}
     if task is None and fold_above is not None:
         for name, mapped, source in tasks:
@@ -633,7 +646,7 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
             continue
         agg = top[name]
         _close_open_tries(agg, by_number)
-        record = records.get(name)
+        record = records.pop(name) if mapped else load_record(state, name, None)
         _settle(agg, record)
         rows.append(agg)
         if mapped:
@@ -860,8 +873,7 @@ def render_outputs(state: Path, out: IO[str]) -> None:
     """The run's results (``STATE/outputs.json``), under the table when the plan
     declares any: each present one as canonical JSON (cut), each absent one with
     its reason."""
-    from crucible.core import canon
-    from crucible.run.report._state import read_regular
+    # lazy: stage is not loaded with this module; only render_outputs() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).outputs_path

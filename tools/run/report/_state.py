@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from crucible.core.errors import OperationalError, ParseError
+from crucible.core.errors import CrucibleError, InputRefused, OperationalError, ParseError
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
 
@@ -125,6 +125,7 @@ def _int(value: Any, minimum: int | None = None) -> bool:
 
 
 def _load_json(data: bytes, where: str) -> Any:
+    # lazy: not loaded with this module; only _load_json() needs it
     import orjson
 
     try:
@@ -139,7 +140,7 @@ def _load_json(data: bytes, where: str) -> Any:
 def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
     """(task name, mapped, the task its map reads or None) in plan order, from
     ``STATE/plan.json``."""
-    from crucible.core.errors import InputRefused
+    # lazy: stage is not loaded with this module; only load_plan() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).plan_path
@@ -166,6 +167,7 @@ def load_resources(state: Path) -> dict[str, dict[str, int]]:
     """Each task's declared ``resources`` (``cpus``, ``memory`` in bytes) from
     ``STATE/plan.json``, where the plan declares them (IR v3); a value that is
     not a positive integer is left out (the report only shows them)."""
+    # lazy: stage is not loaded with this module; only load_resources() needs it
     from crucible.stage import StateLayout
 
     data = read_regular(StateLayout(state).plan_path, "plan.json")
@@ -395,8 +397,10 @@ def iter_events(state: Path) -> Iterator[Event]:
     order, read as the caller consumes them (a million-instance log is ~0.5 GB:
     never held whole). A torn last line (a crash before its fsync) is ignored,
     as the dispatcher does; any other bad line is ``session.jsonl:N: message``."""
+    # lazy: not loaded with this module; only iter_events() needs it
     import orjson
 
+    # lazy: stage is not loaded with this module; only iter_events() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).session_path
@@ -469,7 +473,7 @@ _packed: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 def _keyed_record(path: Path, task: str, key: str) -> Any:
     """A keyed unit's record from its task's packed file (read once per report,
     refused like any state file that is not a regular one)."""
-    from crucible.core.errors import CrucibleError
+    # lazy: stage.readers is not loaded with this module; only _keyed_record() needs it
     from crucible.stage.readers import parse_packed
 
     where = str(path)
@@ -502,8 +506,10 @@ def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] |
     them (never the whole file at once). A damaged line followed by another is
     ``file:line: message``; a damaged or unfinished last line is a torn append,
     ignored (as the dispatcher reads it: crucible.stage._store)."""
+    # lazy: not loaded with this module; only iter_records() needs it
     import orjson
 
+    # lazy: stage, stage.readers are not loaded with this module; only iter_records() needs it
     from crucible.stage import StateLayout
     from crucible.stage.readers import TOMBSTONE
 
@@ -539,6 +545,7 @@ def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] |
 
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
     """The settled record of a unit, checked, or None when there is none."""
+    # lazy: stage is not loaded with this module; only load_record() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).result_path(task, key)
@@ -562,6 +569,7 @@ _FAST_USAGE: dict[str, _Rule] = {}
 
 def _check_loaded(record: Any, where: str, task: str, key: str | None) -> dict[str, Any]:
     """A record read back, checked against result-record.json (what the report reads)."""
+    # lazy: core.contract, stage are not loaded with this module; only _check_loaded() needs it
     from crucible.core.contract import RESULT_STATUSES as STATUSES
     from crucible.stage import RESULT_FORMAT
 
@@ -587,6 +595,7 @@ def _check_loaded(record: Any, where: str, task: str, key: str | None) -> dict[s
 
 
 def _check_loaded_slowly(record: Any, where: str, task: str, key: str | None) -> dict[str, Any]:
+    # lazy: only _check_loaded_slowly() needs it (start-up)
     from crucible.core.contract import RESULT_STATUSES as STATUSES
     from crucible.stage import RESULT_FORMAT
 

@@ -379,6 +379,7 @@ def _loop_section(loop: Any) -> str:
     """A scored loop's chart and revisions (crucible.run.report._loop_view), before the timeline."""
     if loop is None:
         return ""
+    # lazy: run.report._loop_view is not loaded with this module; only _loop_section() needs it
     from crucible.run.report import _loop_view as loop_view
 
     return loop_view.render_html(loop)
@@ -394,6 +395,7 @@ def render(
     """The page for ``rows`` (as :func:`crucible.run.report._report.collect` returns them);
     ``loop`` (a :class:`crucible.run.report._loop_view.LoopView`) adds its chart;
     ``resources``: each task's declared resources, for the Resources section."""
+    # lazy: run.report._resources_html is not loaded with this module; only render() needs it
     from crucible.run.report import _resources_html as resources_html
 
     axis = _Axis(sessions)

@@ -14,12 +14,14 @@ for its whole life.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crucible.compile import load_any
 from crucible.core import atomic, canon, contract, digest
 from crucible.core.errors import (
     InputRefused,
@@ -40,6 +42,7 @@ __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
 
 def _layout(state: Path) -> Any:
     """The state's one layout (crucible.stage.StateLayout), imported when needed."""
+    # lazy: stage is not loaded with this module; only _layout() needs it
     from crucible.stage import StateLayout
 
     return StateLayout(state)
@@ -105,6 +108,7 @@ class Admission:
             if prev.is_symlink() or prev.is_file():
                 prev.unlink()
             elif prev.exists():
+                # lazy: shutil costs start-up; only _move_aside() needs it
                 import shutil
 
                 shutil.rmtree(prev)
@@ -126,9 +130,9 @@ class Admission:
         unreachable scheduler, a resource no worker offers): the state dir is
         left as it was, so the same command works once the cause is fixed.
         ``plan.json`` first: its absence marks the dir unclaimed again."""
-        import contextlib
 
         layout = _layout(state)
+        # lazy: run.cache._reuse is not loaded with this module; only unclaim() needs it
         from crucible.run.cache._reuse import ENVIRON_FILE
 
         for path in (layout.plan_path, layout.params_path, state / ENVIRON_FILE):
@@ -148,8 +152,6 @@ class Admission:
 
     def release(self) -> None:
         if self.outputs_fd is not None:
-            import contextlib
-
             with contextlib.suppress(OSError):
                 os.close(self.outputs_fd)
             self.outputs_fd = None
@@ -165,8 +167,6 @@ def emit_cap_from(options: RunOptions, environ: Mapping[str, str]) -> int:
 
 
 def _load(path: Path) -> tuple[dict[str, Any], bytes, str, tuple[str, ...]]:
-    from crucible.compile import load_any
-
     if str(path) != "-" and not path.exists():
         raise UsageError("no such plan or manifest", where=str(path))
     compiled = load_any(path)
@@ -261,6 +261,7 @@ def _check_sandbox(plan: dict[str, Any], options: RunOptions, environ: Mapping[s
     refused before anything is written: never run unsandboxed silently."""
     if options.dry_run or not (options.sandbox or any(t.get("sandbox") for t in plan["tasks"])):
         return
+    # lazy: run.executors._sandbox is not loaded with this module; only _check_sandbox() needs it
     from crucible.run.executors._sandbox import SandboxUnavailable, choose
 
     try:
@@ -282,6 +283,7 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     _check_sandbox(plan, options, environ)
     _check_targets(plan, options.targets)
     if options.publish_dir is not None and plan["workflow"].get("publish"):
+        # lazy: run.session._publish is not loaded with this module; only admit() needs it
         from crucible.run.session._publish import check_destinations
 
         check_destinations(plan, options.publish_dir)  # never replace a user's files
@@ -341,8 +343,6 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
 def _check_is_a_plan(path: Path, data: bytes) -> None:
     """A state's plan.json that is no plan at all (hand-edited, damaged) is said
     to be so, not reported as another plan's run (issue 12 item 32)."""
-    from crucible.core import canon
-
     try:
         value = canon.loads(data)
     except canon.CanonError as exc:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.refs import RefMissing, parse_ref
+from crucible.stage import StateLayout, load_all, load_result
 
 __all__ = ["Absent", "Results"]
 
@@ -44,12 +45,10 @@ class Results:
         self,
         plan: Mapping[str, Any],
         state: Path,
-        stage: Any,
         *,
         cancelled: Callable[[], bool] | None = None,
     ) -> None:
         self.state = state
-        self.stage = stage
         self.cancelled = cancelled
         self.names = frozenset(t["name"] for t in plan["tasks"])
         self.mapped = frozenset(t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t)
@@ -70,7 +69,7 @@ class Results:
 
     def _record(self, task: str) -> dict[str, Any] | None:
         if task not in self._records:
-            self._records[task] = self.stage.load_result(self.state, task)
+            self._records[task] = load_result(self.state, task)
         return self._records[task]
 
     def field(self, task: str, field: str) -> Any:
@@ -85,12 +84,12 @@ class Results:
             raise Absent(status, f"{task!r}: {note}" if note else f"{task!r} {status}")
         if task in self.mapped:
             if (task, field) not in self._folds:  # one read of the instances' records
-                records = self.stage.load_all(self.state, task)
+                records = load_all(self.state, task)
                 fold = []
                 for key in record.get("keys", []):
                     irec = records.get(key)
                     passed = irec is not None and irec.get("status") == "passed"
-                    output = irec.get("output") if passed else None
+                    output = irec.get("output") if irec is not None and passed else None
                     if isinstance(output, dict) and field in output:
                         fold.append(output[field])
                 self._folds[(task, field)] = fold
@@ -105,7 +104,7 @@ class Results:
         if self._params is None:
             import orjson  # the fast JSON reader: only when an expression reads params
 
-            path = self.stage.StateLayout(self.state).params_path
+            path = StateLayout(self.state).params_path
             try:
                 self._params = dict(orjson.loads(Path(path).read_bytes()))
             except (OSError, ValueError):

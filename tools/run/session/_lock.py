@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 from crucible.core.errors import InputRefused, OperationalError, UsageError
@@ -30,6 +31,7 @@ class StateLock:
 
     def __init__(self, state: Path) -> None:
 
+        # lazy: stage is not loaded with this module; only __init__() needs it
         from crucible.stage import StateLayout
 
         self.path = StateLayout(state).lock_path
@@ -89,8 +91,8 @@ def _take(fd: int) -> None:
     (crucible.run.executors._reaper), which lets go once those tasks are dead: it is
     waited for, up to REAPER_WAIT, so a ``--resume`` never starts a unit whose
     previous attempt may still run."""
+    # lazy: not loaded with this module; only _take() needs it
     import fcntl
-    import time
 
     deadline: float | None = None
     while True:

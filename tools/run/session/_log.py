@@ -19,6 +19,7 @@ filesystem instead, :mod:`crucible.core.syncfs`), then says which batch is durab
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import time
@@ -26,6 +27,8 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
+
+import orjson
 
 from crucible.core import ndjson
 from crucible.core.errors import Location, OperationalError
@@ -106,6 +109,7 @@ class SessionLog:
         mirror: IO[bytes] | None = None,
         on_warning: Callable[[str], None] | None = None,
     ) -> None:
+        # lazy: not loaded with this module; only __init__() needs it
         import queue
         import threading
 
@@ -331,7 +335,6 @@ def read_earlier(path: Path) -> list[dict[str, Any]]:
     ``key`` and ``pid`` (its task name shared with the others'), every other
     event whole. A million-instance log is ~0.5 GB and its events ~1.6 KiB
     each as dicts: cut, ~0.25 KiB (issue 33). Bad lines as :func:`read_events`."""
-    import orjson
 
     found: list[dict[str, Any]] = []
     names: dict[str, str] = {}
@@ -376,7 +379,6 @@ def read_earlier(path: Path) -> list[dict[str, Any]]:
 def read_events(path: Path) -> list[dict[str, Any]]:
     """Every event of a session log. A torn last line (a crash mid-write, before
     its fsync) is ignored; any other bad line is reported as ``file:line``."""
-    import io
 
     try:
         data = path.read_bytes()

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 from crucible.core import atomic, canon
 from crucible.core.errors import OperationalError
+from crucible.core.fdio import write_all
 
 __all__ = ["OUTPUTS_FORMAT", "build_outputs", "copy_outputs", "finish_results", "write_outputs"]
 
@@ -25,7 +26,8 @@ OUTPUTS_FORMAT = "crucible.outputs/1"
 def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> dict[str, Any]:
     """The outputs object of the run in ``state`` (see module doc): each declared
     result read or computed by :class:`crucible.run.session._computed.Results`."""
-    from crucible import stage
+    # lazy: run.session._computed (and stage) are not loaded with this module;
+    # only build_outputs() needs them
     from crucible.run.session._computed import Absent, Results
 
     declared: Mapping[str, Any] = plan["workflow"].get("outputs", {})
@@ -36,7 +38,7 @@ def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str
         "@from": dict(declared),
         "@absent": {},
     }
-    results = Results(plan, state, stage)
+    results = Results(plan, state)
     for name, form in declared.items():
         try:
             doc[name] = results.value(form)
@@ -81,6 +83,7 @@ def finish_results(
         return
     if status == "interrupted":
         return
+    # lazy: run.session._publish is not loaded with this module; only finish_results() needs it
     from crucible.run.session._publish import publish
 
     publish(plan, options.state, options.publish_dir, admission.digest)
@@ -104,6 +107,7 @@ def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None 
     (through :mod:`crucible.core.output`, as every command's output: a FIFO or a
     device is written through, a regular file replaced atomically). ``fd``: a
     FIFO's write end opened at admission (crucible.run.session._preflight)."""
+    # lazy: core.output is not loaded with this module; only copy_outputs() needs it
     from crucible.core.output import write_output, write_stream
 
     path = _layout(state).outputs_path
@@ -115,8 +119,6 @@ def copy_outputs(state: Path, target: str, out: BinaryIO | None, fd: int | None 
         assert out is not None
         write_stream(out, data + b"\n")
     elif fd is not None:
-        from crucible.core.fdio import write_all
-
         try:
             write_all(fd, data)
         except OSError as exc:

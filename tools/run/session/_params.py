@@ -12,6 +12,7 @@ within ±(2^53−1), so ``2.0`` is the integer 2 and ``2.5`` is not an integer.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -102,8 +103,6 @@ def _from_text(name: str, declared: str, text: str) -> Any:
     try:
         return canon.loads(text.encode("utf-8", "surrogatepass"))
     except canon.CanonError as exc:
-        import json
-
         try:
             parsed = json.loads(text)
         except (ValueError, RecursionError):
@@ -134,6 +133,7 @@ def resolve_params(
     pairs, each read by its declared type, then checked against the plan's params
     schema (unknown names, types, required values) with defaults filled in, by
     ``crucible.compile._params`` (one set of rules for every tool)."""
+    # lazy: compile._params is not loaded with this module; only resolve_params() needs it
     from crucible.compile import _params as schema_params
 
     schema = plan.get("workflow", {}).get("params", {})

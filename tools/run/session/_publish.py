@@ -53,6 +53,7 @@ def _collect(
     plan: Mapping[str, Any], state: Path, dest: str, spec: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     """Every file this destination gets: its path inside it and where it comes from."""
+    # lazy: stage is not loaded with this module; only _collect() needs it
     from crucible import stage
 
     layout = stage.StateLayout(state)
@@ -232,6 +233,7 @@ def _parents(path: str) -> list[str]:
 def _workdir(state: Path, parent: Path) -> Path:
     """Where a destination is built: under STATE when a rename can move it to
     ``parent`` (the same file system), else beside the destination."""
+    # lazy: stage is not loaded with this module; only _workdir() needs it
     from crucible.stage import StateLayout
 
     scratch = StateLayout(state).publish_scratch

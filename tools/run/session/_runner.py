@@ -9,13 +9,17 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import Interrupted, UsageError
 from crucible.run._options import RunOptions
+from crucible.run.cache._reuse import import_previous
+from crucible.run.cache._unit import usable_cache_dir
 from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._selection import Selection, dry_run_lines, select
 from crucible.run.engine._units import Counts, RunOutcome
+from crucible.run.executors._usage import data_limit_problem
 from crucible.run.session._admit import Admission, admit
 from crucible.run.session._log import read_earlier
 from crucible.run.session._outputs import finish_results
@@ -112,8 +116,6 @@ def _prepare(admission: Admission, options: RunOptions) -> StateDir:
     # compiled): stage's view of it is built without checking each task again.
     state_dir = StateDir(admission.plan, options.state, checked=True)
     if options.enforce_memory:  # before anything runs: one line, exit 2
-        from crucible.run.executors._usage import data_limit_problem
-
         problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
         if problem is not None:
             raise UsageError(problem)
@@ -133,6 +135,7 @@ def _earlier_events(
     log_path = state_dir.layout.session_path
     earlier = [] if admission.unclaimed else read_earlier(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
+        # lazy: only _earlier_events() needs it (start-up)
         from crucible.run.session._leftovers import stop_leftovers
 
         # the reaper's lock covers a killed run; this covers a killed reaper
@@ -168,7 +171,6 @@ def _prepare_cache(options: RunOptions, on_warning: Warn | None) -> RunOptions:
         if on_warning is not None:
             on_warning(f"cache: {options.cache}: no such directory; nothing is cached")
         return dataclasses.replace(options, cache=None)
-    from crucible.run.cache._unit import usable_cache_dir
 
     return dataclasses.replace(
         options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
@@ -238,11 +240,9 @@ def _reuse_for_dry_run(
 ) -> RunOptions:
     """-n --reuse: the state's run recorded in a temporary cache (never in
     --cache: a dry run writes nothing), against which -n keys the units."""
+    # lazy: shutil, tempfile cost start-up; only _reuse_for_dry_run() needs it
     import shutil
     import tempfile
-    from pathlib import Path
-
-    from crucible.run.cache._reuse import import_previous
 
     warn = on_warning or (lambda _w: None)
     try:

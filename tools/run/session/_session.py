@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING, Any
 from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, OperationalError, UsageError
 from crucible.run._options import RunOptions
-from crucible.run.cache._reuse import environ_record, note_environ
+from crucible.run.cache._reuse import environ_record, import_previous, note_environ, reuse_dir
 from crucible.run.engine._dispatcher import Dispatcher
 from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._selection import Selection
@@ -30,7 +30,7 @@ from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.session import events
 from crucible.run.session._admit import Admission
 from crucible.run.session._log import SessionLog
-from crucible.run.session._outputs import finish_results
+from crucible.run.session._outputs import copy_outputs, finish_results
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
     from crucible.stage import StateDir
@@ -207,9 +207,8 @@ def _reuse_previous(
     """--reuse: the earlier run's passed units recorded in the cache (--cache, or
     a temporary one beside the state dir, removed after the run), so that each
     unit whose key did not change is restored from it (crucible.run.cache._reuse)."""
+    # lazy: shutil costs start-up; only _reuse_previous() needs it
     import shutil
-
-    from crucible.run.cache._reuse import import_previous, reuse_dir
 
     warn = on_warning or (lambda _w: None)
     cache = options.cache
@@ -251,6 +250,5 @@ def copy_outputs_file(admission: Admission, options: RunOptions) -> None:
     since admission, if it is one). ``--outputs -`` is the command's (stdout)."""
     if options.outputs is None or options.outputs == "-":
         return
-    from crucible.run.session._outputs import copy_outputs
 
     copy_outputs(options.state, options.outputs, None, fd=admission.outputs_fd)

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import logging
 import os
 import secrets
 import shutil
+import signal
+import site
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -39,6 +43,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+import crucible
+from crucible import stage
+from crucible.core import atomic
 from crucible.core.errors import (
     CrucibleError,
     InputRefused,
@@ -58,6 +65,7 @@ from crucible.run.executors._seam import ExecutorLost
 from crucible.run.executors._unit import RECENT, Slots, UnitRunner, _Pipeline
 from crucible.run.executors._workers import Reply
 from crucible.run.executors.dask._batches import Batches
+from crucible.stage import StateLayout
 
 __all__ = ["INSTALL_HINT", "DaskExecutor", "check_options", "import_distributed"]
 
@@ -88,6 +96,7 @@ def import_distributed() -> Any:
     """``distributed``, or a one-line usage error saying how to install it (or
     which Dask config file it cannot read: Dask reads them at its import)."""
     try:
+        # lazy: distributed is heavy; only import_distributed() needs it
         import distributed
     except ImportError:
         raise UsageError(INSTALL_HINT) from None
@@ -98,7 +107,6 @@ def import_distributed() -> Any:
 
 def _config_error(exc: ValueError) -> CrucibleError:
     """The Dask config file that stopped Dask's import, located (one line)."""
-    import importlib
 
     yaml: Any = importlib.import_module("yaml")  # Dask's dependency (no stubs here)
 
@@ -125,8 +133,6 @@ def _config_error(exc: ValueError) -> CrucibleError:
 def _dask_config_files() -> list[str]:
     """The files Dask reads its config from (dask.config's paths, DASK_CONFIG
     last), each directory's ``*.yaml``, ``*.yml`` and ``*.json``."""
-    import site
-    import sys
 
     dirs = [
         os.getenv("DASK_ROOT_CONFIG", "/etc/dask"),
@@ -160,6 +166,7 @@ def check_options(options: RunOptions) -> None:
     if options.executor != "dask" and options.scheduler:
         raise UsageError("--scheduler needs --executor dask")
     if options.scheduler:
+        # lazy: distributed is heavy; only check_options() needs it
         from distributed.comm.registry import backends
 
         scheme, _ = distributed.comm.parse_address(options.scheduler, strict=False)
@@ -170,6 +177,7 @@ def check_options(options: RunOptions) -> None:
                 f" (Dask dials {known})"
             )
     if options.executor == "dask-local":
+        # lazy: dask is heavy; only check_options() needs it
         import dask
 
         scratch = dask.config.get("temporary-directory", None)
@@ -328,6 +336,7 @@ class _LeaveGuard:
             _leave_all()
 
     async def teardown(self, worker: Any) -> None:
+        # lazy: asyncio costs start-up; only teardown() needs it
         import asyncio
 
         if getattr(worker.status, "name", "") not in _LEAVING:
@@ -341,6 +350,7 @@ def _guard(worker: Any, on_signals: bool) -> None:
     """On the worker's event loop: its leave guard, once; ``on_signals``: also
     at SIGTERM and SIGINT (a cluster's worker; a ``dask-local`` worker is the
     dispatcher's child, stopped by it, and shares its terminal's Ctrl-C)."""
+    # lazy: tornado is heavy; only _guard() needs it
     from tornado.ioloop import PeriodicCallback
 
     if _LeaveGuard.name in worker.plugins:
@@ -361,7 +371,6 @@ def _leave_on_signals() -> None:
     for it (bounded: a signal handler runs between two bytecodes of the main
     thread, which may hold a lock the leave takes), then calls the handler it
     replaced."""
-    import signal
 
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC)
     left = threading.Event()
@@ -527,6 +536,7 @@ def _run_batch(spec: _Spec, units: list[tuple[int, tuple[Any, ...]]]) -> Any:
     task runs longer than the handback threshold, the attempts behind it are
     answered ``handback`` at once (nothing was staged for them). The future
     returns ``_SENT``, or the messages that could not be events."""
+    # lazy: distributed is heavy; only _run_batch() needs it
     from distributed import get_worker
 
     worker = get_worker()
@@ -721,9 +731,8 @@ def _check_worker(
     directory and sees the pack directory; else (what, why): ``version``,
     ``state`` or ``pack``. Also loads the unit code there now, before the run,
     not at its first unit, and installs the worker's leave guard."""
-    import crucible
+    # lazy: run.session._log is not loaded with this module; only _check_worker() needs it
     import crucible.run.session._log
-    import crucible.stage
 
     if crucible.__version__ != version:
         return ("version", f"runs crucible {crucible.__version__}, the dispatcher {version}")
@@ -828,6 +837,7 @@ _DASK_LOGGERS = ("distributed", "tornado", "asyncio")
 
 def _configure_dask() -> None:
     """Dask settings for a run: quiet, no silent reruns, no per-unit overhead."""
+    # lazy: dask is heavy; only _configure_dask() needs it
     import dask
 
     # Dask's own logging would break the one-line stderr contract; its config
@@ -931,6 +941,7 @@ class DaskExecutor(BatchedSeam):
     def _start_local_cluster(self, options: RunOptions, jobs: int) -> None:
         """dask-local: a cluster of worker processes on this host, every worker
         registered before the token and the spec go out."""
+        # lazy: distributed is heavy; only _start_local_cluster() needs it
         from distributed import Client
 
         layout = local_layout(jobs, options.workers, options.threads_per_worker)
@@ -948,6 +959,7 @@ class DaskExecutor(BatchedSeam):
         self._client.wait_for_workers(len(layout.slots), timeout=CONNECT_TIMEOUT)
 
     def _local_cluster(self, layout: LocalLayout) -> Any:
+        # lazy: distributed is heavy; only _local_cluster() needs it
         from distributed import LocalCluster
 
         return cast(Any, LocalCluster)(
@@ -967,6 +979,7 @@ class DaskExecutor(BatchedSeam):
 
     def _connect(self, options: RunOptions) -> None:
         """--executor dask: the scheduler at --scheduler, with a worker at least."""
+        # lazy: distributed is heavy; only _connect() needs it
         from distributed import Client
 
         if not options.scheduler:
@@ -1021,9 +1034,6 @@ class DaskExecutor(BatchedSeam):
     def _prove_state(self, state: Path, pack_dir: str, plan: Path) -> None:
         """Every worker runs this crucible version, reads a token written here
         and sees the pack directory; refuse (exit 3) otherwise."""
-        import crucible
-        from crucible.core import atomic
-        from crucible.stage import StateLayout
 
         path = StateLayout(state).executor_token_path
         token = f"{socket.gethostname()} {os.getpid()} {self.run_id}\n"
@@ -1190,6 +1200,7 @@ class DaskExecutor(BatchedSeam):
                 return [Reply(t, *_not_started()) for t in mine]
             return [reply for t in mine if (reply := self._cancelled(t)) is not None]
         exc = future.exception()
+        # lazy: distributed is heavy; only _ended() needs it
         from distributed import KilledWorker
 
         if isinstance(exc, KilledWorker):
@@ -1225,7 +1236,6 @@ class DaskExecutor(BatchedSeam):
         the connection dropping its answer) although its attempt passed and
         wrote its record: that record's, so that no retry gives the unit a
         second passed record (docs/spec/run.md, "A lost worker")."""
-        from crucible import stage
 
         request = self._requests.get(token)
         if request is None:

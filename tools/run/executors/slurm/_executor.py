@@ -49,6 +49,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import crucible
+from crucible.core import atomic
 from crucible.core.errors import InputRefused, OperationalError, UsageError
 from crucible.run._options import RunOptions
 from crucible.run.executors._batched_seam import BatchedSeam
@@ -58,6 +60,7 @@ from crucible.run.executors._workers import Reply
 from crucible.run.executors.dask._batches import Batches
 from crucible.run.executors.slurm._cli import Partition, SlurmCommands, extra_args
 from crucible.run.executors.slurm._node import NodeSpec
+from crucible.stage import StateLayout
 
 __all__ = [
     "MARGIN",
@@ -250,9 +253,6 @@ class SlurmExecutor(BatchedSeam):
 
     def _prepare(self, options: RunOptions, runner: UnitRunner) -> None:
         """The token the nodes read back, the run's spec and its job script."""
-        import crucible
-        from crucible.core import atomic
-        from crucible.stage import StateLayout
 
         (self.run_dir / "jobs").mkdir(parents=True, exist_ok=True)
         self.replies.mkdir(exist_ok=True)
@@ -394,7 +394,6 @@ class SlurmExecutor(BatchedSeam):
 
     def _remember_job(self) -> None:
         """``STATE/slurm/jobs``: the job names a resume must see gone first."""
-        from crucible.core import atomic
 
         names = set()
         with contextlib.suppress(FileNotFoundError):
@@ -612,8 +611,6 @@ class SlurmExecutor(BatchedSeam):
         with contextlib.suppress(OSError):
             names = set(self.jobs_file.read_text(encoding="utf-8").split()) - {self.job_name}
             if names:
-                from crucible.core import atomic
-
                 atomic.write_bytes(
                     self.jobs_file, "".join(f"{n}\n" for n in sorted(names)).encode()
                 )

@@ -34,9 +34,11 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
+
+import crucible
 
 __all__ = ["NodeSpec", "check_node", "main"]
 
@@ -62,7 +64,7 @@ class NodeSpec:
 
 def check_node(spec: NodeSpec) -> str | None:
     """None if this node may run the spec's units, else why not (one line)."""
-    import crucible
+    # lazy: stage is not loaded with this module; only check_node() needs it
     from crucible.stage import StateLayout
 
     here = socket.gethostname()
@@ -125,6 +127,7 @@ class _Replies:
         self.worker = worker
 
     def write(self, name: str, value: Any) -> None:
+        # lazy: core.atomic is not loaded with this module; only write() needs it
         from crucible.core import atomic
 
         # durable: the dispatcher may read it over another host's mount
@@ -153,6 +156,7 @@ def _not_started() -> tuple[str, dict[str, Any]]:
 
 def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
     """The element's units, one after another (see module doc)."""
+    # lazy: only run_element() needs it (start-up)
     from crucible.core.errors import CrucibleError
     from crucible.run.executors._unit import UnitRunner, _Pipeline
 
@@ -169,7 +173,6 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
     slots = _NodeSlots()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: slots.stop())
-    from dataclasses import replace
 
     runner = UnitRunner(
         plan=spec.plan,
