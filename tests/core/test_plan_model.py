@@ -62,11 +62,11 @@ def test_the_every_member_pack_holds_every_member() -> None:
     raw = canon.loads(EVERY.read_bytes())
     task_keys = {k for t in raw["tasks"] for k in t}
     assert task_keys == set(TASK_MEMBERS)
-    # limits and record: an accounted pack refuses most task keys, so its own golden
-    # (tests/compile/packs/accounted) holds them
+    # resolved_from: a Starlark pack's; limits and record: an accounted pack's
     assert set(raw["workflow"]) == set(WORKFLOW_MEMBERS) - {"resolved_from", "limits", "record"}
-    accounted = canon.loads((EVERY.parents[1] / "accounted/golden.plan.json").read_bytes())
+    accounted = canon.loads((REPO / "tests/compile/packs/accounted/golden.plan.json").read_bytes())
     assert {"limits", "record"} <= set(accounted["workflow"])
+    assert Plan.from_json(accounted).workflow.accounted
     assert set(raw) == set(PLAN_MEMBERS)
     kinds = {type(Task.from_json(t, "", 3, checked=True).map) for t in raw["tasks"]}
     assert {Ref, ItemsSource, ParamSource, SequenceSource} <= kinds

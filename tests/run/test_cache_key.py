@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon
-from crucible.run.cache._store import CacheKey, TaskCache, explain_miss, unit_key
+from crucible.run.cache._keyer import Keyer
+from crucible.run.cache._store import CacheKey, TaskCache, explain_miss, scalar_digest
 from crucible.stage import escape_key
 from tests.run.dispatchtests import DISPATCH
 
@@ -50,21 +51,19 @@ def dispatched(tmp_path: Path, pack: str = PACK, *args: str) -> Path:
     return state
 
 
-def key_of(state: Path, task: str = "use", **over: object) -> CacheKey:
+def key_of(
+    state: Path,
+    task: str = "use",
+    *,
+    environ: dict[str, str] | None = None,
+    emit_cap: int = 65536,
+) -> CacheKey:
+    """The unit's key as a run computes it: the one keyer (crucible.run.cache._keyer)."""
     plan = canon.loads((state / "plan.json").read_bytes())
-    kwargs: dict[str, object] = {
-        "plan": plan,
-        "task_name": task,
-        "key": None,
-        "state": state,
-        "workspace": state / "work" / task,
-        "host_env": {"PATH": "/usr/bin"},
-        "agent_cmd": None,
-        "emit_cap": 65536,
-        "escape_key": escape_key,
-    }
-    kwargs.update(over)
-    return unit_key(**kwargs)  # type: ignore[arg-type]
+    keyer = Keyer(
+        plan, state, environ=environ or {"PATH": "/usr/bin"}, agent_cmd=None, emit_cap=emit_cap
+    )
+    return keyer.key(task, None)
 
 
 def test_key_is_stable_and_names_its_parts(tmp_path: Path) -> None:
@@ -79,18 +78,20 @@ def test_key_is_stable_and_names_its_parts(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        ({"host_env": {"PATH": "/usr/bin", "LANG": "C"}}, "changed environment variable LANG"),
+        ({"environ": {"PATH": "/usr/bin", "LANG": "C"}}, "changed environment variable LANG"),
         ({"emit_cap": 10}, "changed emit cap"),
-        ({"key": "x"}, "new instance"),
     ],
 )
 def test_each_component_changes_the_key(
     tmp_path: Path, change: dict[str, object], reason: str
 ) -> None:
     state = dispatched(tmp_path)
-    base, other = key_of(state), key_of(state, "use", **change)
+    base, other = key_of(state), key_of(state, "use", **change)  # type: ignore[arg-type]
     assert base.digest != other.digest
     assert explain_miss(base.components, other.components) == reason
+    instance = CacheKey("use", "x", {**base.components, "instance": scalar_digest("x")})
+    assert instance.digest != base.digest
+    assert explain_miss(base.components, instance.components) == "new instance"
 
 
 def test_changed_input_value_and_file_are_named(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
-"""A unit keyed before staging (crucible.run.cache._keyer) gets the key its
-staged workspace defines (crucible.run.cache._store.unit_key): same components, same
-digests, for every kind of input every example pack stages — declared values,
-folds, reserved inputs (params, item, outcome), ancestors' files (mapped and
-not), v1 delivery, agents, failed and skipped producers under settled joins."""
+"""A unit keyed before staging (crucible.run.cache._keyer, the one key function)
+holds, for each ``input:`` component, the digest of what staging then wrote in
+its workspace (read back here, from ``inputs/@values/index.json`` or v1's
+``@inputs.json``: the test's oracle), for every kind of input every example pack
+stages — declared values, folds, reserved inputs (params, item, outcome), v1
+delivery, agents, failed and skipped producers under settled joins."""
 
 from __future__ import annotations
 
@@ -12,11 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from crucible.core import canon
+from crucible.core import canon, digest
 from crucible.run.cache._keyer import Keyer
-from crucible.run.cache._store import unit_key
-from crucible.run.executors._environ import task_environment
-from crucible.stage import escape_key, unescape_key
+from crucible.stage import unescape_key
 from tests.run.dispatchtests import DISPATCH, fanout_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +33,31 @@ CASES = {
     "agent": ("examples/agent/pack.toml", []),
     "daily": ("examples/daily/pack.toml", []),
 }
+
+
+def staged_inputs(workspace: Path, version: int) -> dict[str, str]:
+    """One ``input:`` component per input staging wrote in ``workspace``: the
+    digest of its index entry without ``path`` and ``size`` (v2+), or of its
+    value in the whole input object (v1) — docs/spec/cache.md."""
+
+    def digest_of(value: object) -> str:
+        return digest.of_bytes(canon.dumps(value))
+
+    inputs = workspace / "inputs"
+    if version >= 2:
+        if not inputs.exists():  # nothing to stage (inputs.md 3.7): no inputs
+            return {}
+        index = canon.loads((inputs / "@values" / "index.json").read_bytes())
+        return {
+            f"input:{e['name']}": digest_of({k: v for k, v in e.items() if k not in ("path", "size")})
+            for e in index.get("inputs", [])
+        }
+    whole = canon.loads((inputs / "@inputs.json").read_bytes())
+    return {f"input:{name}": digest_of(value) for name, value in whole.items()}
+
+
+def inputs_of(components: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in components.items() if k.startswith("input:")}
 
 
 def units(state: Path) -> list[tuple[str, str | None, Path]]:
@@ -72,27 +96,16 @@ def test_keyed_before_staging_equals_the_staged_key(tmp_path: Path, case: str) -
     )
     assert proc.returncode in (0, 1), proc.stderr
     plan = canon.loads((state / "plan.json").read_bytes())
-    tasks = {t["name"]: t for t in plan["tasks"]}
-    agent_cmd = STAND_IN
-    keyer = Keyer(plan, state, environ=ENV, agent_cmd=agent_cmd, emit_cap=65536)
+    keyer = Keyer(plan, state, environ=ENV, agent_cmd=STAND_IN, emit_cap=65536)
     found = units(state)
     assert found
     for name, key, workspace in found:
-        staged = unit_key(
-            plan=plan,
-            task_name=name,
-            key=key,
-            state=state,
-            workspace=workspace,
-            host_env=task_environment(plan, tasks[name], ENV),
-            agent_cmd=agent_cmd,
-            emit_cap=65536,
-            escape_key=escape_key,
-        )
         early = keyer.key(name, key)
-        assert early.components == staged.components, (name, key)
-        assert list(early.components) == list(staged.components), (name, key)
-        assert early.digest == staged.digest
+        assert inputs_of(early.components) == staged_inputs(workspace, plan["version"]), (
+            name,
+            key,
+        )
+        assert early.digest == keyer.key(name, key).digest  # stable
 
 
 def test_a_refused_staging_is_refused_before_staging(tmp_path: Path) -> None:
@@ -122,19 +135,14 @@ def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
     (state / "reserved" / "history.json").write_text('[{"score": 1.5}]')
     (state / "reserved" / "revision.json").write_text('"r2"')
     plan = canon.loads((state / "plan.json").read_bytes())
-    tasks = {t["name"]: t for t in plan["tasks"]}
     keyer = Keyer(plan, state, environ=ENV, agent_cmd=None, emit_cap=65536)
     before = keyer.key("list", None)
     for round_ in ("first", "params changed"):
         for name, key in [("list", None), ("measure", "1"), ("total", None), ("summary", None)]:
             workspace = tmp_path / f"ws-{round_}-{name}"
             stage.stage_inputs(plan, state, name, workspace, key=key)
-            staged = unit_key(
-                plan=plan, task_name=name, key=key, state=state, workspace=workspace,
-                host_env=task_environment(plan, tasks[name], ENV), agent_cmd=None,
-                emit_cap=65536, escape_key=escape_key,
-            )  # fmt: skip
-            assert keyer.key(name, key).components == staged.components, (round_, name)
+            staged = staged_inputs(workspace, plan["version"])
+            assert inputs_of(keyer.key(name, key).components) == staged, (round_, name)
         params = canon.loads((state / "params.json").read_bytes())
         params["fail_on"] = "beta"
         os.chmod(state / "params.json", 0o644)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from crucible.core.plan import Task
 from crucible.run.engine._control import (
     ConditionError,
     backoff_delay,
@@ -15,6 +16,15 @@ from crucible.run.engine._control import (
     next_retry,
     tolerates,
 )
+
+
+def T(members: dict[str, Any]) -> Task:
+    """A plan task with these members (the model applies the defaults)."""
+    return Task.from_json({"name": "t", "kind": "command", **members}, "$.tasks[0]", 3)
+
+
+def tol(task: dict[str, Any], *args: Any) -> bool:
+    return tolerates(T(task), *args)
 
 
 def retry(task: dict[str, Any], attempt: int, **kw: Any) -> float | None:
@@ -26,7 +36,7 @@ def retry(task: dict[str, Any], attempt: int, **kw: Any) -> float | None:
         "elapsed": 0.0,
     }
     args.update(kw)
-    return next_retry(task, attempt, **args).delay
+    return next_retry(T(task), attempt, **args).delay
 
 
 def test_retries_keep_the_old_backoff() -> None:
@@ -56,18 +66,18 @@ def test_a_deadline_refuses_a_retry_that_would_start_after_it() -> None:
     task = {"retries": 5, "deadline": 2}
     assert retry(task, 1, elapsed=1.0) == 0.5
     decision = next_retry(
-        task, 2, timed_out=False, exit_code=1, retryable=True, backoff=0.5, elapsed=1.5
+        T(task), 2, timed_out=False, exit_code=1, retryable=True, backoff=0.5, elapsed=1.5
     )
     assert decision.delay is None
     assert decision.why_not == "no retry: the deadline of 2 s is reached after 2 attempts"
 
 
 def test_tolerance() -> None:
-    assert tolerates({"on_failure": "continue"}, None)
-    assert tolerates({"on_failure": "continue"}, -15, True)
-    assert tolerates({"allow_exit": [3]}, 3) and not tolerates({"allow_exit": [3]}, 4)
-    assert not tolerates({"allow_exit": [3]}, 3, True)  # a timeout is not an exit code
-    assert not tolerates({}, 1)
+    assert tol({"on_failure": "continue"}, None)
+    assert tol({"on_failure": "continue"}, -15, True)
+    assert tol({"allow_exit": [3]}, 3) and not tol({"allow_exit": [3]}, 4)
+    assert not tol({"allow_exit": [3]}, 3, True)  # a timeout is not an exit code
+    assert not tol({}, 1)
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ def test_a_dask_workers_records_are_fsynced_by_whoever_shares_its_cache(
     spec = SimpleNamespace(
         run_id=f"r-{executor}",
         plan={},
-        tasks={},
+        model=None,
         options=options,
         emit_cap=1,
         environ={},

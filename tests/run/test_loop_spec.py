@@ -8,18 +8,21 @@ from typing import Any
 import pytest
 
 from crucible.core.errors import InputRefused
+from crucible.core.plan import Plan
 from crucible.run.loop._spec import LoopSpec, revision_key, revision_of
 
 
-def plan(**loop: Any) -> dict[str, Any]:
-    tasks = [{"name": n} for n in ("seed", "propose", "evaluate", "report", "side")]
+def plan(**loop: Any) -> Plan:
+    tasks = [
+        {"name": n, "kind": "command"} for n in ("seed", "propose", "evaluate", "report", "side")
+    ]
     member: dict[str, Any] = {
         "body": ["propose", "evaluate"],
         "score": "evaluate",
         "metric": "score",
     }
     member.update({"max_revisions": 5, **loop})
-    return {"tasks": tasks, "loop": member}
+    return Plan.from_json({"version": 3, "edition": 4, "tasks": tasks, "loop": member})
 
 
 NEEDS = {
@@ -32,7 +35,7 @@ NEEDS = {
 
 
 def test_a_plan_without_a_loop_has_none() -> None:
-    assert LoopSpec.from_plan({"tasks": []}) is None
+    assert LoopSpec.from_plan(Plan.from_json({"version": 3, "edition": 4, "tasks": []})) is None
 
 
 def test_defaults_and_phases() -> None:
@@ -90,7 +93,7 @@ def test_reached() -> None:
     ],
 )
 def test_a_hand_edited_loop_is_refused_naming_the_member(loop: dict[str, Any], where: str) -> None:
-    with pytest.raises(InputRefused) as err:
+    with pytest.raises(InputRefused) as err:  # the model's refusals, or the spec's
         LoopSpec.from_plan(plan(**loop))
     assert err.value.where == f"plan:$.loop.{where}"
 

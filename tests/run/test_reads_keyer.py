@@ -117,13 +117,12 @@ def test_describe_change() -> None:
     assert describe_change(None, before) == "changed reads"
 
 
-def test_the_keyer_and_the_staged_key_agree_on_reads(tmp_path: Path) -> None:
-    """The key computed before staging (Keyer) holds the same reads component
-    as the definition (unit_key)."""
+def test_the_keyer_keys_a_tasks_reads_with_the_workflows(tmp_path: Path) -> None:
+    """The unit's key (the one keyer) holds the reads component of the task's
+    reads, the workflow's merged in, and a changed file changes it."""
     from crucible.compile import compile_bytes
     from crucible.run.cache._keyer import Keyer
-    from crucible.run.cache._store import unit_key
-    from crucible.stage import escape_key
+    from crucible.run.cache._reads import ReadsKeyer
 
     _tree(tmp_path)
     manifest = b"""edition = 4
@@ -139,24 +138,11 @@ run = "true"
     state.mkdir()
     keyer = Keyer(plan, state, environ={}, agent_cmd=None, emit_cap=65536, pack_dir=str(tmp_path))
     ck = keyer.key("t", None)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    assert "reads" in ck.components
-    from crucible.run.executors._environ import task_environment
-
-    staged = unit_key(
-        plan=plan,
-        task_name="t",
-        key=None,
-        state=state,
-        workspace=ws,
-        host_env=task_environment(plan, plan["tasks"][0], {}),
-        agent_cmd=None,
-        emit_cap=65536,
-        escape_key=escape_key,
-        pack_dir=str(tmp_path),
-    )
-    assert staged.components["reads"] == ck.components["reads"]
+    expected = ReadsKeyer(str(tmp_path), None).component(plan["tasks"][0]["reads"])
+    assert ck.components["reads"] == expected
+    (tmp_path / "data" / "a.csv").write_text("changed\n")
+    again = Keyer(plan, state, environ={}, agent_cmd=None, emit_cap=65536, pack_dir=str(tmp_path))
+    assert again.key("t", None).components["reads"] != expected
 
 
 def test_a_fifo_or_a_directory_is_never_matched(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from crucible.core.plan import Task
 from crucible.run.executors._sandbox import SandboxUnavailable, choose, landlock_abi
 from tests.run.dispatchtests import DISPATCH
 
@@ -289,7 +290,8 @@ def test_a_double_star_entry_is_one_rule_for_its_tree(tmp_path: Path) -> None:
     box = UnitSandbox(env, str(tmp_path / "state"), str(tmp_path))
     if shutil.which("bwrap") is None:
         pytest.skip("no bwrap")
-    spec = box.spec({"reads": ["data/**", "data/sub/*.csv"]}, "/w", "/o", "/dev/null")
+    task = Task(name="t", kind="command", run="x", reads=("data/**", "data/sub/*.csv"))
+    spec = box.spec(task, "/w", "/o", "/dev/null")
     tree = str(tmp_path / "data")
     assert tree in spec.read
     assert len([p for p in spec.read if p.startswith(tree + "/")]) == 5  # the glob's files

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import crucible
 from crucible.core.errors import InputRefused, UsageError
+from crucible.core.plan import Task
 from crucible.run._options import RunOptions
 from crucible.run.executors.slurm._cli import Partition, _gpus, extra_args
 from crucible.run.executors.slurm._executor import MARGIN, _partition, _resource_args, time_limit
@@ -39,12 +41,16 @@ def test_unbalanced_quotes_in_extra_args_are_a_usage_error() -> None:
         extra_args("--comment 'open")
 
 
+def _task(members: dict[str, Any]) -> Task:
+    return Task.from_json({"name": "t", "kind": "command", "run": "x", **members}, "$", 3)
+
+
 def test_resources_become_cpus_mem_with_the_runners_share_and_gres() -> None:
-    task = {"resources": {"cpus": 4, "memory": 1 << 30, "gpu": 1}}
+    task = _task({"resources": {"cpus": 4, "memory": 1 << 30, "gpu": 1}})
     assert _resource_args("t", task, [NODE], "here") == [
         "--cpus-per-task=4", "--mem=1280M", "--gres=gpu:1",
     ]  # fmt: skip
-    assert _resource_args("t", {}, [NODE], "here") == ["--cpus-per-task=1"]
+    assert _resource_args("t", _task({}), [NODE], "here") == ["--cpus-per-task=1"]
 
 
 @pytest.mark.parametrize(
@@ -57,7 +63,7 @@ def test_resources_become_cpus_mem_with_the_runners_share_and_gres() -> None:
 )
 def test_resources_no_node_offers_are_refused(need: dict[str, int], short: str) -> None:
     with pytest.raises(InputRefused) as caught:
-        _resource_args("t", {"resources": need}, [NODE], "SLURM partition 'debug'")
+        _resource_args("t", _task({"resources": need}), [NODE], "SLURM partition 'debug'")
     assert str(caught.value) == (
         f"task 't' needs resources no node of SLURM partition 'debug' offers: {short}"
     )
@@ -89,7 +95,7 @@ def test_the_default_partition_unless_one_is_named() -> None:
 
 def _spec(state: Path, **changes: object) -> NodeSpec:
     fields: dict[str, object] = {
-        "run_id": "r", "plan": {}, "tasks": {}, "options": RunOptions(plan=state, state=state),
+        "run_id": "r", "plan": {}, "model": None, "options": RunOptions(plan=state, state=state),
         "emit_cap": 1, "environ": {}, "pack_dir": str(state), "token": "token\n",
         "version": crucible.__version__, "python": tuple(sys.version_info[:2]),
     }  # fmt: skip

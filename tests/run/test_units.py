@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused, UsageError
+from crucible.core.plan import Plan
 from crucible.run.engine import _verdict as verdict
-from crucible.run.engine._graph import build_graph
+from crucible.run.engine._graph import TaskGraph, build_graph
 from crucible.run.engine._progress import describe
 from crucible.run.engine._units import Counts
 from crucible.run.executors import _environ as environ
@@ -183,17 +185,21 @@ def _task(name: str, **kw: object) -> dict[str, object]:
     return base
 
 
+def _graph(plan: Mapping[str, object]) -> TaskGraph:
+    return build_graph(Plan.from_json({"version": 1, **plan}))
+
+
 def test_graph_epilogue_waits_for_everything_and_cycles_are_refused() -> None:
     plan = {"tasks": [_task("a"), _task("b", needs=["a"]), _task("end", epilogue=True), _task("c")]}
-    graph = build_graph(plan)
+    graph = _graph(plan)
     assert set(graph.waits_for["end"]) == {"a", "b", "c"}
     assert graph.order.index("end") == 3
     assert graph.order[:3] == ("a", "b", "c") or graph.order[:3] == ("a", "c", "b")
     cyclic = {"tasks": [_task("a", needs=["b"]), _task("b", needs=["a"])]}
     with pytest.raises(InputRefused, match="cycle"):
-        build_graph(cyclic)
+        _graph(cyclic)
     with pytest.raises(InputRefused, match="unknown task"):
-        build_graph({"tasks": [_task("a", needs=["zz"])]})
+        _graph({"tasks": [_task("a", needs=["zz"])]})
 
 
 def test_graph_order_is_declaration_order_among_ready_tasks_and_cycles_are_named() -> None:
@@ -206,12 +212,12 @@ def test_graph_order_is_declaration_order_among_ready_tasks_and_cycles_are_named
             _task("d"),
         ]
     }
-    assert build_graph(plan).order == ("z", "b", "a", "c", "d")
+    assert _graph(plan).order == ("z", "b", "a", "c", "d")
     three = {"tasks": [_task("a", needs=["c"]), _task("b", needs=["a"]), _task("c", needs=["b"])]}
     with pytest.raises(InputRefused, match=r"cycle: a -> b -> c -> a$|cycle: b -> c -> a -> b$"):
-        build_graph(three)
+        _graph(three)
     with pytest.raises(InputRefused, match=r"cycle: s -> s$"):
-        build_graph({"tasks": [_task("ok"), _task("s", needs=["s"])]})
+        _graph({"tasks": [_task("ok"), _task("s", needs=["s"])]})
 
 
 def test_environment_policy_by_edition() -> None:
@@ -224,23 +230,23 @@ def test_environment_policy_by_edition() -> None:
         "LANG": "C",
     }
     task = {"name": "a", "env": ["TOKEN", "CRUCIBLE_INPUTS", "ABSENT"]}
-    ed1 = environ.task_environment({"edition": 1}, task, host)
+    ed1 = environ.task_environment(1, task["env"], host)
     assert ed1 == {"PATH": "/bin", "HOME": "/root", "SECRET": "s", "TOKEN": "t", "LANG": "C"}
     for edition in (2, 3):
-        env = environ.task_environment({"edition": edition}, task, host)
+        env = environ.task_environment(edition, task["env"], host)
         assert env == {"PATH": "/bin", "LANG": "C", "TOKEN": "t"}
 
 
 def test_params_resolution() -> None:
-    plan = {
-        "workflow": {
-            "params": {
-                "who": {"type": "string", "default": "world"},
-                "n": {"type": "integer"},
-                "opts": {"type": "object", "default": {}},
-            }
-        }
+    workflow = {
+        "name": "w",
+        "params": {
+            "who": {"type": "string", "default": "world"},
+            "n": {"type": "integer"},
+            "opts": {"type": "object", "default": {}},
+        },
     }
+    plan = Plan.from_json({"version": 1, "workflow": workflow, "tasks": []})
     got = params.resolve_params(plan, {"n": 2}, ("who=3", "n=5"))
     assert got == {"who": "3", "n": 5, "opts": {}}
     with pytest.raises(InputRefused, match="required"):

@@ -438,9 +438,15 @@ def test_a_lost_workers_attempt_is_put_to_retry_when_as_lost() -> None:
         "stderr_tail": "",
         "attempt": 1,
     }
-    task = {"retry": {"limit": 2, "when": "last.reason == 'lost'"}}
+    from crucible.core.plan import Task
+
+    def task_with(when: str) -> Task:
+        retry = {"limit": 2, "when": when}
+        return Task.from_json({"name": "t", "kind": "command", "retry": retry}, "$", 3)
+
+    task = task_with("last.reason == 'lost'")
     assert apply_retry_when(task, Retry(0.5), last) == Retry(0.5)
-    task = {"retry": {"limit": 2, "when": "last.reason != 'lost'"}}
+    task = task_with("last.reason != 'lost'")
     assert apply_retry_when(task, Retry(0.5), last).delay is None
     assert apply_retry_when(task, Retry(None, "no"), last) == Retry(None, "no")  # not asked
     killed = last_attempt(attempt=2, exit_code=-9, timed_out=False, duration=1.5, tail="x")

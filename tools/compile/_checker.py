@@ -177,11 +177,15 @@ def value_matches(type_: str, value: object) -> bool:
 
 def split_ref(ref: str) -> tuple[str, str] | None:
     """``"producer.field"`` → (producer, field), split at the last dot (field names
-    hold no dot; task names may)."""
-    producer, dot, field = ref.rpartition(".")
-    if not dot or not producer or ident_problem("field", field) is not None:
+    hold no dot; task names may), by the one reference parser (crucible.core.refs);
+    None for anything else, a reference with a path too (editions 1-3 have none)."""
+    try:
+        parsed = parse_ref(ref)
+    except RefSyntax:
         return None
-    return producer, field
+    if parsed.path or ident_problem("field", parsed.field) is not None:
+        return None
+    return parsed.producer, parsed.field
 
 
 def check_str(chk: Checker, path: KeyPath, value: object, what: str, *, nonempty: bool) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 from crucible.compile._checker import is_json_value, type_name, value_matches
 from crucible.core.errors import InputRefused
 
-__all__ = ["check", "coerce"]
+__all__ = ["check", "check_params", "coerce"]
 
 
 def _schema(plan: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -49,6 +49,10 @@ def check(plan: Mapping[str, Any], supplied: Mapping[str, Any]) -> dict[str, Any
                 f"param {name!r} is required (it has no default)", where=f"params.{name}"
             )
     return resolved
+
+
+#: the public name (crucible.compile.check_params): what dispatch resolves a run's params with
+check_params = check
 
 
 def coerce(plan: Mapping[str, Any], name: str, text: str) -> Any:

@@ -58,6 +58,7 @@ __all__ = [
     "Workflow",
     "in_plan",
     "parse",
+    "source_json",
     "split_ref",
 ]
 
@@ -244,9 +245,10 @@ def parse(text: object, where: str | None = None, tasks: Container[str] | None =
     :class:`PlanShapeError` at ``where`` when it is none."""
     try:
         return parse_ref(text, tasks)
-    except RefSyntax as exc:
+    except RefSyntax as exc:  # what is wrong inside a path; the form says the rest
+        why = f": {exc.message}" if isinstance(text, str) and "[" in text else ""
         raise PlanShapeError(
-            f"expected 'producer.field', got {text!r}: {exc.message}", where=in_plan(where)
+            f"expected 'producer.field', got {text!r}{why}", where=in_plan(where)
         ) from None
 
 
@@ -361,7 +363,8 @@ def _source(value: object, path: str, version: int, needs: Container[str] = ()) 
     raise _fail(f"{path}.{tag}", f"unknown fan-out source {tag!r}")
 
 
-def _source_json(source: Source) -> object:
+def source_json(source: Source) -> object:
+    """A fan-out source in its plan spelling."""
     return source.text if isinstance(source, Ref) else source.to_json()
 
 
@@ -494,7 +497,7 @@ class Matrix:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "axes": [{"name": a.name, "source": _source_json(a.source)} for a in self.axes]
+            "axes": [{"name": a.name, "source": source_json(a.source)} for a in self.axes]
         }
         if self.exclude:
             out["exclude"] = list(self.exclude)
@@ -643,7 +646,7 @@ class Task:
         if self.run is not None:
             out["run"] = self.run if isinstance(self.run, str) else list(self.run)
         if self.map is not None:
-            out["map"] = _source_json(self.map)
+            out["map"] = source_json(self.map)
         optional = (
             ("timeout", self.timeout),
             ("prompt", self.prompt),

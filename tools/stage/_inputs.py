@@ -27,7 +27,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
-from crucible.core.refs import RefMissing, resolve_path
+from crucible.core.refs import RefMissing
 from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
@@ -574,10 +574,8 @@ def declared_entry(
 ) -> dict[str, Any]:
     """The index entry of declared input ``name`` of ``t`` (3.1, 3.5); the value
     files it stages go to ``files``, a fold's directory to ``dirs``."""
-    spec = t.inputs[name]
-    producer, fld = spec["from"].rpartition(".")[::2]
-    producer = spec.get("producer", producer)
-    fld = spec.get("field", fld)
+    spec = t.model.inputs[name]  # the model parsed its reference (crucible.core.refs)
+    producer, fld = spec.producer, spec.field
     if producer not in t.needs:
         raise InputRefused(
             f"input {name!r} of task {t.name!r} reads {producer!r}, not a direct dependency"
@@ -592,7 +590,7 @@ def declared_entry(
         "kind": "declared",
         "producer": producer,
         "field": fld,
-        "type": spec.get("type", pt.emits.get(fld, "any")),
+        "type": spec.type,
         "status": status,
         "note": rec["note"] if rec else "",
         "fold": pt.map is not None,
@@ -602,9 +600,9 @@ def declared_entry(
         output = rec.get("output") if rec else None
         if isinstance(output, dict) and fld in output:
             value = output[fld]
-            if spec.get("path"):  # a.items[0], a.config.region (edition 4)
+            if spec.ref.path:  # a.items[0], a.config.region (edition 4)
                 try:
-                    value = resolve_path(value, spec["path"], f"{producer}.{fld}")
+                    value = spec.ref.at(value)
                 except RefMissing as exc:
                     # the consumer fails with it (a missing element is no value)
                     raise InputRefused(f"input {name!r}: {exc.message}") from None

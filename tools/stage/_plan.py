@@ -1,21 +1,23 @@
-"""A light, read-only view of a plan dict: what stage needs and checks.
+"""Stage's view of a plan: the typed model (crucible.core.plan) and what stage checks.
 
 Plans arrive as plain JSON-shaped dicts (docs/spec/plan-ir.md, docs/schemas/plan-v*.json).
-Stage does not import the compiler (tools share plans as files, not code: DESIGN.md
-"Layout", held by tests/test_layering.py); it checks the few things it relies on and refuses the rest with a
-clear message (a plan/state mismatch, an unknown task, an unsafe name).
+:func:`build_view` reads one once into the core model (:class:`crucible.core.plan.Plan`,
+which refuses unknown members, checks each member's shape, parses references and
+applies every default) and checks across tasks what stage relies on (an unknown
+task, an unsafe or duplicate name, inputs in a v1 plan). Stage does not import the
+compiler (tools share plans as files, not code: DESIGN.md "Layout", held by
+tests/test_layering.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from crucible.core.contract import SUPPORTED_EDITIONS, SUPPORTED_VERSIONS, TYPES
-from crucible.core.errors import InputRefused, Location, UnsupportedVersion
-from crucible.core.refs import Ref, RefSyntax, parse_ref
+from crucible.core.contract import SUPPORTED_VERSIONS, TYPES
+from crucible.core.errors import InputRefused
+from crucible.core.plan import PLAN, Plan, Task, in_plan
 from crucible.stage._names import task_name_problem
 
 __all__ = [
@@ -29,20 +31,11 @@ __all__ = [
     "view",
 ]
 
-#: the display name of the plan in the library's errors: the library is handed
-#: the plan's value, not its file, so the command edge names the file
-#: (``CrucibleError.name_source(name, placeholder=PLAN)``)
-PLAN = "plan"
-
-
-def in_plan(path: str | None = None) -> Location:
-    """A location in the plan: its JSON path, or ``task NAME`` where no path is kept."""
-    return Location(PLAN, path=path)
-
 
 @dataclass(frozen=True)
 class TaskView:
-    """One task of the plan, as stage reads it (``raw``: the plan's task object)."""
+    """One task of the plan, as stage reads it: the core model's task (``model``)
+    and the forms stage's code reads (``raw``: the plan's task object)."""
 
     name: str
     kind: str
@@ -56,13 +49,15 @@ class TaskView:
     prompt: str | None
     raw: dict[str, Any] = field(repr=False)
     #: IR v3 fan-outs whose instances the dispatcher lists in STATE/instances/<task>.json
-    #: (a literal, param or sequence map, a matrix, a map with ``key``, a map whose
-    #: reference has a path or whose producer is mapped); ``map`` is then ("", "")
-    #: unless a producer field is the source
+    #: (a literal, param or sequence map, a matrix, a map with ``key`` or a path, a
+    #: map over a mapped task: crucible.core.plan.Plan.listed); ``map`` is then
+    #: ("", "") unless a producer field is the source
     listed: bool = False
     #: IR v3: emits_files entries freed once the direct dependants settled,
     #: staged only into them (docs/spec/run.md, "Temporary files")
     temp_files: tuple[str, ...] = ()
+    #: the task in the plan's typed model (crucible.core.plan)
+    model: Task = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -79,6 +74,8 @@ class PlanView:
     plan: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: what stage derives from the plan once (the scored loop's view: _loop.loop_of)
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: the plan's typed model (crucible.core.plan)
+    model: Plan = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     def task(self, name: str) -> TaskView:
         try:
@@ -105,139 +102,80 @@ class PlanView:
         return {n: i for i, n in enumerate(self.order)}
 
 
-def _parse_ref(ref: object, where: str, needs: Any) -> Ref:
-    """A reference's producer, field and path; the producer is one of ``needs``,
-    which decide which dot ends it (crucible.core.refs)."""
-    try:
-        return parse_ref(ref, needs if isinstance(needs, list | tuple) else None)
-    except RefSyntax as exc:
-        why = f": {exc.message}" if isinstance(ref, str) and "[" in ref else ""
-        raise InputRefused(
-            f"expected 'producer.field', got {ref!r}{why}", where=in_plan(where)
-        ) from None
-
-
-def _split_ref(ref: object, where: str, needs: Any = None) -> tuple[str, str]:
-    parsed = _parse_ref(ref, where, needs)
-    return parsed.producer, parsed.field
-
-
-def _task(raw: Any, i: int, checked: bool) -> TaskView:
-    where = f"$.tasks[{i}]"  # a JSON path in the plan
-    if not checked:
-        _check_task(raw, where)
-    listed = "matrix" in raw or "key" in raw or ("map" in raw and not isinstance(raw["map"], str))
-    if "map" in raw and isinstance(raw["map"], str):
-        ref = _parse_ref(raw["map"], f"{where}.map", raw.get("needs"))
+def _view_of(task: Task, raw: dict[str, Any], listed: bool) -> TaskView:
+    ref = task.map_ref
+    if ref is not None:
         mapped: tuple[str, str] | None = (ref.producer, ref.field)
-        listed = listed or bool(ref.path)  # the dispatcher resolves the path
     else:
         mapped = ("", "") if listed else None
-    prompt = raw.get("prompt")
     return TaskView(
-        name=raw["name"],
-        kind=raw["kind"],
-        needs=tuple(raw.get("needs", [])),
-        join=raw.get("join", "all"),
-        emits=dict(raw.get("emits", {})),
-        emits_files=tuple(raw.get("emits_files", [])),
-        epilogue=bool(raw.get("epilogue", False)),
+        name=task.name,
+        kind=task.kind,
+        needs=task.needs,
+        join=task.join,
+        emits=dict(task.emits),
+        emits_files=task.emits_files,
+        epilogue=task.epilogue,
         map=mapped,
-        inputs=dict(raw.get("inputs", {})),
-        prompt=prompt if isinstance(prompt, str) else None,
+        # the plan's own input objects: the model checked them (their typed
+        # form is ``model.inputs``); rebuilding them cost a 10,000-task view ~40%
+        inputs=dict(raw["inputs"]) if task.inputs else {},
+        prompt=task.prompt,
         raw=raw,
         listed=listed,
-        temp_files=tuple(raw.get("temp_files", ())),
+        temp_files=task.temp_files,
+        model=task,
     )
 
 
-def _check_task(raw: Any, where: str) -> None:
-    """What stage relies on in one task; the refusals of a plan no compiler checked."""
-    if not isinstance(raw, dict):
-        raise InputRefused("a task must be an object", where=in_plan(where))
-    problem = task_name_problem(raw.get("name"))
-    if problem is not None:
-        raise InputRefused(problem, where=in_plan(f"{where}.name"))
-    kind = raw.get("kind")
-    if kind not in ("command", "evaluate", "agent"):
-        raise InputRefused(f"unknown kind {kind!r}", where=in_plan(f"{where}.kind"))
-    needs = raw.get("needs", [])
-    if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
-        raise InputRefused("needs must be a list of task names", where=in_plan(f"{where}.needs"))
-    emits = raw.get("emits", {})
-    if not isinstance(emits, dict) or not all(t in TYPES for t in emits.values()):
-        raise InputRefused("emits must map fields to known types", where=in_plan(f"{where}.emits"))
-    files = raw.get("emits_files", [])
-    if not isinstance(files, list) or not all(isinstance(p, str) for p in files):
-        raise InputRefused(
-            "emits_files must be a list of paths", where=in_plan(f"{where}.emits_files")
-        )
-    if "map" in raw and isinstance(raw["map"], str):
-        _split_ref(raw["map"], f"{where}.map", needs)
-    inputs = raw.get("inputs", {})
-    if not isinstance(inputs, dict):
-        raise InputRefused("inputs must be an object", where=in_plan(f"{where}.inputs"))
-    for input_name, spec in inputs.items():
-        iw = f"{where}.inputs.{input_name}"
-        if not isinstance(spec, dict):
-            raise InputRefused("an input must be an object", where=in_plan(iw))
-        ref = _parse_ref(spec.get("from"), f"{iw}.from", needs)
-        if (
-            spec.get("producer", ref.producer) != ref.producer
-            or spec.get("field", ref.field) != ref.field
-            or list(spec.get("path", ())) != list(ref.path)
-        ):
-            raise InputRefused("producer/field/path disagree with 'from'", where=in_plan(iw))
-    join = raw.get("join", "all")
-    if join not in ("all", "settled"):
-        raise InputRefused(f"unknown join {join!r}", where=in_plan(f"{where}.join"))
-
-
-def build_view(plan: Any, *, checked: bool = False) -> PlanView:
+def build_view(plan: Any, *, checked: bool = False, model: Plan | None = None) -> PlanView:
     """The plan's view, after checking what stage relies on. ``checked``: the
     plan passed the compiler's checks (a plan file in normal form, or a manifest
-    compiled), which refuse everything :func:`_check_task` does, so each task's
-    fields are not checked again (~2 ms of a 1,000-task dispatch's start-up;
-    tests/run/test_startup_plan.py holds the compiler to that)."""
-    if not isinstance(plan, dict):
-        raise InputRefused("a plan must be a JSON object", where=in_plan())
-    version = plan.get("version")
-    if type(version) is not int or version not in SUPPORTED_VERSIONS:
-        raise UnsupportedVersion(
-            f"plan version {version!r} is not supported "
-            f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})",
-            where=in_plan("$.version"),
-        )
-    edition = plan.get("edition", 1)
-    if type(edition) is not int or edition not in SUPPORTED_EDITIONS:
-        raise UnsupportedVersion(
-            f"edition {edition!r} is not supported", where=in_plan("$.edition")
-        )
-    raw_tasks = plan.get("tasks")
-    if not isinstance(raw_tasks, list):
-        raise InputRefused("tasks must be a list", where=in_plan("$.tasks"))
+    compiled), which refuse everything the model and the checks below do, so
+    neither runs again (~2 ms of a 1,000-task dispatch's start-up;
+    tests/run/test_startup_plan.py holds the compiler to that). ``model``: the
+    plan's model, already built (a dispatcher's admission builds it once)."""
+    if model is None:
+        model = Plan.from_json(plan, checked=checked)
     tasks: dict[str, TaskView] = {}
-    for i, raw in enumerate(raw_tasks):
-        t = _task(raw, i, checked)
-        if t.name in tasks:
-            raise InputRefused(f"task {t.name!r} is declared twice", where=in_plan(f"$.tasks[{i}]"))
-        tasks[t.name] = t
-    # a map over a mapped task (edition 4) is expanded by the dispatcher too
-    for name, t in list(tasks.items()):
-        source = tasks.get(t.map[0]) if t.map is not None and not t.listed else None
-        if source is not None and source.map is not None:
-            tasks[name] = dataclasses.replace(t, listed=True)
-    for t in tasks.values():
-        for n in t.needs:
-            if n not in tasks:
-                raise InputRefused(f"task {t.name!r} needs unknown task {n!r}", where=in_plan())
-        if t.map is not None and t.map != ("", "") and t.map[0] not in tasks:
+    for i, (task, raw) in enumerate(zip(model.tasks, plan["tasks"], strict=True)):
+        if not checked:
+            problem = task_name_problem(task.name)
+            if problem is not None:
+                raise InputRefused(problem, where=in_plan(f"$.tasks[{i}].name"))
+        if task.name in tasks:
             raise InputRefused(
-                f"task {t.name!r} maps over unknown task {t.map[0]!r}", where=in_plan()
+                f"task {task.name!r} is declared twice", where=in_plan(f"$.tasks[{i}]")
             )
-        if version == 1 and t.inputs:
+        tasks[task.name] = _view_of(task, raw, False)
+    if not checked:
+        _check_across(model)
+    for name, t in tasks.items():  # a map over a mapped task (edition 4): listed too
+        if model.listed(name):
+            tasks[name] = _view_of(t.model, t.raw, True)
+    return PlanView(
+        version=model.version,
+        edition=model.edition,
+        tasks=tasks,
+        order=tuple(tasks),
+        plan=plan,
+        model=model,
+    )
+
+
+def _check_across(plan: Plan) -> None:
+    """What a compiler would have refused across tasks, for a plan none checked."""
+    for t in plan.tasks:
+        for n in t.needs:
+            if n not in plan.by_name:
+                raise InputRefused(f"task {t.name!r} needs unknown task {n!r}", where=in_plan())
+        ref = t.map_ref
+        if ref is not None and ref.producer not in plan.by_name:
+            raise InputRefused(
+                f"task {t.name!r} maps over unknown task {ref.producer!r}", where=in_plan()
+            )
+        if plan.version == 1 and t.inputs:
             raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where=in_plan())
-    return PlanView(version=version, edition=edition, tasks=tasks, order=tuple(tasks), plan=plan)
 
 
 def plan_object(plan: Any) -> Any:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crucible.core.plan import Plan
 from crucible.stage import _capture, _inputs, _prompt, _records, _settled
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._layout import StateLayout
@@ -31,12 +32,20 @@ class StateDir:
     plan passed the compiler's checks, so its view is built without checking
     each task again (crucible.stage._plan.build_view)."""
 
-    def __init__(self, plan: dict[str, Any], state: Path, *, checked: bool = False) -> None:
+    def __init__(
+        self,
+        plan: dict[str, Any],
+        state: Path,
+        *,
+        checked: bool = False,
+        model: Plan | None = None,
+    ) -> None:
         self.plan = plan
         self.state = state
         self.layout = StateLayout(state)
-        #: the plan's view, built here, once (crucible.stage._plan.PlanView)
-        self.view: PlanView = build_view(plan, checked=checked)
+        #: the plan's view, built here, once (crucible.stage._plan.PlanView), over
+        #: its typed model (``model``: already built, by a dispatcher's admission)
+        self.view: PlanView = build_view(plan, checked=checked, model=model)
         if self.view.order:
             self.view.ancestors(self.view.order[0])  # builds its position map before a fork
 

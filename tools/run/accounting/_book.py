@@ -105,7 +105,7 @@ class _OperationLog:
 
 def workflow_document(plan: dict[str, Any]) -> bytes:
     """``STATE/workflow.json``: the record the plan carries (export.md §3)."""
-    from crucible.compile._accounted import camel_limits  # the record's spelling of limits
+    from crucible.compile import camel_limits  # the record's spelling of limits
 
     wf = plan["workflow"]
     return canon.dumps(

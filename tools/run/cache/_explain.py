@@ -20,19 +20,20 @@ from typing import Any
 
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
+from crucible.core.plan import Ref, Task
 from crucible.stage import StateDir, escape_key
 
 __all__ = ["explain_lines"]
 
 
-def _ancestors(tasks: Mapping[str, Mapping[str, Any]], name: str) -> list[str]:
+def _ancestors(tasks: Mapping[str, Task], name: str) -> list[str]:
     seen: list[str] = []
-    stack = list(tasks[name].get("needs", []))
+    stack = list(tasks[name].needs)
     while stack:
         n = stack.pop()
         if n not in seen:
             seen.append(n)
-            stack.extend(tasks[n].get("needs", []))
+            stack.extend(tasks[n].needs)
     return seen
 
 
@@ -48,7 +49,7 @@ def _shadow(state: Path, root: Path, plan_bytes: bytes, params: Any) -> Path:
     return shadow
 
 
-def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
+def _list_instances(shadow: Path, task: Task, params: Any) -> None:
     """A static fan-out's instances file in the shadow, as the run writes it at
     admission (a producer-mapped task's comes with its producer's records)."""
     # lazy: run.engine._matrix is not loaded with this module; only _list_instances() needs it
@@ -56,12 +57,12 @@ def _list_instances(shadow: Path, task: Mapping[str, Any], params: Any) -> None:
 
     if is_static(task):
         with contextlib.suppress(CrucibleError, OSError):
-            write_instances(shadow, task["name"], expand(task, params, shadow))
+            write_instances(shadow, task.name, expand(task, params, shadow))
 
 
 def _mapped_instances(
     shadow: StateDir,
-    tasks: Mapping[str, Mapping[str, Any]],
+    tasks: Mapping[str, Task],
     name: str,
     unknown: set[str],
 ) -> list[str] | None:
@@ -91,7 +92,7 @@ def explain_lines(
     from crucible.run.cache._unit import UnitCache, cacheable
 
     plan = admission.plan
-    tasks = {t["name"]: t for t in plan["tasks"]}
+    tasks = admission.model.by_name
     out = [dict(line) for line in lines]
     with tempfile.TemporaryDirectory(prefix="crucible-dry-cache-") as tmp:
         try:
@@ -138,7 +139,7 @@ def explain_lines(
                 name, key = line["task"], line.get("key")
                 fold_before(name)
                 task = tasks[name]
-                if key is None and isinstance(task.get("map"), str):
+                if key is None and isinstance(task.map, Ref):
                     found = _mapped_instances(shadow_dir, tasks, name, unknown)
                     if found:  # its producer hits: its instances are known now
                         out[i - 1 : i] = [
@@ -158,7 +159,7 @@ def explain_lines(
                     line["cache"], why = "off", "cache = false: always runs"
                 elif blocked:
                     line["cache"], why = "unknown", f"cache: keyed once {blocked[0]!r} ran"
-                elif ("map" in task or "matrix" in task) and key is None:
+                elif task.fans_out and key is None:
                     line["cache"], why = "unknown", "cache: keyed per instance"
                 if why is not None:
                     unknown.add(name)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from crucible.core.plan import Task
 from crucible.run.cache._unit import UnitCache, cacheable
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
@@ -83,7 +84,7 @@ class CacheHits:
         directory: Path,
         *,
         state_dir: StateDir,
-        tasks: Mapping[str, Mapping[str, Any]],
+        tasks: Mapping[str, Task],
         environ: Mapping[str, str],
         agent_cmd: str | None,
         emit_cap: int,

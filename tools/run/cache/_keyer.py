@@ -1,15 +1,15 @@
 """A unit's cache key before it is staged (docs/spec/cache.md, "When a unit is keyed").
 
-Every component of the key (:func:`crucible.run.cache._store.unit_key`, computed from a
-staged workspace) follows from the plan and from what is settled in the state
-directory: the producers' records, the params, the reserved inputs, the
+The one computation of a unit's key. Every component follows from the plan and
+from what is settled in the state directory: the producers' records, the params, the reserved inputs, the
 ancestors' captured files. :class:`Keyer` computes the same components from
 those, with stage's own readers, without writing anything: an ``inputs/``
 entry of ``index.json`` is built as stage builds it, minus the ``path`` and
 ``size`` the key leaves out, and each value's digest is taken over the bytes
 stage would write. A hit then needs no workspace, no staging and no worker;
-only a miss is staged. ``tests/run/test_cache_perf_key.py`` holds the two
-equal over every kind of input.
+only a miss is staged. ``tests/run/test_cache_perf_key.py`` holds each ``input:``
+component equal to the one read back from a staged workspace, over every kind of
+input.
 
 Anything stage would refuse (a plan/state mismatch, a producer that passed
 without its field) raises :class:`crucible.core.errors.CrucibleError` here too:
@@ -25,6 +25,7 @@ from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, OperationalError
+from crucible.core.plan import Plan
 from crucible.run.cache._reads import ReadsKeyer, describe_change
 from crucible.run.cache._store import (
     CacheKey,
@@ -135,7 +136,7 @@ class Keyer:
             self._loop_checked = True
         t = pv.task(name)
         check_key(pv, name, key)
-        head, tail = self._fixed_of(t)
+        head, tail = self._fixed_of(t, pv.model)
         components = {**head, "instance": scalar_digest(key), **tail}
         ancestors = self._ancestors_with_files(pv, name)
         if pv.version >= 2:
@@ -170,10 +171,10 @@ class Keyer:
             self._file_ancestors[name] = found
         return found
 
-    def _fixed_of(self, t: TaskView) -> tuple[dict[str, str], dict[str, str]]:
+    def _fixed_of(self, t: TaskView, plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
         fixed = self._fixed.get(t.name)
         if fixed is None:
-            host_env = task_environment(dict(self.plan), t.raw, self.environ)
+            host_env = task_environment(plan.edition, t.model.env, self.environ)
             fixed = fixed_components(
                 self.plan,
                 t.raw,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from crucible.core import atomic, canon
 from crucible.core.errors import CrucibleError
+from crucible.core.plan import Plan, Task
 
 if TYPE_CHECKING:
     from crucible.stage import StateDir
@@ -48,7 +49,7 @@ Warn = Callable[[str], None]
 
 
 def environ_record(
-    plan: Mapping[str, Any], environ: Mapping[str, str], agent_cmd: str | None, emit_cap: int
+    plan: Plan, environ: Mapping[str, str], agent_cmd: str | None, emit_cap: int
 ) -> dict[str, Any]:
     """What ``STATE/environ.json`` holds for a run of ``plan`` from ``environ``:
     every host variable a task of it is handed and keyed on (run.md,
@@ -57,9 +58,9 @@ def environ_record(
     from crucible.run.executors._environ import BASE_VARS
 
     names = set(BASE_VARS)
-    if int(plan.get("edition", 1)) >= 2:
-        for task in plan["tasks"]:
-            names.update(n for n in task.get("env", ()) if not n.startswith("CRUCIBLE_"))
+    if plan.edition >= 2:
+        for task in plan.tasks:
+            names.update(n for n in task.env if not n.startswith("CRUCIBLE_"))
     return {
         "format": ENVIRON_FORMAT,
         "environ": {k: environ[k] for k in sorted(names) if k in environ},
@@ -203,10 +204,10 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     facts: list[Any] = []
     failed: list[str] = []
     try:
-        for task in plan["tasks"]:
+        for task in prev_dir.view.model.tasks:
             if not cacheable(task):
                 continue
-            name = task["name"]
+            name = task.name
             for key, record in _passed_units(prev_dir, task):
                 if len(keyers) == 1:
                     keyer = keyers[0]
@@ -243,14 +244,12 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     return saved
 
 
-def _passed_units(
-    prev_dir: StateDir, task: Mapping[str, Any]
-) -> list[tuple[str | None, dict[str, Any]]]:
+def _passed_units(prev_dir: StateDir, task: Task) -> list[tuple[str | None, dict[str, Any]]]:
     """(instance key or None, record) of every passed unit of ``task`` in ``state``."""
-    name = task["name"]
+    name = task.name
     out: list[tuple[str | None, dict[str, Any]]] = []
     with contextlib.suppress(CrucibleError, OSError):
-        if "map" not in task and "matrix" not in task:
+        if not task.fans_out:
             record = prev_dir.load_result(name)
             if isinstance(record, dict) and record.get("status") == "passed":
                 out.append((None, record))

@@ -56,7 +56,6 @@ __all__ = [
     "fixed_components",
     "restored_record",
     "scalar_digest",
-    "unit_key",
     "write_quick",
 ]
 
@@ -230,24 +229,6 @@ def _task_definition(task: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _staged_inputs(workspace: Path, version: int) -> dict[str, str]:
-    """One component per staged input, from what stage wrote in the workspace."""
-    inputs = workspace / "inputs"
-    if version >= 2:
-        if not inputs.exists():  # nothing to stage (inputs.md 3.7): no inputs
-            return {}
-        index = canon.loads((inputs / "@values" / "index.json").read_bytes())
-        out = {}
-        for entry in index.get("inputs", []):
-            # path and size follow from the name and the digest; the rest (status,
-            # note, what was staged, fold entries' digests) can change the task
-            kept = {k: v for k, v in entry.items() if k not in ("path", "size")}
-            out[f"input:{entry['name']}"] = _digest_of(kept)
-        return out
-    obj = canon.loads((inputs / "@inputs.json").read_bytes())
-    return {f"input:{name}": _digest_of(value) for name, value in obj.items()}
-
-
 def _record_files(record: Mapping[str, Any], files_dir: Path) -> list[dict[str, Any]]:
     """A record's captured files with digests (hashed here when the record has none)."""
     out = []
@@ -360,38 +341,6 @@ def fixed_components(
     if task.get("kind") == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)
     return head, tail
-
-
-def unit_key(
-    *,
-    plan: Mapping[str, Any],
-    task_name: str,
-    key: str | None,
-    state: Path,
-    workspace: Path,
-    host_env: Mapping[str, str],
-    agent_cmd: str | None,
-    emit_cap: int,
-    escape_key: Callable[[str], str],
-    pack_dir: str = "",
-) -> CacheKey:
-    """The cache key of one unit, read from its staged workspace: the definition
-    of the key. A run keys units before staging them
-    (:class:`crucible.run.cache._keyer.Keyer`, equal to this by test).
-
-    ``host_env`` is the host part of the environment the task is handed
-    (``crucible.run.executors._environ.task_environment``)."""
-    task = _tasks_of(plan)[task_name]
-    head, tail = fixed_components(plan, task, host_env, agent_cmd, emit_cap)
-    components = {**head, "instance": scalar_digest(key), **tail}
-    components.update(_staged_inputs(workspace, int(plan["version"])))
-    components.update(ancestor_files(plan, task_name, state, escape_key))
-    if task.get("reads"):
-        # lazy: run.cache._reads is not loaded with this module; only unit_key() needs it
-        from crucible.run.cache._reads import ReadsKeyer
-
-        components["reads"] = ReadsKeyer(pack_dir, None).component(task["reads"])
-    return CacheKey(task_name, key, components)
 
 
 # ------------------------------------------------------------------- lookups

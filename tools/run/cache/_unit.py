@@ -22,6 +22,7 @@ from crucible.core.errors import CrucibleError
 from crucible.stage import StateLayout, escape_key, load_result, write_result
 
 if TYPE_CHECKING:
+    from crucible.core.plan import Task
     from crucible.run.cache._keyer import Keyer
 
 __all__ = ["UnitCache", "cacheable", "usable_cache_dir"]
@@ -43,6 +44,7 @@ def usable_cache_dir(path: Path | None, warn: Warn) -> Path | None:
         if not path.is_dir():
             raise NotADirectoryError(20, "not a directory")
         import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
+
         fd, probe = tempfile.mkstemp(prefix=".probe-", dir=path)
         os.close(fd)
         os.unlink(probe)
@@ -55,11 +57,11 @@ def usable_cache_dir(path: Path | None, warn: Warn) -> Path | None:
     return path
 
 
-def cacheable(task: Mapping[str, Any]) -> bool:
+def cacheable(task: Task) -> bool:
     """``cache = false`` (edition 4): the task's results are state, never cached;
     nor is a task with ``temp_files`` (its temporaries are freed: a hit could
     not lay them back, and they must not outlive the run in the cache)."""
-    return task.get("cache", True) is not False and not task.get("temp_files")
+    return task.caches and not task.temp_files
 
 
 class UnitCache:

@@ -6,11 +6,13 @@ its aggregate (:mod:`._readiness`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from crucible.core.plan import Task
 from crucible.run.engine import _control as control
 from crucible.run.engine._failures import compose_note, exit_text, failure_record, with_reason
 from crucible.run.engine._parts import Parts
@@ -175,7 +177,7 @@ class Attempts:
         if finished.stop_reason == "timeout":
             how = exit_text(finished.code)
             note = compose_note(
-                f"{how} after timeout {task.get('timeout')}s", None, finished.log, finished.tail
+                f"{how} after timeout {task.timeout}s", None, finished.log, finished.tail
             )
             status, retryable = FAILED, True
             if self.loop is not None and self.loop.budget_cut(unit.name, unit.key):
@@ -286,7 +288,7 @@ class Attempts:
         record goes, so a resume runs it again (docs/spec/export.md §5)."""
         self.state_dir.remove_result(unit.name, unit.key, durable=True)
 
-    def _retry_when(self, task: Any, retry: control.Retry, last: dict[str, Any]) -> control.Retry:
+    def _retry_when(self, task: Task, retry: control.Retry, last: dict[str, Any]) -> control.Retry:
         """The task's ``retry.when`` over the failed attempt, asked only of a retry
         the rest of its policy allows (crucible.run.engine._retry_when)."""
         return apply_retry_when(
@@ -301,9 +303,9 @@ class Attempts:
             self.schedule.running -= 1
             unit.pid = None
         note = f"worker lost: {worker}"
-        task = dict(self.graph.tasks[unit.name])
-        if isinstance(task.get("retry"), dict):
-            task["retry"] = {k: v for k, v in task["retry"].items() if k != "on_exit"}
+        task = self.graph.tasks[unit.name]
+        if task.retry is not None:  # no exit code: on_exit does not apply
+            task = dataclasses.replace(task, retry=dataclasses.replace(task.retry, on_exit=None))
         retry = control.Retry(None)
         if self.signals.received is None:
             retry = control.next_retry(

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
     from crucible.stage import StateDir
 
-from crucible.core.refs import RefMissing, resolve_path
+from crucible.core.plan import Plan, Task
+from crucible.core.refs import RefMissing
 
 __all__ = [
     "NO_ITEM",
@@ -83,7 +84,7 @@ def evaluate(
     """Evaluate ``expression`` over ``values`` (params, inputs, needs[, item][, outcome])
     within the bounds of crucible.compile._bounded (time, memory, signals)."""
     # lazy: compile._bounded is not loaded with this module; only evaluate() needs it
-    from crucible.compile._bounded import evaluate_expression
+    from crucible.compile import evaluate_expression
 
     prelude = _PRELUDE + (_PRELUDE_ITEM if item else "") + (_PRELUDE_OUTCOME if outcome else "")
     done = evaluate_expression(expression, values, prelude, cancelled=cancelled)
@@ -112,7 +113,7 @@ class Control:
 
     def __init__(
         self,
-        plan: dict[str, Any],
+        plan: Plan,
         state_dir: StateDir,
         *,
         cancelled: Callable[[], bool] | None = None,
@@ -122,7 +123,7 @@ class Control:
         self.cancelled = cancelled
         self.state_dir = state_dir
         self._params: dict[str, Any] | None = None
-        self._mapped = {t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t}
+        self._mapped = {t.name for t in plan.tasks if t.fans_out}
         #: a task's input values, read once: its producers settled before it was
         #: ready, so every instance of a mapped task sees the same ones
         self._input_values: dict[str, dict[str, Any]] = {}
@@ -139,32 +140,32 @@ class Control:
             self._params = dict(orjson.loads(Path(path).read_bytes()))
         return self._params
 
-    def _params_of(self, task: Mapping[str, Any]) -> dict[str, Any]:
+    def _params_of(self, task: Task) -> dict[str, Any]:
         """The params a condition is offered: the task's ``params`` (all when it
         lists none; compile refuses a when naming another)."""
-        listed = task.get("params")
+        listed = task.params
         params = self.params()
         return params if listed is None else {k: params[k] for k in listed if k in params}
 
-    def _inputs_of(self, task: dict[str, Any]) -> dict[str, Any]:
-        values = self._input_values.get(task["name"])
+    def _inputs_of(self, task: Task) -> dict[str, Any]:
+        values = self._input_values.get(task.name)
         if values is None:
-            values = self._input_values[task["name"]] = self._inputs(task)
+            values = self._input_values[task.name] = self._inputs(task)
         return values
 
-    def _inputs(self, task: dict[str, Any]) -> dict[str, Any]:
+    def _inputs(self, task: Task) -> dict[str, Any]:
         """Each declared input's value: the producer's field, or for a mapped
         producer an object instance key → value; null when the producer left none."""
         out: dict[str, Any] = {}
-        for name, spec in task.get("inputs", {}).items():
-            producer, field = spec["producer"], spec["field"]
+        for name, spec in task.inputs.items():
+            producer, field = spec.producer, spec.field
             record = self.state_dir.load_result(producer)
             if producer not in self._mapped:
                 output = record.get("output") if record else None
                 value = output.get(field) if isinstance(output, dict) else None
-                if spec.get("path") and value is not None:  # a.items[0] (edition 4)
+                if spec.ref.path and value is not None:  # a.items[0] (edition 4)
                     try:
-                        value = resolve_path(value, spec["path"], f"{producer}.{field}")
+                        value = spec.ref.at(value)
                     except RefMissing:
                         value = None  # none there: staging fails the unit, saying why
                 out[name] = value
@@ -194,7 +195,7 @@ class Control:
 
     def decide(
         self,
-        task: dict[str, Any],
+        task: Task,
         statuses: Mapping[str, str],
         *,
         item: Any = NO_ITEM,
@@ -202,24 +203,25 @@ class Control:
     ) -> tuple[str, str] | None:
         """None when the unit runs; else ``(status, note)`` to settle it with:
         skipped (condition false) or failed (condition error)."""
-        expression = task["when"]
+        expression = task.when
+        assert expression is not None  # only a conditional unit is decided
         values: dict[str, Any] = {
             # Read here, in the dispatcher: an agent's condition may test params,
             # which still never reach the agent.
             "params": self._params_of(task),
             "inputs": self._inputs_of(task) if "inputs" in expression else {},
-            "needs": {n: self._need(n, statuses) for n in task["needs"]},
+            "needs": {n: self._need(n, statuses) for n in task.needs},
         }
         if item is not NO_ITEM:
             values["item"] = item
-        if task["epilogue"]:
+        if task.epilogue:
             values["outcome"] = {"status": run or PASSED}
         try:
             holds = evaluate(
                 expression,
                 values,
                 item=item is not NO_ITEM,
-                outcome=bool(task["epilogue"]),
+                outcome=task.epilogue,
                 cancelled=self.cancelled,
             )
         except ConditionCancelled:
@@ -234,14 +236,13 @@ class Control:
 # -- tolerated failure -------------------------------------------------------
 
 
-def tolerates(task: Mapping[str, Any], exit_code: int | None, timed_out: bool = False) -> bool:
+def tolerates(task: Task, exit_code: int | None, timed_out: bool = False) -> bool:
     """Does the run ignore this unit's failure? ``allow_exit`` lists the exit codes
     it tolerates (nothing else: not a timeout, not a refused result); without it,
     ``on_failure = "continue"`` tolerates every failure."""
-    codes = task.get("allow_exit")
-    if codes is not None:
-        return not timed_out and exit_code in codes
-    return task.get("on_failure") == "continue"
+    if task.allow_exit:
+        return not timed_out and exit_code in task.allow_exit
+    return task.tolerated
 
 
 def amend_record(path: Path, *, durable: bool = True, **members: Any) -> dict[str, Any]:
@@ -279,12 +280,10 @@ def fold_verdict(record: Mapping[str, Any]) -> tuple[str, str] | None:
     )
 
 
-def run_status(
-    tasks: Mapping[str, Mapping[str, Any]], statuses: Mapping[str, str], tolerated: set[str]
-) -> str:
+def run_status(tasks: Mapping[str, Task], statuses: Mapping[str, str], tolerated: set[str]) -> str:
     """``outcome.status``: failed when a regular task failed and was not tolerated."""
     for name, task in tasks.items():
-        if not task.get("epilogue") and statuses.get(name) == FAILED and name not in tolerated:
+        if not task.epilogue and statuses.get(name) == FAILED and name not in tolerated:
             return FAILED
     return PASSED
 
@@ -301,7 +300,7 @@ class Retry:
 
 
 def next_retry(
-    task: Mapping[str, Any],
+    task: Task,
     attempt: int,
     *,
     timed_out: bool,
@@ -321,22 +320,22 @@ def next_retry(
     """
     if not retryable:
         return Retry(None)
-    policy = task.get("retry")
+    policy = task.retry
     if policy is None:
-        if attempt >= int(task.get("retries", 0)) + 1:
+        if attempt >= task.retries + 1:
             return Retry(None)
         delay = backoff_delay(backoff, 2, attempt - 1, BACKOFF_MAX)
     else:
-        if attempt >= int(policy["limit"]) + 1:
+        if attempt >= policy.limit + 1:
             return Retry(None)
-        if timed_out and not policy["on_timeout"]:
+        if timed_out and not policy.on_timeout:
             return Retry(None, "no retry: on_timeout is false")
-        if not timed_out and "on_exit" in policy and exit_code not in policy["on_exit"]:
+        if not timed_out and policy.on_exit is not None and exit_code not in policy.on_exit:
             return Retry(None, f"no retry: exit code {exit_code} is not in on_exit")
         delay = backoff_delay(
-            float(policy["delay"]), float(policy["factor"]), attempt - 1, float(policy["max_delay"])
+            float(policy.delay), float(policy.factor), attempt - 1, float(policy.max_delay)
         )
-    deadline = task.get("deadline")
+    deadline = task.deadline
     if deadline is not None and elapsed is not None and elapsed + delay >= float(deadline):
         return Retry(
             None, f"no retry: the deadline of {deadline} s is reached after {attempt} attempts"
@@ -373,9 +372,9 @@ def last_attempt_env(exit_code: int | None, timed_out: bool) -> dict[str, str]:
     }
 
 
-def tolerates_fold(task: Mapping[str, Any], state_dir: StateDir, record: Mapping[str, Any]) -> bool:
+def tolerates_fold(task: Task, state_dir: StateDir, record: Mapping[str, Any]) -> bool:
     """A failed mapped task is tolerated when every instance that failed was."""
-    if "on_failure" not in task and "allow_exit" not in task:
+    if not task.tolerated and not task.allow_exit:
         return False
     failed = 0
     for key in record.get("keys", []):

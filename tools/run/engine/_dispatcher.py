@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from crucible.compile._durations import MAX_WAIT_S
+from crucible.compile import MAX_WAIT_S
 from crucible.run._options import RunOptions
 from crucible.run.engine import _control as control
 from crucible.run.engine._attempts import Attempts
@@ -102,6 +102,8 @@ class Dispatcher:
         self.warn = on_warning or (lambda _w: None)
         self.admission = admission
         self.plan = admission.plan
+        #: the plan's typed model: what the run reads (crucible.core.plan)
+        self.model = admission.model
         self.options = options
         self.state = options.state
         self.state_dir = state_dir
@@ -128,13 +130,13 @@ class Dispatcher:
         self.schedule = Schedule(self.graph, self.durable, self.selection)
         self.signals = StopSignals()
         self.control = control.Control(
-            self.plan, self.state_dir, cancelled=lambda: self.signals.received is not None
+            self.model, self.state_dir, cancelled=lambda: self.signals.received is not None
         )
         self._tokens: dict[int, Unit] = {}
         self._next_token = 0
         # No task may inherit a descriptor of ours (posix_spawn closes none).
         close_inherited()
-        self.fanouts = Fanouts(self.plan, self.admission.params, self.state)
+        self.fanouts = Fanouts(self.model, self.admission.params, self.state)
         self.parallelism: ParallelismGate[Unit] = ParallelismGate(self.graph.tasks)
 
     def _set_up_executor(self, environ: Mapping[str, str]) -> None:
@@ -144,7 +146,7 @@ class Dispatcher:
         self.slots = Slots(self.jobs)
         self.runner = UnitRunner(
             plan=self.plan,
-            tasks=self.graph.tasks,
+            model=admission.model,
             options=options,
             emit_cap=admission.emit_cap,
             environ=environ,
@@ -187,12 +189,12 @@ class Dispatcher:
     def _set_up_loop(self) -> None:
         """A scored loop (docs/spec/loop.md): revisions of the body, run/loop/_engine.py."""
         self.loop: LoopRun | None = None
-        if self.plan.get("loop") is not None:
+        if self.model.loop is not None:
             # lazy: most plans have no loop (tests/run/test_startup_imports.py)
             from crucible.run.loop import _engine as loop_engine
 
             host = EngineHost(
-                plan=self.plan, state_dir=self.state_dir, log=self.log, graph=self.graph,
+                plan=self.plan, model=self.model, state_dir=self.state_dir, log=self.log, graph=self.graph,
                 control=self.control, schedule=self.schedule, durable=self.durable,
                 signals=self.signals,
             )  # fmt: skip
@@ -205,7 +207,7 @@ class Dispatcher:
         """An accounted plan (docs/spec/export.md): the proof writer's engine,
         driven as the run decides."""
         self.accounting: Accounting | None = None
-        if "limits" in self.plan["workflow"]:
+        if self.model.workflow.accounted:
             # lazy: only an accounted plan loads the proof writer
             from crucible.run.accounting._book import open_accounting
 
@@ -225,7 +227,7 @@ class Dispatcher:
         )  # fmt: skip
         # temporary files (crucible.run.engine._temps): freed as their readers settle
         self.temps: Any = None
-        if any(t.get("temp_files") for t in self.graph.tasks.values()):
+        if any(t.temp_files for t in self.graph.tasks.values()):
             self.temps = TempFreer(
                 self.state, self.graph.tasks, self.schedule.status,
                 lambda: self.schedule.selected, self._temp_freed,
@@ -367,7 +369,7 @@ class Dispatcher:
             return FAILED, 1
         if all(self.schedule.status.get(n) == PASSED for n in self.schedule.expected()):
             return PASSED, 0
-        if self.plan["version"] >= 3 and all(
+        if self.model.version >= 3 and all(
             n in self.schedule.status
             and (self.schedule.status[n] != FAILED or n in self.schedule.tolerated)
             for n in self.schedule.expected()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from crucible.compile._fanout import MAX_INSTANCES
+from crucible.compile import MAX_INSTANCES
 
 __all__ = ["Fold", "FoldProblem", "FoldSkipped", "fold_pairs", "read_fold", "unique_keys"]
 

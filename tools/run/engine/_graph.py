@@ -10,18 +10,19 @@ import and graph build cost a dispatcher ~0.3 s of start-up on every run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from crucible.core.errors import InputRefused
+from crucible.core.plan import Plan, Task
 
 __all__ = ["TaskGraph", "build_graph"]
 
 
 @dataclass(frozen=True)
 class TaskGraph:
-    #: task name -> its task object from the plan
-    tasks: dict[str, dict[str, Any]]
+    #: task name -> its task (the plan's typed model, crucible.core.plan)
+    tasks: Mapping[str, Task]
     #: task name -> every task it waits for (needs, plus all non-epilogue tasks for an epilogue)
     waits_for: dict[str, tuple[str, ...]]
     #: task name -> tasks that wait for it
@@ -31,7 +32,7 @@ class TaskGraph:
 
 
 def _topological_order(
-    tasks: dict[str, dict[str, Any]], waits_for: dict[str, tuple[str, ...]]
+    tasks: Mapping[str, Task], waits_for: dict[str, tuple[str, ...]]
 ) -> tuple[str, ...]:
     """Kahn's algorithm; among ready tasks the earliest declared goes first."""
     # lazy: not loaded with this module; only _topological_order() needs it
@@ -78,15 +79,15 @@ def _a_cycle(stuck: set[str], waits_for: dict[str, tuple[str, ...]]) -> list[str
     return [*cycle, cycle[0]]
 
 
-def build_graph(plan: dict[str, Any]) -> TaskGraph:
-    tasks: dict[str, dict[str, Any]] = {}
-    for task in plan["tasks"]:
-        tasks[task["name"]] = task
-    regular = [name for name, task in tasks.items() if not task.get("epilogue", False)]
+def build_graph(plan: Plan) -> TaskGraph:
+    """The graph of ``plan``, checked (unknown needs, cycles) and ordered; built
+    once per run, at admission (crucible.run.session._runner)."""
+    tasks = plan.by_name
+    regular = [name for name, task in tasks.items() if not task.epilogue]
     waits_for: dict[str, tuple[str, ...]] = {}
     for name, task in tasks.items():
-        deps: list[str] = list(task.get("needs", []))
-        if task.get("epilogue", False):
+        deps: list[str] = list(task.needs)
+        if task.epilogue:
             deps.extend(r for r in regular if r not in deps)
         for dep in deps:
             if dep not in tasks:

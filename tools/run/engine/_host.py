@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 from typing import Any, Protocol
 
+from crucible.core.plan import Plan
 from crucible.run.engine._control import Control
 from crucible.run.engine._durable import DurableGate
 from crucible.run.engine._graph import TaskGraph
@@ -25,6 +26,8 @@ __all__ = ["EngineHost", "LoopHost"]
 
 class LoopHost(Protocol):
     plan: dict[str, Any]
+    #: the plan's typed model (crucible.core.plan)
+    model: Plan
     state: Path
     layout: StateLayout
     log: SessionLog
@@ -95,6 +98,7 @@ class EngineHost:
         self,
         *,
         plan: dict[str, Any],
+        model: Plan,
         state_dir: StateDir,
         log: SessionLog,
         graph: TaskGraph,
@@ -104,6 +108,7 @@ class EngineHost:
         signals: StopSignals,
     ) -> None:
         self.plan = plan
+        self.model = model
         self.state_dir = state_dir
         self.state = state_dir.state
         self.layout = state_dir.layout

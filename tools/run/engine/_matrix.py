@@ -24,14 +24,18 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._fanout import MAX_INSTANCES, KeyProblem, describe_source, keyed_items
-from crucible.compile._sequences import (
+from crucible.compile import (
+    MAX_INSTANCES,
+    KeyProblem,
     SequenceProblem,
     check_sequence_param_values,
+    describe_source,
+    keyed_items,
     sequence_values,
 )
 from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused
+from crucible.core.plan import ParamSource, Plan, Ref, SequenceSource, Source, Task
 from crucible.core.refs import RefMissing, parse_ref
 from crucible.run.engine._folds import (
     Fold,
@@ -76,34 +80,32 @@ class FanoutSkipped(FanoutFailed):
     code = "fanout-skipped"
 
 
-def is_listed(task: Mapping[str, Any], mapped: Container[str] = ()) -> bool:
-    """Instances come from the instances file (the same rule as stage's TaskView):
-    every source but a plain ``producer.field`` of an unmapped producer (``mapped``:
-    the plan's mapped tasks)."""
-    if "matrix" in task or "key" in task:
-        return True
-    source = task.get("map")
-    if source is None:
-        return False
-    if not isinstance(source, str):
-        return True
-    ref = parse_ref(source, task.get("needs", ()))
-    return bool(ref.path) or ref.producer in mapped
+def is_listed(task: Task, mapped: Container[str] = ()) -> bool:
+    """Instances come from the instances file (the model's rule, as stage's
+    TaskView reads it): every source but a plain ``producer.field`` of an
+    unmapped producer (``mapped``: the plan's mapped tasks)."""
+    ref = task.map_ref
+    return task.listed or (ref is not None and ref.producer in mapped)
 
 
-def mapped_tasks(plan: Mapping[str, Any]) -> frozenset[str]:
-    return frozenset(t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t)
+def mapped_tasks(plan: Plan) -> frozenset[str]:
+    return frozenset(t.name for t in plan.tasks if t.fans_out)
 
 
-def _sources(task: Mapping[str, Any]) -> list[Any]:
-    if "matrix" in task:
-        return [a["source"] for a in task["matrix"]["axes"]]
-    return [task["map"]] if "map" in task else []
+def _sources(task: Task) -> list[Source]:
+    if task.matrix is not None:
+        return [a.source for a in task.matrix.axes]
+    return [task.map] if task.map is not None else []
 
 
-def is_static(task: Mapping[str, Any]) -> bool:
+def _raw(source: Source) -> Any:
+    """A source in its plan spelling (what the compiler's helpers and the notes read)."""
+    return source.text if isinstance(source, Ref) else source.to_json()
+
+
+def is_static(task: Task) -> bool:
     """A listed fan-out whose items are known before the run (no producer field)."""
-    return is_listed(task) and not any(isinstance(s, str) for s in _sources(task))
+    return is_listed(task) and not any(isinstance(s, Ref) for s in _sources(task))
 
 
 # -- sources --------------------------------------------------------------------
@@ -114,7 +116,7 @@ def _utf16_order(keys: Iterable[str]) -> list[str]:
 
 
 def _source_value(
-    source: Any, params: Mapping[str, Any], state: Path, what: str, task: Mapping[str, Any]
+    source: Any, params: Mapping[str, Any], state: Path, what: str, task: Task
 ) -> Any:
     if isinstance(source, str):
         return _producer_value(source, state, what, task)
@@ -128,13 +130,13 @@ def _source_value(
     return source["items"]
 
 
-def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]) -> Any:
+def _producer_value(source: str, state: Path, what: str, task: Task) -> Any:
     """An unmapped producer's field (at the reference's path, edition 4), or a
     mapped producer's fold (crucible.run.engine._folds)."""
     # lazy: stage is not loaded with this module; only _producer_value() needs it
     from crucible import stage
 
-    ref = parse_ref(source, task.get("needs", ()))
+    ref = parse_ref(source, task.needs)
     producer, field = ref.producer, ref.field
     record = stage.load_result(state, producer)
     if record is not None and "keys" in record:  # a mapped producer's aggregate
@@ -144,7 +146,7 @@ def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]
                 record["keys"],
                 producer,
                 field,
-                settled=task.get("join", "all") == "settled",
+                settled=task.join == "settled",
                 what=f"{what} {source}",
             )
         except FoldSkipped as exc:
@@ -163,10 +165,9 @@ def _producer_value(source: str, state: Path, what: str, task: Mapping[str, Any]
         raise FanoutFailed(f"{what}: {exc.message}") from None
 
 
-def _map_pairs(
-    task: Mapping[str, Any], params: Mapping[str, Any], state: Path
-) -> list[tuple[str, Any]]:
-    source = task["map"]
+def _map_pairs(task: Task, params: Mapping[str, Any], state: Path) -> list[tuple[str, Any]]:
+    assert task.map is not None  # a listed task without a matrix maps
+    source = _raw(task.map)
     value = _source_value(source, params, state, "map", task)
     if isinstance(value, Fold):
         pairs = _pairs_of(value, f"map {source}")
@@ -180,12 +181,12 @@ def _map_pairs(
         raise FanoutFailed(
             f"map {_describe(source)} has {len(pairs):,} items, more than {MAX_INSTANCES:,}"
         )
-    if "key" in task:
+    if task.key is not None:
         try:
-            pairs = keyed_items(pairs, task["key"])
+            pairs = keyed_items(pairs, task.key)
         except KeyProblem as exc:
-            raise FanoutFailed(f"key {task['key']!r}: {exc}") from None
-    if isinstance(value, Fold) and "key" not in task:
+            raise FanoutFailed(f"key {task.key!r}: {exc}") from None
+    if isinstance(value, Fold) and task.key is None:
         try:
             unique_keys(pairs, f"map {source}")
         except FoldProblem as exc:
@@ -229,7 +230,7 @@ def combinations(
     (crucible.compile._matrix_rules). Raises :class:`FanoutFailed` above
     :data:`MAX_INSTANCES`."""
     # lazy: compile._matrix_rules is not loaded with this module; only combinations() needs it
-    from crucible.compile._matrix_rules import TooManyCombinations, matrix_combinations
+    from crucible.compile import TooManyCombinations, matrix_combinations
 
     try:
         return matrix_combinations(axes, exclude, include, limit=MAX_INSTANCES)
@@ -239,20 +240,20 @@ def combinations(
         ) from None
 
 
-def _matrix_pairs(
-    task: Mapping[str, Any], params: Mapping[str, Any], state: Path
-) -> list[tuple[str, Any]]:
-    matrix = task["matrix"]
+def _matrix_pairs(task: Task, params: Mapping[str, Any], state: Path) -> list[tuple[str, Any]]:
+    matrix = task.matrix
+    assert matrix is not None
     axes: list[tuple[str, Sequence[Any]]] = []
-    for axis in matrix["axes"]:
-        what = f"matrix axis {axis['name']!r}"
-        value = _source_value(axis["source"], params, state, what, task)
+    for axis in matrix.axes:
+        what = f"matrix axis {axis.name!r}"
+        source = _raw(axis.source)
+        value = _source_value(source, params, state, what, task)
         if isinstance(value, Fold):  # every instance's elements (or value), in item order
-            value = [v for _, v in _pairs_of(value, f"{what} {axis['source']}")]
+            value = [v for _, v in _pairs_of(value, f"{what} {source}")]
         if not isinstance(value, list):
-            raise FanoutFailed(f"{what} ({_describe(axis['source'])}) is not an array")
-        axes.append((axis["name"], value))
-    combos = combinations(axes, matrix.get("exclude", ()), matrix.get("include", ()))
+            raise FanoutFailed(f"{what} ({_describe(source)}) is not an array")
+        axes.append((axis.name, value))
+    combos = combinations(axes, matrix.exclude, matrix.include)
     pairs: list[tuple[str, Any]] = []
     seen: set[str] = set()
     for combo in combos:
@@ -264,11 +265,9 @@ def _matrix_pairs(
     return pairs
 
 
-def expand(
-    task: Mapping[str, Any], params: Mapping[str, Any], state: Path
-) -> list[tuple[str, Any]]:
+def expand(task: Task, params: Mapping[str, Any], state: Path) -> list[tuple[str, Any]]:
     """(key, item) of every instance of a listed fan-out, in instance order."""
-    if "matrix" in task:
+    if task.matrix is not None:
         return _matrix_pairs(task, params, state)
     return _map_pairs(task, params, state)
 
@@ -300,9 +299,8 @@ class Fanouts:
     """The listed fan-outs of one run: static ones expanded at construction
     (before ``plan_admitted``), the others when :meth:`keys` is first asked."""
 
-    def __init__(self, plan: Mapping[str, Any], params: Mapping[str, Any], state: Path) -> None:
-        mapped = mapped_tasks(plan)
-        self.tasks = {t["name"]: t for t in plan["tasks"] if is_listed(t, mapped)}
+    def __init__(self, plan: Plan, params: Mapping[str, Any], state: Path) -> None:
+        self.tasks = {t.name: t for t in plan.tasks if plan.listed(t.name)}
         self.params = params
         self.state = state
         self._keys: dict[str, list[str]] = {}
@@ -374,48 +372,46 @@ class Fanouts:
             elif name in self._failed:
                 entry["fanout_error"] = self._failed[name]
             task = self.tasks.get(name)
-            if task is not None and "matrix" in task:
-                entry["matrix"] = [a["name"] for a in task["matrix"]["axes"]]
+            if task is not None and task.matrix is not None:
+                entry["matrix"] = [a.name for a in task.matrix.axes]
 
 
-def check_fanout_params(plan: Mapping[str, Any], params: Mapping[str, Any]) -> None:
+def check_fanout_params(plan: Plan, params: Mapping[str, Any]) -> None:
     """Admission: a param a map or matrix axis ranges over must hold an array (or,
     for a map, an object). Compile checked defaults; this checks what the run got."""
-    for task in plan["tasks"]:
+    for task in plan.tasks:
         for seq in _sequence_sources(task):
             try:
                 check_sequence_param_values(seq, params)
             except SequenceProblem as exc:
                 raise InputRefused(
-                    f"task {task['name']!r} fans out over a sequence: {exc}",
+                    f"task {task.name!r} fans out over a sequence: {exc}",
                     where=f"params.{exc.param}" if exc.param else None,
                 ) from None
         for source, axis in _param_sources(task):
-            name = source["param"]
+            name = source.param
             value = params.get(name)
             ok = isinstance(value, list) or (isinstance(value, dict) and not axis)
             if not ok:
                 what = "a matrix axis" if axis else "map"
                 need = "an array" if axis else "an array or an object"
                 raise InputRefused(
-                    f"task {task['name']!r} fans out over params.{name} ({what}), "
+                    f"task {task.name!r} fans out over params.{name} ({what}), "
                     f"which must be {need}",
                     where=f"params.{name}",
                 )
 
 
-def _param_sources(task: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+def _param_sources(task: Task) -> list[tuple[ParamSource, bool]]:
     out = []
-    source = task.get("map")
-    if isinstance(source, dict) and "param" in source:
-        out.append((source, False))
-    for axis in task.get("matrix", {}).get("axes", []):
-        if isinstance(axis["source"], dict) and "param" in axis["source"]:
-            out.append((axis["source"], True))
+    if isinstance(task.map, ParamSource):
+        out.append((task.map, False))
+    for axis in task.matrix.axes if task.matrix is not None else ():
+        if isinstance(axis.source, ParamSource):
+            out.append((axis.source, True))
     return out
 
 
-def _sequence_sources(task: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _sequence_sources(task: Task) -> list[dict[str, Any]]:
     """The plan-form sequences a task's map or matrix axes range over."""
-    sources = [task.get("map")] + [a["source"] for a in task.get("matrix", {}).get("axes", [])]
-    return [s["sequence"] for s in sources if isinstance(s, dict) and "sequence" in s]
+    return [s.to_json()["sequence"] for s in _sources(task) if isinstance(s, SequenceSource)]

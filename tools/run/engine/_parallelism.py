@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
+
+from crucible.core.plan import Task
 
 __all__ = ["ParallelismGate"]
 
@@ -19,8 +21,8 @@ U = TypeVar("U")
 
 
 class ParallelismGate(Generic[U]):
-    def __init__(self, tasks: Mapping[str, Mapping[str, Any]]) -> None:
-        self.limits = {n: int(t["parallelism"]) for n, t in tasks.items() if "parallelism" in t}
+    def __init__(self, tasks: Mapping[str, Task]) -> None:
+        self.limits = {n: t.parallelism for n, t in tasks.items() if t.parallelism is not None}
         self.active = dict.fromkeys(self.limits, 0)
         self.held: dict[str, deque[U]] = {n: deque() for n in self.limits}
 

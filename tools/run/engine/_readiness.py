@@ -69,10 +69,9 @@ class Readiness:
                 self.settle_unrun(name, SKIPPED, note)
                 return
         task = self.graph.tasks[name]
-        if task.get("join", "all") == "all":
-            epilogue = task.get("epilogue", False)
-            for dep in task.get("needs", ()):
-                if epilogue and not self.graph.tasks[dep].get("epilogue", False):
+        if task.join == "all":
+            for dep in task.needs:
+                if task.epilogue and not self.graph.tasks[dep].epilogue:
                     # An epilogue runs whatever the regular tasks did; its needs
                     # on them only order it (stage stages them as settled).
                     continue
@@ -81,10 +80,10 @@ class Readiness:
                     note = f"skipped: needs {dep!r}, which {_did(dep_status)}"
                     self.settle_unrun(name, SKIPPED, note)
                     return
-        if "map" in task or "matrix" in task:
+        if task.fans_out:
             self._expand(name)
             return
-        if "when" in task and self._condition_settles(name, None, control.NO_ITEM):
+        if task.when is not None and self._condition_settles(name, None, control.NO_ITEM):
             return
         self.schedule.ready.append(Unit(name, None))
 
@@ -94,7 +93,7 @@ class Readiness:
         task = self.graph.tasks[name]
         run = (
             control.run_status(self.graph.tasks, self.schedule.status, self.schedule.tolerated)
-            if task["epilogue"]
+            if task.epilogue
             else None
         )
         decided = self.control.decide(task, self.schedule.status, item=item, run=run)
@@ -147,7 +146,7 @@ class Readiness:
         return [key for key, _ in self.state_dir.map_items(name)]
 
     def _expand(self, name: str) -> None:
-        conditional = "when" in self.graph.tasks[name]
+        conditional = self.graph.tasks[name].when is not None
         item_of: dict[str, Any] = {}
         try:
             if self.fanouts.listed(name):
@@ -168,7 +167,8 @@ class Readiness:
             if self.fanouts.listed(name):
                 note = f"cannot expand the fan-out: {exc}"
             else:
-                note = f"cannot read the map source {self.graph.tasks[name]['map']}: {exc}"
+                ref = self.graph.tasks[name].map_ref
+                note = f"cannot read the map source {ref.text if ref else ''}: {exc}"
             self.settle_unrun(name, FAILED, note)
             return
         # an accounted run: the selection reserving these instances (export.md §5)
@@ -212,12 +212,12 @@ class Readiness:
         self.durable.wrote(name, None)
         status = record.get("status", FAILED)
         task = self.graph.tasks[name]
-        if not keys and task.get("on_empty") == "skip":  # issue 32: Tekton's empty fan-out
+        if not keys and task.skips_when_empty:  # issue 32: Tekton's empty fan-out
             status, note = SKIPPED, 'skipped: the fan-out has no instances (on_empty = "skip")'
             record = control.amend_record(
                 self.layout.result_path(name), status=status, note=note, durable=False
             )  # rides the group commit: self.durable.wrote above
-        if "when" in task and (verdict := control.fold_verdict(record)) is not None:
+        if task.when is not None and (verdict := control.fold_verdict(record)) is not None:
             status, note = verdict  # instances skipped by their condition are no failure
             record = control.amend_record(
                 self.layout.result_path(name), status=status, note=note, durable=False

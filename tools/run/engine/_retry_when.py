@@ -15,6 +15,7 @@ import signal
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from crucible.core.plan import Task
 from crucible.run.engine._control import Retry, _starlark_type
 
 __all__ = ["LAST_PRELUDE", "apply_retry_when", "last_attempt"]
@@ -66,7 +67,7 @@ def last_attempt(
 
 
 def apply_retry_when(
-    task: Mapping[str, Any],
+    task: Task,
     retry: Retry,
     last: Mapping[str, Any],
     *,
@@ -77,12 +78,12 @@ def apply_retry_when(
     a value that is not a boolean, past a bound) gives none either, with the
     error in the note. A stopping dispatcher (a signal) abandons the evaluation
     and keeps the retry: the unit stays unsettled and a resume runs it again."""
-    policy = task.get("retry")
-    if retry.delay is None or not isinstance(policy, dict) or "when" not in policy:
+    policy = task.retry
+    if retry.delay is None or policy is None or policy.when is None:
         return retry
-    from crucible.compile._bounded import evaluate_expression  # only for a task with retry.when
+    from crucible.compile import evaluate_expression  # only for a task with retry.when
 
-    expression = str(policy["when"])
+    expression = policy.when
     done = evaluate_expression(expression, {"last": dict(last)}, LAST_PRELUDE, cancelled=cancelled)
     if done.kind == "cancelled":
         return retry

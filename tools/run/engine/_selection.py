@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
-from crucible.core.refs import parse_ref
+from crucible.core.plan import Ref, Task
 from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._temps import freed_marker, rerun_for_freed
 
@@ -107,11 +107,7 @@ def select(
     # A failed mapped task that is not downstream of another rerun keeps its
     # passed instances and reruns the rest.
     downstream = _closure(failed, graph.consumers) - failed if rerun else set()
-    partial = {
-        n
-        for n in rerun
-        if ("map" in graph.tasks[n] or "matrix" in graph.tasks[n]) and n not in downstream
-    }
+    partial = {n for n in rerun if graph.tasks[n].fans_out and n not in downstream}
     selected = _closure(targets, graph.waits_for) if targets else None
     kept = {n: r for n, r in records.items() if n not in rerun}
     # a producer whose temporaries were freed runs again before a dependant
@@ -148,7 +144,7 @@ def apply(sd: StateDir, graph: TaskGraph, selection: Selection) -> None:
         sd.remove_result(name)
         with contextlib.suppress(FileNotFoundError):  # its temporaries are made again
             os.unlink(freed_marker(sd.state, name))
-        if "map" not in graph.tasks[name]:
+        if graph.tasks[name].map is None:
             continue
         # its instances' records: one tombstone line each (a partly rerun task
         # keeps its passed ones)
@@ -196,7 +192,7 @@ def _instance_lines(
     return lines
 
 
-def _static_keys(task: dict[str, Any], params: Any, sd: StateDir) -> list[str] | None:
+def _static_keys(task: Task, params: Any, sd: StateDir) -> list[str] | None:
     """A static fan-out's instance keys (a matrix, a literal or param map), or
     None when it is not one or cannot expand (the run reports why)."""
     # lazy: run.engine._matrix is not loaded with this module; only _static_keys() needs it
@@ -224,7 +220,7 @@ def dry_run_lines(
     for name in graph.order:
         action, why = selection.reasons[name]
         task = graph.tasks[name]
-        source = task.get("map")
+        source = task.map
         if action == "run":
             keys = _static_keys(task, params, sd)
             if keys:
@@ -232,18 +228,17 @@ def dry_run_lines(
                 continue
             if keys is not None:
                 why += "; no instances"
-                if task.get("on_empty") == "skip":  # issue 32
+                if task.skips_when_empty:  # issue 32
                     why += ': settles skipped (on_empty = "skip")'
-        if action == "run" and isinstance(source, str):
+        if action == "run" and isinstance(source, Ref):
             instances = []
-            producer = parse_ref(source, task.get("needs", ())).producer
-            if selection.reasons.get(producer, ("",))[0] == "keep":
+            if selection.reasons.get(source.producer, ("",))[0] == "keep":
                 instances = _instance_lines(sd, name, selection)
             if instances:
                 lines.extend(instances)
                 continue
-            why += f"; instances: one per item of {source} once it settles"
-        elif action == "run" and (source is not None or task.get("matrix") is not None):
+            why += f"; instances: one per item of {source.text} once it settles"
+        elif action == "run" and task.fans_out:
             # a listed fan-out (count, list) or a matrix: its instances are known now
             instances = _instance_lines(sd, name, selection)
             if instances:

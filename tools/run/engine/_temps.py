@@ -26,6 +26,7 @@ from typing import Any
 from crucible.core import canon
 from crucible.core.atomic import write_bytes
 from crucible.core.fsio import clear_path, remove_tree
+from crucible.core.plan import Task
 
 __all__ = [
     "FREED_DIR",
@@ -61,13 +62,13 @@ def read_freed(state: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def direct_dependants(tasks: Mapping[str, Mapping[str, Any]], producer: str) -> list[str]:
-    return [n for n, t in tasks.items() if producer in t.get("needs", ())]
+def direct_dependants(tasks: Mapping[str, Task], producer: str) -> list[str]:
+    return [n for n, t in tasks.items() if producer in t.needs]
 
 
 def rerun_for_freed(
     state: Path,
-    tasks: Mapping[str, Mapping[str, Any]],
+    tasks: Mapping[str, Task],
     runs: Callable[[str], bool],
 ) -> dict[str, str]:
     """Producers whose temporaries were freed and that a task this session
@@ -98,8 +99,8 @@ def _matches(patterns: tuple[str, ...]) -> Callable[[str], bool]:
     return hit
 
 
-def _mapped(task: Mapping[str, Any]) -> bool:
-    return "map" in task or "matrix" in task or "key" in task
+def _mapped(task: Task) -> bool:
+    return task.fans_out or task.key is not None
 
 
 class TempFreer:
@@ -108,7 +109,7 @@ class TempFreer:
     def __init__(
         self,
         state: Path,
-        tasks: Mapping[str, Mapping[str, Any]],
+        tasks: Mapping[str, Task],
         status: Mapping[str, str],
         selected: Callable[[], set[str] | None],
         emit: Callable[[str, int, int], None],
@@ -122,9 +123,7 @@ class TempFreer:
         self.selected = selected
         self.emit = emit
         self.temps = {
-            n: tuple(t["temp_files"])
-            for n, t in tasks.items()
-            if t.get("temp_files") and n not in loop_body
+            n: t.temp_files for n, t in tasks.items() if t.temp_files and n not in loop_body
         }
         self.dependants = {p: direct_dependants(tasks, p) for p in self.temps}
         self.freed: set[str] = set()
@@ -148,7 +147,7 @@ class TempFreer:
         """``name`` settled: free what it was the last to need."""
         if name in self.temps:
             self._maybe_free(name)
-        for dep in self.tasks[name].get("needs", ()):
+        for dep in self.tasks[name].needs:
             if dep in self.temps:
                 self._maybe_free(dep)
 

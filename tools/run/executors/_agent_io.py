@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from crucible.core import atomic, canon
+from crucible.core.plan import Task
 
 __all__ = ["RESPONSE_FIELD", "RESPONSE_MAX", "AgentStdout", "stdin_source"]
 
@@ -35,10 +36,10 @@ RESPONSE_FIELD = "response"
 RESPONSE_MAX = 8 * 1024 * 1024
 
 
-def stdin_source(task: dict[str, object], prompt_file: str | None) -> str:
+def stdin_source(task: Task, prompt_file: str | None) -> str:
     """The path a task's stdin is opened from: an agent's prompt file (absolute,
     as the child opens it after changing into its workspace), else /dev/null."""
-    if task.get("kind") == "agent" and prompt_file is not None:
+    if task.kind == "agent" and prompt_file is not None:
         return os.path.abspath(prompt_file)
     return os.devnull
 

@@ -9,8 +9,7 @@ the ones this run sets, so a nested run cannot leak its own inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 __all__ = ["BASE_VARS", "task_environment"]
 
@@ -23,13 +22,15 @@ BASE_VARS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 
 def task_environment(
-    plan: dict[str, Any], task: dict[str, Any], host: Mapping[str, str]
+    edition: int, declared: Sequence[str], host: Mapping[str, str]
 ) -> dict[str, str]:
-    """The host part of a task's environment (crucible variables are added later)."""
-    if int(plan.get("edition", 1)) <= 1:
+    """The host part of a task's environment (crucible variables are added later):
+    at edition 1 the whole host's, from edition 2 :data:`BASE_VARS` and the
+    variables the task declares in ``env`` (``declared``)."""
+    if edition <= 1:
         return {k: v for k, v in host.items() if not k.startswith("CRUCIBLE_")}
     env = {k: host[k] for k in BASE_VARS if k in host}
-    for name in task.get("env", ()):
+    for name in declared:
         if name in host and not name.startswith("CRUCIBLE_"):
             env[name] = host[name]
     return env

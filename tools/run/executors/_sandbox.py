@@ -34,6 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from crucible.core.plan import Task
+
 __all__ = [
     "SYSTEM_READ",
     "SandboxSpec",
@@ -398,14 +400,12 @@ class UnitSandbox:
         self._mechanism: tuple[str, str] | None = None
         self._reads: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
 
-    def spec(
-        self, task: Mapping[str, Any], workspace: str, output_dir: str, stdin: str
-    ) -> SandboxSpec:
+    def spec(self, task: Task, workspace: str, output_dir: str, stdin: str) -> SandboxSpec:
         """What this unit may touch; SandboxUnavailable when nothing can sandbox it."""
         if self._mechanism is None:
             self._mechanism = choose(self.environ)
         mechanism, bwrap = self._mechanism
-        reads = tuple(task.get("reads") or ())
+        reads = task.reads
         found = self._reads.get(reads)
         if found is None:
             found = self._reads[reads] = self._reads_paths(reads)
@@ -415,7 +415,7 @@ class UnitSandbox:
             read=[*SYSTEM_READ, *self.shared, *files, stdin],
             list_dirs=dirs,
             write=[workspace, output_dir],
-            network=bool(task.get("network")),
+            network=task.network,
             bwrap=bwrap,
         )
 
@@ -438,9 +438,7 @@ class UnitSandbox:
                 files.append(base)  # a file, or a tree read whole
         return files, dirs
 
-    def note(
-        self, task: Mapping[str, Any], workspace: str, output_dir: str, tail: str, note: str
-    ) -> str:
+    def note(self, task: Task, workspace: str, output_dir: str, tail: str, note: str) -> str:
         """A failed sandboxed attempt's note, led by what the sandbox refused
         (when its output says)."""
         said = denied_note(tail, self.spec(task, workspace, output_dir, os.devnull))

@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crucible.compile._durations import MAX_WAIT_S
+from crucible.compile import MAX_WAIT_S
 from crucible.core import atomic
 from crucible.core.errors import CrucibleError
 from crucible.core.fdio import write_all
+from crucible.core.plan import Plan, Task
 from crucible.run._options import RunOptions
 from crucible.run.cache._unit import UnitCache, cacheable
 from crucible.run.engine import _verdict as verdict_rules
@@ -356,7 +357,7 @@ class _Staged:
     name: str
     key: str | None
     attempt: int
-    task: dict[str, Any]
+    task: Task
     workspace: Path
     output: Path
     staged_env: dict[str, str] | None
@@ -435,7 +436,7 @@ class UnitRunner:
         self,
         *,
         plan: dict[str, Any],
-        tasks: Mapping[str, dict[str, Any]],
+        model: Plan,
         options: RunOptions,
         emit_cap: int,
         environ: Mapping[str, str],
@@ -444,7 +445,9 @@ class UnitRunner:
         state_dir: StateDir | None = None,
     ) -> None:
         self.plan = plan
-        self.tasks = tasks
+        #: the plan's typed model, and its tasks by name (crucible.core.plan)
+        self.model = model
+        self.tasks: Mapping[str, Task] = model.by_name
         self.options = options
         self.state = options.state
         #: the run's records and staging: the dispatcher's (inherited by its forked
@@ -561,10 +564,11 @@ class UnitRunner:
                 self.state_dir.refresh_inputs(name, workspace, key=key, units=held)
         except CrucibleError as exc:
             return {"kind": "stage_error", "message": str(exc)}
-        if task.get("kind") == "agent":
+        if task.kind == "agent":
             argv = ["sh", "-c", self.options.agent_cmd or "false"]
         else:
-            run = task["run"]
+            run = task.run
+            assert run is not None  # command and evaluate tasks have one
             argv = ["sh", "-c", run] if isinstance(run, str) else list(run)
         limit = memory_limit(task, self.options.enforce_memory)
         if limit is not None:  # --enforce-memory
@@ -573,7 +577,7 @@ class UnitRunner:
             task, name, key, staged.attempt, staged.staged_env, prepared, staged.output
         )
         env["CRUCIBLE_WORKSPACE"] = str(workspace)
-        timeout = task.get("timeout")
+        timeout = task.timeout
         if staged.stop_by:  # a scored loop's revision: its time budget ends (wall clock) then
             left = max(0.0, float(staged.stop_by[0]) - time.time())
             timeout = left if timeout is None else min(float(timeout), left)
@@ -601,7 +605,7 @@ class UnitRunner:
         started_at = time.time()
         try:
             proc, out_r, agent_out = self._launch(
-                argv, env, workspace, timeout, stdin, task.get("kind") == "agent", sandbox=sandbox
+                argv, env, workspace, timeout, stdin, task.kind == "agent", sandbox=sandbox
             )
         except (OSError, ValueError) as exc:
             # ValueError: a NUL in argv or the environment (none should get
@@ -626,8 +630,8 @@ class UnitRunner:
 
     # ------------------------------------------------------------- sandbox
 
-    def _sandboxed(self, task: Mapping[str, Any]) -> bool:
-        return bool(task.get("sandbox")) or self.options.sandbox
+    def _sandboxed(self, task: Task) -> bool:
+        return task.sandbox or self.options.sandbox
 
     def _sandbox_of(self) -> Any:
         if self._sandbox is None:
@@ -670,7 +674,12 @@ class UnitRunner:
         held_notes: list[str] | None,
     ) -> dict[str, Any]:
         """After the slot: the agent's response, capture, the cache, the final reply."""
-        staged, proc, sink, agent_out = started.staged, started.proc, started.sink, started.agent_out
+        staged, proc, sink, agent_out = (
+            started.staged,
+            started.proc,
+            started.sink,
+            started.agent_out,
+        )
         name, key, task, workspace, output = (
             staged.name, staged.key, staged.task, staged.workspace, staged.output
         )  # fmt: skip
@@ -913,7 +922,7 @@ class UnitRunner:
 
     def _prepare(
         self,
-        task: dict[str, Any],
+        task: Task,
         name: str,
         key: str | None,
         workspace: Path,
@@ -933,7 +942,7 @@ class UnitRunner:
         clear_path(output)  # whatever an earlier attempt left there, a tree too
         prompt_file: str | None = None
         prompt_env: str | None = None
-        if task.get("kind") == "agent":
+        if task.kind == "agent":
             prompt = self.state_dir.render_prompt(name, workspace, key=key)
             path = self.paths.prompt(name, key)
             data = prompt.encode("utf-8")
@@ -954,7 +963,7 @@ class UnitRunner:
 
     def _environment(
         self,
-        task: dict[str, Any],
+        task: Task,
         name: str,
         key: str | None,
         attempt: int,
@@ -964,13 +973,12 @@ class UnitRunner:
     ) -> dict[str, str]:
         # The host part depends only on the variables a task declares: tasks
         # that declare the same (most: none) share one, built once per worker.
-        declared = task.get("env") or []
-        env_key = tuple(declared) if isinstance(declared, list) else None
-        base = self._host_env.get(env_key) if env_key is not None else None
+        env_key = task.env
+        base = self._host_env.get(env_key)
         if base is None:
-            base = task_environment(self.plan, task, self.environ)
-            if env_key is not None:
-                self._host_env[env_key] = base
+            base = self._host_env[env_key] = task_environment(
+                self.model.edition, task.env, self.environ
+            )
         env = dict(base)
         env.update(staged_env or {})
         env["CRUCIBLE_TASK"] = name
@@ -1088,7 +1096,7 @@ class UnitRunner:
 
     def _capture(
         self,
-        task: dict[str, Any],
+        task: Task,
         name: str,
         key: str | None,
         workspace: Path,
@@ -1118,9 +1126,9 @@ class UnitRunner:
             write=False,
             # a passed workspace is emptied of what was captured (one copy),
             # unless it is kept; an evaluate task's verdict may still fail it
-            empty_workspace=not self.options.keep_workspaces and task.get("kind") != "evaluate",
+            empty_workspace=not self.options.keep_workspaces and task.kind != "evaluate",
         )
-        if record.get("status") == PASSED and task.get("kind") == "evaluate":
+        if record.get("status") == PASSED and task.kind == "evaluate":
             record = self._apply_verdict(record, output)
         if response_problem is not None:  # an agent's stdout over RESPONSE_MAX
             note = "; ".join(n for n in (response_problem, record.get("note")) if n)
@@ -1131,9 +1139,7 @@ class UnitRunner:
             record = dict(record)
             note = str(record.get("note", ""))
             if sandboxed:  # led by what the sandbox refused, when its output says
-                note = self._sandbox_of().note(
-                    task, str(workspace), str(output.parent), tail, note
-                )
+                note = self._sandbox_of().note(task, str(workspace), str(output.parent), tail, note)
             limit = memory_limit(task, self.options.enforce_memory)
             if limit is not None and code != 0 and hit_memory_limit(tail):
                 note = f"killed: exceeded memory {format_memory(limit)} ({exit_text(code)})"

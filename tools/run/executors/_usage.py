@@ -13,8 +13,11 @@ from __future__ import annotations
 import re
 import resource
 import sys
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from crucible.core.plan import Task
 
 __all__ = [
     "USAGE_FIELDS",
@@ -115,13 +118,12 @@ def parse_memory(text: str) -> int | None:
     return int(match.group(1)) * scale
 
 
-def memory_limit(task: Mapping[str, Any], enforce: bool) -> int | None:
+def memory_limit(task: Task, enforce: bool) -> int | None:
     """The bytes of RLIMIT_DATA a task runs under: its ``resources.memory``
     with ``--enforce-memory``, else None (no limit)."""
-    if not enforce:
+    if not enforce or task.resources is None:
         return None
-    memory = (task.get("resources") or {}).get("memory")
-    return memory if isinstance(memory, int) and memory > 0 else None
+    return task.resources.memory
 
 
 #: what a program prints when an allocation fails (ENOMEM's strerror, Python's,
@@ -138,7 +140,7 @@ def hit_memory_limit(tail: str) -> bool:
     return _OUT_OF_MEMORY.search(tail) is not None
 
 
-def data_limit_problem(tasks: Iterable[tuple[str, Mapping[str, Any]]]) -> str | None:
+def data_limit_problem(tasks: Iterable[Task]) -> str | None:
     """Why ``--enforce-memory`` cannot be applied here (None: it can): no
     RLIMIT_DATA on this platform, or a task's memory above this process's hard
     limit (no process may raise its hard limit; the task would get less than
@@ -152,11 +154,11 @@ def data_limit_problem(tasks: Iterable[tuple[str, Mapping[str, Any]]]) -> str | 
         return f"--enforce-memory: cannot read RLIMIT_DATA: {exc}"
     if hard == resource.RLIM_INFINITY:
         return None
-    for name, task in tasks:
+    for task in tasks:
         memory = memory_limit(task, True)
         if memory is not None and memory > hard:
             return (
-                f"--enforce-memory: task {name!r} asks for memory {format_memory(memory)},"
+                f"--enforce-memory: task {task.name!r} asks for memory {format_memory(memory)},"
                 f" above this process's hard RLIMIT_DATA ({format_memory(hard)})"
             )
     return None

@@ -35,7 +35,7 @@ NO_KEPT = "loop kept no revision"
 
 
 def attach(dispatcher: LoopHost) -> LoopRun | None:
-    spec = LoopSpec.from_plan(dispatcher.plan)
+    spec = LoopSpec.from_plan(dispatcher.model)
     return None if spec is None else LoopRun(dispatcher, spec)
 
 
@@ -47,7 +47,7 @@ class LoopRun:
         self.d = dispatcher
         self.spec = spec
         tasks = dispatcher.graph.tasks
-        needs = {n: tuple(t.get("needs", ())) for n, t in tasks.items()}
+        needs = {n: t.needs for n, t in tasks.items()}
         self.body = frozenset(spec.body)
         self.phases = spec.phases(needs)
         self.order = [n for n in dispatcher.graph.order if n in self.body]
@@ -240,9 +240,9 @@ class LoopRun:
         joins all: the loop does not run."""
         d = self.d
         for t in self.order:
-            if d.graph.tasks[t].get("join", "all") != "all":
+            if d.graph.tasks[t].join != "all":
                 continue
-            for n in d.graph.tasks[t].get("needs", ()):
+            for n in d.graph.tasks[t].needs:
                 if n not in self.body and d.status.get(n) != PASSED:
                     status = d.status.get(n)
                     return f"skipped: needs {n!r}, which {'was skipped' if status == SKIPPED else 'failed'}"
@@ -366,13 +366,13 @@ class LoopRun:
         key = revision_key(self.current)
         task = d.graph.tasks[name]
         decided: tuple[str, str] | None = None
-        if task.get("join", "all") == "all":
+        if task.join == "all":
             for n in self.body_needs[name]:
                 if self.rev_status.get(n) != PASSED:
                     how = "was skipped" if self.rev_status.get(n) == SKIPPED else "failed"
                     decided = (SKIPPED, f"skipped: needs {n!r}, which {how}")
                     break
-        if decided is None and "when" in task:
+        if decided is None and task.when is not None:
             decided = d.control.decide(task, {**d.status, **self.rev_status}, item=control.NO_ITEM)
         if decided is None:
             d.queue(Unit(name, key))
@@ -405,7 +405,7 @@ class LoopRun:
         record = d.state_dir.load_result(spec.score, key) if spec.score in self.rev_status else None
         output = record.get("output") if record is not None else None
         output = output if isinstance(output, dict) else {}
-        emits = d.graph.tasks[spec.score].get("emits", {})
+        emits = d.graph.tasks[spec.score].emits
         fields = {f: output[f] for f in sorted(emits) if f in output}
         score: Any = None
         if self.abort is not None:
@@ -544,7 +544,7 @@ class LoopRun:
         if not (self.finished and self.kept is None and self.revisions):
             return None
         if name in self.phases.after and any(
-            n in self.body for n in self.d.graph.tasks[name].get("needs", ())
+            n in self.body for n in self.d.graph.tasks[name].needs
         ):
             return NO_KEPT
         return None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crucible.core.errors import InputRefused
+from crucible.core.plan import Plan, in_plan
 
 __all__ = ["REV_PREFIX", "LoopSpec", "Phases", "revision_key", "revision_of"]
 
@@ -64,49 +65,39 @@ class LoopSpec:
     time_budget: float | None = None
 
     @classmethod
-    def from_plan(cls, plan: Mapping[str, Any]) -> LoopSpec | None:
-        """The plan's loop, or None for a plan without one."""
-        raw = plan.get("loop")
-        if raw is None:
+    def from_plan(cls, plan: Plan) -> LoopSpec | None:
+        """The plan's loop, or None for a plan without one. The model read its
+        members and their defaults (crucible.core.plan.Loop); this checks what
+        the run relies on across them."""
+        loop = plan.loop
+        if loop is None:
             return None
-        where = "plan:$.loop"
-        if not isinstance(raw, dict):
-            raise InputRefused("the loop must be an object", where=where)
-        body = raw.get("body")
-        if not isinstance(body, list) or not body or not all(isinstance(b, str) for b in body):
-            raise InputRefused("body must be a non-empty list of task names", where=f"{where}.body")
-        names = {t.get("name") for t in plan.get("tasks", ()) if isinstance(t, dict)}
-        for b in body:
-            if b not in names:
+        where = in_plan("$.loop")
+        for b in loop.body:
+            if b not in plan.by_name:
                 raise InputRefused(f"body task {b!r} is not in the plan", where=f"{where}.body")
-        score = raw.get("score")
-        if score not in body:
-            raise InputRefused(f"score {score!r} is not a body task", where=f"{where}.score")
-        direction = raw.get("direction", "max")
-        if direction not in ("max", "min"):
-            raise InputRefused("direction must be 'max' or 'min'", where=f"{where}.direction")
-        max_revisions = raw.get("max_revisions")
-        if type(max_revisions) is not int or not 1 <= max_revisions <= MAX_REVISIONS_CAP:
+        if loop.score not in loop.body:
+            raise InputRefused(f"score {loop.score!r} is not a body task", where=f"{where}.score")
+        if not 1 <= loop.max_revisions <= MAX_REVISIONS_CAP:
             raise InputRefused(
                 f"max_revisions must be an integer from 1 to {MAX_REVISIONS_CAP}",
                 where=f"{where}.max_revisions",
             )
-        patience = raw.get("patience")
-        if patience is not None and (type(patience) is not int or patience < 1):
+        if loop.patience is not None and loop.patience < 1:
             raise InputRefused("patience must be a positive integer", where=f"{where}.patience")
         return cls(
-            body=tuple(sorted(body)),
-            score=str(score),
-            metric=str(raw.get("metric")),
-            direction=direction,
-            max_revisions=max_revisions,
-            min_delta=float(_number(raw.get("min_delta", 0), f"{where}.min_delta", 0.0)),
-            history_bytes=int(raw.get("history_bytes", 65536)),
-            target=None if raw.get("target") is None else _number(raw["target"], f"{where}.target"),
-            patience=patience,
+            body=tuple(sorted(loop.body)),
+            score=loop.score,
+            metric=loop.metric,
+            direction=loop.direction,
+            max_revisions=loop.max_revisions,
+            min_delta=float(_number(loop.min_delta, f"{where}.min_delta", 0.0)),
+            history_bytes=loop.history_bytes,
+            target=loop.target,
+            patience=loop.patience,
             time_budget=None
-            if raw.get("time_budget") is None
-            else _number(raw["time_budget"], f"{where}.time_budget", 0.0, strict=True),
+            if loop.time_budget is None
+            else _number(loop.time_budget, f"{where}.time_budget", 0.0, strict=True),
         )
 
     def phases(self, needs: Mapping[str, Sequence[str]]) -> Phases:

@@ -31,6 +31,7 @@ from crucible.core.errors import (
     UsageError,
 )
 from crucible.core.fsio import make_dirs
+from crucible.core.plan import Plan
 from crucible.run._options import JOBS_MAX, RunOptions
 from crucible.run.engine._matrix import check_fanout_params
 from crucible.run.session._lock import StateLock
@@ -87,6 +88,15 @@ class Admission:
     #: a fresh run's state dir was created by this admission (an undone claim
     #: removes it again: :meth:`unclaim`)
     created_state: bool = False
+    #: the plan's typed model (crucible.core.plan), read once from ``plan``:
+    #: what the run reads, never ``plan`` with ``dict.get`` and a default
+    model: Plan = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            # the compiler checked the plan (a plan file's normal form, or the
+            # manifest it compiled): built without checking each member again
+            self.model = Plan.from_json(self.plan, checked=True)
 
     def claim(self, state: Path) -> None:
         """Write what marks the state dir as this run's (fresh runs only)."""
@@ -182,14 +192,13 @@ def _check_flags(options: RunOptions) -> None:
         raise UsageError("--retry-failed reruns units of an earlier session: pass --resume too")
 
 
-def _check_targets(plan: dict[str, Any], targets: tuple[str, ...]) -> None:
-    names = {t["name"] for t in plan["tasks"]}
+def _check_targets(plan: Plan, targets: tuple[str, ...]) -> None:
     for target in targets:
-        if target not in names:
+        if target not in plan.by_name:
             raise UsageError(f"--target {target!r}: no such task in the plan")
 
 
-def _jobs(requested: int | None, plan: dict[str, Any]) -> int:
+def _jobs(requested: int | None, plan: Plan) -> int:
     """Task slots: ``-j`` (default: the CPU count), at most JOBS_MAX, no more than
     the plan has units (a plan without fan-out: its task count), and within the
     user's process limit (checked here, before anything is written)."""
@@ -198,8 +207,8 @@ def _jobs(requested: int | None, plan: dict[str, Any]) -> int:
     if requested is not None and requested > JOBS_MAX:
         raise UsageError(f"-j {requested} is over the maximum of {JOBS_MAX}", where="-j")
     jobs = min(requested or os.cpu_count() or 1, JOBS_MAX)
-    tasks = plan["tasks"]
-    if tasks and not any("map" in t or "matrix" in t for t in tasks):
+    tasks = plan.tasks
+    if tasks and not any(t.fans_out for t in tasks):
         jobs = min(jobs, len(tasks))
     jobs = max(1, jobs)
     _check_process_limit(jobs, requested)
@@ -256,10 +265,10 @@ def _check_state_path(state: Path) -> None:
         raise UsageError("the state dir is not a directory", where=str(state))
 
 
-def _check_sandbox(plan: dict[str, Any], options: RunOptions, environ: Mapping[str, str]) -> None:
+def _check_sandbox(plan: Plan, options: RunOptions, environ: Mapping[str, str]) -> None:
     """A sandboxed run where neither Landlock nor bubblewrap can be used is
     refused before anything is written: never run unsandboxed silently."""
-    if options.dry_run or not (options.sandbox or any(t.get("sandbox") for t in plan["tasks"])):
+    if options.dry_run or not (options.sandbox or any(t.sandbox for t in plan.tasks)):
         return
     # lazy: run.executors._sandbox is not loaded with this module; only _check_sandbox() needs it
     from crucible.run.executors._sandbox import SandboxUnavailable, choose
@@ -275,24 +284,25 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     _check_flags(options)
     check_output_flags(options)
     plan, data, plan_digest, warnings = _load(options.plan)
+    model = Plan.from_json(plan, checked=True)  # the one model of the run's plan
     state = options.state
     emit_cap = emit_cap_from(options, environ)
-    if any(t.get("kind") == "agent" for t in plan["tasks"]) and not options.agent_cmd:
-        names = ", ".join(t["name"] for t in plan["tasks"] if t.get("kind") == "agent")
-        raise UsageError(f"the plan has agent tasks ({names}): pass --agent-cmd CMD")
-    _check_sandbox(plan, options, environ)
-    _check_targets(plan, options.targets)
-    if options.publish_dir is not None and plan["workflow"].get("publish"):
+    agents = [t.name for t in model.tasks if t.kind == "agent"]
+    if agents and not options.agent_cmd:
+        raise UsageError(f"the plan has agent tasks ({', '.join(agents)}): pass --agent-cmd CMD")
+    _check_sandbox(model, options, environ)
+    _check_targets(model, options.targets)
+    if options.publish_dir is not None and model.workflow.publish:
         # lazy: run.session._publish is not loaded with this module; only admit() needs it
         from crucible.run.session._publish import check_destinations
 
-        check_destinations(plan, options.publish_dir)  # never replace a user's files
-    jobs = _jobs(options.jobs, plan)
+        check_destinations(model, options.publish_dir)  # never replace a user's files
+    jobs = _jobs(options.jobs, model)
     _check_state_path(state)
     given = read_params_file(options.params_file) if options.params_file else {}
     base = Admission(
         plan, data, plan_digest, {}, emit_cap, warnings, jobs=jobs,
-        pack_dir=_pack_dir(options.plan),
+        pack_dir=_pack_dir(options.plan), model=model,
     )  # fmt: skip
     if options.resume:
         if not options.dry_run:
@@ -302,8 +312,8 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
         except BaseException:
             base.release()
             raise
-    params = resolve_params(plan, given, options.params)
-    check_fanout_params(plan, params)  # a param a fan-out ranges over (IR v3)
+    params = resolve_params(model, given, options.params)
+    check_fanout_params(model, params)  # a param a fan-out ranges over (IR v3)
     base.params = params
     plan_file = _layout(state).plan_path
     held = plan_file.exists()
@@ -380,7 +390,7 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
         if options.params_file or options.params:
             # Given params are checked on top of the stored ones: naming a param
             # again with its value is fine; a changed value is a different run.
-            resolved = resolve_params(base.plan, {**stored, **given}, options.params)
+            resolved = resolve_params(base.model, {**stored, **given}, options.params)
             name = changed_param(stored, resolved)
             if name is not None:
                 was = canon.dumps_str(stored[name]) if name in stored else "unset"

@@ -113,8 +113,7 @@ class Results:
 
     def _computed(self, expression: str) -> Any:
         # compile is imported only for plans with an output expression (starlark)
-        from crucible.compile._bounded import evaluate_expression
-        from crucible.compile._results import expression_reads
+        from crucible.compile import evaluate_expression, expression_reads
 
         tasks: dict[str, dict[str, Any]] = {}
         params: dict[str, Any] = {}

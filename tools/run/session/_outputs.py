@@ -69,15 +69,15 @@ def finish_results(
     """After the run: ``STATE/outputs.json`` when the plan declares outputs or
     ``--outputs`` asks for them; then ``--publish-dir`` (not after an interrupted
     run: a resume finishes it and publishes then)."""
-    plan = admission.plan
-    if plan["workflow"].get("outputs") or options.outputs is not None:
-        doc = build_outputs(plan, options.state, admission.digest, status)
+    plan = admission.model
+    if plan.workflow.outputs or options.outputs is not None:
+        doc = build_outputs(admission.plan, options.state, admission.digest, status)
         atomic.write_bytes(_layout(options.state).outputs_path, canon.dumps(doc))
         if status == "passed" and doc["@absent"] and on_warning is not None:
             on_warning(_absent_warning(doc, _layout(options.state).outputs_path))
     if options.publish_dir is None:
         return
-    if not plan["workflow"].get("publish"):
+    if not plan.workflow.publish:
         if on_warning is not None:
             on_warning("--publish-dir given, but the plan has no [workflow.publish]")
         return

@@ -22,6 +22,7 @@ from crucible.core import canon
 from crucible.core.contract import json_type
 from crucible.core.errors import InputRefused, ParseError, UsageError
 from crucible.core.fsio import read_named
+from crucible.core.plan import Plan
 
 __all__ = ["changed_param", "read_params_file", "resolve_params"]
 
@@ -126,17 +127,15 @@ def _from_text(name: str, declared: str, text: str) -> Any:
         ) from None
 
 
-def resolve_params(
-    plan: dict[str, Any], given: dict[str, Any], pairs: tuple[str, ...]
-) -> dict[str, Any]:
+def resolve_params(plan: Plan, given: dict[str, Any], pairs: tuple[str, ...]) -> dict[str, Any]:
     """The params object a run uses: ``given`` (from a file) overridden by ``-p``
     pairs, each read by its declared type, then checked against the plan's params
     schema (unknown names, types, required values) with defaults filled in, by
-    ``crucible.compile._params`` (one set of rules for every tool)."""
+    the compiler's public ``check_params`` (one set of rules for every tool)."""
     # lazy: compile._params is not loaded with this module; only resolve_params() needs it
-    from crucible.compile import _params as schema_params
+    from crucible.compile import check_params
 
-    schema = plan.get("workflow", {}).get("params", {})
+    schema = plan.workflow.params
     supplied = dict(given)
     for pair in pairs:
         name, sep, text = pair.partition("=")
@@ -147,11 +146,12 @@ def resolve_params(
             raise InputRefused(
                 f"unknown param {name!r} (declared: {known})", where=f"params.{name}"
             )
-        supplied[name] = _from_text(name, schema[name]["type"], text)
+        supplied[name] = _from_text(name, schema[name].type, text)
     for name, value in supplied.items():
         if name in schema:
-            supplied[name] = _typed(name, schema[name]["type"], value)
-    return schema_params.check(plan, supplied)
+            supplied[name] = _typed(name, schema[name].type, value)
+    declared = {"workflow": {"params": {n: p.to_json() for n, p in schema.items()}}}
+    return check_params(declared, supplied)
 
 
 def changed_param(stored: dict[str, Any], resolved: dict[str, Any]) -> str | None:

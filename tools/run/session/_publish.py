@@ -23,7 +23,6 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from crucible.core import atomic, canon
 from crucible.core.errors import InputRefused, OperationalError, UsageError
 from crucible.core.fdio import read_regular
 from crucible.core.fsio import make_dirs
+from crucible.core.plan import Plan, Publish
 
 __all__ = ["PUBLISH_FORMAT", "check_destinations", "publish"]
 
@@ -49,24 +49,20 @@ def _sha256(path: Path) -> tuple[str, int]:
     return "sha256:" + h.hexdigest(), size
 
 
-def _collect(
-    plan: Mapping[str, Any], state: Path, dest: str, spec: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+def _collect(plan: Plan, state: Path, dest: str, spec: Publish) -> list[dict[str, Any]]:
     """Every file this destination gets: its path inside it and where it comes from."""
     # lazy: stage is not loaded with this module; only _collect() needs it
     from crucible import stage
 
     layout = stage.StateLayout(state)
-    tasks = {t["name"]: t for t in plan["tasks"]}
-    settled_ok = bool(spec.get("settled", False))
+    settled_ok = spec.settled
     entries: dict[str, dict[str, Any]] = {}
-    for source in spec["from"]:
-        name, _, pattern = source.partition(":")
-        task = tasks[name]
+    for source, (name, pattern) in zip(spec.sources, spec.split(), strict=True):
+        task = plan.task(name)
         record = stage.load_result(state, name)
         if record is None:
             continue
-        fanout = "map" in task or "matrix" in task
+        fanout = task.fans_out
         units: list[tuple[str | None, dict[str, Any] | None]]
         if fanout:
             units = [(k, stage.load_result(state, name, k)) for k in record.get("keys", [])]
@@ -163,12 +159,12 @@ def _remove(path: Path) -> None:
     shutil.rmtree(path, onerror=writable)
 
 
-def check_destinations(plan: Mapping[str, Any], target: Path) -> None:
+def check_destinations(plan: Plan, target: Path) -> None:
     """Refuse (before anything is published, and before the run at admission) a
     destination that holds anything crucible did not publish there: a publish
     replaces only an earlier publication, which its ``@publish.json`` lists
     whole (issue 27 item 11). Also a component on the way that is no directory."""
-    for dest in plan["workflow"].get("publish", {}):
+    for dest in plan.workflow.publish:
         final = _inside(target, dest)
         inside = [p for p in final.parents if p == target or target in p.parents]
         for parent in reversed(inside):
@@ -302,9 +298,7 @@ def _swap(built: Path, final: Path) -> None:
         _remove(old)
 
 
-def publish(
-    plan: Mapping[str, Any], state: Path, target: Path, digest: str
-) -> list[dict[str, Any]]:
+def publish(plan: Plan, state: Path, target: Path, digest: str) -> list[dict[str, Any]]:
     """Publish every destination of ``[workflow.publish]`` into ``target``; returns
     their manifests."""
     make_dirs(target)
@@ -313,8 +307,7 @@ def publish(
 
     _sweep(StateLayout(state).publish_scratch)
     manifests = []
-    for dest, spec in plan["workflow"].get("publish", {}).items():
+    for dest, spec in plan.workflow.publish.items():
         files = _collect(plan, state, dest, spec)
-        settled = bool(spec.get("settled"))
-        manifests.append(_publish_one(state, target, dest, files, digest, settled))
+        manifests.append(_publish_one(state, target, dest, files, digest, spec.settled))
     return manifests

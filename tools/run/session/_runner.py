@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core.errors import Interrupted, UsageError
+from crucible.core.plan import Plan
 from crucible.run._options import RunOptions
 from crucible.run.cache._reuse import import_previous
 from crucible.run.cache._unit import usable_cache_dir
@@ -67,14 +68,14 @@ def _run_admitted(
     records and staging) and its task graph are built here, once per run, and
     handed to every step that needs them."""
     state_dir = _prepare(admission, options)
-    graph = build_graph(admission.plan)
+    graph = build_graph(admission.model)
     earlier = _earlier_events(admission, options, state_dir, on_warning)
     selection = _select(admission, options, state_dir, graph, earlier)
     options = _prepare_cache(options, on_warning)
     if options.dry_run:
         return _dry_run_outcome(admission, options, state_dir, graph, selection, env, on_warning)
     if options.resume and not selection.to_run(graph):
-        _finish_freeing(admission.plan, options, graph, selection)
+        _finish_freeing(admission.model, options, graph, selection)
         return _resume_nothing(admission, options, graph, selection, earlier, on_warning)
     with Session(
         admission, options, state_dir=state_dir, graph=graph, selection=selection,
@@ -92,18 +93,17 @@ def _run_admitted(
 
 
 def _finish_freeing(
-    plan: dict[str, Any], options: RunOptions, graph: TaskGraph, selection: Selection
+    plan: Plan, options: RunOptions, graph: TaskGraph, selection: Selection
 ) -> None:
     """Nothing runs: still finish what an earlier session marked freed and did
     not delete (killed between the two), and free what nothing needs any more
     (docs/spec/run.md, "Temporary files"; no session, so no event)."""
-    if not any(t.get("temp_files") for t in graph.tasks.values()):
+    if not any(t.temp_files for t in graph.tasks.values()):
         return
     from crucible.run.engine._temps import TempFreer  # lazy: plans with temp_files only
 
     status = {n: str(r.get("status")) for n, r in selection.kept.items()}
-    body = (plan.get("loop") or {}).get("body") or ()
-    loop = frozenset(n for n in body if isinstance(n, str))
+    loop = frozenset(plan.loop.body) if plan.loop is not None else frozenset()
     TempFreer(
         options.state, graph.tasks, status, lambda: selection.selected, lambda *_: None, loop,
     ).start()  # fmt: skip
@@ -114,12 +114,12 @@ def _prepare(admission: Admission, options: RunOptions) -> StateDir:
     any worker forks: they inherit it), and the checks needed before anything runs."""
     # The compiler checked the plan (a plan file's normal form, or the manifest it
     # compiled): stage's view of it is built without checking each task again.
-    state_dir = StateDir(admission.plan, options.state, checked=True)
+    state_dir = StateDir(admission.plan, options.state, checked=True, model=admission.model)
     if options.enforce_memory:  # before anything runs: one line, exit 2
-        problem = data_limit_problem((t["name"], t) for t in admission.plan["tasks"])
+        problem = data_limit_problem(admission.model.tasks)
         if problem is not None:
             raise UsageError(problem)
-    if options.cache is not None and "limits" in admission.plan["workflow"]:
+    if options.cache is not None and admission.model.workflow.accounted:
         raise UsageError(
             "--cache does not go with an accounted plan ([workflow.limits]): a cache hit "
             "is an attempt that never ran (docs/spec/export.md §2)"
@@ -279,7 +279,7 @@ def _nothing_to_resume(
     if tolerated:
         counts["tolerated"] = tolerated
     passed = all(s == "passed" for s in statuses) or (
-        admission.plan["version"] >= 3
+        admission.model.version >= 3
         and all(
             r.get("status") == "skipped"
             or r.get("status") == "passed"
@@ -302,7 +302,7 @@ def _nothing_to_resume(
 def _loop_failed(admission: Admission, earlier: list[dict[str, Any]]) -> bool:
     """A scored loop whose body failed fails its run (loop.md) whatever its records
     say: the last session's recorded status decides then."""
-    if admission.plan.get("loop") is None:
+    if admission.model.loop is None:
         return False
     finished = [e for e in earlier if e.get("event") == "run_finished"]
     return bool(finished) and finished[-1].get("status") != "passed"

@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, OperationalError, UsageError
+from crucible.core.plan import source_json
 from crucible.run._options import RunOptions
 from crucible.run.cache._reuse import environ_record, import_previous, note_environ, reuse_dir
 from crucible.run.engine._dispatcher import Dispatcher
@@ -82,7 +83,7 @@ class Session:
         admission.claim(options.state)
         # refused before its first event: a fresh run is unclaimed again
         unclaim = stack.enter_context(_UnclaimOnError(admission, options.state, fresh))
-        record = environ_record(admission.plan, self.environ, options.agent_cmd, admission.emit_cap)
+        record = environ_record(admission.model, self.environ, options.agent_cmd, admission.emit_cap)
         session = 1 + sum(1 for e in self.earlier if e.get("event") == "plan_admitted")
         note_environ(options.state, record, resumed=options.resume, session=session)
         if options.reuse:
@@ -156,23 +157,19 @@ class Session:
 
 
 def _plan_admitted_fields(admission: Admission, options: RunOptions, jobs: int) -> dict[str, Any]:
-    plan = admission.plan
+    plan = admission.model
     tasks = []
-    for task in plan["tasks"]:
-        entry: dict[str, Any] = {
-            "name": task["name"],
-            "kind": task["kind"],
-            "needs": list(task.get("needs", [])),
-        }
-        if "map" in task:
-            entry["map"] = task["map"]
+    for task in plan.tasks:
+        entry: dict[str, Any] = {"name": task.name, "kind": task.kind, "needs": list(task.needs)}
+        if task.map is not None:
+            entry["map"] = source_json(task.map)
         # Declared inputs exist in IR v2; a v1 task receives its needs' whole outputs.
-        entry["inputs"] = {name: spec["from"] for name, spec in task.get("inputs", {}).items()}
+        entry["inputs"] = {name: spec.ref.text for name, spec in task.inputs.items()}
         tasks.append(entry)
     return {
-        "plan_version": plan["version"],
-        "edition": plan.get("edition", 1),
-        "workflow": plan["workflow"]["name"],
+        "plan_version": plan.version,
+        "edition": plan.edition,
+        "workflow": plan.workflow.name,
         "digest": admission.digest,
         "resume": options.resume,
         "jobs": jobs,

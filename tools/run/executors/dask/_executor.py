@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -54,6 +54,7 @@ from crucible.core.errors import (
     ParseError,
     UsageError,
 )
+from crucible.core.plan import Plan, Task
 from crucible.run._options import RunOptions
 from crucible.run.executors._agent_io import AgentStdout
 from crucible.run.executors._batched_seam import BatchedSeam
@@ -198,7 +199,8 @@ class _Spec:
 
     run_id: str
     plan: dict[str, Any]
-    tasks: dict[str, dict[str, Any]]
+    #: the plan's typed model (crucible.core.plan)
+    model: Plan
     options: RunOptions
     emit_cap: int
     environ: dict[str, str]
@@ -498,7 +500,7 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
         _reaper(spec.options.kill_grace)
         runner = _WorkerRunner(
             plan=spec.plan,
-            tasks=spec.tasks,
+            model=spec.model,
             # the worker's own stdout is nobody's terminal
             options=replace(spec.options, follow=False),
             emit_cap=spec.emit_cap,
@@ -761,12 +763,16 @@ def _local_resources() -> dict[str, float]:
     return offer
 
 
-def _check_resources(tasks: Any, info: dict[str, Any]) -> dict[str, dict[str, float]]:
+def _check_resources(
+    tasks: Mapping[str, Task], info: dict[str, Any]
+) -> dict[str, dict[str, float]]:
     """Each task's Dask resources; refuse (exit 1) a task no worker can run."""
     offers = {addr: w.get("resources") or {} for addr, w in info.get("workers", {}).items()}
     out: dict[str, dict[str, float]] = {}
     for name, task in tasks.items():
-        need = task.get("resources") or {}
+        need: dict[str, float] = (
+            dict(task.resources.amounts()) if task.resources is not None else {}
+        )
         if not need:
             continue
         if not any(all(offer.get(r, 0) >= v for r, v in need.items()) for offer in offers.values()):
@@ -1017,7 +1023,7 @@ class DaskExecutor(BatchedSeam):
         self._spec_value = _Spec(
             run_id=self.run_id,
             plan=runner.plan,
-            tasks=dict(runner.tasks),
+            model=runner.model,
             options=_absolute(options),
             emit_cap=runner.emit_cap,
             environ=dict(runner.environ),

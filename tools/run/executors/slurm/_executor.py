@@ -52,6 +52,7 @@ from typing import Any
 import crucible
 from crucible.core import atomic
 from crucible.core.errors import InputRefused, OperationalError, UsageError
+from crucible.core.plan import Task
 from crucible.run._options import RunOptions
 from crucible.run.executors._batched_seam import BatchedSeam
 from crucible.run.executors._log_tail import LogTailer
@@ -120,11 +121,9 @@ def _partition(partitions: list[Partition], name: str | None) -> list[Partition]
     return [p for p in partitions if p.default] or partitions
 
 
-def _resource_args(
-    name: str, task: dict[str, Any], offers: list[Partition], where: str
-) -> list[str]:
+def _resource_args(name: str, task: Task, offers: list[Partition], where: str) -> list[str]:
     """A task's sbatch resource options; refuse (exit 1) what no node offers."""
-    need = task.get("resources") or {}
+    need = task.resources.amounts() if task.resources is not None else {}
     cpus = int(need.get("cpus", 1))
     memory = need.get("memory")
     gpus = int(need.get("gpu", 0))
@@ -268,7 +267,7 @@ class SlurmExecutor(BatchedSeam):
         self._spec = NodeSpec(
             run_id=self.run_id,
             plan=runner.plan,
-            tasks=dict(runner.tasks),
+            model=runner.model,
             options=absolute,
             emit_cap=runner.emit_cap,
             environ=dict(runner.environ),
@@ -367,7 +366,7 @@ class SlurmExecutor(BatchedSeam):
                         self._live[token] = element
 
     def _sbatch(self, name: str, tag: str, groups: list[list[tuple[int, Any]]]) -> str:
-        task = self._spec.tasks[name]
+        task = self._spec.model.by_name[name]
         args = [
             f"--array=0-{len(groups) - 1}",
             f"--job-name={self.job_name}",
@@ -375,7 +374,7 @@ class SlurmExecutor(BatchedSeam):
             "--ntasks=1",
             *self._task_args[name],
         ]
-        limit = time_limit(task.get("timeout"), max(len(g) for g in groups))
+        limit = time_limit(task.timeout, max(len(g) for g in groups))
         if limit is not None:
             args.append(f"--time={limit}")
         for flag, value in (

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import crucible
+from crucible.core.plan import Plan
 
 __all__ = ["NodeSpec", "check_node", "main"]
 
@@ -50,7 +51,8 @@ class NodeSpec:
 
     run_id: str
     plan: dict[str, Any]
-    tasks: dict[str, dict[str, Any]]
+    #: the plan's typed model (crucible.core.plan)
+    model: Plan
     options: Any  # RunOptions, absolute paths
     emit_cap: int
     environ: dict[str, str]
@@ -176,7 +178,7 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
 
     runner = UnitRunner(
         plan=spec.plan,
-        tasks=spec.tasks,
+        model=spec.model,
         options=replace(spec.options, follow=False),  # the node's stdout is nobody's terminal
         emit_cap=spec.emit_cap,
         environ=spec.environ,
