@@ -347,12 +347,10 @@ def test_later_unrelated_artifacts_leave_an_earlier_refusal_proved(tmp_path: Pat
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="crucible-dispatch (accounting): a second consumer of one producer fails "
-    "'task sites has not been expanded (no instances file)'",
-)
 def test_two_consumers_a_refusal_then_later_sibling_stage_outputs(tmp_path: Path) -> None:
+    """Later unrelated artifacts in the same epoch: org's selection reserves people.*
+    and sites.*; people.b's output is refused (a cutoff for people only), and sites'
+    outputs, later in canonical order, are admitted after it."""
     specs = [{"id": "a", "size": 100}, {"id": "b", "size": 8000}]
     both = ("people", "sites")
     t = measured(tmp_path / "m", specs, both)
