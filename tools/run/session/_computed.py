@@ -12,11 +12,12 @@ otherwise the result is absent and says which task did not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from crucible.core.refs import RefMissing, parse_ref
+from crucible.core.plan import Output, Plan, Ref
+from crucible.core.refs import RefMissing
 from crucible.stage import StateLayout, load_all, load_result
 
 __all__ = ["Absent", "Results"]
@@ -43,29 +44,29 @@ class Results:
 
     def __init__(
         self,
-        plan: Mapping[str, Any],
+        plan: Plan,
         state: Path,
         *,
         cancelled: Callable[[], bool] | None = None,
     ) -> None:
         self.state = state
         self.cancelled = cancelled
-        self.names = frozenset(t["name"] for t in plan["tasks"])
-        self.mapped = frozenset(t["name"] for t in plan["tasks"] if "map" in t or "matrix" in t)
+        self.names = frozenset(plan.by_name)
+        self.mapped = frozenset(t.name for t in plan.tasks if t.fans_out)
         self._records: dict[str, dict[str, Any] | None] = {}
         self._params: dict[str, Any] | None = None
         self._folds: dict[tuple[str, str], list[Any]] = {}
 
-    def value(self, form: Any) -> Any:
-        """A declared result's value, or :class:`Absent`."""
-        if isinstance(form, str):
-            ref = parse_ref(form, self.names)
-            value = self.field(ref.producer, ref.field)
+    def value(self, form: Output) -> Any:
+        """A declared result's value (a reference the model parsed with the plan's
+        task names, or an expression), or :class:`Absent`."""
+        if isinstance(form, Ref):
+            value = self.field(form.producer, form.field)
             try:
-                return ref.at(value)
+                return form.at(value)
             except RefMissing as exc:
                 raise Absent("missing", exc.message) from None
-        return self._computed(form["expression"])
+        return self._computed(form.expression)
 
     def _record(self, task: str) -> dict[str, Any] | None:
         if task not in self._records:

@@ -17,25 +17,26 @@ from typing import Any, BinaryIO
 from crucible.core import atomic, canon
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
+from crucible.core.plan import Plan
 
 __all__ = ["OUTPUTS_FORMAT", "build_outputs", "copy_outputs", "finish_results", "write_outputs"]
 
 OUTPUTS_FORMAT = "crucible.outputs/1"
 
 
-def build_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> dict[str, Any]:
+def build_outputs(plan: Plan, state: Path, digest: str, status: str) -> dict[str, Any]:
     """The outputs object of the run in ``state`` (see module doc): each declared
     result read or computed by :class:`crucible.run.session._computed.Results`."""
     # lazy: run.session._computed (and stage) are not loaded with this module;
     # only build_outputs() needs them
     from crucible.run.session._computed import Absent, Results
 
-    declared: Mapping[str, Any] = plan["workflow"].get("outputs", {})
+    declared = plan.workflow.outputs
     doc: dict[str, Any] = {
         "@format": OUTPUTS_FORMAT,
         "@plan": digest,
         "@run": status,
-        "@from": dict(declared),
+        "@from": plan.workflow.to_json().get("outputs", {}),  # as the plan spells them
         "@absent": {},
     }
     results = Results(plan, state)
@@ -53,7 +54,7 @@ def _layout(state: Path) -> Any:
     return StateLayout(state)
 
 
-def write_outputs(plan: Mapping[str, Any], state: Path, digest: str, status: str) -> bytes:
+def write_outputs(plan: Plan, state: Path, digest: str, status: str) -> bytes:
     """Write ``STATE/outputs.json`` atomically; returns its bytes."""
     data = canon.dumps(build_outputs(plan, state, digest, status))
     atomic.write_bytes(_layout(state).outputs_path, data)
@@ -71,7 +72,7 @@ def finish_results(
     run: a resume finishes it and publishes then)."""
     plan = admission.model
     if plan.workflow.outputs or options.outputs is not None:
-        doc = build_outputs(admission.plan, options.state, admission.digest, status)
+        doc = build_outputs(plan, options.state, admission.digest, status)
         atomic.write_bytes(_layout(options.state).outputs_path, canon.dumps(doc))
         if status == "passed" and doc["@absent"] and on_warning is not None:
             on_warning(_absent_warning(doc, _layout(options.state).outputs_path))
