@@ -156,6 +156,11 @@ def test_plan_lookups() -> None:
     assert each.retry is not None and each.retry.when == "last.exit_code == 75"
     assert plan.task("countdown").map == SequenceSource(start=ParamSource("top"), step=-1, end=1)
     assert plan.task("seq").map == SequenceSource(start=1, step=2, count=4, format="%02d")
+    # the params a fan-out reads reach each instance as its item, not whole
+    assert plan.task("grid").fanout_params == {"names"}
+    assert plan.task("counted").fanout_params == {"names"}
+    assert plan.task("countdown").fanout_params == {"top"}
+    assert plan.task("seq").fanout_params == frozenset() == plan.task("sum").fanout_params
     with pytest.raises(InputRefused, match="'nope' is not in the plan"):
         plan.task("nope")
     assert plan.workflow.outputs["total"] == Ref("sum", "total")

@@ -613,6 +613,23 @@ class Task:
         )
 
     @property
+    def fanout_params(self) -> frozenset[str]:
+        """The params its ``map`` or matrix axes read (a param source, a sequence
+        bound): each instance receives its own element as ``item``, not these
+        (docs/spec/cache.md, "Params")."""
+        sources: list[Source] = [] if self.map is None else [self.map]
+        if self.matrix is not None:
+            sources.extend(a.source for a in self.matrix.axes)
+        names: set[str] = set()
+        for s in sources:
+            if isinstance(s, ParamSource):
+                names.add(s.param)
+            elif isinstance(s, SequenceSource):
+                bounds = (s.count, s.start, s.end)
+                names.update(b.param for b in bounds if isinstance(b, ParamSource))
+        return frozenset(names)
+
+    @property
     def skips_when_empty(self) -> bool:
         """A fan-out with no instances settles ``skipped`` (``on_empty = "skip"``)."""
         return self.on_empty == "skip"

@@ -27,6 +27,7 @@ from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
+from crucible.core.plan import Task
 from crucible.core.refs import RefMissing
 from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
@@ -321,42 +322,15 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
     return {"tasks": tasks}
 
 
-def axis_params(task: Mapping[str, Any]) -> frozenset[str]:
-    """The params a task's ``map`` or matrix axes read: each instance receives
-    its own element as ``item``, not the whole list (docs/spec/cache.md)."""
-    names: set[str] = set()
-    source = task.get("map")
-    if isinstance(source, dict) and isinstance(source.get("param"), str):
-        names.add(source["param"])
-    names.update(_sequence_params(source))
-    matrix = task.get("matrix")
-    if isinstance(matrix, dict):
-        for axis in matrix.get("axes", ()):
-            src = axis.get("source") if isinstance(axis, dict) else None
-            if isinstance(src, dict) and isinstance(src.get("param"), str):
-                names.add(src["param"])
-            names.update(_sequence_params(src))
-    return frozenset(names)
-
-
-def _sequence_params(source: Any) -> list[str]:
-    """The params a sequence source's bounds read (``{"count": {"param": "n"}}``,
-    issue 32): the numbers reach each instance as its item, as an axis's values do."""
-    seq = source.get("sequence") if isinstance(source, dict) else None
-    if not isinstance(seq, dict):
-        return []
-    bounds = (seq.get(k) for k in ("count", "start", "end"))
-    return [b["param"] for b in bounds if isinstance(b, dict) and isinstance(b.get("param"), str)]
-
-
-def task_params(plan: Any, task: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+def task_params(plan: Any, task: Task, params: dict[str, Any]) -> dict[str, Any]:
     """The params a unit of ``task`` is handed (IR v3): those its ``params`` key
-    lists (all when it has none), less those its fan-out reads, which reach
-    each instance as its item. Earlier IR versions hand every param."""
-    if int(plan_object(plan).get("version", 1)) < 3:
+    lists (all when it has none), less those its fan-out reads
+    (:attr:`crucible.core.plan.Task.fanout_params`), which reach each instance
+    as its item. Earlier IR versions hand every param."""
+    if view(plan).version < 3:
         return params
-    listed = task.get("params")
-    dropped = axis_params(task)
+    listed = task.params
+    dropped = task.fanout_params
     if listed is None and not dropped:
         return params
     return {
@@ -371,7 +345,7 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
     layout = StateLayout(state)
     out: dict[str, Any] = {}
     if t.kind in ("command", "evaluate"):  # agents never receive params
-        out["params"] = task_params(plan, t.raw, load_params(plan, state))
+        out["params"] = task_params(plan, t.model, load_params(plan, state))
     if key is not None and revision_of(key) is None:  # a revision of a loop body has no item
         out["item"] = instance_item(plan, state, task, key)
     lv = loop_of(plan, pv)

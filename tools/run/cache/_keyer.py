@@ -271,7 +271,7 @@ class Keyer:
             self._params_digests.clear()
         found = self._params_digests.get(t.name)
         if found is None:
-            handed = task_params(self._stage_plan, t.raw, self._params[1])
+            handed = task_params(self._stage_plan, t.model, self._params[1])
             if handed is self._params[1]:  # every param (most tasks): one digest
                 found = self._params_digests.get("")  # no task is named ""
                 if found is None:
