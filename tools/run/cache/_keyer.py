@@ -147,8 +147,8 @@ class Keyer:
             components.update(
                 ancestor_files(self.state, escape_key, ancestors, self._files_memo)
             )
-        if t.raw.get("reads"):
-            components["reads"] = self.reads.component(t.raw["reads"])
+        if t.model.reads:
+            components["reads"] = self.reads.component(t.model.reads)
         return CacheKey(name, key, components)
 
     def explain(self, previous: Mapping[str, str] | None, current: Mapping[str, str]) -> str:
