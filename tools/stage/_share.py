@@ -451,16 +451,21 @@ def _build(
             "dirs": dirs,
             "files": files,
         }
-        fd = os.open(tmp / "manifest.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            # orjson, not canonical JSON: mtimes in ns pass 2^53; a private file
-            write_all(fd, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
-        finally:
-            os.close(fd)
+        _write_manifest(tmp, doc)
         return tmp
     except BaseException:
         remove_tree(tmp)
         raise
+
+
+def _write_manifest(tmp: Path, doc: dict[str, Any]) -> None:
+    """The tree's manifest, new in ``tmp`` (published with it by one rename)."""
+    fd = os.open(tmp / "manifest.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        # orjson, not canonical JSON: mtimes in ns pass 2^53; a private file
+        write_all(fd, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
+    finally:
+        os.close(fd)
 
 
 def _clone_or_copy(src_fd: int, target: Path, *, hash_it: bool) -> Any:
@@ -684,11 +689,7 @@ def _build_store(
             "dirs": dirs,
             "files": files,
         }
-        fd = os.open(tmp / "manifest.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            write_all(fd, orjson.dumps(doc, option=orjson.OPT_SORT_KEYS))
-        finally:
-            os.close(fd)
+        _write_manifest(tmp, doc)
         return tmp
     except BaseException:
         remove_tree(tmp)
