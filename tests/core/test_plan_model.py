@@ -4,6 +4,7 @@ byte, defaults live in the model, unknown members are refused where they are."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import pickle
 from pathlib import Path
 from typing import Any, Literal
@@ -387,3 +388,20 @@ def test_any_task_round_trips_through_canonical_bytes(tasks: list[Task]) -> None
     again = Plan.from_json(canon.loads(data))
     assert again == plan and canon.dumps(again.to_json()) == data
     assert Plan.from_json(canon.loads(data), checked=True) == plan
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_reading_a_checked_plan_leaves_the_collector_as_it_was(enabled: bool) -> None:
+    """The checked reader pauses cyclic collection while it builds the tasks and
+    restores it on every exit, a refused plan's included."""
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        Plan.from_json(canon.loads(EVERY.read_bytes()), checked=True)
+        assert gc.isenabled() is enabled
+        with pytest.raises(KeyError):
+            bad = {"name": "a", "kind": "command", "needs": [], "inputs": {"x": {}}}
+            Plan.from_json({"version": 3, "edition": 4, "tasks": [bad]}, checked=True)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
