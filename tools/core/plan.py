@@ -11,8 +11,8 @@ Readers use attributes (``task.timeout``, ``task.join``), never
 member steps) are parsed by one parser, crucible.core.refs (:func:`parse`).
 
 A new plan member is: a field on its class, a line in ``from_json`` and one in
-``to_json``, and its name in the member table of its IR version below
-(tests/core/test_plan_model.py holds the table to compile's).
+``to_json``; a task member's name and edition are core.contract's
+``TASK_KEYS_SINCE`` (tests/core/test_plan_model.py holds the fields to it).
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from crucible.core.contract import (
+    IR_VERSION_OF_EDITION,
     JOINS,
     KINDS,
     SUPPORTED_EDITIONS,
     SUPPORTED_VERSIONS,
+    TASK_KEYS_SINCE,
     TYPES,
 )
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
@@ -100,40 +102,10 @@ WORKFLOW_MEMBERS: dict[str, int] = {
     "limits": 3,
     "record": 3,
 }
-#: task members by the IR version that introduced them (compile's PLAN_TASK_KEYS
-#: agree: tests/core/test_plan_model.py)
+#: task members by the IR version that introduced them: the version the edition
+#: that brought each key compiles to (the one table: core.contract.TASK_KEYS_SINCE)
 TASK_MEMBERS: dict[str, int] = {
-    "name": 1,
-    "kind": 1,
-    "run": 1,
-    "needs": 1,
-    "join": 1,
-    "emits": 1,
-    "emits_files": 1,
-    "map": 1,
-    "retries": 1,
-    "timeout": 1,
-    "prompt": 1,
-    "description": 1,
-    "epilogue": 1,
-    "env": 1,
-    "inputs": 2,
-    "when": 3,
-    "on_failure": 3,
-    "allow_exit": 3,
-    "retry": 3,
-    "deadline": 3,
-    "matrix": 3,
-    "key": 3,
-    "parallelism": 3,
-    "cache": 3,
-    "params": 3,
-    "resources": 3,
-    "reads": 3,
-    "sandbox": 3,
-    "network": 3,
-    "on_empty": 3,
-    "temp_files": 3,
+    key: IR_VERSION_OF_EDITION[edition] for key, edition in TASK_KEYS_SINCE.items()
 }
 _PARAM_MEMBERS = frozenset({"type", "default", "description"})
 _INPUT_MEMBERS = frozenset({"from", "producer", "field", "path", "type"})
