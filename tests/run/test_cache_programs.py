@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon, digest
+from crucible.core.plan import Task
 from crucible.run.cache._programs import command_words, program_components
 
 
@@ -34,6 +35,11 @@ def _digest(value: object) -> str:
 )
 def test_the_programs_a_command_line_names(run: str | list[str], words: list[str]) -> None:
     assert command_words(run) == words
+    # the model's argv is a tuple: the same words, and the same for the task
+    argv = run if isinstance(run, str) else tuple(run)
+    assert command_words(argv) == words
+    task = Task(name="t", kind="command", run=argv)
+    assert set(program_components(task, {"PATH": ""}, _digest)) == {f"program:{w}" for w in words}
 
 
 def _exe(directory: Path, name: str, body: str = "#!/bin/sh\n") -> Path:
@@ -48,7 +54,7 @@ def test_a_path_entry_holding_none_of_them_changes_nothing(tmp_path: Path) -> No
     base = tmp_path / "base"
     _exe(base, "tool")
     _exe(base, "sh")
-    task = {"kind": "command", "run": "tool --go"}
+    task = Task(name="t", kind="command", run="tool --go")
     before = program_components(task, {"PATH": str(base)}, _digest)
     _exe(tmp_path / "venv", "unrelated")
     after = program_components(task, {"PATH": f"{tmp_path / 'venv'}:{base}"}, _digest)
@@ -59,7 +65,7 @@ def test_a_path_entry_holding_none_of_them_changes_nothing(tmp_path: Path) -> No
 def test_another_program_first_on_path_or_an_edited_one_changes_the_key(tmp_path: Path) -> None:
     base = tmp_path / "base"
     tool = _exe(base, "tool")
-    task = {"kind": "command", "run": "tool --go"}
+    task = Task(name="t", kind="command", run="tool --go")
     before = program_components(task, {"PATH": str(base)}, _digest)
     _exe(tmp_path / "venv", "tool", "#!/bin/sh\necho other\n")
     shadowed = program_components(task, {"PATH": f"{tmp_path / 'venv'}:{base}"}, _digest)
@@ -73,7 +79,7 @@ def test_another_program_first_on_path_or_an_edited_one_changes_the_key(tmp_path
 def test_a_program_changed_since_a_given_time_counts_as_changed(tmp_path: Path) -> None:
     base = tmp_path / "base"
     _exe(base, "tool")
-    task = {"kind": "command", "run": "tool"}
+    task = Task(name="t", kind="command", run="tool")
     now = program_components(task, {"PATH": str(base)}, _digest)
     earlier = program_components(task, {"PATH": str(base)}, _digest, changed_after=0)
     assert earlier["program:tool"] != now["program:tool"]

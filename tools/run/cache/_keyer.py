@@ -144,9 +144,7 @@ class Keyer:
         else:
             components.update(self._inputs_v1(pv, t, key))
         if ancestors:
-            components.update(
-                ancestor_files(self.state, escape_key, ancestors, self._files_memo)
-            )
+            components.update(ancestor_files(self.state, escape_key, ancestors, self._files_memo))
         if t.model.reads:
             components["reads"] = self.reads.component(t.model.reads)
         return CacheKey(name, key, components)
@@ -176,8 +174,9 @@ class Keyer:
         if fixed is None:
             host_env = task_environment(plan.edition, t.model.env, self.environ)
             fixed = fixed_components(
-                self.plan,
-                t.raw,
+                plan,
+                t.model,
+                t.raw,  # the key hashes the task as the plan spells it (deliberate)
                 host_env,
                 self.agent_cmd,
                 self.emit_cap,

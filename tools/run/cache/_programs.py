@@ -19,10 +19,11 @@ import functools
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from crucible.core import digest
+from crucible.core.plan import Task
 
 __all__ = ["command_words", "program_components"]
 
@@ -43,10 +44,11 @@ _DIGESTS: dict[tuple[int, ...], str] = {}
 _RESOLVED: dict[tuple[str, str], str | None] = {}
 
 
-def command_words(run: str | list[str]) -> list[str]:
-    """The program names a task's ``run`` starts, in order, each once."""
-    if isinstance(run, list):
-        return run[:1]
+def command_words(run: str | Sequence[str]) -> list[str]:
+    """The program names a task's ``run`` starts, in order, each once: an
+    argv's first word, or what a shell string runs."""
+    if not isinstance(run, str):
+        return list(run[:1])
     return list(_shell_words(run))
 
 
@@ -118,7 +120,7 @@ def _file_digest(path: str, changed_after: int | None) -> str | None:
 
 
 def program_components(
-    task: Mapping[str, Any],
+    task: Task,
     host_env: Mapping[str, str],
     value_digest: Any,
     changed_after: int | None = None,
@@ -131,8 +133,8 @@ def program_components(
     ``memo``: one run's components by (name, PATH) — a run keys each program
     once, not once per task (the caller's, so a process that keys several runs,
     a Dask worker, stats each program again for each run)."""
-    run = task.get("run")
-    words = ["sh"] if task.get("kind") == "agent" or run is None else command_words(run)
+    run = task.run
+    words = ["sh"] if task.kind == "agent" or run is None else command_words(run)
     path_var = host_env.get("PATH")
     out: dict[str, str] = {}
     for name in words:

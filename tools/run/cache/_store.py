@@ -39,6 +39,7 @@ import orjson
 from crucible.core import canon, digest
 from crucible.core.errors import OperationalError
 from crucible.core.fdio import read_regular, write_all
+from crucible.core.plan import Plan, Task
 from crucible.run.cache._storefs import READ as _READ
 from crucible.run.cache._storefs import file_digest, real_dirs
 
@@ -283,8 +284,9 @@ def _value_of_env(value: str) -> str:
 
 
 def fixed_components(
-    plan: Mapping[str, Any],
-    task: Mapping[str, Any],
+    plan: Plan,
+    task: Task,
+    definition: Mapping[str, Any],
     host_env: Mapping[str, str],
     agent_cmd: str | None,
     emit_cap: int,
@@ -297,20 +299,24 @@ def fixed_components(
     One ``env:<NAME>`` component per host variable the task is handed, so a
     miss names each variable that changed; ``PATH`` is keyed as the programs
     it resolves (``program:<name>``, crucible.run.cache._programs), not as a
-    string."""
+    string. ``definition``: the task's own plan object, which the key hashes as
+    the plan spells it (:func:`_task_definition`); everything else is read
+    from the model."""
     # lazy: run.cache._programs is not loaded with this module; only fixed_components() needs it
     from crucible.run.cache._programs import program_components
 
-    version = int(plan["version"])
-    if int(plan.get("edition", 1)) <= 1:
+    if plan.edition <= 1:
         env = {k: host_env[k] for k in _EDITION1_KEYED_VARS if k in host_env}
     else:
         env = dict(host_env)
-    head = {"plan_version": scalar_digest(version), "task": _digest_of(_task_definition(task))}
+    head = {
+        "plan_version": scalar_digest(plan.version),
+        "task": _digest_of(_task_definition(definition)),
+    }
     tail = {f"env:{k}": _value_of_env(env[k]) for k in sorted(env) if k != "PATH"}
     tail.update(program_components(task, env, _digest_of, programs_changed_after, programs_memo))
     tail["emit_cap"] = scalar_digest(emit_cap)
-    if task.get("kind") == "agent":
+    if task.kind == "agent":
         tail["agent_cmd"] = scalar_digest(agent_cmd)
     return head, tail
 
