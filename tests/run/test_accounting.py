@@ -19,8 +19,12 @@ from typing import Any
 import jsonschema
 import pytest
 
+from crucible.compile import camel_limits
+from crucible.core import canon
+from crucible.core.plan import Plan
 from crucible.proof.writer import ProveOptions
 from crucible.proof.writer import prove as prove_lib
+from crucible.run.accounting._book import workflow_document
 
 BIN = Path(sys.executable).parent
 DISPATCH = str(BIN / "crucible-dispatch")
@@ -483,3 +487,18 @@ def test_a_refused_root_output_is_never_staged_downstream(tmp_path: Path) -> Non
     bundle = tmp_path / "bundle"
     assert prove(run / "st", bundle).returncode == 0
     assert verify(bundle).returncode == 0
+
+
+def test_workflow_json_is_the_record_the_plan_carries() -> None:
+    """STATE/workflow.json is written from the plan's model: the bytes the
+    plan's own workflow members give (its digest is what a verifier pins)."""
+    repo = Path(__file__).resolve().parents[2]
+    raw = canon.loads((repo / "tests/compile/packs/accounted/golden.plan.json").read_bytes())
+    wf = raw["workflow"]
+    expected = {
+        "workflowVersion": 2,
+        "name": wf["name"],
+        "limits": camel_limits(wf["limits"]),
+        "stages": wf["record"],
+    }
+    assert workflow_document(Plan.from_json(raw, checked=True)) == canon.dumps(expected)

@@ -28,6 +28,7 @@ from crucible.proof.writer._ops import Observe, iter_operations, parse_operation
 from crucible.run.accounting import _forms as forms
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.core.plan import Plan
     from crucible.stage import StateDir
 
 __all__ = ["Accounting", "open_accounting"]
@@ -103,17 +104,18 @@ class _OperationLog:
             os.close(self.fd)
 
 
-def workflow_document(plan: dict[str, Any]) -> bytes:
+def workflow_document(plan: Plan) -> bytes:
     """``STATE/workflow.json``: the record the plan carries (export.md §3)."""
     from crucible.compile import camel_limits  # the record's spelling of limits
 
-    wf = plan["workflow"]
+    wf = plan.workflow
+    assert wf.limits is not None and wf.record is not None  # an accounted plan's
     return canon.dumps(
         {
             "workflowVersion": 2,
-            "name": wf["name"],
-            "limits": camel_limits(wf["limits"]),
-            "stages": wf["record"],
+            "name": wf.name,
+            "limits": camel_limits(wf.limits),
+            "stages": [dict(stage) for stage in wf.record],
         }
     )
 
@@ -125,13 +127,11 @@ class Accounting:
 
     def __init__(
         self,
-        plan: dict[str, Any],
         state_dir: StateDir,
         wf: Workflow,
         actor: str,
         environ: Any,
     ) -> None:
-        self.plan = plan
         self.state = state = state_dir.state
         self.state_dir = state_dir
         self.wf = wf
@@ -577,7 +577,7 @@ class Accounting:
 
 
 def open_accounting(
-    plan: dict[str, Any],
+    plan: Plan,
     state_dir: StateDir,
     params: dict[str, Any],
     *,
@@ -589,7 +589,6 @@ def open_accounting(
     data = workflow_document(plan)
     wf = parse_workflow(data, "workflow.json")
     book = Accounting(
-        plan,
         state_dir,
         wf,
         forms.check_actor(actor) if actor is not None else forms.default_actor(environ),

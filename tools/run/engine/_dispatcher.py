@@ -212,7 +212,7 @@ class Dispatcher:
             from crucible.run.accounting._book import open_accounting
 
             self.accounting = open_accounting(
-                self.plan, self.state_dir, self.admission.params, actor=self.options.actor,
+                self.model, self.state_dir, self.admission.params, actor=self.options.actor,
                 resume=self.options.resume, environ=environ,
             )  # fmt: skip
 
