@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from crucible.compile import CompiledPlan, compile_path
 from crucible.core import plan as plan_model
 from crucible.run._options import RunOptions
-from crucible.run.session._admit import admit
+from crucible.run.session._admit import _plan_changes, admit
 
 PACK = """edition = 4
 [workflow]
@@ -50,3 +51,25 @@ def test_admission_builds_the_model_once(
         assert admission.model == plan_model.Plan.from_json(admission.plan)
     finally:
         admission.release()
+
+
+def _compiled(tmp_path: Path, text: str) -> CompiledPlan:
+    pack = tmp_path / "pack.toml"
+    pack.write_text(text)
+    return compile_path(pack)
+
+
+def test_a_resume_refusal_says_what_changed_between_the_models(tmp_path: Path) -> None:
+    old = _compiled(tmp_path, PACK + '[workflow.params.n]\ntype = "integer"\n')
+    edited = PACK.replace('name = "b"', 'name = "b"\ndescription = "bee"')
+    assert _plan_changes(old.data, _compiled(tmp_path, edited).model) == (
+        "descriptions changed: b; params declared differently: n"
+    )
+    edited = PACK.replace('run = "true"\nemits', 'run = "false"\nemits') + (
+        '[[workflow.task]]\nname = "c"\nrun = "true"\n'
+    )
+    assert _plan_changes(old.data, _compiled(tmp_path, edited).model) == (
+        "tasks added: c; tasks changed: a; params declared differently: n"
+    )
+    assert _plan_changes(old.data, old.model) == "the workflow's other settings"
+    assert _plan_changes(b"{}", old.model) == "the earlier plan cannot be read"

@@ -15,6 +15,7 @@ for its whole life.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from crucible.compile import load_any
 from crucible.core import atomic, canon, contract, digest
 from crucible.core.errors import (
+    CrucibleError,
     InputRefused,
     OperationalError,
     ParseError,
@@ -376,7 +378,7 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
         admitted_digest = digest.of_bytes(held_bytes)
         if admitted_digest != base.digest:
             raise PlanChanged(
-                f"the plan changed since the run started ({_plan_changes(held_bytes, base.plan)}; "
+                f"the plan changed since the run started ({_plan_changes(held_bytes, base.model)}; "
                 f"run {admitted_digest}, now {base.digest}); to rerun only what the edit "
                 f"changed: crucible-dispatch {options.plan} --state {state} --reuse",
                 where=str(options.plan),
@@ -404,16 +406,16 @@ def _admit_resume(options: RunOptions, base: Admission, given: dict[str, Any]) -
     return base
 
 
-def _plan_changes(held: bytes, plan: dict[str, Any]) -> str:
+def _plan_changes(held: bytes, plan: Plan) -> str:
     """What an edit changed, as a --resume refusal says it: tasks added,
-    removed and changed (a description alone is said so), declared params."""
+    removed and changed (a description alone is said so), declared params.
+    Both plans are compared as models: the held one is read strictly (a
+    state file may have been edited by hand)."""
     try:
-        old = canon.loads(held)
-        old_tasks = {t["name"]: t for t in old["tasks"]}
-        old_params = old.get("workflow", {}).get("params", {})
-    except (canon.CanonError, KeyError, TypeError, AttributeError):
+        old = Plan.from_json(canon.loads(held))
+    except (canon.CanonError, CrucibleError):
         return "the earlier plan cannot be read"
-    new_tasks = {t["name"]: t for t in plan["tasks"]}
+    new_tasks, old_tasks = plan.by_name, old.by_name
     parts = []
     added = [n for n in new_tasks if n not in old_tasks]
     removed = [n for n in old_tasks if n not in new_tasks]
@@ -421,8 +423,7 @@ def _plan_changes(held: bytes, plan: dict[str, Any]) -> str:
     described = [
         n
         for n in changed
-        if {k: v for k, v in new_tasks[n].items() if k != "description"}
-        == {k: v for k, v in old_tasks[n].items() if k != "description"}
+        if dataclasses.replace(old_tasks[n], description=new_tasks[n].description) == new_tasks[n]
     ]
     changed = [n for n in changed if n not in described]
     for what, names in (
@@ -433,7 +434,7 @@ def _plan_changes(held: bytes, plan: dict[str, Any]) -> str:
     ):
         if names:
             parts.append(f"{what}: {', '.join(names)}")
-    params = plan.get("workflow", {}).get("params", {})
+    params, old_params = plan.workflow.params, old.workflow.params
     touched = sorted(n for n in {*params, *old_params} if params.get(n) != old_params.get(n))
     if touched:
         parts.append(f"params declared differently: {', '.join(touched)}")
