@@ -52,7 +52,7 @@ from typing import Any
 import crucible
 from crucible.core import atomic
 from crucible.core.errors import InputRefused, OperationalError, UsageError
-from crucible.core.plan import Task
+from crucible.core.plan import Resources, Task
 from crucible.run._options import RunOptions
 from crucible.run.executors._batched_seam import BatchedSeam
 from crucible.run.executors._log_tail import LogTailer
@@ -123,11 +123,12 @@ def _partition(partitions: list[Partition], name: str | None) -> list[Partition]
 
 def _resource_args(name: str, task: Task, offers: list[Partition], where: str) -> list[str]:
     """A task's sbatch resource options; refuse (exit 1) what no node offers."""
-    need = task.resources.amounts() if task.resources is not None else {}
-    cpus = int(need.get("cpus", 1))
-    memory = need.get("memory")
-    gpus = int(need.get("gpu", 0))
-    mem_mib = None if memory is None else math.ceil((int(memory) + RUNNER_MEMORY) / (1 << 20))
+    need = task.resources or Resources()
+    # what a task that asks for none is given: one CPU, the node's memory, no GPU
+    cpus = 1 if need.cpus is None else need.cpus
+    gpus = 0 if need.gpu is None else need.gpu
+    memory = need.memory
+    mem_mib = None if memory is None else math.ceil((memory + RUNNER_MEMORY) / (1 << 20))
     fits = [
         p for p in offers
         if p.cpus >= cpus and (mem_mib is None or p.memory_mib >= mem_mib) and p.gpus >= gpus
