@@ -88,6 +88,7 @@ send(signal.SIGKILL)
 #: at the hang-up, which is when the registrations are needed.
 DRAIN_MS = 250
 
+
 class Reaper:
     """The reaper of this process's tasks (started by :meth:`start`, or at the
     first :meth:`watch`). Start it before the first task: a task's group is
