@@ -296,7 +296,7 @@ def _item_keys(
         spec: dict[str, Any] = next((t for t in plan["tasks"] if t.get("name") == task), {})
         if isinstance(spec.get("map"), (dict, list)) or spec.get("matrix") is not None:
             try:
-                keys = [k for k, _ in stage.map_items(plan, state, task)]
+                keys = [k for k, _ in stage.StateDir(plan, state).map_items(task)]
             except CrucibleError:
                 keys = None
     elif load_record(state, source, None) is not None:
@@ -305,7 +305,7 @@ def _item_keys(
         from crucible import stage
 
         try:
-            keys = [k for k, _ in stage.map_items(_plan_value(state), state, task)]
+            keys = [k for k, _ in stage.StateDir(_plan_value(state), state).map_items(task)]
         except CrucibleError:
             keys = None  # the source failed or holds no array/object: the log's keys
     if keys is None:
