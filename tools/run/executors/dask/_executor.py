@@ -54,7 +54,7 @@ from crucible.core.errors import (
     ParseError,
     UsageError,
 )
-from crucible.core.plan import Plan, Task
+from crucible.core.plan import Task
 from crucible.run._options import RunOptions
 from crucible.run.executors._agent_io import AgentStdout
 from crucible.run.executors._batched_seam import BatchedSeam
@@ -63,6 +63,7 @@ from crucible.run.executors._log_tail import LogTailer
 from crucible.run.executors._pipelined import RECENT, Pipeline, handback_after
 from crucible.run.executors._procs import TaskProcess
 from crucible.run.executors._reaper import Reaper
+from crucible.run.executors._runner_spec import RunnerSpec
 from crucible.run.executors._seam import ExecutorLost
 from crucible.run.executors._slots import Slots
 from crucible.run.executors._unit import UnitRunner
@@ -196,17 +197,10 @@ def check_options(options: RunOptions) -> None:
 
 
 @dataclass(frozen=True)
-class _Spec:
-    """What a worker needs to build the run's UnitRunner (scattered once)."""
+class _Spec(RunnerSpec):
+    """What a worker needs to build the run's UnitRunner (scattered once), and
+    its share of the slots."""
 
-    run_id: str
-    plan: dict[str, Any]
-    #: the plan's typed model (crucible.core.plan)
-    model: Plan
-    options: RunOptions
-    emit_cap: int
-    environ: dict[str, str]
-    pack_dir: str
     #: task processes a worker runs at once, by worker name (``dask-local``:
     #: the -j slots split among its workers); a worker not named here runs at
     #: most its Dask thread count of them
@@ -500,16 +494,7 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
     if runner is None:
         slots = spec.slots.get(str(worker.name), worker.state.nthreads)
         _reaper(spec.options.kill_grace)
-        runner = _WorkerRunner(
-            plan=spec.plan,
-            model=spec.model,
-            # the worker's own stdout is nobody's terminal
-            options=replace(spec.options, follow=False),
-            emit_cap=spec.emit_cap,
-            environ=spec.environ,
-            slots=cast(Slots, _control(spec.run_id, slots)),
-            pack_dir=spec.pack_dir,
-        )
+        runner = spec.runner(_WorkerRunner, cast(Slots, _control(spec.run_id, slots)))
         runner.durable_records = spec.options.executor != "dask-local"
         with _LOCK:
             runner = _RUNNERS.setdefault(spec.run_id, runner)

@@ -34,29 +34,24 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import crucible
-from crucible.core.plan import Plan
+from crucible.run.executors._runner_spec import RunnerSpec
+
+if TYPE_CHECKING:
+    from crucible.run.executors._slots import Slots
 
 __all__ = ["NodeSpec", "check_node", "main"]
 
 
 @dataclass(frozen=True)
-class NodeSpec:
+class NodeSpec(RunnerSpec):
     """What an array element needs to build the run's UnitRunner (pickled once
-    per run into ``RUN_DIR/spec.pickle``)."""
+    per run into ``RUN_DIR/spec.pickle``), and to check it may run them."""
 
-    run_id: str
-    plan: dict[str, Any]
-    #: the plan's typed model (crucible.core.plan)
-    model: Plan
-    options: Any  # RunOptions, absolute paths
-    emit_cap: int
-    environ: dict[str, str]
-    pack_dir: str
     #: what the node must read back at STATE/executor-token
     token: str
     #: crucible's version and Python's (major, minor) on the dispatcher
@@ -177,15 +172,7 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: slots.stop())
 
-    runner = UnitRunner(
-        plan=spec.plan,
-        model=spec.model,
-        options=replace(spec.options, follow=False),  # the node's stdout is nobody's terminal
-        emit_cap=spec.emit_cap,
-        environ=spec.environ,
-        slots=cast(Any, slots),
-        pack_dir=spec.pack_dir,
-    )
+    runner = spec.runner(UnitRunner, cast("Slots", slots))
     # the node may share STATE over another host's mount: it fsyncs its records
     runner.durable_records = True
     # the task's recent durations (the dispatcher's): the handback threshold
