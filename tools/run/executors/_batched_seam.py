@@ -5,10 +5,13 @@ units held until ``flush`` groups them, one wake-up pipe for their replies, and
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 from typing import Any
 
 from crucible.run.executors._log_tail import LogTailer
+from crucible.run.executors._workers import Reply
 from crucible.run.executors.dask._batches import Batches
 
 __all__ = ["BatchedSeam"]
@@ -28,6 +31,8 @@ class BatchedSeam:
     _log_path: Callable[[str, str | None], Any]
     #: the read end the dispatcher polls; written when replies arrived
     _wake_r: int
+    #: where each started unit runs (a worker's address, a node), by token
+    _started: dict[int, str]
 
     @property
     def peak_rss_kib(self) -> int:
@@ -54,3 +59,18 @@ class BatchedSeam:
         if self._tailer is not None:
             _, name, key = request[:3]
             self._tailer.add(token, self._log_path(name, key), name, key)
+
+    def _drain_wake(self) -> None:
+        """Empty the wake-up pipe: its bytes only say that replies are queued."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _heard_start(self, token: int, worker: str, payload: Any, replies: list[Reply]) -> bool:
+        """A unit's start, the first time it is heard (a start may be heard
+        twice): where it runs, and its interim reply. False: heard before."""
+        if token in self._started:
+            return False
+        self._started[token] = worker
+        replies.append(Reply(token, "interim", payload))
+        return True

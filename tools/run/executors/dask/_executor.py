@@ -1127,9 +1127,7 @@ class DaskExecutor(BatchedSeam):
         return f"crucible-{name}-{self.run_id}-{first}x{len(group)}{again}"
 
     def read(self, fd: int) -> list[Reply]:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
+        self._drain_wake()
         replies: list[Reply] = []
         while self._queue:
             kind, token, value = self._queue.popleft()
@@ -1149,10 +1147,9 @@ class DaskExecutor(BatchedSeam):
             if token not in self._live:
                 continue  # a start heard after its end, or an end heard twice
             if kind == "started":
-                if token not in self._started:
-                    self._started[token] = str(value.get("worker") or self._lost_worker)
+                worker = str(value.get("worker") or self._lost_worker)
+                if self._heard_start(token, worker, value, replies):
                     self._pids[token] = int(value.get("pid") or 0)
-                    replies.append(Reply(token, "interim", value))
                 continue
             outcome, payload = value
             self._settle(Reply(token, outcome, payload), replies)

@@ -404,9 +404,7 @@ class SlurmExecutor(BatchedSeam):
             atomic.write_bytes(self.jobs_file, "".join(f"{n}\n" for n in sorted(names)).encode())
 
     def read(self, fd: int) -> list[Reply]:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
+        self._drain_wake()
         replies: list[Reply] = []
         while self._queue:
             kind, value = self._queue.popleft()
@@ -420,9 +418,7 @@ class SlurmExecutor(BatchedSeam):
             if token not in self._live:
                 continue
             if kind == "started":
-                if token not in self._started:
-                    self._started[token] = str(payload.get("worker"))
-                    replies.append(Reply(token, "interim", payload))
+                self._heard_start(token, str(payload.get("worker")), payload, replies)
                 continue
             outcome, result = payload
             reply = self._cluster_stop(token, outcome, result)
