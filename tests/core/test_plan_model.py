@@ -435,3 +435,50 @@ def test_reading_a_checked_plan_leaves_the_collector_as_it_was(enabled: bool) ->
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_one_reference_text_read_from_two_producers_is_two_inputs() -> None:
+    """``a.b.c`` is field ``c`` of task ``a.b`` for a task that needs ``a.b``, and
+    member ``c`` of field ``b`` of task ``a`` for one that needs ``a``: the
+    checked reader shares an input only when its producer is the same too."""
+
+    def reader(name: str, need: str, producer: str, field: str, path: list[str]) -> Any:
+        spec: dict[str, Any] = {
+            "from": "a.b.c",
+            "producer": producer,
+            "field": field,
+            "type": "any",
+        }
+        if path:
+            spec["path"] = path
+        return {**_task_json(name), "needs": [need], "inputs": {"x": spec}}
+
+    raw = {
+        "version": 3,
+        "edition": 4,
+        "workflow": {"name": "w", "params": {}},
+        "tasks": [
+            {**_task_json("a"), "emits": {"b": "object"}},
+            {**_task_json("a.b"), "emits": {"c": "any"}},
+            reader("x", "a.b", "a.b", "c", []),
+            reader("y", "a", "a", "b", ["c"]),
+        ],
+    }
+    checked = Plan.from_json(raw, checked=True)
+    assert checked == Plan.from_json(raw)
+    assert checked.task("x").inputs["x"].ref == Ref("a.b", "c")
+    assert checked.task("y").inputs["x"].ref == Ref("a", "b", ("c",))
+
+
+def _task_json(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "kind": "command",
+        "run": "true",
+        "needs": [],
+        "join": "all",
+        "emits": {},
+        "emits_files": [],
+        "retries": 0,
+        "epilogue": False,
+    }

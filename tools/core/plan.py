@@ -714,13 +714,17 @@ def _built(cls: type[_Built], members: dict[str, Any]) -> _Built:
     return obj
 
 
-def _task_checked(raw: dict[str, Any], version: int, shared: dict[tuple[str, str], Input]) -> Task:
+def _task_checked(
+    raw: dict[str, Any], version: int, shared: dict[tuple[str, str, str], Input]
+) -> Task:
     """A task of a plan the compiler checked: every member already has its shape
     (compile's plan reader refuses the rest) and a member at its default is
     omitted (normal form), so the task holds the members present, each as its
     typed value, and its class defaults for the rest (the start-up of a
     10,000-task dispatch reads every task). ``shared``: the plan's inputs read so
-    far, by reference and type: a value read by several tasks is one object."""
+    far, by reference, producer and type (the text alone does not say which dot
+    ends the producer: each reader's needs do): a value several tasks read is
+    one object."""
     members = {k: tuple(v) if k in _TUPLE_MEMBERS else v for k, v in raw.items()}
     run = members.get("run")
     if run is not None and not isinstance(run, str):
@@ -730,7 +734,7 @@ def _task_checked(raw: dict[str, Any], version: int, shared: dict[tuple[str, str
         members["inputs"] = {}
     else:
         members["inputs"] = {
-            n: shared.get((i["from"], i["type"])) or _input_checked(i, shared)
+            n: shared.get((i["from"], i["producer"], i["type"])) or _input_checked(i, shared)
             for n, i in inputs.items()
         }
     if "map" in raw:
@@ -744,14 +748,14 @@ def _task_checked(raw: dict[str, Any], version: int, shared: dict[tuple[str, str
     return _built(Task, members)
 
 
-def _input_checked(raw: dict[str, Any], shared: dict[tuple[str, str], Input]) -> Input:
+def _input_checked(raw: dict[str, Any], shared: dict[tuple[str, str, str], Input]) -> Input:
     """A checked plan's input (its producer, field and path are written out),
-    kept in ``shared`` by reference and type (equal inputs: one value)."""
+    kept in ``shared`` (:func:`_task_checked`)."""
     path = raw.get("path")
     ref: dict[str, Any] = {"producer": raw["producer"], "field": raw["field"]}
     if path is not None:
         ref["path"] = tuple(path)
-    made = shared[raw["from"], raw["type"]] = _built(
+    made = shared[raw["from"], raw["producer"], raw["type"]] = _built(
         Input, {"ref": _built(Ref, ref), "type": raw["type"]}
     )
     return made
@@ -1121,7 +1125,7 @@ class Plan:
             raise _fail("$.tasks", "tasks must be a list")
         if checked:
             with _collector_paused():
-                shared: dict[tuple[str, str], Input] = {}
+                shared: dict[tuple[str, str, str], Input] = {}
                 tasks = tuple(_task_checked(t, version, shared) for t in tasks_raw)
         else:
             tasks = tuple(_task(t, f"$.tasks[{i}]", version) for i, t in enumerate(tasks_raw))
