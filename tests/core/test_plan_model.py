@@ -3,6 +3,7 @@ byte, defaults live in the model, unknown members are refused where they are."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 import pickle
@@ -38,6 +39,8 @@ from crucible.core.plan import (
     Retry,
     SequenceSource,
     Task,
+    _plainly_sound,
+    _task_checked,
     parse,
     split_ref,
 )
@@ -482,3 +485,56 @@ def _task_json(name: str) -> dict[str, Any]:
         "retries": 0,
         "epilogue": False,
     }
+
+
+# -- the strict reader's quick path: the located reader's tasks, exactly -------------
+
+_PLAIN_TASKS = [
+    (raw["version"], t)
+    for raw in (canon.loads(p.read_bytes()) for p in GOLDEN)
+    for t in raw["tasks"]
+    if _plainly_sound(t, raw["version"], {})
+]
+_MUTANTS = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 2)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["", "a", "a.b", "a.b.c", "a[0]", "a.items", "any", "all", "command"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+_KEYS = st.sampled_from([*sorted(TASK_MEMBERS), "from", "producer", "field", "type", "path"])
+
+
+@st.composite
+def _near_plain_tasks(draw: st.DrawFn) -> tuple[int, dict[str, Any]]:
+    version, task = draw(st.sampled_from(_PLAIN_TASKS))
+    task = copy.deepcopy(task)
+    for _ in range(draw(st.integers(0, 3))):
+        inputs = task.get("inputs")
+        target = task
+        if isinstance(inputs, dict) and inputs and draw(st.booleans()):
+            spec = inputs[draw(st.sampled_from(sorted(inputs)))]
+            target = spec if isinstance(spec, dict) else task
+        key = draw(_KEYS)
+        if draw(st.booleans()):
+            target.pop(key, None)
+        else:
+            target[key] = draw(_MUTANTS)
+    return version, task
+
+
+def test_there_are_plain_tasks_to_mutate() -> None:
+    assert len(_PLAIN_TASKS) >= 20
+    assert any("inputs" in t for _, t in _PLAIN_TASKS) and any("map" in t for _, t in _PLAIN_TASKS)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_near_plain_tasks())
+def test_a_task_the_quick_check_passes_is_the_located_readers(case: tuple[int, Any]) -> None:
+    """What the strict reader's quick path accepts, the located reader accepts
+    too and reads as the same task; the rest is left to the located reader."""
+    version, task = case
+    if _plainly_sound(task, version, {}):
+        assert _task_checked(task, version, {}) == Task.from_json(task, "$", version)

@@ -761,6 +761,100 @@ def _input_checked(raw: dict[str, Any], shared: dict[tuple[str, str, str], Input
     return made
 
 
+#: the members a task in normal form always has (compile writes them out)
+_WRITTEN_OUT = ("name", "kind", "needs", "join", "emits", "emits_files", "retries", "epilogue")
+#: the members :func:`_plainly_sound` knows, per IR version: a task with any
+#: other is read by the located reader (:func:`_task`)
+_PLAIN = {
+    v: _TASK_KNOWN[v]
+    & {*_WRITTEN_OUT, "run", "timeout", "prompt", "description", "env", "inputs", "map"}
+    for v in SUPPORTED_VERSIONS
+}
+#: an input in normal form, without a path
+_PLAIN_INPUT = frozenset({"from", "producer", "field", "type"})
+
+
+def _is_strs(value: object) -> bool:
+    return type(value) is list and all(type(v) is str for v in value)
+
+
+def _plainly_sound(raw: object, version: int, refs: dict[str, Ref | None]) -> bool:
+    """Whether :func:`_task` accepts ``raw``, a task in normal form with only
+    the common members (``_PLAIN``; a ``map`` over a producer's field): then
+    :func:`_task_checked` builds the same task without making a JSON path for
+    each member it reads (a 10,000-task plan read strictly, as ``crucible-stage``
+    does, costs about half as much). False decides nothing: the located reader
+    reads the task and says what is wrong. ``refs``: references parsed so far
+    (:func:`_plain_ref`). tests/core/test_plan_model.py holds the two readers
+    to the same tasks."""
+    if type(raw) is not dict or not raw.keys() <= _PLAIN[version]:
+        return False
+    if not all(k in raw for k in _WRITTEN_OUT):
+        return False
+    emits = raw["emits"]
+    if (
+        type(raw["name"]) is not str
+        or raw["kind"] not in KINDS
+        or raw["join"] not in JOINS
+        or type(emits) is not dict
+        or not all(t in TYPES for t in emits.values())
+        or type(raw["retries"]) is not int
+        or type(raw["epilogue"]) is not bool
+        or not _is_strs(raw["needs"])
+        or not _is_strs(raw["emits_files"])
+        or ("env" in raw and not _is_strs(raw["env"]))
+        or ("timeout" in raw and type(raw["timeout"]) not in (int, float))
+        or ("prompt" in raw and type(raw["prompt"]) is not str)
+        or ("description" in raw and type(raw["description"]) is not str)
+        or ("map" in raw and _plain_ref(raw["map"], raw["needs"], refs) is None)
+    ):
+        return False
+    run = raw.get("run")
+    if run is not None and type(run) is not str and not _is_strs(run):
+        return False
+    if "inputs" not in raw:
+        return True
+    inputs = raw["inputs"]
+    if type(inputs) is not dict:
+        return False
+    for spec in inputs.values():
+        if type(spec) is not dict or spec.keys() != _PLAIN_INPUT or spec["type"] not in TYPES:
+            return False
+        ref = _plain_ref(spec["from"], raw["needs"], refs)
+        if (
+            ref is None
+            or ref.path
+            or ref.producer != spec["producer"]
+            or ref.field != spec["field"]
+        ):
+            return False
+    return True
+
+
+def _plain_ref(text: object, needs: list[str], refs: dict[str, Ref | None]) -> Ref | None:
+    """The reference ``text`` names (None: none), read with ``needs`` as the
+    task names. A text with one dot and no ``[`` names the same reference
+    whatever the task names are, so it is parsed once per plan (in ``refs``)."""
+    if type(text) is not str:
+        return None
+    if text.count(".") == 1 and "[" not in text:
+        if text not in refs:
+            refs[text] = _ref_or_none(text)
+        return refs[text]
+    try:
+        return parse_ref(text, needs)
+    except RefSyntax:
+        return None
+
+
+def _ref_or_none(text: str) -> Ref | None:
+    """The reference ``text`` names, None when it names none."""
+    try:
+        return parse_ref(text)
+    except RefSyntax:
+        return None
+
+
 def _opt_number(raw: Mapping[str, Any], key: str, path: str) -> int | float | None:
     return _number(raw[key], f"{path}.{key}", key) if key in raw else None
 
@@ -1123,12 +1217,18 @@ class Plan:
         tasks_raw = raw.get("tasks")
         if not isinstance(tasks_raw, list):
             raise _fail("$.tasks", "tasks must be a list")
-        if checked:
-            with _collector_paused():
-                shared: dict[tuple[str, str, str], Input] = {}
+        shared: dict[tuple[str, str, str], Input] = {}
+        with _collector_paused():
+            if checked:
                 tasks = tuple(_task_checked(t, version, shared) for t in tasks_raw)
-        else:
-            tasks = tuple(_task(t, f"$.tasks[{i}]", version) for i, t in enumerate(tasks_raw))
+            else:
+                refs: dict[str, Ref | None] = {}
+                tasks = tuple(
+                    _task_checked(t, version, shared)
+                    if _plainly_sound(t, version, refs)
+                    else _task(t, f"$.tasks[{i}]", version)
+                    for i, t in enumerate(tasks_raw)
+                )
         return cls(
             version=version,
             edition=edition,
