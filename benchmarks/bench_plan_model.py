@@ -4,7 +4,7 @@
    bench_compile pack: inputs from up to three producers, a fan-out every tenth
    task) vs ``orjson.loads`` of the same plan's bytes: what a run pays to read
    its plan as typed values, next to what reading its JSON costs at all.
-   Budget: 2x (issue 31 item 1; it was ~2.5x before the checked reader set only
+   Budget: 2x (issue 31 item 2; it was ~2.5x before the checked reader set only
    the members a task has).
 2. ``Plan.from_json(plan)`` of the same plan read strictly (every member
    checked, as ``crucible-stage`` reads a plan file) vs the same baseline.
