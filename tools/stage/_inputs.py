@@ -699,7 +699,7 @@ def describe_inputs(pv: PlanView, state: Path, task: str, key: str | None = None
         )  # fmt: skip
     dirs.append(VALUES_DIR)
     entries = []
-    for name in utf16_order(t.inputs):
+    for name in utf16_order(t.model.inputs):
         problem = _input_name_problem(name)
         if problem is not None:
             raise InputRefused(problem, where=in_plan(f"task {task}"))
