@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
-
-import orjson
+from typing import IO, TYPE_CHECKING, Any
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused
@@ -23,11 +21,11 @@ from crucible.run.report._accounting import refused_label
 from crucible.run.report._fold import FOLD_ABOVE, Folded
 from crucible.run.report._state import (
     Event,
+    StatePlan,
     iter_events,
     iter_records,
     load_plan,
     load_record,
-    load_resources,
     read_regular,
 )
 from crucible.run.report._usage import (
@@ -42,6 +40,9 @@ from crucible.run.report._usage import (
     unit_usage,
     usage_line,
 )
+
+if TYPE_CHECKING:  # built when a fan-out's keys are first needed (_Items)
+    from crucible.stage import StateDir
 
 __all__ = [
     "FOLD_ABOVE",
@@ -279,35 +280,65 @@ def _settle(r: Row, record: dict[str, Any] | None) -> None:
     r.tolerated = bool(record.get("tolerated", extra.get("tolerated", r.tolerated)))
 
 
+class _Items:
+    """The instance keys of the plan's fan-outs as stage lists them (from the
+    state: a map source's record, a listed fan-out's or a matrix's items), over
+    one :class:`~crucible.stage.StateDir` of the report's plan, built when a
+    fan-out first needs it (None after: the plan is one stage refuses)."""
+
+    def __init__(self, state: Path, plan: StatePlan) -> None:
+        self.state = state
+        self.plan = plan
+        self._state_dir: StateDir | None = None
+        self._built = False
+
+    def _dir(self) -> StateDir | None:
+        if not self._built:
+            self._built = True
+            # lazy: stage is not loaded with this module; only a fan-out's keys need it
+            from crucible.stage import StateDir
+
+            try:
+                self._state_dir = StateDir(self.plan.raw, self.state, model=self.plan.model)
+            except CrucibleError:
+                self._state_dir = None  # what stage refuses: the log's keys
+        return self._state_dir
+
+    def keys(self, task: str, source: str | None) -> list[str] | None:
+        """``task``'s instance keys in item order, or None when stage cannot tell
+        them (the source unsettled or failed, or holding no array/object)."""
+        if source is None:
+            spec = self.plan.model.by_name.get(task)
+            # a listed fan-out (items, param, sequence) or a matrix: the plan says
+            listed = spec is not None and (
+                spec.matrix is not None or (spec.map is not None and spec.map_ref is None)
+            )
+            if not listed:
+                return None
+        elif load_record(self.state, source, None) is None:
+            return None
+        # The source's record (if any) was read through its schema just above;
+        # stage reads the items from it.
+        state_dir = self._dir()
+        if state_dir is None:
+            return None
+        try:
+            return [k for k, _ in state_dir.map_items(task)]
+        except CrucibleError:
+            return None
+
+
 def _item_keys(
-    state: Path, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
+    items: _Items, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
 ) -> list[str]:
     """A mapped task's instance keys in item order: the aggregate record's
     ``keys`` once settled, else the map source's items, or a listed fan-out's
     or a matrix's (so instances that never started are counted), else the keys
     the log names."""
-    keys: list[str] | None = None
-    if record is not None and "keys" in record:
-        keys = record["keys"]  # the caller does not change it
-    elif source is None:  # a listed fan-out (count, list) or a matrix: the plan says
-        from crucible import stage
-
-        plan = _plan_value(state)
-        spec: dict[str, Any] = next((t for t in plan["tasks"] if t.get("name") == task), {})
-        if isinstance(spec.get("map"), (dict, list)) or spec.get("matrix") is not None:
-            try:
-                keys = [k for k, _ in stage.map_items(plan, state, task)]
-            except CrucibleError:
-                keys = None
-    elif load_record(state, source, None) is not None:
-        # The source's record was read through its schema just above; stage
-        # reads the items from it.
-        from crucible import stage
-
-        try:
-            keys = [k for k, _ in stage.map_items(_plan_value(state), state, task)]
-        except CrucibleError:
-            keys = None  # the source failed or holds no array/object: the log's keys
+    # the record's keys (checked with it): the caller does not change them
+    keys: list[str] | None = None if record is None else record.get("keys")
+    if keys is None:
+        keys = items.keys(task, source)
     if keys is None:
         return seen
     if not seen:
@@ -317,14 +348,6 @@ def _item_keys(
         unknown.discard(k)
     extra = [k for k in seen if k in unknown]
     return keys + extra if extra else keys
-
-
-def _plan_value(state: Path) -> Any:
-    # lazy: stage is not loaded with this module; only _plan_value() needs it
-    from crucible.stage import StateLayout
-
-    data = read_regular(StateLayout(state).plan_path, "plan.json")
-    return orjson.loads(data or b"null")
 
 
 def _aggregate(agg: Row, instances: list[Row], pending: int = 0) -> None:
@@ -548,6 +571,7 @@ def _folded_records(
 
 def _instances(
     state: Path,
+    items: _Items,
     agg: Row,
     record: dict[str, Any] | None,
     seen: dict[str, Row],
@@ -562,7 +586,7 @@ def _instances(
     members: list[Row] = []
     pending = 0
     if folded is None:
-        for k in _item_keys(state, agg.task, source, record, list(seen)):
+        for k in _item_keys(items, agg.task, source, record, list(seen)):
             r = seen.get(k) or Row(agg.task, k)
             _close_open_tries(r, sessions)
             _settle(r, load_record(state, agg.task, k))
@@ -571,7 +595,7 @@ def _instances(
         records = _folded_records(state, agg.task, folded, seen)
         for k in folded.outliers():
             seen[k] = _unfold(folded, k)
-        for k in _item_keys(state, agg.task, source, record, list(seen)):
+        for k in _item_keys(items, agg.task, source, record, list(seen)):
             row = seen.get(k)
             if row is None and k in records:
                 row = Row(agg.task, k)  # a record with no event (a log cut short)
@@ -596,10 +620,10 @@ def _instances(
     return members
 
 
-def _fold_size(state: Path, task: str, source: str | None, record: dict[str, Any] | None) -> int:
+def _fold_size(items: _Items, task: str, source: str | None, record: dict[str, Any] | None) -> int:
     """How many instances a mapped task has, as far as its record or its map
     source tells before the log is read (0: not known)."""
-    return len(_item_keys(state, task, source, record, []))
+    return len(_item_keys(items, task, source, record, []))
 
 
 def collect(state: Path, task: str | None = None, *, fold_above: int | None = FOLD_ABOVE) -> Report:
@@ -607,14 +631,18 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
     instances in item order (only ``task``'s rows when given). Without
     ``task``, a mapped task of more than ``fold_above`` instances keeps rows
     for its notable instances only (crucible.run.report._fold; None: never)."""
-    tasks = load_plan(state)
+    plan = load_plan(state)
     # A scored loop's body task is shown as a group of its revisions (@rev<N>).
     from crucible.run.report import _loop_view as loop_view
 
-    plan_loop = loop_view.plan_loop(state)
-    body = loop_view.body_tasks(plan_loop)
-    if body:
-        tasks = [(name, mapped or name in body, source) for name, mapped, source in tasks]
+    body = loop_view.body_tasks(plan.model.loop)
+    # (name, mapped, the task its map reads or None) in plan order; a matrix
+    # (edition 4) fans out as a map does
+    tasks = [
+        (t.name, t.fans_out or t.name in body, None if t.map_ref is None else t.map_ref.producer)
+        for t in plan.model.tasks
+    ]
+    items = _Items(state, plan)
     names = [name for name, _, _ in tasks]
     if task is not None and task not in names:
         raise InputRefused(
@@ -635,7 +663,7 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
             if (
                 mapped
                 and name not in body
-                and _fold_size(state, name, source, records.get(name)) > fold_above
+                and _fold_size(items, name, source, records.get(name)) > fold_above
             ):
                 folds[name] = top[name].folded = Folded(name)
     by_number = _replay(state, top, inst, folds)
@@ -650,11 +678,11 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
         _settle(agg, record)
         rows.append(agg)
         if mapped:
-            rows.extend(_instances(state, agg, record, inst[name], source, by_number))
+            rows.extend(_instances(state, items, agg, record, inst[name], source, by_number))
     loop = None
     if task is None:  # the loop's revisions, under the whole run's table only
-        loop = loop_view.load(state, plan_loop)
-    return Report(rows, sessions, loop, load_resources(state))
+        loop = loop_view.load(state, plan.model.loop)
+    return Report(rows, sessions, loop, plan.declared_resources())
 
 
 # -- table ----------------------------------------------------------------------
