@@ -25,7 +25,7 @@ from pathlib import Path
 
 from crucible.core import canon
 from crucible.core.fsio import remove_tree
-from crucible.stage import capture, stage_inputs
+from crucible.stage import StateDir
 from crucible.stage._records import RESULT_FORMAT
 
 FOLD_WIDTH = 10_000
@@ -172,7 +172,8 @@ def bench_fold(root: Path) -> bool:
     }
     (state / "results" / "m.json").write_bytes(canon.dumps(agg))
     # The baseline writes the very bytes staging writes: a first run provides them.
-    stage_inputs(plan, state, "c", root / "warm")
+    sd = StateDir(plan, state)  # a run builds its view once
+    sd.stage_inputs("c", root / "warm")
     index_bytes = (root / "warm" / "inputs" / "@values" / "index.json").read_bytes()
     staged_values = len(os.listdir(root / "warm" / "inputs" / "@values" / "vs"))
     if staged_values != FOLD_WIDTH:  # a fixture the store no longer reads measures nothing
@@ -180,7 +181,7 @@ def bench_fold(root: Path) -> bool:
     remove_tree(root / "warm")
 
     def staged(out: Path) -> None:
-        stage_inputs(plan, state, "c", out)
+        sd.stage_inputs("c", out)
 
     def baseline(out: Path) -> None:
         d = out / "inputs" / "@values"
@@ -223,8 +224,10 @@ def bench_capture(root: Path) -> bool:
         ],
     }
 
+    sd = StateDir(plan, root)  # a run builds its view once; each round has its own state
+
     def captured(out: Path) -> None:
-        rec = capture(plan, out, "p", ws, output_file=ws / "none.json", exit_code=0)
+        rec = sd.over(out).capture("p", ws, output_file=ws / "none.json", exit_code=0)
         assert rec["status"] == "passed", rec["note"]
         assert sum(f["size"] for f in rec["files"]) == TREE_BYTES
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.stage import capture, check_inputs, guard_views, stage_inputs
+from crucible.stage import StateDir, guard_views
 
 BUDGET = 2.0
 
@@ -91,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state = root / "state"
         state.mkdir()
-        plan = _plan(args.instances)
+        sd = StateDir(_plan(args.instances), state)  # a run builds its view once
         for producer in ("p", "q"):
             ws = state / "work" / producer
             ws.mkdir(parents=True)
             if producer == "p":
                 _write(ws / "big", args.size)
             (ws / "out.json").write_bytes(canon.dumps({"xs": list(range(args.instances))}))
-            rec = capture(plan, state, producer, ws, output_file=ws / "out.json", exit_code=0)
+            rec = sd.capture(producer, ws, output_file=ws / "out.json", exit_code=0)
             assert rec["status"] == "passed", rec["note"]
         store = state / "files" / "p" / "big"
 
@@ -113,13 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         os.sync()
         start = time.perf_counter()
         for k in range(args.instances):
-            stage_inputs(plan, state, "n", state / "work" / "n" / str(k), key=str(k))
+            sd.stage_inputs("n", state / "work" / "n" / str(k), key=str(k))
         no_files = time.perf_counter() - start
 
         os.sync()
         start = time.perf_counter()
         for k in range(args.instances):
-            stage_inputs(plan, state, "m", state / "work" / "m" / str(k), key=str(k))
+            sd.stage_inputs("m", state / "work" / "m" / str(k), key=str(k))
         staging = time.perf_counter() - start
         staged = state / "work" / "m" / "0" / "inputs" / "p" / "big"
         how = "hard links" if staged.stat().st_nlink > 1 else "reflinks or copies"
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         for k in range(args.instances):
             ws = state / "work" / "g" / str(k)
-            stage_inputs(plan, state, "m", ws, key=str(k))
-            check_inputs(plan, state, "m", ws, key=str(k))
+            sd.stage_inputs("m", ws, key=str(k))
+            sd.check_inputs("m", ws, key=str(k))
         guarded = time.perf_counter() - start
         leased = state / "work" / "g" / "0" / "inputs" / "p" / "big"
         one = leased.stat().st_ino == store.stat().st_ino

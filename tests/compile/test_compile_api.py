@@ -20,6 +20,7 @@ from crucible.compile import (
 )
 from crucible.core import canon, digest
 from crucible.core.errors import ParseError, UnsupportedVersion, UsageError
+from crucible.core.plan import Plan
 
 WritePack = Callable[..., Path]
 
@@ -65,6 +66,18 @@ def test_bytes_are_canonical_and_digest_is_sha256_of_them(write_pack: WritePack)
     assert compiled.data == canon.dumps(compiled.plan)
     assert compiled.digest == digest.of_bytes(compiled.data)
     assert canon.loads(compiled.data) == compiled.plan
+
+
+@pytest.mark.parametrize("edition", [1, 3, 4])
+def test_the_compiled_plan_carries_its_model(write_pack: WritePack, edition: int) -> None:
+    """Compile emits the typed plan a run reads: the model of the plan it checked,
+    whose JSON is the plan's bytes; a plan file read back carries an equal one."""
+    compiled = compile_path(write_pack(manifest(edition)))
+    assert isinstance(compiled.model, Plan)
+    assert compiled.model == Plan.from_json(compiled.plan)
+    assert canon.dumps(compiled.model.to_json()) == compiled.data
+    assert (compiled.version, compiled.edition) == (compiled.plan["version"], edition)
+    assert load_plan_bytes(compiled.data, "plan.json").model == compiled.model
 
 
 def test_v2_only_fields_omitted_when_empty(write_pack: WritePack) -> None:

@@ -3,6 +3,9 @@ byte, defaults live in the model, unknown members are refused where they are."""
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crucible.core import canon
+from crucible.core.contract import (
+    IR_VERSION_OF_EDITION,
+    SUPPORTED_EDITIONS,
+    SUPPORTED_VERSIONS,
+    TASK_KEYS_SINCE,
+)
 from crucible.core.errors import InputRefused, UnsupportedVersion
 from crucible.core.plan import (
     PLAN_MEMBERS,
@@ -56,6 +65,20 @@ def test_a_golden_plan_round_trips_byte_for_byte(path: Path, checked: bool) -> N
     assert Plan.from_json(plan.to_json()) == plan
 
 
+@pytest.mark.parametrize("path", GOLDEN, ids=[str(p.relative_to(REPO)) for p in GOLDEN])
+def test_a_checked_plan_is_the_plan_the_strict_reader_builds(path: Path) -> None:
+    """The checked reader sets only the members a task has (the rest read their
+    class defaults): the same values, and the same after a pickle (a Dask or
+    SLURM node is sent the model)."""
+    raw = canon.loads(path.read_bytes())
+    checked = Plan.from_json(raw, checked=True)
+    assert checked == Plan.from_json(raw)
+    again = pickle.loads(pickle.dumps(checked))
+    assert again == checked and canon.dumps(again.to_json()) == canon.dumps(raw)
+    for task in checked.tasks:
+        assert dataclasses.replace(task) == task
+
+
 def test_the_every_member_pack_holds_every_member() -> None:
     """So the round trip above covers each member at least once; a key added to the
     model without adding it to that pack fails here."""
@@ -72,11 +95,35 @@ def test_the_every_member_pack_holds_every_member() -> None:
     assert {Ref, ItemsSource, ParamSource, SequenceSource} <= kinds
 
 
-def test_the_member_tables_are_compiles() -> None:
-    from crucible.compile._editions import PLAN_TASK_KEYS
+def test_the_task_members_are_the_contracts_and_the_models_fields() -> None:
+    """One table (core.contract.TASK_KEYS_SINCE) says which task keys exist and
+    the edition of each; the model has a field for each, and nothing more, and
+    compile's keys per IR version are the same table's."""
+    from crucible.compile._editions import EDITION_CONTROL, PLAN_TASK_KEYS, ir_version_for
 
+    assert set(TASK_MEMBERS) == set(TASK_KEYS_SINCE) == {f.name for f in dataclasses.fields(Task)}
+    for edition in SUPPORTED_EDITIONS:
+        assert ir_version_for(edition) == IR_VERSION_OF_EDITION[edition]
+        assert PLAN_TASK_KEYS[ir_version_for(edition)] >= {
+            k for k, since in TASK_KEYS_SINCE.items() if since <= edition
+        }
+    assert IR_VERSION_OF_EDITION[EDITION_CONTROL] == max(SUPPORTED_VERSIONS)
     for version, keys in PLAN_TASK_KEYS.items():
         assert keys == {k for k, since in TASK_MEMBERS.items() if since <= version}, version
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[str(p.relative_to(REPO)) for p in GOLDEN])
+def test_a_golden_plan_holds_the_members_of_its_version(path: Path) -> None:
+    raw = canon.loads(path.read_bytes())
+    version = raw["version"]
+    assert version == IR_VERSION_OF_EDITION[raw.get("edition", 1)]
+    for task in raw["tasks"]:
+        assert all(TASK_MEMBERS[k] <= version for k in task), task["name"]
+    newer = [k for k, since in TASK_MEMBERS.items() if since > version]
+    for key in newer[:1]:  # a member of a newer version is refused at that version
+        task = {**raw["tasks"][0], key: None}
+        with pytest.raises(PlanShapeError, match=f"unknown member {key!r}"):
+            Plan.from_json({**raw, "tasks": [task]})
 
 
 def test_defaults_are_applied_by_the_model() -> None:
@@ -371,3 +418,20 @@ def test_any_task_round_trips_through_canonical_bytes(tasks: list[Task]) -> None
     again = Plan.from_json(canon.loads(data))
     assert again == plan and canon.dumps(again.to_json()) == data
     assert Plan.from_json(canon.loads(data), checked=True) == plan
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_reading_a_checked_plan_leaves_the_collector_as_it_was(enabled: bool) -> None:
+    """The checked reader pauses cyclic collection while it builds the tasks and
+    restores it on every exit, a refused plan's included."""
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        Plan.from_json(canon.loads(EVERY.read_bytes()), checked=True)
+        assert gc.isenabled() is enabled
+        with pytest.raises(KeyError):
+            bad = {"name": "a", "kind": "command", "needs": [], "inputs": {"x": {}}}
+            Plan.from_json({"version": 3, "edition": 4, "tasks": [bad]}, checked=True)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()

@@ -15,7 +15,7 @@ import pytest
 
 from crucible.core import canon, digest
 from crucible.run.cache._keyer import Keyer
-from crucible.stage import unescape_key
+from crucible.stage import StateDir, unescape_key
 from tests.run.dispatchtests import DISPATCH, fanout_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +128,6 @@ def test_a_refused_staging_is_refused_before_staging(tmp_path: Path) -> None:
 def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
     """Reserved inputs an outer loop leaves in STATE/reserved/ (and params that
     changed) are in the key exactly as staging hands them."""
-    from crucible import stage
 
     state = fanout_run(tmp_path / "state")
     (state / "reserved").mkdir()
@@ -140,7 +139,7 @@ def test_reserved_state_inputs_are_keyed_as_staged(tmp_path: Path) -> None:
     for round_ in ("first", "params changed"):
         for name, key in [("list", None), ("measure", "1"), ("total", None), ("summary", None)]:
             workspace = tmp_path / f"ws-{round_}-{name}"
-            stage.stage_inputs(plan, state, name, workspace, key=key)
+            StateDir(plan, state).stage_inputs(name, workspace, key=key)
             staged = staged_inputs(workspace, plan["version"])
             assert inputs_of(keyer.key(name, key).components) == staged, (round_, name)
         params = canon.loads((state / "params.json").read_bytes())

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon
-from crucible.stage import _store, stage_inputs
+from crucible.stage import StateDir, _store
 from crucible.stage._inputs import held_units, load_params
 from tests.stage.stageplans import plan, settle, task
 
@@ -31,22 +31,23 @@ def state(tmp_path: Path) -> Path:
 
 
 def test_params_are_read_again_when_the_file_changes(state: Path) -> None:
-    p = plan(task("a"), version=2, params={"n": {"default": 1}})
+    p = plan(task("a"), version=2, params={"n": {"type": "integer", "default": 1}})
+    pv = StateDir(p, state).view
     (state / "params.json").write_bytes(canon.dumps({"n": 1, "deep": {"x": [1]}}))
-    first = load_params(p, state)
+    first = load_params(pv, state)
     assert first == {"n": 1, "deep": {"x": [1]}}
     first["deep"]["x"].append(2)  # the caller's own copy
-    assert load_params(p, state) == {"n": 1, "deep": {"x": [1]}}
+    assert load_params(pv, state) == {"n": 1, "deep": {"x": [1]}}
     # replaced (a new inode, as an atomic write makes): read again
     tmp = state / "params.tmp"
     tmp.write_bytes(canon.dumps({"n": 2}))
     os.replace(tmp, state / "params.json")
-    assert load_params(p, state) == {"n": 2}
+    assert load_params(pv, state) == {"n": 2}
     # rewritten in place with another size: read again
     (state / "params.json").write_bytes(canon.dumps({"n": 33}))
-    assert load_params(p, state) == {"n": 33}
+    assert load_params(pv, state) == {"n": 33}
     os.unlink(state / "params.json")  # gone: the plan's defaults
-    assert load_params(p, state) == {"n": 1}
+    assert load_params(pv, state) == {"n": 1}
 
 
 def test_a_plain_record_skips_a_stale_temp_name_and_leaves_none(state: Path) -> None:
@@ -83,10 +84,11 @@ def test_staging_names_the_units_it_handed_as_held_units_finds_them(state: Path)
         version=2,
     )
     settle(p, state, "p", None, files={"out/f": b"data"})
-    staged = stage_inputs(p, state, "c", state / "work" / "c")
-    assert staged.held and list(staged.held) == held_units(p, state, "c")
-    lone = stage_inputs(p, state, "lone", state / "work" / "lone")
-    assert lone.held == () and held_units(p, state, "lone") == []
+    sd = StateDir(p, state)
+    staged = sd.stage_inputs("c", state / "work" / "c")
+    assert staged.held and list(staged.held) == held_units(sd.view, state, "c")
+    lone = sd.stage_inputs("lone", state / "work" / "lone")
+    assert lone.held == () and held_units(sd.view, state, "lone") == []
 
 
 def test_a_workspace_path_taken_by_a_file_is_refused(state: Path) -> None:
@@ -96,14 +98,14 @@ def test_a_workspace_path_taken_by_a_file_is_refused(state: Path) -> None:
     (state / "work").mkdir()
     (state / "work" / "lone").write_bytes(b"")
     with pytest.raises(OperationalError, match="cannot create workspace: File exists"):
-        stage_inputs(p, state, "lone", state / "work" / "lone")
+        StateDir(p, state).stage_inputs("lone", state / "work" / "lone")
 
 
 def test_an_old_inputs_tree_in_an_existing_workspace_is_dropped(state: Path) -> None:
     p = plan(task("lone"), version=2)
     ws = state / "work" / "lone"
     (ws / "inputs" / "old").mkdir(parents=True)
-    staged = stage_inputs(p, state, "lone", ws)
+    staged = StateDir(p, state).stage_inputs("lone", ws)
     assert not (ws / "inputs").exists()
     assert staged.env["CRUCIBLE_INPUTS_DIR"].endswith("shared/@empty")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from crucible.stage import stage_inputs
+from crucible.stage import StateDir
 from tests.run.dispatchtests import dispatch, result
 from tests.stage.stageplans import plan, task
 
@@ -90,7 +90,7 @@ def test_which_units_have_nothing_to_stage(tmp_path: Path) -> None:
     nothing: dict[str, bool] = {}
     for name in ("lone", "files", "under_files", "agent", "last"):
         ws = state / "work" / name
-        staged = stage_inputs(p, state, name, ws)
+        staged = StateDir(p, state).stage_inputs(name, ws)
         nothing[name] = staged.index is None
         assert (ws / "inputs").exists() is not nothing[name]
     assert nothing == {
@@ -110,7 +110,7 @@ def test_an_old_tree_is_removed_when_there_is_nothing_to_stage(tmp_path: Path) -
     ws = state / "work" / "lone"
     (ws / "inputs" / "@values").mkdir(parents=True)
     (ws / "inputs" / "@values" / "params").write_bytes(b'{"old":1}')
-    staged = stage_inputs(p, state, "lone", ws)
+    staged = StateDir(p, state).stage_inputs("lone", ws)
     assert not (ws / "inputs").exists()
     assert staged.env == {"CRUCIBLE_INPUTS_DIR": str((state / "shared" / "@empty").absolute())}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.stage import capture, refresh_inputs, stage_inputs
+from crucible.stage import StateDir
 from crucible.stage._share import verify_consumer
 from tests.run.dispatchtests import dispatch, result
 from tests.stage.stageplans import plan, settle, task
@@ -42,25 +42,26 @@ def test_a_holding_is_judged_by_its_own_bytes_when_the_copy_was_restored_meanwhi
     state.mkdir()
     p = _plan()
     settle(p, state, "p", None, files={"out/f": BIG})
+    sd = StateDir(p, state)
     a, b = state / "work" / "a", state / "work" / "b"
-    stage_inputs(p, state, "a", a)
-    stage_inputs(p, state, "b", b)  # staged ahead while a runs
+    sd.stage_inputs("a", a)
+    sd.stage_inputs("b", b)  # staged ahead while a runs
     victim = a / "inputs" / "p" / "out" / "f"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked: nothing is shared")
     victim.chmod(0o644)
     victim.write_bytes(b"EVIL")
-    (unit,) = held_units(p, state, "b")
+    (unit,) = held_units(sd.view, state, "b")
     found = _read_manifest(unit.root, unit.label, unit.store)  # b's refresh reads the manifest ...
     assert found is not None
-    notes = verify_consumer(state, "a", held_units(p, state, "a"), a)  # ... a is restored ...
+    notes = verify_consumer(state, "a", held_units(sd.view, state, "a"), a)  # ... a is restored ...
     assert notes and "changed while a held it" in notes[0]
     # ... and only then b's refresh judges what b holds, against what it read
     assert _changed_holdings(found[1], b / "inputs" / "p") == {"out/f"}
-    assert refresh_inputs(p, state, "b", b) == ["inputs/p/out/f"]
+    assert sd.refresh_inputs("b", b) == ["inputs/p/out/f"]
     held = b / "inputs" / "p" / "out" / "f"
     assert held.read_bytes() == BIG and held.stat().st_mode & 0o777 == 0o444
-    rb = capture(p, state, "b", b, output_file=b / "none", exit_code=0)
+    rb = sd.capture("b", b, output_file=b / "none", exit_code=0)
     assert rb["status"] == "passed", rb["note"]
 
 

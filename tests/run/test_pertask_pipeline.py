@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from crucible.run.engine import _dispatcher as engine
+from crucible.run.executors._pipelined import HANDBACK_AFTER
 from crucible.run.executors._recycle import FREE_PREFIX, WorkspacePool
-from crucible.run.executors._unit import HANDBACK_AFTER
 from crucible.run.executors._workers import Inbox, _frame
 from tests.run.dispatchtests import Pack, dispatch, events, result
 

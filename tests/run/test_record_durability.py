@@ -173,7 +173,7 @@ def test_closing_the_slots_twice_leaves_other_descriptors_alone(tmp_path: Path) 
     meanwhile the session log's writer thread opens record files to fsync them,
     which may get the numbers just freed (a second close made its fsync fail
     with EBADF: a run ended with exit 3 under load)."""
-    from crucible.run.executors._unit import Slots
+    from crucible.run.executors._slots import Slots
 
     slots = Slots(1)
     slots.close()

@@ -1,8 +1,8 @@
 """One typed stage API per run (issue 31 item 4): the run builds stage's view of
 its plan once (in its :class:`crucible.stage.StateDir`) and its task graph once,
-and hands both to every step; no forked worker builds the view again, and the
-module-level view cache (for callers that hand stage a plan's JSON object) is
-never filled by a run."""
+and hands both to every step; no forked worker builds the view again. Every
+stage function takes that view (or is a method of the StateDir): none takes the
+plan's JSON object, and stage keeps no module-level plan -> view cache."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused
-from crucible.stage import StateDir, load_result, record_settled
+from crucible.stage import StateDir, load_result
 from crucible.stage import _plan as stage_plan
 from crucible.stage.commands import (
     InputsOptions,
@@ -82,7 +82,6 @@ def test_a_run_builds_the_plan_view_and_the_graph_once(
 
     plan = pack(FANOUT)
     cache = tmp_path / "cache" if cached else None
-    monkeypatch.setattr(stage_plan, "_cache", None)
     views, graphs = tmp_path / "views", tmp_path / "graphs"
     _count_calls(monkeypatch, "build_view", views)
     _count_calls(monkeypatch, "build_graph", graphs)
@@ -93,7 +92,6 @@ def test_a_run_builds_the_plan_view_and_the_graph_once(
         assert result(tmp_path / state, "fold") is not None
         assert _calls(views)[before_views:] == [os.getpid()]  # once, here: no worker built one
         assert _calls(graphs)[before_graphs:] == [os.getpid()]
-    assert stage_plan._cache is None  # no run filled the module-level cache
     if cached:
         assert load_result(tmp_path / "s2", "src", None)["cached"] is True  # type: ignore[index]
 
@@ -116,7 +114,7 @@ def test_a_state_dir_reads_and_writes_what_the_module_functions_do(tmp_path: Pat
     assert sd.layout.state == tmp_path
     sd.record_settled("a", status="skipped", note="why")
     assert sd.load_result("a") == load_result(tmp_path, "a")
-    record_settled(plan, tmp_path, "b", status="failed", note="no")
+    StateDir(plan, tmp_path).record_settled("b", status="failed", note="no")
     assert sd.load_result("b") is not None and sd.load_result("b")["status"] == "failed"  # type: ignore[index]
     sd.remove_result("b")
     assert load_result(tmp_path, "b") is None
@@ -148,7 +146,6 @@ def test_crucible_stage_builds_the_plan_view_once_per_command(
     state.mkdir()
     (state / "plan.json").write_bytes(canon.dumps(p))
     settle(p, state, "a", {"x": 41})
-    monkeypatch.setattr(stage_plan, "_cache", None)
     views = tmp_path / "views"
     _count_calls(monkeypatch, "build_view", views)
     target = TargetOptions(state=str(state), task="ag")
@@ -157,7 +154,34 @@ def test_crucible_stage_builds_the_plan_view_once_per_command(
     out = io.BytesIO()
     assert run_prompt(PromptOptions(target), out, io.StringIO()) == 0
     assert out.getvalue().startswith(b"Count.") and len(_calls(views)) == 2
-    assert stage_plan._cache is None
+
+
+#: the two places a plan's JSON object enters stage: where its view is built
+_TAKES_THE_PLAN_JSON = {("_plan.py", "build_view"), ("_statedir.py", "__init__")}
+
+
+def test_no_stage_function_takes_the_plan_json_or_caches_a_view() -> None:
+    """Past the StateDir (and build_view), stage reads a plan only through its
+    typed view: no ``plan``/``pv`` parameter is the JSON object (typed ``Any``,
+    a dict, or not at all), as the one-entry module cache once let every
+    function take, and no module keeps a plan -> view cache."""
+    stage_dir = Path(__file__).resolve().parents[2] / "tools" / "stage"
+    found = []
+    for path in sorted(stage_dir.glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if (path.name, node.name) in _TAKES_THE_PLAN_JSON:
+                continue
+            for arg in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]:
+                typed = ast.unparse(arg.annotation) if arg.annotation else ""
+                if arg.arg in ("plan", "pv") and (
+                    not typed or "Any" in typed or "dict" in typed or "Mapping" in typed
+                ):
+                    found.append(f"{path.name}:{node.lineno} {node.name}({arg.arg}: {typed})")
+    assert found == []
+    assert not hasattr(stage_plan, "view") and not hasattr(stage_plan, "_cache")
 
 
 def test_no_part_of_run_takes_the_stage_package_as_a_value() -> None:

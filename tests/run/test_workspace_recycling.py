@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run.executors._unit import AHEAD
+from crucible.run.executors._pipelined import AHEAD
 from crucible.run.session._admit import worker_count
 from tests.packed import keyed
 from tests.run.dispatchtests import DISPATCH, Pack, dispatch, result, wait_for

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
-from crucible.stage import capture
+from crucible.stage import StateDir
 
 
 def task(
@@ -90,24 +90,23 @@ def settle(
     out = ws / "@output.json"
     if output is not None:
         out.write_bytes(canon.dumps(output) if not isinstance(output, bytes) else output)
-    return capture(
-        p, state, name, ws, output_file=out, exit_code=exit_code, key=key, emit_cap=emit_cap
+    return StateDir(p, state).capture(
+        name, ws, output_file=out, exit_code=exit_code, key=key, emit_cap=emit_cap
     )
 
 
 def consume(p: dict[str, Any], state: Path, name: str) -> Path:
     """Stage ``name``'s inputs into its default workspace, ``work/<name>``; the workspace."""
-    from crucible.stage import stage_inputs
 
     ws = state / "work" / name
-    stage_inputs(p, state, name, ws)
+    StateDir(p, state).stage_inputs(name, ws)
     return ws
 
 
 def finish(p: dict[str, Any], state: Path, name: str) -> dict[str, Any]:
     """Settle ``name`` (staged by :func:`consume`) as passed without a result file."""
     ws = state / "work" / name
-    return capture(p, state, name, ws, output_file=ws / "none", exit_code=0)
+    return StateDir(p, state).capture(name, ws, output_file=ws / "none", exit_code=0)
 
 
 def loop_entry(

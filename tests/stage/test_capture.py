@@ -7,7 +7,7 @@ import pytest
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused
-from crucible.stage import capture, load_result
+from crucible.stage import StateDir, load_result
 from tests.packed import keyed
 from tests.stage.stageplans import plan, settle, task
 
@@ -128,7 +128,7 @@ def test_symlink_outside_workspace_is_refused(state: Path, tmp_path: Path) -> No
     ws = state / "work" / "p"
     (ws / "out").mkdir(parents=True)
     (ws / "out" / "leak").symlink_to(secret)
-    rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)
+    rec = StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)
     assert rec["status"] == "failed" and rec["retryable"] is False
     assert "outside the workspace" in rec["note"]
     assert not (state / "files" / "p").exists()
@@ -143,7 +143,7 @@ def test_symlinked_parent_directory_outside_is_refused(state: Path, tmp_path: Pa
     (ws / "out").symlink_to(outside)
     for pattern in ("out/x.txt", "out/*.txt"):
         p = plan(task("p", emits_files=[pattern]))
-        rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)
+        rec = StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)
         assert rec["status"] == "failed" and "outside the workspace" in rec["note"], pattern
 
 
@@ -152,8 +152,8 @@ def test_symlink_inside_workspace_is_copied_as_a_file(state: Path) -> None:
     (ws / "out").mkdir(parents=True)
     (ws / "real.txt").write_text("content")
     (ws / "out" / "link").symlink_to("../real.txt")
-    rec = capture(
-        plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+    rec = StateDir(plan(task("p", emits_files=["out"])), state).capture(
+        "p", ws, output_file=ws / "n", exit_code=0
     )
     assert rec["status"] == "passed"
     captured = state / "files" / "p" / "out" / "link"
@@ -164,8 +164,8 @@ def test_symlink_loop_is_refused(state: Path) -> None:
     ws = state / "work" / "p"
     (ws / "out").mkdir(parents=True)
     (ws / "out" / "loop").symlink_to("..")
-    rec = capture(
-        plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+    rec = StateDir(plan(task("p", emits_files=["out"])), state).capture(
+        "p", ws, output_file=ws / "n", exit_code=0
     )
     assert rec["status"] == "failed" and "loop" in rec["note"]
 
@@ -174,7 +174,7 @@ def test_symlink_loop_is_refused(state: Path) -> None:
 def test_climbing_or_absolute_patterns_are_plan_errors(state: Path, ws: Path, pattern: str) -> None:
     p = plan(task("p", emits_files=[pattern]))
     with pytest.raises(InputRefused):
-        capture(p, state, "p", ws, output_file=ws / "n", exit_code=0)
+        StateDir(p, state).capture("p", ws, output_file=ws / "n", exit_code=0)
     assert not (state / "results").exists()
 
 
@@ -183,7 +183,7 @@ def test_files_over_the_bound_fail_measured(state: Path) -> None:
     ws = state / "work" / "p"
     ws.mkdir(parents=True)
     (ws / "big").write_bytes(b"x" * 100)
-    rec = capture(p, state, "p", ws, output_file=ws / "n", exit_code=0, files_max=99)
+    rec = StateDir(p, state).capture("p", ws, output_file=ws / "n", exit_code=0, files_max=99)
     assert rec["status"] == "failed" and rec["retryable"] is False and "99 bytes" in rec["note"]
 
 
@@ -193,7 +193,7 @@ def test_a_retry_replaces_the_earlier_attempts_files(state: Path) -> None:
     ws = state / "work" / "p"
     (ws / "out" / "a").unlink()
     (ws / "out" / "b").write_bytes(b"2")
-    rec = capture(p, state, "p", ws, output_file=ws / "n", exit_code=0, attempt=2)
+    rec = StateDir(p, state).capture("p", ws, output_file=ws / "n", exit_code=0, attempt=2)
     assert rec["attempt"] == 2
     assert sorted(os.listdir(state / "files" / "p" / "out")) == ["b"]
 
@@ -215,18 +215,18 @@ def test_plan_state_mismatches_raise_before_writing(state: Path, ws: Path) -> No
     p = plan(task("p"), task("m", needs=["p"], map="p.xs"))
     for kwargs in ({"task": "nope"}, {"task": "p", "key": "k"}, {"task": "m"}):
         with pytest.raises(InputRefused):
-            capture(p, state, workspace=ws, output_file=ws / "x", exit_code=0, **kwargs)  # type: ignore[arg-type]
+            StateDir(p, state).capture(workspace=ws, output_file=ws / "x", exit_code=0, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(InputRefused, match="workspace"):
-        capture(p, state, "p", ws / "missing", output_file=ws / "x", exit_code=0)
+        StateDir(p, state).capture("p", ws / "missing", output_file=ws / "x", exit_code=0)
     assert not (state / "results").exists()
 
 
 def test_extra_is_kept_and_must_be_an_object(state: Path, ws: Path) -> None:
     p = plan(task("p"))
-    rec = capture(p, state, "p", ws, output_file=ws / "n", exit_code=0, extra={"ms": 5})
+    rec = StateDir(p, state).capture("p", ws, output_file=ws / "n", exit_code=0, extra={"ms": 5})
     assert rec["extra"] == {"ms": 5}
     with pytest.raises(InputRefused):
-        capture(p, state, "p", ws, output_file=ws / "n", exit_code=0, extra=[1])  # type: ignore[arg-type]
+        StateDir(p, state).capture("p", ws, output_file=ws / "n", exit_code=0, extra=[1])  # type: ignore[arg-type]
 
 
 def test_a_root_glob_does_not_capture_staged_inputs(state: Path) -> None:
@@ -244,7 +244,7 @@ def test_capture_refuses_a_key_the_map_does_not_have(state: Path, ws: Path) -> N
     p = plan(task("src", emits={"xs": "array"}), task("m", needs=["src"], map="src.xs"))
     settle(p, state, "src", {"xs": ["a"]})
     with pytest.raises(InputRefused, match="no instance '1'"):
-        capture(p, state, "m", ws, output_file=ws / "n", exit_code=0, key="1")
+        StateDir(p, state).capture("m", ws, output_file=ws / "n", exit_code=0, key="1")
     assert not (state / "results" / "m.jsonl").exists()
 
 
@@ -268,8 +268,8 @@ def test_a_file_swapped_for_a_symlink_after_the_check_is_not_followed(
         return real_copy_file(self, rel, real, target)
 
     monkeypatch.setattr(_files._Copier, "_copy_file", swap_then_copy)
-    rec = capture(
-        plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+    rec = StateDir(plan(task("p", emits_files=["out"])), state).capture(
+        "p", ws, output_file=ws / "n", exit_code=0
     )
     assert rec["status"] == "failed" and rec["retryable"] is False and "'out'" in rec["note"]
     assert not (state / "files" / "p").exists()

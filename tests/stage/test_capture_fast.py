@@ -21,7 +21,7 @@ import pytest
 from crucible.core import canon
 from crucible.core.errors import OperationalError
 from crucible.core.fsio import open_regular
-from crucible.stage import _files, capture
+from crucible.stage import StateDir, _files
 from crucible.stage._files import KERNEL_COPY_MIN, capture_files
 from tests.stage.stageplans import plan, task
 
@@ -198,9 +198,7 @@ def test_a_refusal_after_large_files_were_queued_leaves_no_fd_or_thread(
     _tree(ws, {f"out/a{i:02}": BIG for i in range(12)})
     os.mkfifo(ws / "out" / "z-fifo")
     before = _fds()
-    rec = capture(
-        plan(task("p", emits_files=["out"]), version=2),
-        state,
+    rec = StateDir(plan(task("p", emits_files=["out"]), version=2), state).capture(
         "p",
         ws,
         output_file=ws / "none",
@@ -225,8 +223,8 @@ def test_a_hashing_error_is_operational_and_leaves_nothing(
     monkeypatch.setattr(_files, "hash_fd", failing)
     before = _fds()
     with pytest.raises(OperationalError, match="Input/output error"):
-        capture(
-            plan(task("p", emits_files=["out"])), state, "p", ws, output_file=ws / "n", exit_code=0
+        StateDir(plan(task("p", emits_files=["out"])), state).capture(
+            "p", ws, output_file=ws / "n", exit_code=0
         )
     assert os.listdir(state / "files") == []
     assert _fds() == before

@@ -14,7 +14,7 @@ import pytest
 
 from crucible.core.errors import InputRefused, OperationalError
 from crucible.core.fsio import NotRegular, open_regular, read_at_most, walk_tree
-from crucible.stage import capture, clear_path
+from crucible.stage import StateDir, clear_path
 from crucible.stage._capture import RESULT_FILE_MAX
 from crucible.stage._files import CAPTURE_DEPTH_MAX
 from tests.stage.stageplans import plan, task
@@ -23,7 +23,7 @@ P = plan(task("p", emits={"n": "integer"}), version=2)
 
 
 def _capture(state: Path, ws: Path, out: Path, p: dict | None = None) -> dict:  # type: ignore[type-arg]
-    return capture(P if p is None else p, state, "p", ws, output_file=out, exit_code=0)
+    return StateDir(P if p is None else p, state).capture("p", ws, output_file=out, exit_code=0)
 
 
 def test_a_fifo_result_file_fails_the_attempt_without_blocking(state: Path, ws: Path) -> None:
@@ -164,7 +164,7 @@ def test_deeply_nested_directories_fail_measured_not_with_recursion_error(
 ) -> None:
     nest(ws / "out", 1500)
     p = plan(task("p", emits_files=[pattern]), version=2)
-    rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)
+    rec = StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)
     assert rec["status"] == "failed" and rec["retryable"] is False
     assert f"nested more than {CAPTURE_DEPTH_MAX} directories" in rec["note"]
     assert not (state / "files" / "p").exists()
@@ -176,7 +176,7 @@ def test_nesting_within_the_bound_is_captured(state: Path, ws: Path) -> None:
     Path(deep, "f").write_text("f")
     for pattern in ("out", "out/**/f"):
         p = plan(task("p", emits_files=[pattern]), version=2)
-        rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)
+        rec = StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)
         assert rec["status"] == "passed", rec["note"]
         assert [f["path"].count("/") for f in rec["files"]] == [CAPTURE_DEPTH_MAX - 1]
 
@@ -185,7 +185,7 @@ def test_nesting_within_the_bound_is_captured(state: Path, ws: Path) -> None:
 def test_a_bad_glob_is_a_plan_error_never_re_error(state: Path, ws: Path, pattern: str) -> None:
     p = plan(task("p", emits_files=[pattern]), version=2)
     with pytest.raises(InputRefused, match="not a valid glob"):
-        capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)
+        StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)
     assert not (state / "results").exists()
 
 
@@ -208,7 +208,7 @@ def test_a_directory_renamed_mid_capture_fails_the_attempt(
             ws / "out/b-moved"
         ).exists() else None
         p = plan(task("p", emits_files=[pattern]), version=2)
-        rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)
+        rec = StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)
         assert rec["status"] == "failed" and rec["retryable"] is False, rec
         assert "vanished" in rec["note"]
 
@@ -239,7 +239,7 @@ def test_a_daemon_renaming_directories_never_breaks_capture(state: Path, ws: Pat
         for pattern in ["out", "out/**/f"] * 10:
             p = plan(task("p", emits_files=[pattern]), version=2)
             statuses.append(
-                capture(p, state, "p", ws, output_file=ws / "none", exit_code=0)["status"]
+                StateDir(p, state).capture("p", ws, output_file=ws / "none", exit_code=0)["status"]
             )
     finally:
         stop.set()

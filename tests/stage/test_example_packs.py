@@ -11,14 +11,9 @@ from typing import Any
 
 from crucible.core import canon
 from crucible.stage import (
+    StateDir,
     StateLayout,
-    capture,
     load_result,
-    map_items,
-    record_settled,
-    render_prompt,
-    settle_fold,
-    stage_inputs,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -54,10 +49,10 @@ def _attempt(
     name = t["name"]
     ws = StateLayout(state).work_dir(name, key)
     ws.mkdir(parents=True, exist_ok=True)
-    staged = stage_inputs(plan, state, name, ws, key=key)
+    staged = StateDir(plan, state).stage_inputs(name, ws, key=key)
     out = ws / "@output.json"
     if t["kind"] == "agent":
-        prompt = render_prompt(plan, state, name, ws, key=key)
+        prompt = StateDir(plan, state).render_prompt(name, ws, key=key)
         assert prompt.startswith(t.get("prompt", ""))
         out.write_bytes(canon.dumps({f: FAKE[ty] for f, ty in t["emits"].items()}))
         code = 0
@@ -68,7 +63,7 @@ def _attempt(
             run, shell=isinstance(run, str), cwd=ws, env=env, timeout=60, capture_output=True
         )
         code = proc.returncode
-    return capture(plan, state, name, ws, output_file=out, exit_code=code, key=key)
+    return StateDir(plan, state).capture(name, ws, output_file=out, exit_code=code, key=key)
 
 
 def _run_pack(plan: dict[str, Any], state: Path) -> dict[str, str]:
@@ -79,15 +74,15 @@ def _run_pack(plan: dict[str, Any], state: Path) -> dict[str, str]:
         name = t["name"]
         blocked = [n for n in t["needs"] if statuses[n] != "passed"]
         if blocked and t["join"] == "all" and not t["epilogue"]:
-            statuses[name] = record_settled(plan, state, name, status="skipped", note="blocked")[
-                "status"
-            ]
+            statuses[name] = StateDir(plan, state).record_settled(
+                name, status="skipped", note="blocked"
+            )["status"]
             continue
         if "map" in t:
-            keys = [k for k, _ in map_items(plan, state, name)]
+            keys = [k for k, _ in StateDir(plan, state).map_items(name)]
             for k in keys:
                 _attempt(plan, state, t, k)
-            statuses[name] = settle_fold(plan, state, name, keys)["status"]
+            statuses[name] = StateDir(plan, state).settle_fold(name, keys)["status"]
         else:
             statuses[name] = _attempt(plan, state, t, None)["status"]
     return statuses
@@ -138,7 +133,7 @@ def test_starlark_edition3_pack_stages_folds_for_the_agent(state: Path) -> None:
     assert all(
         e["fold"] and [x["key"] for x in e["entries"]] == ["0", "1"] for e in index["inputs"]
     )
-    prompt = render_prompt(plan, state, "check", state / "work" / "check")
+    prompt = StateDir(plan, state).render_prompt("check", state / "work" / "check")
     assert (
         "- en (string, fold of 2 entries, 8 bytes, inputs/@values/en/, from translate-en.text)"
         in prompt

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core import canon
-from crucible.stage import render_prompt, settle_fold, stage_inputs
+from crucible.stage import StateDir
 from tests.stage.stageplans import plan, settle, task
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -54,16 +54,16 @@ def _scenario(state: Path, version: int) -> dict:  # type: ignore[type-arg]
     )
     for k, _ in enumerate(["a", "b/../c", "."]):
         settle(p, state, "count", {"n": k + 1} if k != 1 else {"n": "x"}, key=str(k))
-    settle_fold(p, state, "count", ["0", "1", "2"])
+    StateDir(p, state).settle_fold("count", ["0", "1", "2"])
     settle(p, state, "judge", {"score": 0.75, "verdict": "v" * 3000})
     return p
 
 
 def test_v2_index_and_prompt_are_byte_exact(state: Path, ws: Path) -> None:
     p = _scenario(state, 2)
-    stage_inputs(p, state, "writer", ws)
+    StateDir(p, state).stage_inputs("writer", ws)
     _golden("v2-index.json", (ws / "inputs" / "@values" / "index.json").read_bytes())
-    _golden("v2-prompt.txt", render_prompt(p, state, "writer", ws).encode())
+    _golden("v2-prompt.txt", StateDir(p, state).render_prompt("writer", ws).encode())
     # an instance's record is one line of results/count.jsonl, the same bytes
     lines = (state / "results" / "count.jsonl").read_bytes().splitlines()
     _golden("v2-record-count-1.json", next(ln for ln in lines if b'"key":"1"' in ln))
@@ -72,6 +72,6 @@ def test_v2_index_and_prompt_are_byte_exact(state: Path, ws: Path) -> None:
 
 def test_v1_object_and_prompt_are_byte_exact(state: Path, ws: Path) -> None:
     p = _scenario(state, 1)
-    stage_inputs(p, state, "writer", ws)
+    StateDir(p, state).stage_inputs("writer", ws)
     _golden("v1-inputs.json", (ws / "inputs" / "@inputs.json").read_bytes())
-    _golden("v1-prompt.txt", render_prompt(p, state, "writer", ws).encode())
+    _golden("v1-prompt.txt", StateDir(p, state).render_prompt("writer", ws).encode())

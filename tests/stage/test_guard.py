@@ -18,11 +18,12 @@ import pytest
 PRELUDE = """
 import hashlib, os, subprocess, sys
 from pathlib import Path
-from crucible.stage import capture, check_inputs, guard_views, stage_inputs
+from crucible.stage import StateDir, guard_views
 from tests.stage.stageplans import plan, task
 
 state = Path(sys.argv[1])
 p = plan(task("p", emits_files=["out"]), task("a", needs=["p"]), task("b", needs=["p"]), version=2)
+sd = StateDir(p, state)
 ws = state / "work" / "p"
 (ws / "out").mkdir(parents=True)
 (ws / "out" / "f").write_bytes(b"captured" * 1000)
@@ -51,7 +52,7 @@ def test_capture_by_link_empties_only_what_it_may(tmp_path: Path) -> None:
         tmp_path,
         """
         before = os.lstat(ws / "out" / "f").st_ino
-        rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        rec = sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
         assert rec["status"] == "passed", rec["note"]
         store = state / "files" / "p" / "out"
         assert os.lstat(store / "f").st_ino == before  # moved: no byte copied
@@ -73,7 +74,7 @@ def test_a_file_held_open_for_writing_is_copied_not_moved(tmp_path: Path) -> Non
         """
         os.unlink(ws / "twice-elsewhere")
         writer = os.open(ws / "out" / "f", os.O_WRONLY)  # a leftover process's descriptor
-        rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        rec = sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
         assert rec["status"] == "passed", rec["note"]
         store = state / "files" / "p" / "out"
         assert os.lstat(store / "f").st_ino != os.fstat(writer).st_ino
@@ -90,25 +91,25 @@ def test_a_write_through_a_leased_view_is_caught_and_the_store_restored(tmp_path
         tmp_path,
         """
         os.unlink(ws / "twice-elsewhere")
-        rec = capture(p, state, "p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        rec = sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
         guard_views()
         a = state / "work" / "a"
-        stage_inputs(p, state, "a", a)
+        sd.stage_inputs("a", a)
         view = a / "inputs" / "p" / "out" / "f"
         store = state / "files" / "p" / "out" / "f"
         assert os.lstat(view).st_ino == os.lstat(store).st_ino  # the one copy
         # a consumer (another process, as root may) chmods and writes its view
         subprocess.run(["sh", "-c", f"chmod u+w {view} && echo tampered > {view}"], check=True)
         assert view.read_bytes() == b"tampered\\n"
-        notes = check_inputs(p, state, "a", a)
+        notes = sd.check_inputs("a", a)
         assert notes and "inputs/p/out/f" in notes[0] and "changed while a held it" in notes[0]
         assert store.read_bytes() == b"captured" * 1000  # restored from the saved bytes
         assert os.lstat(store).st_ino != os.lstat(view).st_ino
         assert os.listdir(state / "shared" / "@backup") == []
         b = state / "work" / "b"
-        stage_inputs(p, state, "b", b)
+        sd.stage_inputs("b", b)
         assert (b / "inputs" / "p" / "out" / "f").read_bytes() == b"captured" * 1000
-        assert check_inputs(p, state, "b", b) == []
+        assert sd.check_inputs("b", b) == []
         print("ok")
         """,
     )
@@ -122,12 +123,12 @@ def test_no_lease_no_link(tmp_path: Path) -> None:
         tmp_path,
         """
         os.unlink(ws / "twice-elsewhere")
-        capture(p, state, "p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
         guard_views()
         store = state / "files" / "p" / "out" / "f"
         writer = os.open(store, os.O_WRONLY)
         a = state / "work" / "a"
-        stage_inputs(p, state, "a", a)
+        sd.stage_inputs("a", a)
         assert os.lstat(a / "inputs" / "p" / "out" / "f").st_ino != os.lstat(store).st_ino
         os.close(writer)
         print("ok")
@@ -142,9 +143,9 @@ def test_without_the_guard_views_never_link_the_store(tmp_path: Path, guarded: b
         tmp_path,
         """
         os.unlink(ws / "twice-elsewhere")
-        capture(p, state, "p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
         a = state / "work" / "a"
-        stage_inputs(p, state, "a", a)
+        sd.stage_inputs("a", a)
         store = state / "files" / "p" / "out" / "f"
         assert os.lstat(a / "inputs" / "p" / "out" / "f").st_ino != os.lstat(store).st_ino
         assert (state / "shared" / "p" / "tree" / "out" / "f").exists()  # copy mode

@@ -13,9 +13,9 @@ from crucible.core import contract
 from crucible.core.errors import InputRefused
 from crucible.stage import (
     KEY_COMPONENT_MAX,
+    StateDir,
     StateLayout,
     escape_key,
-    settle_fold,
 )
 from tests.stage.stageplans import consume, finish, plan, settle, task
 
@@ -101,7 +101,7 @@ def test_a_longest_keyed_instances_tampered_list_fits(state: Path) -> None:
     )
     settle(p, state, "src", {"xs": {LONG_KEY: 1}})  # an object's keys are the instance keys
     settle(p, state, m, None, key=LONG_KEY, files={"o": b"captured"})
-    settle_fold(p, state, m, [LONG_KEY])
+    StateDir(p, state).settle_fold(m, [LONG_KEY])
     j = consume(p, state, "j")
     _tamper_through(j, f"{m}/{LONG_KEY}/o")
     rec = finish(p, state, "j")

@@ -18,7 +18,7 @@ from crucible.core import canon
 from crucible.core.errors import InputRefused
 from crucible.core.plan import Plan
 from crucible.run.loop import _inputs as li
-from crucible.stage import StateLayout, capture, stage_inputs
+from crucible.stage import StateDir, StateLayout
 from tests.packed import keyed
 from tests.stage.stageplans import loop_entry, plan, settle, task
 
@@ -73,19 +73,23 @@ def run_revision(p: dict[str, Any], state: Path, n: int, x: int, score: float) -
     key = li.revision_key(n)
     layout = StateLayout(state)
     ws = layout.work_dir("propose", key)
-    stage_inputs(p, state, "propose", ws, key=key)
+    StateDir(p, state).stage_inputs("propose", ws, key=key)
     (ws / "work").mkdir(exist_ok=True)
     (ws / "work" / "x.txt").write_text(f"{x}\n")
     (ws / "out.json").write_bytes(canon.dumps({"x": x}))
-    rec = capture(p, state, "propose", ws, output_file=ws / "out.json", exit_code=0, key=key)
+    rec = StateDir(p, state).capture(
+        "propose", ws, output_file=ws / "out.json", exit_code=0, key=key
+    )
     assert rec["status"] == "passed", rec["note"]
     ws = layout.work_dir("evaluate", key)
-    staged = stage_inputs(p, state, "evaluate", ws, key=key)
+    staged = StateDir(p, state).stage_inputs("evaluate", ws, key=key)
     assert canon.loads((ws / "inputs" / "@values" / "x").read_bytes()) == x
     assert (ws / "inputs" / "propose" / "work" / "x.txt").read_text() == f"{x}\n"
     assert staged.index is not None
     (ws / "out.json").write_bytes(canon.dumps({"score": score}))
-    rec = capture(p, state, "evaluate", ws, output_file=ws / "out.json", exit_code=0, key=key)
+    rec = StateDir(p, state).capture(
+        "evaluate", ws, output_file=ws / "out.json", exit_code=0, key=key
+    )
     assert rec["status"] == "passed", rec["note"]
 
 
@@ -114,7 +118,7 @@ def test_edition_1_gets_revision_history_kept_in_the_whole_object(state: Path, w
     p = plan(task("a", emits={"x": "integer"}), task("b", needs=["a"]))
     settle(p, state, "a", {"x": 1})
     history, dropped, kept = _reserved_state(state, 65536)
-    staged = stage_inputs(p, state, "b", ws)
+    staged = StateDir(p, state).stage_inputs("b", ws)
     obj = json.loads((ws / "inputs" / "@inputs.json").read_bytes())
     assert obj["revision"] == 8 and obj["history"] == history and obj["kept"] == kept
     assert dropped == 0 and obj["@history"] == {"dropped": 0}
@@ -128,7 +132,7 @@ def test_edition_3_gets_one_file_each_listed_in_the_index(state: Path, ws: Path)
     )
     settle(p, state, "a", {"x": 1})
     history, _, kept = _reserved_state(state, 65536)
-    staged = stage_inputs(p, state, "b", ws)
+    staged = StateDir(p, state).stage_inputs("b", ws)
     values = ws / "inputs" / "@values"
     for name, value in (("revision", 8), ("history", history), ("kept", kept)):
         assert (values / name).read_bytes() == canon.dumps(value)
@@ -157,13 +161,13 @@ def test_the_history_budget_drops_the_oldest_and_says_so(state: Path, ws: Path) 
     history, dropped, _ = _reserved_state(state, 400)
     assert dropped > 0 and [r["revision"] for r in history][-1] == 7
     assert history[0]["revision"] == 1 + dropped  # the oldest went first
-    staged = stage_inputs(p2, state, "b", ws)
+    staged = StateDir(p2, state).stage_inputs("b", ws)
     assert staged.index is not None
     entry = entries(staged.index)["history"]
     assert entry["dropped"] == dropped and entry["size"] <= 400
     _validate(staged.index)
     ws1 = ws.parent / "ws1"
-    stage_inputs(p1, state, "b", ws1)
+    StateDir(p1, state).stage_inputs("b", ws1)
     obj = json.loads((ws1 / "inputs" / "@inputs.json").read_bytes())
     assert obj["@history"] == {"dropped": dropped} and obj["history"] == history
 
@@ -172,10 +176,10 @@ def test_a_history_without_meta_stages_as_before(state: Path, ws: Path) -> None:
     p = plan(task("b"), version=2)
     (state / "reserved").mkdir()
     (state / "reserved" / "history.json").write_bytes(canon.dumps([1]))
-    staged = stage_inputs(p, state, "b", ws)
+    staged = StateDir(p, state).stage_inputs("b", ws)
     assert staged.index is not None and "dropped" not in entries(staged.index)["history"]
     li.write_reserved(state, 1, [1], None)  # a bare list: the drop is not known
-    staged = stage_inputs(p, state, "b", ws)
+    staged = StateDir(p, state).stage_inputs("b", ws)
     assert staged.index is not None and "dropped" not in entries(staged.index)["history"]
 
 
@@ -188,14 +192,14 @@ def test_a_bad_meta_file_is_named(state: Path, ws: Path) -> None:
     meta = state / "reserved" / "meta.json"
     meta.write_bytes(b"{nope")
     with pytest.raises(ParseError) as exc:
-        stage_inputs(p, state, "b", ws)
+        StateDir(p, state).stage_inputs("b", ws)
     assert "meta.json" in str(exc.value.where)
     meta.write_bytes(canon.dumps({"format": li.META_FORMAT, "history": {"dropped": -1}}))
     with pytest.raises(InputRefused, match="dropped"):
-        stage_inputs(p, state, "b", ws)
+        StateDir(p, state).stage_inputs("b", ws)
     meta.write_bytes(canon.dumps({"format": "other/1"}))
     with pytest.raises(InputRefused, match=r"crucible\.reserved-meta/1"):
-        stage_inputs(p, state, "b", ws)
+        StateDir(p, state).stage_inputs("b", ws)
 
 
 # -- revisions of the loop body -------------------------------------------------
@@ -224,12 +228,14 @@ def test_a_revision_key_is_only_for_a_body_task(state: Path, ws: Path) -> None:
     p = loop_plan()
     settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
     with pytest.raises(InputRefused, match="not in the plan's loop body"):
-        stage_inputs(p, state, "before", ws, key="@rev1")
+        StateDir(p, state).stage_inputs("before", ws, key="@rev1")
     flat = plan(task("a"), version=2)
     with pytest.raises(InputRefused, match="not in the plan's loop body"):
-        stage_inputs(flat, state, "a", ws, key="@rev1")
+        StateDir(flat, state).stage_inputs("a", ws, key="@rev1")
     with pytest.raises(InputRefused, match="not mapped"):
-        stage_inputs(p, state, "propose", ws, key="@rev01")  # not a revision key's spelling
+        StateDir(p, state).stage_inputs(
+            "propose", ws, key="@rev01"
+        )  # not a revision key's spelling
 
 
 def test_kept_files_are_staged_into_the_next_revision_read_only(state: Path) -> None:
@@ -250,7 +256,7 @@ def test_kept_files_are_staged_into_the_next_revision_read_only(state: Path) -> 
     run_revision(p, state, 2, 20, 0.5)  # not improved: revision 1 stays kept
     li.reserve(state, Plan.from_json(p), 3, [rev_entry(1, 0.9, kept=True), rev_entry(2, 0.5)])
     ws = StateLayout(state).work_dir("propose", "@rev3")
-    staged = stage_inputs(p, state, "propose", ws, key="@rev3")
+    staged = StateDir(p, state).stage_inputs("propose", ws, key="@rev3")
     got = ws / "inputs" / "@kept" / "propose" / "work" / "x.txt"
     assert got.read_text() == "10\n"  # the kept revision's, not the latest
     assert got.stat().st_mode & 0o777 == 0o444
@@ -268,9 +274,9 @@ def test_kept_files_are_staged_into_the_next_revision_read_only(state: Path) -> 
     _validate(staged.index)
     # the evaluate task of revision 3 gets them too; evaluate (no files) adds no unit
     (ws / "out.json").write_bytes(canon.dumps({"x": 30}))
-    capture(p, state, "propose", ws, output_file=ws / "out.json", exit_code=0, key="@rev3")
+    StateDir(p, state).capture("propose", ws, output_file=ws / "out.json", exit_code=0, key="@rev3")
     ws_e = StateLayout(state).work_dir("evaluate", "@rev3")
-    stage_inputs(p, state, "evaluate", ws_e, key="@rev3")
+    StateDir(p, state).stage_inputs("evaluate", ws_e, key="@rev3")
     assert (ws_e / "inputs" / "@kept" / "propose" / "work" / "x.txt").read_text() == "10\n"
     assert not (ws_e / "inputs" / "@kept" / "evaluate").exists()
 
@@ -280,11 +286,13 @@ def test_a_kept_store_changed_after_capture_is_refused(state: Path) -> None:
     settle(p, state, "before", {"seed": 7}, files={"seed.txt": b"7"})
     li.write_reserved(state, 1, [], None)
     ws1 = StateLayout(state).work_dir("propose", "@rev1")
-    stage_inputs(p, state, "propose", ws1, key="@rev1")
+    StateDir(p, state).stage_inputs("propose", ws1, key="@rev1")
     (ws1 / "work").mkdir()
     (ws1 / "work" / "x.txt").write_text("10\n")
     (ws1 / "out.json").write_bytes(canon.dumps({"x": 10}))
-    capture(p, state, "propose", ws1, output_file=ws1 / "out.json", exit_code=0, key="@rev1")
+    StateDir(p, state).capture(
+        "propose", ws1, output_file=ws1 / "out.json", exit_code=0, key="@rev1"
+    )
     # its files were never staged yet (no evaluate ran): the kept staging publishes them
     kept = li.kept_value(1, 0.9, {"propose": {"x": 10}, "evaluate": {"score": 0.9}})
     li.write_reserved(state, 2, [li.history_record(rev_entry(1, 0.9, kept=True))], kept)
@@ -293,7 +301,7 @@ def test_a_kept_store_changed_after_capture_is_refused(state: Path) -> None:
     store.write_text("99\n")
     ws = StateLayout(state).work_dir("propose", "@rev2")
     with pytest.raises(InputRefused, match="no longer matches the digest its capture recorded"):
-        stage_inputs(p, state, "propose", ws, key="@rev2")
+        StateDir(p, state).stage_inputs("propose", ws, key="@rev2")
     assert not (ws / "inputs").exists()
 
 
@@ -304,7 +312,7 @@ def test_a_body_task_writing_a_kept_file_is_named(state: Path) -> None:
     run_revision(p, state, 1, 10, 0.9)
     li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True)])
     ws = StateLayout(state).work_dir("propose", "@rev2")
-    stage_inputs(p, state, "propose", ws, key="@rev2")
+    StateDir(p, state).stage_inputs("propose", ws, key="@rev2")
     victim = ws / "inputs" / "@kept" / "propose" / "work" / "x.txt"
     if victim.stat().st_nlink == 1:
         pytest.skip("reflinked: a private copy")
@@ -313,13 +321,15 @@ def test_a_body_task_writing_a_kept_file_is_named(state: Path) -> None:
     (ws / "out.json").write_bytes(canon.dumps({"x": 11}))
     (ws / "work").mkdir()
     (ws / "work" / "x.txt").write_text("11\n")
-    rec = capture(p, state, "propose", ws, output_file=ws / "out.json", exit_code=0, key="@rev2")
+    rec = StateDir(p, state).capture(
+        "propose", ws, output_file=ws / "out.json", exit_code=0, key="@rev2"
+    )
     assert rec["status"] == "failed" and "inputs/@kept/propose/work/x.txt" in rec["note"]
     assert "propose[@rev2]" in rec["note"]
     # the published copy was restored for the next revision
     assert (state / "files" / "propose" / "%40rev1" / "work" / "x.txt").read_text() == "10\n"
     ws3 = StateLayout(state).work_dir("propose", "@rev3")
-    stage_inputs(p, state, "propose", ws3, key="@rev3")
+    StateDir(p, state).stage_inputs("propose", ws3, key="@rev3")
     assert (ws3 / "inputs" / "@kept" / "propose" / "work" / "x.txt").read_text() == "10\n"
 
 
@@ -336,7 +346,7 @@ def test_after_tasks_read_the_kept_revision_and_before_tasks_see_nothing(state: 
     final = [rev_entry(1, 0.9, kept=True), rev_entry(2, 0.5)]
     li.reserve(state, Plan.from_json(p), 2, final)  # after the loop: every revision, the final kept
     ws = StateLayout(state).work_dir("report")
-    staged = stage_inputs(p, state, "report", ws)
+    staged = StateDir(p, state).stage_inputs("report", ws)
     assert canon.loads((ws / "inputs" / "@values" / "score").read_bytes()) == 0.9
     assert (ws / "inputs" / "propose" / "work" / "x.txt").read_text() == "10\n"
     assert staged.index is not None
@@ -345,10 +355,10 @@ def test_after_tasks_read_the_kept_revision_and_before_tasks_see_nothing(state: 
     assert by["kept"]["kept_files"][0]["key"] == "@rev1"
     # the epilogue sees them; the tasks before and beside the loop do not
     ws_epi = StateLayout(state).work_dir("epi")
-    epi = stage_inputs(p, state, "epi", ws_epi)
+    epi = StateDir(p, state).stage_inputs("epi", ws_epi)
     assert epi.index is not None and {"history", "revision", "kept"} <= set(entries(epi.index))
     for name in ("before", "beside"):
-        other = stage_inputs(p, state, name, StateLayout(state).work_dir(name))
+        other = StateDir(p, state).stage_inputs(name, StateLayout(state).work_dir(name))
         # with nothing to stage a task gets no tree and no index (inputs.md 3.7)
         seen = set() if other.index is None else set(entries(other.index))
         assert not {"history", "revision", "kept"} & seen, name
@@ -508,7 +518,7 @@ def test_an_after_task_of_a_plain_run_reads_the_plain_records(state: Path) -> No
     settle(p, state, "evaluate", {"score": 0.5})
     li.write_reserved(state, 3, [], li.kept_value(2, 0.4, {"propose": {"x": 4}}))
     ws = StateLayout(state).work_dir("report")
-    stage_inputs(p, state, "report", ws)
+    StateDir(p, state).stage_inputs("report", ws)
     assert canon.loads((ws / "inputs" / "@values" / "score").read_bytes()) == 0.5
     assert (ws / "inputs" / "propose" / "work" / "x.txt").read_text() == "5\n"
 
@@ -524,6 +534,6 @@ def test_a_kept_value_naming_strange_tasks_stages_no_files(state: Path) -> None:
     ):
         li.write_reserved(state, 2, [], kept)  # type: ignore[arg-type]
         ws = StateLayout(state).work_dir("propose", "@rev2")
-        staged = stage_inputs(p, state, "propose", ws, key="@rev2")
+        staged = StateDir(p, state).stage_inputs("propose", ws, key="@rev2")
         assert not (ws / "inputs" / "@kept").exists(), kept
         assert staged.index is not None and "kept_files" not in entries(staged.index)["kept"]

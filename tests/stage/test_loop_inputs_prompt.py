@@ -19,7 +19,7 @@ from crucible.stage import (
     HISTORY_END,
     INLINE_TOTAL_MAX,
     INLINE_VALUE_MAX,
-    render_prompt,
+    StateDir,
 )
 from tests.stage.stageplans import plan, settle, task
 from tests.stage.test_loop_inputs import loop_plan, rev_entry, run_revision
@@ -50,7 +50,7 @@ def test_a_small_history_is_shown_whole_with_no_note(state: Path, ws: Path) -> N
     settle(p, state, "a", {"big": "b"})
     history = records(5, 10)
     _write(state, history)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     assert region(text) == history
     assert "History:" not in text
     assert text.endswith(
@@ -63,7 +63,7 @@ def test_a_long_history_shows_its_newest_records_within_the_total(state: Path, w
     settle(p, state, "a", {"big": "b"})
     history = records(200, 400)  # about 90 KB of records: over the 32 KiB total
     _write(state, history)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     shown = region(text)
     assert shown == history[len(history) - len(shown) :] and shown[-1]["revision"] == 200
     # as many as fit: the next older one would pass the budget left by the other inputs
@@ -84,7 +84,7 @@ def test_other_inlined_inputs_leave_less_for_history(state: Path, ws: Path) -> N
     settle(p, state, "a", {"big": big})
     history = records(200, 400)
     _write(state, history)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     assert f"value: {json.dumps(big)}" in text
     shown = region(text)
     left = INLINE_TOTAL_MAX - INLINE_VALUE_MAX - len(canon.dumps(201))
@@ -97,7 +97,7 @@ def test_a_newest_record_over_the_value_limit_hides_the_rest(state: Path, ws: Pa
     settle(p, state, "a", {"big": "b"})
     history = [*records(3, 10), li.history_record(rev_entry(4, 4, note="z" * INLINE_VALUE_MAX))]
     _write(state, history)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     assert region(text) == []
     assert "the 4 oldest records are not shown here" in text
 
@@ -107,7 +107,7 @@ def test_the_loop_budget_drop_is_said_too(state: Path, ws: Path) -> None:
     settle(p, state, "a", {"big": "b"})
     history = records(4, 10)
     _write(state, history, dropped=3)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     assert region(text) == history
     assert (
         f"History: the 3 oldest revisions were dropped by the loop's history budget.\n{HISTORY_BEGIN}"
@@ -120,7 +120,7 @@ def test_v1_shows_the_whole_history_and_the_drop(state: Path, ws: Path) -> None:
     settle(p, state, "a", {"x": 1})
     history = records(200, 400)  # v1 inlines everything, as it always has
     _write(state, history, dropped=2)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     assert region(text) == history
     assert "@history" not in text.split(HISTORY_BEGIN)[0]
     assert (
@@ -137,7 +137,7 @@ def test_the_body_agent_sees_revision_kept_and_history(state: Path) -> None:
     run_revision(p, state, 1, 10, 0.9)
     li.reserve(state, Plan.from_json(p), 2, [rev_entry(1, 0.9, kept=True, note="first")])
     ws = state / "work" / "propose" / "%40rev2"
-    text = render_prompt(p, state, "propose", ws, key="@rev2")
+    text = StateDir(p, state).render_prompt("propose", ws, key="@rev2")
     assert text.startswith("Improve x.\n\n## Inputs\n")
     assert "- revision (any, 1 bytes, inputs/@values/revision)\n  value: 2\n" in text
     kept = json.dumps(

@@ -12,9 +12,7 @@ from crucible.stage import (
     HISTORY_END,
     INLINE_TOTAL_MAX,
     INLINE_VALUE_MAX,
-    render_prompt,
-    settle_fold,
-    stage_inputs,
+    StateDir,
 )
 from tests.stage.stageplans import plan, settle, task
 
@@ -42,7 +40,7 @@ def test_v2_lists_every_input_and_inlines_within_budget(state: Path, ws: Path) -
     value = "v" * (INLINE_VALUE_MAX - 2)  # canonical size exactly 2 KiB
     out = {f"f{i:02}": value for i in range(n_small)} | {"big": "b" * INLINE_VALUE_MAX, "tiny": 7}
     settle(p, state, "a", out, emit_cap=1 << 20)
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     assert text.startswith("Do the thing.\n\n## Inputs\n")
     assert "s3cr3t" not in text and "params" not in text
     for name in [*inputs]:
@@ -74,8 +72,8 @@ def test_v2_history_keeps_its_marked_region_and_fold_is_listed(state: Path, ws: 
     settle(p, state, "src", {"xs": [1, 2]})
     for k in ("0", "1"):
         settle(p, state, "m", {"v": int(k)}, key=k)
-    settle_fold(p, state, "m", ["0", "1"])
-    text = render_prompt(p, state, "ag", ws)
+    StateDir(p, state).settle_fold("m", ["0", "1"])
+    text = StateDir(p, state).render_prompt("ag", ws)
     # every record is over INLINE_VALUE_MAX: none is inlined (issue 18; the rest in
     # tests/stage/test_loop_inputs_prompt.py)
     assert json.loads(_region(text)) == []
@@ -93,7 +91,7 @@ def test_v1_renders_the_whole_object_pretty_without_params(state: Path, ws: Path
     (state / "reserved").mkdir()
     (state / "reserved" / "history.json").write_text('["h1"]')
     settle(p, state, "a", {"x": 1, "big": "z" * 5000})
-    text = render_prompt(p, state, "ag", ws)
+    text = StateDir(p, state).render_prompt("ag", ws)
     obj = {"a": {"big": "z" * 5000, "x": 1}}
     expected = (
         "Go.\n\n## Inputs\n\n```json\n"
@@ -111,7 +109,7 @@ def test_prompt_uses_staged_inputs_and_refuses_non_agents(state: Path, ws: Path)
         version=2,
     )
     settle(p, state, "a", {"x": 5})
-    stage_inputs(p, state, "ag", ws)
-    assert "  value: 5" in render_prompt(p, state, "ag", ws)
+    StateDir(p, state).stage_inputs("ag", ws)
+    assert "  value: 5" in StateDir(p, state).render_prompt("ag", ws)
     with pytest.raises(InputRefused, match="not an agent"):
-        render_prompt(p, state, "a", ws)
+        StateDir(p, state).render_prompt("a", ws)

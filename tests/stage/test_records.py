@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from crucible.core.errors import InputRefused, ParseError
-from crucible.stage import load_result, map_items, record_settled, settle_fold
+from crucible.stage import StateDir, load_result
 from tests.stage.stageplans import plan, settle, task
 
 
@@ -18,13 +18,13 @@ def _fan() -> dict:  # type: ignore[type-arg]
 
 def test_record_settled_writes_a_record_without_capture(state: Path) -> None:
     p = plan(task("a"))
-    rec = record_settled(
-        p, state, "a", status="skipped", note="dependency failed", extra={"why": 1}
+    rec = StateDir(p, state).record_settled(
+        "a", status="skipped", note="dependency failed", extra={"why": 1}
     )
     assert rec == load_result(state, "a")
     assert rec["status"] == "skipped" and rec["retryable"] is False and rec["extra"] == {"why": 1}
     with pytest.raises(InputRefused, match="status"):
-        record_settled(p, state, "a", status="done", note="")
+        StateDir(p, state).record_settled("a", status="done", note="")
 
 
 def test_record_settled_without_key_on_a_mapped_task_is_an_empty_aggregate(
@@ -32,18 +32,18 @@ def test_record_settled_without_key_on_a_mapped_task_is_an_empty_aggregate(
 ) -> None:
     # A mapped task settled before it expanded (skipped, map source unreadable).
     p = _fan()
-    rec = record_settled(p, state, "m", status="skipped", note="skipped: needs 'src'")
+    rec = StateDir(p, state).record_settled("m", status="skipped", note="skipped: needs 'src'")
     assert rec == load_result(state, "m")
     assert rec["status"] == "skipped" and rec["note"] == "skipped: needs 'src'"
     assert rec["keys"] == [] and rec["counts"] == {"passed": 0, "failed": 0, "skipped": 0}
     assert "key" not in rec
     # an instance key is still checked against the plan; an unmapped task has no aggregate
-    instance = record_settled(p, state, "m", status="failed", note="x", key="0")
+    instance = StateDir(p, state).record_settled("m", status="failed", note="x", key="0")
     assert instance["key"] == "0" and "keys" not in instance
-    plain = record_settled(p, state, "src", status="failed", note="x")
+    plain = StateDir(p, state).record_settled("src", status="failed", note="x")
     assert "keys" not in plain and "counts" not in plain
     with pytest.raises(InputRefused, match="not mapped"):
-        record_settled(p, state, "src", status="failed", note="x", key="0")
+        StateDir(p, state).record_settled("src", status="failed", note="x", key="0")
 
 
 def test_load_result_absent_and_bad(state: Path) -> None:
@@ -65,57 +65,60 @@ def test_load_result_absent_and_bad(state: Path) -> None:
 def test_map_items_array_order_and_object_order(state: Path) -> None:
     p = _fan()
     settle(p, state, "src", {"xs": ["c", "a", "b"]})
-    assert map_items(p, state, "m") == [("0", "c"), ("1", "a"), ("2", "b")]
+    assert StateDir(p, state).map_items("m") == [("0", "c"), ("1", "a"), ("2", "b")]
     # object keys in canonical order: UTF-16 code units (U+FB01 sorts before U+1F600)
     settle(p, state, "src", {"xs": {"b": 1, "a": 2, "\U0001f600": 3, "\ufb01": 4, "": 5}})
-    assert [k for k, _ in map_items(p, state, "m")] == ["", "a", "b", "\U0001f600", "\ufb01"]
+    assert [k for k, _ in StateDir(p, state).map_items("m")] == [
+        "",
+        "a",
+        "b",
+        "\U0001f600",
+        "\ufb01",
+    ]
 
 
 def test_map_items_refusals(state: Path) -> None:
     p = _fan()
     with pytest.raises(InputRefused, match="not settled"):
-        map_items(p, state, "m")
+        StateDir(p, state).map_items("m")
     settle(p, state, "src", {"xs": 3})
     with pytest.raises(InputRefused, match="not an array or object"):
-        map_items(p, state, "m")
+        StateDir(p, state).map_items("m")
     settle(p, state, "src", {"xs": [1]}, exit_code=1)
     with pytest.raises(InputRefused, match="failed"):
-        map_items(p, state, "m")
+        StateDir(p, state).map_items("m")
     with pytest.raises(InputRefused, match="not mapped"):
-        map_items(p, state, "src")
+        StateDir(p, state).map_items("src")
 
 
 def test_settle_fold(state: Path) -> None:
     p = _fan()
     settle(p, state, "src", {"xs": ["x", "y", "z"]})
-    for k, v in map_items(p, state, "m"):
+    for k, v in StateDir(p, state).map_items("m"):
         settle(p, state, "m", {"v": 1} if v != "y" else {"v": "no"}, key=k)
-    agg = settle_fold(p, state, "m", ["0", "1", "2"])
+    agg = StateDir(p, state).settle_fold("m", ["0", "1", "2"])
     assert agg["status"] == "failed" and agg["keys"] == ["0", "1", "2"]
     assert agg["counts"] == {"passed": 2, "failed": 1, "skipped": 0}
     assert "1 of 3" in agg["note"] and "'1'" in agg["note"]
     assert load_result(state, "m") == agg
     settle(p, state, "m", {"v": 2}, key="1")
-    assert settle_fold(p, state, "m", ["0", "1", "2"])["status"] == "passed"
-    assert settle_fold(p, state, "m", [])["status"] == "passed"
+    assert StateDir(p, state).settle_fold("m", ["0", "1", "2"])["status"] == "passed"
+    assert StateDir(p, state).settle_fold("m", [])["status"] == "passed"
     with pytest.raises(InputRefused, match="no settled record"):
-        settle_fold(p, state, "m", ["9"])
+        StateDir(p, state).settle_fold("m", ["9"])
     with pytest.raises(InputRefused, match="unique"):
-        settle_fold(p, state, "m", ["0", "0"])
+        StateDir(p, state).settle_fold("m", ["0", "0"])
     with pytest.raises(InputRefused, match="not mapped"):
-        settle_fold(p, state, "src", [])
+        StateDir(p, state).settle_fold("src", [])
 
 
 def test_amend_result_keeps_the_record_and_works_for_long_keys(state: Path) -> None:
-    from crucible.stage import amend_result
 
     p = _fan()
     long_key = "k" * 600
     settle(p, state, "src", {"xs": {long_key: 1}})
     rec = settle(p, state, "m", {"v": 1}, key=long_key)
-    amended = amend_result(
-        p,
-        state,
+    amended = StateDir(p, state).amend_result(
         "m",
         key=long_key,
         status="failed",
@@ -130,4 +133,4 @@ def test_amend_result_keeps_the_record_and_works_for_long_keys(state: Path) -> N
     }
     assert load_result(state, "m", long_key) == amended
     with pytest.raises(InputRefused, match="no record"):
-        amend_result(p, state, "m", key="other", status="failed", note="x")
+        StateDir(p, state).amend_result("m", key="other", status="failed", note="x")

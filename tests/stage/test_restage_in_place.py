@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from crucible.stage import stage_inputs
+from crucible.stage import StateDir
 from tests.stage.stageplans import plan, settle, task
 
 N_FILES = 50
@@ -61,7 +61,7 @@ def _tree(top: Path) -> dict[str, tuple[str, bytes | None]]:
 
 def _fresh(p: dict[str, Any], state: Path, key: str) -> Path:
     ws = state.parent / f"fresh-{key}"
-    stage_inputs(p, state, "m", ws, key=key)
+    StateDir(p, state).stage_inputs("m", ws, key=key)
     return ws
 
 
@@ -101,7 +101,7 @@ def test_in_place_equals_fresh_and_keeps_the_ancestor_links(
 ) -> None:
     p = produced
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     before = {
         rel: os.lstat(ws0 / "inputs" / rel).st_ino
         for rel in ("p/out/f00", "p/out/f49", "@values/item", "@values/index.json")
@@ -118,7 +118,7 @@ def test_in_place_equals_fresh_and_keeps_the_ancestor_links(
     monkeypatch.setattr(os, "link", counting_link)
     for key in ("1", "2", "3"):
         ws = _recycle(state, ws0, key)
-        staged = stage_inputs(p, state, "m", ws, key=key, in_place=True)
+        staged = StateDir(p, state).stage_inputs("m", ws, key=key, in_place=True)
         assert _tree(ws / "inputs") == _tree(_fresh(p, state, key) / "inputs")
         assert staged.env["CRUCIBLE_INPUTS_DIR"] == str(ws / "inputs" / "@values")
         assert staged.index is not None and staged.index["key"] == key
@@ -132,13 +132,13 @@ def test_in_place_equals_fresh_and_keeps_the_ancestor_links(
 def test_names_no_longer_staged_are_removed(state: Path, produced: dict[str, Any]) -> None:
     p = produced
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     (ws0 / "inputs" / "@values" / "stale").write_bytes(b"old")
     (ws0 / "inputs" / "p" / "out" / "extra").write_bytes(b"old")
     (ws0 / "inputs" / "junk").mkdir()
     (ws0 / "inputs" / "junk" / "deep").write_bytes(b"old")
     ws = _recycle(state, ws0, "4")
-    stage_inputs(p, state, "m", ws, key="4", in_place=True)
+    StateDir(p, state).stage_inputs("m", ws, key="4", in_place=True)
     assert _tree(ws / "inputs") == _tree(_fresh(p, state, "4") / "inputs")
 
 
@@ -189,12 +189,12 @@ def test_a_hostile_item_gives_the_next_instance_correct_bytes(
     store = state / "files" / "p" / "out" / "f07"
     store_digests = _digests(state / "files")
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     shared_digests = _digests(state / "shared" / "p" / "tree")
     assert len(shared_digests) == N_FILES
     HOSTILE[how](ws0 / "inputs" / "@values" / "item", outside, store)
     ws = _recycle(state, ws0, "5")
-    stage_inputs(p, state, "m", ws, key="5", in_place=True)
+    StateDir(p, state).stage_inputs("m", ws, key="5", in_place=True)
     item = ws / "inputs" / "@values" / "item"
     st = os.lstat(item)
     assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and stat.S_IMODE(st.st_mode) == 0o444
@@ -215,7 +215,7 @@ def test_hostile_ancestor_files_and_directories_are_replaced_not_followed(
     (outside / "keep").write_bytes(b"keep")
     store_digests = _digests(state / "files")
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     inputs = ws0 / "inputs"
     (inputs / "p" / "out" / "f01").unlink()
     (inputs / "p" / "out" / "f01").symlink_to(outside / "keep")
@@ -226,7 +226,7 @@ def test_hostile_ancestor_files_and_directories_are_replaced_not_followed(
     (inputs / "@values").rmdir()
     (inputs / "@values").symlink_to(outside)  # a staged directory turned into a symlink out
     ws = _recycle(state, ws0, "2")
-    stage_inputs(p, state, "m", ws, key="2", in_place=True)
+    StateDir(p, state).stage_inputs("m", ws, key="2", in_place=True)
     assert _tree(ws / "inputs") == _tree(_fresh(p, state, "2") / "inputs")
     assert sorted(os.listdir(outside)) == ["keep"]
     assert (outside / "keep").read_bytes() == b"keep"
@@ -240,13 +240,13 @@ def test_a_tree_that_is_not_a_directory_any_more_is_staged_fresh(
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     from crucible.core.fsio import remove_tree
 
     remove_tree(ws0 / "inputs")
     (ws0 / "inputs").symlink_to(outside)
     ws = _recycle(state, ws0, "3")
-    stage_inputs(p, state, "m", ws, key="3", in_place=True)
+    StateDir(p, state).stage_inputs("m", ws, key="3", in_place=True)
     assert not (ws / "inputs").is_symlink()
     assert _tree(ws / "inputs") == _tree(_fresh(p, state, "3") / "inputs")
     assert os.listdir(outside) == []
@@ -256,10 +256,10 @@ def test_edition_1_restages_its_object_in_place(state: Path) -> None:
     p = _plan(version=1)
     settle(p, state, "p", {"xs": ["a", "bb", "ccc"]}, files=_files())
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     ino = os.lstat(ws0 / "inputs" / "@inputs.json").st_ino
     ws = _recycle(state, ws0, "2")
-    staged = stage_inputs(p, state, "m", ws, key="2", in_place=True)
+    staged = StateDir(p, state).stage_inputs("m", ws, key="2", in_place=True)
     assert _tree(ws / "inputs") == _tree(_fresh(p, state, "2") / "inputs")
     assert os.lstat(ws / "inputs" / "@inputs.json").st_ino == ino
     assert staged.value is not None and staged.value["item"] == "ccc"
@@ -274,13 +274,13 @@ def test_an_ancestor_directory_turned_into_a_symlink_out_is_not_followed(
     (outside / "out").mkdir(parents=True)
     (outside / "out" / "f00").write_bytes(b"mine")
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     from crucible.core.fsio import remove_tree
 
     remove_tree(ws0 / "inputs" / "p")
     (ws0 / "inputs" / "p").symlink_to(outside)
     ws = _recycle(state, ws0, "1")
-    stage_inputs(p, state, "m", ws, key="1", in_place=True)
+    StateDir(p, state).stage_inputs("m", ws, key="1", in_place=True)
     assert _tree(ws / "inputs") == _tree(_fresh(p, state, "1") / "inputs")
     assert sorted(str(q.relative_to(outside)) for q in outside.rglob("*")) == ["out", "out/f00"]
     assert (outside / "out" / "f00").read_bytes() == b"mine"
@@ -296,7 +296,7 @@ def test_a_read_only_value_file_is_rewritten_through_its_inode_without_root(
 
     p = produced
     ws0 = state / "work" / "m" / "0"
-    stage_inputs(p, state, "m", ws0, key="0")
+    StateDir(p, state).stage_inputs("m", ws0, key="0")
     ino = os.lstat(ws0 / "inputs" / "@values" / "item").st_ino
     real_open = os.open
     refused: list[str] = []
@@ -309,7 +309,7 @@ def test_a_read_only_value_file_is_rewritten_through_its_inode_without_root(
 
     monkeypatch.setattr(os, "open", as_a_user)
     ws = _recycle(state, ws0, "4")
-    stage_inputs(p, state, "m", ws, key="4", in_place=True)
+    StateDir(p, state).stage_inputs("m", ws, key="4", in_place=True)
     item = ws / "inputs" / "@values" / "item"
     assert refused and os.lstat(item).st_ino == ino
     assert item.read_bytes() == b'{"n":4,"text":"xxxx"}'

@@ -19,7 +19,7 @@ import pytest
 
 from crucible.core import digest
 from crucible.core.errors import InputRefused
-from crucible.stage import capture, stage_inputs
+from crucible.stage import StateDir
 from crucible.stage._files import FICLONE
 from tests.stage.stageplans import consume, finish, plan, settle, task
 
@@ -192,12 +192,15 @@ def test_staging_across_filesystems_copies(state: Path, other_fs: Path) -> None:
     p = _plan()
     rec = _produce(state, p)
     ws = other_fs / "ws"
-    stage_inputs(p, state, "a", ws)
+    StateDir(p, state).stage_inputs("a", ws)
     for f in rec["files"]:
         staged = ws / "inputs" / "p" / f["path"]
         assert staged.stat().st_nlink == 1 and _sha(staged) == f["digest"]
         assert staged.stat().st_dev != (state / "files").stat().st_dev
-    assert capture(p, state, "a", ws, output_file=ws / "none", exit_code=0)["status"] == "passed"
+    assert (
+        StateDir(p, state).capture("a", ws, output_file=ws / "none", exit_code=0)["status"]
+        == "passed"
+    )
 
 
 def _reflink_dir() -> Path | None:
@@ -249,11 +252,10 @@ def test_mapped_producers_and_settled_joins_share_too(state: Path) -> None:
         task("e", needs=["m"], epilogue=True),
     )
     settle(p, state, "src", {"xs": [1, 2]})
-    from crucible.stage import settle_fold
 
     settle(p, state, "m", None, key="0", files={"o": b"zero"})
     settle(p, state, "m", None, key="1", files={"o": b"one"}, exit_code=1)  # retained files
-    settle_fold(p, state, "m", ["0", "1"])
+    StateDir(p, state).settle_fold("m", ["0", "1"])
     for name in ("j", "e"):
         ws = consume(p, state, name)
         assert (ws / "inputs/m/0/o").read_bytes() == b"zero"
@@ -294,7 +296,7 @@ def test_a_10000_instance_fan_out_stages_at_most_twice_the_captured_bytes(
     captured = sum(f["size"] for f in rec["files"])
     work = state / "work" / "m"
     for k in range(n):
-        stage_inputs(p, state, "m", work / str(k), key=str(k))
+        StateDir(p, state).stage_inputs("m", work / str(k), key=str(k))
     some = work / "4321" / "inputs" / "p" / "out" / "f042"
     assert some.read_bytes() == files["out/f042"] and some.stat().st_nlink in (1, n + 1)
     trees = [work / str(k) / "inputs" / "p" for k in range(n)]
@@ -313,7 +315,6 @@ def test_a_10000_instance_fan_out_stages_at_most_twice_the_captured_bytes(
 
 
 def test_a_timed_out_consumer_is_checked_when_it_is_settled(state: Path) -> None:
-    from crucible.stage import record_settled
 
     p = _plan()
     _produce(state, p)
@@ -323,7 +324,7 @@ def test_a_timed_out_consumer_is_checked_when_it_is_settled(state: Path) -> None
         pytest.skip("reflinked")
     victim.chmod(0o644)
     victim.write_bytes(b"EVIL")
-    rec = record_settled(p, state, "a", status="failed", note="timed out after 1 s")
+    rec = StateDir(p, state).record_settled("a", status="failed", note="timed out after 1 s")
     assert rec["note"].startswith("timed out after 1 s; staged file inputs/p/out/big")
     b = consume(p, state, "b")
     assert (b / "inputs/p/out/big").read_bytes() == BIG
@@ -346,7 +347,6 @@ def test_restaging_never_chmods_a_shared_file(state: Path) -> None:
 
 
 def test_a_consumer_staged_ahead_starts_with_the_captured_bytes(state: Path) -> None:
-    from crucible.stage import refresh_inputs
 
     p = _plan()
     _produce(state, p)
@@ -357,10 +357,10 @@ def test_a_consumer_staged_ahead_starts_with_the_captured_bytes(state: Path) -> 
         pytest.skip("reflinked")
     victim.chmod(0o644)
     victim.write_bytes(b"EVIL")
-    assert refresh_inputs(p, state, "b", b) == ["inputs/p/out/big"]  # just before b starts
+    assert StateDir(p, state).refresh_inputs("b", b) == ["inputs/p/out/big"]  # just before b starts
     held = b / "inputs" / "p" / "out" / "big"
     assert held.read_bytes() == BIG and held.stat().st_mode & 0o777 == 0o444
-    assert refresh_inputs(p, state, "b", b) == []
+    assert StateDir(p, state).refresh_inputs("b", b) == []
     ra = finish(p, state, "a")
     assert ra["status"] == "failed" and "changed while a held it" in ra["note"]
     assert finish(p, state, "b")["status"] == "passed"

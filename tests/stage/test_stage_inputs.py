@@ -10,7 +10,7 @@ import pytest
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, ParseError
-from crucible.stage import INPUTS_ENV_MAX, record_settled, settle_fold, stage_inputs
+from crucible.stage import INPUTS_ENV_MAX, StateDir
 from tests.stage.stageplans import plan, settle, task
 
 
@@ -33,7 +33,7 @@ def test_v1_object_has_every_direct_dependency_and_reserved_inputs(state: Path, 
     (state / "reserved").mkdir()
     (state / "reserved" / "history.json").write_text('[{"turn": 1}]')
     (state / "params.json").write_bytes(canon.dumps({"who": "me"}))
-    staged = stage_inputs(p, state, "c", ws)
+    staged = StateDir(p, state).stage_inputs("c", ws)
     obj = {"b": {"y": "s", "z": [1]}, "params": {"who": "me"}, "history": [{"turn": 1}]}
     assert staged.value == obj
     f = ws / "inputs" / "@inputs.json"
@@ -49,10 +49,10 @@ def test_v1_env_copy_only_while_at_most_64_kib(state: Path, ws: Path) -> None:
     p = plan(task("a", emits={"x": "string"}), task("c", needs=["a"]))
     # {"a":{"x":"..."},"params":{}} = 26 bytes of framing
     settle(p, state, "a", {"x": "q" * (INPUTS_ENV_MAX - 26)})
-    staged = stage_inputs(p, state, "c", ws)
+    staged = StateDir(p, state).stage_inputs("c", ws)
     assert len(staged.env["CRUCIBLE_INPUTS"]) == INPUTS_ENV_MAX
     settle(p, state, "a", {"x": "q" * (INPUTS_ENV_MAX - 25)})
-    staged = stage_inputs(p, state, "c", ws)
+    staged = StateDir(p, state).stage_inputs("c", ws)
     assert "CRUCIBLE_INPUTS" not in staged.env and "CRUCIBLE_INPUTS_FILE" in staged.env
 
 
@@ -63,10 +63,10 @@ def test_v1_agent_gets_no_params_and_instance_gets_item(state: Path, ws: Path) -
         params={"k": {"type": "integer", "default": 1}},
     )
     settle(p, state, "src", {"xs": [{"i": 0}, {"i": 1}]})
-    staged = stage_inputs(p, state, "m", ws, key="1")
+    staged = StateDir(p, state).stage_inputs("m", ws, key="1")
     assert staged.value == {"src": {"xs": [{"i": 0}, {"i": 1}]}, "item": {"i": 1}}
     with pytest.raises(InputRefused, match="no instance"):
-        stage_inputs(p, state, "m", ws, key="7")
+        StateDir(p, state).stage_inputs("m", ws, key="7")
 
 
 def test_v1_fold_is_instance_outputs_in_item_order(state: Path, ws: Path) -> None:
@@ -78,8 +78,8 @@ def test_v1_fold_is_instance_outputs_in_item_order(state: Path, ws: Path) -> Non
     settle(p, state, "src", {"xs": {"b": 2, "a": 1}})
     settle(p, state, "m", {"v": "A"}, key="a")
     settle(p, state, "m", {"v": "B"}, key="b", exit_code=1)
-    settle_fold(p, state, "m", ["a", "b"])
-    staged = stage_inputs(p, state, "c", ws)
+    StateDir(p, state).settle_fold("m", ["a", "b"])
+    staged = StateDir(p, state).stage_inputs("c", ws)
     assert staged.value is not None and staged.value["m"] == [{"v": "A"}, {"v": "B"}]
 
 
@@ -87,7 +87,7 @@ def test_v1_reserved_name_collision_is_refused(state: Path, ws: Path) -> None:
     p = plan(task("item"), task("c", needs=["item"]))
     settle(p, state, "item", None)
     with pytest.raises(InputRefused, match="collides"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
 
 
 # -- IR v2 ---------------------------------------------------------------------
@@ -105,7 +105,7 @@ def test_v2_one_file_per_declared_input_and_nothing_undeclared(state: Path, ws: 
         version=2,
     )
     settle(p, state, "a", {"x": 42, "y": {"big": 1}, "undeclared": 2})
-    staged = stage_inputs(p, state, "c", ws)
+    staged = StateDir(p, state).stage_inputs("c", ws)
     values = ws / "inputs" / "@values"
     assert staged.env == {"CRUCIBLE_INPUTS_DIR": str(values)}
     assert sorted(os.listdir(values)) == ["count", "index.json", "params"]
@@ -144,8 +144,8 @@ def test_v2_fold_directory_escaped_keys_and_index_in_item_order(state: Path, ws:
     order = ["%2e%2e", "..", "a/../../x", "b"]  # UTF-16 order
     for k in order:
         settle(p, state, "m", {"v": "val " + k}, key=k)
-    settle_fold(p, state, "m", order)
-    stage_inputs(p, state, "c", ws)
+    StateDir(p, state).settle_fold("m", order)
+    StateDir(p, state).stage_inputs("c", ws)
     fold = ws / "inputs" / "@values" / "vs"
     assert sorted(os.listdir(fold)) == sorted(
         ["%252e%252e", "%2E%2E", "a%2F%2E%2E%2F%2E%2E%2Fx", "b"]
@@ -170,8 +170,8 @@ def test_v2_array_fold_keys_are_indices(state: Path, ws: Path) -> None:
     keys = [str(i) for i in range(12)]
     for k in keys:
         settle(p, state, "m", {"v": int(k) * 10}, key=k)
-    settle_fold(p, state, "m", keys)
-    stage_inputs(p, state, "c", ws)
+    StateDir(p, state).settle_fold("m", keys)
+    StateDir(p, state).stage_inputs("c", ws)
     entries = _index(ws)["inputs"][0]["entries"]
     assert [e["key"] for e in entries] == keys  # 0..11, not "0","1","10","11","2"
     assert (ws / "inputs" / "@values" / "vs" / "11").read_bytes() == b"110"
@@ -189,14 +189,14 @@ def test_v2_reserved_inputs_where_they_apply(state: Path, ws: Path) -> None:
     for name, value in (("history", ["h"]), ("revision", 3), ("kept", {"best": 1})):
         (state / "reserved" / f"{name}.json").write_bytes(canon.dumps(value))
     settle(p, state, "src", {"xs": ["i0"], "note": "u" * 70000}, emit_cap=65536)
-    stage_inputs(p, state, "m", ws, key="0")
+    StateDir(p, state).stage_inputs("m", ws, key="0")
     values = ws / "inputs" / "@values"
     assert sorted(os.listdir(values)) == ["history", "index.json", "item", "kept", "revision"]
     assert (values / "item").read_bytes() == b'"i0"'  # agents never get params
     settle(p, state, "m", None, key="0")
-    settle_fold(p, state, "m", ["0"])
+    StateDir(p, state).settle_fold("m", ["0"])
     ws2 = ws.parent / "ws2"
-    stage_inputs(p, state, "e", ws2)
+    StateDir(p, state).stage_inputs("e", ws2)
     v2 = ws2 / "inputs" / "@values"
     assert sorted(os.listdir(v2)) == [
         "history",
@@ -239,8 +239,8 @@ def test_settled_join_stages_from_retained_failure_output(state: Path, ws: Path)
     )
     settle(p, state, "a", {"x": "not an int"}, exit_code=3, files={"f.txt": b"partial"})
     settle(p, state, "b", None, exit_code=1)
-    record_settled(p, state, "s", status="skipped", note="upstream failed")
-    stage_inputs(p, state, "c", ws)
+    StateDir(p, state).record_settled("s", status="skipped", note="upstream failed")
+    StateDir(p, state).stage_inputs("c", ws)
     by_name = {e["name"]: e for e in _index(ws)["inputs"]}
     a = by_name["ax"]
     assert a["status"] == "failed" and a["note"] == "exited with status 3"
@@ -258,10 +258,10 @@ def test_join_all_with_a_producer_that_did_not_pass_is_refused(state: Path, ws: 
         task("a", emits={"x": "integer"}), task("c", needs=["a"], inputs={"x": "a.x"}), version=2
     )
     with pytest.raises(InputRefused, match="absent"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
     settle(p, state, "a", {"x": 1}, exit_code=1)
     with pytest.raises(InputRefused, match="joins all"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
 
 
 # -- files and atomicity --------------------------------------------------------
@@ -277,8 +277,8 @@ def test_every_ancestors_files_are_staged_read_only(state: Path, ws: Path) -> No
     settle(p, state, "g", None, files={"g.txt": b"grand"})
     settle(p, state, "src", {"xs": ["../up"]})
     settle(p, state, "m", None, key="0", files={"o/r": b"inst"})
-    settle_fold(p, state, "m", ["0"])
-    staged = stage_inputs(p, state, "c", ws)
+    StateDir(p, state).settle_fold("m", ["0"])
+    staged = StateDir(p, state).stage_inputs("c", ws)
     assert (ws / "inputs" / "g" / "g.txt").read_bytes() == b"grand"
     inst = ws / "inputs" / "m" / "0" / "o" / "r"
     assert inst.read_bytes() == b"inst" and _readonly(inst)
@@ -289,7 +289,7 @@ def test_files_bound_is_a_clear_error_and_leaves_no_inputs(state: Path, ws: Path
     p = plan(task("a", emits_files=["f"]), task("c", needs=["a"]))
     settle(p, state, "a", None, files={"f": b"x" * 10})
     with pytest.raises(InputRefused, match="bound of 9 bytes"):
-        stage_inputs(p, state, "c", ws, files_max=9)
+        StateDir(p, state).stage_inputs("c", ws, files_max=9)
     assert os.listdir(ws) == []
 
 
@@ -298,15 +298,15 @@ def test_failure_keeps_the_previous_inputs_and_leaves_no_temp(state: Path, ws: P
         task("a", emits={"x": "integer"}), task("c", needs=["a"], inputs={"x": "a.x"}), version=2
     )
     settle(p, state, "a", {"x": 1})
-    stage_inputs(p, state, "c", ws)
+    StateDir(p, state).stage_inputs("c", ws)
     before = _index(ws)
     (state / "results" / "a.json").write_text("{broken")
     with pytest.raises(ParseError, match=r"a\.json"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
     assert os.listdir(ws) == ["inputs"] and _index(ws) == before
     # and a successful re-stage replaces it whole
     settle(p, state, "a", {"x": 2})
-    stage_inputs(p, state, "c", ws)
+    StateDir(p, state).stage_inputs("c", ws)
     assert (ws / "inputs" / "@values" / "x").read_bytes() == b"2"
     assert os.listdir(ws) == ["inputs"]
 
@@ -314,15 +314,15 @@ def test_failure_keeps_the_previous_inputs_and_leaves_no_temp(state: Path, ws: P
 def test_bad_params_and_reserved_files(state: Path, ws: Path) -> None:
     p = plan(task("c"), params={"req": {"type": "string"}})
     with pytest.raises(InputRefused, match="no default"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
     (state / "params.json").write_text("[]")
     with pytest.raises(InputRefused, match="params must be a JSON object"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
     (state / "params.json").write_text("{}")
     (state / "reserved").mkdir()
     (state / "reserved" / "kept.json").write_text("{nope")
     with pytest.raises(ParseError, match=r"kept\.json"):
-        stage_inputs(p, state, "c", ws)
+        StateDir(p, state).stage_inputs("c", ws)
     assert os.listdir(ws) == []
 
 
@@ -333,7 +333,7 @@ def test_epilogue_is_staged_like_a_settled_join(state: Path, ws: Path) -> None:
         version=2,
     )
     settle(p, state, "a", None, exit_code=9)
-    staged = stage_inputs(p, state, "e", ws)
+    staged = StateDir(p, state).stage_inputs("e", ws)
     assert staged.index is not None
     x = staged.index["inputs"][0]
     assert x["status"] == "failed" and x["value_staged"] is False
@@ -344,7 +344,6 @@ def test_epilogue_is_staged_like_a_settled_join(state: Path, ws: Path) -> None:
 
 
 def test_map_items_follows_the_plans_field(state: Path) -> None:
-    from crucible.stage import map_items
 
     p1 = plan(
         task("src", emits={"a": "array", "b": "array"}), task("m", needs=["src"], map="src.a")
@@ -353,8 +352,8 @@ def test_map_items_follows_the_plans_field(state: Path) -> None:
         task("src", emits={"a": "array", "b": "array"}), task("m", needs=["src"], map="src.b")
     )
     settle(p1, state, "src", {"a": [1], "b": [2, 3]})
-    assert map_items(p1, state, "m") == [("0", 1)]
-    assert map_items(p2, state, "m") == [("0", 2), ("1", 3)]
+    assert StateDir(p1, state).map_items("m") == [("0", 1)]
+    assert StateDir(p2, state).map_items("m") == [("0", 2), ("1", 3)]
 
 
 @pytest.mark.parametrize(
@@ -374,7 +373,7 @@ def test_map_items_follows_the_plans_field(state: Path) -> None:
 def test_value_files_are_canonical_bytes(state: Path, ws: Path, value: object) -> None:
     p = plan(task("a", emits={"x": "any"}), task("c", needs=["a"], inputs={"x": "a.x"}), version=2)
     settle(p, state, "a", {"x": value})
-    stage_inputs(p, state, "c", ws)
+    StateDir(p, state).stage_inputs("c", ws)
     assert (ws / "inputs" / "@values" / "x").read_bytes() == canon.dumps(value)
     index = (ws / "inputs" / "@values" / "index.json").read_bytes()
     assert index == canon.dumps(json.loads(index))

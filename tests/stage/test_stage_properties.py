@@ -12,13 +12,10 @@ from hypothesis import strategies as st
 
 from crucible.stage import (
     KEY_COMPONENT_MAX,
+    StateDir,
     StateLayout,
-    capture,
     escape_key,
     load_result,
-    map_items,
-    settle_fold,
-    stage_inputs,
     unescape_key,
 )
 from crucible.stage._names import is_shortened, task_name_problem
@@ -167,20 +164,22 @@ def test_capture_and_stage_never_leave_their_directories(name: str, ks: list[str
             else:
                 (ws / "g" / "up").symlink_to(outside)
             (ws / "o.json").write_bytes(canon.dumps({"v": k}))
-            rec = capture(p, state, name, ws, output_file=ws / "o.json", exit_code=0, key=k)
+            rec = StateDir(p, state).capture(
+                name, ws, output_file=ws / "o.json", exit_code=0, key=k
+            )
             assert rec["status"] == "failed" and "outside the workspace" in rec["note"]
             assert rec["output"] == {"v": k}
             # and a clean attempt captures
             (ws / "out" / "leak").unlink(missing_ok=True)
             (ws / "g" / "up").unlink(missing_ok=True)
-            rec = capture(
-                p, state, name, ws, output_file=ws / "o.json", exit_code=0, key=k, attempt=2
+            rec = StateDir(p, state).capture(
+                name, ws, output_file=ws / "o.json", exit_code=0, key=k, attempt=2
             )
             assert rec["status"] == "passed", rec["note"]
             assert load_result(state, name, k) == rec
-        order = [k for k, _ in map_items(p, state, name)]
+        order = [k for k, _ in StateDir(p, state).map_items(name)]
         assert sorted(order) == sorted(ks)
-        settle_fold(p, state, name, order)
+        StateDir(p, state).settle_fold(name, order)
         for path in _tree(state):
             assert _inside(state / path, state)
         # every captured file sits in the instance's own directory
@@ -191,7 +190,7 @@ def test_capture_and_stage_never_leave_their_directories(name: str, ks: list[str
         # a previous attempt's inputs/ replaced by a symlink out of the workspace
         (ws / "inputs").symlink_to(outside)
         before_outside = _tree(outside)
-        staged = stage_inputs(p, state, consumer, ws)
+        staged = StateDir(p, state).stage_inputs(consumer, ws)
         assert _tree(outside) == before_outside
         assert staged.values_dir is not None
         for rel in _tree(ws):

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from crucible.stage import record_settled, settle_fold, stage_inputs
+from crucible.stage import StateDir
 from tests.stage.stageplans import plan, settle, task
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
@@ -80,9 +80,9 @@ def _records_and_index(state: Path, ws: Path) -> tuple[list[dict[str, Any]], dic
     recs.append(settle(p, state, "src", {"xs": [1, 2], "blob": "x", "u": 1}, files={"f": b"f"}))
     recs.append(settle(p, state, "m", {"v": 1}, key="0"))
     recs.append(settle(p, state, "m", {"v": "bad"}, key="1", exit_code=2))
-    recs.append(settle_fold(p, state, "m", ["0", "1"]))
-    recs.append(record_settled(p, state, "s", status="skipped", note="n", extra={"a": 1}))
-    staged = stage_inputs(p, state, "c", ws)
+    recs.append(StateDir(p, state).settle_fold("m", ["0", "1"]))
+    recs.append(StateDir(p, state).record_settled("s", status="skipped", note="n", extra={"a": 1}))
+    staged = StateDir(p, state).stage_inputs("c", ws)
     assert staged.index is not None
     return recs, staged.index
 

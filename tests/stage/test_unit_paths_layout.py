@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from crucible.run.executors._unit import UnitPaths
+from crucible.run.executors._unit_paths import UnitPaths
 from crucible.stage import StateLayout
 
 #: unmapped and mapped units; keys the layout escapes; a name with a dot and a dash

@@ -5,7 +5,8 @@ Public API (docs/spec/plan-ir.md, docs/spec/manifest.md; the plan schemas docs/s
 - :func:`compile_path` — a manifest (``.toml``) → :class:`CompiledPlan`
 - :func:`load_plan_path` — a plan JSON file, strictly checked
 - :func:`load_any` — ``.toml`` → compile, otherwise a plan file
-- :class:`CompiledPlan` — ``plan`` (dict), ``data`` (canonical bytes), ``digest``, ``warnings``
+- :class:`CompiledPlan` — ``model`` (the typed plan, crucible.core.plan.Plan), ``plan``
+  (its JSON object), ``data`` (canonical bytes), ``digest``, ``warnings``
 - :func:`check_params` — ``check_params(plan, supplied)`` resolves a run's params
   (dispatch calls it; crucible.compile._params)
 - what the dispatcher shares with the compiler's rules: fan-out bounds and keys

@@ -11,9 +11,11 @@ import functools
 from collections.abc import Sequence
 
 from crucible.core.contract import (
+    IR_VERSION_OF_EDITION,
     RESERVED_INPUTS,
     SUPPORTED_EDITIONS,
     SUPPORTED_VERSIONS,
+    TASK_KEYS_SINCE,
     TYPES,
 )
 from crucible.core.errors import Location, UnsupportedVersion
@@ -41,48 +43,6 @@ __all__ = [
 DEFAULT_EDITION = 1
 LATEST_EDITION = 4
 
-# Task keys by the edition that introduced them (editions are cumulative).
-_TASK_KEYS_SINCE: dict[str, int] = {
-    "name": 1,
-    "kind": 1,
-    "run": 1,
-    "needs": 1,
-    "join": 1,
-    "emits": 1,
-    "emits_files": 1,
-    "map": 1,
-    "retries": 1,
-    "timeout": 1,
-    "prompt": 1,
-    "description": 1,
-    "epilogue": 1,
-    "env": 2,
-    "inputs": 3,
-    # control flow (issue 16; crucible.compile._conditions)
-    "when": 4,
-    "on_failure": 4,
-    "allow_exit": 4,
-    "retry": 4,
-    "deadline": 4,
-    # fan-out vocabulary (issue 17)
-    "matrix": 4,
-    "key": 4,
-    "parallelism": 4,
-    # the task cache (issue 15): false = always run (its results are state)
-    "cache": 4,
-    # the params a task may read: staged, offered to when, keyed (issue 34)
-    "params": 4,
-    # what a unit needs on its worker (issue 19; crucible.compile._resources)
-    "resources": 4,
-    # declared reads and the sandbox that enforces them (issue 34; compile._reads)
-    "reads": 4,
-    "sandbox": 4,
-    "network": 4,
-    # issue 32: what a fan-out with no instances settles as (compile._shape)
-    "on_empty": 4,
-    # captured files freed once their direct dependants settled (issue 33)
-    "temp_files": 4,
-}
 
 #: The edition that brings control flow, fan-out sources, run results, the task
 #: cache and the scored loop (issues 15-18). Every new key enters here, never as an
@@ -116,20 +76,17 @@ _TOP_KEYS_SINCE: dict[str, int] = {
     "loop": 4,
 }
 
-#: keys of a plan task per IR version (the v2 additions are omitted when empty)
+#: keys of a plan task per IR version (the v2 additions are omitted when empty):
+#: the task keys of the editions that compile to it or an older version
 PLAN_TASK_KEYS: dict[int, frozenset[str]] = {
-    1: frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= 2),
-    2: frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= 3),
-    3: frozenset(_TASK_KEYS_SINCE),
+    v: frozenset(k for k, e in TASK_KEYS_SINCE.items() if IR_VERSION_OF_EDITION[e] <= v)
+    for v in SUPPORTED_VERSIONS
 }
 
 
 def ir_version_for(edition: int) -> int:
     """The IR version an edition compiles to: editions 1–2 → v1, 3 → v2, 4 → v3."""
-    check_edition(edition)
-    if edition >= EDITION_CONTROL:
-        return 3
-    return 2 if edition >= 3 else 1
+    return IR_VERSION_OF_EDITION[check_edition(edition)]
 
 
 def edition_for_version(version: int) -> tuple[int, ...]:
@@ -170,14 +127,14 @@ def check_version(version: object, *, where: Location | None = None) -> int:
 
 def task_key_since(key: str) -> int | None:
     """The edition that introduced a task key, or None for a key no edition knows."""
-    return _TASK_KEYS_SINCE.get(key)
+    return TASK_KEYS_SINCE.get(key)
 
 
 @functools.cache
 def known_task_keys(edition: int) -> frozenset[str]:
     """The task keys a manifest (or ``task()`` call) of ``edition`` may use (asked
     once per task of a plan: cached)."""
-    return frozenset(k for k, since in _TASK_KEYS_SINCE.items() if since <= edition)
+    return frozenset(k for k, since in TASK_KEYS_SINCE.items() if since <= edition)
 
 
 def workflow_key_since(key: str) -> int | None:

@@ -23,6 +23,7 @@ from crucible.compile._shape import check_task
 from crucible.core import canon, digest
 from crucible.core.errors import Location
 from crucible.core.fsio import read_named
+from crucible.core.plan import Plan
 
 __all__ = [
     "CompiledPlan",
@@ -56,20 +57,22 @@ _REQUIRED_TASK_KEYS = (
 
 @dataclass(frozen=True)
 class CompiledPlan:
-    """A checked plan: the JSON-shaped ``plan``, its canonical bytes and digest."""
+    """A checked plan: its typed ``model`` (what a run reads: crucible.core.plan),
+    the JSON-shaped ``plan`` it was built from, its canonical bytes and digest."""
 
     plan: dict[str, Any]
+    model: Plan
     data: bytes
     digest: str
     warnings: list[str] = field(default_factory=list)
 
     @property
     def version(self) -> int:
-        return int(self.plan["version"])
+        return self.model.version
 
     @property
     def edition(self) -> int:
-        return int(self.plan["edition"])
+        return self.model.edition
 
 
 def build_plan(
@@ -92,8 +95,12 @@ def build_plan(
 
 
 def finish(plan: dict[str, Any], warnings: list[str] | None = None) -> CompiledPlan:
+    """The compiled plan of ``plan``, which passed every check: its model is built
+    here, once, without checking each member again (its bytes are the model's:
+    tests/compile/test_golden.py)."""
     data = canonical_bytes(plan)
-    return CompiledPlan(plan, data, digest.of_bytes(data), list(warnings or []))
+    model = Plan.from_json(plan, checked=True)
+    return CompiledPlan(plan, model, data, digest.of_bytes(data), list(warnings or []))
 
 
 def canonical_bytes(plan: dict[str, Any]) -> bytes:

@@ -18,6 +18,7 @@ __all__ = [
     "EMIT_CAP_MIN",
     "FILE_NAME_MAX",
     "IDENT_MAX_BYTES",
+    "IR_VERSION_OF_EDITION",
     "JOINS",
     "KINDS",
     "NAME_MAX_BYTES",
@@ -27,6 +28,7 @@ __all__ = [
     "RESULT_STATUSES",
     "SUPPORTED_EDITIONS",
     "SUPPORTED_VERSIONS",
+    "TASK_KEYS_SINCE",
     "TASK_NAME_SUFFIXES",
     "TYPES",
     "emit_cap_from",
@@ -37,9 +39,56 @@ __all__ = [
 
 #: plan IR versions this engine reads and runs (plan-ir.md)
 SUPPORTED_VERSIONS: tuple[int, ...] = (1, 2, 3)
-#: manifest editions this engine compiles and plans it reads (manifest.md);
-#: editions 1-2 compile to IR v1, 3 to v2, 4 to v3 (compile._editions.ir_version_for)
+#: manifest editions this engine compiles and plans it reads (manifest.md)
 SUPPORTED_EDITIONS: tuple[int, ...] = (1, 2, 3, 4)
+#: the IR version each edition compiles to (plan-ir.md; compile._editions.ir_version_for)
+IR_VERSION_OF_EDITION: Mapping[int, int] = {1: 1, 2: 1, 3: 2, 4: 3}
+
+#: task keys by the edition that introduced them (editions are cumulative): the
+#: one table of task members. compile's keys per edition and per IR version
+#: (compile._editions) and the plan model's members (core.plan.TASK_MEMBERS) are
+#: derived from it; a new key is one line here (docs/ARCHITECTURE.md)
+TASK_KEYS_SINCE: Mapping[str, int] = {
+    "name": 1,
+    "kind": 1,
+    "run": 1,
+    "needs": 1,
+    "join": 1,
+    "emits": 1,
+    "emits_files": 1,
+    "map": 1,
+    "retries": 1,
+    "timeout": 1,
+    "prompt": 1,
+    "description": 1,
+    "epilogue": 1,
+    "env": 2,
+    "inputs": 3,
+    # control flow (issue 16; crucible.compile._conditions)
+    "when": 4,
+    "on_failure": 4,
+    "allow_exit": 4,
+    "retry": 4,
+    "deadline": 4,
+    # fan-out vocabulary (issue 17)
+    "matrix": 4,
+    "key": 4,
+    "parallelism": 4,
+    # the task cache (issue 15): false = always run (its results are state)
+    "cache": 4,
+    # the params a task may read: staged, offered to when, keyed (issue 34)
+    "params": 4,
+    # what a unit needs on its worker (issue 19; crucible.compile._resources)
+    "resources": 4,
+    # declared reads and the sandbox that enforces them (issue 34; compile._reads)
+    "reads": 4,
+    "sandbox": 4,
+    "network": 4,
+    # issue 32: what a fan-out with no instances settles as (compile._shape)
+    "on_empty": 4,
+    # captured files freed once their direct dependants settled (issue 33)
+    "temp_files": 4,
+}
 
 #: value types of emits fields, inputs and params (plan-ir.md)
 TYPES: tuple[str, ...] = ("string", "integer", "number", "boolean", "object", "array", "any")

@@ -11,21 +11,25 @@ Readers use attributes (``task.timeout``, ``task.join``), never
 member steps) are parsed by one parser, crucible.core.refs (:func:`parse`).
 
 A new plan member is: a field on its class, a line in ``from_json`` and one in
-``to_json``, and its name in the member table of its IR version below
-(tests/core/test_plan_model.py holds the table to compile's).
+``to_json``; a task member's name and edition are core.contract's
+``TASK_KEYS_SINCE`` (tests/core/test_plan_model.py holds the fields to it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+import contextlib
+import gc
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from crucible.core.contract import (
+    IR_VERSION_OF_EDITION,
     JOINS,
     KINDS,
     SUPPORTED_EDITIONS,
     SUPPORTED_VERSIONS,
+    TASK_KEYS_SINCE,
     TYPES,
 )
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
@@ -98,40 +102,10 @@ WORKFLOW_MEMBERS: dict[str, int] = {
     "limits": 3,
     "record": 3,
 }
-#: task members by the IR version that introduced them (compile's PLAN_TASK_KEYS
-#: agree: tests/core/test_plan_model.py)
+#: task members by the IR version that introduced them: the version the edition
+#: that brought each key compiles to (the one table: core.contract.TASK_KEYS_SINCE)
 TASK_MEMBERS: dict[str, int] = {
-    "name": 1,
-    "kind": 1,
-    "run": 1,
-    "needs": 1,
-    "join": 1,
-    "emits": 1,
-    "emits_files": 1,
-    "map": 1,
-    "retries": 1,
-    "timeout": 1,
-    "prompt": 1,
-    "description": 1,
-    "epilogue": 1,
-    "env": 1,
-    "inputs": 2,
-    "when": 3,
-    "on_failure": 3,
-    "allow_exit": 3,
-    "retry": 3,
-    "deadline": 3,
-    "matrix": 3,
-    "key": 3,
-    "parallelism": 3,
-    "cache": 3,
-    "params": 3,
-    "resources": 3,
-    "reads": 3,
-    "sandbox": 3,
-    "network": 3,
-    "on_empty": 3,
-    "temp_files": 3,
+    key: IR_VERSION_OF_EDITION[edition] for key, edition in TASK_KEYS_SINCE.items()
 }
 _PARAM_MEMBERS = frozenset({"type", "default", "description"})
 _INPUT_MEMBERS = frozenset({"from", "producer", "field", "path", "type"})
@@ -371,7 +345,7 @@ def source_json(source: Source) -> object:
 # -- task members -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Input:
     """A declared input (IR v2+): the producer's field and its declared type."""
 
@@ -537,9 +511,10 @@ def _matrix(value: object, path: str, version: int, needs: Container[str] = ()) 
 # -- the task ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Task:
-    """One task of the plan. Members the plan may omit hold their default here."""
+    """One task of the plan. Members the plan may omit hold their default here
+    (a class attribute: :func:`_task_checked` sets only the members a task has)."""
 
     name: str
     kind: Literal["command", "evaluate", "agent"]
@@ -645,7 +620,7 @@ class Task:
     def from_json(cls, raw: object, path: str, version: int, *, checked: bool = False) -> Task:
         """The task the plan object ``raw`` (at JSON path ``path``) describes."""
         if checked:
-            return _task_checked(raw, version)  # type: ignore[arg-type]
+            return _task_checked(raw, version, {})  # type: ignore[arg-type]
         return _task(raw, path, version)
 
     def to_json(self) -> dict[str, Any]:
@@ -703,57 +678,83 @@ class Task:
         return out
 
 
-def _task_checked(raw: dict[str, Any], version: int) -> Task:
+#: the task members a checked plan holds as JSON arrays and the model as tuples
+_TUPLE_MEMBERS = frozenset(
+    {"needs", "emits_files", "env", "allow_exit", "params", "reads", "temp_files"}
+)
+
+_Built = TypeVar("_Built")
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the tasks are built: they are acyclic
+    values, so a collection frees none of them, yet the ~100,000 objects of a
+    10,000-task plan set off a full one that walks the whole heap, the compiled
+    plan included (~60 ms, as long as reading the plan's JSON at all;
+    benchmarks/bench_plan_model.py). Collection resumes as it was, on any exit."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _built(cls: type[_Built], members: dict[str, Any]) -> _Built:
+    """An instance of the frozen dataclass ``cls`` whose fields are ``members``
+    (a field not in it reads its class default), made without running
+    ``__init__``: a frozen ``__init__`` pays one ``object.__setattr__`` per field,
+    35 of them per task, which was most of a checked 10,000-task plan's read
+    (benchmarks/bench_plan_model.py). Only for members already of their type."""
+    obj = object.__new__(cls)
+    object.__setattr__(obj, "__dict__", members)
+    return obj
+
+
+def _task_checked(raw: dict[str, Any], version: int, shared: dict[tuple[str, str], Input]) -> Task:
     """A task of a plan the compiler checked: every member already has its shape
-    (compile's plan reader refuses the rest), so only the typed values are built
-    (the start-up of a 10,000-task dispatch reads every task)."""
-    get = raw.get
-    run = get("run")
-    m = get("map")
-    inputs = get("inputs")
-    retry = get("retry")
-    matrix = get("matrix")
-    params = get("params")
-    resources = get("resources")
-    needs = tuple(raw["needs"])
-    return Task(
-        name=raw["name"],
-        kind=raw["kind"],
-        needs=needs,
-        join=raw["join"],
-        emits=raw["emits"],
-        emits_files=tuple(raw["emits_files"]),
-        retries=raw["retries"],
-        epilogue=raw["epilogue"],
-        run=run if run is None or isinstance(run, str) else tuple(run),
-        map=None if m is None else _source(m, "", version, needs),
-        timeout=get("timeout"),
-        prompt=get("prompt"),
-        description=get("description"),
-        env=tuple(get("env", ())),
-        inputs={}
-        if inputs is None
-        else {
-            n: Input(Ref(i["producer"], i["field"], tuple(i.get("path", ()))), i["type"])
+    (compile's plan reader refuses the rest) and a member at its default is
+    omitted (normal form), so the task holds the members present, each as its
+    typed value, and its class defaults for the rest (the start-up of a
+    10,000-task dispatch reads every task). ``shared``: the plan's inputs read so
+    far, by reference and type: a value read by several tasks is one object."""
+    members = {k: tuple(v) if k in _TUPLE_MEMBERS else v for k, v in raw.items()}
+    run = members.get("run")
+    if run is not None and not isinstance(run, str):
+        members["run"] = tuple(run)
+    inputs = raw.get("inputs")
+    if inputs is None:
+        members["inputs"] = {}
+    else:
+        members["inputs"] = {
+            n: shared.get((i["from"], i["type"])) or _input_checked(i, shared)
             for n, i in inputs.items()
-        },
-        when=get("when"),
-        on_failure=get("on_failure", "fail"),
-        allow_exit=tuple(get("allow_exit", ())),
-        retry=None if retry is None else _retry(retry, ""),
-        deadline=get("deadline"),
-        matrix=None if matrix is None else _matrix(matrix, "", version, needs),
-        key=get("key"),
-        parallelism=get("parallelism"),
-        cache=get("cache"),
-        params=None if params is None else tuple(params),
-        resources=None if resources is None else Resources(**resources),
-        reads=tuple(get("reads", ())),
-        sandbox=get("sandbox", False),
-        network=get("network", False),
-        on_empty=get("on_empty"),
-        temp_files=tuple(get("temp_files", ())),
+        }
+    if "map" in raw:
+        members["map"] = _source(raw["map"], "", version, members["needs"])
+    if "retry" in raw:
+        members["retry"] = _retry(raw["retry"], "")
+    if "matrix" in raw:
+        members["matrix"] = _matrix(raw["matrix"], "", version, members["needs"])
+    if "resources" in raw:
+        members["resources"] = Resources(**raw["resources"])
+    return _built(Task, members)
+
+
+def _input_checked(raw: dict[str, Any], shared: dict[tuple[str, str], Input]) -> Input:
+    """A checked plan's input (its producer, field and path are written out),
+    kept in ``shared`` by reference and type (equal inputs: one value)."""
+    path = raw.get("path")
+    ref: dict[str, Any] = {"producer": raw["producer"], "field": raw["field"]}
+    if path is not None:
+        ref["path"] = tuple(path)
+    made = shared[raw["from"], raw["type"]] = _built(
+        Input, {"ref": _built(Ref, ref), "type": raw["type"]}
     )
+    return made
 
 
 def _opt_number(raw: Mapping[str, Any], key: str, path: str) -> int | float | None:
@@ -1119,7 +1120,9 @@ class Plan:
         if not isinstance(tasks_raw, list):
             raise _fail("$.tasks", "tasks must be a list")
         if checked:
-            tasks = tuple(_task_checked(t, version) for t in tasks_raw)
+            with _collector_paused():
+                shared: dict[tuple[str, str], Input] = {}
+                tasks = tuple(_task_checked(t, version, shared) for t in tasks_raw)
         else:
             tasks = tuple(_task(t, f"$.tasks[{i}]", version) for i, t in enumerate(tasks_raw))
         return cls(

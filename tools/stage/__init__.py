@@ -1,17 +1,20 @@
 """crucible.stage: the file contract between a producer task and its consumers.
 
-Consumer side: :func:`stage_inputs` lays down a task's ``inputs/`` (IR v2: one
-file per declared input plus an index; IR v1: one object) and returns its
-environment. Producer side: :func:`capture` reads a task's result, checks and
-caps its declared fields, captures its emits_files and writes its settled
-record. :func:`render_prompt` builds an agent's prompt. Normative text:
-docs/spec/inputs.md.
+Every call that reads the plan is a method of :class:`StateDir` (a run's state
+directory over one plan, whose view is built once). Consumer side:
+:meth:`StateDir.stage_inputs` lays down a task's ``inputs/`` (IR v2: one file
+per declared input plus an index; IR v1: one object) and returns its
+environment. Producer side: :meth:`StateDir.capture` reads a task's result,
+checks and caps its declared fields, captures its emits_files and writes its
+settled record. :meth:`StateDir.render_prompt` builds an agent's prompt. The
+record calls that need no plan (:func:`load_result`, :func:`write_result`, …)
+stay functions of the state directory. Normative text: docs/spec/inputs.md.
 """
 
 from __future__ import annotations
 
 from crucible.core.fsio import clear_path
-from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, capture, emit_cap_problem
+from crucible.stage._capture import EMIT_CAP_DEFAULT, EMIT_CAP_MAX, emit_cap_problem
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._guard import enable as guard_views
 from crucible.stage._inputs import (
@@ -19,11 +22,7 @@ from crucible.stage._inputs import (
     INPUTS_ENV_MAX,
     RESERVED_INPUTS,
     StagedInputs,
-    check_inputs,
     instances_path,
-    map_items,
-    refresh_inputs,
-    stage_inputs,
 )
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import KEPT_DIR, META_FORMAT, revision_key, revision_of
@@ -34,22 +33,18 @@ from crucible.stage._prompt import (
     INLINE_TOTAL_MAX,
     INLINE_VALUE_MAX,
     PROMPT_ENV_MAX,
-    render_prompt,
 )
 from crucible.stage._records import (
     RESULT_FORMAT,
     amend_record,
-    amend_result,
     load_all,
     load_result,
     remove_result,
     remove_results,
-    settle_fold,
     update_record,
     write_result,
     write_result_where,
 )
-from crucible.stage._settled import record_settled
 from crucible.stage._statedir import StateDir
 
 __all__ = [
@@ -72,9 +67,6 @@ __all__ = [
     "StateDir",
     "StateLayout",
     "amend_record",
-    "amend_result",
-    "capture",
-    "check_inputs",
     "clear_path",
     "emit_cap_problem",
     "escape_key",
@@ -82,16 +74,10 @@ __all__ = [
     "instances_path",
     "load_all",
     "load_result",
-    "map_items",
-    "record_settled",
-    "refresh_inputs",
     "remove_result",
     "remove_results",
-    "render_prompt",
     "revision_key",
     "revision_of",
-    "settle_fold",
-    "stage_inputs",
     "unescape_key",
     "update_record",
     "write_result",

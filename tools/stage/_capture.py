@@ -23,7 +23,7 @@ from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._inputs import held_units, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import revision_of
-from crucible.stage._plan import in_plan, view
+from crucible.stage._plan import PlanView, in_plan
 from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
 from crucible.stage._share import verify_consumer
 from crucible.stage._store import as_path
@@ -164,13 +164,13 @@ class _Fields:
 
 
 def _check_request(
-    plan: Any, state: Path, task: str, workspace: Path, key: str | None, exit_code: int,
+    pv: PlanView, state: Path, task: str, workspace: Path, key: str | None, exit_code: int,
     emit_cap: int,
 ) -> Path:  # fmt: skip
     """Refuse a capture the caller got wrong (plan/state problems: nothing is
     written); returns the workspace as an absolute path."""
-    t = view(plan).task(task)
-    check_key(plan, task, key)
+    t = pv.task(task)
+    check_key(pv, task, key)
     if type(exit_code) is not int or not EXIT_CODE_MIN <= exit_code <= EXIT_CODE_MAX:
         raise InputRefused(
             f"exit code must be an integer from {EXIT_CODE_MIN} to {EXIT_CODE_MAX}, "
@@ -182,7 +182,7 @@ def _check_request(
     for i, pattern in enumerate(t.emits_files):
         check_pattern(pattern, in_plan(f"task {task}:emits_files[{i}]"))
     if key is not None and revision_of(key) is None:
-        instance_item(plan, state, task, key)  # the key must be one of the map's items
+        instance_item(pv, state, task, key)  # the key must be one of the map's items
     workspace = as_path(workspace).absolute()
     if not workspace.is_dir():
         raise InputRefused("workspace does not exist", where=str(workspace))
@@ -322,7 +322,7 @@ def _build_record(
 
 
 def capture(
-    plan: Any,
+    pv: PlanView,
     state: Path,
     task: str,
     workspace: Path,
@@ -355,10 +355,9 @@ def capture(
     --keep-workspaces): its captured files move into the store by hard link
     where safe and leave the workspace (docs/spec/inputs.md 4, "One copy").
     """
-    pv = view(plan)
     t = pv.task(task)
     state = as_path(state)
-    workspace = _check_request(plan, state, task, workspace, key, exit_code, emit_cap)
+    workspace = _check_request(pv, state, task, workspace, key, exit_code, emit_cap)
     ex = _extra(extra)
 
     found = _Fields()
@@ -373,7 +372,7 @@ def capture(
     if output is not None:
         output = _check_fields(t.emits, output, exit_code, emit_cap, capped, found)
 
-    held = held_units(plan, state, task, key) if held_notes is None else []
+    held = held_units(pv, state, task, key) if held_notes is None else []
     tampering = list(held_notes or [])
     if held:
         # What this task was handed must be what every other consumer sees (3.4).

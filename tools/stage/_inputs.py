@@ -45,7 +45,7 @@ from crucible.stage._loop import (
     revision_unit,
 )
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, TaskView, in_plan, plan_object, view
+from crucible.stage._plan import PlanView, TaskView, in_plan
 from crucible.stage._records import check_key, load_all, load_result
 from crucible.stage._share import Unit, refresh_held, stage_units, units_of, verify_consumer
 from crucible.stage._store import as_path
@@ -112,9 +112,8 @@ _items_cache: dict[tuple[str, str], _Items] = {}
 
 
 def _items_entry(
-    plan: Any, state: Path, task: str
+    pv: PlanView, state: Path, task: str
 ) -> _Items | tuple[None, list[tuple[str, Any]], dict[str, int]]:
-    pv = view(plan)
     t = pv.task(task)
     if t.map is None:
         raise InputRefused(f"task {task!r} is not mapped")
@@ -192,14 +191,14 @@ def _listed_entry(state: Path, task: str) -> _Items | tuple[None, list[tuple[str
     return entry
 
 
-def map_items(plan: Any, state: Path, task: str) -> list[tuple[str, Any]]:
+def map_items(pv: PlanView, state: Path, task: str) -> list[tuple[str, Any]]:
     """(raw key, item) of a mapped task, in item order: an array gives "0", "1", …;
     an object gives its keys in canonical JSON order (UTF-16 code units)."""
-    return list(_items_entry(plan, state, task)[1])
+    return list(_items_entry(pv, state, task)[1])
 
 
-def instance_item(plan: Any, state: Path, task: str, key: str) -> Any:
-    _, items, positions = _items_entry(plan, state, task)
+def instance_item(pv: PlanView, state: Path, task: str, key: str) -> Any:
+    _, items, positions = _items_entry(pv, state, task)
     if key not in positions:
         raise InputRefused(f"task {task!r} has no instance {key!r} (plan/state mismatch)")
     return items[positions[key]][1]
@@ -230,7 +229,7 @@ def _read_json(path: Path, *, optional: bool = False) -> Any:
 _params_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, Any]]] = {}
 
 
-def load_params(plan: Any, state: Path) -> dict[str, Any]:
+def load_params(pv: PlanView, state: Path) -> dict[str, Any]:
     """``STATE/params.json``; without it, the plan's defaults (every param needs one).
 
     A file read before is parsed again only when its identity (inode, size,
@@ -254,15 +253,13 @@ def load_params(plan: Any, state: Path) -> dict[str, Any]:
         if st is not None:
             _params_cache[where] = (ident, copy.deepcopy(params))
         return params
-    plan = plan_object(plan)
-    declared = plan.get("workflow", {}).get("params", {}) if isinstance(plan, dict) else {}
     params = {}
-    for name, spec in declared.items():
-        if not isinstance(spec, dict) or "default" not in spec:
+    for name, spec in pv.model.workflow.params.items():
+        if not spec.has_default:
             raise InputRefused(
                 f"param {name!r} has no default and {path} does not exist", where=str(path)
             )
-        params[name] = spec["default"]
+        params[name] = copy.deepcopy(spec.default)
     return params
 
 
@@ -275,10 +272,9 @@ def _fields(rec: dict[str, Any] | None, t: TaskView, version: int) -> dict[str, 
     return {k: v for k, v in output.items() if k not in t.emits}
 
 
-def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
+def build_outcome(pv: PlanView, state: Path, task: str) -> dict[str, Any]:
     """The epilogue's ``outcome``: every other task's status and note, and its
     fields (v2: the undeclared ones; v1: all), uncapped."""
-    pv = view(plan)
     tasks: dict[str, Any] = {}
     for name in pv.order:
         if name == task:
@@ -314,7 +310,7 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
             for n, e in tasks.items()
         )
         out: dict[str, Any] = {"status": "failed" if failed else "passed", "tasks": tasks}
-        if loop_of(plan, pv) is not None:  # the scored loop's end (docs/spec/loop.md)
+        if loop_of(pv) is not None:  # the scored loop's end (docs/spec/loop.md)
             from crucible.stage._loop_outcome import loop_outcome
 
             out["loop"] = loop_outcome(state)
@@ -322,12 +318,12 @@ def build_outcome(plan: Any, state: Path, task: str) -> dict[str, Any]:
     return {"tasks": tasks}
 
 
-def task_params(plan: Any, task: Task, params: dict[str, Any]) -> dict[str, Any]:
+def task_params(pv: PlanView, task: Task, params: dict[str, Any]) -> dict[str, Any]:
     """The params a unit of ``task`` is handed (IR v3): those its ``params`` key
     lists (all when it has none), less those its fan-out reads
     (:attr:`crucible.core.plan.Task.fanout_params`), which reach each instance
     as its item. Earlier IR versions hand every param."""
-    if view(plan).version < 3:
+    if pv.version < 3:
         return params
     listed = task.params
     dropped = task.fanout_params
@@ -338,17 +334,16 @@ def task_params(plan: Any, task: Task, params: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[str, Any]:
+def reserved_values(pv: PlanView, state: Path, task: str, key: str | None) -> dict[str, Any]:
     """The reserved inputs that apply to this task, by name, in RESERVED_INPUTS order."""
-    pv = view(plan)
     t = pv.task(task)
     layout = StateLayout(state)
     out: dict[str, Any] = {}
     if t.kind in ("command", "evaluate"):  # agents never receive params
-        out["params"] = task_params(plan, t.model, load_params(plan, state))
+        out["params"] = task_params(pv, t.model, load_params(pv, state))
     if key is not None and revision_of(key) is None:  # a revision of a loop body has no item
-        out["item"] = instance_item(plan, state, task, key)
-    lv = loop_of(plan, pv)
+        out["item"] = instance_item(pv, state, task, key)
+    lv = loop_of(pv)
     if lv is not None and not lv.sees_reserved(pv, task):
         present: set[str] = set()  # before or beside the loop: not its inputs
     else:
@@ -357,7 +352,7 @@ def reserved_values(plan: Any, state: Path, task: str, key: str | None) -> dict[
         if f"{name}.json" in present:
             out[name] = _read_json(layout.reserved_path(name))
     if t.epilogue:
-        out["outcome"] = build_outcome(plan, state, task)
+        out["outcome"] = build_outcome(pv, state, task)
     return out
 
 
@@ -486,13 +481,13 @@ def _input_name_problem(name: str) -> str | None:
 
 
 def _ancestor_units(
-    plan: Any, pv: PlanView, state: Path, task: str, key: str | None, anc: str
+    pv: PlanView, state: Path, task: str, key: str | None, anc: str
 ) -> list[Unit]:
     """``anc``'s captured units as ``task`` (instance ``key``) is handed them:
     a loop body producer's are those of the revision it reads (3.6)."""
     at = pv.tasks[anc]
     StateLayout(state).files_dir(anc)  # checks the name
-    pkey = producer_key(plan, pv, state, task, key, anc)
+    pkey = producer_key(pv, state, task, key, anc)
     if pkey is not None:
         unit = revision_unit(state, anc, pkey, anc)
         units = [unit] if unit.store.is_dir() else []
@@ -506,7 +501,7 @@ def _ancestor_units(
 
 
 def staged_units(
-    plan: Any, pv: PlanView, state: Path, task: str, key: str | None
+    pv: PlanView, state: Path, task: str, key: str | None
 ) -> tuple[list[Unit], list[str]]:
     """Every ancestor's captured units as ``task`` (instance ``key``) is handed
     them under ``inputs/<ancestor>/``, and the mapped ancestors whose directory
@@ -517,7 +512,7 @@ def staged_units(
         at = pv.tasks[anc]
         if not at.emits_files:
             continue
-        found = _ancestor_units(plan, pv, state, task, key, anc)
+        found = _ancestor_units(pv, state, task, key, anc)
         if at.map is not None and (state / "files" / anc).is_dir():
             roots.append(anc)
         units.extend(found)
@@ -536,7 +531,6 @@ _EMPTY_VALUE = {"value_staged": False, "size": None, "digest": None, "path": Non
 
 
 def declared_entry(
-    plan: Any,
     pv: PlanView,
     state: Path,
     t: TaskView,
@@ -555,7 +549,7 @@ def declared_entry(
             f"input {name!r} of task {t.name!r} reads {producer!r}, not a direct dependency"
         )
     pt = pv.task(producer)
-    pkey = producer_key(plan, pv, state, t.name, key, producer) if pt.map is None else None
+    pkey = producer_key(pv, state, t.name, key, producer) if pt.map is None else None
     rec = load_result(state, producer, pkey)
     status = _check_join(t, producer, rec)
     rel = f"inputs/{VALUES_DIR}/{name}"
@@ -660,16 +654,15 @@ def _store_bytes(unit: Unit) -> int:
     return total
 
 
-def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -> Described:
+def describe_inputs(pv: PlanView, state: Path, task: str, key: str | None = None) -> Described:
     """What ``task`` (or its instance ``key``) is staged, without writing
     anything: the values and their index entries, the units whose files are
     linked, the environment. Refuses what staging refuses."""
-    pv = view(plan)
     t = pv.task(task)
-    check_key(plan, task, key)
+    check_key(pv, task, key)
     state = as_path(state)
-    reserved = reserved_values(plan, state, task, key)
-    units, roots = staged_units(plan, pv, state, task, key)
+    reserved = reserved_values(pv, state, task, key)
+    units, roots = staged_units(pv, state, task, key)
     files_staged = {u.staged for u in units}
     kept: list[Unit] = []
     kept_files: list[dict[str, Any]] = []
@@ -689,7 +682,7 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
     files: list[tuple[str, bytes]] = []
     dirs: list[str] = []
     if pv.version < 2:
-        obj = _v1_object(pv, state, t, key, plan, reserved, history_meta)
+        obj = _v1_object(pv, state, t, key, reserved, history_meta)
         data = canon.dumps(obj)
         files.append((V1_FILE, data))
         text = data.decode("utf-8") if len(data) <= INPUTS_ENV_MAX else None
@@ -710,7 +703,7 @@ def describe_inputs(plan: Any, state: Path, task: str, key: str | None = None) -
         problem = _input_name_problem(name)
         if problem is not None:
             raise InputRefused(problem, where=in_plan(f"task {task}"))
-        entries.append(declared_entry(plan, pv, state, t, key, name, files_staged, files, dirs))
+        entries.append(declared_entry(pv, state, t, key, name, files_staged, files, dirs))
     for name, value in reserved.items():
         entry = reserved_entry(name)
         entry.update(_value_entry(f"inputs/{VALUES_DIR}/{name}", value, files))
@@ -733,7 +726,6 @@ def _v1_object(
     state: Path,
     t: TaskView,
     key: str | None,
-    plan: Any,
     reserved: dict[str, Any],
     history_meta: Any,
 ) -> dict[str, Any]:
@@ -746,7 +738,7 @@ def _v1_object(
                 f"task {t.name!r} needs a task named {dep!r}, which collides with the "
                 f"reserved input of that name in v1 delivery"
             )
-        obj[dep] = _v1_dep_value(pv, state, t, dep, producer_key(plan, pv, state, t.name, key, dep))
+        obj[dep] = _v1_dep_value(pv, state, t, dep, producer_key(pv, state, t.name, key, dep))
     obj.update(reserved)
     if isinstance(history_meta, dict):
         obj[V1_HISTORY] = {"dropped": history_meta["dropped"]}
@@ -765,7 +757,7 @@ def _instance_records(state: Path, producer: str) -> Mapping[str, dict[str, Any]
 
 
 def stage_inputs(
-    plan: Any,
+    pv: PlanView,
     state: Path,
     task: str,
     workspace: Path,
@@ -785,7 +777,7 @@ def stage_inputs(
     state = as_path(state)
     workspace = as_path(workspace).absolute()
     inputs_dir = workspace / "inputs"
-    check_key(plan, task, key)
+    check_key(pv, task, key)
     try:  # first, as before the split: a refused staging leaves the workspace, empty
         os.mkdir(workspace)
         new = True  # (a new workspace holds no old tree to drop)
@@ -800,7 +792,7 @@ def stage_inputs(
         ) from None
     if not new and not workspace.is_dir():
         raise OperationalError("cannot create workspace: File exists", where=str(workspace))
-    d = describe_inputs(plan, state, task, key)
+    d = describe_inputs(pv, state, task, key)
     if d.nothing:  # 3.7: no tree (nothing it would say)
         if not new:
             drop_old_tree(inputs_dir)
@@ -876,23 +868,22 @@ def _nothing_staged(state: Path, inputs_dir: Path) -> StagedInputs:
     )
 
 
-def held_units(plan: Any, state: Path, task: str, key: str | None = None) -> list[Unit]:
+def held_units(pv: PlanView, state: Path, task: str, key: str | None = None) -> list[Unit]:
     """The producer units whose captured files ``task`` is handed (3.4, 3.6)."""
-    pv = view(plan)
     state = as_path(state)
     units: list[Unit] = []
     for anc in pv.ancestors(task):
         if pv.tasks[anc].emits_files:
-            units.extend(_ancestor_units(plan, pv, state, task, key, anc))
+            units.extend(_ancestor_units(pv, state, task, key, anc))
     reserved = StateLayout(state).reserved_path("kept")
-    lv = loop_of(plan, pv)
+    lv = loop_of(pv)
     if (lv is None or lv.sees_reserved(pv, task)) and reserved.is_file():
         units.extend(kept_units(pv, state, _read_json(reserved)))
     return units
 
 
 def refresh_inputs(
-    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None,
+    pv: PlanView, state: Path, task: str, workspace: Path, *, key: str | None = None,
     units: Sequence[Unit] | None = None,
 ) -> list[str]:  # fmt: skip
     """Call just before a staged task starts (dispatch stages a unit ahead of
@@ -900,16 +891,16 @@ def refresh_inputs(
     and relinked, so the task starts with what was captured (3.4). Returns the
     workspace-relative paths replaced. ``units``: the held units when the
     caller knows them (:attr:`StagedInputs.held`, or :func:`held_units`)."""
-    check_key(plan, task, key)
+    check_key(pv, task, key)
     if units is None:
-        units = held_units(plan, as_path(state), task, key)
+        units = held_units(pv, as_path(state), task, key)
     if not units:
         return []
     return refresh_held(as_path(state), list(units), as_path(workspace).absolute())
 
 
 def check_inputs(
-    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None,
+    pv: PlanView, state: Path, task: str, workspace: Path, *, key: str | None = None,
     units: Sequence[Unit] | None = None,
 ) -> list[str]:  # fmt: skip
     """Call once the task's processes are gone and before its slot is given back
@@ -917,9 +908,9 @@ def check_inputs(
     published copy restored now, before any other consumer can start, and is
     named in the returned notes (pass them to :func:`capture` as
     ``held_notes``). ``units`` as for :func:`refresh_inputs`."""
-    check_key(plan, task, key)
+    check_key(pv, task, key)
     if units is None:
-        units = held_units(plan, as_path(state), task, key)
+        units = held_units(pv, as_path(state), task, key)
     if not units:
         return []
     label = task if key is None else f"{task}[{key}]"

@@ -22,7 +22,7 @@ from crucible.core.errors import InputRefused, OperationalError, ParseError
 from crucible.core.fdio import read_file
 from crucible.stage._layout import StateLayout
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, plan_object
+from crucible.stage._plan import PlanView
 from crucible.stage._share import SHARED_ROOT, Unit
 
 __all__ = [
@@ -94,24 +94,19 @@ class LoopView:
         return task in self.body or task in self.after or pv.tasks[task].epilogue
 
 
-def loop_of(plan: Any, pv: PlanView) -> LoopView | None:
+def loop_of(pv: PlanView) -> LoopView | None:
     """The plan's loop (IR v3 with a ``loop`` member), or None; worked out once
-    per view (kept in its memo). ``plan``: its JSON object, or ``pv`` itself."""
+    per view (kept in its memo). The model checked its shape
+    (crucible.core.plan.Plan.loop); a body task the plan lacks is refused here."""
     if "loop" in pv.memo:
         lv: LoopView | None = pv.memo["loop"]
         return lv
     lv = None
-    plan = plan_object(plan)
-    loop = plan.get("loop") if pv.version >= 3 and isinstance(plan, dict) else None
+    loop = pv.model.loop if pv.version >= 3 else None
     if loop is not None:
-        body = loop.get("body") if isinstance(loop, dict) else None
-        if not isinstance(body, list) or not body or not all(isinstance(b, str) for b in body):
-            raise InputRefused(
-                "loop.body must be a non-empty list of task names", where="plan:$.loop.body"
-            )
-        for b in body:
+        for b in loop.body:
             pv.task(b)  # an unknown name is a plan error
-        lv = LoopView(pv, frozenset(body))
+        lv = LoopView(pv, frozenset(loop.body))
     pv.memo["loop"] = lv
     return lv
 
@@ -196,14 +191,14 @@ def read_reserved(state: Path, name: str) -> Any:
 
 
 def producer_key(
-    plan: Any, pv: PlanView, state: Path, consumer: str, key: str | None, producer: str
+    pv: PlanView, state: Path, consumer: str, key: str | None, producer: str
 ) -> str | None:
     """The instance key at which ``consumer`` (instance ``key``) reads
     ``producer``: a body producer is read in the consumer's own revision by a
     body task, and at the kept revision by a task after the loop (from
     ``STATE/reserved/kept.json``; without one, or without that revision's
     record, its plain record). Anything else: None, the plain record."""
-    lv = loop_of(plan, pv)
+    lv = loop_of(pv)
     if lv is None or producer not in lv.body:
         return None
     if consumer in lv.body:

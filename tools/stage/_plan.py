@@ -26,9 +26,8 @@ __all__ = [
     "TYPES",
     "PlanView",
     "TaskView",
+    "build_view",
     "in_plan",
-    "plan_object",
-    "view",
 ]
 
 
@@ -62,9 +61,9 @@ class TaskView:
 
 @dataclass(frozen=True)
 class PlanView:
-    """The plan's tasks by name, in declaration order. Stage's functions take a
-    plan as its JSON object or as its view: handed the view (as a run's
-    :class:`crucible.stage.StateDir` hands it), they use it as it is."""
+    """The plan's tasks by name, in declaration order. Every stage function
+    takes the plan as its view, built once (:func:`build_view`) and handed
+    on by the run's :class:`crucible.stage.StateDir`."""
 
     version: int
     edition: int
@@ -176,28 +175,3 @@ def _check_across(plan: Plan) -> None:
             )
         if plan.version == 1 and t.inputs:
             raise InputRefused(f"task {t.name!r} declares inputs in a v1 plan", where=in_plan())
-
-
-def plan_object(plan: Any) -> Any:
-    """The plan's JSON object, whether ``plan`` is that object or its view."""
-    return plan.plan if isinstance(plan, PlanView) else plan
-
-
-# One-entry identity cache, for a caller that hands stage the plan's JSON object
-# (crucible-stage, a test): the same object for each of its calls, and a
-# 10,000-task plan should not be re-checked on every call. The strong reference
-# keeps id() from being reused while cached. A run never fills it: its StateDir
-# (crucible.stage._statedir) builds the view once and hands it to every call.
-_cache: tuple[Any, PlanView] | None = None
-
-
-def view(plan: Any) -> PlanView:
-    """``plan``'s view: ``plan`` itself when it is one, else built (or cached)."""
-    global _cache
-    if isinstance(plan, PlanView):
-        return plan
-    if _cache is not None and _cache[0] is plan:
-        return _cache[1]
-    v = build_view(plan)
-    _cache = (plan, v)
-    return v

@@ -16,7 +16,7 @@ from typing import Any
 from crucible.core import canon
 from crucible.core.errors import InputRefused, ParseError
 from crucible.stage._inputs import INDEX_NAME, V1_FILE, V1_HISTORY, VALUES_DIR, stage_inputs
-from crucible.stage._plan import view
+from crucible.stage._plan import PlanView
 from crucible.stage._records import check_key
 
 __all__ = [
@@ -139,20 +139,19 @@ _NO_HISTORY = object()
 
 
 def render_prompt(
-    plan: Any, state: Path, task: str, workspace: Path, *, key: str | None = None
+    pv: PlanView, state: Path, task: str, workspace: Path, *, key: str | None = None
 ) -> str:
     """The prompt of agent ``task``, from the inputs staged in ``workspace``
     (staged first when they are not there yet)."""
-    pv = view(plan)
     t = pv.task(task)
-    check_key(plan, task, key)
+    check_key(pv, task, key)
     if t.kind != "agent":
         raise InputRefused(f"task {task!r} is a {t.kind} task, not an agent; it has no prompt")
     workspace = Path(workspace).absolute()
     inputs = workspace / "inputs"
     marker = inputs / (f"{VALUES_DIR}/{INDEX_NAME}" if pv.version >= 2 else V1_FILE)
     if not marker.exists():
-        stage_inputs(plan, Path(state), task, workspace, key=key)
+        stage_inputs(pv, Path(state), task, workspace, key=key)
     head = (t.prompt or "").rstrip("\n") + "\n\n"
     region: str | None = None
     if pv.version >= 2:

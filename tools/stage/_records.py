@@ -13,7 +13,7 @@ from crucible.core.contract import RESULT_STATUSES
 from crucible.core.errors import InputRefused
 from crucible.stage import _store
 from crucible.stage._loop import loop_of, revision_of
-from crucible.stage._plan import view
+from crucible.stage._plan import PlanView
 from crucible.stage._store import RESULT_FORMAT, as_path
 
 __all__ = [
@@ -38,15 +38,14 @@ __all__ = [
 STATUSES = RESULT_STATUSES
 
 
-def check_key(plan: Any, task: str, key: str | None) -> None:
+def check_key(pv: PlanView, task: str, key: str | None) -> None:
     """A key is required for, and only for, an instance of a mapped task."""
-    pv = view(plan)
     t = pv.task(task)
     if key is None and t.map is not None:
         raise InputRefused(f"task {task!r} is mapped over {'.'.join(t.map)}: give the instance key")
     if key is not None and t.map is None and revision_of(key) is not None:
         # a loop body task's unit in one revision (inputs.md, "Reserved inputs of the scored loop")
-        lv = loop_of(plan, pv)
+        lv = loop_of(pv)
         if lv is None or task not in lv.body:
             raise InputRefused(
                 f"task {task!r} is not in the plan's loop body: it has no revision {key!r}"
@@ -149,7 +148,7 @@ def amend_record(
 
 
 def amend_result(
-    plan: Any,
+    pv: PlanView,
     state: Path,
     task: str,
     *,
@@ -163,7 +162,7 @@ def amend_result(
     """Change a settled record's verdict (e.g. dispatch failing an evaluate task
     on its verdict) and rewrite it atomically; everything else is kept. ``extra``
     members are merged into the record's ``extra``."""
-    check_key(plan, task, key)
+    check_key(pv, task, key)
     record = load_result(as_path(state), task, key)
     if record is None:
         raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
@@ -189,7 +188,7 @@ def load_record_fast(state: Path, task: str, key: str) -> dict[str, Any] | None:
 
 
 def settle_fold(
-    plan: Any, state: Path, task: str, keys: list[str], *, durable: bool = True
+    pv: PlanView, state: Path, task: str, keys: list[str], *, durable: bool = True
 ) -> dict[str, Any]:
     """Write a mapped task's aggregate record from its instances' records.
 
@@ -198,7 +197,7 @@ def settle_fold(
     note names how many did not pass and the first of them: the first failure,
     skipped instances (a false condition) counted apart, when any failed.
     """
-    t = view(plan).task(task)
+    t = pv.task(task)
     if t.map is None:
         raise InputRefused(f"task {task!r} is not mapped; it has no fold to settle")
     if len(set(keys)) != len(keys):

@@ -10,7 +10,7 @@ from typing import Any
 
 from crucible.stage._inputs import held_units
 from crucible.stage._layout import StateLayout
-from crucible.stage._plan import view
+from crucible.stage._plan import PlanView
 from crucible.stage._records import STATUSES, _extra, base_record, check_key, write_record
 from crucible.stage._share import verify_consumer
 from crucible.stage._store import as_path
@@ -19,7 +19,7 @@ __all__ = ["record_settled"]
 
 
 def record_settled(
-    plan: Any,
+    pv: PlanView,
     state: Path,
     task: str,
     *,
@@ -34,13 +34,13 @@ def record_settled(
     For a mapped task without ``key`` (one that settled before it expanded: a
     skip, an unreadable map source) this is its aggregate record with no
     instances: ``keys: []`` and zero counts, with the given status and note."""
-    if key is not None or view(plan).task(task).map is None:
-        check_key(plan, task, key)
+    if key is not None or pv.task(task).map is None:
+        check_key(pv, task, key)
     record = base_record(task, key, status, note)
-    tampering = _held_tampering(plan, as_path(state), task, key)
+    tampering = _held_tampering(pv, as_path(state), task, key)
     if tampering:  # a timed-out or killed consumer is checked as capture checks one
         record["note"] = "; ".join([note, *tampering]) if note else "; ".join(tampering)
-    if key is None and view(plan).task(task).map is not None:
+    if key is None and pv.task(task).map is not None:
         record["keys"] = []
         record["counts"] = dict.fromkeys(STATUSES, 0)
     ex = _extra(extra)
@@ -49,12 +49,12 @@ def record_settled(
     return write_record(as_path(state), record, durable=durable)
 
 
-def _held_tampering(plan: Any, state: Path, task: str, key: str | None) -> list[str]:
+def _held_tampering(pv: PlanView, state: Path, task: str, key: str | None) -> list[str]:
     """Notes for staged files the task's (default) workspace holds that were
     changed (docs/spec/inputs.md 3.4); none when it was never staged."""
-    if key is None and view(plan).task(task).map is not None:
+    if key is None and pv.task(task).map is not None:
         return []  # an aggregate has no workspace of its own
-    units = held_units(plan, state, task, key)
+    units = held_units(pv, state, task, key)
     if not units:
         return []
     workspace = StateLayout(state).work_dir(task, key)

@@ -4,8 +4,9 @@ staging of its units, over one plan whose view is built once.
 A dispatcher builds one :class:`StateDir` per run, before it forks its workers
 (they inherit it), and passes it to every part of the run that reads or writes
 records or stages a unit; each call is typed, and each hands stage the plan's
-view, so nothing is checked or looked up again (the module functions behind it
-take the plan as its JSON object or as that view: crucible.stage._plan.view).
+view, so nothing is checked or looked up again (every stage function behind it
+takes that view: crucible.stage._plan.PlanView). ``crucible-stage`` builds one
+per command (crucible.stage.commands.load_plan).
 The same plan over another directory (a dry run's shadow state) is
 :meth:`StateDir.over`, sharing the view.
 """
@@ -110,7 +111,7 @@ class StateDir:
         extra: dict[str, Any] | None = None,
         durable: bool = True,
     ) -> dict[str, Any]:
-        """Change a settled record's verdict (crucible.stage.amend_result)."""
+        """Change a settled record's verdict (crucible.stage._records.amend_result)."""
         return _records.amend_result(
             self.view, self.state, task, key=key, status=status, note=note,
             retryable=retryable, extra=extra, durable=durable,
@@ -126,7 +127,7 @@ class StateDir:
         extra: dict[str, Any] | None = None,
         durable: bool = True,
     ) -> dict[str, Any]:
-        """A record written without capture (crucible.stage.record_settled)."""
+        """A record written without capture (crucible.stage._settled.record_settled)."""
         return _settled.record_settled(
             self.view, self.state, task, status=status, note=note, key=key, extra=extra,
             durable=durable,
@@ -151,7 +152,7 @@ class StateDir:
         files_max: int = FILES_RUN_MAX,
         in_place: bool = False,
     ) -> _inputs.StagedInputs:
-        """Lay down ``workspace/inputs/`` (crucible.stage.stage_inputs)."""
+        """Lay down ``workspace/inputs/`` (crucible.stage._inputs.stage_inputs)."""
         return _inputs.stage_inputs(
             self.view, self.state, task, workspace, key=key, files_max=files_max,
             in_place=in_place,
@@ -165,7 +166,7 @@ class StateDir:
         key: str | None = None,
         units: Sequence[Unit] | None = None,
     ) -> list[str]:
-        """Just before a staged task starts (crucible.stage.refresh_inputs)."""
+        """Just before a staged task starts (crucible.stage._inputs.refresh_inputs)."""
         return _inputs.refresh_inputs(self.view, self.state, task, workspace, key=key, units=units)
 
     def check_inputs(
@@ -176,11 +177,11 @@ class StateDir:
         key: str | None = None,
         units: Sequence[Unit] | None = None,
     ) -> list[str]:
-        """Once the task's processes are gone (crucible.stage.check_inputs)."""
+        """Once the task's processes are gone (crucible.stage._inputs.check_inputs)."""
         return _inputs.check_inputs(self.view, self.state, task, workspace, key=key, units=units)
 
     def render_prompt(self, task: str, workspace: Path, *, key: str | None = None) -> str:
-        """An agent task's prompt (crucible.stage.render_prompt)."""
+        """An agent task's prompt (crucible.stage._prompt.render_prompt)."""
         return _prompt.render_prompt(self.view, self.state, task, workspace, key=key)
 
     def capture(
@@ -200,7 +201,7 @@ class StateDir:
         write: bool = True,
         empty_workspace: bool = False,
     ) -> dict[str, Any]:
-        """Settle one attempt and return its record (crucible.stage.capture)."""
+        """Settle one attempt and return its record (crucible.stage._capture.capture)."""
         return _capture.capture(
             self.view, self.state, task, workspace, output_file=output_file,
             exit_code=exit_code, key=key, attempt=attempt, emit_cap=emit_cap, extra=extra,

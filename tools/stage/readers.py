@@ -30,7 +30,7 @@ from crucible.stage._inputs import _v1_dep_value as v1_dep_value
 from crucible.stage._layout import RESERVED_STATE_NAMES
 from crucible.stage._loop import loop_of
 from crucible.stage._names import escape_key
-from crucible.stage._plan import PlanView, TaskView, view
+from crucible.stage._plan import PlanView, TaskView, build_view
 from crucible.stage._records import (
     amend_record,
     check_key,
@@ -54,6 +54,7 @@ __all__ = [
     "TaskView",
     "amend_record",
     "build_outcome",
+    "build_view",
     "check_join",
     "check_key",
     "declared_entry",
@@ -77,6 +78,5 @@ __all__ = [
     "update_record",
     "utf16_order",
     "v1_dep_value",
-    "view",
     "write_result",
 ]

@@ -45,6 +45,7 @@ from crucible.stage.readers import (
     PlanView,
     TaskView,
     build_outcome,
+    build_view,
     check_key,
     declared_entry,
     escape_key,
@@ -59,7 +60,6 @@ from crucible.stage.readers import (
     task_params,
     utf16_order,
     v1_dep_value,
-    view,
 )
 
 __all__ = ["Keyer"]
@@ -111,8 +111,6 @@ class Keyer:
         self._params_path = str(self.state / "params.json")
         #: the plan's view (the run's StateDir's, else built at the first key)
         self._pv: PlanView | None = plan_view
-        #: what stage's readers are handed for the plan: its view once known
-        self._stage_plan: Any = plan if plan_view is None else plan_view
         #: the plan has no scored loop (checked at the first key)
         self._loop_checked = False
         #: task -> its ancestors that declare emits_files (sorted), walked once
@@ -123,12 +121,16 @@ class Keyer:
         #: declared reads (crucible.run.cache._reads): listed and hashed once per run
         self.reads = ReadsKeyer(pack_dir, cache_dir)
 
+    def _view(self) -> PlanView:
+        """The plan's view, built at the first key when the run handed none."""
+        if self._pv is None:
+            self._pv = build_view(self.plan)
+        return self._pv
+
     def key(self, name: str, key: str | None) -> CacheKey:
-        pv = self._pv
-        if pv is None:  # the plan was checked when loaded
-            pv = self._pv = self._stage_plan = view(self.plan)
+        pv = self._view()
         if not self._loop_checked:
-            if loop_of(pv, pv) is not None:
+            if loop_of(pv) is not None:
                 # A scored loop's revisions are staged by rules of their own (the
                 # revision each producer is read at, kept files, the history budget):
                 # such a plan is not cached yet (docs/spec/cache.md).
@@ -219,13 +221,13 @@ class Keyer:
         if t.kind in ("command", "evaluate"):  # agents never receive params
             out["params"] = self._params_digest(t)
         if key is not None:
-            out["item"] = _value_digest(instance_item(self._stage_plan, self.state, t.name, key))
+            out["item"] = _value_digest(instance_item(self._view(), self.state, t.name, key))
         present = self._reserved_present()
         for name in RESERVED_STATE_NAMES:
             if f"{name}.json" in present:
                 out[name] = _value_digest(read_json(self.state / "reserved" / f"{name}.json"))
         if t.epilogue:
-            out["outcome"] = _value_digest(build_outcome(self._stage_plan, self.state, t.name))
+            out["outcome"] = _value_digest(build_outcome(self._view(), self.state, t.name))
         return out
 
     def _reserved_present(self) -> frozenset[str]:
@@ -267,11 +269,11 @@ class Keyer:
         except FileNotFoundError:
             ident = None  # the plan's defaults
         if self._params is None or self._params[0] != ident:
-            self._params = (ident, load_params(self._stage_plan, self.state))
+            self._params = (ident, load_params(self._view(), self.state))
             self._params_digests.clear()
         found = self._params_digests.get(t.name)
         if found is None:
-            handed = task_params(self._stage_plan, t.model, self._params[1])
+            handed = task_params(self._view(), t.model, self._params[1])
             if handed is self._params[1]:  # every param (most tasks): one digest
                 found = self._params_digests.get("")  # no task is named ""
                 if found is None:
@@ -284,7 +286,7 @@ class Keyer:
     def _files_staged(self, pv: PlanView, t: TaskView, key: str | None) -> set[str]:
         """What stage lays under ``inputs/``: ``producer`` or ``producer/<escaped
         key>`` (stage's own describe pass, crucible.stage._inputs.staged_units)."""
-        units, _ = staged_units(pv, pv, self.state, t.name, key)
+        units, _ = staged_units(pv, self.state, t.name, key)
         return {u.staged for u in units}
 
     def _declared(
@@ -293,7 +295,7 @@ class Keyer:
         """The index entry stage writes for a declared input (stage's describe
         pass, crucible.stage._inputs.declared_entry), minus the path and size the
         key leaves out (cache.md): a fold's entries keep theirs, as staged."""
-        entry = declared_entry(pv, pv, self.state, t, key, name, staged, [], [])
+        entry = declared_entry(pv, self.state, t, key, name, staged, [], [])
         return {k: v for k, v in entry.items() if k not in ("path", "size")}
 
     # ----------------------------------------------------------------- IR v1

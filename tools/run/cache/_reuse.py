@@ -179,7 +179,7 @@ def import_previous(prev: Path, cache_dir: Path, *, warn: Warn) -> int:
     except (OSError, CrucibleError, canon.CanonError) as exc:
         warn(f"--reuse: cannot read the earlier run's plan in {prev}: {exc}; nothing is reused")
         return 0
-    if loop_of(prev_dir.view, prev_dir.view) is not None:  # its units are not keyed (cache.md)
+    if loop_of(prev_dir.view) is not None:  # its units are not keyed (cache.md)
         warn("--reuse: a plan with a [loop] is not keyed: nothing of the earlier run is reused")
         return 0
     # one keyer per environment a session of the earlier run had (index 0: the

@@ -50,7 +50,8 @@ from crucible.run.executors import _seam as executor
 from crucible.run.executors._create import create as create_executor
 from crucible.run.executors._procs import close_inherited, kill_group
 from crucible.run.executors._seam import Executor
-from crucible.run.executors._unit import Slots, UnitRunner
+from crucible.run.executors._slots import Slots
+from crucible.run.executors._unit import UnitRunner
 from crucible.run.executors._workers import Channel, Reply
 from crucible.run.session import events
 from crucible.run.session._admit import Admission

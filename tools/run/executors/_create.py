@@ -11,7 +11,8 @@ from typing import Any
 
 from crucible.run._options import RunOptions
 from crucible.run.executors._seam import Executor, LocalExecutor
-from crucible.run.executors._unit import Slots, UnitRunner
+from crucible.run.executors._slots import Slots
+from crucible.run.executors._unit import UnitRunner
 from crucible.run.executors._workers import Channel, WorkerPool
 
 __all__ = ["create"]

@@ -1,12 +1,12 @@
 """``--follow`` for units run elsewhere: tail their log files on the shared state.
 
 Locally a worker copies its task's output to the dispatcher's stderr as it
-reads the task's pipe (crucible.run.executors._unit's ``_Follow``). A unit on a Dask
+reads the task's pipe (crucible.run.executors._tasklog's ``Follow``). A unit on a Dask
 worker writes the same log file, ``STATE/logs/<task>[/<key>].log``, on the
 filesystem every worker shares with the dispatcher (docs/run-on-a-cluster.md),
 so the dispatcher tails those files: a thread reads what each unit in flight
 appended since its last look, every INTERVAL seconds, and passes it through
-the same ``_Follow`` (whole lines, ``task[key] `` prefix). What an attempt
+the same ``Follow`` (whole lines, ``task[key] `` prefix). What an attempt
 appends begins with its header line (``== crucible: attempt N …``), which is
 the log's and not the task's output: it is skipped. A unit's end reads the
 rest and flushes its last partial line, before the dispatcher hears of it.
@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crucible.run.executors._unit import _Follow, follow_prefix
+from crucible.run.executors._tasklog import Follow, follow_prefix
 
 __all__ = ["INTERVAL", "LogTailer"]
 
@@ -33,7 +33,7 @@ _CHUNK = 1 << 20
 @dataclass
 class _Tail:
     path: Path
-    follow: _Follow
+    follow: Follow
     offset: int
     header_left: bool = True
     pending: bytes = field(default=b"")
@@ -56,7 +56,7 @@ class LogTailer:
             offset = os.stat(path).st_size  # earlier attempts' output is not followed again
         except OSError:
             offset = 0
-        tail = _Tail(path, _Follow(follow_prefix(name, key), self._fd), offset)
+        tail = _Tail(path, Follow(follow_prefix(name, key), self._fd), offset)
         with self._lock:
             self._tails[token] = tail
             if self._thread is None:

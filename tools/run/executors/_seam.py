@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crucible.core.errors import OperationalError
-from crucible.run.executors._unit import Slots
+from crucible.run.executors._slots import Slots
 from crucible.run.executors._workers import Reply, WorkerPool
 
 if TYPE_CHECKING:

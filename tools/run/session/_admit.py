@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from crucible.compile import load_any
 from crucible.core import atomic, canon, contract, digest
@@ -37,6 +37,9 @@ from crucible.run.engine._matrix import check_fanout_params
 from crucible.run.session._lock import StateLock
 from crucible.run.session._params import changed_param, read_params_file, resolve_params
 from crucible.run.session._preflight import check_output_flags, open_outputs_stream
+
+if TYPE_CHECKING:
+    from crucible.compile import CompiledPlan
 
 __all__ = ["JOBS_MAX", "Admission", "admit", "emit_cap_from", "worker_count"]
 
@@ -65,6 +68,9 @@ class Admission:
     """A run admitted: its checked plan and params, its locked state dir."""
 
     plan: dict[str, Any]
+    #: the plan's typed model (crucible.core.plan), as the compiler emitted it:
+    #: what the run reads, never ``plan`` with ``dict.get`` and a default
+    model: Plan
     data: bytes
     digest: str
     params: dict[str, Any]
@@ -88,15 +94,6 @@ class Admission:
     #: a fresh run's state dir was created by this admission (an undone claim
     #: removes it again: :meth:`unclaim`)
     created_state: bool = False
-    #: the plan's typed model (crucible.core.plan), read once from ``plan``:
-    #: what the run reads, never ``plan`` with ``dict.get`` and a default
-    model: Plan = field(default=None, repr=False)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.model is None:
-            # the compiler checked the plan (a plan file's normal form, or the
-            # manifest it compiled): built without checking each member again
-            self.model = Plan.from_json(self.plan, checked=True)
 
     def claim(self, state: Path) -> None:
         """Write what marks the state dir as this run's (fresh runs only)."""
@@ -176,11 +173,10 @@ def emit_cap_from(options: RunOptions, environ: Mapping[str, str]) -> int:
     return contract.emit_cap_from(options.emit_cap, environ)
 
 
-def _load(path: Path) -> tuple[dict[str, Any], bytes, str, tuple[str, ...]]:
+def _load(path: Path) -> CompiledPlan:
     if str(path) != "-" and not path.exists():
         raise UsageError("no such plan or manifest", where=str(path))
-    compiled = load_any(path)
-    return compiled.plan, compiled.data, compiled.digest, tuple(compiled.warnings)
+    return load_any(path)
 
 
 def _check_flags(options: RunOptions) -> None:
@@ -283,8 +279,9 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     """Check a run's whole input and lock its state dir; write nothing else."""
     _check_flags(options)
     check_output_flags(options)
-    plan, data, plan_digest, warnings = _load(options.plan)
-    model = Plan.from_json(plan, checked=True)  # the one model of the run's plan
+    compiled = _load(options.plan)
+    model = compiled.model  # the one model of the run's plan, as compile built it
+    plan_digest = compiled.digest
     state = options.state
     emit_cap = emit_cap_from(options, environ)
     agents = [t.name for t in model.tasks if t.kind == "agent"]
@@ -301,8 +298,8 @@ def admit(options: RunOptions, environ: dict[str, str] | os._Environ[str]) -> Ad
     _check_state_path(state)
     given = read_params_file(options.params_file) if options.params_file else {}
     base = Admission(
-        plan, data, plan_digest, {}, emit_cap, warnings, jobs=jobs,
-        pack_dir=_pack_dir(options.plan), model=model,
+        compiled.plan, model, compiled.data, plan_digest, {}, emit_cap,
+        tuple(compiled.warnings), jobs=jobs, pack_dir=_pack_dir(options.plan),
     )  # fmt: skip
     if options.resume:
         if not options.dry_run:

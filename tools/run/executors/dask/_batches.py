@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from crucible.run.executors._unit import HANDBACK_AFTER
+from crucible.run.executors._pipelined import HANDBACK_AFTER
 
 __all__ = ["BATCH_MAX", "Batches"]
 

@@ -60,10 +60,12 @@ from crucible.run.executors._agent_io import AgentStdout
 from crucible.run.executors._batched_seam import BatchedSeam
 from crucible.run.executors._launch import serialised
 from crucible.run.executors._log_tail import LogTailer
+from crucible.run.executors._pipelined import RECENT, Pipeline, handback_after
 from crucible.run.executors._procs import TaskProcess
 from crucible.run.executors._reaper import Reaper
 from crucible.run.executors._seam import ExecutorLost
-from crucible.run.executors._unit import RECENT, Slots, UnitRunner, _Pipeline
+from crucible.run.executors._slots import Slots
+from crucible.run.executors._unit import UnitRunner
 from crucible.run.executors._workers import Reply
 from crucible.run.executors.dask._batches import Batches
 from crucible.stage import StateLayout
@@ -416,7 +418,7 @@ class _Channel:
         self.requests_fd = requests_fd
         self._worker = worker
         #: a batch's: the units behind this one are handed back once it runs long
-        self.pipeline: _Pipeline | None = None
+        self.pipeline: Pipeline | None = None
 
     def send(self, payload: Any) -> None:
         message = {"run": self.run_id, "token": self.token, **payload}
@@ -477,7 +479,7 @@ class _WorkerRunner(UnitRunner):
     #: process's working directory around posix_spawn), each group watched
     _launch = staticmethod(serialised(_SPAWN_LOCK, _watch_started))
 
-    def _wait(
+    def wait(
         self,
         proc: TaskProcess,
         channel: Any,
@@ -486,7 +488,7 @@ class _WorkerRunner(UnitRunner):
         agent_out: AgentStdout | None = None,
     ) -> tuple[int, str | None, bool]:
         try:
-            return super()._wait(proc, channel, out_r, sink, agent_out)
+            return super().wait(proc, channel, out_r, sink, agent_out)
         finally:
             if _REAPER:  # the leader was reaped and its group killed
                 _REAPER[0].forget(proc.pid)
@@ -518,7 +520,7 @@ def _runner(spec: _Spec, worker: Any) -> UnitRunner:
 
 
 #: how long each task's recent attempts took on this worker (seconds), by
-#: run and task: a batch's handback threshold (UnitRunner._handback_after)
+#: run and task: a batch's handback threshold (crucible.run.executors._pipelined.handback_after)
 _RECENT: dict[tuple[str, str], collections.deque[float]] = {}
 
 
@@ -604,8 +606,8 @@ def _run_units(
         if rest:
             with _LOCK:  # a copy: the worker's other threads append to it
                 seen = collections.deque(recent)
-            channel.pipeline = _Pipeline(
-                lambda: None, [], hand_back, UnitRunner._handback_after(seen)
+            channel.pipeline = Pipeline(
+                lambda: None, [], hand_back, handback_after(seen)
             )
         began = time.monotonic()
         answer: tuple[str, Any]

@@ -56,7 +56,8 @@ from crucible.core.plan import Task
 from crucible.run._options import RunOptions
 from crucible.run.executors._batched_seam import BatchedSeam
 from crucible.run.executors._log_tail import LogTailer
-from crucible.run.executors._unit import RECENT, UnitRunner
+from crucible.run.executors._pipelined import RECENT
+from crucible.run.executors._unit import UnitRunner
 from crucible.run.executors._workers import Reply
 from crucible.run.executors.dask._batches import Batches
 from crucible.run.executors.slurm._cli import Partition, SlurmCommands, extra_args

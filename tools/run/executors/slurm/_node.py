@@ -160,7 +160,8 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
     """The element's units, one after another (see module doc)."""
     # lazy: only run_element() needs it (start-up)
     from crucible.core.errors import CrucibleError
-    from crucible.run.executors._unit import UnitRunner, _Pipeline
+    from crucible.run.executors._pipelined import Pipeline, handback_after
+    from crucible.run.executors._unit import UnitRunner
 
     with open(run_dir / "spec.pickle", "rb") as f:
         spec = cast(NodeSpec, pickle.load(f))
@@ -205,8 +206,8 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
                     replies.final(left, ("ok", {"kind": "handback", "staged_env": None}))
 
         if rest:
-            channel.pipeline = _Pipeline(
-                lambda: None, [], hand_back, UnitRunner._handback_after(recent)
+            channel.pipeline = Pipeline(
+                lambda: None, [], hand_back, handback_after(recent)
             )
         began = time.monotonic()
         answer: tuple[str, Any]
