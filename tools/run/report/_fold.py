@@ -25,7 +25,7 @@ from itertools import compress
 from operator import and_
 from typing import NamedTuple, TypeVar
 
-from crucible.run.report._usage import UnitUsage
+from crucible.run.report._usage import UnitUsage, UsageFigures
 
 __all__ = ["FOLD_ABOVE", "HEAVIEST", "SLOWEST", "Folded", "Taken"]
 
@@ -43,8 +43,6 @@ _NAN = math.nan  # a float column's
 
 
 _T = TypeVar("_T")
-#: a usage with none of the figures a fold keeps
-_UNMEASURED = (None, None, None, None, None)
 
 
 def _f(v: float | None) -> float:
@@ -138,22 +136,22 @@ class Folded:
         output_bytes: int | None,
         files_bytes: int | None,
         cached: bool,
-        usage: UnitUsage | None,
+        usage: UsageFigures | None,
     ) -> None:
-        """Fold the instance ``key``: its one attempt, passed (the report drops its row)."""
-        u = usage
+        """Fold the instance ``key``: its one attempt, passed (the report drops
+        its row); ``usage``: its figures (crucible.run.report._usage.usage_figures)."""
         self.index[key] = len(self.keys)
         self.keys.append(key)
         self.alive.append(1)
         self.cached.append(1 if cached else 0)
-        self.bound.append(1 if u is not None and u.rss_bound else 0)
         self.session.append(session)
         self.start.append(start)
         self.end.append(end)
         self.duration.append(_f(duration))
         self.output_bytes.append(_i(output_bytes))
         self.files_bytes.append(_i(files_bytes))
-        if u is None:
+        if usage is None:
+            self.bound.append(0)
             self.cpu.append(_NAN)
             self.pct.append(_NAN)
             self.rss.append(_NONE)
@@ -161,13 +159,15 @@ class Folded:
             self.write.append(_NONE)
             self.known.append(0)
         else:
-            figures = (u.cpu_s, u.cpu_pct, u.max_rss_kib, u.read_bytes, u.write_bytes)
-            self.cpu.append(_f(u.cpu_s))
-            self.pct.append(_f(u.cpu_pct))
-            self.rss.append(_i(u.max_rss_kib))
-            self.read.append(_i(u.read_bytes))
-            self.write.append(_i(u.write_bytes))
-            self.known.append(0 if figures == _UNMEASURED else 1)
+            cpu, pct, _, rss, bound, read, write, _, _ = usage
+            self.bound.append(1 if bound else 0)
+            self.cpu.append(_f(cpu))
+            self.pct.append(_f(pct))
+            self.rss.append(_i(rss))
+            self.read.append(_i(read))
+            self.write.append(_i(write))
+            unmeasured = cpu is None and pct is None and rss is None
+            self.known.append(0 if unmeasured and read is None and write is None else 1)
         self._masks.clear()
 
     def take(self, key: str) -> Taken:

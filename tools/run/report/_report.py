@@ -38,6 +38,7 @@ from crucible.run.report._usage import (
     task_stats,
     unit_json,
     unit_usage,
+    usage_figures,
     usage_line,
 )
 
@@ -445,7 +446,7 @@ def _replay(
         folded = folds.get(name)
         if r is None and folded is not None:
             started = starts[name]
-            if key in folded:
+            if key in folded.index:
                 r = rows[key] = _unfold(folded, key)  # another attempt: a row again
             elif key in started:
                 first = started.pop(key)
@@ -490,7 +491,7 @@ def _fold_plain(folded: Folded, start: Event, end: Event) -> bool:
     wall = None if duration is None else float(duration)
     folded.add(
         f["key"], start.session, start.time, end.time, wall, f.get("output_bytes"),
-        f.get("files_bytes"), f.get("cached", False), unit_usage(f, wall),
+        f.get("files_bytes"), f.get("cached", False), usage_figures(f, wall),
     )  # fmt: skip
     return True
 
@@ -516,7 +517,7 @@ def _fold(folded: Folded, r: Row) -> None:
     assert r.key is not None and t.start is not None and t.end is not None
     folded.add(
         r.key, t.session, t.start, t.end, r.duration, r.output_bytes, r.files_bytes,
-        r.cached, r.usage,
+        r.cached, None if r.usage is None else r.usage.figures(),
     )  # fmt: skip
 
 

@@ -247,11 +247,11 @@ def _check_usage(value: dict[str, Any], where: str) -> None:
 #: events share few seconds, and parsing a date costs more than the rest of
 #: an event's checks (a million-instance log has three million events)
 _seconds: dict[str, float] = {}
-#: each whole ``time`` text already read, as epoch seconds: a run's events
-#: share milliseconds too (two events an instance), and a hit skips the
-#: pattern and the arithmetic; cleared when it grows (a long log)
+#: each whole ``time`` text read lately, as epoch seconds: neighbouring events
+#: share milliseconds (two events an instance), and a hit skips the pattern
+#: and the arithmetic; cleared when full (neighbours are what it serves)
 _times: dict[str, float] = {}
-_TIMES_KEPT = 200_000
+_TIMES_KEPT = 4096
 
 
 def _timestamp(text: Any, where: str) -> float:
@@ -642,14 +642,18 @@ def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] |
         for number, raw in enumerate(lines, start=1):
             if damaged is not None:  # a damaged line that was not the last one
                 raise ParseError("not a JSON record (a damaged line)", where=damaged)
-            where = f"{name}:{number}"
             if not raw.endswith(b"\n"):
                 return  # an append not finished
             try:
                 value = orjson.loads(raw)
             except orjson.JSONDecodeError:
-                damaged = where
+                damaged = f"{name}:{number}"
                 continue
+            k = value.get("key") if type(value) is dict else None
+            if type(k) is str and TOMBSTONE not in value and _fast_record(value, task, k):
+                yield k, value  # the common case: the location is never needed
+                continue
+            where = f"{name}:{number}"
             if not isinstance(value, dict) or not isinstance(value.get("key"), str):
                 raise ParseError(
                     "a packed result line is a JSON object with a string key", where=where
@@ -662,10 +666,7 @@ def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] |
                     )
                 yield k, None
                 continue
-            if _fast_record(value, task, k):
-                yield k, value
-            else:
-                yield k, _check_loaded_slowly(value, f"{where} (key {k!r})", task, k)
+            yield k, _check_loaded_slowly(value, f"{where} (key {k!r})", task, k)
 
 
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
