@@ -21,8 +21,9 @@ from crucible.run.report._accounting import refused_label
 from crucible.run.report._fold import FOLD_ABOVE, Folded
 from crucible.run.report._state import (
     Event,
+    EventTuple,
     StatePlan,
-    iter_events,
+    iter_event_tuples,
     iter_records,
     load_plan,
     load_record,
@@ -167,19 +168,6 @@ class Report(list[Row]):
         self.sessions = sessions
         self.loop = loop
         self.resources = resources or {}
-
-
-def _note_session(found: dict[int, Session], e: Event) -> None:
-    """Widen the session ``e`` belongs to (every event counts, in any order)."""
-    s = found.get(e.session)
-    if s is None:
-        found[e.session] = s = Session(e.session, e.time, e.time)
-    elif e.time < s.start:
-        s.start = e.time
-    elif e.time > s.end:
-        s.end = e.time
-    if e.kind == "shutdown":
-        s.closed = True
 
 
 def _apply(r: Row, e: Event) -> None:
@@ -426,20 +414,35 @@ def _replay(
 ) -> dict[int, Session]:
     """Read the log once, applying its task events to the rows of the units
     they name (a task in ``folds`` folds each plain instance as it finishes:
-    crucible.run.report._fold); returns the sessions it saw."""
+    crucible.run.report._fold); returns the sessions it saw. Events are read
+    as tuples (no object per event: a wide fan-out's log has two an instance);
+    an :class:`Event` is made for a row only."""
     sessions: dict[int, Session] = {}
     #: a folded task's instances started and not yet finished: their start
     #: event only (a row is made when they turn out not to be plain)
-    starts: dict[str, dict[str, Event]] = {name: {} for name in folds}
-    for e in iter_events(state):
-        _note_session(sessions, e)
-        if e.kind not in ("task_started", "task_finished"):
+    starts: dict[str, dict[str, EventTuple]] = {name: {} for name in folds}
+    session: Session | None = None
+    for e in iter_event_tuples(state):
+        kind, number, at, _, f = e
+        if session is None or session.number != number:
+            session = sessions.get(number)
+            if session is None:
+                session = sessions[number] = Session(number, at, at)
+        # widen the session the event belongs to (every event counts, in any order)
+        if at < session.start:
+            session.start = at
+        elif at > session.end:
+            session.end = at
+        if kind == "shutdown":
+            session.closed = True
             continue
-        name, key = e.fields["task"], e.fields.get("key")
+        if kind != "task_started" and kind != "task_finished":
+            continue
+        name, key = f["task"], f.get("key")
         if name not in top or (key is not None and name not in inst):
             continue  # not a unit of this plan: nothing to show it under
         if key is None:
-            _apply(top[name], e)
+            _apply(top[name], Event(*e))
             continue
         rows = inst[name]
         r = rows.get(key)
@@ -450,39 +453,40 @@ def _replay(
                 r = rows[key] = _unfold(folded, key)  # another attempt: a row again
             elif key in started:
                 first = started.pop(key)
-                if e.kind == "task_finished" and _fold_plain(folded, first, e):
+                if kind == "task_finished" and _fold_plain(folded, first, e):
                     continue
                 r = rows[key] = Row(name, key)
-                _apply(r, first)
-            elif e.kind == "task_started":
+                _apply(r, Event(*first))
+            elif kind == "task_started":
                 started[key] = e  # the common case: folded when it finishes
                 continue
         if r is None:
             r = rows[key] = Row(name, key)
-        _apply(r, e)
-        if folded is not None and e.kind == "task_finished" and _foldable(r):
+        _apply(r, Event(*e))
+        if folded is not None and kind == "task_finished" and _foldable(r):
             _fold(folded, r)
             del rows[key]
     for name, started in starts.items():  # never finished: rows
         for key, first in started.items():
             r = inst[name][key] = Row(name, key)
-            _apply(r, first)
+            _apply(r, Event(*first))
     return sessions
 
 
-def _fold_plain(folded: Folded, start: Event, end: Event) -> bool:
+def _fold_plain(folded: Folded, start: EventTuple, end: EventTuple) -> bool:
     """Fold an instance from its start and finish events when that one attempt
     is plain (what :func:`_apply` then :func:`_foldable` would find, without
     making its row: the common case of a wide fan-out); False: not plain."""
-    f = end.fields
+    _, session, start_time, _, s = start
+    _, end_session, end_time, _, f = end
     if (
         f["status"] != "passed"
         or f.get("retry") is True
         or f.get("exit_code")
         or f.get("note")
         or f.get("cache_miss")
-        or end.session != start.session
-        or f.get("attempt") not in (None, start.fields["attempt"])
+        or end_session != session
+        or f.get("attempt") not in (None, s["attempt"])
         or "log" in f
         or "stderr_tail" in f
     ):
@@ -490,7 +494,7 @@ def _fold_plain(folded: Folded, start: Event, end: Event) -> bool:
     duration = f.get("duration")
     wall = None if duration is None else float(duration)
     folded.add(
-        f["key"], start.session, start.time, end.time, wall, f.get("output_bytes"),
+        f["key"], session, start_time, end_time, wall, f.get("output_bytes"),
         f.get("files_bytes"), f.get("cached", False), usage_figures(f, wall),
     )  # fmt: skip
     return True

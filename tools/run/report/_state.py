@@ -17,12 +17,11 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from crucible.core.errors import (
     CrucibleError,
@@ -38,7 +37,9 @@ from crucible.run.session import events
 
 __all__ = [
     "Event",
+    "EventTuple",
     "StatePlan",
+    "iter_event_tuples",
     "iter_events",
     "iter_records",
     "load_plan",
@@ -326,126 +327,50 @@ def _fast_table(kind: str) -> dict[str, _Rule]:
     return table
 
 
-class _FastCheck:
-    """The fast path's test of one table's members: whether every member of a
-    value the table names passes its rule (no message: the slow checks say what
-    is wrong). Per shape of a value (its member names, in order) it keeps the
-    getter of the members the table names, and per tuple of their Python types
-    which of them carry a range: the test then runs in C (``itemgetter``,
-    ``map``, ``min``, ``max``), not as a Python loop over a dozen members."""
-
-    __slots__ = ("_shapes", "_table")
-
-    def __init__(self, table: dict[str, _Rule]) -> None:
-        self._table = table
-        self._shapes: dict[tuple[str, ...], _Shape] = {}
-
-    def __call__(self, value: dict[str, Any]) -> bool:
-        names = tuple(value)
-        shape = self._shapes.get(names)
-        if shape is None:
-            if len(self._shapes) >= _SHAPES_KEPT:  # a log of ever new shapes: stay small
-                self._shapes.clear()
-            shape = self._shapes[names] = _Shape(names, self._table)
-        return shape.ok(value)
-
-
-#: shapes (and type tuples of a shape) a :class:`_FastCheck` keeps
-_SHAPES_KEPT = 256
-_NONE_TYPE = type(None)
-#: a type tuple no rule accepts
-_REFUSED: tuple[tuple[Callable[[tuple[Any, ...]], tuple[Any, ...]], int], ...] | None = None
-
-
-class _Shape:
-    """One shape of value under one table: see :class:`_FastCheck`."""
-
-    __slots__ = ("_by_types", "_get", "_rules")
-
-    def __init__(self, names: tuple[str, ...], table: dict[str, _Rule]) -> None:
-        checked = [n for n in names if n in table]
-        if len(checked) == 1:  # itemgetter of one name gives the value, not a tuple
-            checked *= 2
-        self._get = itemgetter(*checked) if checked else None
-        self._rules = tuple(table[n] for n in checked)
-        #: per type tuple: (a getter of the numbers it holds, their least value)
-        #: for each range to check, or None when a type is not one its rule takes
-        self._by_types: dict[
-            tuple[type, ...],
-            tuple[tuple[Callable[[tuple[Any, ...]], tuple[Any, ...]], int], ...] | None,
-        ] = {}
-
-    def ok(self, value: dict[str, Any]) -> bool:
-        if self._get is None:
-            return True
-        got = self._get(value)
-        types = tuple(map(type, got))
-        ranges = self._by_types.get(types, _UNSEEN)
-        if ranges is _UNSEEN:
-            if len(self._by_types) >= _SHAPES_KEPT:
-                self._by_types.clear()
-            ranges = self._by_types[types] = self._ranges(types)
-        if ranges is None:
-            return False
-        for pick, least in ranges:
-            numbers = pick(got)
-            # the upper bound is kept strict: a value at +-(2^53-1) itself goes
-            # the slow way, which decides it
-            if min(numbers) < least or max(numbers) >= _SAFE:
+def _fast_ok(value: dict[str, Any], table: dict[str, _Rule]) -> bool:
+    """Whether every member ``table`` names passes its rule (no message: the
+    slow checks say what is wrong)."""
+    for name, v in value.items():
+        rule = table.get(name)
+        if rule is None:
+            continue
+        t = type(v)
+        if type(rule) is tuple:
+            if t not in rule or (t is int and not -_SAFE <= v <= _SAFE):
                 return False
-        return True
-
-    def _ranges(
-        self, types: tuple[type, ...]
-    ) -> tuple[tuple[Callable[[tuple[Any, ...]], tuple[Any, ...]], int], ...] | None:
-        by_least: dict[int, list[int]] = {}
-        for i, (t, rule) in enumerate(zip(types, self._rules, strict=True)):
-            if type(rule) is tuple:
-                if t not in rule:
-                    return _REFUSED
-                if t is int:
-                    by_least.setdefault(1 - _SAFE, []).append(i)
-            elif rule in (_SECONDS_RULE, _DURATION_RULE):
-                if t is _NONE_TYPE:
-                    continue
-                if t is not int and t is not float:
-                    return _REFUSED
-                by_least.setdefault(0, []).append(i)
-            elif rule == _COUNT_RULE:
-                if t is _NONE_TYPE:
-                    continue
-                if t is not int:
-                    return _REFUSED
-                by_least.setdefault(0, []).append(i)
-            else:
-                if t is not int:
-                    return _REFUSED
-                by_least.setdefault(1 if rule == _POSITIVE_RULE else 0, []).append(i)
-        return tuple(
-            (itemgetter(*(at * 2 if len(at) == 1 else at)), least) for least, at in by_least.items()
-        )
+        elif rule in (_SECONDS_RULE, _DURATION_RULE):
+            if not (v is None or ((t is float or t is int) and 0 <= v < _SAFE)):
+                return False
+        elif rule == _COUNT_RULE:
+            if not (v is None or (t is int and 0 <= v <= _SAFE)):
+                return False
+        elif not (t is int and (1 if rule == _POSITIVE_RULE else 0) <= v <= _SAFE):
+            return False
+    return True
 
 
-_UNSEEN: Any = object()
-_FAST_EVENTS: dict[str, _FastCheck] = {}
+_FAST_EVENTS: dict[str, dict[str, _Rule]] = {}
 
 
 def _check_event(value: dict[str, Any], where: str) -> Event:
     """The event ``value`` (a line's object), checked; ``where`` names it in an error."""
-    return _fast_event(value) or _check_event_slowly(value, where)
+    fast = _fast_event(value)
+    if fast is None:
+        return _check_event_slowly(value, where)
+    return Event(*fast, 0, value)
 
 
-def _fast_event(value: dict[str, Any]) -> Event | None:
-    """The event ``value`` when it passes every check at once; None: the slow
-    checks decide (and say what is wrong)."""
+def _fast_event(value: dict[str, Any]) -> tuple[str, int, float] | None:
+    """The event ``value``'s kind, session and time when it passes every check
+    at once; None: the slow checks decide (and say what is wrong)."""
     kind = value.get("event")
     if type(kind) is not str:
         return None
-    check = _FAST_EVENTS.get(kind)
-    if check is None:
+    table = _FAST_EVENTS.get(kind)
+    if table is None:
         if kind not in ("task_started", "task_finished", "shutdown"):
             return None
-        check = _FAST_EVENTS[kind] = _FastCheck(_fast_table(kind))
+        table = _FAST_EVENTS[kind] = _fast_table(kind)
     session = value.get("session")
     if (
         type(session) is int
@@ -453,10 +378,10 @@ def _fast_event(value: dict[str, Any]) -> Event | None:
         and (kind == "shutdown" or type(value.get("task")) is str)
         and (kind != "task_started" or "attempt" in value)
         and (kind != "task_finished" or type(value.get("status")) is str)
-        and check(value)
+        and _fast_ok(value, table)
         and (at := _time_or_none(value.get("time"))) is not None
     ):
-        return Event(kind, session, at, 0, value)
+        return kind, session, at
     return None
 
 
@@ -517,10 +442,21 @@ def iter_events(state: Path) -> Iterator[Event]:
     order, read as the caller consumes them (a million-instance log is ~0.5 GB:
     never held whole). A torn last line (a crash before its fsync) is ignored,
     as the dispatcher does; any other bad line is ``session.jsonl:N: message``."""
-    # lazy: not loaded with this module; only iter_events() needs it
+    for kind, session, at, line, fields in iter_event_tuples(state):
+        yield Event(kind, session, at, line, fields)
+
+
+#: an :class:`Event`'s fields as a tuple, in their order (what a reader of every
+#: event of a wide fan-out's log takes: no object made per event)
+EventTuple: TypeAlias = tuple[str, int, float, int, dict[str, Any]]
+
+
+def iter_event_tuples(state: Path) -> Iterator[EventTuple]:
+    """:func:`iter_events`, each event as an :data:`EventTuple`."""
+    # lazy: not loaded with this module; only iter_event_tuples() needs it
     import orjson
 
-    # lazy: stage is not loaded with this module; only iter_events() needs it
+    # lazy: stage is not loaded with this module; only iter_event_tuples() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).session_path
@@ -536,14 +472,14 @@ def iter_events(state: Path) -> Iterator[Event]:
                 if not raw.strip():
                     continue  # a blank line
                 raise ParseError(f"invalid JSON: {exc}", where=f"{name}:{number}") from None
-            event = _fast_event(value) if type(value) is dict else None
-            if event is None:  # the checks that say what is wrong (the location built here only)
+            fast = _fast_event(value) if type(value) is dict else None
+            if fast is None:  # the checks that say what is wrong (the location built here only)
                 if not isinstance(value, dict):
                     raise ParseError("line is not a JSON object", where=f"{name}:{number}")
-                event = _check_event_slowly(value, f"{name}:{number}")
-            event.line = number
-            if event.kind in known:
-                yield event
+                slow = _check_event_slowly(value, f"{name}:{number}")
+                fast = slow.kind, slow.session, slow.time
+            if fast[0] in known:
+                yield fast[0], fast[1], fast[2], number, value
 
 
 @contextlib.contextmanager
@@ -702,10 +638,9 @@ class _RecordRules:
         self.statuses = RESULT_STATUSES  # a tuple: a status of any JSON value is looked up
         table: dict[str, _Rule] = {name: _py_types(types) for name, types in _RECORD_TYPES.items()}
         del table["keys"]  # an aggregate's: checked slowly
-        self.members = _FastCheck(table)
-        usage: dict[str, _Rule] = {name: _SECONDS_RULE for name in _USAGE_SECONDS}
-        usage.update({name: _COUNT_RULE for name in _USAGE_COUNTS})
-        self.usage = _FastCheck(usage)
+        self.members = table
+        self.usage: dict[str, _Rule] = {name: _SECONDS_RULE for name in _USAGE_SECONDS}
+        self.usage.update({name: _COUNT_RULE for name in _USAGE_COUNTS})
 
 
 _record_rules: list[_RecordRules] = []
@@ -733,8 +668,8 @@ def _fast_record(record: Any, task: str, key: str | None) -> bool:
         and record.get("task") == task
         and record.get("key") == key
         and "keys" not in record
-        and rules.members(record)
-        and (type(record.get("usage")) is not dict or rules.usage(record["usage"]))
+        and _fast_ok(record, rules.members)
+        and (type(record.get("usage")) is not dict or _fast_ok(record["usage"], rules.usage))
     )
 
 
