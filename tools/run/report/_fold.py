@@ -8,7 +8,8 @@ attempt (failed, retried, skipped, interrupted, running, not started), and
 its outliers (the :data:`SLOWEST` longest and the heaviest by peak RSS and by
 CPU, :data:`HEAVIEST`). Each other instance, one attempt that passed, is
 folded as soon as its ``task_finished`` is read: its figures in typed
-arrays (~100 bytes) and its key in an index (~200 bytes with the key), from
+arrays (~100 bytes) and its key in an index (~200 bytes with the key; 16
+bytes when the keys are ``"0"`` .. ``"n-1"``, a map over an array), from
 which the task's totals, spreads and the HTML page's density strip are
 computed. A later event or record that
 contradicts the fold (another attempt, a record that did not pass) unfolds the
@@ -66,6 +67,92 @@ class Taken(NamedTuple):
     usage: UnitUsage | None
 
 
+class _Keys:
+    """A fold's keys by slot, and slots by key (any keys): a dict and a list."""
+
+    __slots__ = ("index", "keys")
+
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+        self.keys: list[str] = []
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def add(self, key: str) -> int | None:
+        i = self.index[key] = len(self.keys)
+        self.keys.append(key)
+        return i
+
+    def slot(self, key: str) -> int | None:
+        return self.index.get(key)
+
+    def pop(self, key: str) -> int:
+        return self.index.pop(key)
+
+    def key(self, i: int) -> str:
+        return self.keys[i]
+
+
+class _NumberedKeys:
+    """A fold's keys when they are ``"0"`` .. ``"n-1"`` (a map over an array, the
+    common wide fan-out): slots by key number and key numbers by slot in two
+    integer arrays, 16 bytes an instance instead of a dict entry, an int and a
+    string (~130 bytes: ~110 MiB at a million instances). A key of another form
+    is not taken (:meth:`add` returns None; the fold then goes to :class:`_Keys`)."""
+
+    __slots__ = ("count", "number", "slot_of")
+
+    def __init__(self, n: int) -> None:
+        #: the slot of each key number (-1: not folded)
+        self.slot_of = array("q", [-1]) * n
+        #: the key number of each slot
+        self.number = array("q")
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _number(self, key: str) -> int | None:
+        if not (key.isascii() and key.isdigit()) or (key[0] == "0" and key != "0"):
+            return None
+        n = int(key)
+        return n if n < len(self.slot_of) else None
+
+    def add(self, key: str) -> int | None:
+        n = self._number(key)
+        if n is None:
+            return None
+        i = self.slot_of[n] = len(self.number)
+        self.number.append(n)
+        self.count += 1
+        return i
+
+    def slot(self, key: str) -> int | None:
+        n = self._number(key)
+        i = -1 if n is None else self.slot_of[n]
+        return None if i < 0 else i
+
+    def pop(self, key: str) -> int:
+        n = self._number(key)
+        i = -1 if n is None else self.slot_of[n]
+        if n is None or i < 0:
+            raise KeyError(key)
+        self.slot_of[n] = -1
+        self.count -= 1
+        return i
+
+    def key(self, i: int) -> str:
+        return str(self.number[i])
+
+    def as_keys(self, alive: bytearray) -> _Keys:
+        """The same slots in a :class:`_Keys` (``alive``: which are folded)."""
+        keys = _Keys()
+        keys.keys = [str(n) for n in self.number]
+        keys.index = {k: i for i, k in enumerate(keys.keys) if alive[i]}
+        return keys
+
+
 class Folded:
     """The folded instances of one mapped task: one slot per instance, in the
     order they were folded; a slot whose instance was unfolded is dead."""
@@ -79,8 +166,6 @@ class Folded:
         "duration",
         "end",
         "files_bytes",
-        "index",
-        "keys",
         "known",
         "output_bytes",
         "pct",
@@ -88,18 +173,21 @@ class Folded:
         "read",
         "rss",
         "session",
+        "slots",
         "start",
         "task",
         "write",
     )
 
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, numbered: int | None = None) -> None:
+        """``numbered``: the task's keys are ``"0"`` .. ``"numbered-1"`` (its
+        items an array), kept as numbers (:class:`_NumberedKeys`)."""
         #: the mapped task whose instances these are
         self.task = task
         #: instances that never started (no row, no slot): counted only
         self.pending = 0
-        self.index: dict[str, int] = {}
-        self.keys: list[str] = []
+        #: slot by key, key by slot
+        self.slots: _Keys | _NumberedKeys = _Keys() if numbered is None else _NumberedKeys(numbered)
         #: 1 for a slot still folded (0: unfolded, dead)
         self.alive = bytearray()
         #: 1 for a slot that measured some usage figure (its row's ``usage`` not None)
@@ -121,10 +209,14 @@ class Folded:
         self.write = array("q")
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.slots)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self.index
+    def __contains__(self, key: str) -> bool:
+        return self.slots.slot(key) is not None
+
+    def slot(self, key: str) -> int | None:
+        """The slot of the folded instance ``key`` (None: not folded)."""
+        return self.slots.slot(key)
 
     def add(
         self,
@@ -140,8 +232,10 @@ class Folded:
     ) -> None:
         """Fold the instance ``key``: its one attempt, passed (the report drops
         its row); ``usage``: its figures (crucible.run.report._usage.usage_figures)."""
-        self.index[key] = len(self.keys)
-        self.keys.append(key)
+        if self.slots.add(key) is None:  # not a key number: every key kept as a string
+            assert isinstance(self.slots, _NumberedKeys)
+            self.slots = self.slots.as_keys(self.alive)
+            self.slots.add(key)
         self.alive.append(1)
         self.cached.append(1 if cached else 0)
         self.session.append(session)
@@ -172,7 +266,7 @@ class Folded:
 
     def take(self, key: str) -> Taken:
         """Unfold ``key``: what was kept of it, its slot dead from now on."""
-        i = self.index.pop(key)
+        i = self.slots.pop(key)
         self.alive[i] = 0
         self._masks.clear()
         return Taken(
@@ -236,7 +330,7 @@ class Folded:
                 if v == v and v != _NONE
             )
             chosen.update(-i for _, i in heapq.nlargest(n, ranked))
-        return [self.keys[i] for i in sorted(chosen)]
+        return [self.slots.key(i) for i in sorted(chosen)]
 
     def _column(self, name: str) -> array[float] | array[int]:
         if name in ("duration", "wall_s"):

@@ -11,6 +11,7 @@ docs/spec/run.md, "Report".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import eq
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -449,7 +450,7 @@ def _replay(
         folded = folds.get(name)
         if r is None and folded is not None:
             started = starts[name]
-            if key in folded.index:
+            if folded.slot(key) is not None:
                 r = rows[key] = _unfold(folded, key)  # another attempt: a row again
             elif key in started:
                 first = started.pop(key)
@@ -538,16 +539,16 @@ def _unfold(folded: Folded, key: str) -> Row:
     return r
 
 
-def _plain_record(folded: Folded, key: str, record: dict[str, Any]) -> bool:
-    """Whether a folded instance's record says what its fold says (passed,
-    cached alike, nothing more to read from it), so it stays folded."""
+def _plain_record(folded: Folded, i: int, record: dict[str, Any]) -> bool:
+    """Whether the record of the instance folded in slot ``i`` says what its
+    fold says (passed, cached alike, nothing more to read from it), so it
+    stays folded."""
     if record["status"] != "passed":
         return False
     extra = record.get("extra") or {}
     if record.get("tolerated", extra.get("tolerated")):
         return False
     cached = bool(record.get("cached", extra.get("cached", False)))
-    i = folded.index[key]
     if cached != bool(folded.cached[i]):
         return False
     if cached and folded.output_bytes[i] < 0 and "output" in record:
@@ -564,7 +565,8 @@ def _folded_records(
     kept (so memory stays with the rows, not the instances)."""
     odd: dict[str, dict[str, Any] | None] = {}
     for key, record in iter_records(state, task):
-        if record is not None and key in folded and _plain_record(folded, key, record):
+        i = None if record is None else folded.slot(key)
+        if record is not None and i is not None and _plain_record(folded, i, record):
             odd.pop(key, None)  # its last line is the plain one
         else:
             odd[key] = record
@@ -625,10 +627,18 @@ def _instances(
     return members
 
 
-def _fold_size(items: _Items, task: str, source: str | None, record: dict[str, Any] | None) -> int:
-    """How many instances a mapped task has, as far as its record or its map
-    source tells before the log is read (0: not known)."""
-    return len(_item_keys(items, task, source, record, []))
+def _new_fold(
+    items: _Items, task: str, source: str | None, record: dict[str, Any] | None, above: int
+) -> Folded | None:
+    """A fold for a mapped task of more than ``above`` instances, as far as its
+    record or its map source tells before the log is read (None: not wider);
+    its keys kept as numbers when they are ``"0"`` .. ``"n-1"``."""
+    keys = _item_keys(items, task, source, record, [])
+    n = len(keys)
+    if n <= above:
+        return None
+    numbered = all(map(eq, keys, map(str, range(n))))  # no list of n strings made
+    return Folded(task, n if numbered else None)
 
 
 def collect(state: Path, task: str | None = None, *, fold_above: int | None = FOLD_ABOVE) -> Report:
@@ -665,12 +675,10 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
     folds: dict[str, Folded] = {}
     if task is None and fold_above is not None:
         for name, mapped, source in tasks:
-            if (
-                mapped
-                and name not in body
-                and _fold_size(items, name, source, records.get(name)) > fold_above
-            ):
-                folds[name] = top[name].folded = Folded(name)
+            if mapped and name not in body:
+                fold = _new_fold(items, name, source, records.get(name), fold_above)
+                if fold is not None:
+                    folds[name] = top[name].folded = fold
     by_number = _replay(state, top, inst, folds)
     sessions = [by_number[n] for n in sorted(by_number)]
     rows: list[Row] = []
