@@ -117,6 +117,9 @@ def write_loop(state: Path, doc: dict[str, Any], target: float | None = None) ->
     (state / "loop.json").write_text(json.dumps(doc))
     if target is not None:
         plan = json.loads((state / "plan.json").read_text())
+        # a loop is an edition-4 member (IR v3): the report reads the plan
+        # through the plan model, which refuses it in an older plan
+        plan["version"], plan["edition"] = 3, 4
         plan["loop"] = {
             "body": ["a"],
             "direction": doc["direction"],

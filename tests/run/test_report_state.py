@@ -159,7 +159,14 @@ def test_damaged_result_record_is_one_line_exit_2(
         ("session.jsonl", b"[1, 2]\n", "session.jsonl:1: "),
         ("plan.json", b"{not json", "plan.json: "),
         ("plan.json", b'{"tasks": 5}', "plan.json: "),
-        ("plan.json", b'{"tasks": [{"name": 3}]}', "plan.json:$.tasks[0]: "),
+        # the plan model's refusals, located by their JSON path
+        ("plan.json", b'{"version": 2, "tasks": [{"name": 3}]}', "plan.json:$.tasks[0].name: "),
+        ("plan.json", b'{"tasks": []}', "plan.json:$.version: "),
+        (
+            "plan.json",
+            b'{"version": 3, "tasks": [{"name": "a", "kind": "command", "resources": {"cpus": "2"}}]}',
+            "plan.json:$.tasks[0].resources.cpus: ",
+        ),
         ("results/greet.json", b"\xff\xfe", "greet.json: "),
     ],
 )

@@ -202,6 +202,9 @@ def _with_usage(state: Path) -> None:
         out.append(canon.dumps(event))
     (state / "session.jsonl").write_bytes(b"\n".join(out) + b"\n")
     plan = json.loads((state / "plan.json").read_text())
+    # resources are an edition-4 member (IR v3): the report reads the plan
+    # through the plan model, which refuses them in an older plan
+    plan["version"], plan["edition"] = 3, 4
     for task in plan["tasks"]:
         if task["name"] == "each":
             task["resources"] = {"memory": 256 * MiB, "cpus": 1}

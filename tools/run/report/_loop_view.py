@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from crucible.core.errors import CrucibleError, ParseError
+from crucible.core.errors import ParseError
+from crucible.core.plan import Loop
 from crucible.run._display import clip, escape
 
 __all__ = ["LoopView", "Revision", "load", "render_html", "render_table", "to_json"]
@@ -134,43 +135,16 @@ def _revision(value: Any, where: str, i: int) -> Revision:
     )
 
 
-def plan_loop(state: Path) -> dict[str, Any]:
-    """The plan's ``loop`` member (plan.json; the report read the plan through
-    its rules already), or an empty dict: what is drawn or grouped from it is
-    never an error of its own."""
-    # lazy: not loaded with this module; only plan_loop() needs it
-    import orjson
-
-    # lazy: run.report._state, stage are not loaded with this module; only plan_loop() needs it
-    from crucible.run.report._state import read_regular
-    from crucible.stage import StateLayout
-
-    try:
-        plan = orjson.loads(read_regular(StateLayout(state).plan_path, "plan.json") or b"null")
-    except (orjson.JSONDecodeError, CrucibleError):
-        return {}
-    loop = plan.get("loop") if isinstance(plan, dict) else None
-    return loop if isinstance(loop, dict) else {}
+def body_tasks(loop: Loop | None) -> frozenset[str]:
+    """The loop body's task names (of the plan's ``loop``): the report shows each
+    as a group of its revisions (instance keys ``@rev<N>``), as a mapped task of
+    its instances."""
+    return frozenset() if loop is None else frozenset(loop.body)
 
 
-def body_tasks(loop: dict[str, Any]) -> frozenset[str]:
-    """The loop body's task names (of :func:`plan_loop`'s member): the report
-    shows each as a group of its revisions (instance keys ``@rev<N>``), as a
-    mapped task of its instances."""
-    body = loop.get("body")
-    if not isinstance(body, list):
-        return frozenset()
-    return frozenset(b for b in body if isinstance(b, str))
-
-
-def _target(loop: dict[str, Any]) -> float | None:
-    target = loop.get("target")
-    return float(target) if target is not None and _number(target) else None
-
-
-def load(state: Path, loop: dict[str, Any] | None = None) -> LoopView | None:
+def load(state: Path, loop: Loop | None) -> LoopView | None:
     """``STATE/loop.json`` checked, or None when the run has no loop; ``loop``
-    is the plan's member (:func:`plan_loop`, read when not given)."""
+    is the plan's (its target is drawn on the chart)."""
     # lazy: not loaded with this module; only load() needs it
     import orjson
 
@@ -220,7 +194,7 @@ def load(state: Path, loop: dict[str, Any] | None = None) -> LoopView | None:
         best_score=get("best_score", _nullable(_number), "a number or null"),
         stop_reason=get("stop_reason", _nullable(lambda v: v in _STOPS), "a known stop reason"),
         finished=get("finished", lambda v: isinstance(v, bool), "a boolean", False),
-        target=_target(plan_loop(state) if loop is None else loop),
+        target=None if loop is None or loop.target is None else float(loop.target),
     )
     _running_best(view)
     return view

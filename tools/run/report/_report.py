@@ -11,10 +11,9 @@ docs/spec/run.md, "Report".
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import eq
 from pathlib import Path
-from typing import IO, Any
-
-import orjson
+from typing import IO, TYPE_CHECKING, Any
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused
@@ -23,11 +22,12 @@ from crucible.run.report._accounting import refused_label
 from crucible.run.report._fold import FOLD_ABOVE, Folded
 from crucible.run.report._state import (
     Event,
-    iter_events,
+    EventTuple,
+    StatePlan,
+    iter_event_tuples,
     iter_records,
     load_plan,
     load_record,
-    load_resources,
     read_regular,
 )
 from crucible.run.report._usage import (
@@ -40,8 +40,12 @@ from crucible.run.report._usage import (
     task_stats,
     unit_json,
     unit_usage,
+    usage_figures,
     usage_line,
 )
+
+if TYPE_CHECKING:  # built when a fan-out's keys are first needed (_Items)
+    from crucible.stage import StateDir
 
 __all__ = [
     "FOLD_ABOVE",
@@ -167,19 +171,6 @@ class Report(list[Row]):
         self.resources = resources or {}
 
 
-def _note_session(found: dict[int, Session], e: Event) -> None:
-    """Widen the session ``e`` belongs to (every event counts, in any order)."""
-    s = found.get(e.session)
-    if s is None:
-        found[e.session] = s = Session(e.session, e.time, e.time)
-    elif e.time < s.start:
-        s.start = e.time
-    elif e.time > s.end:
-        s.end = e.time
-    if e.kind == "shutdown":
-        s.closed = True
-
-
 def _apply(r: Row, e: Event) -> None:
     f = e.fields
     if e.kind == "task_started":
@@ -279,35 +270,65 @@ def _settle(r: Row, record: dict[str, Any] | None) -> None:
     r.tolerated = bool(record.get("tolerated", extra.get("tolerated", r.tolerated)))
 
 
+class _Items:
+    """The instance keys of the plan's fan-outs as stage lists them (from the
+    state: a map source's record, a listed fan-out's or a matrix's items), over
+    one :class:`~crucible.stage.StateDir` of the report's plan, built when a
+    fan-out first needs it (None after: the plan is one stage refuses)."""
+
+    def __init__(self, state: Path, plan: StatePlan) -> None:
+        self.state = state
+        self.plan = plan
+        self._state_dir: StateDir | None = None
+        self._built = False
+
+    def _dir(self) -> StateDir | None:
+        if not self._built:
+            self._built = True
+            # lazy: stage is not loaded with this module; only a fan-out's keys need it
+            from crucible.stage import StateDir
+
+            try:
+                self._state_dir = StateDir(self.plan.raw, self.state, model=self.plan.model)
+            except CrucibleError:
+                self._state_dir = None  # what stage refuses: the log's keys
+        return self._state_dir
+
+    def keys(self, task: str, source: str | None) -> list[str] | None:
+        """``task``'s instance keys in item order, or None when stage cannot tell
+        them (the source unsettled or failed, or holding no array/object)."""
+        if source is None:
+            spec = self.plan.model.by_name.get(task)
+            # a listed fan-out (items, param, sequence) or a matrix: the plan says
+            listed = spec is not None and (
+                spec.matrix is not None or (spec.map is not None and spec.map_ref is None)
+            )
+            if not listed:
+                return None
+        elif load_record(self.state, source, None) is None:
+            return None
+        # The source's record (if any) was read through its schema just above;
+        # stage reads the items from it.
+        state_dir = self._dir()
+        if state_dir is None:
+            return None
+        try:
+            return [k for k, _ in state_dir.map_items(task)]
+        except CrucibleError:
+            return None
+
+
 def _item_keys(
-    state: Path, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
+    items: _Items, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
 ) -> list[str]:
     """A mapped task's instance keys in item order: the aggregate record's
     ``keys`` once settled, else the map source's items, or a listed fan-out's
     or a matrix's (so instances that never started are counted), else the keys
     the log names."""
-    keys: list[str] | None = None
-    if record is not None and "keys" in record:
-        keys = record["keys"]  # the caller does not change it
-    elif source is None:  # a listed fan-out (count, list) or a matrix: the plan says
-        from crucible import stage
-
-        plan = _plan_value(state)
-        spec: dict[str, Any] = next((t for t in plan["tasks"] if t.get("name") == task), {})
-        if isinstance(spec.get("map"), (dict, list)) or spec.get("matrix") is not None:
-            try:
-                keys = [k for k, _ in stage.StateDir(plan, state).map_items(task)]
-            except CrucibleError:
-                keys = None
-    elif load_record(state, source, None) is not None:
-        # The source's record was read through its schema just above; stage
-        # reads the items from it.
-        from crucible import stage
-
-        try:
-            keys = [k for k, _ in stage.StateDir(_plan_value(state), state).map_items(task)]
-        except CrucibleError:
-            keys = None  # the source failed or holds no array/object: the log's keys
+    # the record's keys (checked with it): the caller does not change them
+    keys: list[str] | None = None if record is None else record.get("keys")
+    if keys is None:
+        keys = items.keys(task, source)
     if keys is None:
         return seen
     if not seen:
@@ -317,14 +338,6 @@ def _item_keys(
         unknown.discard(k)
     extra = [k for k in seen if k in unknown]
     return keys + extra if extra else keys
-
-
-def _plan_value(state: Path) -> Any:
-    # lazy: stage is not loaded with this module; only _plan_value() needs it
-    from crucible.stage import StateLayout
-
-    data = read_regular(StateLayout(state).plan_path, "plan.json")
-    return orjson.loads(data or b"null")
 
 
 def _aggregate(agg: Row, instances: list[Row], pending: int = 0) -> None:
@@ -402,63 +415,79 @@ def _replay(
 ) -> dict[int, Session]:
     """Read the log once, applying its task events to the rows of the units
     they name (a task in ``folds`` folds each plain instance as it finishes:
-    crucible.run.report._fold); returns the sessions it saw."""
+    crucible.run.report._fold); returns the sessions it saw. Events are read
+    as tuples (no object per event: a wide fan-out's log has two an instance);
+    an :class:`Event` is made for a row only."""
     sessions: dict[int, Session] = {}
     #: a folded task's instances started and not yet finished: their start
     #: event only (a row is made when they turn out not to be plain)
-    starts: dict[str, dict[str, Event]] = {name: {} for name in folds}
-    for e in iter_events(state):
-        _note_session(sessions, e)
-        if e.kind not in ("task_started", "task_finished"):
+    starts: dict[str, dict[str, EventTuple]] = {name: {} for name in folds}
+    session: Session | None = None
+    for e in iter_event_tuples(state):
+        kind, number, at, _, f = e
+        if session is None or session.number != number:
+            session = sessions.get(number)
+            if session is None:
+                session = sessions[number] = Session(number, at, at)
+        # widen the session the event belongs to (every event counts, in any order)
+        if at < session.start:
+            session.start = at
+        elif at > session.end:
+            session.end = at
+        if kind == "shutdown":
+            session.closed = True
             continue
-        name, key = e.fields["task"], e.fields.get("key")
+        if kind != "task_started" and kind != "task_finished":
+            continue
+        name, key = f["task"], f.get("key")
         if name not in top or (key is not None and name not in inst):
             continue  # not a unit of this plan: nothing to show it under
         if key is None:
-            _apply(top[name], e)
+            _apply(top[name], Event(*e))
             continue
         rows = inst[name]
         r = rows.get(key)
         folded = folds.get(name)
         if r is None and folded is not None:
             started = starts[name]
-            if key in folded:
+            if folded.slot(key) is not None:
                 r = rows[key] = _unfold(folded, key)  # another attempt: a row again
             elif key in started:
                 first = started.pop(key)
-                if e.kind == "task_finished" and _fold_plain(folded, first, e):
+                if kind == "task_finished" and _fold_plain(folded, first, e):
                     continue
                 r = rows[key] = Row(name, key)
-                _apply(r, first)
-            elif e.kind == "task_started":
+                _apply(r, Event(*first))
+            elif kind == "task_started":
                 started[key] = e  # the common case: folded when it finishes
                 continue
         if r is None:
             r = rows[key] = Row(name, key)
-        _apply(r, e)
-        if folded is not None and e.kind == "task_finished" and _foldable(r):
+        _apply(r, Event(*e))
+        if folded is not None and kind == "task_finished" and _foldable(r):
             _fold(folded, r)
             del rows[key]
     for name, started in starts.items():  # never finished: rows
         for key, first in started.items():
             r = inst[name][key] = Row(name, key)
-            _apply(r, first)
+            _apply(r, Event(*first))
     return sessions
 
 
-def _fold_plain(folded: Folded, start: Event, end: Event) -> bool:
+def _fold_plain(folded: Folded, start: EventTuple, end: EventTuple) -> bool:
     """Fold an instance from its start and finish events when that one attempt
     is plain (what :func:`_apply` then :func:`_foldable` would find, without
     making its row: the common case of a wide fan-out); False: not plain."""
-    f = end.fields
+    _, session, start_time, _, s = start
+    _, end_session, end_time, _, f = end
     if (
         f["status"] != "passed"
         or f.get("retry") is True
         or f.get("exit_code")
         or f.get("note")
         or f.get("cache_miss")
-        or end.session != start.session
-        or f.get("attempt") not in (None, start.fields["attempt"])
+        or end_session != session
+        or f.get("attempt") not in (None, s["attempt"])
         or "log" in f
         or "stderr_tail" in f
     ):
@@ -466,8 +495,8 @@ def _fold_plain(folded: Folded, start: Event, end: Event) -> bool:
     duration = f.get("duration")
     wall = None if duration is None else float(duration)
     folded.add(
-        f["key"], start.session, start.time, end.time, wall, f.get("output_bytes"),
-        f.get("files_bytes"), f.get("cached", False), unit_usage(f, wall),
+        f["key"], session, start_time, end_time, wall, f.get("output_bytes"),
+        f.get("files_bytes"), f.get("cached", False), usage_figures(f, wall),
     )  # fmt: skip
     return True
 
@@ -493,7 +522,7 @@ def _fold(folded: Folded, r: Row) -> None:
     assert r.key is not None and t.start is not None and t.end is not None
     folded.add(
         r.key, t.session, t.start, t.end, r.duration, r.output_bytes, r.files_bytes,
-        r.cached, r.usage,
+        r.cached, None if r.usage is None else r.usage.figures(),
     )  # fmt: skip
 
 
@@ -510,16 +539,16 @@ def _unfold(folded: Folded, key: str) -> Row:
     return r
 
 
-def _plain_record(folded: Folded, key: str, record: dict[str, Any]) -> bool:
-    """Whether a folded instance's record says what its fold says (passed,
-    cached alike, nothing more to read from it), so it stays folded."""
+def _plain_record(folded: Folded, i: int, record: dict[str, Any]) -> bool:
+    """Whether the record of the instance folded in slot ``i`` says what its
+    fold says (passed, cached alike, nothing more to read from it), so it
+    stays folded."""
     if record["status"] != "passed":
         return False
     extra = record.get("extra") or {}
     if record.get("tolerated", extra.get("tolerated")):
         return False
     cached = bool(record.get("cached", extra.get("cached", False)))
-    i = folded.index[key]
     if cached != bool(folded.cached[i]):
         return False
     if cached and folded.output_bytes[i] < 0 and "output" in record:
@@ -536,7 +565,8 @@ def _folded_records(
     kept (so memory stays with the rows, not the instances)."""
     odd: dict[str, dict[str, Any] | None] = {}
     for key, record in iter_records(state, task):
-        if record is not None and key in folded and _plain_record(folded, key, record):
+        i = None if record is None else folded.slot(key)
+        if record is not None and i is not None and _plain_record(folded, i, record):
             odd.pop(key, None)  # its last line is the plain one
         else:
             odd[key] = record
@@ -548,6 +578,7 @@ def _folded_records(
 
 def _instances(
     state: Path,
+    items: _Items,
     agg: Row,
     record: dict[str, Any] | None,
     seen: dict[str, Row],
@@ -562,7 +593,7 @@ def _instances(
     members: list[Row] = []
     pending = 0
     if folded is None:
-        for k in _item_keys(state, agg.task, source, record, list(seen)):
+        for k in _item_keys(items, agg.task, source, record, list(seen)):
             r = seen.get(k) or Row(agg.task, k)
             _close_open_tries(r, sessions)
             _settle(r, load_record(state, agg.task, k))
@@ -571,7 +602,7 @@ def _instances(
         records = _folded_records(state, agg.task, folded, seen)
         for k in folded.outliers():
             seen[k] = _unfold(folded, k)
-        for k in _item_keys(state, agg.task, source, record, list(seen)):
+        for k in _item_keys(items, agg.task, source, record, list(seen)):
             row = seen.get(k)
             if row is None and k in records:
                 row = Row(agg.task, k)  # a record with no event (a log cut short)
@@ -596,10 +627,18 @@ def _instances(
     return members
 
 
-def _fold_size(state: Path, task: str, source: str | None, record: dict[str, Any] | None) -> int:
-    """How many instances a mapped task has, as far as its record or its map
-    source tells before the log is read (0: not known)."""
-    return len(_item_keys(state, task, source, record, []))
+def _new_fold(
+    items: _Items, task: str, source: str | None, record: dict[str, Any] | None, above: int
+) -> Folded | None:
+    """A fold for a mapped task of more than ``above`` instances, as far as its
+    record or its map source tells before the log is read (None: not wider);
+    its keys kept as numbers when they are ``"0"`` .. ``"n-1"``."""
+    keys = _item_keys(items, task, source, record, [])
+    n = len(keys)
+    if n <= above:
+        return None
+    numbered = all(map(eq, keys, map(str, range(n))))  # no list of n strings made
+    return Folded(task, n if numbered else None)
 
 
 def collect(state: Path, task: str | None = None, *, fold_above: int | None = FOLD_ABOVE) -> Report:
@@ -607,14 +646,18 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
     instances in item order (only ``task``'s rows when given). Without
     ``task``, a mapped task of more than ``fold_above`` instances keeps rows
     for its notable instances only (crucible.run.report._fold; None: never)."""
-    tasks = load_plan(state)
+    plan = load_plan(state)
     # A scored loop's body task is shown as a group of its revisions (@rev<N>).
     from crucible.run.report import _loop_view as loop_view
 
-    plan_loop = loop_view.plan_loop(state)
-    body = loop_view.body_tasks(plan_loop)
-    if body:
-        tasks = [(name, mapped or name in body, source) for name, mapped, source in tasks]
+    body = loop_view.body_tasks(plan.model.loop)
+    # (name, mapped, the task its map reads or None) in plan order; a matrix
+    # (edition 4) fans out as a map does
+    tasks = [
+        (t.name, t.fans_out or t.name in body, None if t.map_ref is None else t.map_ref.producer)
+        for t in plan.model.tasks
+    ]
+    items = _Items(state, plan)
     names = [name for name, _, _ in tasks]
     if task is not None and task not in names:
         raise InputRefused(
@@ -632,12 +675,10 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
     folds: dict[str, Folded] = {}
     if task is None and fold_above is not None:
         for name, mapped, source in tasks:
-            if (
-                mapped
-                and name not in body
-                and _fold_size(state, name, source, records.get(name)) > fold_above
-            ):
-                folds[name] = top[name].folded = Folded(name)
+            if mapped and name not in body:
+                fold = _new_fold(items, name, source, records.get(name), fold_above)
+                if fold is not None:
+                    folds[name] = top[name].folded = fold
     by_number = _replay(state, top, inst, folds)
     sessions = [by_number[n] for n in sorted(by_number)]
     rows: list[Row] = []
@@ -650,11 +691,11 @@ def collect(state: Path, task: str | None = None, *, fold_above: int | None = FO
         _settle(agg, record)
         rows.append(agg)
         if mapped:
-            rows.extend(_instances(state, agg, record, inst[name], source, by_number))
+            rows.extend(_instances(state, items, agg, record, inst[name], source, by_number))
     loop = None
     if task is None:  # the loop's revisions, under the whole run's table only
-        loop = loop_view.load(state, plan_loop)
-    return Report(rows, sessions, loop, load_resources(state))
+        loop = loop_view.load(state, plan.model.loop)
+    return Report(rows, sessions, loop, plan.declared_resources())
 
 
 # -- table ----------------------------------------------------------------------

@@ -21,19 +21,29 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
-from crucible.core.errors import CrucibleError, InputRefused, OperationalError, ParseError
+from crucible.core.errors import (
+    CrucibleError,
+    InputRefused,
+    Location,
+    OperationalError,
+    ParseError,
+    UnsupportedVersion,
+)
+from crucible.core.plan import Plan, PlanShapeError
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
 
 __all__ = [
     "Event",
+    "EventTuple",
+    "StatePlan",
+    "iter_event_tuples",
     "iter_events",
     "iter_records",
     "load_plan",
     "load_record",
-    "load_resources",
     "open_lines",
     "read_events",
     "read_regular",
@@ -137,9 +147,33 @@ def _load_json(data: bytes, where: str) -> Any:
 # -- plan.json -----------------------------------------------------------------
 
 
-def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
-    """(task name, mapped, the task its map reads or None) in plan order, from
-    ``STATE/plan.json``."""
+@dataclass(frozen=True, slots=True)
+class StatePlan:
+    """``STATE/plan.json`` read through the plan model (crucible.core.plan): the
+    typed plan the report reads, and the JSON object it was read from (what
+    stage's :class:`~crucible.stage.StateDir` is built over, for a fan-out's items)."""
+
+    model: Plan
+    raw: dict[str, Any]
+
+    def declared_resources(self) -> dict[str, dict[str, int]]:
+        """Each task's declared ``resources`` (``cpus``, ``memory`` in bytes), where
+        the plan declares them (IR v3); an amount that is not a positive integer is
+        left out (the report only shows them)."""
+        found: dict[str, dict[str, int]] = {}
+        for t in self.model.tasks:
+            if t.resources is None:
+                continue
+            asked = (("cpus", t.resources.cpus), ("memory", t.resources.memory))
+            kept = {k: v for k, v in asked if v is not None and _int(v, 1)}
+            if kept:
+                found[t.name] = kept
+        return found
+
+
+def load_plan(state: Path) -> StatePlan:
+    """``STATE/plan.json``, checked by the plan model (a value the model refuses
+    is one ``plan.json:$.path: message``, exit 2, as for any damaged state file)."""
     # lazy: stage is not loaded with this module; only load_plan() needs it
     from crucible.stage import StateLayout
 
@@ -147,40 +181,15 @@ def load_plan(state: Path) -> list[tuple[str, bool, str | None]]:
     data = read_regular(path, "plan.json")
     if data is None:
         raise InputRefused("not a crucible state dir (no plan.json)", where=str(state))
-    plan = _load_json(data, str(path))
-    if not isinstance(plan, dict) or not isinstance(plan.get("tasks"), list):
+    raw = _load_json(data, str(path))
+    if not isinstance(raw, dict) or not isinstance(raw.get("tasks"), list):
         raise ParseError("plan.json is not a plan (no tasks array)", where=str(path))
-    tasks: list[tuple[str, bool, str | None]] = []
-    for i, t in enumerate(plan["tasks"]):
-        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-            raise ParseError(
-                "a task must be an object with a string name", where=f"{path}:$.tasks[{i}]"
-            )
-        m = t.get("map")
-        source = m.split(".", 1)[0] if isinstance(m, str) and "." in m else None
-        # a matrix (edition 4) fans out as a map does
-        tasks.append((t["name"], m is not None or t.get("matrix") is not None, source))
-    return tasks
-
-
-def load_resources(state: Path) -> dict[str, dict[str, int]]:
-    """Each task's declared ``resources`` (``cpus``, ``memory`` in bytes) from
-    ``STATE/plan.json``, where the plan declares them (IR v3); a value that is
-    not a positive integer is left out (the report only shows them)."""
-    # lazy: stage is not loaded with this module; only load_resources() needs it
-    from crucible.stage import StateLayout
-
-    data = read_regular(StateLayout(state).plan_path, "plan.json")
-    plan = _load_json(data or b"null", str(StateLayout(state).plan_path))
-    found: dict[str, dict[str, int]] = {}
-    for t in plan.get("tasks", []) if isinstance(plan, dict) else []:
-        asked = t.get("resources") if isinstance(t, dict) else None
-        if not isinstance(asked, dict) or not isinstance(t.get("name"), str):
-            continue
-        kept = {k: int(asked[k]) for k in ("cpus", "memory") if _int(asked.get(k), 1)}
-        if kept:
-            found[t["name"]] = kept
-    return found
+    try:
+        model = Plan.from_json(raw)
+    except (PlanShapeError, UnsupportedVersion) as exc:
+        where = Location(str(path), path=exc.location.path)
+        raise ParseError(exc.message, where=where) from None
+    return StatePlan(model, raw)
 
 
 # -- session.jsonl ---------------------------------------------------------------
@@ -239,24 +248,47 @@ def _check_usage(value: dict[str, Any], where: str) -> None:
 #: events share few seconds, and parsing a date costs more than the rest of
 #: an event's checks (a million-instance log has three million events)
 _seconds: dict[str, float] = {}
+#: each whole ``time`` text read lately, as epoch seconds: neighbouring events
+#: share milliseconds (two events an instance), and a hit skips the pattern
+#: and the arithmetic; cleared when full (neighbours are what it serves)
+_times: dict[str, float] = {}
+_TIMES_KEPT = 4096
 
 
 def _timestamp(text: Any, where: str) -> float:
     """An event's ``time`` (RFC 3339 UTC with milliseconds) as epoch seconds."""
+    at = _time_or_none(text)
+    if at is not None:
+        return at
     if not isinstance(text, str) or not _TIME.fullmatch(text):
         raise ParseError(
             f"time {text!r} is not an RFC 3339 UTC time with milliseconds", where=where
         )
+    raise ParseError(f"time {text!r} is not a valid date and time", where=where)
+
+
+def _time_or_none(text: Any) -> float | None:
+    """:func:`_timestamp` of a valid ``time``; None for any other value (the
+    caller says what is wrong)."""
+    at = _times.get(text) if type(text) is str else None
+    if at is not None:
+        return at
+    if type(text) is not str or not _TIME.fullmatch(text):
+        return None
     second = _seconds.get(text[:19])
     if second is None:
         try:
             second = datetime.fromisoformat(text[:19] + "+00:00").timestamp()
         except ValueError:
-            raise ParseError(f"time {text!r} is not a valid date and time", where=where) from None
+            return None
         if len(_seconds) > 100_000:  # a log spanning days: keep the cache small
             _seconds.clear()
         _seconds[text[:19]] = second
-    return second + int(text[20:23]) / 1000
+    at = second + int(text[20:23]) / 1000
+    if len(_times) >= _TIMES_KEPT:
+        _times.clear()
+    _times[text] = at
+    return at
 
 
 # -- the fast path: an event or record that passes every check, cleared in one
@@ -321,23 +353,36 @@ _FAST_EVENTS: dict[str, dict[str, _Rule]] = {}
 
 
 def _check_event(value: dict[str, Any], where: str) -> Event:
+    """The event ``value`` (a line's object), checked; ``where`` names it in an error."""
+    fast = _fast_event(value)
+    if fast is None:
+        return _check_event_slowly(value, where)
+    return Event(*fast, 0, value)
+
+
+def _fast_event(value: dict[str, Any]) -> tuple[str, int, float] | None:
+    """The event ``value``'s kind, session and time when it passes every check
+    at once; None: the slow checks decide (and say what is wrong)."""
     kind = value.get("event")
-    table = _FAST_EVENTS.get(kind) if type(kind) is str else None
-    if table is None and kind in ("task_started", "task_finished", "shutdown"):
+    if type(kind) is not str:
+        return None
+    table = _FAST_EVENTS.get(kind)
+    if table is None:
+        if kind not in ("task_started", "task_finished", "shutdown"):
+            return None
         table = _FAST_EVENTS[kind] = _fast_table(kind)
     session = value.get("session")
     if (
-        table is not None
-        and type(session) is int
+        type(session) is int
         and 1 <= session <= _SAFE
         and (kind == "shutdown" or type(value.get("task")) is str)
         and (kind != "task_started" or "attempt" in value)
         and (kind != "task_finished" or type(value.get("status")) is str)
         and _fast_ok(value, table)
+        and (at := _time_or_none(value.get("time"))) is not None
     ):
-        assert isinstance(kind, str)
-        return Event(kind, session, _timestamp(value.get("time"), where), 0, value)
-    return _check_event_slowly(value, where)
+        return kind, session, at
+    return None
 
 
 def _check_event_slowly(value: dict[str, Any], where: str) -> Event:
@@ -397,31 +442,44 @@ def iter_events(state: Path) -> Iterator[Event]:
     order, read as the caller consumes them (a million-instance log is ~0.5 GB:
     never held whole). A torn last line (a crash before its fsync) is ignored,
     as the dispatcher does; any other bad line is ``session.jsonl:N: message``."""
-    # lazy: not loaded with this module; only iter_events() needs it
+    for kind, session, at, line, fields in iter_event_tuples(state):
+        yield Event(kind, session, at, line, fields)
+
+
+#: an :class:`Event`'s fields as a tuple, in their order (what a reader of every
+#: event of a wide fan-out's log takes: no object made per event)
+EventTuple: TypeAlias = tuple[str, int, float, int, dict[str, Any]]
+
+
+def iter_event_tuples(state: Path) -> Iterator[EventTuple]:
+    """:func:`iter_events`, each event as an :data:`EventTuple`."""
+    # lazy: not loaded with this module; only iter_event_tuples() needs it
     import orjson
 
-    # lazy: stage is not loaded with this module; only iter_events() needs it
+    # lazy: stage is not loaded with this module; only iter_event_tuples() needs it
     from crucible.stage import StateLayout
 
     path = StateLayout(state).session_path
     name = str(path)
+    known = frozenset(_KNOWN)
     with open_lines(path, "session.jsonl") as lines:
         for number, raw in enumerate(lines, start=1):
             if not raw.endswith(b"\n"):
                 return  # a torn last line
-            if not raw.strip():
-                continue
-            where = f"{name}:{number}"
             try:
                 value = orjson.loads(raw)
             except orjson.JSONDecodeError as exc:
-                raise ParseError(f"invalid JSON: {exc}", where=where) from None
-            if not isinstance(value, dict):
-                raise ParseError("line is not a JSON object", where=where)
-            event = _check_event(value, where)
-            event.line = number
-            if event.kind in _KNOWN:
-                yield event
+                if not raw.strip():
+                    continue  # a blank line
+                raise ParseError(f"invalid JSON: {exc}", where=f"{name}:{number}") from None
+            fast = _fast_event(value) if type(value) is dict else None
+            if fast is None:  # the checks that say what is wrong (the location built here only)
+                if not isinstance(value, dict):
+                    raise ParseError("line is not a JSON object", where=f"{name}:{number}")
+                slow = _check_event_slowly(value, f"{name}:{number}")
+                fast = slow.kind, slow.session, slow.time
+            if fast[0] in known:
+                yield fast[0], fast[1], fast[2], number, value
 
 
 @contextlib.contextmanager
@@ -520,14 +578,18 @@ def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] |
         for number, raw in enumerate(lines, start=1):
             if damaged is not None:  # a damaged line that was not the last one
                 raise ParseError("not a JSON record (a damaged line)", where=damaged)
-            where = f"{name}:{number}"
             if not raw.endswith(b"\n"):
                 return  # an append not finished
             try:
                 value = orjson.loads(raw)
             except orjson.JSONDecodeError:
-                damaged = where
+                damaged = f"{name}:{number}"
                 continue
+            k = value.get("key") if type(value) is dict else None
+            if type(k) is str and TOMBSTONE not in value and _fast_record(value, task, k):
+                yield k, value  # the common case: the location is never needed
+                continue
+            where = f"{name}:{number}"
             if not isinstance(value, dict) or not isinstance(value.get("key"), str):
                 raise ParseError(
                     "a packed result line is a JSON object with a string key", where=where
@@ -540,7 +602,7 @@ def iter_records(state: Path, task: str) -> Iterator[tuple[str, dict[str, Any] |
                     )
                 yield k, None
                 continue
-            yield k, _check_loaded(value, f"{where} (key {k!r})", task, k)
+            yield k, _check_loaded_slowly(value, f"{where} (key {k!r})", task, k)
 
 
 def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | None:
@@ -563,35 +625,52 @@ def load_record(state: Path, task: str, key: str | None) -> dict[str, Any] | Non
     return _check_loaded(record, where, task, key)
 
 
-_FAST_RECORD: dict[str, _Rule] = {}
-_FAST_USAGE: dict[str, _Rule] = {}
+class _RecordRules:
+    """What the fast path of a record compares with, made on first use (stage
+    and core.contract are not loaded with this module)."""
+
+    def __init__(self) -> None:
+        # lazy: core.contract, stage are not loaded with this module; only a record's check needs them
+        from crucible.core.contract import RESULT_STATUSES
+        from crucible.stage import RESULT_FORMAT
+
+        self.format = RESULT_FORMAT
+        self.statuses = RESULT_STATUSES  # a tuple: a status of any JSON value is looked up
+        table: dict[str, _Rule] = {name: _py_types(types) for name, types in _RECORD_TYPES.items()}
+        del table["keys"]  # an aggregate's: checked slowly
+        self.members = table
+        self.usage: dict[str, _Rule] = {name: _SECONDS_RULE for name in _USAGE_SECONDS}
+        self.usage.update({name: _COUNT_RULE for name in _USAGE_COUNTS})
+
+
+_record_rules: list[_RecordRules] = []
 
 
 def _check_loaded(record: Any, where: str, task: str, key: str | None) -> dict[str, Any]:
     """A record read back, checked against result-record.json (what the report reads)."""
-    # lazy: core.contract, stage are not loaded with this module; only _check_loaded() needs it
-    from crucible.core.contract import RESULT_STATUSES as STATUSES
-    from crucible.stage import RESULT_FORMAT
+    if _fast_record(record, task, key):
+        assert isinstance(record, dict)  # what _fast_record found
+        return record
+    return _check_loaded_slowly(record, where, task, key)
 
-    if not _FAST_RECORD:
-        _FAST_RECORD.update({name: _py_types(types) for name, types in _RECORD_TYPES.items()})
-        del _FAST_RECORD["keys"]  # an aggregate's: checked slowly
-        _FAST_USAGE.update({name: _SECONDS_RULE for name in _USAGE_SECONDS})
-        _FAST_USAGE.update({name: _COUNT_RULE for name in _USAGE_COUNTS})
-    if (
+
+def _fast_record(record: Any, task: str, key: str | None) -> bool:
+    """Whether ``record`` passes every check at once (False: the slow checks decide)."""
+    if not _record_rules:
+        _record_rules.append(_RecordRules())
+    rules = _record_rules[0]
+    return (
         type(record) is dict
-        and record.get("format") == RESULT_FORMAT
-        and record.get("status") in STATUSES
+        and record.get("format") == rules.format
+        and record.get("status") in rules.statuses
         and type(record.get("note")) is str
         and type(record.get("retryable")) is bool
         and record.get("task") == task
         and record.get("key") == key
         and "keys" not in record
-        and _fast_ok(record, _FAST_RECORD)
-        and (type(record.get("usage")) is not dict or _fast_ok(record["usage"], _FAST_USAGE))
-    ):
-        return record
-    return _check_loaded_slowly(record, where, task, key)
+        and _fast_ok(record, rules.members)
+        and (type(record.get("usage")) is not dict or _fast_ok(record["usage"], rules.usage))
+    )
 
 
 def _check_loaded_slowly(record: Any, where: str, task: str, key: str | None) -> dict[str, Any]:
