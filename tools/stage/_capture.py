@@ -20,12 +20,11 @@ from crucible.stage._files import (
     check_pattern,
 )
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
-from crucible.stage._inputs import held_units, instance_item, utf16_order
+from crucible.stage._inputs import check_inputs, instance_item, utf16_order
 from crucible.stage._layout import StateLayout
 from crucible.stage._loop import revision_of
 from crucible.stage._plan import PlanView, in_plan
-from crucible.stage._records import RESULT_FORMAT, _extra, check_key, write_record
-from crucible.stage._share import verify_consumer
+from crucible.stage._records import RESULT_FORMAT, check_key, checked_extra, write_record
 from crucible.stage._store import as_path
 
 __all__ = [
@@ -358,7 +357,7 @@ def capture(
     t = pv.task(task)
     state = as_path(state)
     workspace = _check_request(pv, state, task, workspace, key, exit_code, emit_cap)
-    ex = _extra(extra)
+    ex = checked_extra(extra)
 
     found = _Fields()
     if exit_code != 0:
@@ -372,13 +371,12 @@ def capture(
     if output is not None:
         output = _check_fields(t.emits, output, exit_code, emit_cap, capped, found)
 
-    held = held_units(pv, state, task, key) if held_notes is None else []
-    tampering = list(held_notes or [])
-    if held:
-        # What this task was handed must be what every other consumer sees (3.4).
-        tampering = verify_consumer(
-            state, task if key is None else f"{task}[{key}]", held, workspace
-        )
+    # What this task was handed must be what every other consumer sees (3.4).
+    tampering = (
+        list(held_notes)
+        if held_notes is not None
+        else check_inputs(pv, state, task, workspace, key=key)
+    )
     if tampering:
         found.problems.extend(tampering)
         found.measured = True

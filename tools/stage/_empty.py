@@ -30,7 +30,7 @@ _made: set[str] = set()
 
 def nothing_to_stage(pv: PlanView, t: TaskView, reserved: dict[str, Any]) -> bool:
     """True for a unit whose staged tree would hold only ``params = {}``."""
-    if pv.version < 2 or t.kind not in ("command", "evaluate") or t.inputs:
+    if pv.version < 2 or t.kind not in ("command", "evaluate") or t.model.inputs:
         return False
     if any(name != "params" for name in reserved) or reserved.get("params") != {}:
         return False

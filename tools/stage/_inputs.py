@@ -699,7 +699,7 @@ def describe_inputs(pv: PlanView, state: Path, task: str, key: str | None = None
         )  # fmt: skip
     dirs.append(VALUES_DIR)
     entries = []
-    for name in utf16_order(t.inputs):
+    for name in utf16_order(t.model.inputs):
         problem = _input_name_problem(name)
         if problem is not None:
             raise InputRefused(problem, where=in_plan(f"task {task}"))
@@ -891,12 +891,10 @@ def refresh_inputs(
     and relinked, so the task starts with what was captured (3.4). Returns the
     workspace-relative paths replaced. ``units``: the held units when the
     caller knows them (:attr:`StagedInputs.held`, or :func:`held_units`)."""
-    check_key(pv, task, key)
-    if units is None:
-        units = held_units(pv, as_path(state), task, key)
-    if not units:
+    held = _held(pv, state, task, key, units)
+    if not held:
         return []
-    return refresh_held(as_path(state), list(units), as_path(workspace).absolute())
+    return refresh_held(as_path(state), held, as_path(workspace).absolute())
 
 
 def check_inputs(
@@ -908,10 +906,17 @@ def check_inputs(
     published copy restored now, before any other consumer can start, and is
     named in the returned notes (pass them to :func:`capture` as
     ``held_notes``). ``units`` as for :func:`refresh_inputs`."""
-    check_key(pv, task, key)
-    if units is None:
-        units = held_units(pv, as_path(state), task, key)
-    if not units:
+    held = _held(pv, state, task, key, units)
+    if not held:
         return []
     label = task if key is None else f"{task}[{key}]"
-    return verify_consumer(as_path(state), label, list(units), as_path(workspace).absolute())
+    return verify_consumer(as_path(state), label, held, as_path(workspace).absolute())
+
+
+def _held(
+    pv: PlanView, state: Path, task: str, key: str | None, units: Sequence[Unit] | None
+) -> list[Unit]:
+    """The units ``task`` (instance ``key``) holds: ``units`` when the caller
+    knows them, else found (:func:`held_units`)."""
+    check_key(pv, task, key)
+    return list(units) if units is not None else held_units(pv, as_path(state), task, key)

@@ -33,8 +33,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TaskView:
-    """One task of the plan, as stage reads it: the core model's task (``model``)
-    and the forms stage's code reads (``raw``: the plan's task object)."""
+    """One task of the plan, as stage reads it: the core model's task (``model``:
+    its inputs, env, params, ...) and the forms stage's code reads most; ``raw``
+    is the plan's task object, which only the cache key reads
+    (crucible.run.cache._store.fixed_components hashes it)."""
 
     name: str
     kind: str
@@ -44,7 +46,6 @@ class TaskView:
     emits_files: tuple[str, ...]
     epilogue: bool
     map: tuple[str, str] | None
-    inputs: dict[str, dict[str, Any]]
     prompt: str | None
     raw: dict[str, Any] = field(repr=False)
     #: IR v3 fan-outs whose instances the dispatcher lists in STATE/instances/<task>.json
@@ -116,9 +117,6 @@ def _view_of(task: Task, raw: dict[str, Any], listed: bool) -> TaskView:
         emits_files=task.emits_files,
         epilogue=task.epilogue,
         map=mapped,
-        # the plan's own input objects: the model checked them (their typed
-        # form is ``model.inputs``); rebuilding them cost a 10,000-task view ~40%
-        inputs=dict(raw["inputs"]) if task.inputs else {},
         prompt=task.prompt,
         raw=raw,
         listed=listed,

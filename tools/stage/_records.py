@@ -20,7 +20,9 @@ __all__ = [
     "RESULT_FORMAT",
     "STATUSES",
     "amend_record",
-    "amend_result",
+    "base_record",
+    "check_key",
+    "checked_extra",
     "load_all",
     "load_record_fast",
     "load_result",
@@ -119,7 +121,9 @@ def base_record(task: str, key: str | None, status: str, note: str) -> dict[str,
     return record
 
 
-def _extra(extra: dict[str, Any] | None) -> dict[str, Any] | None:
+def checked_extra(extra: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A record's ``extra`` as given, refused unless it is a JSON object with a
+    canonical form (checked before anything is written)."""
     if extra is None:
         return None
     if not isinstance(extra, dict):
@@ -141,33 +145,10 @@ def amend_record(
     base_record(record["task"], record.get("key"), status, note)  # checks status and note
     out = dict(record)
     out.update(status=status, note=note, retryable=bool(retryable))
-    ex = _extra(extra)
+    ex = checked_extra(extra)
     if ex is not None:
         out["extra"] = {**record.get("extra", {}), **ex}
     return out
-
-
-def amend_result(
-    pv: PlanView,
-    state: Path,
-    task: str,
-    *,
-    key: str | None = None,
-    status: str,
-    note: str,
-    retryable: bool = False,
-    extra: dict[str, Any] | None = None,
-    durable: bool = True,
-) -> dict[str, Any]:
-    """Change a settled record's verdict (e.g. dispatch failing an evaluate task
-    on its verdict) and rewrite it atomically; everything else is kept. ``extra``
-    members are merged into the record's ``extra``."""
-    check_key(pv, task, key)
-    record = load_result(as_path(state), task, key)
-    if record is None:
-        raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
-    record = amend_record(record, status=status, note=note, retryable=retryable, extra=extra)
-    return write_record(as_path(state), record, durable=durable)
 
 
 def load_result(state: Path, task: str, key: str | None = None) -> dict[str, Any] | None:

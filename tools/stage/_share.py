@@ -43,6 +43,7 @@ import hashlib
 import os
 import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -376,44 +377,44 @@ def _really_changed(path: str, e: Entry) -> bool:
     except (OSError, NotRegular):
         return True
     try:
-        h = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
+        return _read_digest(fd) != e.digest
     finally:
         os.close(fd)
-    return "sha256:" + h.hexdigest() != e.digest
 
 
-def _build(
-    store: Path,
-    record: Path,
-    parent: Path,
-    label: str,
-    source: str,
-    generation: int,
-    key: str | None = None,
-) -> Path:
+def _read_digest(fd: int) -> str:
+    """The ``sha256:`` digest of what ``fd`` reads from where it stands to its end."""
+    h = hashlib.sha256()
+    while chunk := os.read(fd, 1 << 20):
+        h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+@dataclass(frozen=True)
+class _NewSet:
+    """What a new published set is built from, in either mode: the unit's store
+    and record, the directory its set goes in, and what its manifest says."""
+
+    store: Path
+    record: Path
+    parent: Path
+    label: str
+    source: str
+    generation: int
+    key: str | None = None
+
+
+def _build(req: _NewSet) -> Path:
     """A new published set from the store, in a temp directory beside ``parent``'s
     entries; returns it. Files are checked against the recorded digests."""
-    parent.mkdir(parents=True, exist_ok=True)
-    import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}pub-", dir=parent))
-    try:
+    with _new_set(req.parent) as tmp:
         tree = tmp / "tree"
         tree.mkdir()
-        recorded, written = _recorded_files(record, key)
-
-        def untouched(st: os.stat_result) -> bool:
-            # Capture wrote the file, then the record; a later write or chmod
-            # moves the file's ctime to the record's mtime or past it (the same
-            # coarse clock), and no task can move a ctime back. Only then (or
-            # when both fell in one clock tick) are its bytes hashed.
-            return written is not None and st.st_ctime_ns < written
-
+        recorded, written = _recorded_files(req.record, req.key)
         dirs: list[str] = []
         files: list[list[Any]] = []
-        for rel in walk_tree(str(store), max_depth=_WALK_DEPTH):
-            src = store / rel
+        for rel in walk_tree(str(req.store), max_depth=_WALK_DEPTH):
+            src = req.store / rel
             st = os.lstat(src)
             if stat.S_ISDIR(st.st_mode):
                 (tree / rel).mkdir()
@@ -422,11 +423,11 @@ def _build(
             try:
                 fd, st = open_regular(src)
             except NotRegular as exc:
-                raise InputRefused(f"captured file {rel!r} of {label} {exc.why}") from None
+                raise InputRefused(f"captured file {rel!r} of {req.label} {exc.why}") from None
             want = recorded.get(rel)
             try:
-                if want is not None and untouched(st) and want[0] == st.st_size:
-                    # its capture's digest stands: copy (or clone) without a hash
+                if want is not None and _digest_stands(want, st, written):
+                    # copy (or clone) without a hash
                     size, sha = _clone_or_copy(fd, tree / rel, hash_it=False), want[1]
                 else:
                     size, sha = _clone_or_copy(fd, tree / rel, hash_it=True)
@@ -434,7 +435,7 @@ def _build(
                 os.close(fd)
             if want is not None and want[1] != sha:
                 raise InputRefused(
-                    f"captured file {rel!r} of {label} no longer matches the digest its "
+                    f"captured file {rel!r} of {req.label} no longer matches the digest its "
                     f"capture recorded ({want[1]}); the store was changed",
                     where=str(src),
                 )
@@ -443,19 +444,57 @@ def _build(
             files.append([rel, size, sha, pst.st_ino, pst.st_mtime_ns])
         for rel in reversed(dirs):  # read-only directories, deepest first
             os.chmod(tree / rel, 0o555)
-        doc = {
-            "format": MANIFEST_FORMAT,
-            "source": source,
-            "generation": generation,
-            "dev": os.lstat(tree).st_dev,
-            "dirs": dirs,
-            "files": files,
-        }
+        doc = _manifest(req.source, req.generation, os.lstat(tree).st_dev, dirs, files)
         _write_manifest(tmp, doc)
         return tmp
+
+
+@contextlib.contextmanager
+def _new_set(parent: Path) -> Iterator[Path]:
+    """A temp directory beside ``parent``'s entries for a new published set
+    (either mode), removed when building it fails."""
+    parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}pub-", dir=parent))
+    try:
+        yield tmp
     except BaseException:
         remove_tree(tmp)
         raise
+
+
+def _digest_stands(want: tuple[int, str], st: os.stat_result, written: int | None) -> bool:
+    """The digest a file's capture recorded (``want``: size, digest) still holds
+    without hashing it again. Capture wrote the file, then the record
+    (``written``: its mtime); a later write or chmod moves the file's ctime to
+    the record's mtime or past it (the same coarse clock), and no task can move
+    a ctime back. Only then (or when both fell in one clock tick) are its bytes
+    hashed."""
+    return written is not None and st.st_ctime_ns < written and want[0] == st.st_size
+
+
+def _manifest(
+    source: str,
+    generation: int,
+    dev: int,
+    dirs: list[str],
+    files: list[list[Any]],
+    mode: str | None = None,
+) -> dict[str, Any]:
+    """A published set's manifest: its source, generation and device, its
+    directories and files (rel, size, digest, inode, mtime); ``mode`` only for
+    a store-mode set (a copy-mode manifest has none)."""
+    doc: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "source": source,
+        "generation": generation,
+        "dev": dev,
+        "dirs": dirs,
+        "files": files,
+    }
+    if mode is not None:
+        doc["mode"] = mode
+    return doc
 
 
 def _write_manifest(tmp: Path, doc: dict[str, Any]) -> None:
@@ -557,10 +596,8 @@ def publish(
                 if pub.mode == STORE:
                     _restore_store(state, pub, bad)
         generation = pub.generation + 1
-    if mode == STORE:
-        built = _build_store(state, store, record, root.parent, label, source, generation, key)
-    else:
-        built = _build(store, record, root.parent, label, source, generation, key)
+    req = _NewSet(store, record, root.parent, label, source, generation, key)
+    built = _build_store(state, req) if mode == STORE else _build(req)
     swap_in_dir(built, root, durable=False)
     found = _read_manifest(root, label, store)
     if found is None:  # pragma: no cover - we just wrote it
@@ -575,10 +612,7 @@ def _digest_of(path: str) -> str | None:
     except (OSError, NotRegular):
         return None
     try:
-        h = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
-            h.update(chunk)
-        return "sha256:" + h.hexdigest()
+        return _read_digest(fd)
     except OSError:
         return None
     finally:
@@ -634,66 +668,41 @@ def _restore_store(state: Path, pub: Published, bad: list[Entry]) -> None:
         )
 
 
-def _build_store(
-    state: Path,
-    store: Path,
-    record: Path,
-    parent: Path,
-    label: str,
-    source: str,
-    generation: int,
-    key: str | None = None,
-) -> Path:
+def _build_store(state: Path, req: _NewSet) -> Path:
     """A store-mode manifest (the store's own inodes, files made read-only),
     in a temp directory beside ``parent``'s entries; returns it. Each file is
     checked against its recorded digest as :func:`_build` checks it; one
     that does not match is restored from its backup when there is one."""
-    parent.mkdir(parents=True, exist_ok=True)
-    import tempfile  # lazy: tempfile loads shutil, random, bz2 and lzma (~3 ms of start-up)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}pub-", dir=parent))
-    try:
-        recorded, written = _recorded_files(record, key)
+    with _new_set(req.parent) as tmp:
+        recorded, written = _recorded_files(req.record, req.key)
         dirs: list[str] = []
         files: list[list[Any]] = []
-        dev = os.lstat(store).st_dev
-        for rel in walk_tree(str(store), max_depth=_WALK_DEPTH):
+        dev = os.lstat(req.store).st_dev
+        for rel in walk_tree(str(req.store), max_depth=_WALK_DEPTH):
             if rel.startswith(TMP_PREFIX):
                 continue
-            path = f"{store}/{rel}"
+            path = f"{req.store}/{rel}"
             st = os.lstat(path)
             if stat.S_ISDIR(st.st_mode):
                 dirs.append(rel)
                 continue
             if not stat.S_ISREG(st.st_mode):
-                raise InputRefused(f"captured file {rel!r} of {label} is not a regular file")
+                raise InputRefused(f"captured file {rel!r} of {req.label} is not a regular file")
             want = recorded.get(rel)
-            untouched = written is not None and st.st_ctime_ns < written
-            if want is not None and untouched and want[0] == st.st_size:
+            if want is not None and _digest_stands(want, st, written):
                 sha = want[1]
             else:
                 sha = _digest_of(path) or ""
             if want is not None and want[1] != sha:
-                probe = Published(label, parent, 0, dev, (), (), store, STORE)
+                probe = Published(req.label, req.parent, 0, dev, (), (), req.store, STORE)
                 _restore_store(state, probe, [Entry(rel, want[0], want[1], st.st_ino, 0)])
                 st, sha = os.lstat(path), want[1]
             if stat.S_IMODE(st.st_mode) != _READONLY:
                 os.chmod(path, _READONLY)
                 st = os.lstat(path)
             files.append([rel, st.st_size, sha, st.st_ino, st.st_mtime_ns])
-        doc = {
-            "format": MANIFEST_FORMAT,
-            "source": source,
-            "generation": generation,
-            "mode": STORE,
-            "dev": dev,
-            "dirs": dirs,
-            "files": files,
-        }
-        _write_manifest(tmp, doc)
+        _write_manifest(tmp, _manifest(req.source, req.generation, dev, dirs, files, STORE))
         return tmp
-    except BaseException:
-        remove_tree(tmp)
-        raise
 
 
 def _list_tampered(pub: Published, bad: list[Entry]) -> None:

@@ -17,11 +17,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crucible.core.errors import InputRefused
 from crucible.core.plan import Plan
-from crucible.stage import _capture, _inputs, _prompt, _records, _settled
+from crucible.stage import _capture, _inputs, _prompt, _records
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._layout import StateLayout
 from crucible.stage._plan import PlanView, TaskView, build_view
+from crucible.stage._records import (
+    STATUSES,
+    amend_record,
+    base_record,
+    check_key,
+    checked_extra,
+    write_record,
+)
 from crucible.stage._share import Unit
 from crucible.stage._store import Records
 
@@ -111,11 +120,15 @@ class StateDir:
         extra: dict[str, Any] | None = None,
         durable: bool = True,
     ) -> dict[str, Any]:
-        """Change a settled record's verdict (crucible.stage._records.amend_result)."""
-        return _records.amend_result(
-            self.view, self.state, task, key=key, status=status, note=note,
-            retryable=retryable, extra=extra, durable=durable,
-        )  # fmt: skip
+        """Change a settled record's verdict (e.g. dispatch failing an evaluate
+        task on its verdict) and rewrite it atomically; everything else is kept.
+        ``extra`` members are merged into the record's ``extra``."""
+        check_key(self.view, task, key)
+        record = _records.load_result(self.state, task, key)
+        if record is None:
+            raise InputRefused(f"task {task!r} key {key!r} has no record to amend")
+        record = amend_record(record, status=status, note=note, retryable=retryable, extra=extra)
+        return write_record(self.state, record, durable=durable)
 
     def record_settled(
         self,
@@ -127,11 +140,32 @@ class StateDir:
         extra: dict[str, Any] | None = None,
         durable: bool = True,
     ) -> dict[str, Any]:
-        """A record written without capture (crucible.stage._settled.record_settled)."""
-        return _settled.record_settled(
-            self.view, self.state, task, status=status, note=note, key=key, extra=extra,
-            durable=durable,
-        )  # fmt: skip
+        """Write a record without capture (a skipped task, a timeout, a kill),
+        with the notes of any held file a consumer changed: it reads what the
+        inputs writer staged and writes a record, as capture does.
+
+        For a mapped task without ``key`` (one that settled before it expanded:
+        a skip, an unreadable map source) this is its aggregate record with no
+        instances: ``keys: []`` and zero counts, with the given status and note."""
+        aggregate = key is None and self.view.task(task).map is not None
+        if not aggregate:
+            check_key(self.view, task, key)
+        record = base_record(task, key, status, note)
+        # an aggregate has no workspace of its own; a timed-out or killed
+        # consumer's (default) workspace is checked as capture checks one
+        # (docs/spec/inputs.md 3.4): no notes when it was never staged
+        tampering = (
+            [] if aggregate else self.check_inputs(task, self.layout.work_dir(task, key), key=key)
+        )
+        if tampering:
+            record["note"] = "; ".join([note, *tampering]) if note else "; ".join(tampering)
+        if aggregate:
+            record["keys"] = []
+            record["counts"] = dict.fromkeys(STATUSES, 0)
+        ex = checked_extra(extra)
+        if ex is not None:
+            record["extra"] = ex
+        return write_record(self.state, record, durable=durable)
 
     def settle_fold(self, task: str, keys: list[str], *, durable: bool = True) -> dict[str, Any]:
         """A mapped task's aggregate record over its instances ``keys``."""

@@ -229,21 +229,12 @@ def _apply(
             if nl + 1 >= len(data):
                 return  # a torn last line: ignored, never consumed
             raise ParseError("not a JSON record (a damaged line)", where=where) from None
-        if not isinstance(value, dict) or not isinstance(value.get("key"), str):
-            raise ParseError("a packed result line is a JSON object with a string key", where=where)
-        k = value["key"]
-        if value.get(TOMBSTONE) is True:
-            if value.get("task") != task or value.get("format") != RESULT_FORMAT:
-                raise InputRefused(
-                    f"tombstone is for task {value.get('task')!r} format "
-                    f"{value.get('format')!r}, not {task!r} (plan/state mismatch)",
-                    where=where,
-                )
+        k, removed = _packed_line(value, where, task)
+        if removed:
             entry.raw.pop(k, None)
             if parsed is not None:
                 parsed.pop(k, None)
         else:
-            check_record(value, where, task, k)
             entry.raw[k] = line
             if parsed is not None:
                 parsed[k] = value
@@ -253,6 +244,24 @@ def _apply(
         if lineno == 1:
             entry.head = entry.tail
         pos = nl + 1
+
+
+def _packed_line(value: Any, where: str, task: str) -> tuple[str, bool]:
+    """A parsed line of ``task``'s packed file, checked (inputs.md 5): its key,
+    and whether it is a tombstone (True) rather than a record."""
+    if not isinstance(value, dict) or not isinstance(value.get("key"), str):
+        raise ParseError("a packed result line is a JSON object with a string key", where=where)
+    k: str = value["key"]
+    if value.get(TOMBSTONE) is True:
+        if value.get("task") != task or value.get("format") != RESULT_FORMAT:
+            raise InputRefused(
+                f"tombstone is for task {value.get('task')!r} format "
+                f"{value.get('format')!r}, not {task!r} (plan/state mismatch)",
+                where=where,
+            )
+        return k, True
+    check_record(value, where, task, k)
+    return k, False
 
 
 def parse_packed(data: bytes, path: str, task: str) -> dict[str, dict[str, Any]]:
@@ -337,22 +346,11 @@ def scan_keyed(state: Path, task: str) -> tuple[dict[str, str], dict[str, bytes]
                 except ValueError:
                     damaged = where  # torn if it is the last line
                     continue
-                if not isinstance(value, dict) or not isinstance(value.get("key"), str):
-                    raise ParseError(
-                        "a packed result line is a JSON object with a string key", where=where
-                    )
-                k = value["key"]
-                if value.get(TOMBSTONE) is True:
-                    if value.get("task") != task or value.get("format") != RESULT_FORMAT:
-                        raise InputRefused(
-                            f"tombstone is for task {value.get('task')!r} format "
-                            f"{value.get('format')!r}, not {task!r} (plan/state mismatch)",
-                            where=where,
-                        )
+                k, removed = _packed_line(value, where, task)
+                if removed:
                     status.pop(k, None)
                     odd.pop(k, None)
                     continue
-                check_record(value, where, task, k)
                 if value["status"] == passed:
                     status[k] = passed
                     odd.pop(k, None)

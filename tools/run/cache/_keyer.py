@@ -197,7 +197,7 @@ class Keyer:
         # stage lays files under inputs/ only from ancestors that declare emits_files
         staged = self._files_staged(pv, t, key) if has_files else set()
         out: dict[str, str] = {}
-        for name in utf16_order(t.inputs):
+        for name in utf16_order(t.model.inputs):
             problem = input_name_problem(name)
             if problem is not None:
                 raise InputRefused(problem, where=f"plan:task {t.name}")

@@ -15,7 +15,7 @@ from typing import Any
 from crucible.core.plan import Task
 from crucible.run.engine import _control as control
 from crucible.run.engine._failures import compose_note, exit_text, failure_record, with_reason
-from crucible.run.engine._parts import Parts
+from crucible.run.engine._parts import Parts, Room
 from crucible.run.engine._readiness import Readiness
 from crucible.run.engine._retry_when import apply_retry_when, last_attempt
 from crucible.run.engine._units import FAILED, INTERRUPTED, PASSED, Finished, Unit
@@ -26,22 +26,9 @@ from crucible.stage import RESULT_FORMAT
 __all__ = ["Attempts"]
 
 
-class Attempts:
+class Attempts(Room):
     def __init__(self, parts: Parts) -> None:
-        self.plan = parts.plan
-        self.options = parts.options
-        self.state = parts.state
-        self.layout = parts.layout
-        self.log = parts.log
-        self.state_dir = parts.state_dir
-        self.graph = parts.graph
-        self.schedule = parts.schedule
-        self.durable = parts.durable
-        self.signals = parts.signals
-        self.control = parts.control
-        self.fanouts = parts.fanouts
-        self.loop = parts.loop
-        self.accounting = parts.accounting
+        super().__init__(parts)
         #: set by the dispatcher once built (it needs note_failure from here)
         self.readiness: Readiness
 

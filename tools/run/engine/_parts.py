@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # imported only for a plan with a loop, or with [workflow.lim
     from crucible.run.loop._engine import LoopRun
     from crucible.stage import StateDir, StateLayout
 
-__all__ = ["Parts"]
+__all__ = ["Parts", "Room"]
 
 
 @dataclass
@@ -46,3 +46,15 @@ class Parts:
     loop: LoopRun | None = None
     #: an accounted plan's accounting (crucible.run.accounting._book.Accounting)
     accounting: Accounting | None = None
+
+
+class Room(Parts):
+    """A room of the engine (readiness, the attempts' outcomes): the session's
+    parts as its own attributes, shared with every other room (the same
+    objects, not copies). Compared and hashed as itself: a room is no value."""
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __init__(self, parts: Parts) -> None:
+        self.__dict__.update(vars(parts))

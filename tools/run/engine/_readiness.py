@@ -15,7 +15,7 @@ from typing import Any
 from crucible.core.errors import CrucibleError
 from crucible.run.engine import _control as control
 from crucible.run.engine._matrix import FanoutSkipped
-from crucible.run.engine._parts import Parts
+from crucible.run.engine._parts import Parts, Room
 from crucible.run.engine._selection import NOT_SELECTED
 from crucible.run.engine._units import FAILED, PASSED, SKIPPED, Unit
 from crucible.run.session import events
@@ -23,22 +23,9 @@ from crucible.run.session import events
 __all__ = ["Readiness"]
 
 
-class Readiness:
+class Readiness(Room):
     def __init__(self, parts: Parts, note_failure: Callable[[Unit, str | None], None]) -> None:
-        self.plan = parts.plan
-        self.options = parts.options
-        self.state = parts.state
-        self.layout = parts.layout
-        self.log = parts.log
-        self.state_dir = parts.state_dir
-        self.graph = parts.graph
-        self.schedule = parts.schedule
-        self.durable = parts.durable
-        self.signals = parts.signals
-        self.control = parts.control
-        self.fanouts = parts.fanouts
-        self.loop = parts.loop
-        self.accounting = parts.accounting
+        super().__init__(parts)
         #: a unit failed: listed for the last line (crucible.run.engine._attempts)
         self.note_failure = note_failure
 
