@@ -2,9 +2,10 @@
 
 A state dir may be hand-edited, damaged or hostile. The report reads
 ``plan.json``, ``session.jsonl`` and ``results/`` only as regular files (never
-through a symlink, never blocking on a FIFO or a device) and checks each value
-it uses against docs/schemas/session-event.json and result-record.json, so a
-bad value is one ``file:line: message`` (exit 2), never a crash. The checks are
+through a symlink, never blocking on a FIFO or a device), reads the plan through
+the plan model (crucible.core.plan: :class:`StatePlan`) and checks each other
+value it uses against docs/schemas/session-event.json and result-record.json,
+so a bad value is one ``file:line: message`` (exit 2), never a crash. The checks are
 written out by hand (the report reads 30,000 events of a 10,000-instance run;
 a generic validator costs ~50 us each); tests/run/test_report_state.py holds
 them to the schemas.
