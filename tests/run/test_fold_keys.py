@@ -62,7 +62,9 @@ def test_numbered_and_string_keys_fold_alike() -> None:
     assert all((k in numbered) == (k in strings) for k in [*ORDER, "x", "007", str(N), "-1"])
 
 
-@pytest.mark.parametrize("odd", ["007", "x", str(N), "\u0663"])  # "٣": a digit, not ASCII
+@pytest.mark.parametrize(
+    "odd", ["007", "x", str(N), "\u0663", "+1", " 1", "1_0", "-0"]
+)  # "٣": a digit, not ASCII
 def test_a_key_that_is_no_number_turns_the_fold_to_strings(odd: str) -> None:
     numbered, strings = Folded("t", numbered=N), Folded("t")
     keys = [*ORDER[:20], odd, *ORDER[20:]]

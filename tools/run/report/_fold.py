@@ -114,10 +114,13 @@ class _NumberedKeys:
         return self.count
 
     def _number(self, key: str) -> int | None:
-        if not (key.isascii() and key.isdigit()) or (key[0] == "0" and key != "0"):
+        """The number ``key`` spells in canonical decimal (no sign, space, leading
+        zero or other digits: ``str(n) == key``), below n; else None."""
+        try:
+            n = int(key)
+        except ValueError:  # no number (or one over int's digit limit)
             return None
-        n = int(key)
-        return n if n < len(self.slot_of) else None
+        return n if 0 <= n < len(self.slot_of) and str(n) == key else None
 
     def add(self, key: str) -> int | None:
         n = self._number(key)

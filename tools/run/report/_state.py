@@ -2,9 +2,10 @@
 
 A state dir may be hand-edited, damaged or hostile. The report reads
 ``plan.json``, ``session.jsonl`` and ``results/`` only as regular files (never
-through a symlink, never blocking on a FIFO or a device) and checks each value
-it uses against docs/schemas/session-event.json and result-record.json, so a
-bad value is one ``file:line: message`` (exit 2), never a crash. The checks are
+through a symlink, never blocking on a FIFO or a device), reads the plan through
+the plan model (crucible.core.plan: :class:`StatePlan`) and checks each other
+value it uses against docs/schemas/session-event.json and result-record.json,
+so a bad value is one ``file:line: message`` (exit 2), never a crash. The checks are
 written out by hand (the report reads 30,000 events of a 10,000-instance run;
 a generic validator costs ~50 us each); tests/run/test_report_state.py holds
 them to the schemas.
@@ -303,13 +304,21 @@ _PY_TYPES = {
     "object": (dict,),
     "array": (list,),
 }
-#: member rules of the fast path besides a tuple of Python types
-_SECONDS_RULE, _COUNT_RULE, _NONNEG_RULE, _POSITIVE_RULE, _DURATION_RULE = range(5)
-_Rule = int | tuple[type, ...]
+#: a member's rule on the fast path: the Python types it may have, and the
+#: least value it may hold when it is a number (every number stays below
+#: 2^53-1: one at +-(2^53-1) itself goes the slow way, which decides it)
+_Rule = tuple[frozenset[type], int]
+_NONE = type(None)
+_SECONDS_RULE: _Rule = (frozenset({_NONE, int, float}), 0)  # null or a number >= 0
+_COUNT_RULE: _Rule = (frozenset({_NONE, int}), 0)  # null or an integer >= 0
+_NONNEG_RULE: _Rule = (frozenset({int}), 0)
+_POSITIVE_RULE: _Rule = (frozenset({int}), 1)
+_DURATION_RULE = _SECONDS_RULE
 
 
-def _py_types(types: tuple[str, ...]) -> tuple[type, ...]:
-    return tuple(t for name in types for t in _PY_TYPES[name])
+def _py_types(types: tuple[str, ...]) -> _Rule:
+    """The rule of a member of one of the JSON ``types``."""
+    return frozenset(t for name in types for t in _PY_TYPES[name]), 1 - _SAFE
 
 
 def _fast_table(kind: str) -> dict[str, _Rule]:
@@ -335,16 +344,9 @@ def _fast_ok(value: dict[str, Any], table: dict[str, _Rule]) -> bool:
         if rule is None:
             continue
         t = type(v)
-        if type(rule) is tuple:
-            if t not in rule or (t is int and not -_SAFE <= v <= _SAFE):
-                return False
-        elif rule in (_SECONDS_RULE, _DURATION_RULE):
-            if not (v is None or ((t is float or t is int) and 0 <= v < _SAFE)):
-                return False
-        elif rule == _COUNT_RULE:
-            if not (v is None or (t is int and 0 <= v <= _SAFE)):
-                return False
-        elif not (t is int and (1 if rule == _POSITIVE_RULE else 0) <= v <= _SAFE):
+        if t not in rule[0]:
+            return False
+        if (t is int or t is float) and not rule[1] <= v < _SAFE:
             return False
     return True
 
