@@ -33,10 +33,10 @@ def test_a_dask_workers_records_are_fsynced_by_whoever_shares_its_cache(
     monkeypatch.setattr(dask_executor, "_RUNNERS", {})
     monkeypatch.setattr(dask_executor, "_CONTROLS", {})
     options = RunOptions(plan=Path("p"), state=Path("s"), executor=executor, kill_grace=1.0)
-    spec = SimpleNamespace(
+    spec = dask_executor._Spec(
         run_id=f"r-{executor}",
         plan={},
-        model=None,
+        model=None,  # the fake runner reads none of it
         options=options,
         emit_cap=1,
         environ={},
