@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from crucible.run.report._fold import Folded, _Keys, _NumberedKeys
+from crucible.run.report._report import _Numbers
 
 N = 50
 
@@ -77,3 +78,13 @@ def test_a_key_that_is_no_number_turns_the_fold_to_strings(odd: str) -> None:
     assert isinstance(numbered.slots, _Keys)
     assert odd in numbered and ORDER[3] not in numbered
     assert _seen(numbered) == _seen(strings)
+
+
+def test_numbered_item_keys_read_as_the_list_of_strings() -> None:
+    strings = [str(n) for n in range(N)]
+    numbers = _Numbers(N)
+    assert len(numbers) == N and list(numbers) == strings
+    assert [numbers[i] for i in (0, 7, -1)] == [strings[i] for i in (0, 7, -1)]
+    assert numbers[3:9] == strings[3:9] and "12" in numbers and "x" not in numbers
+    with pytest.raises(IndexError):
+        numbers[N]

@@ -10,10 +10,11 @@ docs/spec/run.md, "Report".
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import eq
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, overload
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused
@@ -318,15 +319,38 @@ class _Items:
             return None
 
 
+class _Numbers(Sequence[str]):
+    """The keys ``"0"`` .. ``"n-1"`` without a string held for each (the item
+    keys of a numbered fold, crucible.run.report._fold: ~60 MiB at a million)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
+        if isinstance(i, slice):
+            return [str(n) for n in range(self.n)[i]]
+        return str(range(self.n)[i])
+
+    def __iter__(self) -> Iterator[str]:
+        return map(str, range(self.n))
+
+
 def _item_keys(
     items: _Items, task: str, source: str | None, record: dict[str, Any] | None, seen: list[str]
-) -> list[str]:
+) -> Sequence[str]:
     """A mapped task's instance keys in item order: the aggregate record's
     ``keys`` once settled, else the map source's items, or a listed fan-out's
     or a matrix's (so instances that never started are counted), else the keys
     the log names."""
     # the record's keys (checked with it): the caller does not change them
-    keys: list[str] | None = None if record is None else record.get("keys")
+    keys: Sequence[str] | None = None if record is None else record.get("keys")
     if keys is None:
         keys = items.keys(task, source)
     if keys is None:
@@ -337,7 +361,7 @@ def _item_keys(
     for k in keys:
         unknown.discard(k)
     extra = [k for k in seen if k in unknown]
-    return keys + extra if extra else keys
+    return [*keys, *extra] if extra else keys
 
 
 def _aggregate(agg: Row, instances: list[Row], pending: int = 0) -> None:
@@ -638,6 +662,8 @@ def _new_fold(
     if n <= above:
         return None
     numbered = all(map(eq, keys, map(str, range(n))))  # no list of n strings made
+    if numbered and record is not None and "keys" in record:
+        record["keys"] = _Numbers(n)  # the same keys, not held as strings
     return Folded(task, n if numbered else None)
 
 
