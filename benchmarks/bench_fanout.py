@@ -93,22 +93,67 @@ def map_pack(root: Path, n: int) -> Path:
 
 def run(pack: Path, state: Path, units: int) -> tuple[float, float]:
     """(wall seconds, dispatcher peak RSS MiB)."""
+    # the map's source field holds every item: 100,000 of them are ~590 KB,
+    # over the default 64 KiB cap on a declared field
+    argv = [DISPATCH, str(pack), "--state", str(state), "-j", "2", "--emit-cap", str(1 << 24)]
     t = time.perf_counter()
-    subprocess.run(
-        # the map's source field holds every item: 100,000 of them are ~590 KB,
-        # over the default 64 KiB cap on a declared field
-        [DISPATCH, str(pack), "--state", str(state), "-j", "2", "--emit-cap", str(1 << 24)],
-        check=True,
-        stderr=subprocess.DEVNULL,
-    )
+    code, _ = lean_run(argv)
     wall = time.perf_counter() - t
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {code}")
     rss = 0.0
-    for line in state.joinpath("session.jsonl").read_bytes().splitlines():
-        event = json.loads(line)
-        if event["event"] == "run_finished":
-            assert event["counts"]["passed"] == units, event
-            rss = event["max_rss_kib"] / 1024
+    # line by line, and only the run_finished line parsed: a 10^6-instance log
+    # is ~0.5 GB, and this process's size would otherwise be what its next
+    # children report as their own peak (lean_run)
+    with state.joinpath("session.jsonl").open("rb") as log:
+        for line in log:
+            if b'"run_finished"' not in line:
+                continue
+            event = json.loads(line)
+            if event["event"] == "run_finished":
+                assert event["counts"]["passed"] == units, event
+                rss = event["max_rss_kib"] / 1024
     return wall, rss
+
+
+#: runs argv[2:] in a fork of a small interpreter and writes its wait4
+#: ru_maxrss to the descriptor argv[1]
+_LEAN = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.set_inheritable(fd, False)\n"
+    "    os.execv(sys.argv[2], sys.argv[2:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "os.write(fd, b'%d' % usage.ru_maxrss)\n"
+    "sys.exit(os.waitstatus_to_exitcode(status) & 255)\n"
+)
+
+
+def lean_run(argv: list[str], stdout: int | None = None) -> tuple[int, float]:
+    """(exit code, peak RSS KiB) of ``argv``, started from a small interpreter.
+
+    Why not straight from here: Linux reports, as a process's peak RSS, at
+    least the peak of the memory it had before its exec, and a child forked
+    (or vforked) from this process had this process's. After a 10^6-instance
+    step this process held ~1 GiB, and every later command "peaked" at that
+    (issue 33: the tmpfs dispatcher's 1,070 MiB was this benchmark's size).
+    The interpreter in between is small when it forks the command."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _LEAN, str(write_end), *argv],
+            stdout=subprocess.DEVNULL if stdout is None else stdout,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(write_end,),
+        )
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as peak:
+        kib = peak.read()
+    code = proc.wait()
+    return code, float(kib or 0)
 
 
 def expansion(side: int) -> tuple[float, float]:
@@ -151,21 +196,19 @@ def state_usage(state: Path) -> dict[str, tuple[int, int]]:
 
 
 def timed(argv: list[str], out: Path | None = None) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of one command (its own process: os.wait4),
-    stdout into ``out`` (discarded without one)."""
-    sink = open(out, "wb") if out is not None else subprocess.DEVNULL  # noqa: SIM115
+    """(wall seconds, peak RSS MiB) of one command (lean_run), stdout into
+    ``out`` (discarded without one)."""
+    sink = open(out, "wb") if out is not None else None  # noqa: SIM115
     try:
         t = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=sink, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
+        code, kib = lean_run(argv, None if sink is None else sink.fileno())
         wall = time.perf_counter() - t
-        proc.returncode = os.waitstatus_to_exitcode(status)
     finally:
-        if out is not None and not isinstance(sink, int):
+        if sink is not None:
             sink.close()
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}")
-    return wall, usage.ru_maxrss / 1024
+    if code not in (0, 1):
+        raise SystemExit(f"{' '.join(argv)}: exit {code}")
+    return wall, kib / 1024
 
 
 @dataclass
@@ -306,14 +349,16 @@ def unlink_main(n: int) -> int:
     return 0
 
 
-def instances_main(ladder: list[int], budget: bool) -> int:
+def instances_main(ladder: list[int], budget: bool, where: str = "both") -> int:
     disk: list[Step] = []
     tmpfs: list[Step] = []
     for n in ladder:  # each step in directories of its own, removed after it
-        with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
-            disk.append(no_op_fanout(Path(tmp), n, f"disk ({Path(tmp).parent})"))
-        with tmpfs_dir("bench-fanout-") as (tmp, where):
-            tmpfs.append(no_op_fanout(tmp, n, where))
+        if where in ("both", "disk"):
+            with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
+                disk.append(no_op_fanout(Path(tmp), n, f"disk ({Path(tmp).parent})"))
+        if where in ("both", "tmpfs"):
+            with tmpfs_dir("bench-fanout-") as (tmp, place):
+                tmpfs.append(no_op_fanout(tmp, n, place))
     print(
         "# N, where: ms/instance, dispatcher MiB, state B/instance, report s/MiB, html s/KiB, -n s"
     )
@@ -342,6 +387,12 @@ def main() -> int:
     )
     ap.add_argument("--budget", action="store_true", help="with --instances: exit 1 over a budget")
     ap.add_argument(
+        "--where",
+        choices=("both", "disk", "tmpfs"),
+        default="both",
+        help="with --instances: the filesystems to run each step on (default: both)",
+    )
+    ap.add_argument(
         "--no-ladder",
         action="store_true",
         help="without --instances: the matrix comparison only (not the 10^4, 10^5 ladder)",
@@ -359,7 +410,7 @@ def main() -> int:
     if args.instances is not None:
         if min(args.instances) < 1:
             ap.error("--instances must be at least 1")
-        return instances_main(sorted(args.instances), args.budget)
+        return instances_main(sorted(args.instances), args.budget, args.where)
     n = args.side * args.side
     ours, floor = expansion(args.side)
     print(
