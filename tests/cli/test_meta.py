@@ -76,3 +76,17 @@ def test_the_package_is_visible_to_static_tools() -> None:
     assert origin == link / "__init__.py"
     hooks = [p for p in sys.meta_path if "editable" in type(p).__module__.lower()]
     assert hooks == [], hooks
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """pyproject.toml lists the packages a wheel holds, and an editable install
+    never notices one missing: crucible.run.accounting was left out, and every
+    accounted run from a wheel ended in an internal error (exit 70)."""
+    packages = {
+        "crucible" + ("." + ".".join(p.parent.relative_to(REPO / "tools").parts)).rstrip(".")
+        for p in (REPO / "tools").rglob("__init__.py")
+    }
+    listed = set(
+        tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    assert packages == listed, (sorted(packages - listed), sorted(listed - packages))
