@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._temps import freed_marker, rerun_for_freed
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
+    from crucible.run.session._earlier import StartedUnits
     from crucible.stage import StateDir
 
 __all__ = ["Selection", "apply", "dry_run_lines", "select"]
@@ -46,7 +47,7 @@ class Selection:
     #: task -> why it runs, is kept or is not selected (for --dry-run)
     reasons: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: (task, key) of every unit an earlier session started (for --dry-run)
-    started: set[tuple[str, str | None]] = field(default_factory=set)
+    started: Container[tuple[str, str | None]] = ()
 
     def to_run(self, graph: TaskGraph) -> list[str]:
         return [
@@ -78,28 +79,20 @@ def _records(sd: StateDir, graph: TaskGraph) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _started(events: list[dict[str, Any]]) -> set[tuple[str, str | None]]:
-    """(task, key) of every unit started in the log's sessions."""
-    return {
-        (e["task"], e.get("key"))
-        for e in events
-        if e.get("event") == "task_started" and "task" in e
-    }
-
-
 def select(
     sd: StateDir,
     graph: TaskGraph,
     *,
     retry_failed: bool,
     targets: tuple[str, ...],
-    events: list[dict[str, Any]],
+    started: StartedUnits | None = None,
     fresh: bool = False,
 ) -> Selection:
-    """``fresh``: a run that starts over (no record of the state dir counts)."""
+    """``started``: the units the earlier sessions started (their log, folded);
+    ``fresh``: a run that starts over (no record of the state dir counts)."""
     records = {} if fresh else _records(sd, graph)
-    units_started = _started(events)
-    started = {name for name, _ in units_started}
+    units_started: Container[tuple[str, str | None]] = started if started is not None else ()
+    started_tasks = started.tasks() if started is not None else set()
     failed = {n for n, r in records.items() if r.get("status") in (FAILED, SKIPPED)}
     rerun: set[str] = set()
     if retry_failed and failed:
@@ -130,7 +123,7 @@ def select(
             reasons[name] = ("run", f"{records[name].get('status')} before (--retry-failed)")
         elif name in rerun:
             reasons[name] = ("run", "downstream of a unit that runs again")
-        elif name in started:
+        elif name in started_tasks:
             reasons[name] = ("run", UNSETTLED)
         else:
             reasons[name] = ("run", "new")

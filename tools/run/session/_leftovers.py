@@ -10,7 +10,7 @@ names a workspace of this state dir (``CRUCIBLE_WORKSPACE=STATE/work/…``: a
 recycled pid is never mistaken for it) is that attempt, still running. Its group
 gets SIGTERM, SIGKILL after the kill grace, and the resume starts nothing until
 it is gone (docs/spec/run.md, "Orphans"). A resume after a clean stop finds no
-such unit and costs one pass over the events.
+such unit and costs nothing more than reading the log.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from crucible.core.errors import OperationalError
 
@@ -32,20 +31,16 @@ _GONE_WITHIN = 5.0
 
 def stop_leftovers(
     state: Path,
-    events: Iterable[dict[str, Any]],
+    unfinished: Mapping[tuple[str, str | None], int],
     grace: float,
     warn: Callable[[str], None] | None = None,
 ) -> None:
-    """Stop what is left running of units started and never finished (see module doc)."""
-    started: dict[tuple[str, str | None], int] = {}
-    for event in events:
-        kind = event.get("event")
-        unit = (str(event.get("task")), event.get("key"))
-        if kind == "task_started" and type(event.get("pid")) is int:
-            started[unit] = int(event["pid"])
-        elif kind == "task_finished":
-            started.pop(unit, None)
-    candidates = {pgid: unit for unit, pgid in started.items() if pgid > 1 and _group_exists(pgid)}
+    """Stop what is left running of ``unfinished``: the units started (each
+    with its process group) and never finished, as the earlier sessions' log
+    says (crucible.run.session._earlier; see module doc)."""
+    candidates = {
+        pgid: unit for unit, pgid in unfinished.items() if pgid > 1 and _group_exists(pgid)
+    }
     if not candidates:
         return
     # as this session spells the state dir, and as its real path

@@ -28,10 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-import orjson
-
 from crucible.core import ndjson
-from crucible.core.errors import Location, OperationalError
+from crucible.core.errors import OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.syncfs import FsSync
 from crucible.run.session._mirror import BoundedOut
@@ -42,7 +40,6 @@ __all__ = [
     "GROUP_COMMIT_WINDOW",
     "SessionLog",
     "now_text",
-    "read_earlier",
     "read_events",
 ]
 
@@ -321,59 +318,6 @@ def _fsync_path(path: str) -> None:
         raise OSError(exc.errno, exc.strerror, path) from None
     finally:
         os.close(fd)
-
-
-#: what a later session reads of an earlier one's unit events (a resume: which
-#: units started, which may still run: crucible.run.engine._selection,
-#: crucible.run.session._leftovers); the rest of each is left behind
-_UNIT_MEMBERS = ("event", "task", "key", "pid")
-
-
-def read_earlier(path: Path) -> list[dict[str, Any]]:
-    """The events of a session log as a resume reads them, read line by line:
-    each ``task_started`` and ``task_finished`` cut to ``event``, ``task``,
-    ``key`` and ``pid`` (its task name shared with the others'), every other
-    event whole. A million-instance log is ~0.5 GB and its events ~1.6 KiB
-    each as dicts: cut, ~0.25 KiB (issue 33). Bad lines as :func:`read_events`."""
-
-    found: list[dict[str, Any]] = []
-    names: dict[str, str] = {}
-    try:
-        f = path.open("rb", buffering=1 << 20)
-    except FileNotFoundError:
-        return found
-    except OSError as exc:
-        raise OperationalError(
-            f"cannot read session log: {exc.strerror}", where=str(path)
-        ) from None
-    with f:
-        try:
-            for number, raw in enumerate(f, start=1):
-                if not raw.endswith(b"\n"):
-                    break  # a torn last line (a crash mid-write, before its fsync)
-                if not raw.strip():
-                    continue
-                try:
-                    value = orjson.loads(raw)
-                except orjson.JSONDecodeError as exc:
-                    raise ndjson.NdjsonError(
-                        f"invalid JSON: {exc}", location=Location(str(path), number)
-                    ) from None
-                if not isinstance(value, dict):
-                    raise ndjson.NdjsonError(
-                        "line is not a JSON object", location=Location(str(path), number)
-                    )
-                if value.get("event") in ("task_started", "task_finished"):
-                    task = value.get("task")
-                    if isinstance(task, str):
-                        value["task"] = names.setdefault(task, task)
-                    value = {k: value[k] for k in _UNIT_MEMBERS if k in value}
-                found.append(value)
-        except OSError as exc:
-            raise OperationalError(
-                f"cannot read session log: {exc.strerror}", where=str(path)
-            ) from None
-    return found
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from crucible.run.engine._selection import Selection, dry_run_lines, select
 from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.executors._usage import data_limit_problem
 from crucible.run.session._admit import Admission, admit
-from crucible.run.session._log import read_earlier
+from crucible.run.session._earlier import EarlierSessions, read_earlier
 from crucible.run.session._outputs import finish_results
 from crucible.run.session._session import Session, copy_outputs_file
 from crucible.stage import StateDir
@@ -129,17 +129,17 @@ def _prepare(admission: Admission, options: RunOptions) -> StateDir:
 
 def _earlier_events(
     admission: Admission, options: RunOptions, state_dir: StateDir, on_warning: Warn | None
-) -> list[dict[str, Any]]:
-    """The state's session log so far (none for a fresh run); a resume first
+) -> EarlierSessions:
+    """The state's earlier sessions (none for a fresh run); a resume first
     stops what a killed run left running."""
     log_path = state_dir.layout.session_path
-    earlier = [] if admission.unclaimed else read_earlier(log_path)
+    earlier = EarlierSessions() if admission.unclaimed else read_earlier(log_path)
     if options.resume and not options.dry_run and options.executor == "local":
         # lazy: only _earlier_events() needs it (start-up)
         from crucible.run.session._leftovers import stop_leftovers
 
         # the reaper's lock covers a killed run; this covers a killed reaper
-        stop_leftovers(options.state, earlier, options.kill_grace, on_warning)
+        stop_leftovers(options.state, earlier.unfinished, options.kill_grace, on_warning)
     return earlier
 
 
@@ -148,7 +148,7 @@ def _select(
     options: RunOptions,
     state_dir: StateDir,
     graph: TaskGraph,
-    earlier: list[dict[str, Any]],
+    earlier: EarlierSessions,
 ) -> Selection:
     """What this session runs: --target, --retry-failed, and what a resume keeps."""
     return select(
@@ -156,7 +156,7 @@ def _select(
         graph,
         retry_failed=options.retry_failed,
         targets=options.targets,
-        events=earlier,
+        started=earlier.started,
         fresh=admission.unclaimed,
     )
 
@@ -199,7 +199,7 @@ def _resume_nothing(
     options: RunOptions,
     graph: TaskGraph,
     selection: Selection,
-    earlier: list[dict[str, Any]],
+    earlier: EarlierSessions,
     on_warning: Warn | None,
 ) -> RunOutcome:
     """--resume with every selected task settled: no session, the recorded outcome."""
@@ -257,7 +257,7 @@ def _reuse_for_dry_run(
 
 
 def _nothing_to_resume(
-    admission: Admission, graph: TaskGraph, selection: Selection, earlier: list[dict[str, Any]]
+    admission: Admission, graph: TaskGraph, selection: Selection, earlier: EarlierSessions
 ) -> RunOutcome:
     """--resume when every selected task has settled: nothing runs and nothing is
     written (no empty session); the exit code is the run's, as recorded: the
@@ -299,10 +299,10 @@ def _nothing_to_resume(
     )
 
 
-def _loop_failed(admission: Admission, earlier: list[dict[str, Any]]) -> bool:
+def _loop_failed(admission: Admission, earlier: EarlierSessions) -> bool:
     """A scored loop whose body failed fails its run (loop.md) whatever its records
     say: the last session's recorded status decides then."""
     if admission.model.loop is None:
         return False
-    finished = [e for e in earlier if e.get("event") == "run_finished"]
-    return bool(finished) and finished[-1].get("status") != "passed"
+    finished = earlier.last_run_finished
+    return finished is not None and finished.get("status") != "passed"

@@ -30,6 +30,7 @@ from crucible.run.engine._selection import apply as selection_apply
 from crucible.run.engine._units import Counts, RunOutcome
 from crucible.run.session import events
 from crucible.run.session._admit import Admission
+from crucible.run.session._earlier import EarlierSessions
 from crucible.run.session._log import SessionLog
 from crucible.run.session._outputs import copy_outputs, finish_results
 
@@ -50,7 +51,7 @@ class Session:
         state_dir: StateDir,
         graph: TaskGraph,
         selection: Selection,
-        earlier: list[dict[str, Any]],
+        earlier: EarlierSessions,
         environ: Mapping[str, str],
         on_progress: Callable[[Counts], None] | None,
         on_warning: Warn | None,
@@ -83,8 +84,10 @@ class Session:
         admission.claim(options.state)
         # refused before its first event: a fresh run is unclaimed again
         unclaim = stack.enter_context(_UnclaimOnError(admission, options.state, fresh))
-        record = environ_record(admission.model, self.environ, options.agent_cmd, admission.emit_cap)
-        session = 1 + sum(1 for e in self.earlier if e.get("event") == "plan_admitted")
+        record = environ_record(
+            admission.model, self.environ, options.agent_cmd, admission.emit_cap
+        )
+        session = 1 + self.earlier.sessions
         note_environ(options.state, record, resumed=options.resume, session=session)
         if options.reuse:
             self.options = options = _reuse_previous(

@@ -591,9 +591,7 @@ def _run_units(
         if rest:
             with _LOCK:  # a copy: the worker's other threads append to it
                 seen = collections.deque(recent)
-            channel.pipeline = Pipeline(
-                lambda: None, [], hand_back, handback_after(seen)
-            )
+            channel.pipeline = Pipeline(lambda: None, [], hand_back, handback_after(seen))
         began = time.monotonic()
         answer: tuple[str, Any]
         try:

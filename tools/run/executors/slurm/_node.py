@@ -193,9 +193,7 @@ def run_element(run_dir: Path, tag: str, index: str, element: str) -> int:
                     replies.final(left, ("ok", {"kind": "handback", "staged_env": None}))
 
         if rest:
-            channel.pipeline = Pipeline(
-                lambda: None, [], hand_back, handback_after(recent)
-            )
+            channel.pipeline = Pipeline(lambda: None, [], hand_back, handback_after(recent))
         began = time.monotonic()
         answer: tuple[str, Any]
         try:
