@@ -4,7 +4,6 @@ byte, defaults live in the model, unknown members are refused where they are."""
 from __future__ import annotations
 
 import copy
-import dataclasses
 import gc
 import pickle
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crucible.core import canon
+from crucible.core import canon, structs
 from crucible.core.contract import (
     IR_VERSION_OF_EDITION,
     SUPPORTED_EDITIONS,
@@ -79,7 +78,7 @@ def test_a_checked_plan_is_the_plan_the_strict_reader_builds(path: Path) -> None
     again = pickle.loads(pickle.dumps(checked))
     assert again == checked and canon.dumps(again.to_json()) == canon.dumps(raw)
     for task in checked.tasks:
-        assert dataclasses.replace(task) == task
+        assert structs.replace(task) == task
 
 
 def test_the_every_member_pack_holds_every_member() -> None:
@@ -104,7 +103,7 @@ def test_the_task_members_are_the_contracts_and_the_models_fields() -> None:
     compile's keys per IR version are the same table's."""
     from crucible.compile._editions import EDITION_CONTROL, PLAN_TASK_KEYS, ir_version_for
 
-    assert set(TASK_MEMBERS) == set(TASK_KEYS_SINCE) == {f.name for f in dataclasses.fields(Task)}
+    assert set(TASK_MEMBERS) == set(TASK_KEYS_SINCE) == {f.name for f in structs.fields(Task)}
     for edition in SUPPORTED_EDITIONS:
         assert ir_version_for(edition) == IR_VERSION_OF_EDITION[edition]
         assert PLAN_TASK_KEYS[ir_version_for(edition)] >= {

@@ -38,10 +38,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import IO, Any, Literal
 
 from crucible.compile._starbound import MAX_EVAL_MEMORY, limit_memory
+from crucible.core.structs import dataclass
 
 __all__ = [
     "MAX_EVAL_MEMORY",

@@ -21,12 +21,12 @@ from __future__ import annotations
 import ast
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from crucible.compile._checker import Checker, type_name
 from crucible.compile._durations import duration_problem
 from crucible.core.canon import MAX_SAFE_INTEGER
+from crucible.core.structs import dataclass
 
 if TYPE_CHECKING:
     from crucible.compile._diagnostics import KeyPath

@@ -8,10 +8,10 @@ line (``file:line:col: error: message [code]``) or one NDJSON object.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from crucible.core.errors import InputRefused, Location
+from crucible.core.structs import dataclass
 
 __all__ = [
     "Diagnostic",

@@ -13,7 +13,6 @@ import re
 import sys
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -34,6 +33,7 @@ from crucible.compile._shape import check_workflow
 from crucible.core.errors import OperationalError, ParseError, UsageError
 from crucible.core.fdio import NotRegularFile, read_regular
 from crucible.core.fsio import read_named
+from crucible.core.structs import dataclass, field
 
 __all__ = [
     "Analysis",

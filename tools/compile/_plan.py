@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from crucible.core import canon, digest
 from crucible.core.errors import Location
 from crucible.core.fsio import read_named
 from crucible.core.plan import Plan
+from crucible.core.structs import dataclass, field
 
 __all__ = [
     "CompiledPlan",

@@ -10,7 +10,6 @@ says why).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from crucible.compile._checker import (
@@ -40,6 +39,7 @@ from crucible.compile._names import env_problem
 from crucible.core.contract import JOINS, KINDS
 from crucible.core.globs import pattern_problem
 from crucible.core.refs import parse_ref
+from crucible.core.structs import dataclass
 
 __all__ = [
     "JOINS",

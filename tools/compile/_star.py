@@ -16,7 +16,6 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from crucible.compile._checker import Checker, check_params, type_name
@@ -27,6 +26,7 @@ from crucible.compile._shape import WORKFLOW_KEYS_SINCE_4, check_task
 from crucible.compile._starbound import MAX_EVAL_MEMORY, limit_memory, nesting_problem
 from crucible.core.errors import ParseError
 from crucible.core.fdio import write_all
+from crucible.core.structs import dataclass, field
 
 __all__ = ["EVAL_TIMEOUT_S", "StarResult", "evaluate_source"]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -13,6 +12,7 @@ from crucible.compile._plan import load_plan_path
 from crucible.core import ndjson, output
 from crucible.core.errors import EXIT_OK, EXIT_REFUSED, CrucibleError, UsageError
 from crucible.core.fdio import read_regular
+from crucible.core.structs import dataclass
 
 __all__ = ["CompileOptions", "ValidateOptions", "run_compile", "run_validate"]
 

@@ -6,8 +6,8 @@ line and its exit code. Library code raises them; it never prints or exits.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from crucible.core import structs
+from crucible.core.structs import dataclass
 
 __all__ = [
     "EXIT_BUG",
@@ -85,7 +85,7 @@ class Location:
 
     def in_file(self, file: str) -> Location:
         """The same location in the source displayed as ``file``."""
-        return dataclasses.replace(self, file=file)
+        return structs.replace(self, file=file)
 
 
 class CrucibleError(Exception):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Container, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, TypeVar
 
 from crucible.core.contract import (
@@ -34,6 +33,7 @@ from crucible.core.contract import (
 )
 from crucible.core.errors import InputRefused, Location, UnsupportedVersion
 from crucible.core.refs import Ref, RefSyntax, parse_ref
+from crucible.core.structs import dataclass, field
 
 __all__ = [
     "PLAN",

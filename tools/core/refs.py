@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from crucible.core.structs import dataclass
 
 __all__ = [
     "MAX_INDEX",

@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import UsageError
+from crucible.core.structs import dataclass
 
 __all__ = [
     "Identity",

@@ -27,13 +27,13 @@ import errno
 import os
 import struct
 from array import array
-from dataclasses import dataclass, fields
 from pathlib import Path
 from stat import S_ISREG
 
 import xxhash
 
 from crucible.core.errors import OperationalError
+from crucible.core.structs import dataclass, fields
 from crucible.ledger._scan import Scan, identity_hash, scan
 
 __all__ = [

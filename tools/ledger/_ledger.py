@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.structs import dataclass, field
 from crucible.ledger._files import (
     GENERATION_SIZE,
     LEDGER_NAME,

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crucible.core.atomic import atomic_file
 from crucible.core.errors import OperationalError
+from crucible.core.structs import dataclass
 from crucible.ledger._files import (
     GENERATION_SIZE,
     LEDGER_NAME,

@@ -15,12 +15,12 @@ import selectors
 import signal
 import subprocess
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from types import FrameType
 from typing import IO, Any
 
 from crucible.core.errors import OperationalError, StartFailed
 from crucible.core.output import write_stream
+from crucible.core.structs import dataclass
 from crucible.ledger._ledger import Outcome
 
 __all__ = [

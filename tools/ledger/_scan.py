@@ -10,12 +10,12 @@ every field of each record.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import xxhash
 
+from crucible.core.structs import dataclass, field
 from crucible.ledger._record import (
     MIDDLE,
     PAYLOAD_START,

@@ -6,13 +6,13 @@ returns the exit code: the shape of every crucible command."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TextIO
 
 from crucible.core import canon
 from crucible.core.errors import OperationalError, UsageError
 from crucible.core.output import write_stream
+from crucible.core.structs import dataclass
 from crucible.ledger._identity import command_key, content_step, parse_key_specs, read_key_files
 from crucible.ledger._ledger import Ledger, Outcome, Reply, Warn, stderr_warn
 from crucible.ledger._maintenance import compact, verify

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO
 
 from crucible.core.errors import EXIT_OK, InputRefused, UsageError
+from crucible.core.structs import dataclass
 from crucible.run._edge import PROG, warner
 
 __all__ = [

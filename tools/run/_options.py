@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+
+from crucible.core.structs import dataclass
 
 #: the most task slots (-j) a run may ask for (run.md); here, not in admit, so
 #: the command line reads it without importing admission at start-up

@@ -9,13 +9,13 @@ run/_commands_state.py, re-exported here and loaded on first use.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
+from crucible.core import structs
 from crucible.core.errors import UsageError
+from crucible.core.structs import dataclass
 from crucible.run._edge import PROG, warner
 from crucible.run._options import RunOptions
 
@@ -96,7 +96,7 @@ def run_run(opts: DispatchOptions, out: BinaryIO, err: TextIO) -> int:
         raise UsageError("--all goes with --dry-run (it lists every unit)")
     # the live line and followed output would overwrite each other
     progress = err.isatty() and not options.follow and not options.dry_run
-    options = dataclasses.replace(options, progress=progress)
+    options = structs.replace(options, progress=progress)
     if options.executor == "slurm" and not options.dry_run:
         # lazy: only run_run() needs it (start-up)
         from crucible.run.executors.slurm._executor import check_options as check_slurm

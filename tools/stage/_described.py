@@ -5,9 +5,9 @@ read it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from crucible.core.structs import dataclass
 from crucible.stage._share import Unit
 
 __all__ = ["Described"]

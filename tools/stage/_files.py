@@ -17,7 +17,6 @@ import re
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -25,6 +24,7 @@ from crucible.core.errors import InputRefused, Location, OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, TooDeep, kind_of, open_regular, walk_tree
 from crucible.core.globs import GLOB_CHARS, pattern_regex
+from crucible.core.structs import dataclass, field
 from crucible.stage._fsio import TMP_PREFIX
 
 __all__ = [

@@ -34,8 +34,9 @@ import os
 import resource
 import signal
 import threading
-from dataclasses import dataclass, field
 from typing import Any
+
+from crucible.core.structs import dataclass, field
 
 __all__ = [
     "BACKUP_DIR",

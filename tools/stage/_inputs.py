@@ -11,17 +11,15 @@ Normative text: docs/spec/inputs.md.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from crucible.core import canon, digest
+from crucible.core import canon, digest, structs
 from crucible.core.canon import MAX_SAFE_INTEGER
 from crucible.core.contract import RESERVED_INPUTS
 from crucible.core.errors import InputRefused, OperationalError, ParseError
@@ -29,6 +27,7 @@ from crucible.core.fdio import read_file, write_all
 from crucible.core.fsio import make_dirs, remove_tree, walk_tree
 from crucible.core.plan import Task
 from crucible.core.refs import RefMissing
+from crucible.core.structs import dataclass
 from crucible.stage._described import Described
 from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
 from crucible.stage._files import FILES_RUN_MAX
@@ -496,7 +495,7 @@ def _ancestor_units(
     if at.temp_files and anc not in pv.tasks[task].needs:
         # temporaries reach the producer's direct dependants only (run.md,
         # "Temporary files"): freed once they settled, never promised further
-        units = [dataclasses.replace(u, skip=at.temp_files) for u in units]
+        units = [structs.replace(u, skip=at.temp_files) for u in units]
     return units
 
 

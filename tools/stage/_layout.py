@@ -4,10 +4,10 @@ path under ``STATE`` that stage and dispatch share."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
+from crucible.core.structs import dataclass
 from crucible.stage._names import check_task_name, escape_key
 
 __all__ = ["RESERVED_STATE_NAMES", "StateLayout"]

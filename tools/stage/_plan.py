@@ -11,13 +11,13 @@ tests/test_layering.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from crucible.core.contract import SUPPORTED_VERSIONS, TYPES
 from crucible.core.errors import InputRefused
 from crucible.core.plan import PLAN, Plan, Task, in_plan
+from crucible.core.structs import dataclass, field
 from crucible.stage._names import task_name_problem
 
 __all__ = [

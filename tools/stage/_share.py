@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -44,16 +43,17 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from crucible.core import structs
 from crucible.core.errors import CrucibleError, InputRefused, OperationalError
 from crucible.core.fdio import write_all
 from crucible.core.fsio import NotRegular, clear_path, open_regular, remove_tree, walk_tree
 from crucible.core.globs import pattern_regex
+from crucible.core.structs import dataclass
 from crucible.stage import _guard as guard
 from crucible.stage._files import clone_fd, clone_known_bad, copy_fd_hashed
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
@@ -758,7 +758,7 @@ def _visible(pub: Published, skip: tuple[str, ...]) -> Published:
         parts = rel.split("/")
         return any(r.match("/".join(parts[:n])) for r in regexes for n in range(1, len(parts) + 1))
 
-    return dataclasses.replace(
+    return structs.replace(
         pub,
         dirs=tuple(d for d in pub.dirs if not hidden(d)),
         files=tuple(e for e in pub.files if not hidden(e.rel)),

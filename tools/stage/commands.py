@@ -9,7 +9,6 @@ import contextlib
 import shlex
 import tempfile
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO, TextIO
 
@@ -23,6 +22,7 @@ from crucible.core.errors import (
     PlanChanged,
     UsageError,
 )
+from crucible.core.structs import dataclass, field
 from crucible.stage import StateDir
 from crucible.stage._capture import EXIT_CODE_MAX, EXIT_CODE_MIN
 from crucible.stage._layout import StateLayout

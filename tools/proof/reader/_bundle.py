@@ -13,9 +13,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from crucible.core.structs import dataclass, field
 from crucible.proof.reader._display import escaped
 from crucible.proof.reader._findings import Inability, Problem, over_bound
 

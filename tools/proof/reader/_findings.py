@@ -6,9 +6,8 @@ A reader stops at the first refusal or finding (docs/spec/verify.md, "Precedence
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from crucible.core.errors import OperationalError
+from crucible.core.structs import dataclass
 
 __all__ = [
     "CODES",

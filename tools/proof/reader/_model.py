@@ -15,11 +15,11 @@ defect in one side's records cannot hide the same defect in the other's verdicts
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from crucible.core.structs import dataclass, field
 from crucible.proof import layout
 
 __all__ = ["PINS", "Attempt", "Instance", "StageDef", "control_dumps", "set_json"]

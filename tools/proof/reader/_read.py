@@ -9,11 +9,11 @@ further can be checked.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crucible.core import digest
+from crucible.core.structs import dataclass
 from crucible.proof import layout
 from crucible.proof.reader import _forms as forms
 from crucible.proof.reader._bundle import BundleTree, walk_bundle

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from crucible.core import canon, digest
+from crucible.core.structs import dataclass, field
 from crucible.proof import layout
 from crucible.proof.reader._bundle import BundleTree
 from crucible.proof.reader._chain import PrefixHasher, split_results

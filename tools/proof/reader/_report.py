@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.structs import dataclass
 from crucible.proof.reader._findings import Problem
 
 __all__ = ["REPORT_VERSION", "Counts", "Reading", "Report"]

@@ -13,12 +13,12 @@ recursion is involved); one iterative walk then measures the value.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from crucible.core import canon
+from crucible.core.structs import dataclass
 from crucible.proof.reader._findings import Problem, over_bound
 
 __all__ = ["JsonBounds", "check_bounds", "parse_json"]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
+
+from crucible.core.structs import dataclass
 
 __all__ = ["PROG", "VerifyCommand", "run_verify"]
 

@@ -6,10 +6,10 @@ of an accepted output proposal. No state, no I/O: the engine decides, these buil
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from crucible.core import canon, digest
+from crucible.core.structs import dataclass
 from crucible.proof import layout
 from crucible.proof.writer._model import Stage
 from crucible.proof.writer._state import control_dumps

@@ -9,12 +9,12 @@ proof ceiling is *recording unavailable* (:class:`Unrecordable`), never a refusa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from crucible.core import canon, digest
 from crucible.core.errors import InputRefused, Location, OperationalError
+from crucible.core.structs import dataclass, field
 from crucible.proof import layout
 from crucible.proof.writer._bundle import FileSink
 from crucible.proof.writer._derive import emitted_outputs, project

@@ -17,10 +17,10 @@ import fcntl
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from crucible.core.errors import InputRefused, OperationalError, UsageError
+from crucible.core.structs import dataclass
 from crucible.proof.writer._bundle import custody_dir
 from crucible.proof.writer._prove import ProveOptions, ProveResult, prove
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from crucible.core import canon
 from crucible.core.digest import of_bytes
 from crucible.core.errors import InputRefused, OperationalError, UnsupportedVersion
+from crucible.core.structs import dataclass
 from crucible.proof import layout
 
 __all__ = ["Limits", "Stage", "Workflow", "load_workflow", "parse_workflow"]

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from crucible.core import ndjson
 from crucible.core.errors import InputRefused, Location, OperationalError
+from crucible.core.structs import dataclass
 from crucible.proof import layout
 
 __all__ = [

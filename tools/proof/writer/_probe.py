@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crucible.core import canon
+from crucible.core.structs import dataclass
 
 __all__ = [
     "PROBE_VERSION",

@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible.core import canon
 from crucible.core.errors import InputRefused, Location, OperationalError
+from crucible.core.structs import dataclass, field
 from crucible.proof import layout
 from crucible.proof.writer._bundle import (
     FileSink,

@@ -11,12 +11,12 @@ for the export and for the cross-check mode that materializes every candidate.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from crucible.core import canon, digest
+from crucible.core.structs import dataclass, field
 from crucible.proof import layout
 from crucible.proof.writer._model import Workflow
 

@@ -3,11 +3,11 @@ an exit code out (docs/spec/admission-proof.md §8)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from crucible.core.errors import EXIT_OK, EXIT_OPERATIONAL, UsageError
+from crucible.core.structs import dataclass
 
 __all__ = ["PROG", "ProbeOptions", "ProveOptions", "run_probe", "run_prove"]
 

@@ -6,12 +6,12 @@ its aggregate (:mod:`._readiness`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from crucible.core import structs
 from crucible.core.plan import Task
 from crucible.run.engine import _control as control
 from crucible.run.engine._failures import compose_note, exit_text, failure_record, with_reason
@@ -292,7 +292,7 @@ class Attempts(Room):
         note = f"worker lost: {worker}"
         task = self.graph.tasks[unit.name]
         if task.retry is not None:  # no exit code: on_exit does not apply
-            task = dataclasses.replace(task, retry=dataclasses.replace(task.retry, on_exit=None))
+            task = structs.replace(task, retry=structs.replace(task.retry, on_exit=None))
         retry = control.Retry(None)
         if self.signals.received is None:
             retry = control.next_retry(

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from crucible.core.structs import dataclass
 
 if TYPE_CHECKING:  # built by the run (crucible.run.session._runner)
     from crucible.stage import StateDir

@@ -11,10 +11,10 @@ import and graph build cost a dispatcher ~0.3 s of start-up on every run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from crucible.core.errors import InputRefused
 from crucible.core.plan import Plan, Task
+from crucible.core.structs import dataclass
 
 __all__ = ["TaskGraph", "build_graph"]
 

@@ -6,10 +6,10 @@ readiness (:mod:`._readiness`) and the attempts' outcomes (:mod:`._attempts`).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from crucible.core.structs import dataclass
 from crucible.run._options import RunOptions
 from crucible.run.engine._control import Control
 from crucible.run.engine._durable import DurableGate

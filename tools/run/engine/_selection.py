@@ -14,11 +14,11 @@ import contextlib
 import os
 from collections import deque
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from crucible.core.errors import CrucibleError
 from crucible.core.plan import Ref, Task
+from crucible.core.structs import dataclass, field
 from crucible.run.engine._graph import TaskGraph
 from crucible.run.engine._temps import freed_marker, rerun_for_freed
 

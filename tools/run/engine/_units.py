@@ -4,8 +4,9 @@ progress line and ``run_finished`` show, a run's outcome, and the statuses."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
+
+from crucible.core.structs import dataclass, field
 
 __all__ = [
     "FAILED",

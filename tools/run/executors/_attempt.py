@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from crucible.core.plan import Task
+from crucible.core.structs import dataclass
 from crucible.run.executors._agent_io import AgentStdout
 from crucible.run.executors._procs import TaskProcess
 from crucible.run.executors._tasklog import LogSink

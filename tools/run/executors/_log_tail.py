@@ -17,9 +17,9 @@ from __future__ import annotations
 import os
 import stat
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from crucible.core.structs import dataclass, field
 from crucible.run.executors._tasklog import Follow, follow_prefix
 
 __all__ = ["INTERVAL", "LogTailer"]

@@ -25,11 +25,11 @@ import os
 import resource
 import signal
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crucible.core.fsio import which
+from crucible.core.structs import dataclass
 from crucible.run.executors._usage import self_peak_rss_kib
 
 if TYPE_CHECKING:

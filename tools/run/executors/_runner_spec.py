@@ -5,10 +5,10 @@ element's, crucible.run.executors.slurm._node.NodeSpec), sent once per run."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from crucible.core.plan import Plan
+from crucible.core.structs import dataclass, replace
 
 if TYPE_CHECKING:
     from crucible.run._options import RunOptions

@@ -31,10 +31,10 @@ import re
 import stat as stat_mod
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from crucible.core.plan import Task
+from crucible.core.structs import dataclass, field
 
 __all__ = [
     "SYSTEM_READ",

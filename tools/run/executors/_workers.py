@@ -34,11 +34,11 @@ import pickle
 import select
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from crucible.core.errors import CrucibleError, OperationalError
 from crucible.core.fdio import write_all
+from crucible.core.structs import dataclass, field
 
 __all__ = ["Channel", "Inbox", "Reply", "WorkerPool"]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from crucible.core.errors import InputRefused
 from crucible.core.plan import Plan, in_plan
+from crucible.core.structs import dataclass
 
 __all__ = ["REV_PREFIX", "LoopSpec", "Phases", "revision_key", "revision_of"]
 

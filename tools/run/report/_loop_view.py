@@ -14,12 +14,12 @@ from __future__ import annotations
 import html
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from crucible.core.errors import ParseError
 from crucible.core.plan import Loop
+from crucible.core.structs import dataclass
 from crucible.run._display import clip, escape
 
 __all__ = ["LoopView", "Revision", "load", "render_html", "render_table", "to_json"]

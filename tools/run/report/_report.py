@@ -11,13 +11,13 @@ docs/spec/run.md, "Report".
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from operator import eq
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, overload
 
 from crucible.core import canon
 from crucible.core.errors import CrucibleError, InputRefused
+from crucible.core.structs import dataclass, field
 from crucible.run._display import clip, escape, name_signals, signal_name
 from crucible.run.report._accounting import refused_label
 from crucible.run.report._fold import FOLD_ABOVE, Folded

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from crucible.core.structs import dataclass
 from crucible.run._display import clip, escape
 from crucible.run.report._usage import UnitUsage, cpu_text, pct_text, rss_text, size_text
 

@@ -19,7 +19,6 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -33,6 +32,7 @@ from crucible.core.errors import (
     UnsupportedVersion,
 )
 from crucible.core.plan import Plan, PlanShapeError
+from crucible.core.structs import dataclass
 from crucible.run.executors._usage import USAGE_FIELDS
 from crucible.run.session import events
 

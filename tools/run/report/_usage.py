@@ -10,8 +10,9 @@ The figures are the ones each attempt's ``task_finished`` carries
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import IO, Any, Protocol, TypeAlias
+
+from crucible.core.structs import dataclass
 
 __all__ = [
     "TRACE_COLUMNS",

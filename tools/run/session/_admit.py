@@ -15,15 +15,13 @@ for its whole life.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from crucible.compile import load_any
-from crucible.core import atomic, canon, contract, digest
+from crucible.core import atomic, canon, contract, digest, structs
 from crucible.core.errors import (
     CrucibleError,
     InputRefused,
@@ -34,6 +32,7 @@ from crucible.core.errors import (
 )
 from crucible.core.fsio import make_dirs
 from crucible.core.plan import Plan
+from crucible.core.structs import dataclass, field
 from crucible.run._options import JOBS_MAX, RunOptions
 from crucible.run.engine._matrix import check_fanout_params
 from crucible.run.session._lock import StateLock
@@ -423,7 +422,7 @@ def _plan_changes(held: bytes, plan: Plan) -> str:
     described = [
         n
         for n in changed
-        if dataclasses.replace(old_tasks[n], description=new_tasks[n].description) == new_tasks[n]
+        if structs.replace(old_tasks[n], description=new_tasks[n].description) == new_tasks[n]
     ]
     changed = [n for n in changed if n not in described]
     for what, names in (

@@ -13,7 +13,6 @@ a started unit costs its key in a per-task set.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import orjson
 
 from crucible.core import ndjson
 from crucible.core.errors import Location, OperationalError
+from crucible.core.structs import dataclass, field
 
 __all__ = ["EarlierSessions", "StartedUnits", "read_earlier"]
 

@@ -4,7 +4,6 @@ which always closes its log with ``shutdown``) → the run's results."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 from collections.abc import Callable, Mapping
@@ -12,6 +11,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from crucible.core import structs
 from crucible.core.errors import Interrupted, UsageError
 from crucible.core.plan import Plan
 from crucible.run._options import RunOptions
@@ -44,9 +44,9 @@ def run_plan(
     of a dry run, or of a resume with nothing left to run, which write nothing)."""
     env = os.environ if environ is None else environ
     # Tasks run in their workspaces: every path handed to them must be absolute.
-    options = dataclasses.replace(options, state=options.state.absolute())
+    options = structs.replace(options, state=options.state.absolute())
     if options.reuse:  # a new run, as --fresh (crucible.run.cache._reuse)
-        options = dataclasses.replace(options, fresh=True)
+        options = structs.replace(options, fresh=True)
     admission = admit(options, dict(env))
     try:
         for warning in admission.warnings:
@@ -170,9 +170,9 @@ def _prepare_cache(options: RunOptions, on_warning: Warn | None) -> RunOptions:
             return options
         if on_warning is not None:
             on_warning(f"cache: {options.cache}: no such directory; nothing is cached")
-        return dataclasses.replace(options, cache=None)
+        return structs.replace(options, cache=None)
 
-    return dataclasses.replace(
+    return structs.replace(
         options, cache=usable_cache_dir(options.cache, on_warning or (lambda _w: None))
     )
 
@@ -253,7 +253,7 @@ def _reuse_for_dry_run(
     stack.callback(shutil.rmtree, cache, ignore_errors=True)
     if (options.state / "plan.json").is_file():
         import_previous(options.state, cache, warn=warn)
-    return dataclasses.replace(options, cache=cache)
+    return structs.replace(options, cache=cache)
 
 
 def _nothing_to_resume(

@@ -10,7 +10,6 @@ closes the dispatcher and the log.
 
 from __future__ import annotations
 
-import dataclasses
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -18,6 +17,7 @@ from contextlib import ExitStack
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from crucible.core import structs
 from crucible.core.cli import resume_gc
 from crucible.core.errors import CrucibleError, OperationalError, UsageError
 from crucible.core.plan import source_json
@@ -221,7 +221,7 @@ def _reuse_previous(
         stack.callback(shutil.rmtree, cache, ignore_errors=True)
     if previous is not None:
         import_previous(previous, cache, warn=warn)
-    return dataclasses.replace(options, cache=cache)
+    return structs.replace(options, cache=cache)
 
 
 class _UnclaimOnError:

@@ -11,8 +11,9 @@ the line (:meth:`crucible.run.session._log.SessionLog.emit`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from crucible.core.structs import dataclass
 
 __all__ = [
     "KINDS",

@@ -18,9 +18,9 @@ doubles again after one whose tasks each ran less than the handback threshold
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from crucible.core.structs import dataclass
 from crucible.run.executors._pipelined import HANDBACK_AFTER
 
 __all__ = ["BATCH_MAX", "Batches"]

@@ -39,7 +39,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -55,6 +54,7 @@ from crucible.core.errors import (
     UsageError,
 )
 from crucible.core.plan import Task
+from crucible.core.structs import dataclass, field, replace
 from crucible.run._options import RunOptions
 from crucible.run.executors._agent_io import AgentStdout
 from crucible.run.executors._batched_seam import BatchedSeam

@@ -12,9 +12,9 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from crucible.core.errors import OperationalError, UsageError
+from crucible.core.structs import dataclass
 
 __all__ = [
     "FORBIDDEN_EXTRA",

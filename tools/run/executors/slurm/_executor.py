@@ -45,7 +45,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ import crucible
 from crucible.core import atomic
 from crucible.core.errors import InputRefused, OperationalError, UsageError
 from crucible.core.plan import Resources, Task
+from crucible.core.structs import replace
 from crucible.run._options import RunOptions
 from crucible.run.executors._batched_seam import BatchedSeam
 from crucible.run.executors._log_tail import LogTailer

@@ -34,11 +34,11 @@ import sys
 import time
 import traceback
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import crucible
+from crucible.core.structs import dataclass
 from crucible.run.executors._runner_spec import RunnerSpec
 
 if TYPE_CHECKING:
