@@ -43,5 +43,9 @@ _HOME = {
 
 def __getattr__(name: str) -> Any:
     if name in _HOME:
-        return getattr(importlib.import_module(f"crucible.ledger.{_HOME[name]}"), name)
+        value = getattr(importlib.import_module(f"crucible.ledger.{_HOME[name]}"), name)
+        # kept: a function-level ``from crucible.ledger import Ledger`` on a hot
+        # path (a cache save per unit) asks again each time
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'crucible.ledger' has no attribute {name!r}")

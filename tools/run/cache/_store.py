@@ -176,7 +176,7 @@ class CacheKey:
         return f"CacheKey(task={self.task!r}, key={self.key!r}, digest={self.digest!r})"
 
 
-def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
+def write_quick(path: str | Path, data: bytes, made_dirs: set[str]) -> None:
     """Replace ``path`` with ``data`` atomically, not durably (what it writes is
     found again or rebuilt after a power cut: a hit's record, the last key),
     creating its directory once per process (``made_dirs``; a caller in the
@@ -187,9 +187,9 @@ def write_quick(path: Path, data: bytes, made_dirs: set[Path]) -> None:
     # lazy: core.atomic is not loaded with this module; only write_quick() needs it
     from crucible.core.atomic import TMP_PREFIX
 
-    parent = path.parent
+    parent = os.path.dirname(path)
     if parent not in made_dirs:
-        parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(parent, exist_ok=True)
         made_dirs.add(parent)
     tmp = f"{parent}/{TMP_PREFIX}q-{os.getpid()}"
     _write_new(tmp, path, data, 0o644)
@@ -427,8 +427,10 @@ class TaskCache:
         self.warn = warn
         self.store = directory / "files" / "sha256"
         self._store_dir = str(self.store)
+        self._last_dir = str(directory / "last")
         self._ledger: Any = None
-        self._made_dirs: set[Path] = set()
+        #: directories made or checked by this process (real_dirs), as strings
+        self._made_dirs: set[str] = set()
         #: hard links from the store cannot be made (set at the first failure)
         self._links_fail = False
 
@@ -451,9 +453,10 @@ class TaskCache:
         hexd = file_digest.split(":", 1)[1]
         return Path(f"{self._store_dir}/{hexd[:2]}/{hexd[2:]}")
 
-    def _last_path(self, task: str, key: str | None, escape_key: Callable[[str], str]) -> Path:
+    def _last_path(self, task: str, key: str | None, escape_key: Callable[[str], str]) -> str:
         name = escape_key(key) if key is not None else "@task"
-        return self.directory / "last" / escape_key(task) / f"{name}.json"
+        # a string: three pathlib joins cost more than the read it names
+        return f"{self._last_dir}/{escape_key(task)}/{name}.json"
 
     def last_components(
         self, task: str, key: str | None, escape_key: Callable[[str], str]
@@ -610,7 +613,7 @@ class TaskCache:
     def _write_last(self, ck: CacheKey, escape_key: Callable[[str], str]) -> None:
         path = self._last_path(ck.task, ck.key, escape_key)
         with contextlib.suppress(OSError):
-            real_dirs(self.directory, path.parent, self._made_dirs)
+            real_dirs(self.directory, os.path.dirname(path), self._made_dirs)
             write_quick(path, canon.dumps(ck.components), self._made_dirs)
 
     # ------------------------------------------------------------ maintenance
@@ -690,14 +693,16 @@ class TaskCache:
         one after a crash fails its digest check, and the record is written
         from the ledger instead: never a miss)."""
         data_digest = digest.of_bytes(data)
-        target = self._store_path(data_digest)
+        hexd = data_digest[7:]  # after "sha256:"
+        parent, name = f"{self._store_dir}/{hexd[:2]}", hexd[2:]
+        target = f"{parent}/{name}"
         # Stored before: kept when it still holds those bytes (a regular file:
         # a link planted at the name is not one), else replaced
         with contextlib.suppress(OSError):
             if file_digest(target) == data_digest:
                 return data_digest
-        real_dirs(self.directory, target.parent, self._made_dirs)
-        tmp = f"{target.parent}/@tmp-r{os.getpid()}-{threading.get_ident()}-{target.name}"
+        real_dirs(self.directory, parent, self._made_dirs)
+        tmp = f"{parent}/@tmp-r{os.getpid()}-{threading.get_ident()}-{name}"
         # O_EXCL|O_NOFOLLOW: a link planted at the temp name is refused, never
         # written through (an OSError here: no restored copy, the hit writes
         # its record)

@@ -53,22 +53,34 @@ def file_digest(path: str | os.PathLike[str]) -> str:
         os.close(fd)
 
 
-def real_dirs(base: Path, path: Path, made: set[Path]) -> None:
+def real_dirs(base: Path, path: str | Path, made: set[str]) -> None:
     """``mkdir -p`` of ``path`` under the cache directory ``base``, one
     component at a time, each one a real directory before the next is made in
     it: a symlink planted at a component (``files``, ``files/sha256/ab``,
     ``last/<task>``) would take the writes outside the cache, so it is an
-    OSError (ENOTDIR), not followed. Once per directory per process (``made``)."""
-    if path in made:
+    OSError (ENOTDIR), not followed. Each component is checked once per
+    process (``made`` holds the ones checked, as strings): a recording run
+    makes one ``last/<task>`` per task, and walking ``last`` again for each
+    (through pathlib) was a fifth of recording a unit. ValueError when
+    ``path`` is not under ``base``."""
+    target = str(path)
+    if target in made:
         return
-    base.mkdir(parents=True, exist_ok=True)  # the directory named: followed as named
-    current = base
-    for part in path.relative_to(base).parts:
-        current = current / part
+    root = str(base)
+    if root not in made:
+        base.mkdir(parents=True, exist_ok=True)  # the directory named: followed as named
+        made.add(root)
+    if target == root:
+        return
+    if not target.startswith(root + "/"):
+        raise ValueError(f"{target} is not under {root}")
+    current = root
+    for part in target[len(root) + 1 :].split("/"):
+        current = f"{current}/{part}"
+        if current in made:
+            continue
         with contextlib.suppress(FileExistsError):
             os.mkdir(current)
         if not stat.S_ISDIR(os.lstat(current).st_mode):
-            raise OSError(
-                errno.ENOTDIR, "not a directory (a symlink is never followed)", str(current)
-            )
-    made.add(path)
+            raise OSError(errno.ENOTDIR, "not a directory (a symlink is never followed)", current)
+        made.add(current)

@@ -79,7 +79,6 @@ class UnitCache:
         self.warnings: list[str] = []
         self.cache = TaskCache(directory, warn=self.warnings.append)
         self.keyer = keyer
-        self._made_dirs: set[Path] = set()
 
     def take_warnings(self) -> list[str]:
         out, self.warnings = self.warnings, []
@@ -176,13 +175,17 @@ class UnitCache:
                 summary["files_bytes"] = sum(int(f.get("size", 0)) for f in record["files"])
         return {"kind": "cached", "cache_key": ck.digest, "record": summary}
 
-    def save(self, ck: Any, *, defer: bool = False) -> Any:
+    def save(
+        self, ck: Any, *, defer: bool = False, record: dict[str, Any] | None = None
+    ) -> Any:
         """Record a passed unit: its record as captured, its files into the store.
-        ``defer``: the ledger line is returned (a ``crucible.run.cache._store.Fact``),
-        for the dispatcher to append with its batch (:meth:`append_facts`);
-        None when nothing is to be recorded."""
+        ``record``: the record just written to the state (a worker has it: not
+        read back), else it is read. ``defer``: the ledger line is returned (a
+        ``crucible.run.cache._store.Fact``), for the dispatcher to append with
+        its batch (:meth:`append_facts`); None when nothing is to be recorded."""
         try:
-            record = load_result(self.state, ck.task, ck.key)
+            if record is None:
+                record = load_result(self.state, ck.task, ck.key)
             if record is None or record.get("status") != "passed":
                 return None
             files_dir = self.layout.files_dir(ck.task, ck.key)

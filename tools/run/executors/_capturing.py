@@ -107,9 +107,10 @@ def finish(
         raise SystemExit(70)  # nobody to reply to
     # A task stopped by an interrupt that still exits 0 (a TERM trap that
     # finished its work) is captured like any other: it is what it was.
+    written: dict[str, Any] | None = None  # the record as written to the state
     if stop_reason is None or (stop_reason == "interrupt" and code == 0):
         try:
-            finished["record"] = _capture(
+            finished["record"], written = _capture(
                 host,
                 task,
                 name,
@@ -132,7 +133,9 @@ def finish(
         # store files, then the ledger line: appended by the dispatcher with its
         # batch once the unit's record is durable, unless this worker makes its
         # own records durable (a Dask worker, maybe on another host)
-        finished["cache_fact"] = host.cache.save(cache_key, defer=not host.durable_records)
+        finished["cache_fact"] = host.cache.save(
+            cache_key, defer=not host.durable_records, record=written
+        )
     if record is not None and record.get("status") == PASSED:
         host.passed(key, workspace, output)
     if host.cache is not None:
@@ -156,9 +159,10 @@ def _capture(
     response_problem: str | None = None,
     held_notes: list[str] | None = None,
     usage: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Capture one attempt's result; reply with what the scheduler needs (never
-    the output itself, which may be large). A failed record gains the log
+    the output itself, which may be large), and the record as written (the
+    cache records it without reading it back). A failed record gains the log
     fields and a note naming how it ended (crucible.run.engine._failures)."""
     # The record is built by capture, amended here in memory, and written
     # ONCE, without fsync: the dispatcher's group commit fsyncs the file
@@ -207,7 +211,7 @@ def _capture(
     if host.model.workflow.accounted and record.get("status") == PASSED:
         # an accounted run's audit (docs/spec/export.md §4), without a read back
         summary["output"] = record.get("output", {})
-    return summary
+    return summary, record
 
 
 def _miss_reason(host: CaptureHost, name: str, key: str | None, cache_key: Any) -> str:
