@@ -20,7 +20,7 @@ import pytest
 from crucible.core import digest
 from crucible.core.atomic import TMP_PREFIX
 from crucible.run.cache._store import CacheKey, Hit, TaskCache
-from crucible.run.cache._storefs import file_digest
+from crucible.run.cache._storefs import file_digest, real_dirs
 
 DISPATCH = str(Path(sys.executable).parent / "crucible-dispatch")
 
@@ -122,6 +122,25 @@ def test_a_linked_last_task_directory_is_never_written_through(tmp_path: Path) -
     (tc.directory / "last").mkdir(parents=True)
     os.symlink(elsewhere, tc.directory / "last" / "t")
     tc._write_last(CacheKey("t", None, {"task": digest.of_bytes(b"t")}), lambda k: k)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_checked_directory_vouches_only_for_itself(tmp_path: Path) -> None:
+    """real_dirs checks each component once per process: ``last`` checked for
+    one task does not let a link planted at another task's directory through,
+    and the memo holds only what was checked."""
+    base = tmp_path / "cache"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    made: set[str] = set()
+    real_dirs(base, base / "last" / "a", made)
+    assert {str(base), str(base / "last"), str(base / "last" / "a")} <= made
+    os.symlink(elsewhere, base / "last" / "b")
+    with pytest.raises(OSError, match="symlink is never followed"):
+        real_dirs(base, str(base / "last" / "b"), made)
+    assert str(base / "last" / "b") not in made
+    with pytest.raises(ValueError, match="not under"):
+        real_dirs(base, tmp_path / "cache-other" / "x", made)
     assert list(elsewhere.iterdir()) == []
 
 
