@@ -62,3 +62,63 @@ def test_a_registration_is_read_at_the_hang_up(tmp_path: Path) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(leader, signal.SIGKILL)
+
+
+def _marked_leader(marker: str) -> int:
+    """A session leader whose environment holds ``marker`` (as a task's holds
+    CRUCIBLE_WORKSPACE), living for a minute unless killed."""
+    name, _, value = marker.partition("=")
+    return os.posix_spawn(
+        "/bin/sleep", ["sleep", "60"], {**os.environ, name: value + "t"}, setsid=True
+    )
+
+
+def _killed_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.WIFSIGNALED(status)
+        time.sleep(0.02)
+    return False
+
+
+def test_a_task_started_but_not_yet_registered_dies_with_its_starter(tmp_path: Path) -> None:
+    """The starter died between the task's exec and its ``+PGID`` (the window
+    a SIGKILL of the whole dispatcher group can hit): the reaper finds the task
+    by its environment among the session leaders and kills its group. One
+    whose start was settled (watched, or failed) is left to the registrations:
+    a clean exit scans nothing."""
+    marker = f"CRUCIBLE_WORKSPACE={tmp_path}/work/"
+    in_flight = _marked_leader(marker)
+    bystander = _marked_leader(f"CRUCIBLE_WORKSPACE={tmp_path}/other/")
+    try:
+        reaper = Reaper(grace=1.0, marker=marker)
+        reaper.start()
+        reaper.spawning()  # ... and its starter dies before watch()
+        reaper.close()
+        assert _killed_within(in_flight, 10), "the task outlived its starter"
+        assert not _killed_within(bystander, 0.3), "another run's task was killed"
+    finally:
+        for pid in (in_flight, bystander):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+
+
+def test_a_settled_start_leaves_no_scan(tmp_path: Path) -> None:
+    marker = f"CRUCIBLE_WORKSPACE={tmp_path}/work/"
+    leader = _marked_leader(marker)
+    try:
+        reaper = Reaper(grace=1.0, marker=marker)
+        reaper.start()
+        reaper.spawning()
+        reaper.spawn_failed()  # what it found was not this start's
+        reaper.close()
+        assert not _killed_within(leader, 0.3)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leader, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(leader, 0)

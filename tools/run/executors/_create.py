@@ -6,6 +6,7 @@ heavy)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +43,11 @@ def create(
         # tasks. A reaper (in a session of its own) started before the workers
         # fork kills them then, and holds the state lock (``lock``) until they
         # are dead: docs/spec/run.md, "Orphans".
-        reaper = Reaper(options.kill_grace, (lock.fileno(),) if lock is not None else ())
+        reaper = Reaper(
+            options.kill_grace,
+            (lock.fileno(),) if lock is not None else (),
+            marker=f"CRUCIBLE_WORKSPACE={runner.layout.work_root}{os.sep}",
+        )
 
         def start_reaper() -> None:
             reaper.start()

@@ -54,7 +54,11 @@ _DEFAULT_SIGNALS = tuple(
 class GroupWatcher(Protocol):
     """Who kills the started groups should their starter die (crucible.run.executors._reaper)."""
 
+    def spawning(self) -> None: ...
+
     def watch(self, pgid: int) -> None: ...
+
+    def spawn_failed(self) -> None: ...
 
     def forget(self, pgid: int) -> None: ...
 
@@ -161,26 +165,34 @@ def spawn(
     agent's, see crucible.run.executors._agent_io). Raises OSError when the program cannot
     be started (ValueError for a NUL in argv or env: a bug of the caller).
     With ``sandbox``, the task starts sandboxed (crucible.run.executors._sandbox)."""
-    if sandbox is not None:
-        # lazy: run.executors._sandbox is not loaded with this module; only spawn() needs it
-        from crucible.run.executors._sandbox import sandboxed
-
-        pid = sandboxed(
-            sandbox,
-            argv,
-            str(cwd),
-            lambda args: _posix_spawn(args, env, cwd, stdin, log_fd, stdout_fd),
-        )
-    else:
-        pid = _posix_spawn(argv, env, cwd, stdin, log_fd, stdout_fd)
+    watcher = _watcher
+    if watcher is not None:  # the task runs before watch() can name it
+        watcher.spawning()
     try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        kill_group(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        if sandbox is not None:
+            # lazy: run.executors._sandbox is not loaded with this module; only spawn() needs it
+            from crucible.run.executors._sandbox import sandboxed
+
+            pid = sandboxed(
+                sandbox,
+                argv,
+                str(cwd),
+                lambda args: _posix_spawn(args, env, cwd, stdin, log_fd, stdout_fd),
+            )
+        else:
+            pid = _posix_spawn(argv, env, cwd, stdin, log_fd, stdout_fd)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            kill_group(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
+    except BaseException:
+        if watcher is not None:
+            watcher.spawn_failed()
         raise
-    if _watcher is not None:
-        _watcher.watch(pid)
+    if watcher is not None:
+        watcher.watch(pid)
     return TaskProcess(
         pid=pid,
         pidfd=pidfd,

@@ -7,7 +7,8 @@ orphaned, while the dispatcher retries their units elsewhere. So each worker
 process starts one reaper, a tiny interpreter in its own session (no signal
 sent to the worker's group reaches it), reading a pipe whose only write end
 the worker holds (close-on-exec: no task inherits it). The worker writes
-``+PGID`` when a task starts and ``-PGID`` once it was reaped. When the pipe
+``+PGID`` when a task starts and ``-PGID`` once it was reaped (and ``?PID``
+before a start, ``=PID`` after it: see :meth:`Reaper.spawning`). When the pipe
 reports end of file, the worker is gone, by exit or by death (the reaper sleeps
 on that hang-up alone and reads the registrations every :data:`DRAIN_MS` and at
 the end, so a task costs it no wake-up): the reaper sends
@@ -39,7 +40,9 @@ __all__ = ["Reaper"]
 _CODE = r"""
 import os, select, signal, sys, time
 grace, drain = float(sys.argv[1]), int(sys.argv[2])
+marker = os.fsencode(sys.argv[3]) if len(sys.argv) > 3 else b""
 groups = set()
+spawning = set()
 buf = b""
 os.set_blocking(0, False)
 hangup = select.poll()
@@ -62,6 +65,28 @@ while not ended:
             groups.add(int(line[1:]))
         elif line[:1] == b"-":
             groups.discard(int(line[1:]))
+        elif line[:1] == b"?":
+            spawning.add(line[1:])
+        elif line[:1] == b"=":
+            spawning.discard(line[1:])
+def orphans():
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/" + entry + "/stat", "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+            if fields[3] != entry.encode():
+                continue
+            with open("/proc/" + entry + "/environ", "rb") as f:
+                if any(v.startswith(marker) for v in f.read().split(b"\0")):
+                    found.add(int(entry))
+        except (OSError, IndexError):
+            pass
+    return found
+if spawning and marker:
+    groups |= orphans()
 def send(sig):
     alive = set()
     for g in groups:
@@ -95,8 +120,14 @@ class Reaper:
     covered from the moment its ``+PGID`` is written, and starting the reaper
     takes a few milliseconds a dying worker may not have."""
 
-    def __init__(self, grace: float, hold_fds: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, grace: float, hold_fds: tuple[int, ...] = (), marker: str | None = None
+    ) -> None:
         self._grace = grace
+        #: an environment entry's start that only this run's tasks have
+        #: (``CRUCIBLE_WORKSPACE=<state>/work/``): how the reaper finds a task
+        #: whose start was under way when its starter died (:meth:`spawning`)
+        self._marker = marker
         #: descriptors the reaper holds until it exits: the local executor's
         #: state lock, so no other dispatcher takes the state dir while a task
         #: of this one may still run (docs/spec/run.md, "Orphans")
@@ -119,7 +150,8 @@ class Reaper:
         try:
             self._pid = os.posix_spawn(
                 sys.executable,
-                [sys.executable, "-I", "-S", "-c", _CODE, str(self._grace), str(DRAIN_MS)],
+                [sys.executable, "-I", "-S", "-c", _CODE, str(self._grace), str(DRAIN_MS)]
+                + ([self._marker] if self._marker else []),
                 {},
                 file_actions=actions,
                 setsid=True,
@@ -143,9 +175,20 @@ class Reaper:
             with contextlib.suppress(OSError):  # a dead reaper never fails a task
                 os.write(self._fd, line)
 
+    def spawning(self) -> None:
+        """This process is about to start a task. A task runs from its exec on,
+        before :meth:`watch` can name its group: should this process die in
+        between, the reaper looks for it by its environment (the marker) among
+        the session leaders, once, at the hang-up."""
+        self._send(b"?%d\n" % os.getpid())
+
     def watch(self, pgid: int) -> None:
         """A task group started: kill it should this process die."""
-        self._send(b"+%d\n" % pgid)
+        self._send(b"+%d\n=%d\n" % (pgid, os.getpid()))
+
+    def spawn_failed(self) -> None:
+        """The start announced by :meth:`spawning` started nothing."""
+        self._send(b"=%d\n" % os.getpid())
 
     def forget(self, pgid: int) -> None:
         """The task's group was killed and its leader reaped."""
