@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+from crucible.run.executors._environ import workspace_marker
 from crucible.run.executors._reaper import DRAIN_MS, Reaper
 
 
@@ -64,10 +65,10 @@ def test_a_registration_is_read_at_the_hang_up(tmp_path: Path) -> None:
             os.kill(leader, signal.SIGKILL)
 
 
-def _marked_leader(marker: str) -> int:
+def _marked_leader(marker: bytes) -> int:
     """A session leader whose environment holds ``marker`` (as a task's holds
     CRUCIBLE_WORKSPACE), living for a minute unless killed."""
-    name, _, value = marker.partition("=")
+    name, _, value = os.fsdecode(marker).partition("=")
     return os.posix_spawn(
         "/bin/sleep", ["sleep", "60"], {**os.environ, name: value + "t"}, setsid=True
     )
@@ -89,9 +90,9 @@ def test_a_task_started_but_not_yet_registered_dies_with_its_starter(tmp_path: P
     by its environment among the session leaders and kills its group. One
     whose start was settled (watched, or failed) is left to the registrations:
     a clean exit scans nothing."""
-    marker = f"CRUCIBLE_WORKSPACE={tmp_path}/work/"
+    marker = workspace_marker(tmp_path)
     in_flight = _marked_leader(marker)
-    bystander = _marked_leader(f"CRUCIBLE_WORKSPACE={tmp_path}/other/")
+    bystander = _marked_leader(workspace_marker(tmp_path / "other"))
     try:
         reaper = Reaper(grace=1.0, marker=marker)
         reaper.start()
@@ -108,7 +109,7 @@ def test_a_task_started_but_not_yet_registered_dies_with_its_starter(tmp_path: P
 
 
 def test_a_settled_start_leaves_no_scan(tmp_path: Path) -> None:
-    marker = f"CRUCIBLE_WORKSPACE={tmp_path}/work/"
+    marker = workspace_marker(tmp_path)
     leader = _marked_leader(marker)
     try:
         reaper = Reaper(grace=1.0, marker=marker)

@@ -6,11 +6,11 @@ heavy)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from crucible.run._options import RunOptions
+from crucible.run.executors._environ import workspace_marker
 from crucible.run.executors._seam import Executor, LocalExecutor
 from crucible.run.executors._slots import Slots
 from crucible.run.executors._unit import UnitRunner
@@ -46,7 +46,7 @@ def create(
         reaper = Reaper(
             options.kill_grace,
             (lock.fileno(),) if lock is not None else (),
-            marker=f"CRUCIBLE_WORKSPACE={runner.layout.work_root}{os.sep}",
+            marker=workspace_marker(options.state),
         )
 
         def start_reaper() -> None:

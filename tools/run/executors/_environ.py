@@ -9,9 +9,10 @@ the ones this run sets, so a nested run cannot leak its own inputs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
-__all__ = ["BASE_VARS", "task_environment"]
+__all__ = ["BASE_VARS", "task_environment", "workspace_marker"]
 
 #: Passed through from the host in editions 2 and 3 when set (our choice):
 #: PATH so argv[0] and the programs a script calls resolve as they do for the
@@ -34,3 +35,11 @@ def task_environment(
         if name in host and not name.startswith("CRUCIBLE_"):
             env[name] = host[name]
     return env
+
+
+def workspace_marker(state: str | os.PathLike[str]) -> bytes:
+    """The start of the ``CRUCIBLE_WORKSPACE`` entry in the environment of
+    every task of a run on ``state`` (spelled as that run spelled it): how a
+    process is known to be a task of this state dir (the reaper, and
+    ``--resume``'s leftovers: docs/spec/run.md, "Orphans")."""
+    return b"CRUCIBLE_WORKSPACE=" + os.fsencode(state) + b"/work/"

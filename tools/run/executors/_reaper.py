@@ -69,7 +69,7 @@ while not ended:
             spawning.add(line[1:])
         elif line[:1] == b"=":
             spawning.discard(line[1:])
-def orphans():
+def orphans():  # run.session._leftovers' scan, by session (it cannot import crucible)
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -121,11 +121,11 @@ class Reaper:
     takes a few milliseconds a dying worker may not have."""
 
     def __init__(
-        self, grace: float, hold_fds: tuple[int, ...] = (), marker: str | None = None
+        self, grace: float, hold_fds: tuple[int, ...] = (), marker: bytes | None = None
     ) -> None:
         self._grace = grace
         #: an environment entry's start that only this run's tasks have
-        #: (``CRUCIBLE_WORKSPACE=<state>/work/``): how the reaper finds a task
+        #: (crucible.run.executors._environ.workspace_marker): how the reaper finds a task
         #: whose start was under way when its starter died (:meth:`spawning`)
         self._marker = marker
         #: descriptors the reaper holds until it exits: the local executor's

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from crucible.core.errors import OperationalError
+from crucible.run.executors._environ import workspace_marker
 
 __all__ = ["stop_leftovers"]
 
@@ -45,7 +46,7 @@ def stop_leftovers(
         return
     # as this session spells the state dir, and as its real path
     markers = tuple(
-        b"CRUCIBLE_WORKSPACE=" + os.fsencode(spelling) + b"/work/"
+        workspace_marker(spelling)
         for spelling in dict.fromkeys((str(state), os.path.realpath(state)))
     )
     ours = {pgid: unit for pgid, unit in candidates.items() if _runs_here(pgid, markers)}
