@@ -234,9 +234,9 @@ def test_a_turn_hands_its_events_over_only_when_something_waits_or_the_hold_ran_
     handed: list[float] = []
     real = SessionLog.commit
 
-    def counting(self: SessionLog) -> int:
+    def counting(self: SessionLog, *, urgent: bool = False) -> int:
         before = self._seq
-        seq = real(self)
+        seq = real(self, urgent=urgent)
         if seq != before:
             import time
 

@@ -261,3 +261,34 @@ def test_names_compile_accepts_stay_inside_or_are_refused_cleanly(name: str, key
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(b"x")
             assert _inside(path, state)
+
+
+@st.composite
+def _dags(draw: st.DrawFn) -> list[tuple[list[int], bool]]:
+    """Tasks t0..tn-1, each needing some earlier ones, some emitting files."""
+    n = draw(st.integers(1, 12))
+    return [
+        (
+            draw(st.lists(st.integers(0, i - 1), unique=True, max_size=3)) if i else [],
+            draw(st.booleans()),
+        )
+        for i in range(n)
+    ]
+
+
+@given(_dags())
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
+def test_file_ancestors_are_the_ancestors_that_emit_files(dag: list[tuple[list[int], bool]]) -> None:
+    """PlanView.file_ancestors (worked out once per task) is what filtering every
+    ancestor gives, in declaration order, asked once or twice."""
+    from crucible.stage._plan import build_view
+
+    tasks = [
+        task(f"t{i}", needs=[f"t{d}" for d in needs], emits_files=["out/*"] if files else [])
+        for i, (needs, files) in enumerate(dag)
+    ]
+    pv = build_view(plan(*tasks, version=2))
+    for _ in range(2):
+        for name in pv.order:
+            expected = tuple(a for a in pv.ancestors(name) if pv.tasks[a].emits_files)
+            assert pv.file_ancestors(name) == expected

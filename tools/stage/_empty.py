@@ -34,7 +34,7 @@ def nothing_to_stage(pv: PlanView, t: TaskView, reserved: dict[str, Any]) -> boo
         return False
     if any(name != "params" for name in reserved) or reserved.get("params") != {}:
         return False
-    return not any(pv.tasks[a].emits_files for a in pv.ancestors(t.name))
+    return not pv.file_ancestors(t.name)
 
 
 def empty_values_dir(state: Path) -> Path:

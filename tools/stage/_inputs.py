@@ -507,10 +507,8 @@ def staged_units(
     is made even without units (3.4). Reads only."""
     units: list[Unit] = []
     roots: list[str] = []
-    for anc in pv.ancestors(task):
+    for anc in pv.file_ancestors(task):
         at = pv.tasks[anc]
-        if not at.emits_files:
-            continue
         found = _ancestor_units(pv, state, task, key, anc)
         if at.map is not None and (state / "files" / anc).is_dir():
             roots.append(anc)
@@ -653,14 +651,23 @@ def _store_bytes(unit: Unit) -> int:
     return total
 
 
-def describe_inputs(pv: PlanView, state: Path, task: str, key: str | None = None) -> Described:
+def describe_inputs(
+    pv: PlanView,
+    state: Path,
+    task: str,
+    key: str | None = None,
+    *,
+    reserved: dict[str, Any] | None = None,
+) -> Described:
     """What ``task`` (or its instance ``key``) is staged, without writing
     anything: the values and their index entries, the units whose files are
-    linked, the environment. Refuses what staging refuses."""
+    linked, the environment. Refuses what staging refuses. ``reserved``: its
+    :func:`reserved_values`, when the caller has them already."""
     t = pv.task(task)
     check_key(pv, task, key)
     state = as_path(state)
-    reserved = reserved_values(pv, state, task, key)
+    if reserved is None:
+        reserved = reserved_values(pv, state, task, key)
     units, roots = staged_units(pv, state, task, key)
     files_staged = {u.staged for u in units}
     kept: list[Unit] = []
@@ -791,7 +798,14 @@ def stage_inputs(
         ) from None
     if not new and not workspace.is_dir():
         raise OperationalError("cannot create workspace: File exists", where=str(workspace))
-    d = describe_inputs(pv, state, task, key)
+    reserved = None
+    if _may_stage_nothing(pv, task):  # most units of a wide run: told without describing
+        reserved = reserved_values(pv, state, task, key)
+        if nothing_to_stage(pv, pv.tasks[task], reserved):
+            if not new:
+                drop_old_tree(inputs_dir)
+            return _nothing_staged(state, inputs_dir)
+    d = describe_inputs(pv, state, task, key, reserved=reserved)
     if d.nothing:  # 3.7: no tree (nothing it would say)
         if not new:
             drop_old_tree(inputs_dir)
@@ -845,6 +859,26 @@ def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, b
     return files_bytes
 
 
+def _may_stage_nothing(pv: PlanView, task: str) -> bool:
+    """Whether a unit of ``task`` can have nothing to stage (3.7) whatever the
+    state holds: what :func:`crucible.stage._empty.nothing_to_stage` asks of
+    the plan, once per task. Its reserved inputs decide the rest."""
+    memo = pv.memo.get("may_stage_nothing")
+    if memo is None:
+        memo = pv.memo["may_stage_nothing"] = {}
+    found: bool | None = memo.get(task)
+    if found is None:
+        t = pv.tasks[task]
+        found = (
+            pv.version >= 2
+            and t.kind in ("command", "evaluate")
+            and not t.model.inputs
+            and not pv.file_ancestors(task)
+        )
+        memo[task] = found
+    return found
+
+
 #: str(state) -> str(its empty values directory), once made by this process
 _empty_dirs: dict[str, str] = {}
 
@@ -871,9 +905,8 @@ def held_units(pv: PlanView, state: Path, task: str, key: str | None = None) -> 
     """The producer units whose captured files ``task`` is handed (3.4, 3.6)."""
     state = as_path(state)
     units: list[Unit] = []
-    for anc in pv.ancestors(task):
-        if pv.tasks[anc].emits_files:
-            units.extend(_ancestor_units(pv, state, task, key, anc))
+    for anc in pv.file_ancestors(task):
+        units.extend(_ancestor_units(pv, state, task, key, anc))
     reserved = StateLayout(state).reserved_path("kept")
     lv = loop_of(pv)
     if (lv is None or lv.sees_reserved(pv, task)) and reserved.is_file():

@@ -97,6 +97,21 @@ class PlanView:
         # made staging a 1,000-task plan quadratic.
         return sorted(seen, key=self._position.__getitem__)
 
+    def file_ancestors(self, name: str) -> tuple[str, ...]:
+        """The ancestors of ``name`` that declare ``emits_files``, in plan
+        declaration order: the only ones whose units are staged into it (3.4).
+        Worked out once per task (a view never changes): staging, its checks
+        and the cache key ask it for every unit, and a walk over every
+        ancestor each time made a deep chain quadratic."""
+        memo = self.memo.get("file_ancestors")
+        if memo is None:
+            memo = self.memo["file_ancestors"] = {}
+        found: tuple[str, ...] | None = memo.get(name)
+        if found is None:
+            found = tuple(a for a in self.ancestors(name) if self.tasks[a].emits_files)
+            memo[name] = found
+        return found
+
     @cached_property
     def _position(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.order)}

@@ -167,7 +167,7 @@ class Keyer:
     def _ancestors_with_files(self, pv: PlanView, name: str) -> list[str]:
         found = self._file_ancestors.get(name)
         if found is None:
-            found = sorted(a for a in pv.ancestors(name) if pv.tasks[a].emits_files)
+            found = sorted(pv.file_ancestors(name))
             self._file_ancestors[name] = found
         return found
 

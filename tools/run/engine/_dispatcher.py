@@ -420,7 +420,7 @@ class Dispatcher:
                 or stopping
                 or (held_since is not None and now - held_since >= COMMIT_HOLD)
             ):
-                self.durable.committed(self.log.commit())
+                self.durable.committed(self.log.commit(urgent=self.durable.urgent))
                 held_since = None
             elif held_since is None:
                 held_since = now

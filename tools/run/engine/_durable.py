@@ -33,6 +33,8 @@ class DurableGate:
         self.gating = False
         #: callbacks for the next commit's batch, and (batch, callbacks) waiting
         self._deferred: list[Callable[[], None]] = []
+        #: something deferred for the next commit's batch may start a unit
+        self.urgent = False
         self._waiting: deque[tuple[int, list[Callable[[], None]]]] = deque()
         self._wake_lock = threading.Lock()
         self._wake_fd = -1
@@ -49,11 +51,14 @@ class DurableGate:
             self.log.on_durable = None
             self._wake_fd = -1
 
-    def after_durable(self, fn: Callable[[], None]) -> None:
+    def after_durable(self, fn: Callable[[], None], *, urgent: bool = True) -> None:
         """Run ``fn`` (it may start a dependant) once every record written so far
-        is durable: after the next commit's batch is on disk."""
+        is durable: after the next commit's batch is on disk. ``urgent``
+        (unless the caller knows ``fn`` starts nothing): that batch is fsync'd
+        sooner (crucible.run.session._log.URGENT_COMMIT_WINDOW)."""
         if self.gating:
             self._deferred.append(fn)
+            self.urgent = self.urgent or urgent
         else:
             fn()
 
@@ -78,6 +83,7 @@ class DurableGate:
         if self._deferred:
             self._waiting.append((seq, self._deferred))
             self._deferred = []
+        self.urgent = False
 
     def due(self) -> bool:
         """The oldest batch waited for is durable already (the writer may not

@@ -53,6 +53,9 @@ class Schedule:
         #: a scored loop's before phase, and what the loop does when one of them settles
         self.loop_before: frozenset[str] = frozenset()
         self.on_loop_before: Callable[[], None] = lambda: None
+        #: per consumer, the settles of its producers whose wake-up waits for
+        #: their batch (settle: a batch is urgent when it readies a consumer)
+        self._waking: dict[str, int] = {}
         #: told of every task that settled, once its record is durable (temporary
         #: files: crucible.run.engine._temps); None: nobody listens
         self.on_settled: Callable[[str], None] | None = None
@@ -64,14 +67,26 @@ class Schedule:
         its record is durable. A task nothing waits for (no consumer, not
         before a scored loop) defers nothing: no loop turn waits for its batch."""
         self.status[name] = status
-        if self.graph.consumers[name] or name in self.loop_before:
-            self.gate.after_durable(lambda: self._wake_consumers(name))
+        consumers = self.graph.consumers[name]
+        if consumers or name in self.loop_before:
+            # urgent when a consumer waits for nothing else (its start waits for
+            # this batch: docs/spec/run.md, "Session log")
+            urgent = name in self.loop_before
+            waking = self._waking
+            for consumer in consumers:
+                left = self.remaining[consumer] - waking.get(consumer, 0)
+                waking[consumer] = waking.get(consumer, 0) + 1
+                if left == 1 and consumer not in self.status:
+                    urgent = True
+            self.gate.after_durable(lambda: self._wake_consumers(name), urgent=urgent)
         if self.on_settled is not None:
             listener = self.on_settled
-            self.gate.after_durable(lambda: listener(name))
+            self.gate.after_durable(lambda: listener(name), urgent=False)
 
     def _wake_consumers(self, name: str) -> None:
+        waking = self._waking
         for consumer in self.graph.consumers[name]:
+            waking[consumer] = waking.get(consumer, 1) - 1
             self.remaining[consumer] -= 1
             if self.remaining[consumer] == 0 and consumer not in self.status:
                 self.ready_once(consumer)
