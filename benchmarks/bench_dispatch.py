@@ -11,6 +11,9 @@
    rounds are then run on a tmpfs (one mounted for the run where allowed, else
    /dev/shm) and reported without a budget; snakemake is timed once with
    --snakemake EXE.
+   A chain of --chain of the same tasks (each needs the one before: a link
+   starts once the record before it is durable) is timed against make on the
+   disk, reported without a budget.
 2. Peak RSS of the dispatcher running a 10,000-instance fan-out (budget 300 MiB),
    as reported by the dispatcher itself (run_finished.max_rss_kib = getrusage
    ru_maxrss of its own process); its staging workers' largest peak is printed
@@ -37,6 +40,7 @@ per inode). Above ~30 us, something deleted many files in the last minutes and
 every figure below is inflated by it.
 
 Run: python benchmarks/bench_dispatch.py [--tasks N] [--fanout N (0: none)] [--repeat R]
+     [--chain N (0: none)]
      [--settle SECONDS] [--snakemake EXE]
 Exits 1 if a budget is exceeded.
 """
@@ -98,6 +102,48 @@ def write_makefile(root: Path, n: int) -> Path:
     rules = "".join(f'$(OUT)/t{i}.json:\n\t@sh -c \'printf "{{}}" > "$$0"\' $@\n' for i in range(n))
     mk.write_text(f"all: {targets}\n{rules}")
     return mk
+
+
+def write_chain(root: Path, n: int) -> Path:
+    """The same recipes as a chain (each task needs the one before it), as a
+    pack compiled to ``plan.json`` and a Makefile, in ``root``; returns the plan."""
+    root.mkdir(parents=True, exist_ok=True)
+    head = 'edition = 3\n\n[workflow]\nname = "chain"\n\n'
+    tasks = "\n".join(_task_toml(i) + (f'needs = ["t{i - 1}"]\n' if i else "") for i in range(n))
+    (root / "pack.toml").write_text(head + tasks)
+    from crucible.compile import compile_path
+
+    plan = root / "plan.json"
+    plan.write_bytes(compile_path(root / "pack.toml").data)
+    rules = "".join(
+        f"$(OUT)/t{i}.json:{f' $(OUT)/t{i - 1}.json' if i else ''}\n"
+        f'\t@sh -c \'printf "{{}}" > "$$0"\' $@\n'
+        for i in range(n)
+    )
+    (root / "Makefile").write_text(f"all: $(OUT)/t{n - 1}.json\n{rules}")
+    return plan
+
+
+def chain_rounds(root: Path, n: int, repeat: int) -> None:
+    """A chain of ``n`` tasks, make against crucible from the plan, interleaved:
+    each link waits for the record before it to be durable (reported, no budget)."""
+    plan = write_chain(root, n)
+    make: list[float] = []
+    ours: list[float] = []
+    for _ in range(repeat):
+        make.append(time_make(root))
+        ours.append(time_dispatch(plan, root, "plan"))
+    line(
+        f"crucible-dispatch a {n}-task chain from the plan (wall, info)",
+        statistics.median(ours),
+        statistics.median(make),
+        "s",
+        None,
+    )
+    print(
+        f"  per link (info): {statistics.median(ours) / n * 1e3:.2f} ms, "
+        f"make {statistics.median(make) / n * 1e3:.2f} ms"
+    )
 
 
 def write_dodo(root: Path, n: int) -> Path:
@@ -422,6 +468,7 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=1000)
     ap.add_argument("--fanout", type=int, default=10000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--chain", type=int, default=500, help="tasks in the chain workload (0: none)")
     ap.add_argument(
         "--snakemake",
         metavar="EXE",
@@ -464,6 +511,9 @@ def main() -> int:
             )
         else:
             print("snakemake: not measured (--snakemake EXE; ~30 s a run here)")
+        if args.chain > 0:
+            print(f"# a chain of {args.chain} of the same tasks on the disk (reported, no budget)")
+            chain_rounds(root / "chain", args.chain, args.repeat)
         with tmpfs_dir("bench-dispatch-") as (tmpfs, where):
             print(f"# the same rounds on a tmpfs ({where}; reported, no budget)")
             workload_rounds(tmpfs, args, "tmpfs", budget=False)
