@@ -69,8 +69,7 @@ _second: tuple[int, str] = (-1, "")
 
 
 #: one commit's batch: its lines, the files to make durable first, its number,
-#: and the items for ``on_batch_durable``
-#: (lines, files to fsync first, sequence number, after_durable items, urgent)
+#: the items for ``on_batch_durable``, and whether a unit's start waits for it
 _Batch = tuple[bytes, tuple[str, ...], int, list[Any], bool]
 
 
