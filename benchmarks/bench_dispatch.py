@@ -95,11 +95,16 @@ def write_pack(root: Path, n: int) -> Path:
     return plan
 
 
+def _make_rule(i: int, prerequisite: str = "") -> str:
+    """Recipe ``i``: writes ``$(OUT)/t<i>.json`` through sh, as task ``t<i>`` does."""
+    return f'$(OUT)/t{i}.json: {prerequisite}\n\t@sh -c \'printf "{{}}" > "$$0"\' $@\n'
+
+
 def write_makefile(root: Path, n: int) -> Path:
     """1,000 recipes writing ``$(OUT)/t<i>.json`` (OUT: a fresh directory per run)."""
     mk = root / "Makefile"
     targets = " ".join(f"$(OUT)/t{i}.json" for i in range(n))
-    rules = "".join(f'$(OUT)/t{i}.json:\n\t@sh -c \'printf "{{}}" > "$$0"\' $@\n' for i in range(n))
+    rules = "".join(_make_rule(i) for i in range(n))
     mk.write_text(f"all: {targets}\n{rules}")
     return mk
 
@@ -115,11 +120,7 @@ def write_chain(root: Path, n: int) -> Path:
 
     plan = root / "plan.json"
     plan.write_bytes(compile_path(root / "pack.toml").data)
-    rules = "".join(
-        f"$(OUT)/t{i}.json:{f' $(OUT)/t{i - 1}.json' if i else ''}\n"
-        f'\t@sh -c \'printf "{{}}" > "$$0"\' $@\n'
-        for i in range(n)
-    )
+    rules = "".join(_make_rule(i, f"$(OUT)/t{i - 1}.json" if i else "") for i in range(n))
     (root / "Makefile").write_text(f"all: $(OUT)/t{n - 1}.json\n{rules}")
     return plan
 

@@ -19,7 +19,13 @@ from crucible.core.errors import OperationalError
 from crucible.core.fsio import clear_path
 from crucible.stage._plan import PlanView, TaskView
 
-__all__ = ["EMPTY_VALUES", "drop_old_tree", "empty_values_dir", "nothing_to_stage"]
+__all__ = [
+    "EMPTY_VALUES",
+    "drop_old_tree",
+    "empty_values_dir",
+    "may_stage_nothing",
+    "nothing_to_stage",
+]
 
 #: under STATE/shared (stage's own; '@' names never collide with a task's)
 EMPTY_VALUES = "@empty"
@@ -30,11 +36,29 @@ _made: set[str] = set()
 
 def nothing_to_stage(pv: PlanView, t: TaskView, reserved: dict[str, Any]) -> bool:
     """True for a unit whose staged tree would hold only ``params = {}``."""
-    if pv.version < 2 or t.kind not in ("command", "evaluate") or t.model.inputs:
+    if not may_stage_nothing(pv, t.name):
         return False
-    if any(name != "params" for name in reserved) or reserved.get("params") != {}:
-        return False
-    return not pv.file_ancestors(t.name)
+    return not any(name != "params" for name in reserved) and reserved.get("params") == {}
+
+
+def may_stage_nothing(pv: PlanView, task: str) -> bool:
+    """What :func:`nothing_to_stage` asks of the plan alone (IR v2 or later, a
+    command or evaluate task, no declared inputs, no ancestor's files), once
+    per task: False, and a unit of ``task`` always has something to stage."""
+    memo = pv.memo.get("may_stage_nothing")
+    if memo is None:
+        memo = pv.memo["may_stage_nothing"] = {}
+    found: bool | None = memo.get(task)
+    if found is None:
+        t = pv.tasks[task]
+        found = (
+            pv.version >= 2
+            and t.kind in ("command", "evaluate")
+            and not t.model.inputs
+            and not pv.file_ancestors(task)
+        )
+        memo[task] = found
+    return found
 
 
 def empty_values_dir(state: Path) -> Path:

@@ -29,7 +29,12 @@ from crucible.core.plan import Task
 from crucible.core.refs import RefMissing
 from crucible.core.structs import dataclass
 from crucible.stage._described import Described
-from crucible.stage._empty import drop_old_tree, empty_values_dir, nothing_to_stage
+from crucible.stage._empty import (
+    drop_old_tree,
+    empty_values_dir,
+    may_stage_nothing,
+    nothing_to_stage,
+)
 from crucible.stage._files import FILES_RUN_MAX
 from crucible.stage._fsio import TMP_PREFIX, swap_in_dir
 from crucible.stage._layout import RESERVED_STATE_NAMES, StateLayout
@@ -799,17 +804,14 @@ def stage_inputs(
     if not new and not workspace.is_dir():
         raise OperationalError("cannot create workspace: File exists", where=str(workspace))
     reserved = None
-    if _may_stage_nothing(pv, task):  # most units of a wide run: told without describing
+    if may_stage_nothing(pv, task):  # most units of a wide run: told without describing
         reserved = reserved_values(pv, state, task, key)
-        if nothing_to_stage(pv, pv.tasks[task], reserved):
+        if nothing_to_stage(pv, pv.tasks[task], reserved):  # 3.7: no tree
             if not new:
                 drop_old_tree(inputs_dir)
             return _nothing_staged(state, inputs_dir)
+    # a unit that stages nothing never gets here (describe_inputs would say d.nothing)
     d = describe_inputs(pv, state, task, key, reserved=reserved)
-    if d.nothing:  # 3.7: no tree (nothing it would say)
-        if not new:
-            drop_old_tree(inputs_dir)
-        return _nothing_staged(state, inputs_dir)
     files_bytes = None
     if in_place:
         # lazy: stage._restage is not loaded with this module; only stage_inputs() needs it
@@ -857,26 +859,6 @@ def _write_fresh(state: Path, d: Described, workspace: Path, inputs_dir: Path, b
         remove_tree(tmp)
         raise
     return files_bytes
-
-
-def _may_stage_nothing(pv: PlanView, task: str) -> bool:
-    """Whether a unit of ``task`` can have nothing to stage (3.7) whatever the
-    state holds: what :func:`crucible.stage._empty.nothing_to_stage` asks of
-    the plan, once per task. Its reserved inputs decide the rest."""
-    memo = pv.memo.get("may_stage_nothing")
-    if memo is None:
-        memo = pv.memo["may_stage_nothing"] = {}
-    found: bool | None = memo.get(task)
-    if found is None:
-        t = pv.tasks[task]
-        found = (
-            pv.version >= 2
-            and t.kind in ("command", "evaluate")
-            and not t.model.inputs
-            and not pv.file_ancestors(task)
-        )
-        memo[task] = found
-    return found
 
 
 #: str(state) -> str(its empty values directory), once made by this process

@@ -113,9 +113,6 @@ class Keyer:
         self._pv: PlanView | None = plan_view
         #: the plan has no scored loop (checked at the first key)
         self._loop_checked = False
-        #: task -> its ancestors that declare emits_files (sorted), walked once
-        #: per task, not once per unit (every instance of a wide fan-out shares them)
-        self._file_ancestors: dict[str, list[str]] = {}
         #: what STATE/reserved/ held at its last listing, by the directory's identity
         self._reserved_listing: tuple[tuple[int, int] | None, frozenset[str]] | None = None
         #: declared reads (crucible.run.cache._reads): listed and hashed once per run
@@ -140,7 +137,7 @@ class Keyer:
         check_key(pv, name, key)
         head, tail = self._fixed_of(t, pv.model)
         components = {**head, "instance": scalar_digest(key), **tail}
-        ancestors = self._ancestors_with_files(pv, name)
+        ancestors = sorted(pv.file_ancestors(name))
         if pv.version >= 2:
             components.update(self._inputs_v2(pv, t, key, bool(ancestors)))
         else:
@@ -163,13 +160,6 @@ class Keyer:
                 was = self.reads.kept_listing(before) if before else []
                 why = describe_change(was, now)
         return why
-
-    def _ancestors_with_files(self, pv: PlanView, name: str) -> list[str]:
-        found = self._file_ancestors.get(name)
-        if found is None:
-            found = sorted(pv.file_ancestors(name))
-            self._file_ancestors[name] = found
-        return found
 
     def _fixed_of(self, t: TaskView, plan: Plan) -> tuple[dict[str, str], dict[str, str]]:
         fixed = self._fixed.get(t.name)
