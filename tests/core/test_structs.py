@@ -180,3 +180,31 @@ def test_no_module_of_tools_uses_the_standard_module() -> None:
         and re.search(r"^\s*(from dataclasses import|import dataclasses)", path.read_text(), re.M)
     ]
     assert offenders == []
+
+
+def test_init_is_compiled_at_the_first_instance_and_behaves_the_same() -> None:
+    @structs.dataclass(frozen=True, slots=True)
+    class _Lazy:
+        a: int
+        b: str = "b"
+
+    class _Plain(_Lazy):  # not a struct: inherits the lazy __init__
+        __slots__ = ()
+
+    placeholder = _Lazy.__init__
+    assert placeholder.__qualname__.endswith("_Lazy.__init__")
+    # a plain subclass's instance first: the class that owns __init__ gets the compiled one
+    assert _Plain(1) == _Plain(1, "b")
+    compiled = _Lazy.__init__
+    assert compiled is not placeholder and compiled.__qualname__ == placeholder.__qualname__
+    assert _Lazy(2, b="c") == _Lazy(2, "c") and _Lazy.__init__ is compiled
+    with pytest.raises(TypeError, match="missing 1 required positional argument: 'a'"):
+        _Lazy()  # type: ignore[call-arg]
+
+    @structs.dataclass
+    class _Fresh:
+        n: int
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
+        _Fresh(m=1)  # type: ignore[call-arg]  # the first call's error is the compiled one's
+    assert _Fresh(3).n == 3

@@ -5,6 +5,8 @@ keeps its order."""
 
 from __future__ import annotations
 
+import contextlib
+from types import SimpleNamespace
 from typing import Any
 
 from crucible.run.cache._hits import CacheHits, ReadyQueue
@@ -26,6 +28,7 @@ def _hits(hit: set[str], looked: list[str]) -> CacheHits:
         return {"kind": "cached"} if unit.name in hit else None
 
     hits._look_up = look_up  # type: ignore[method-assign]
+    hits.cache = SimpleNamespace(keyer=SimpleNamespace(steady=contextlib.nullcontext))  # type: ignore[assignment]
     return hits
 
 

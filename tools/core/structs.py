@@ -352,8 +352,23 @@ def _init_fn(cls: type, all_fields: tuple[Field, ...], frozen: bool) -> Callable
     if not lines:
         lines.append("  pass")
     source = f"def __init__(self, {', '.join(params)}):\n" + "\n".join(lines)
-    # our own text, built from the class's field names
-    exec(source, scope)
-    init: Callable[..., None] = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    return init
+    qualname = f"{cls.__qualname__}.__init__"
+
+    def compiled() -> Callable[..., None]:
+        # our own text, built from the class's field names
+        exec(source, scope)
+        init: Callable[..., None] = scope["__init__"]
+        init.__qualname__ = qualname
+        return init
+
+    # Compiled at the first instance, not with the class: a command defines
+    # ~50 of these classes and makes instances of a third of them, and the
+    # exec is most of what defining one costs (~5 ms of every start).
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init = compiled()
+        if cls.__dict__.get("__init__") is __init__:
+            cls.__init__ = init  # type: ignore[misc]
+        init(self, *args, **kwargs)
+
+    __init__.__qualname__ = qualname
+    return __init__

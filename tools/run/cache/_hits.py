@@ -130,6 +130,15 @@ class CacheHits:
         pass); the units that miss stay in ``ready``, in order. Once ``stop()``
         is true (a signal: a pass over 10^5 hits takes seconds) the pass ends:
         the units not looked at stay in ``ready`` too. Returns the hits."""
+        with self.cache.keyer.steady():
+            return self._take(ready, settle, stop)
+
+    def _take(
+        self,
+        ready: ReadyQueue,
+        settle: Callable[[Any, dict[str, Any]], None],
+        stop: Callable[[], bool] | None,
+    ) -> int:
         hits = 0
         batch = ready.take_fresh()
         while batch:

@@ -18,8 +18,9 @@ the unit is then not keyed, and staging reports the refusal.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,9 @@ class Keyer:
         self._loop_checked = False
         #: what STATE/reserved/ held at its last listing, by the directory's identity
         self._reserved_listing: tuple[tuple[int, int] | None, frozenset[str]] | None = None
+        #: inside :meth:`steady`: params.json and STATE/reserved/ were checked in
+        #: this pass already (None: outside one, checked at every key)
+        self._steady: set[str] | None = None
         #: declared reads (crucible.run.cache._reads): listed and hashed once per run
         self.reads = ReadsKeyer(pack_dir, cache_dir)
 
@@ -219,10 +223,36 @@ class Keyer:
             out["outcome"] = _value_digest(build_outcome(self._view(), self.state, t.name))
         return out
 
+    @contextlib.contextmanager
+    def steady(self) -> Iterator[None]:
+        """A pass of keys during which nothing of this process writes params.json
+        or STATE/reserved/ (the dispatcher's lookups of one turn: params.json is
+        written at admission, reserved/ by an outer loop before the run): each is
+        checked for a change once in the pass, not once per key (two ``stat``
+        calls a unit were ~8 % of a fully cached rerun)."""
+        outer, self._steady = self._steady, set()
+        try:
+            yield
+        finally:
+            self._steady = outer
+
+    def _checked(self, what: str) -> bool:
+        """True when ``what`` was checked already in this steady pass (and marks it)."""
+        steady = self._steady
+        if steady is None:
+            return False
+        if what in steady:
+            return True
+        steady.add(what)
+        return False
+
     def _reserved_present(self) -> frozenset[str]:
         """The names in STATE/reserved/ (an outer loop's reserved inputs), listed
         again only when the directory changed (a name added, removed or
         renamed over changes its mtime): most runs have none at all."""
+        known = self._reserved_listing
+        if self._checked("reserved") and known is not None:
+            return known[1]
         try:
             st = os.stat(self._reserved_root)
             ident: tuple[int, int] | None = (st.st_ino, st.st_mtime_ns)
@@ -252,18 +282,20 @@ class Keyer:
         """The digest of the params ``t`` is handed, params.json read again only
         when it changed (it is written once, at admission: most runs read it
         once). Tasks handed the same params share one digest."""
-        try:
-            st = os.stat(self._params_path)
-            ident: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
-        except FileNotFoundError:
-            ident = None  # the plan's defaults
-        if self._params is None or self._params[0] != ident:
-            self._params = (ident, load_params(self._view(), self.state))
-            self._params_digests.clear()
+        if not self._checked("params") or self._params is None:
+            try:
+                st = os.stat(self._params_path)
+                ident: tuple[int, ...] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except FileNotFoundError:
+                ident = None  # the plan's defaults
+            if self._params is None or self._params[0] != ident:
+                self._params = (ident, load_params(self._view(), self.state))
+                self._params_digests.clear()
+        params = self._params[1]
         found = self._params_digests.get(t.name)
         if found is None:
-            handed = task_params(self._view(), t.model, self._params[1])
-            if handed is self._params[1]:  # every param (most tasks): one digest
+            handed = task_params(self._view(), t.model, params)
+            if handed is params:  # every param (most tasks): one digest
                 found = self._params_digests.get("")  # no task is named ""
                 if found is None:
                     found = self._params_digests[""] = _value_digest(handed)
