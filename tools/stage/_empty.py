@@ -45,9 +45,7 @@ def may_stage_nothing(pv: PlanView, task: str) -> bool:
     """What :func:`nothing_to_stage` asks of the plan alone (IR v2 or later, a
     command or evaluate task, no declared inputs, no ancestor's files), once
     per task: False, and a unit of ``task`` always has something to stage."""
-    memo = pv.memo.get("may_stage_nothing")
-    if memo is None:
-        memo = pv.memo["may_stage_nothing"] = {}
+    memo = pv.memo.setdefault("may_stage_nothing", {})
     found: bool | None = memo.get(task)
     if found is None:
         t = pv.tasks[task]

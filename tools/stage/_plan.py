@@ -103,9 +103,7 @@ class PlanView:
         Worked out once per task (a view never changes): staging, its checks
         and the cache key ask it for every unit, and a walk over every
         ancestor each time made a deep chain quadratic."""
-        memo = self.memo.get("file_ancestors")
-        if memo is None:
-            memo = self.memo["file_ancestors"] = {}
+        memo = self.memo.setdefault("file_ancestors", {})
         found: tuple[str, ...] | None = memo.get(name)
         if found is None:
             found = tuple(a for a in self.ancestors(name) if self.tasks[a].emits_files)
