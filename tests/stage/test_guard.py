@@ -153,3 +153,125 @@ def test_without_the_guard_views_never_link_the_store(tmp_path: Path, guarded: b
         """,
     )
     assert out.strip() == "ok"
+
+
+def test_a_second_write_after_a_restore_is_caught_too(tmp_path: Path) -> None:
+    """The restored store file is a new inode: the published set is built again
+    (a new generation naming it), so the next consumer's write through it is
+    caught and undone like the first. Before: the manifest kept naming the
+    first inode, the second write went unseen and stayed in the store."""
+    out = _child(
+        tmp_path,
+        """
+        os.unlink(ws / "twice-elsewhere")
+        sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        guard_views()
+        store = state / "files" / "p" / "out" / "f"
+        for name in ("a", "b"):
+            w = state / "work" / name
+            sd.stage_inputs(name, w)
+            view = w / "inputs" / "p" / "out" / "f"
+            assert os.lstat(view).st_ino == os.lstat(store).st_ino, name
+            subprocess.run(["sh", "-c", f"chmod u+w {view} && echo {name} > {view}"], check=True)
+            notes = sd.check_inputs(name, w)
+            assert notes and f"changed while {name} held it" in notes[0], (name, notes)
+            assert store.read_bytes() == b"captured" * 1000, name
+        c = state / "work" / "c"
+        sd.stage_inputs("a", c)
+        assert (c / "inputs" / "p" / "out" / "f").read_bytes() == b"captured" * 1000
+        assert sd.check_inputs("a", c) == []
+        print("ok")
+        """,
+    )
+    assert out.strip() == "ok"
+
+
+def test_a_write_under_way_while_the_next_consumer_is_staged_is_never_copied(
+    tmp_path: Path,
+) -> None:
+    """The interleaving a dispatch worker meets when it stages the next unit
+    while the running one writes its view: the staging checked the published
+    files, then the lease broke (its bytes saved) and the writer holds the
+    inode open with other bytes in it, so no lease can be taken for the next
+    consumer and it gets a copy. That copy must be of the captured bytes:
+    the store is restored first, and the writer is named at its check."""
+    out = _child(
+        tmp_path,
+        """
+        import time
+        from crucible.stage import _guard
+        os.unlink(ws / "twice-elsewhere")
+        sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        guard_views()
+        store = state / "files" / "p" / "out" / "f"
+        a = state / "work" / "a"
+        sd.stage_inputs("a", a)
+        view = a / "inputs" / "p" / "out" / "f"
+        writer = []
+        real = _guard.lease
+
+        def lease(path, holder, backups):
+            if holder.endswith("/b") and not writer:  # after b's check of the published set
+                code = (
+                    "import os, sys; os.chmod(sys.argv[1], 0o644); "
+                    "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC); os.write(fd, b'EVIL'); "
+                    "print('written', flush=True); sys.stdin.read()"
+                )
+                w = subprocess.Popen(
+                    [sys.executable, "-c", code, str(view)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                )
+                writer.append(w)
+                assert w.stdout.readline() == b"written\\n"  # a's lease broke meanwhile
+            return real(path, holder, backups)
+
+        _guard.lease = lease
+        b = state / "work" / "b"
+        sd.stage_inputs("b", b)
+        assert writer, "the writer never ran"
+        assert (b / "inputs" / "p" / "out" / "f").read_bytes() == b"captured" * 1000
+        assert store.read_bytes() == b"captured" * 1000
+        writer[0].stdin.close()
+        writer[0].wait()
+        notes = sd.check_inputs("a", a)
+        assert notes and "changed while a held it" in notes[0], notes
+        assert sd.check_inputs("b", b) == []
+        assert store.read_bytes() == b"captured" * 1000
+        print("ok")
+        """,
+    )
+    assert out.strip() == "ok"
+
+
+def test_an_inode_already_restored_is_relinked_and_no_innocent_consumer_is_named(
+    tmp_path: Path,
+) -> None:
+    """b was staged ahead holding the inode a then wrote; a's check restored
+    the store (a new inode, which c was then handed). b's refresh before it
+    starts relinks b to that inode: it does not restore it again, so c, who
+    holds it and wrote nothing, is not named at its check."""
+    out = _child(
+        tmp_path,
+        """
+        os.unlink(ws / "twice-elsewhere")
+        sd.capture("p", ws, output_file=ws / "none", exit_code=0, empty_workspace=True)
+        guard_views()
+        store = state / "files" / "p" / "out" / "f"
+        a, b, c = (state / "work" / n for n in ("a", "b", "c"))
+        sd.stage_inputs("a", a)
+        sd.stage_inputs("b", b)  # ahead: the same inode as a
+        view = a / "inputs" / "p" / "out" / "f"
+        subprocess.run(["sh", "-c", f"chmod u+w {view} && echo EVIL > {view}"], check=True)
+        assert sd.check_inputs("a", a)
+        restored = os.lstat(store).st_ino
+        sd.stage_inputs("a", c)  # c: a consumer of p staged after the restore
+        assert os.lstat(c / "inputs" / "p" / "out" / "f").st_ino == restored
+        assert sd.refresh_inputs("b", b) == ["inputs/p/out/f"]
+        assert (b / "inputs" / "p" / "out" / "f").read_bytes() == b"captured" * 1000
+        assert os.lstat(store).st_ino == restored  # not restored a second time
+        assert sd.check_inputs("a", c) == []
+        assert sd.check_inputs("b", b) == []
+        print("ok")
+        """,
+    )
+    assert out.strip() == "ok"

@@ -331,14 +331,17 @@ def _same(st: os.stat_result, e: Entry, ctime: int | None) -> bool:
     )
 
 
-def _changed(pub: Published, state: Path | None = None) -> list[Entry]:
+def _changed(pub: Published, state: Path | None = None) -> tuple[list[Entry], bool]:
     """Published files that were changed since the last staging recorded them
-    (stat first; the bytes are hashed only when the stat moved). In store mode
-    an inode with a backup is changed too: a lease on it broke, so a write
-    through it is under way (crucible.stage._guard)."""
+    (stat first; the bytes are hashed only when the stat moved), and whether the
+    manifest is stale: a file intact but at another inode than it names (a
+    store file restored since; consumers linking the new inode would hold one
+    no check knows). In store mode an inode with a backup is changed too: a
+    lease on it broke, so a write through it is under way (crucible.stage._guard)."""
     ctimes = _read_ctimes(pub)
     backed = _backups(state) if state is not None and pub.mode == STORE else set()
     bad = []
+    stale = False
     tree = str(pub.tree)
     for e in pub.files:
         path = f"{tree}/{e.rel}"
@@ -351,7 +354,9 @@ def _changed(pub: Published, state: Path | None = None) -> list[Entry]:
             not _same(st, e, ctimes.get(e.rel)) and _really_changed(path, e)
         ):
             bad.append(e)
-    return bad
+        elif st.st_ino != e.ino:
+            stale = True
+    return bad, stale
 
 
 def _backup_dir(state: Path) -> Path:
@@ -588,8 +593,8 @@ def publish(
     if found is not None:
         old_source, pub = found
         if old_source == source:
-            bad = _changed(pub, state)
-            if not bad and pub.mode == mode:
+            bad, stale = _changed(pub, state)
+            if not bad and not stale and pub.mode == mode:
                 return pub
             if bad:
                 _list_tampered(pub, bad)
@@ -783,7 +788,7 @@ def link_published(pub: Published, dest: Path, guarded: _Guarded | None = None) 
         src = f"{tree}/{e.rel}"
         dst = f"{dest_s}/{e.rel}"
         try:
-            _hand_over(src, dst, key, _guard_of(pub, guarded))
+            _hand_over(src, dst, key, e, _guard_of(pub, guarded))
         except OSError as exc:
             raise OperationalError(f"cannot stage {src}: {exc.strerror or exc}") from None
         total += e.size
@@ -817,24 +822,69 @@ def _guard_of(pub: Published, guarded: _Guarded | None) -> _Guarded | None:
 _NO_GUARD = _Guarded("", "")
 
 
+class _Unsettled(Exception):
+    """A published file was being changed while it was handed over (its copy
+    or its link is not of the captured bytes; nothing is left at the
+    destination): the caller settles it (:func:`_settle`) and lays the unit
+    again from a fresh published set."""
+
+    def __init__(self, entry: Entry) -> None:
+        super().__init__(entry.rel)
+        self.entry = entry
+
+
+#: how many times one unit is laid again after a file changed under it (each
+#: time the changed inode is set aside, so a writer cannot reach the next one)
+_LAY_TRIES = 3
+
+
+def _settle(state: Path, pub: Published, e: Entry) -> None:
+    """``e`` changed while it was handed over: its inode is listed as tampered
+    (the consumer writing it is named at its check) and, in store mode, the
+    store file restored (a fresh inode); the next :func:`publish` builds a new
+    generation."""
+    _list_tampered(pub, [e])
+    if pub.mode == STORE:
+        _restore_store(state, pub, [e])
+
+
 def _hand_over(
-    src: str, dst: str, key: tuple[int, int], guarded: _Guarded | None = None
+    src: str, dst: str, key: tuple[int, int], e: Entry, guarded: _Guarded | None = None
 ) -> None:
     """One file to a consumer: a reflink, else a hard link, else a copy. A
     hard link to a stored inode (``guarded``) needs a lease on it, held for
-    the consumer until its check (crucible.stage._guard); else a copy."""
+    the consumer until its check (crucible.stage._guard); else a copy. A copy
+    must hash to ``e``'s digest, and a leased link must still be ``e``'s
+    inode as published: else :class:`_Unsettled` (a consumer that ran
+    meanwhile is writing it: the lease broke and the writer holds the inode
+    open, or wrote it between the check and the lease)."""
     if clone_known_bad(key) or not _reflink(src, dst, key):
         if guarded is not None and (
             guarded is _NO_GUARD or not guard.lease(src, guarded.holder, guarded.backups)
         ):
-            _copy(src, dst)
+            _copy(src, dst, e)
             return
         try:
             os.link(src, dst, follow_symlinks=False)
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.EMLINK, errno.EPERM):
                 raise
-            _copy(src, dst)  # another filesystem, or the link limit
+            _copy(src, dst, e)  # another filesystem, or the link limit
+            return
+        if guarded is not None and not _as_published(os.lstat(dst), e):
+            os.unlink(dst)
+            raise _Unsettled(e)
+
+
+def _as_published(st: os.stat_result, e: Entry) -> bool:
+    """Whether a link just made is ``e``'s inode, unwritten and read-only (a
+    write moves the mtime, a chmod the mode; the link itself moved the ctime)."""
+    return (
+        st.st_ino == e.ino
+        and st.st_size == e.size
+        and st.st_mtime_ns == e.mtime_ns
+        and stat.S_IMODE(st.st_mode) == _READONLY
+    )
 
 
 def _reflink(src: str, dst: str, key: tuple[int, int]) -> bool:
@@ -854,12 +904,17 @@ def _reflink(src: str, dst: str, key: tuple[int, int]) -> bool:
     return cloned
 
 
-def _copy(src: str, dst: str) -> None:
+def _copy(src: str, dst: str, e: Entry) -> None:
+    """A private copy of ``src`` at ``dst``, of ``e``'s bytes (hashed as they
+    are copied), else none and :class:`_Unsettled`."""
     src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        copy_fd_hashed(src_fd, Path(dst), limit=1 << 62, mode=_READONLY)
+        _, digest = copy_fd_hashed(src_fd, Path(dst), limit=1 << 62, mode=_READONLY)
     finally:
         os.close(src_fd)
+    if digest != e.digest:
+        os.unlink(dst)
+        raise _Unsettled(e)
     os.chmod(dst, _READONLY)  # whatever the umask did
 
 
@@ -899,10 +954,29 @@ def stage_units(
     guarded = _guarded(state, holder)
     with _locked(state):
         for u in units:
-            pub, used = _published_within(state, u, used, bound, guarded)
-            link_published(_visible(pub, u.skip), dest / u.staged, guarded)
-            _record_ctimes(pub)  # the links just made moved them
+            for tries_left in reversed(range(_LAY_TRIES)):
+                pub, now = _published_within(state, u, used, bound, guarded)
+                try:
+                    link_published(_visible(pub, u.skip), dest / u.staged, guarded)
+                except _Unsettled as exc:
+                    remove_tree(dest / u.staged)  # what was laid of it: laid again
+                    _unsettled(state, pub, exc, tries_left)
+                    continue
+                _record_ctimes(pub)  # the links just made moved them
+                used = now
+                break
     return used
+
+
+def _unsettled(state: Path, pub: Published, exc: _Unsettled, tries_left: int) -> None:
+    """Settle the file that changed under a staging, or give up after the last try."""
+    if not tries_left:
+        raise OperationalError(
+            f"captured file {exc.entry.rel!r} of {pub.label} kept changing while it was "
+            f"staged (a consumer is writing it)",
+            where=str(pub.tree / exc.entry.rel),
+        )
+    _settle(state, pub, exc.entry)
 
 
 def ensure_dir(base: Path, rel: str) -> None:
@@ -951,7 +1025,7 @@ def relink_published(pub: Published, dest: Path, guarded: _Guarded | None = None
             ):
                 continue
             clear_path(Path(dst))
-        _hand_over(f"{tree}/{e.rel}", dst, key, _guard_of(pub, guarded))
+        _hand_over(f"{tree}/{e.rel}", dst, key, e, _guard_of(pub, guarded))
         handed += 1
     return handed
 
@@ -973,13 +1047,21 @@ def restage_units(
     guarded = _guarded(state, holder)
     with _locked(state):
         for u in units:
-            pub, used = _published_within(state, u, used, bound, guarded)
-            try:
-                ensure_dir(dest, u.staged)  # each component checked from inputs/ down
-                shown = _visible(pub, u.skip)
-                handed = relink_published(shown, dest / u.staged, guarded)
-            except OSError as exc:
-                raise OperationalError(f"cannot stage into {dest}: {exc.strerror or exc}") from None
+            for tries_left in reversed(range(_LAY_TRIES)):
+                pub, now = _published_within(state, u, used, bound, guarded)
+                try:
+                    ensure_dir(dest, u.staged)  # each component checked from inputs/ down
+                    shown = _visible(pub, u.skip)
+                    handed = relink_published(shown, dest / u.staged, guarded)
+                except _Unsettled as exc:  # what was laid stays: relaid in place
+                    _unsettled(state, pub, exc, tries_left)
+                    continue
+                except OSError as exc:
+                    raise OperationalError(
+                        f"cannot stage into {dest}: {exc.strerror or exc}"
+                    ) from None
+                used = now
+                break
             laid.add(u.staged)
             laid.update(f"{u.staged}/{rel}" for rel in shown.dirs)
             laid.update(f"{u.staged}/{e.rel}" for e in shown.files)
@@ -1013,11 +1095,13 @@ def _verify_consumer(state: Path, holder: str, units: list[Unit], workspace: Pat
             pub = found[1]
             current = _read_manifest(u.root, u.label, u.store)
             if current is not None and current[1].generation == pub.generation:
-                # still the generation the consumer holds: restore it now
-                bad = [e for e in pub.files if e.rel in changed]
-                _list_tampered(pub, bad)
-                if pub.mode == STORE:
-                    _restore_store(state, pub, bad)
+                # still the generation whose inodes it changed: restore them now
+                # (an inode of an earlier one, listed in @tampered, is restored)
+                bad = [e for e in pub.files if changed.get(e.rel)]
+                if bad:
+                    _list_tampered(pub, bad)
+                    if pub.mode == STORE:
+                        _restore_store(state, pub, bad)
             publish(state, u.store, u.record, u.root, u.label, u.key, mode=pub.mode)
         shown = ", ".join(f"inputs/{u.staged}/{r}" for r in sorted(changed)[:5])
         more = len(changed) - 5
@@ -1042,7 +1126,8 @@ def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
         if found is None:
             continue
         top = workspace / "inputs" / u.staged
-        changed = _changed_holdings(found[1], top)
+        held = _changed_holdings(found[1], top)
+        changed = set(held)
         if found[1].mode == STORE:
             changed |= _unguarded_holdings(found[1], top, guarded)
         if not changed:
@@ -1051,29 +1136,47 @@ def refresh_held(state: Path, units: list[Unit], workspace: Path) -> list[str]:
             current = _read_manifest(u.root, u.label, u.store)
             pub = found[1]
             if current is not None and current[1].generation == pub.generation:
-                bad = [e for e in pub.files if e.rel in changed and _changed_one(pub, e, top)]
+                bad = [e for e in pub.files if held.get(e.rel) and _changed_one(pub, e, top)]
                 if bad:
                     _list_tampered(pub, bad)
                     if pub.mode == STORE:
                         _restore_store(state, pub, bad)
-            fresh = publish(state, u.store, u.record, u.root, u.label, u.key, mode=pub.mode)
-            by_rel = {e.rel: e for e in fresh.files}
-            key = (fresh.dev, os.stat(top).st_dev)
-            for rel in sorted(changed):
-                if rel not in by_rel:
-                    continue
-                dst = top / rel
-                tmp = dst.with_name(f"{TMP_PREFIX}relink")
+            for tries_left in reversed(range(_LAY_TRIES)):
+                fresh = publish(state, u.store, u.record, u.root, u.label, u.key, mode=pub.mode)
                 try:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-                    _hand_over(str(fresh.tree / rel), str(tmp), key, _guard_of(fresh, guarded))
-                    os.replace(tmp, dst)
-                except OSError as exc:
-                    raise OperationalError(f"cannot restore {dst}: {exc.strerror or exc}") from None
-                replaced.append(f"inputs/{u.staged}/{rel}")
-            _record_ctimes(fresh)
+                    relinked = _relink_changed(fresh, top, changed, guarded)
+                except _Unsettled as exc:
+                    _unsettled(state, fresh, exc, tries_left)
+                    continue
+                replaced += (f"inputs/{u.staged}/{rel}" for rel in relinked)
+                _record_ctimes(fresh)
+                break
     return replaced
+
+
+def _relink_changed(
+    fresh: Published, top: Path, changed: set[str], guarded: _Guarded | None
+) -> list[str]:
+    """Replace the consumer's files ``changed`` under ``top`` by handles to
+    ``fresh``'s; returns the paths replaced."""
+    by_rel = {e.rel: e for e in fresh.files}
+    key = (fresh.dev, os.stat(top).st_dev)
+    relinked = []
+    for rel in sorted(changed):
+        e = by_rel.get(rel)
+        if e is None:
+            continue
+        dst = top / rel
+        tmp = dst.with_name(f"{TMP_PREFIX}relink")
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            _hand_over(str(fresh.tree / rel), str(tmp), key, e, _guard_of(fresh, guarded))
+            os.replace(tmp, dst)
+        except OSError as exc:
+            raise OperationalError(f"cannot restore {dst}: {exc.strerror or exc}") from None
+        relinked.append(rel)
+    return relinked
 
 
 def _changed_one(pub: Published, e: Entry, top: Path) -> bool:
@@ -1102,12 +1205,14 @@ def _unguarded_holdings(pub: Published, top: Path, guarded: _Guarded | None) -> 
     return out
 
 
-def _changed_holdings(pub: Published, top: Path) -> set[str]:
-    """Published paths whose inode, as held under ``top``, was changed."""
+def _changed_holdings(pub: Published, top: Path) -> dict[str, bool]:
+    """Published paths whose inode, as held under ``top``, was changed: True
+    for an inode ``pub`` names (still to be restored), False for one an
+    earlier generation named (listed in ``@tampered``: already restored)."""
     by_ino = {e.ino: e for e in pub.files}
     tampered = _tampered_inodes(pub.root)
     ctimes = _read_ctimes(pub)
-    changed: set[str] = set()
+    changed: dict[str, bool] = {}
     for held, st in _held_files(top, pub.dev):
         e = by_ino.get(st.st_ino)
         if e is not None:
@@ -1115,9 +1220,9 @@ def _changed_holdings(pub: Published, top: Path) -> set[str]:
             # fresh copy (another worker restored it after this manifest was read).
             if _same(st, e, ctimes.get(e.rel)) or not _really_changed(held, e):
                 continue
-            changed.add(e.rel)
+            changed[e.rel] = True
         elif (st.st_dev, st.st_ino) in tampered:
-            changed.add(tampered[st.st_dev, st.st_ino])
+            changed.setdefault(tampered[st.st_dev, st.st_ino], False)
     return changed
 
 
