@@ -126,3 +126,58 @@ def test_a_consumer_writing_a_staged_file_is_named_and_the_next_sees_the_capture
     c = result(state, "c")
     assert c is not None and c["status"] == "passed" and c["output"] == {"seen": "captured"}
     assert (state / "files" / "p" / "out" / "f").read_bytes() == b"captured"
+
+
+TAMPER_TWICE = """edition = 3
+
+[workflow]
+name = "tamper-twice"
+
+[[workflow.task]]
+name = "p"
+run = "mkdir out && printf captured > out/f"
+emits_files = ["out"]
+
+[[workflow.task]]
+name = "a"
+needs = ["p"]
+run = "chmod u+w inputs/p/out/f && printf EVIL > inputs/p/out/f"
+
+[[workflow.task]]
+name = "a2"
+needs = ["p", "a"]
+join = "settled"
+run = "chmod u+w inputs/p/out/f && printf EVIL2 > inputs/p/out/f"
+
+[[workflow.task]]
+name = "c"
+needs = ["p", "a2"]
+join = "settled"
+emits = {{ seen = "string" }}
+run = '''printf '{{"seen": "%s"}}' "$(cat inputs/p/out/f)" > "$CRUCIBLE_OUTPUT"'''
+"""
+
+
+def test_a_second_writer_through_the_restored_file_is_named_and_the_store_kept(
+    tmp_path: Path,
+) -> None:
+    """The first write restores the store to a fresh inode; the second writer,
+    handed that inode, is caught the same way (before: its write stayed in the
+    store and c read it)."""
+    pack = tmp_path / "pack.toml"
+    pack.write_text(TAMPER_TWICE.format())
+    state = tmp_path / "st"
+    r = subprocess.run(
+        [str(DISPATCH), str(pack), "--state", str(state), "-j", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1, r.stderr
+    for writer in ("a", "a2"):
+        rec = result(state, writer)
+        assert rec is not None and rec["status"] == "failed", (writer, rec)
+        assert f"changed while {writer} held it" in rec["note"]
+    c = result(state, "c")
+    assert c is not None and c["status"] == "passed" and c["output"] == {"seen": "captured"}
+    assert (state / "files" / "p" / "out" / "f").read_bytes() == b"captured"
