@@ -57,7 +57,12 @@ def test_a_holding_is_judged_by_its_own_bytes_when_the_copy_was_restored_meanwhi
     notes = verify_consumer(state, "a", held_units(sd.view, state, "a"), a)  # ... a is restored ...
     assert notes and "changed while a held it" in notes[0]
     # ... and only then b's refresh judges what b holds, against what it read
-    assert _changed_holdings(found[1], b / "inputs" / "p") == {"out/f"}
+    # (True: the inode that manifest names, still to be restored as far as it knew)
+    assert _changed_holdings(found[1], b / "inputs" / "p") == {"out/f": True}
+    # against the manifest now published, the same inode is one already restored
+    now = _read_manifest(unit.root, unit.label, unit.store)
+    assert now is not None
+    assert _changed_holdings(now[1], b / "inputs" / "p") == {"out/f": False}
     assert sd.refresh_inputs("b", b) == ["inputs/p/out/f"]
     held = b / "inputs" / "p" / "out" / "f"
     assert held.read_bytes() == BIG and held.stat().st_mode & 0o777 == 0o444
