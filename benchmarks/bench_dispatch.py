@@ -14,6 +14,9 @@
    A chain of --chain of the same tasks (each needs the one before: a link
    starts once the record before it is durable) is timed against make on the
    disk, reported without a budget.
+   Beside them, each round times benchmarks/floor_engine.py (info, no budget):
+   the contract's file work per task in plain Python and nothing else, the
+   floor a Python engine can reach on this workload.
 2. Peak RSS of the dispatcher running a 10,000-instance fan-out (budget 300 MiB),
    as reported by the dispatcher itself (run_finished.max_rss_kib = getrusage
    ru_maxrss of its own process); its staging workers' largest peak is printed
@@ -205,7 +208,14 @@ def _children_cpu() -> float:
 
 #: CPU seconds (user + sys, the whole process tree) of each timed run, for the
 #: informational CPU lines: steadier than wall time on a shared machine.
-CPU: dict[str, list[float]] = {"pack": [], "plan": [], "make": [], "doit": [], "cached": []}
+CPU: dict[str, list[float]] = {
+    "pack": [],
+    "plan": [],
+    "make": [],
+    "doit": [],
+    "cached": [],
+    "floor": [],
+}
 
 
 def fresh(root: Path, name: str) -> Path:
@@ -283,6 +293,21 @@ def time_make(root: Path) -> float:
     )
     wall = time.perf_counter() - t
     CPU["make"].append(_children_cpu() - cpu)
+    return wall
+
+
+def time_floor(root: Path, n: int) -> float:
+    """One run of benchmarks/floor_engine.py: the contract's file work per task in
+    plain Python, nothing else (see its doc); the floor a Python engine reaches."""
+    out = fresh(root, "out-floor")
+    cpu = _children_cpu()
+    t = time.perf_counter()
+    subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("floor_engine.py")), str(out), str(n)],
+        check=True,
+    )
+    wall = time.perf_counter() - t
+    CPU["floor"].append(_children_cpu() - cpu)
     return wall
 
 
@@ -402,6 +427,7 @@ def workload_rounds(
     cached: list[float] = []
     make: list[float] = []
     doit_times: list[float] = []
+    floor: list[float] = []
     for k in CPU:
         CPU[k].clear()
     for _ in range(args.repeat):  # interleaved, so load changes hit every tool alike
@@ -409,6 +435,7 @@ def workload_rounds(
         from_pack.append(time_dispatch(pack, root, "pack"))
         from_plan.append(time_dispatch(plan, root, "plan"))
         cached.append(time_dispatch(pack, root, "cached", "--cache", str(cache)))
+        floor.append(time_floor(root, args.tasks))
         d = time_doit(root)
         if d is not None:
             doit_times.append(d)
@@ -427,6 +454,13 @@ def workload_rounds(
             "s",
             WALL_BUDGET if budget else None,
         )
+    line(
+        "floor: the same file work in plain Python (wall, info)",
+        statistics.median(floor),
+        m,
+        "s",
+        None,
+    )
     p = statistics.median(from_pack)
     c = statistics.median(cached)
     ratio = c / p
@@ -444,6 +478,7 @@ def workload_rounds(
     _cpu_line("plan", f"crucible-dispatch {n} tasks from the plan", n, cpu_make)
     _cpu_line("cached", "fully cached rerun", n, cpu_make)
     _cpu_line("doit", f"doit {n} tasks", n, cpu_make)
+    _cpu_line("floor", "floor (plain Python)", n, cpu_make)
     if CPU["plan"]:
         over = statistics.median(CPU["plan"]) - cpu_make
         print(f"  crucible's CPU over make per task, from the plan (info): {over / n * 1e3:.3f} ms")
