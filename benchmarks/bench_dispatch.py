@@ -16,7 +16,9 @@
    disk, reported without a budget.
    Beside them, each round times benchmarks/floor_engine.py (info, no budget):
    the contract's file work per task in plain Python and nothing else, the
-   floor a Python engine can reach on this workload.
+   floor a Python engine can reach on this workload; then crucible against
+   that floor, and what the wall budget leaves it over the floor in those
+   rounds (below 1: the budget is under the floor itself).
 2. Peak RSS of the dispatcher running a 10,000-instance fan-out (budget 300 MiB),
    as reported by the dispatcher itself (run_finished.max_rss_kib = getrusage
    ru_maxrss of its own process); its staging workers' largest peak is printed
@@ -408,6 +410,21 @@ def _cpu_line(kind: str, label: str, tasks: int, base: float | None) -> None:
     print(f"  CPU per task (info): {cpu / tasks * 1e3:.3f} ms")
 
 
+def floor_lines(make: float, floor: float, from_pack: float, from_plan: float) -> list[str]:
+    """What crucible costs over the floor (wall medians of one set of rounds),
+    and what the wall budget leaves it over the floor in those rounds:
+    ``WALL_BUDGET * make / floor``. Below 1 the budget is under the floor
+    itself: no engine doing the contract's file work in Python meets it on
+    this machine as it is now, whatever crucible does."""
+    leaves = WALL_BUDGET * make / floor
+    return [
+        f"  crucible over the floor (wall, info): from the pack {from_pack / floor:.2f}x, "
+        f"from the plan {from_plan / floor:.2f}x",
+        f"  the {WALL_BUDGET:g}x budget leaves crucible {leaves:.2f}x the floor"
+        + ("  (below the floor itself)" if leaves < 1 else ""),
+    ]
+
+
 def workload_rounds(
     root: Path, args: argparse.Namespace, where: str, *, budget: bool
 ) -> tuple[bool, float]:
@@ -461,6 +478,10 @@ def workload_rounds(
         "s",
         None,
     )
+    for text in floor_lines(
+        m, statistics.median(floor), statistics.median(from_pack), statistics.median(from_plan)
+    ):
+        print(text)
     p = statistics.median(from_pack)
     c = statistics.median(cached)
     ratio = c / p
@@ -482,6 +503,12 @@ def workload_rounds(
     if CPU["plan"]:
         over = statistics.median(CPU["plan"]) - cpu_make
         print(f"  crucible's CPU over make per task, from the plan (info): {over / n * 1e3:.3f} ms")
+        if CPU["floor"]:
+            over_floor = statistics.median(CPU["plan"]) - statistics.median(CPU["floor"])
+            print(
+                "  crucible's CPU over the floor per task, from the plan (info): "
+                f"{over_floor / n * 1e3:.3f} ms"
+            )
     if doit_times:
         line(f"doit {n} tasks -n 2 (wall)", statistics.median(doit_times), m, "s", None)
         for label, times in (("pack", from_pack), ("plan", from_plan)):
