@@ -414,8 +414,8 @@ def floor_lines(make: float, floor: float, from_pack: float, from_plan: float) -
     """What crucible costs over the floor (wall medians of one set of rounds),
     and what the wall budget leaves it over the floor in those rounds:
     ``WALL_BUDGET * make / floor``. Below 1 the budget is under the floor
-    itself: no engine doing the contract's file work in Python meets it on
-    this machine as it is now, whatever crucible does."""
+    itself: in those rounds even floor_engine.py, which does the contract's
+    file work in plain Python and nothing else, misses it."""
     leaves = WALL_BUDGET * make / floor
     return [
         f"  crucible over the floor (wall, info): from the pack {from_pack / floor:.2f}x, "
