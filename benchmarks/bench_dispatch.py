@@ -18,7 +18,8 @@
    the contract's file work per task in plain Python and nothing else, the
    floor a Python engine can reach on this workload; then crucible against
    that floor, and what the wall budget leaves it over the floor in those
-   rounds (below 1: the budget is under the floor itself).
+   rounds (below 1: the budget is under the floor itself). Where crucible's
+   share goes, phase by phase: benchmarks/unit_phases.py.
 2. Peak RSS of the dispatcher running a 10,000-instance fan-out (budget 300 MiB),
    as reported by the dispatcher itself (run_finished.max_rss_kib = getrusage
    ru_maxrss of its own process); its staging workers' largest peak is printed
