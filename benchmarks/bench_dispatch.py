@@ -64,6 +64,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from _tmpfs import tmpfs_dir
 
@@ -268,50 +269,38 @@ def settle(root: Path, max_wait: float) -> float:
         time.sleep(15 if not quiet else 1)
 
 
-def time_dispatch(target: Path, root: Path, kind: str, *cache: str) -> float:
-    """One run of crucible-dispatch on ``target`` (a pack.toml or a plan) into a
-    fresh state; its CPU goes under ``kind``."""
-    state = fresh(root, "state")
+def _timed(kind: str, argv: list[str], **popen: Any) -> float:
+    """Wall seconds of one run of ``argv`` (``check=True``); its CPU (user + sys
+    of its process tree) goes under ``kind``."""
     cpu = _children_cpu()
     t = time.perf_counter()
-    subprocess.run(
-        [DISPATCH, str(target), "--state", str(state), "-j", "2", *cache],
-        check=True,
-        stderr=subprocess.DEVNULL,
-    )
+    subprocess.run(argv, check=True, **popen)
     wall = time.perf_counter() - t
     CPU[kind].append(_children_cpu() - cpu)
     return wall
 
 
+def time_dispatch(target: Path, root: Path, kind: str, *cache: str) -> float:
+    """One run of crucible-dispatch on ``target`` (a pack.toml or a plan) into a
+    fresh state; its CPU goes under ``kind``."""
+    state = fresh(root, "state")
+    argv = [DISPATCH, str(target), "--state", str(state), "-j", "2", *cache]
+    return _timed(kind, argv, stderr=subprocess.DEVNULL)
+
+
 def time_make(root: Path) -> float:
     out = fresh(root, "out")
     out.mkdir()
-    cpu = _children_cpu()
-    t = time.perf_counter()
-    subprocess.run(
-        ["make", "-s", "-j2", "-C", str(root), f"OUT={out.name}"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    wall = time.perf_counter() - t
-    CPU["make"].append(_children_cpu() - cpu)
-    return wall
+    argv = ["make", "-s", "-j2", "-C", str(root), f"OUT={out.name}"]
+    return _timed("make", argv, stdout=subprocess.DEVNULL)
 
 
 def time_floor(root: Path, n: int) -> float:
     """One run of benchmarks/floor_engine.py: the contract's file work per task in
     plain Python, nothing else (see its doc); the floor a Python engine reaches."""
     out = fresh(root, "out-floor")
-    cpu = _children_cpu()
-    t = time.perf_counter()
-    subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("floor_engine.py")), str(out), str(n)],
-        check=True,
-    )
-    wall = time.perf_counter() - t
-    CPU["floor"].append(_children_cpu() - cpu)
-    return wall
+    floor = Path(__file__).with_name("floor_engine.py")
+    return _timed("floor", [sys.executable, str(floor), str(out), str(n)])
 
 
 def time_doit(root: Path) -> float | None:
@@ -321,31 +310,16 @@ def time_doit(root: Path) -> float | None:
         return None
     out = fresh(root, "out-doit")
     out.mkdir()
-    cpu = _children_cpu()
-    t = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "doit",
-            "-n",
-            "2",
-            "-P",
-            "process",
-            "-f",
-            str(root / "dodo.py"),
-            "--db-file",
-            str(out / ".doit.db"),
-        ],
+    argv = [sys.executable, "-m", "doit", "-n", "2", "-P", "process"]
+    argv += ["-f", str(root / "dodo.py"), "--db-file", str(out / ".doit.db")]
+    return _timed(
+        "doit",
+        argv,
         cwd=root,
         env={**os.environ, "OUT": str(out)},
-        check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    wall = time.perf_counter() - t
-    CPU["doit"].append(_children_cpu() - cpu)
-    return wall
 
 
 def fanout_rss(root: Path, n: int) -> tuple[float, float, float]:
@@ -458,6 +432,8 @@ def workload_rounds(
         if d is not None:
             doit_times.append(d)
     m = statistics.median(make)
+    p = statistics.median(from_pack)
+    floor_wall = statistics.median(floor)
     print(
         f"# {where}: {args.tasks} independent sh tasks at -j 2, median of {args.repeat} "
         f"(os.cpu_count={os.cpu_count()})"
@@ -472,18 +448,9 @@ def workload_rounds(
             "s",
             WALL_BUDGET if budget else None,
         )
-    line(
-        "floor: the same file work in plain Python (wall, info)",
-        statistics.median(floor),
-        m,
-        "s",
-        None,
-    )
-    for text in floor_lines(
-        m, statistics.median(floor), statistics.median(from_pack), statistics.median(from_plan)
-    ):
+    line("floor: the same file work in plain Python (wall, info)", floor_wall, m, "s", None)
+    for text in floor_lines(m, floor_wall, p, statistics.median(from_plan)):
         print(text)
-    p = statistics.median(from_pack)
     c = statistics.median(cached)
     ratio = c / p
     within = ratio <= CACHED_BUDGET
