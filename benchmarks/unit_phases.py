@@ -229,6 +229,7 @@ def main() -> int:
         return 0
     import argparse
     import shutil
+    import subprocess
     import tempfile
 
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -236,10 +237,18 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, help="where to work (default: a temp dir, removed after)")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
+    if args.tasks < 1:
+        ap.error("--tasks: at least 1")
     base = args.dir or Path(tempfile.mkdtemp(prefix="unit-phases-"))
     root = base / f"run-{os.getpid()}"
     try:
         figures = measure(root, args.tasks)
+    except OSError as exc:  # --dir not a directory, not writable, a full disk
+        print(f"unit_phases: {exc.filename or root}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:  # what the run said went to /dev/null
+        print(f"unit_phases: {exc.cmd[0]} exited {exc.returncode} in {root}", file=sys.stderr)
+        return 1
     finally:
         if args.dir is None:
             shutil.rmtree(base, ignore_errors=True)

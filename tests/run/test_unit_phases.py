@@ -37,3 +37,17 @@ def test_every_phase_start_up_step_and_hit_step_is_clocked(tmp_path: Path) -> No
     # a fully cached rerun: every unit keyed, found, restored and settled once
     assert figures["hits"] == {"key": 12, "ledger find": 12, "restore": 12, "settle": 12}
     assert all(us > 0 for us in figures["hit_us"].values())
+
+
+def test_a_dir_that_is_a_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tasks", "2", "--dir", str(plain)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "Not a directory" in out.stderr
+    assert plain.read_text() == ""
